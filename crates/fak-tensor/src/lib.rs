@@ -1,0 +1,1 @@
+//! fak-tensor
