@@ -1,1 +1,26 @@
-//! fak-tensor
+//! fak-tensor: the numeric primitives every model family is built from.
+//!
+//! One job: compute `dot`, matrix-vector / matrix-matrix products, RMSNorm, RoPE
+//! (rotate-half, as HF's `apply_rotary_pos_emb`), softmax and SiLU on `f32` slices,
+//! with a summation order that is fixed independently of batch size, sequence length
+//! and thread count. That fixed order is the *exact path* contract of `DESIGN.md`: a
+//! token's logits are bit-identical whether it was computed in a prefill of 500 tokens
+//! or in a single decode step, on one thread or many.
+//!
+//! The canonical order of a dot product (see [`dot::dot_ref`]) is: eight lane
+//! accumulators, each fed by fused multiply-adds over the elements `i ≡ lane (mod 8)`
+//! in ascending `i`; then the fixed tree `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`; then the
+//! tail elements (`n mod 8`) fused in ascending order. Every kernel (the scalar
+//! reference, the AVX2/FMA kernels, the multi-row and multi-token micro-kernels)
+//! computes each output in exactly that order, so they agree bit for bit; tests check it.
+//!
+//! Layout conventions: matrices are row-major `[rows, cols]` `f32` slices, as torch's
+//! `nn.Linear.weight` is `[out_features, in_features]`; activations are `[tokens, dim]`.
+
+pub mod dot;
+pub mod matmul;
+pub mod ops;
+
+pub use dot::{dot, dot_ref};
+pub use matmul::{matmul, matmul_ref, Threads};
+pub use ops::{add_assign, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable};

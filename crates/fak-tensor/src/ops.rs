@@ -1,0 +1,166 @@
+//! Element-wise and row-wise operations: RMSNorm, RoPE, softmax, SiLU, residual add.
+//!
+//! Each follows the operation order of HF transformers' PyTorch code (cited per item),
+//! with reductions in the canonical order of [`crate::dot`], so results depend only on
+//! the row itself.
+
+use crate::dot::dot;
+
+/// RMSNorm of one row (Zhang & Sennrich 2019; HF `LlamaRMSNorm.forward`):
+/// `out[i] = (weight[i] + weight_offset) * (x[i] * rsqrt(mean(x²) + eps))`.
+///
+/// `weight_offset` is 0 for Llama/Qwen and 1 for Gemma's `(1 + weight)` gain when the
+/// stored weight does not already include it. Shapes: `x`, `weight`, `out` all `[dim]`.
+///
+/// # Panics
+/// If the lengths differ (a programming error).
+pub fn rms_norm(x: &[f32], weight: &[f32], weight_offset: f32, eps: f32, out: &mut [f32]) {
+    assert!(
+        x.len() == weight.len() && x.len() == out.len(),
+        "rms_norm: lengths differ"
+    );
+    let mean = dot(x, x) / x.len() as f32;
+    let inv = 1.0 / (mean + eps).sqrt();
+    if weight_offset == 0.0 {
+        for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+            *o = wi * (xi * inv);
+        }
+    } else {
+        for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(weight) {
+            *o = (wi + weight_offset) * (xi * inv);
+        }
+    }
+}
+
+/// Rotary position embedding tables (Su et al. 2021, RoFormer), computed as HF's default
+/// rope init does: `inv_freq[i] = 1 / base^(2i/d)` in `f32`, `freq = pos * inv_freq[i]`
+/// as an `f32` product, then `cos`/`sin` of that `f32` angle.
+#[derive(Clone, Debug)]
+pub struct RopeTable {
+    inv_freq: Vec<f32>,
+}
+
+impl RopeTable {
+    /// Table for rotary dimension `rot_dim` (even; the head dimension for Llama) and
+    /// base `theta` (HF `rope_theta`, GGUF `rope.freq_base`).
+    pub fn new(rot_dim: usize, theta: f32) -> Self {
+        let inv_freq = (0..rot_dim / 2)
+            .map(|i| {
+                let e = (2 * i) as f32 / rot_dim as f32;
+                1.0 / theta.powf(e)
+            })
+            .collect();
+        RopeTable { inv_freq }
+    }
+
+    /// Half the rotary dimension: the length of the `cos`/`sin` rows.
+    pub fn half(&self) -> usize {
+        self.inv_freq.len()
+    }
+
+    /// Writes `cos` and `sin` (each `[rot_dim/2]`) of the angles at absolute position `pos`.
+    pub fn cos_sin(&self, pos: u32, cos: &mut [f32], sin: &mut [f32]) {
+        let p = pos as f32;
+        for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
+            let a = p * f;
+            *c = (a as f64).cos() as f32;
+            *s = (a as f64).sin() as f32;
+        }
+    }
+}
+
+/// Applies rotate-half RoPE (GPT-NeoX layout, HF `apply_rotary_pos_emb`) to one head
+/// `x` of `[head_dim]`, in place: for `i < h = len(cos)`,
+/// `x'[i] = x[i]·cos[i] − x[i+h]·sin[i]`, `x'[i+h] = x[i+h]·cos[i] + x[i]·sin[i]`.
+/// Dimensions past `2h` (partial rotary) are left unchanged.
+///
+/// # Panics
+/// If `x.len() < 2 * cos.len()` or `cos.len() != sin.len()`.
+pub fn rope_rotate_half(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let h = cos.len();
+    assert!(sin.len() == h && x.len() >= 2 * h, "rope: bad lengths");
+    let (a, b) = x.split_at_mut(h);
+    for i in 0..h {
+        let (x1, x2) = (a[i], b[i]);
+        a[i] = x1 * cos[i] - x2 * sin[i];
+        b[i] = x2 * cos[i] + x1 * sin[i];
+    }
+}
+
+/// Softmax of a row in place: `x[i] = exp(x[i] - max) / Σ exp(x[j] - max)`, summed in
+/// ascending `j`. An empty row is left empty; a row of `-inf` becomes NaN as in torch.
+pub fn softmax_in_place(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0f32;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    for v in x.iter_mut() {
+        *v /= sum;
+    }
+}
+
+/// SiLU (swish) as torch computes it: `x / (1 + exp(-x))`.
+#[inline]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// `acc[i] += x[i]` (the residual connection).
+///
+/// # Panics
+/// If the lengths differ.
+pub fn add_assign(acc: &mut [f32], x: &[f32]) {
+    assert_eq!(acc.len(), x.len(), "add_assign: lengths differ");
+    for (a, b) in acc.iter_mut().zip(x) {
+        *a += b;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rope_at_position_zero_is_identity() {
+        let t = RopeTable::new(8, 10000.0);
+        let (mut c, mut s) = (vec![0f32; 4], vec![0f32; 4]);
+        t.cos_sin(0, &mut c, &mut s);
+        let mut x: Vec<f32> = (0..8).map(|i| i as f32 - 3.5).collect();
+        let before = x.clone();
+        rope_rotate_half(&mut x, &c, &s);
+        assert_eq!(x, before);
+    }
+
+    #[test]
+    fn rope_rotates_pairs_i_and_i_plus_half() {
+        // First frequency is 1 rad per position: pair (x0, x4) turns by `pos` radians.
+        let t = RopeTable::new(8, 10000.0);
+        let (mut c, mut s) = (vec![0f32; 4], vec![0f32; 4]);
+        t.cos_sin(1, &mut c, &mut s);
+        let mut x = vec![1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0];
+        rope_rotate_half(&mut x, &c, &s);
+        assert!((x[0] - 1f32.cos()).abs() < 1e-7 && (x[4] - 1f32.sin()).abs() < 1e-7);
+    }
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, -4.0];
+        let w = [1.0f32, 0.5, 2.0, 1.0];
+        let mut out = [0f32; 4];
+        rms_norm(&x, &w, 0.0, 1e-6, &mut out);
+        let rms = ((1.0 + 4.0 + 9.0 + 16.0) / 4.0f64 + 1e-6).sqrt();
+        for i in 0..4 {
+            assert!((out[i] as f64 - w[i] as f64 * x[i] as f64 / rms).abs() < 1e-6);
+        }
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_orders() {
+        let mut x = [1.0f32, 2.0, 3.0, -1e9];
+        softmax_in_place(&mut x);
+        assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(x[2] > x[1] && x[1] > x[0] && x[3] == 0.0);
+    }
+}
