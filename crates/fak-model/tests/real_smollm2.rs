@@ -1,0 +1,103 @@
+//! Rungs R0, R1 and R2b on the real default model, SmolLM2-135M-Instruct (GGUF Q4_1),
+//! against HF transformers' oracles in `testdata/oracles/smollm2-135m-instruct/`.
+//! The model file comes from `fak model pull smollm2-135m-instruct`; without it these
+//! tests fail with that command (see `common::smollm2_path`).
+
+mod common;
+use common::*;
+use fak_model::{Model, WeightSource};
+use serde_json::Value;
+use std::sync::OnceLock;
+
+fn model() -> Option<&'static Model> {
+    static M: OnceLock<Option<Model>> = OnceLock::new();
+    M.get_or_init(|| smollm2_path().map(|p| Model::load(&p).expect("load SmolLM2")))
+        .as_ref()
+}
+
+fn oracle_dir() -> std::path::PathBuf {
+    testdata().join("oracles/smollm2-135m-instruct")
+}
+
+/// R0: tensor names, shapes and the parameter count equal HF's `named_parameters()`.
+#[test]
+fn r0_tensor_table_matches_hf() {
+    let Some(path) = smollm2_path() else { return };
+    let (src, _) = WeightSource::open(&path).unwrap();
+    let hf: Value = serde_json::from_str(
+        &std::fs::read_to_string(oracle_dir().join("state_dict.json")).unwrap(),
+    )
+    .unwrap();
+    let mut theirs: Vec<(String, Vec<usize>)> = hf["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let shape = e[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            (e[0].as_str().unwrap().to_string(), shape)
+        })
+        .collect();
+    theirs.sort();
+    let ours: Vec<(String, Vec<usize>)> = src
+        .entries()
+        .into_iter()
+        .map(|e| (e.name, e.shape))
+        .collect();
+    assert_eq!(ours.len(), 272);
+    assert_eq!(ours, theirs, "tensor table differs from HF's");
+    let n: u64 = ours
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
+    assert_eq!(n, hf["n_params"].as_u64().unwrap());
+    assert_eq!(n, 134_515_008);
+}
+
+/// The config read from GGUF metadata equals the one HF derived from the same file.
+#[test]
+fn config_matches_hf() {
+    let Some(m) = model() else { return };
+    let hf: Value =
+        serde_json::from_str(&std::fs::read_to_string(oracle_dir().join("config.json")).unwrap())
+            .unwrap();
+    let c = m.config();
+    let u = |k: &str| {
+        hf[k]
+            .as_u64()
+            .unwrap_or_else(|| panic!("HF config lacks {k}")) as usize
+    };
+    assert_eq!(c.hidden_size, u("hidden_size"));
+    assert_eq!(c.intermediate_size, u("intermediate_size"));
+    assert_eq!(c.num_hidden_layers, u("num_hidden_layers"));
+    assert_eq!(c.num_attention_heads, u("num_attention_heads"));
+    assert_eq!(c.num_key_value_heads, u("num_key_value_heads"));
+    assert_eq!(c.vocab_size, u("vocab_size"));
+    assert_eq!(c.max_position_embeddings, u("max_position_embeddings"));
+    assert_eq!(c.rms_norm_eps, hf["rms_norm_eps"].as_f64().unwrap() as f32);
+    let theta = hf["rope_theta"]
+        .as_f64()
+        .or_else(|| hf["rope_parameters"]["rope_theta"].as_f64())
+        .expect("HF rope_theta");
+    assert_eq!(c.rope_theta[0], theta as f32);
+    assert!(c.tie_word_embeddings);
+}
+
+/// R1 + R2b on every committed prompt of the real model.
+#[test]
+fn r1_r2b_real_model_matches_hf() {
+    let Some(m) = model() else { return };
+    let files = oracle_files("smollm2-135m-instruct");
+    assert!(
+        files.len() >= 3,
+        "need at least 3 real prompts, found {}",
+        files.len()
+    );
+    for f in files {
+        check_oracle(m, &Oracle::load(f));
+    }
+}
