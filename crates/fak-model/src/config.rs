@@ -156,15 +156,21 @@ impl Config {
                     .ok_or_else(|| err(format!("key '{k}' is not a number"))),
             }
         };
-        if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
+        // RoPE: transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}`;
+        // older configs write `rope_theta` and `rope_scaling` at the top level.
+        let rope_params = v.get("rope_parameters").filter(|x| !x.is_null());
+        for rs in [rope_params, v.get("rope_scaling").filter(|x| !x.is_null())]
+            .into_iter()
+            .flatten()
+        {
             let kind = rs
                 .get("rope_type")
                 .or_else(|| rs.get("type"))
                 .and_then(Value::as_str)
-                .unwrap_or("?");
+                .unwrap_or("default");
             if kind != "default" {
                 return Err(ModelError::Unsupported(format!(
-                    "rope_scaling type '{kind}' in {}",
+                    "RoPE type '{kind}' in {}",
                     path.display()
                 )));
             }
@@ -186,7 +192,14 @@ impl Config {
             Some(d) => d,
             None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
         };
-        let theta = opt_f32("rope_theta")?.unwrap_or(10000.0);
+        let theta = match rope_params.and_then(|r| r.get("rope_theta")) {
+            Some(t) => t
+                .as_f64()
+                .ok_or_else(|| err("rope_parameters.rope_theta is not a number".into()))?
+                as f32,
+            // HF's documented default base for Llama.
+            None => opt_f32("rope_theta")?.unwrap_or(10000.0),
+        };
         let eos_token_ids = match v.get("eos_token_id") {
             None | Some(Value::Null) => vec![],
             Some(Value::Array(a)) => a

@@ -152,6 +152,17 @@ impl Model {
         &self.config
     }
 
+    /// The decoder blocks' weights, in layer order.
+    pub fn layer_weights(&self) -> &[LayerWeights] {
+        &self.layers
+    }
+
+    /// Mutable access to the decoder blocks' weights (for experiments and negative
+    /// controls; the shapes must stay as the config implies).
+    pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
+        &mut self.layers
+    }
+
     /// Threads used by the matrix products.
     pub fn threads(&self) -> Threads {
         self.threads

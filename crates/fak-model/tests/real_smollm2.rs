@@ -101,3 +101,55 @@ fn r1_r2b_real_model_matches_hf() {
         check_oracle(m, &Oracle::load(f));
     }
 }
+
+/// The exact path's order contract on the real model: logits are bit-identical for 1
+/// and 2 threads, and a token decoded after a prefill equals the same token inside a
+/// longer prefill (the ground R2a of the KV-cache issue stands on).
+#[test]
+fn exact_path_is_independent_of_threads_and_batch() {
+    use fak_model::{LogitsWanted, VecKvCache};
+    use fak_tensor::Threads;
+    let Some(path) = smollm2_path() else { return };
+    let ids = Oracle::load(oracle_files("smollm2-135m-instruct").remove(0)).ids("prompt_ids");
+    let n = ids.len();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    let mut m = Model::load(&path).unwrap();
+    let run_all = |m: &Model| {
+        let mut kv = VecKvCache::new(30, 8192);
+        m.forward(&ids, &pos, &mut kv, LogitsWanted::All, None)
+            .unwrap()
+    };
+    m.set_threads(Threads::new(1));
+    let one = run_all(&m);
+    m.set_threads(Threads::new(2));
+    let two = run_all(&m);
+    assert!(one
+        .iter()
+        .zip(&two)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+    // Prefill n-1 tokens, then decode the last one: equal to row n-1 of the full prefill.
+    let mut kv = VecKvCache::new(30, 8192);
+    m.forward(
+        &ids[..n - 1],
+        &pos[..n - 1],
+        &mut kv,
+        LogitsWanted::None,
+        None,
+    )
+    .unwrap();
+    let last = m
+        .forward(
+            &ids[n - 1..],
+            &pos[n - 1..],
+            &mut kv,
+            LogitsWanted::Last,
+            None,
+        )
+        .unwrap();
+    let v = m.config().vocab_size;
+    let row = &two[(n - 1) * v..n * v];
+    assert!(last
+        .iter()
+        .zip(row)
+        .all(|(a, b)| a.to_bits() == b.to_bits()));
+}

@@ -44,3 +44,45 @@ fn tiny_configs_are_read_as_hf_wrote_them() {
     assert!(!u.config().tie_word_embeddings);
     assert_eq!(u.config().num_hidden_layers, 3);
 }
+
+/// Negative control: the comparison is sensitive. The same weights with a wrong RoPE
+/// base (10000 instead of the config's 500000) must fail R1, while the embedding (which
+/// RoPE does not touch) stays exact.
+#[test]
+fn wrong_rope_base_fails_r1() {
+    use fak_model::WeightSource;
+    let (src, mut cfg) = WeightSource::open(&testdata().join("tiny/llama-tied")).unwrap();
+    assert_eq!(cfg.rope_theta[0], 500000.0);
+    cfg.rope_theta.iter_mut().for_each(|t| *t = 10000.0);
+    let model = Model::from_source(&src, cfg).unwrap();
+    let f = measure(
+        &model,
+        &Oracle::load(oracle_files("tiny-llama-tied").remove(0)),
+    );
+    assert!(f.embed_exact);
+    assert!(
+        f.min_layer_cosine < 0.999999,
+        "cosine {} should fail",
+        f.min_layer_cosine
+    );
+}
+
+/// Negative control: the GGUF path's Q/K un-permutation matters. Running the tiny model
+/// with its q_proj rows permuted the way llama.cpp's converter stores them must fail R1.
+#[test]
+fn permuted_qk_rows_fail_r1() {
+    use fak_model::WeightSource;
+    let (src, cfg) = WeightSource::open(&testdata().join("tiny/llama-untied")).unwrap();
+    let mut model = Model::from_source(&src, cfg.clone()).unwrap();
+    let w = &mut model.layer_weights_mut()[0].q_proj;
+    *w = fak_weights::permute_qk_rows(w, cfg.num_attention_heads, cfg.hidden_size).unwrap();
+    let f = measure(
+        &model,
+        &Oracle::load(oracle_files("tiny-llama-untied").remove(0)),
+    );
+    assert!(
+        f.min_layer_cosine < 0.999999,
+        "cosine {} should fail",
+        f.min_layer_cosine
+    );
+}
