@@ -1,0 +1,924 @@
+#!/usr/bin/env python3
+"""Export HF-authored oracle fixtures for fak's proof ladder.
+
+Every expected value written by this script comes from a witness we did not write:
+gguf-py's `gguf.quants.dequantize` (R1a dequant), torch's `.float()` (R1a widening), or
+HuggingFace transformers (R0 names/shapes/params, R1 per-layer forward and logits, R2b greedy
+generation). Nothing here is computed by fak's Rust code, and nothing here may be "fixed" to
+agree with it.
+
+Subcommands (run from the repository root; see oracle-export/README.md):
+
+    dequant                      testdata/dequant/<TYPE>.safetensors
+    widen                        testdata/widen/widen.safetensors
+    tiny                         testdata/tiny/llama-{untied,tied}/ + testdata/oracles/tiny-llama-*/
+    oracle --model DIR_OR_GGUF --name NAME     testdata/oracles/NAME/
+    all --gguf FILE              all of the above, the GGUF as --name smollm2-135m-instruct
+
+Only the committed fixtures are needed at test time; this script never is.
+"""
+
+from __future__ import annotations
+
+import os
+
+# No model hub is reachable and nothing may be downloaded at run time.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import argparse
+import importlib.metadata
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = "oracle-export/export_oracle.py"
+PY = "HF_HUB_OFFLINE=1 python " + SCRIPT
+
+# Fixed seeds: every fixture is a pure function of this file and the pinned versions.
+SEED_DEQUANT = 20250101
+SEED_TINY = 1234
+SEED_PROMPTS = 4321
+
+DEQUANT_TYPES = [
+    "F32", "F16", "BF16",
+    "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+]
+
+# f16 bit patterns placed in every f16 scale field (d, dmin, m) of the block formats.
+F16_SPECIALS = [
+    (0x0000, "+0"),
+    (0x8000, "-0"),
+    (0x0001, "smallest subnormal"),
+    (0x03FF, "largest subnormal"),
+    (0x0400, "smallest normal"),
+    (0x8001, "-smallest subnormal"),
+    (0x83FF, "-largest subnormal"),
+    (0x3C00, "1.0"),
+    (0xBC00, "-1.0"),
+    (0xB266, "-0.2"),
+    (0x7BFF, "max finite 65504"),
+    (0xFBFF, "-max finite"),
+    (0x7C00, "+inf"),
+    (0xFC00, "-inf"),
+    (0x7E00, "quiet NaN"),
+    (0x7C01, "signalling NaN with payload 1"),
+    (0xFE01, "negative quiet NaN with payload"),
+    (0x7FFF, "NaN all payload bits"),
+]
+
+# block_kind codes stored per block in the dequant fixtures.
+KIND = {
+    "random_sane": 0,       # random quants, f16 scales drawn from a normal distribution
+    "random_bits": 1,       # every byte random, f16 fields included (any exponent, inf, NaN)
+    "special_d": 2,         # d set to a special f16 pattern, other scales sane
+    "special_dmin": 3,      # dmin (Q*_K) or m (Q4_1/Q5_1) special, d sane
+    "special_both": 4,      # both f16 fields special
+    "scale_coverage": 5,    # every sub-block scale/min value at every sub-block index
+    "quant_coverage": 6,    # quant fields set to ramps / extremes
+    "special_value": 7,     # F32/F16/BF16: hand-picked special element bit patterns
+    "random_value": 8,      # F32/F16/BF16: random bit patterns
+}
+
+
+# ---------------------------------------------------------------------------------------
+# small helpers
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+
+    return {
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "gguf_version": importlib.metadata.version("gguf"),
+        "numpy_version": np.__version__,
+        "safetensors_version": importlib.metadata.version("safetensors"),
+        "tokenizers_version": importlib.metadata.version("tokenizers"),
+        "python_version": sys.version.split()[0],
+    }
+
+
+def meta(d: dict) -> dict[str, str]:
+    """safetensors __metadata__ must be str -> str."""
+    out = {}
+    for k, v in d.items():
+        out[k] = v if isinstance(v, str) else json.dumps(v)
+    return out
+
+
+def canonical_header(path: Path) -> None:
+    """Rewrite a safetensors header with sorted keys (the library writes its metadata map in hash
+    order, so two identical runs would differ byte-wise). Data offsets are relative to the end of
+    the header, so only the header changes; it stays padded with spaces to a multiple of 8."""
+    raw = path.read_bytes()
+    n = int.from_bytes(raw[:8], "little")
+    header = json.loads(raw[8:8 + n])
+    text = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    path.write_bytes(len(text).to_bytes(8, "little") + text + raw[8 + n:])
+
+
+def save_np(path: Path, tensors: dict[str, np.ndarray], metadata: dict) -> None:
+    from safetensors.numpy import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=meta(metadata))
+    canonical_header(path)
+
+
+def save_pt(path: Path, tensors: dict, metadata: dict) -> None:
+    from safetensors.torch import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path), metadata=meta(metadata))
+    canonical_header(path)
+
+
+def rel(p: Path) -> str:
+    try:
+        return str(Path(p).resolve().relative_to(REPO))
+    except ValueError:
+        return str(p)
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------
+# dequant (R1a): gguf-py is the witness
+
+
+def f16_bytes(bits: np.ndarray) -> np.ndarray:
+    """uint16 bit patterns -> (n, 2) little-endian bytes."""
+    return np.asarray(bits, dtype="<u2").reshape(-1, 1).view(np.uint8).reshape(-1, 2)
+
+
+def sane_f16(rng, n: int, scale: float = 0.05) -> np.ndarray:
+    """Plausible scale values (what a quantizer writes), as uint16 bit patterns."""
+    return (rng.standard_normal(n) * scale).astype(np.float16).view(np.uint16)
+
+
+def set_f16(blocks: np.ndarray, off: int, bits) -> None:
+    blocks[:, off:off + 2] = f16_bytes(np.broadcast_to(np.asarray(bits, dtype=np.uint16), (blocks.shape[0],)))
+
+
+# Field offsets of the f16 scales in each block (from gguf-py quants.py / ggml-common.h).
+#   name: (type_size, d_offset, second_f16_offset_or_None)
+F16_FIELDS = {
+    "Q4_0": (18, 0, None),   # d, qs[16]
+    "Q4_1": (20, 0, 2),      # d, m, qs[16]
+    "Q5_0": (22, 0, None),   # d, qh[4], qs[16]
+    "Q5_1": (24, 0, 2),      # d, m, qh[4], qs[16]
+    "Q8_0": (34, 0, None),   # d, qs[32] (int8)
+    "Q2_K": (84, 80, 82),    # scales[16], qs[64], d, dmin
+    "Q3_K": (110, 108, None),  # hmask[32], qs[64], scales[12], d
+    "Q4_K": (144, 0, 2),     # d, dmin, scales[12], qs[128]
+    "Q5_K": (176, 0, 2),     # d, dmin, scales[12], qh[32], qs[128]
+    "Q6_K": (210, 208, None),  # ql[128], qh[64], scales[16] (int8), d
+}
+
+
+def pack_k4_scales(sc: np.ndarray, mn: np.ndarray) -> np.ndarray:
+    """Q4_K/Q5_K: 8 six-bit scales and 8 six-bit mins -> 12 bytes (inverse of ggml get_scale_min_k4).
+
+    j < 4:  sc[j] = q[j] & 63,                        m[j] = q[j+4] & 63
+    j >= 4: sc[j] = (q[j+4] & 0xF) | (q[j-4] >> 6) << 4, m[j] = (q[j+4] >> 4) | (q[j] >> 6) << 4
+    """
+    sc = sc.astype(np.uint8)
+    mn = mn.astype(np.uint8)
+    q = np.zeros((sc.shape[0], 12), dtype=np.uint8)
+    q[:, 0:4] = (sc[:, 0:4] & 63) | ((sc[:, 4:8] >> 4) << 6)
+    q[:, 4:8] = (mn[:, 0:4] & 63) | ((mn[:, 4:8] >> 4) << 6)
+    q[:, 8:12] = (sc[:, 4:8] & 0xF) | ((mn[:, 4:8] & 0xF) << 4)
+    return q
+
+
+def unpack_k4_scales_ref(q: np.ndarray):
+    """Mirror of ggml's get_scale_min_k4, used only to check pack_k4_scales."""
+    sc = np.zeros((q.shape[0], 8), dtype=np.uint8)
+    mn = np.zeros((q.shape[0], 8), dtype=np.uint8)
+    for j in range(8):
+        if j < 4:
+            sc[:, j] = q[:, j] & 63
+            mn[:, j] = q[:, j + 4] & 63
+        else:
+            sc[:, j] = (q[:, j + 4] & 0xF) | ((q[:, j - 4] >> 6) << 4)
+            mn[:, j] = (q[:, j + 4] >> 4) | ((q[:, j] >> 6) << 4)
+    return sc, mn
+
+
+def pack_q3k_scales(s: np.ndarray) -> np.ndarray:
+    """Q3_K: 16 six-bit (biased by 32) scales -> 12 bytes.
+
+    low nibble of scale j in byte j % 8 (nibble j // 8); high 2 bits in byte 8 + j % 4 at bit 2*(j // 4).
+    """
+    s = s.astype(np.uint8)
+    q = np.zeros((s.shape[0], 12), dtype=np.uint8)
+    for j in range(16):
+        q[:, j % 8] |= (s[:, j] & 0xF) << (4 * (j // 8))
+        q[:, 8 + j % 4] |= ((s[:, j] >> 4) & 3) << (2 * (j // 4))
+    return q
+
+
+def unpack_q3k_scales_ref(q: np.ndarray) -> np.ndarray:
+    """Mirror of ggml's dequantize_row_q3_K aux[] shuffle, used only to check pack_q3k_scales."""
+    aux = q.copy().view("<u4").reshape(-1, 3).astype(np.uint32)
+    kmask1, kmask2 = np.uint32(0x03030303), np.uint32(0x0F0F0F0F)
+    tmp = aux[:, 2].copy()
+    a0, a1 = aux[:, 0].copy(), aux[:, 1].copy()
+    out = np.zeros((q.shape[0], 4), dtype=np.uint32)
+    out[:, 2] = ((a0 >> 4) & kmask2) | (((tmp >> 4) & kmask1) << 4)
+    out[:, 3] = ((a1 >> 4) & kmask2) | (((tmp >> 6) & kmask1) << 4)
+    out[:, 0] = (a0 & kmask2) | (((tmp >> 0) & kmask1) << 4)
+    out[:, 1] = (a1 & kmask2) | (((tmp >> 2) & kmask1) << 4)
+    return out.astype("<u4").view(np.uint8).reshape(-1, 16)
+
+
+def quant_blocks(name: str, rng) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Build the block bytes for one quantized type. Returns (blocks[n, type_size], kinds[n], notes)."""
+    type_size, d_off, m_off = F16_FIELDS[name]
+    groups: list[tuple[str, np.ndarray]] = []
+    notes: list[str] = []
+    is_k = name.endswith("_K")
+
+    def rand(n):
+        return rng.integers(0, 256, size=(n, type_size), dtype=np.uint8)
+
+    def sane(b):
+        set_f16(b, d_off, sane_f16(rng, b.shape[0]))
+        if m_off is not None:
+            set_f16(b, m_off, sane_f16(rng, b.shape[0]))
+        return b
+
+    # 1. random blocks: sane scales, and blocks where every byte is random
+    n_sane, n_bits = (12, 6) if is_k else (48, 16)
+    groups.append(("random_sane", sane(rand(n_sane))))
+    groups.append(("random_bits", rand(n_bits)))
+
+    # 2. special f16 patterns in each f16 field (other field sane)
+    sp = np.array([b for b, _ in F16_SPECIALS], dtype=np.uint16)
+    b = sane(rand(len(sp)))
+    set_f16(b, d_off, sp)
+    groups.append(("special_d", b))
+    if m_off is not None:
+        b = sane(rand(len(sp)))
+        set_f16(b, m_off, sp)
+        groups.append(("special_dmin", b))
+        # both special: inf - inf, NaN propagation, 0 * inf
+        pairs = [(0x7C00, 0x7C00), (0x7C00, 0xFC00), (0xFC00, 0x7C00), (0x7E00, 0x7C01),
+                 (0x0000, 0x8000), (0x8000, 0x0000), (0x8000, 0x8000), (0x7BFF, 0x7BFF),
+                 (0x0001, 0x8001), (0x7C00, 0x0000)]
+        b = sane(rand(len(pairs)))
+        set_f16(b, d_off, np.array([p[0] for p in pairs], dtype=np.uint16))
+        set_f16(b, m_off, np.array([p[1] for p in pairs], dtype=np.uint16))
+        groups.append(("special_both", b))
+    notes.append("special f16 patterns: " + ", ".join(f"0x{b:04x}={n}" for b, n in F16_SPECIALS))
+
+    # 3. quant-field / scale-field coverage
+    if name in ("Q4_0", "Q4_1"):
+        # every nibble value at every position: block k has nibble (k + i) % 16 at element i
+        b = sane(rand(16))
+        for k in range(16):
+            v = (k + np.arange(32)) % 16
+            b[k, type_size - 16:] = (v[:16] | (v[16:] << 4)).astype(np.uint8)
+        groups.append(("quant_coverage", b))
+        # the same ramps with d = +inf / -0 / NaN so 0 * inf and signed zeros appear
+        b2 = b[:3].copy()
+        set_f16(b2, d_off, np.array([0x7C00, 0x8000, 0x7C01], dtype=np.uint16))
+        groups.append(("special_d", b2))
+        notes.append("quant_coverage: block k, element i has 4-bit value (k+i)%16")
+    elif name in ("Q5_0", "Q5_1"):
+        b = sane(rand(32))
+        for k in range(32):
+            v = ((k + np.arange(32)) % 32).astype(np.uint32)
+            lo = v & 0xF
+            qs = (lo[:16] | (lo[16:] << 4)).astype(np.uint8)
+            qh = np.uint32(0)
+            for i in range(32):
+                qh |= ((v[i] >> 4) & 1) << i
+            b[k, type_size - 16:] = qs
+            b[k, type_size - 20:type_size - 16] = np.array([qh], dtype="<u4").view(np.uint8)
+        groups.append(("quant_coverage", b))
+        b2 = b[:3].copy()
+        set_f16(b2, d_off, np.array([0x7C00, 0x8000, 0x7C01], dtype=np.uint16))
+        groups.append(("special_d", b2))
+        notes.append("quant_coverage: block k, element i has 5-bit value (k+i)%32 (qh bit i = bit 4)")
+    elif name == "Q8_0":
+        b = sane(rand(8))
+        for k in range(8):
+            v = ((np.arange(32) + 32 * k) % 256).astype(np.uint8)  # all 256 int8 values over 8 blocks
+            b[k, 2:] = v
+        groups.append(("quant_coverage", b))
+        b2 = b[:4].copy()  # block 0..3 include q = 0, -128, 127
+        set_f16(b2, d_off, np.array([0x7C00, 0x8000, 0xFC00, 0x7C01], dtype=np.uint16))
+        groups.append(("special_d", b2))
+        notes.append("quant_coverage: 8 blocks hold every int8 value once (byte (32k+i)%256)")
+    elif name == "Q2_K":
+        # scales byte j = scale (low nibble) | min << 4 ; 16 sub-blocks
+        b = sane(rand(16))
+        j = np.arange(16)
+        for k in range(16):
+            sc = (k + j) % 16
+            mn = (k + 3 * j + 5) % 16
+            b[k, 0:16] = (sc | (mn << 4)).astype(np.uint8)
+        groups.append(("scale_coverage", b))
+        notes.append("scale_coverage: block k, sub-block j: scale=(k+j)%16, min=(k+3j+5)%16")
+    elif name == "Q3_K":
+        b = sane(rand(64))
+        j = np.arange(16)
+        want = np.stack([(k + j) % 64 for k in range(64)]).astype(np.uint8)
+        b[:, 96:108] = pack_q3k_scales(want)
+        assert np.array_equal(unpack_q3k_scales_ref(b[:, 96:108]), want), "Q3_K scale packing"
+        groups.append(("scale_coverage", b))
+        notes.append("scale_coverage: block k, sub-block j: 6-bit raw scale=(k+j)%64 (value used = raw-32)")
+    elif name in ("Q4_K", "Q5_K"):
+        b = sane(rand(64))
+        j = np.arange(8)
+        sc = np.stack([(k + j) % 64 for k in range(64)]).astype(np.uint8)
+        mn = np.stack([(k + 5 * j + 17) % 64 for k in range(64)]).astype(np.uint8)
+        b[:, 4:16] = pack_k4_scales(sc, mn)
+        s2, m2 = unpack_k4_scales_ref(b[:, 4:16])
+        assert np.array_equal(s2, sc) and np.array_equal(m2, mn), f"{name} scale packing"
+        import gguf.quants as gq
+        s3, m3 = gq.Q4_K.get_scale_min(b[:, 4:16].copy())
+        assert np.array_equal(s3, sc) and np.array_equal(m3, mn), f"{name} scale packing vs gguf-py"
+        groups.append(("scale_coverage", b))
+        notes.append("scale_coverage: block k, sub-block j: scale=(k+j)%64, min=(k+5j+17)%64")
+    elif name == "Q6_K":
+        b = sane(rand(18))
+        j = np.arange(16)
+        for k in range(16):
+            b[k, 192:208] = ((16 * k + 5 * j) % 256).astype(np.uint8)  # all 256 int8 scale values
+        b[16, 192:208] = 0x80  # -128 at every index
+        b[17, 192:208] = 0x7F  # 127 at every index
+        groups.append(("scale_coverage", b))
+        notes.append("scale_coverage: blocks 0..15 sub-block j: int8 scale byte (16k+5j)%256 "
+                     "(every value once); then all -128; then all 127")
+    else:
+        raise ValueError(name)
+
+    blocks = np.concatenate([g for _, g in groups], axis=0)
+    kinds = np.concatenate([np.full(g.shape[0], KIND[k], dtype=np.uint8) for k, g in groups])
+    return blocks, kinds, notes
+
+
+F32_SPECIALS = [
+    0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x807FFFFF, 0x00800000,
+    0x3F800000, 0xBF800000, 0x7F7FFFFF, 0xFF7FFFFF, 0x7F800000, 0xFF800000,
+    0x7FC00000, 0xFFC00000, 0x7F800001, 0x7FBFFFFF, 0x7FC00001, 0xFFFFFFFF, 0x7FFFFFFF,
+    0x33800000, 0x38800000,
+]
+F16_ELEM_SPECIALS = [
+    0x0000, 0x8000, 0x0001, 0x8001, 0x0002, 0x01FF, 0x0200, 0x03FF, 0x83FF, 0x0400, 0x8400,
+    0x3C00, 0xBC00, 0x3555, 0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0xFC01,
+    0x7D00, 0x7DFF, 0x7E01, 0x7FFF, 0xFFFF,
+]
+BF16_ELEM_SPECIALS = [
+    0x0000, 0x8000, 0x0001, 0x8001, 0x007F, 0x807F, 0x0080, 0x3F80, 0xBF80, 0x7F7F, 0xFF7F,
+    0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0xFF81, 0x7FBF, 0x7FC1, 0x7FFF, 0xFFFF,
+]
+
+
+def float_blocks(name: str, rng):
+    if name == "F32":
+        sp = np.array(F32_SPECIALS, dtype=np.uint32)
+        rb = rng.integers(0, 2**32, size=256, dtype=np.uint64).astype(np.uint32)
+        rn = rng.standard_normal(128).astype(np.float32).view(np.uint32)
+        vals = np.concatenate([sp, rb, rn]).astype("<u4")
+        kinds = np.concatenate([np.full(len(sp), KIND["special_value"]), np.full(len(rb) + len(rn), KIND["random_value"])])
+    else:
+        sp = np.array(F16_ELEM_SPECIALS if name == "F16" else BF16_ELEM_SPECIALS, dtype=np.uint16)
+        rb = rng.integers(0, 2**16, size=384, dtype=np.uint32).astype(np.uint16)
+        if name == "F16":
+            rn = rng.standard_normal(128).astype(np.float16).view(np.uint16)
+        else:
+            rn = (rng.standard_normal(128).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+        vals = np.concatenate([sp, rb, rn]).astype("<u2")
+        kinds = np.concatenate([np.full(len(sp), KIND["special_value"]), np.full(len(rb) + len(rn), KIND["random_value"])])
+    return vals.view(np.uint8).copy(), kinds.astype(np.uint8)
+
+
+def cmd_dequant(args) -> None:
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    out_dir = Path(args.out) / "dequant"
+    rng = np.random.default_rng(SEED_DEQUANT)
+    for name in DEQUANT_TYPES:
+        qtype = GGMLQuantizationType[name]
+        block_size, type_size = GGML_QUANT_SIZES[qtype]
+        if name in ("F32", "F16", "BF16"):
+            raw, kinds = float_blocks(name, rng)
+            notes = ["blocks are raw little-endian element bytes; one 'block' is one element"]
+        else:
+            blk, kinds, notes = quant_blocks(name, rng)
+            assert blk.shape[1] == type_size
+            raw = blk.reshape(-1).copy()
+        n_blocks = raw.size // type_size
+        assert n_blocks * type_size == raw.size and kinds.size == n_blocks
+        # THE WITNESS: gguf-py's dequantize on exactly the bytes we store.
+        with np.errstate(all="ignore"):  # inf * 0 and inf - inf are part of the point
+            expected = np.asarray(gguf.quants.dequantize(raw.copy(), qtype), dtype=np.float32).reshape(-1)
+        assert expected.size == n_blocks * block_size
+        n_nan = int(np.isnan(expected).sum())
+        n_inf = int(np.isinf(expected).sum())
+        md = {
+            "format": "fak dequant oracle v1",
+            "qtype": name,
+            "ggml_type_id": str(int(qtype)),
+            "block_size": str(block_size),
+            "type_size": str(type_size),
+            "n_blocks": str(n_blocks),
+            "witness": "gguf.quants.dequantize(blocks, GGMLQuantizationType.%s) from gguf-py" % name,
+            "tensors": {
+                "blocks": "U8 [n_blocks*type_size] raw GGUF block bytes, blocks back to back",
+                "expected": "F32 [n_blocks*block_size] gguf-py dequantize(blocks) flattened",
+                "block_kind": "U8 [n_blocks] how each block was made (see block_kind_legend)",
+            },
+            "block_kind_legend": {str(v): k for k, v in KIND.items()},
+            "seed": str(SEED_DEQUANT),
+            "notes": notes + [
+                f"expected holds {n_nan} NaN and {n_inf} inf values.",
+                "NaN payload bits in expected are what numpy produced on the exporting machine "
+                "(numpy's f16->f32 keeps a signalling NaN signalling; x86 multiplies quiet it, "
+                "and 0*inf / inf-inf give the x86 default NaN 0xffc00000). Compare NaN as NaN; "
+                "every non-NaN value bit for bit (signed zeros included).",
+            ],
+            "command": f"{PY} dequant",
+            **versions(),
+        }
+        path = out_dir / f"{name}.safetensors"
+        save_np(path, {"blocks": raw, "expected": expected, "block_kind": kinds}, md)
+        log(f"dequant {name}: {n_blocks} blocks, {expected.size} values ({n_nan} NaN, {n_inf} inf) "
+            f"-> {rel(path)} ({path.stat().st_size} B)")
+
+
+# ---------------------------------------------------------------------------------------
+# widen (R1a): torch is the witness
+
+
+def cmd_widen(args) -> None:
+    import torch
+
+    bits = np.arange(65536, dtype=np.uint32).astype(np.uint16)
+    f16_in = torch.from_numpy(bits.view(np.float16).copy())
+    bf16_in = torch.from_numpy(bits.view(np.int16).copy()).view(torch.bfloat16)
+    # THE WITNESS: torch's own widening.
+    f16_out = f16_in.float()
+    bf16_out = bf16_in.float()
+
+    # facts about the witness, recorded (not enforced) so a reader knows what NaN bits to expect
+    o16 = f16_out.numpy().view(np.uint32)
+    nan_in = ((bits & 0x7C00) == 0x7C00) & ((bits & 0x03FF) != 0)
+    sign = (bits.astype(np.uint32) & 0x8000) << 16
+    payload_quieted = sign | 0x7FC00000 | ((bits.astype(np.uint32) & 0x03FF) << 13)
+    f16_nan_rule = ("payload kept, quiet bit set" if np.array_equal(o16[nan_in], payload_quieted[nan_in])
+                    else "see data: not (payload kept, quiet bit set)")
+    ref = bits.view(np.float16).astype(np.float32).view(np.uint32)  # numpy, exact for non-NaN
+    non_nan_equal_numpy = bool(np.array_equal(o16[~nan_in], ref[~nan_in]))
+    ob = bf16_out.numpy().view(np.uint32)
+    bf16_is_shift = bool(np.array_equal(ob, bits.astype(np.uint32) << 16))
+
+    md = {
+        "format": "fak widen oracle v1",
+        "witness": "torch Tensor.float() on CPU",
+        "tensors": {
+            "f16_in": "F16 [65536] every f16 bit pattern, index = bit pattern",
+            "f16_out": "F32 [65536] torch f16_in.float()",
+            "bf16_in": "BF16 [65536] every bf16 bit pattern, index = bit pattern",
+            "bf16_out": "F32 [65536] torch bf16_in.float()",
+        },
+        "f16_nan_rule_observed": f16_nan_rule,
+        "f16_non_nan_equal_numpy": str(non_nan_equal_numpy),
+        "bf16_out_is_bits_shl_16": str(bf16_is_shift),
+        "notes": [
+            "torch's f16->f32 NaN output depends on the code path: the vectorized (F16C) path used for "
+            "this 65536-element tensor keeps the payload and sets the quiet bit, while torch's scalar "
+            "path (tiny tensors, e.g. 1..6 elements) returns 0x7fffffff for every NaN. "
+            "Compare NaN as NaN; everything else bit for bit.",
+        ],
+        "command": f"{PY} widen",
+        **versions(),
+    }
+    path = Path(args.out) / "widen" / "widen.safetensors"
+    save_pt(path, {"f16_in": f16_in, "f16_out": f16_out, "bf16_in": bf16_in, "bf16_out": bf16_out}, md)
+    log(f"widen: f16 NaN rule: {f16_nan_rule}; non-NaN == numpy: {non_nan_equal_numpy}; "
+        f"bf16 == bits<<16: {bf16_is_shift} -> {rel(path)} ({path.stat().st_size} B)")
+
+
+# ---------------------------------------------------------------------------------------
+# tiny random-init models
+
+
+TINY_SPECS = {
+    "llama-untied": dict(
+        num_hidden_layers=3, tie_word_embeddings=False, intermediate_size=128,
+        rope_theta=10000.0, rms_norm_eps=1e-5, seed=SEED_TINY,
+    ),
+    "llama-tied": dict(
+        num_hidden_layers=2, tie_word_embeddings=True, intermediate_size=160,
+        rope_theta=500000.0, rms_norm_eps=1e-6, seed=SEED_TINY + 1,
+    ),
+}
+TINY_PROMPT_LENS = [7, 12, 20]
+
+
+def build_tiny(name: str, out_dir: Path) -> Path:
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    s = TINY_SPECS[name]
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=s["intermediate_size"],
+        num_hidden_layers=s["num_hidden_layers"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        hidden_act="silu",
+        max_position_embeddings=256,
+        initializer_range=0.2,
+        rms_norm_eps=s["rms_norm_eps"],
+        rope_parameters={"rope_type": "default", "rope_theta": s["rope_theta"]},
+        tie_word_embeddings=s["tie_word_embeddings"],
+        attention_bias=False,
+        mlp_bias=False,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        dtype="float32",
+    )
+    torch.manual_seed(s["seed"])
+    model = LlamaForCausalLM(cfg).to(torch.float32).eval()
+    # RMSNorm weights default to exactly 1; randomize them around 1 so a missing or misplaced
+    # norm weight cannot pass.
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("layernorm.weight") or n == "model.norm.weight":
+                p.copy_(1.0 + 0.25 * torch.randn_like(p))
+    # never stop early: no eos at all
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                               do_sample=False)
+    d = out_dir / "tiny" / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    model.save_pretrained(str(d))
+    files = sorted(p.name for p in d.iterdir())
+    assert "model.safetensors" in files and "config.json" in files, files
+    # the saved file must round-trip bit for bit
+    from safetensors.torch import load_file
+    sd = load_file(str(d / "model.safetensors"))
+    for n, p in model.state_dict().items():
+        if n in sd:
+            assert sd[n].dtype == torch.float32 and torch.equal(sd[n], p), n
+        else:
+            assert s["tie_word_embeddings"] and n == "lm_head.weight", n
+    log(f"tiny {name}: {files}, tensors in file: {len(sd)}, "
+        f"params: {sum(p.numel() for p in model.parameters())}")
+    return d
+
+
+def cmd_tiny(args) -> None:
+    out = Path(args.out)
+    for name in TINY_SPECS:
+        d = build_tiny(name, out)
+        make_oracle(str(d), f"tiny-{name}", out)
+
+
+# ---------------------------------------------------------------------------------------
+# oracles (R0, R1, R2b): transformers is the witness
+
+
+REAL_PROMPTS = [
+    ("capital", "text", "The capital of France is"),
+    ("chat", "chat", [{"role": "user", "content": "What is 2+2? Answer briefly."}]),
+    ("code", "text", "def fibonacci(n):\n   "),
+]
+CHATML_FALLBACK = "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
+
+
+def load_model(src: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    p = Path(src)
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    if p.is_file() and p.suffix == ".gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(p.parent), gguf_file=p.name, **kw)
+        tok = AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+        return model.eval(), tok, "gguf"
+    model = AutoModelForCausalLM.from_pretrained(str(p), **kw)
+    return model.eval(), None, "dir"
+
+
+class Capture:
+    """Forward hooks on embed_tokens, every decoder layer and the final norm.
+
+    A decoder layer may return a tensor (transformers 5) or a tuple whose first element is the
+    hidden state (transformers 4); both are handled. Only the first call (the prompt forward) is
+    kept.
+    """
+
+    def __init__(self, model):
+        self.embed = None
+        self.layers = [None] * len(model.model.layers)
+        self.norm = None
+        self.handles = []
+
+        def first(o):
+            return o[0] if isinstance(o, (tuple, list)) else o
+
+        def h_embed(_m, _i, o):
+            if self.embed is None:
+                self.embed = first(o).detach().clone()
+
+        def h_norm(_m, _i, o):
+            if self.norm is None:
+                self.norm = first(o).detach().clone()
+
+        def h_layer(idx):
+            def h(_m, _i, o):
+                if self.layers[idx] is None:
+                    self.layers[idx] = first(o).detach().clone()
+            return h
+
+        self.handles.append(model.model.embed_tokens.register_forward_hook(h_embed))
+        for i, layer in enumerate(model.model.layers):
+            self.handles.append(layer.register_forward_hook(h_layer(i)))
+        self.handles.append(model.model.norm.register_forward_hook(h_norm))
+
+    def remove(self):
+        for h in self.handles:
+            h.remove()
+
+
+def real_prompts(tok):
+    """-> list of (prompt_id, text, ids, extra-metadata) for a real (tokenizer-bearing) model."""
+    out = []
+    for pid, kind, content in REAL_PROMPTS:
+        extra = {"prompt_kind": kind}
+        if kind == "chat":
+            if getattr(tok, "chat_template", None):
+                text = tok.apply_chat_template(content, add_generation_prompt=True, tokenize=False)
+                enc = tok.apply_chat_template(content, add_generation_prompt=True, tokenize=True,
+                                              return_dict=True)
+                ids = list(enc["input_ids"])
+                extra["chat_template_source"] = "GGUF tokenizer.chat_template via tokenizer.apply_chat_template"
+                extra["chat_messages"] = json.dumps(content)
+                plain = tok(text, add_special_tokens=False)["input_ids"]
+                extra["chat_ids_equal_encode_of_rendered_text"] = str(list(plain) == ids)
+            else:
+                text = CHATML_FALLBACK
+                ids = tok(text, add_special_tokens=False)["input_ids"]
+                extra["chat_template_source"] = "NONE IN GGUF: ChatML text used literally"
+        else:
+            text = content
+            ids = tok(text)["input_ids"]  # the tokenizer's own special-token policy (GGUF add_bos_token)
+        out.append((pid, text, list(ids), extra))
+    return out
+
+
+def tiny_prompts(vocab: int):
+    rng = np.random.default_rng(SEED_PROMPTS)
+    out = []
+    for n in TINY_PROMPT_LENS:
+        ids = rng.integers(0, vocab, size=n).tolist()
+        out.append((f"rand{n}", None, ids, {"prompt_kind": "random ids",
+                                            "prompt_seed": str(SEED_PROMPTS)}))
+    return out
+
+
+def make_oracle(src: str, name: str, out_root: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one fixed reduction order for the witness on this machine
+    torch.use_deterministic_algorithms(True)
+
+    model, tok, kind = load_model(src)
+    cfg = model.config
+    is_real = tok is not None
+    L, H, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    out_dir = out_root / "oracles" / name
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    # model-level invariants checked here, reported in the files
+    facts = {}
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    mod_types = sorted({type(m).__name__ for m in model.modules()})
+    facts["module_types"] = mod_types
+    assert not any(t.startswith("Gguf") for t in mod_types), "weights stayed packed; expected full dequant"
+    facts["lm_head_tied_to_embed"] = (model.lm_head.weight.data_ptr() ==
+                                      model.model.embed_tokens.weight.data_ptr())
+    facts["attn_implementation"] = model.config._attn_implementation
+
+    # R0: names, shapes, parameter count (tied weights once: named_parameters dedups)
+    params = list(model.named_parameters())
+    state = {"tensors": [[n, list(p.shape)] for n, p in params],
+             "n_params": int(sum(p.numel() for _, p in params))}
+    (out_dir / "state_dict.json").write_text(json.dumps(state, indent=1) + "\n")
+    cfg_dict = cfg.to_dict()
+    (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2, sort_keys=True, default=str) + "\n")
+    log(f"{name}: {len(params)} tensors, {state['n_params']} params, tied={facts['lm_head_tied_to_embed']}")
+
+    if is_real:
+        prompts = real_prompts(tok)
+        source = f"GGUF {Path(src).name} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
+                 f"dir, gguf_file=..., dtype=torch.float32, attn_implementation='eager')"
+        cmd = f"{PY} oracle --model {src} --name {name}"
+    else:
+        prompts = tiny_prompts(V)
+        source = f"{rel(Path(src))} (config.json + model.safetensors) loaded by transformers " \
+                 f"AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, attn_implementation='eager')"
+        cmd = f"{PY} tiny" if name.startswith("tiny-") else f"{PY} oracle --model {rel(Path(src))} --name {name}"
+
+    gen_cfg = model.generation_config
+    eos = gen_cfg.eos_token_id
+    summary = {}
+    for pid, text, ids, extra in prompts:
+        T = len(ids)
+        x = torch.tensor([ids], dtype=torch.long)
+        cap = Capture(model)
+        with torch.no_grad():
+            out = model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False,
+                        output_hidden_states=True, logits_to_keep=0)
+        cap.remove()
+        logits_all = out.logits[0].float()  # [T, V]
+        assert logits_all.shape == (T, V)
+        hidden = torch.stack([h[0] for h in cap.layers])  # [L, T, H]
+        embed, final_norm = cap.embed[0], cap.norm[0]
+
+        # What does output_hidden_states hold in this transformers? (recorded, not used)
+        hs = out.hidden_states
+        hs_facts = {"len": len(hs)}
+        hs_facts["[0]==embed"] = bool(torch.equal(hs[0][0], embed))
+        hs_facts["[-1]==final_norm"] = bool(torch.equal(hs[-1][0], final_norm))
+        hs_facts["[-1]==last_layer"] = bool(torch.equal(hs[-1][0], hidden[-1]))
+        hs_facts["[i+1]==layer_i for i<L-1"] = bool(all(torch.equal(hs[i + 1][0], hidden[i]) for i in range(L - 1)))
+
+        # the final norm applied to the last layer's output, and the head applied to it
+        with torch.no_grad():
+            assert torch.equal(model.model.norm(hidden[-1]), final_norm)
+            head = model.lm_head(final_norm)
+            head_equal = bool(torch.equal(head, logits_all))
+
+        positions = list(range(T)) if not is_real else list(range(max(0, T - 4), T))
+        logits_positions = list(range(T)) if not is_real else [T - 1]
+        topk = torch.topk(logits_all, 20, dim=-1, sorted=True)
+        srt = torch.sort(logits_all, dim=-1, descending=True).values
+        margin = (srt[:, 0] - srt[:, 1])
+
+        # R2b greedy
+        with torch.no_grad():
+            g = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=16, do_sample=False,
+                               output_scores=True, return_dict_in_generate=True)
+        new = g.sequences[0, T:].tolist()
+        step_margin = [float((lambda s: s[0] - s[1])(torch.sort(sc[0], descending=True).values))
+                       for sc in g.scores]
+        if not is_real:
+            assert len(new) == 16, f"tiny generate stopped early: {len(new)}"
+        # consistency of the witness: greedy by full recompute, no cache
+        seq = list(ids)
+        with torch.no_grad():
+            for _ in range(len(new)):
+                lg = model(input_ids=torch.tensor([seq]), use_cache=False).logits[0, -1]
+                seq.append(int(torch.argmax(lg)))
+        recompute_agrees = seq[T:] == new
+
+        # sdpa vs eager on the same weights: the witness's own noise floor (recorded only)
+        md = {
+            "format": "fak oracle v1",
+            "model_source": source,
+            "model_name": name,
+            "prompt_id": pid,
+            "prompt_text": text if text is not None else "",
+            "prompt_ids_list": ids,
+            "command": cmd,
+            **versions(),
+            "torch_num_threads": "1",
+            "attn_implementation": facts["attn_implementation"],
+            "bos_token_id": str(cfg.bos_token_id),
+            "eos_token_id": json.dumps(eos),
+            "n_layers": str(L),
+            "hidden": str(H),
+            "vocab": str(V),
+            "n_prompt_tokens": str(T),
+            "greedy_stopped_on_eos": str(len(new) < 16),
+            "greedy_includes_eos_token": str(bool(new) and eos is not None and
+                                             new[-1] in (eos if isinstance(eos, list) else [eos])),
+            "greedy_recompute_agrees": str(recompute_agrees),
+            "greedy_step_min_top1_top2_margin": f"{min(step_margin):.6g}",
+            "prompt_min_top1_top2_margin": f"{float(margin.min()):.6g}",
+            "output_hidden_states_layout": hs_facts,
+            "lm_head_of_final_norm_equals_logits": str(head_equal),
+            "hidden_semantics": "hidden[i] = output of model.model.layers[i] (residual stream after "
+                                "decoder layer i, i = 0..L-1), captured by forward hook; embed = output of "
+                                "model.model.embed_tokens; final_norm = output of model.model.norm "
+                                "(applied to hidden[L-1]); logits = lm_head(final_norm)",
+            "tensors": {
+                "prompt_ids": "I64 [T]",
+                "positions": "I64 [P] positions (0-based) the rows of embed/hidden/final_norm refer to",
+                "embed": "F32 [P,H] model.model.embed_tokens output",
+                "hidden": "F32 [L,P,H] output of decoder layer i",
+                "final_norm": "F32 [P,H] model.model.norm output",
+                "logits_positions": "I64 [Q] positions the rows of logits refer to",
+                "logits": "F32 [Q,V]",
+                "topk_ids": "I64 [T,20] torch.topk(logits, 20, sorted=True) ids at every position",
+                "topk_logits": "F32 [T,20] their logits",
+                "greedy_ids": "I64 [G] new tokens of model.generate(prompt, max_new_tokens=16, do_sample=False)",
+            },
+            **{k: (v if isinstance(v, str) else json.dumps(v)) for k, v in extra.items()},
+        }
+        if is_real:
+            md["greedy_text"] = tok.decode(new, skip_special_tokens=False)
+            md["tokenizer_class"] = type(tok).__name__
+            md["add_bos"] = str(getattr(tok, "add_bos_token", None))
+        tensors = {
+            "prompt_ids": torch.tensor(ids, dtype=torch.int64),
+            "positions": torch.tensor(positions, dtype=torch.int64),
+            "embed": embed[positions].float(),
+            "hidden": hidden[:, positions].float(),
+            "final_norm": final_norm[positions].float(),
+            "logits_positions": torch.tensor(logits_positions, dtype=torch.int64),
+            "logits": logits_all[logits_positions].float(),
+            "topk_ids": topk.indices.to(torch.int64),
+            "topk_logits": topk.values.float(),
+            "greedy_ids": torch.tensor(new, dtype=torch.int64),
+        }
+        path = out_dir / f"{pid}.safetensors"
+        save_pt(path, tensors, md)
+        summary[pid] = {"text": text, "ids": ids, "greedy_ids": new,
+                        "greedy_text": md.get("greedy_text"), "recompute_agrees": recompute_agrees,
+                        "min_margin_prompt": float(margin.min()), "min_margin_greedy": min(step_margin),
+                        "hidden_states_layout": hs_facts, "head_equal": head_equal,
+                        "bytes": path.stat().st_size, **extra}
+        log(f"  {pid}: T={T} ids={ids} greedy={new} recompute_agrees={recompute_agrees} "
+            f"margins prompt={float(margin.min()):.4g} greedy={min(step_margin):.4g} -> {rel(path)} "
+            f"({path.stat().st_size} B)")
+        if is_real:
+            log(f"    greedy text: {md['greedy_text']!r}")
+    # noise floor of the witness: sdpa vs eager logits on the first prompt (recorded only)
+    try:
+        x = torch.tensor([prompts[0][2]])
+        with torch.no_grad():
+            eager = model(input_ids=x, use_cache=False).logits[0]
+            model.set_attn_implementation("sdpa")
+            sdpa = model(input_ids=x, use_cache=False).logits[0]
+            model.set_attn_implementation("eager")
+        facts["sdpa_vs_eager_max_abs_logit_diff_prompt0"] = float((sdpa - eager).abs().max())
+    except Exception as e:  # recorded only
+        facts["sdpa_vs_eager_max_abs_logit_diff_prompt0"] = f"not measured: {e}"
+    facts["summary"] = summary
+    facts["command"] = cmd
+    facts.update(versions())
+    (out_dir / "facts.json").write_text(json.dumps(facts, indent=1, default=str) + "\n")
+    log(f"  sdpa vs eager max|dlogit| (prompt 0): {facts['sdpa_vs_eager_max_abs_logit_diff_prompt0']}")
+
+
+def cmd_oracle(args) -> None:
+    src = args.model or args.gguf
+    if not src:
+        raise SystemExit("oracle: give --model DIR_OR_GGUF (or --gguf FILE)")
+    make_oracle(src, args.name, Path(args.out))
+
+
+def cmd_all(args) -> None:
+    if not args.gguf:
+        raise SystemExit("all: give --gguf /path/to/SmolLM2-135M-Instruct.Q4_1.gguf")
+    cmd_dequant(args)
+    cmd_widen(args)
+    cmd_tiny(args)
+    make_oracle(args.gguf, args.name, Path(args.out))
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(REPO / "testdata"), help="testdata root (default: %(default)s)")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("dequant", help="GGUF block dequant fixtures (witness: gguf-py)").set_defaults(fn=cmd_dequant)
+    sub.add_parser("widen", help="f16/bf16 -> f32 widening fixtures (witness: torch)").set_defaults(fn=cmd_widen)
+    sub.add_parser("tiny", help="tiny random Llama models and their oracles").set_defaults(fn=cmd_tiny)
+    o = sub.add_parser("oracle", help="per-prompt oracles for one model (witness: transformers)")
+    o.add_argument("--model", help="HF model directory or a .gguf file")
+    o.add_argument("--gguf", help="a .gguf file (same as --model FILE)")
+    o.add_argument("--name", required=True, help="testdata/oracles/NAME")
+    o.set_defaults(fn=cmd_oracle)
+    a = sub.add_parser("all", help="everything: dequant, widen, tiny, and the GGUF's oracle")
+    a.add_argument("--gguf", required=True)
+    a.add_argument("--name", default="smollm2-135m-instruct")
+    a.set_defaults(fn=cmd_all)
+    args = ap.parse_args(argv)
+    args.fn(args)
+
+
+if __name__ == "__main__":
+    main()
