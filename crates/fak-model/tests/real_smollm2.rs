@@ -98,7 +98,7 @@ fn r1_r2b_real_model_matches_hf() {
         files.len()
     );
     for f in files {
-        check_oracle(m, &Oracle::load(f));
+        check_oracle(m, &load_oracle(f));
     }
 }
 
@@ -110,7 +110,9 @@ fn exact_path_is_independent_of_threads_and_batch() {
     use fak_model::{LogitsWanted, VecKvCache};
     use fak_tensor::Threads;
     let Some(path) = smollm2_path() else { return };
-    let ids = Oracle::load(oracle_files("smollm2-135m-instruct").remove(0)).ids("prompt_ids");
+    let ids = load_oracle(oracle_files("smollm2-135m-instruct").remove(0))
+        .ids("prompt_ids")
+        .unwrap();
     let n = ids.len();
     let pos: Vec<u32> = (0..n as u32).collect();
     let mut m = Model::load(&path).unwrap();

@@ -11,7 +11,7 @@ fn prove_tiny(name: &str) {
     let dir = testdata().join("tiny").join(name);
     let model = Model::load(&dir).unwrap_or_else(|e| panic!("loading {}: {e}", dir.display()));
     for file in oracle_files(&format!("tiny-{name}")) {
-        check_oracle(&model, &Oracle::load(file));
+        check_oracle(&model, &load_oracle(file));
     }
 }
 
@@ -55,10 +55,8 @@ fn wrong_rope_base_fails_r1() {
     assert_eq!(cfg.rope_theta[0], 500000.0);
     cfg.rope_theta.iter_mut().for_each(|t| *t = 10000.0);
     let model = Model::from_source(&src, cfg).unwrap();
-    let f = measure(
-        &model,
-        &Oracle::load(oracle_files("tiny-llama-tied").remove(0)),
-    );
+    let oracle = load_oracle(oracle_files("tiny-llama-tied").remove(0));
+    let f = measure(&model, &oracle).unwrap();
     assert!(f.embed_exact);
     assert!(
         f.min_layer_cosine < 0.999999,
@@ -76,10 +74,8 @@ fn permuted_qk_rows_fail_r1() {
     let mut model = Model::from_source(&src, cfg.clone()).unwrap();
     let w = &mut model.layer_weights_mut()[0].q_proj;
     *w = fak_weights::permute_qk_rows(w, cfg.num_attention_heads, cfg.hidden_size).unwrap();
-    let f = measure(
-        &model,
-        &Oracle::load(oracle_files("tiny-llama-untied").remove(0)),
-    );
+    let oracle = load_oracle(oracle_files("tiny-llama-untied").remove(0));
+    let f = measure(&model, &oracle).unwrap();
     assert!(
         f.min_layer_cosine < 0.999999,
         "cosine {} should fail",
