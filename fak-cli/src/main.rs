@@ -32,6 +32,26 @@ enum Cmd {
     },
     /// Run a model on a prompt of token ids and print the greedy continuation.
     Run(RunArgs),
+    /// Run the proof ladder (R1 vs HF oracles, R2a, R3 + controls, R14, windows) on a
+    /// model and print a table; exits non-zero if any rung fails.
+    Prove(ProveArgs),
+}
+
+#[derive(clap::Args)]
+struct ProveArgs {
+    /// A GGUF file, a safetensors folder, or a catalog name (fetched if not cached).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Folder of the model's HF oracle files (default: testdata/oracles/<catalog name>
+    /// of this source tree, when the model is a catalog model).
+    #[arg(long)]
+    oracles: Option<PathBuf>,
+    /// Threads for the matrix products (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
 }
 
 #[derive(Subcommand)]
@@ -122,6 +142,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Cmd::Model { command } => model_cmd(command),
         Cmd::Run(args) => run(args),
+        Cmd::Prove(args) => prove(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -365,5 +386,44 @@ fn summarize(v: &fak_weights::MetaValue, max: usize) -> String {
         format!("{cut}...")
     } else {
         s
+    }
+}
+
+/// The committed HF oracle folder of a catalog model: `./testdata/oracles/<name>` when
+/// run from a checkout, else the one of the source tree this binary was built from.
+fn default_oracle_dir(name: &str) -> Option<PathBuf> {
+    let rel = PathBuf::from("testdata/oracles").join(name);
+    let built = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(&rel);
+    [rel, built].into_iter().find(|p| p.is_dir())
+}
+
+fn prove(args: ProveArgs) -> Result<(), CliError> {
+    let path = resolve_or_pull(&args.model)?;
+    // The catalog name of the model, by argument or by file name.
+    let name = catalog::find(&args.model)
+        .or_else(|| {
+            let file = path.file_name()?.to_str()?;
+            catalog::CATALOG.iter().find(|e| e.file_name == file)
+        })
+        .map(|e| e.name);
+    let oracles = args.oracles.or_else(|| name.and_then(default_oracle_dir));
+    let mut model = Model::load(&path)?;
+    model.set_threads(args.threads.map(Threads::new).unwrap_or_default());
+    let label = name.map_or_else(|| path.display().to_string(), str::to_string);
+    let report = fak_kv::prove::prove(model, &label, oracles.as_deref());
+    if args.format == Format::Json {
+        outln!(
+            "{}",
+            serde_json::to_string_pretty(&report).expect("JSON of plain values")
+        )?;
+    } else {
+        outln!("{}", report.to_table())?;
+    }
+    if report.passed() {
+        Ok(())
+    } else {
+        Err(ModelError::InvalidInput("some rungs failed (see the table)".into()).into())
     }
 }

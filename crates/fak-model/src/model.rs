@@ -152,6 +152,36 @@ impl Model {
         &self.config
     }
 
+    /// Sets the sliding attention window of every layer (`None` = full causal
+    /// attention), e.g. to run the window proofs on a model that has none.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] if `windows.len()` is not the layer count or a window
+    /// is 0.
+    pub fn set_sliding_windows(&mut self, windows: Vec<Option<usize>>) -> Result<(), ModelError> {
+        if windows.len() != self.config.num_hidden_layers {
+            return Err(ModelError::InvalidInput(format!(
+                "{} windows for {} layers",
+                windows.len(),
+                self.config.num_hidden_layers
+            )));
+        }
+        if windows.contains(&Some(0)) {
+            return Err(ModelError::InvalidInput(
+                "a sliding window of 0 tokens".into(),
+            ));
+        }
+        self.config.sliding_window = windows;
+        Ok(())
+    }
+
+    /// Sets the context length in tokens (e.g. to run a long bounded-window test on a
+    /// tiny model). RoPE has no table to outgrow, so any length is computable; the
+    /// model's training length is what makes longer contexts meaningful.
+    pub fn set_max_position_embeddings(&mut self, n: usize) {
+        self.config.max_position_embeddings = n.max(1);
+    }
+
     /// The decoder blocks' weights, in layer order.
     pub fn layer_weights(&self) -> &[LayerWeights] {
         &self.layers
@@ -172,7 +202,7 @@ impl Model {
     /// If `layer` is out of range or `row.len()` is not a multiple of `head_dim`.
     pub fn rope_in_place(&self, layer: usize, pos: u32, row: &mut [f32]) {
         let hd = self.config.head_dim;
-        assert!(row.len() % hd == 0, "rope_in_place: row is not whole heads");
+        assert!(row.len().is_multiple_of(hd), "rope_in_place: row is not whole heads");
         let half = hd / 2;
         let mut cos = vec![0f32; half];
         let mut sin = vec![0f32; half];
@@ -384,7 +414,7 @@ impl Model {
         for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rms_norm(r, &self.norm, c.norm_weight_offset, c.rms_norm_eps, o);
         }
-        if let Some(t) = trace.as_deref_mut() {
+        if let Some(t) = trace {
             t.final_norm = xn.clone();
         }
         let rows: &[f32] = match want {

@@ -1,6 +1,6 @@
 //! R1 and R2b on the tiny random-init Llama models of `testdata/tiny/`, against their
 //! HF oracles (all positions): embedding bit-exact, every layer's hidden state cosine
-//! >= 0.999999, logits max|Δ| <= 1e-4, argmax equal at every position, 16 greedy tokens
+//! at least 0.999999, logits max|Δ| <= 1e-4, argmax equal at every position, 16 greedy tokens
 //! equal to HF `generate`. Also checks the config read from config.json.
 
 mod common;

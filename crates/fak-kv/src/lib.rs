@@ -1,0 +1,27 @@
+//! fak-kv: the attention state fak owns, and the session that fills it.
+//!
+//! One job: hold each conversation's KV cache as plain buffers the kernel controls, so
+//! that operations other engines can only approximate are exact here:
+//!
+//! - **decode == prefill** (rung R2a): a token's K/V rows and logits are the same bits
+//!   whether it was decoded step by step or prefilled in a batch (fak-tensor's fixed
+//!   reduction order);
+//! - **write-time eviction == never-saw** (R3): [`Session::evict`] removes a span from
+//!   every layer and renumbers the survivors, re-deriving each moved K from its stored
+//!   pre-RoPE `k_raw` in one rotation, so the cache equals one that never held the span;
+//! - **prefix clone == recompute** (R14): [`Session::from_prefix`] deep-copies a cache and
+//!   prefills only the suffix;
+//! - **sliding windows** are found from the stored absolute positions
+//!   ([`fak_model::window_start`]), so they stay right after an eviction, and a bounded
+//!   mode drops entries no window can reach ([`Session::drop_oldest`]).
+//!
+//! [`prove`] runs these rungs (and R1 against a committed HF oracle) on any model and
+//! reports a table: it is what `fak prove` prints.
+
+mod cache;
+pub mod prove;
+mod session;
+
+pub use cache::{KvCache, KvError};
+pub use fak_model::window_start;
+pub use session::{GenerateParams, Session, SessionError};

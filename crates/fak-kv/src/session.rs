@@ -1,0 +1,219 @@
+//! `Session`: a model shared by `Arc` and a KV cache it owns, filled by prefill and
+//! decode steps.
+
+use crate::cache::{KvCache, KvError};
+use fak_model::{argmax, LogitsWanted, Model, ModelError};
+use std::sync::Arc;
+
+/// Errors of session operations.
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    /// The forward pass refused the input (out-of-range id, context overflow, ...).
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// A cache operation was out of range.
+    #[error(transparent)]
+    Kv(#[from] KvError),
+    /// `generate` was called with no logits to start from (nothing prefilled since the
+    /// session began or since the last eviction).
+    #[error("no logits to continue from: prefill a token first")]
+    NoLogits,
+    /// A prefix session belongs to another model.
+    #[error("the prefix session was filled by a different model")]
+    ModelMismatch,
+}
+
+/// Parameters of [`Session::generate`]. Greedy for now; sampling arrives with the text
+/// interface.
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateParams {
+    /// Most new tokens.
+    pub max_new_tokens: usize,
+    /// Stop after (and include) a token in the model's EOS ids.
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateParams {
+    fn default() -> Self {
+        GenerateParams {
+            max_new_tokens: 16,
+            stop_at_eos: true,
+        }
+    }
+}
+
+/// A conversation's attention state and the model it runs on.
+///
+/// `Clone` is a byte-exact deep copy of the cache (the model is shared).
+#[derive(Clone, Debug)]
+pub struct Session {
+    model: Arc<Model>,
+    cache: KvCache,
+    /// Logits of the last token run, `[vocab]`; `None` after an eviction.
+    last_logits: Option<Vec<f32>>,
+    /// Positions this session has run through the model (its own, not a prefix's).
+    positions_computed: u64,
+}
+
+impl Session {
+    /// A new empty session whose cache holds up to the model's context length.
+    pub fn new(model: Arc<Model>) -> Self {
+        let cap = model.config().max_position_embeddings;
+        Self::with_capacity(model, cap)
+    }
+
+    /// A new empty session whose cache holds up to `capacity` tokens (a caller's memory
+    /// budget: `capacity * cache().bytes_per_token()` bytes).
+    pub fn with_capacity(model: Arc<Model>, capacity: usize) -> Self {
+        let cache = KvCache::new(model.config(), capacity);
+        Session {
+            model,
+            cache,
+            last_logits: None,
+            positions_computed: 0,
+        }
+    }
+
+    /// The model.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.model
+    }
+
+    /// The KV cache.
+    pub fn cache(&self) -> &KvCache {
+        &self.cache
+    }
+
+    /// Tokens held in the cache.
+    pub fn len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Whether the cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.cache.is_empty()
+    }
+
+    /// Absolute RoPE positions of the cached tokens.
+    pub fn positions(&self) -> &[u32] {
+        self.cache.positions()
+    }
+
+    /// Positions this session ran through the model itself (a clone starts at 0), so a
+    /// test can prove a reused prefix was not recomputed.
+    pub fn positions_computed(&self) -> u64 {
+        self.positions_computed
+    }
+
+    /// Logits of the last token run, `[vocab]`, if any.
+    pub fn last_logits(&self) -> Option<&[f32]> {
+        self.last_logits.as_deref()
+    }
+
+    /// Runs `ids` through the model at the next positions, appending to the cache, and
+    /// returns the last token's logits `[vocab]`.
+    ///
+    /// # Errors
+    /// [`SessionError::Model`] for an empty batch, an out-of-range id or a context /
+    /// capacity overflow; the session is unchanged on error.
+    pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+        let start = self.cache.next_position();
+        let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
+        let logits =
+            self.model
+                .forward(ids, &positions, &mut self.cache, LogitsWanted::Last, None)?;
+        self.positions_computed += ids.len() as u64;
+        self.last_logits = Some(logits.clone());
+        Ok(logits)
+    }
+
+    /// Like [`Session::prefill`] but returns the logits of every token, `[n, vocab]`.
+    ///
+    /// # Errors
+    /// As [`Session::prefill`].
+    pub fn prefill_all_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
+        let start = self.cache.next_position();
+        let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
+        let logits =
+            self.model
+                .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None)?;
+        self.positions_computed += ids.len() as u64;
+        let v = self.model.config().vocab_size;
+        self.last_logits = Some(logits[logits.len() - v..].to_vec());
+        Ok(logits)
+    }
+
+    /// One decode step: runs token `id` and returns its logits `[vocab]`.
+    ///
+    /// # Errors
+    /// As [`Session::prefill`].
+    pub fn step(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
+        self.prefill(&[id])
+    }
+
+    /// Greedy generation from the last logits: takes the argmax token, runs it, repeats;
+    /// stops after `max_new_tokens` or after an EOS id when `stop_at_eos`. Returns the
+    /// new tokens. The last token produced is not run through the model (its logits are
+    /// not needed), so the cache ends one token short of the returned text.
+    ///
+    /// # Errors
+    /// [`SessionError::NoLogits`] when nothing has been prefilled since the start or the
+    /// last eviction; forward-pass errors (context overflow).
+    pub fn generate(&mut self, params: &GenerateParams) -> Result<Vec<u32>, SessionError> {
+        let mut logits = self.last_logits.clone().ok_or(SessionError::NoLogits)?;
+        let eos = self.model.config().eos_token_ids.clone();
+        let mut out = Vec::new();
+        while out.len() < params.max_new_tokens {
+            let next = argmax(&logits);
+            out.push(next);
+            if (params.stop_at_eos && eos.contains(&next)) || out.len() == params.max_new_tokens {
+                break;
+            }
+            logits = self.step(next)?;
+        }
+        Ok(out)
+    }
+
+    /// Removes cached tokens `[from, from + n)` (see [`KvCache::evict`]): at write time,
+    /// the session is then bit-identical to one that never saw them. The last logits are
+    /// dropped (they were computed with the span present); prefill the next token to go on.
+    ///
+    /// # Errors
+    /// [`SessionError::Kv`] for a span out of range; the session is unchanged.
+    pub fn evict(&mut self, from: usize, n: usize) -> Result<(), SessionError> {
+        self.cache.evict(&self.model, from, n)?;
+        if n > 0 {
+            self.last_logits = None;
+        }
+        Ok(())
+    }
+
+    /// Drops the `n` oldest tokens without renumbering (bounded mode of sliding-window
+    /// models; see [`KvCache::drop_oldest`]).
+    ///
+    /// # Errors
+    /// [`SessionError::Kv`] if `n > len`.
+    pub fn drop_oldest(&mut self, n: usize) -> Result<(), SessionError> {
+        self.cache.drop_oldest(n)?;
+        Ok(())
+    }
+
+    /// A new session that starts from a byte-exact copy of `prefix`'s cache and then
+    /// prefills `suffix` only. Its [`Session::positions_computed`] counts the suffix
+    /// alone. An empty suffix gives a plain clone (with the prefix's last logits).
+    ///
+    /// # Errors
+    /// Forward-pass errors of the suffix prefill.
+    pub fn from_prefix(prefix: &Session, suffix: &[u32]) -> Result<Session, SessionError> {
+        let mut s = Session {
+            model: Arc::clone(&prefix.model),
+            cache: prefix.cache.clone(),
+            last_logits: prefix.last_logits.clone(),
+            positions_computed: 0,
+        };
+        if !suffix.is_empty() {
+            s.prefill(suffix)?;
+        }
+        Ok(s)
+    }
+}
