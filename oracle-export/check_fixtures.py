@@ -18,7 +18,8 @@ from safetensors import safe_open
 
 REPO = Path(__file__).resolve().parent.parent
 KEY_META = ["model_name", "qtype", "n_blocks", "prompt_id", "prompt_text", "eos_token_id", "bos_token_id",
-            "n_layers", "hidden", "vocab", "greedy_text", "command"]
+            "n_layers", "hidden", "vocab", "greedy_text", "case", "poison_text", "eviction",
+            "greedy_first_diff_index", "clean_greedy_text", "poisoned_greedy_text", "command"]
 
 
 def shown(path: Path) -> Path:
@@ -37,10 +38,14 @@ def show(path: Path, all_meta: bool) -> None:
             print(f"   prompt_ids = {f.get_tensor('prompt_ids').tolist()}")
         if "greedy_ids" in names:
             print(f"   greedy_ids = {f.get_tensor('greedy_ids').tolist()}")
+        for name in ("prefix_ids", "poison_ids", "query_ids", "clean_greedy_ids", "poisoned_greedy_ids"):
+            if name in names:
+                print(f"   {name} = {f.get_tensor(name).tolist()}")
     for k in (md if all_meta else KEY_META):
         if k in md:
             v = md[k]
-            print(f"   [{k}] {v!r}" if k in ("prompt_text", "greedy_text") else f"   [{k}] {v}")
+            quoted = ("prompt_text", "greedy_text", "poison_text", "clean_greedy_text", "poisoned_greedy_text")
+            print(f"   [{k}] {v!r}" if k in quoted else f"   [{k}] {v}")
 
 
 def show_json(path: Path) -> None:
