@@ -352,7 +352,10 @@ impl Config {
         if self.num_hidden_layers > 4096 || self.num_attention_heads > 4096 {
             return Err("too many layers or heads".into());
         }
-        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads

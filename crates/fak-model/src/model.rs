@@ -202,7 +202,10 @@ impl Model {
     /// If `layer` is out of range or `row.len()` is not a multiple of `head_dim`.
     pub fn rope_in_place(&self, layer: usize, pos: u32, row: &mut [f32]) {
         let hd = self.config.head_dim;
-        assert!(row.len().is_multiple_of(hd), "rope_in_place: row is not whole heads");
+        assert!(
+            row.len().is_multiple_of(hd),
+            "rope_in_place: row is not whole heads"
+        );
         let half = hd / 2;
         let mut cos = vec![0f32; half];
         let mut sin = vec![0f32; half];
@@ -255,8 +258,8 @@ impl Model {
     /// # Errors
     /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
     /// that do not strictly increase past the cache's last position;
-    /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when the cache
-    /// or a position would exceed the context length. On error `kv` is unchanged.
+    /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when a position
+    /// would reach the context length or the entries would exceed the cache's capacity. On error `kv` is unchanged.
     pub fn forward(
         &self,
         ids: &[u32],
@@ -292,10 +295,20 @@ impl Model {
             }
             prev = p as i64;
         }
-        let limit = c.max_position_embeddings.min(kv.capacity_tokens());
-        let needed = (kv.len() + n).max(prev as usize + 1);
-        if needed > limit {
-            return Err(ModelError::ContextOverflow { needed, limit });
+        // Positions are bounded by the context length, entries by the cache's capacity
+        // (in bounded mode old entries are dropped, so positions may outrun entries).
+        let last_pos = prev as usize + 1;
+        if last_pos > c.max_position_embeddings {
+            return Err(ModelError::ContextOverflow {
+                needed: last_pos,
+                limit: c.max_position_embeddings,
+            });
+        }
+        if kv.len() + n > kv.capacity_tokens() {
+            return Err(ModelError::ContextOverflow {
+                needed: kv.len() + n,
+                limit: kv.capacity_tokens(),
+            });
         }
 
         let (hd, h) = (c.head_dim, c.hidden_size);
