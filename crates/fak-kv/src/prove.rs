@@ -321,6 +321,8 @@ struct R3Case {
     query: Vec<u32>,
     hf_clean: Option<Vec<u32>>,
     hf_poisoned: Option<Vec<u32>>,
+    /// HF's logits at the last position of prefix+query, `[vocab]`.
+    hf_clean_logits: Option<Vec<f32>>,
 }
 
 fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
@@ -346,6 +348,7 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
                 query,
                 hf_clean: get("clean_greedy_ids"),
                 hf_poisoned: get("poisoned_greedy_ids"),
+                hf_clean_logits: o.f32("clean_last_logits").ok().map(|(_, v)| v.clone()),
             });
         }
     }
@@ -358,6 +361,7 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
             query: synthetic_ids(4, v, 4),
             hf_clean: None,
             hf_poisoned: None,
+            hf_clean_logits: None,
         });
     }
     cases
@@ -411,13 +415,14 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
         let ns_cache = ns.cache().clone();
         let ns_gen = ns.generate(&params)?;
         let d = max_abs_diff(&ev_logits, &ns_logits).max(cache_max_abs_diff(&ev_cache, &ns_cache));
-        let hf_ok = c.hf_clean.as_ref().is_none_or(|h| *h == ev_gen);
+        let hf_d = c.hf_clean_logits.as_ref().map(|h| max_abs_diff(&ev_logits, h));
+        let hf_ok = c.hf_clean.as_ref().is_none_or(|h| *h == ev_gen) && hf_d.is_none_or(|d| d <= 1e-4);
         let main = rung(
             "R3",
             &claim,
             witness,
             format!(
-                "max|Δ| = {d} (logits + cache); greedy {} never-saw{}",
+                "max|Δ| = {d} (logits + cache); greedy {} never-saw{}{}",
                 if ev_gen == ns_gen { "==" } else { "!=" },
                 match &c.hf_clean {
                     Some(h) => format!(
@@ -425,6 +430,10 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
                         if *h == ev_gen { "==" } else { "!=" },
                         h.len()
                     ),
+                    None => String::new(),
+                },
+                match hf_d {
+                    Some(d) => format!("; last logits vs HF max|Δ| {d:.2e}"),
                     None => String::new(),
                 }
             ),
