@@ -11,7 +11,19 @@ fn main() -> std::io::Result<()> {
         .nth(1)
         .unwrap_or_else(|| "crates/fak-weights/fuzz/corpus/gguf_parse".to_string());
     std::fs::create_dir_all(&dir)?;
+    // One block of every known ggml type, filled with a byte pattern.
+    let mut all_types = common::Builder::default().kv_str("general.architecture", "llama");
+    for (i, t) in fak_weights::GgmlType::all().iter().enumerate() {
+        let data = (0..t.type_size()).map(|j| (j * 37 + i) as u8).collect();
+        all_types = all_types.tensor(
+            &format!("blk.{i}.attn_q.weight"),
+            &[t.block_size() as u64],
+            t.id(),
+            data,
+        );
+    }
     let seeds = [
+        ("all_types.gguf", all_types.build()),
         ("tiny_valid.gguf", common::tiny_valid().build()),
         (
             "tiny_v2_aligned64.gguf",

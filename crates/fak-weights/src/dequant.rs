@@ -46,7 +46,9 @@ pub enum DequantError {
 }
 
 /// Widen IEEE binary16 bits to f32 exactly, as numpy's `astype(np.float32)` does
-/// (NaN payloads shifted into place, sign kept; subnormals normalized).
+/// (subnormals normalized; NaN sign and payload shifted into place, and a signalling
+/// NaN stays signalling, unlike `half::f16::to_f32` and torch, which set the quiet
+/// bit; see [`crate::widen_f16`] for that variant).
 ///
 /// This is the conversion gguf-py applies to every f16 scale and to F16 tensors.
 #[inline]

@@ -9,7 +9,6 @@
 //! - [`gguf_to_hf_name`] / [`unpermute_qk_rows`]: map llama.cpp's Llama tensors back
 //!   to HF names and row order.
 
-#![forbid(unsafe_op_in_unsafe_fn)]
 #![warn(missing_docs)]
 
 pub mod dequant;
