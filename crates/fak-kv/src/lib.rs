@@ -15,13 +15,26 @@
 //!   ([`fak_model::window_start`]), so they stay right after an eviction, and a bounded
 //!   mode drops entries no window can reach ([`Session::drop_oldest`]).
 //!
+//! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
+//! penalty, seeded), [`stop`] (stop strings held back until decided), [`text`]
+//! (streaming text generation with TTFT and tokens/s) and [`chat`] (a conversation whose
+//! cache is kept between turns, so a turn prefills only its new tokens).
+//!
 //! [`prove`] runs these rungs (and R1 against a committed HF oracle) on any model and
 //! reports a table: it is what `fak prove` prints.
 
 mod cache;
+pub mod chat;
 pub mod prove;
+pub mod sampling;
 mod session;
+pub mod stop;
+pub mod text;
 
 pub use cache::{KvCache, KvError};
+pub use chat::{ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::window_start;
+pub use sampling::{Sampler, SamplingParams};
 pub use session::{GenerateParams, Session, SessionError};
+pub use stop::StopStrings;
+pub use text::{generate_text, FinishReason, TextOutput, TextParams};

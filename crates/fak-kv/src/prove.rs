@@ -415,8 +415,12 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
         let ns_cache = ns.cache().clone();
         let ns_gen = ns.generate(&params)?;
         let d = max_abs_diff(&ev_logits, &ns_logits).max(cache_max_abs_diff(&ev_cache, &ns_cache));
-        let hf_d = c.hf_clean_logits.as_ref().map(|h| max_abs_diff(&ev_logits, h));
-        let hf_ok = c.hf_clean.as_ref().is_none_or(|h| *h == ev_gen) && hf_d.is_none_or(|d| d <= 1e-4);
+        let hf_d = c
+            .hf_clean_logits
+            .as_ref()
+            .map(|h| max_abs_diff(&ev_logits, h));
+        let hf_ok =
+            c.hf_clean.as_ref().is_none_or(|h| *h == ev_gen) && hf_d.is_none_or(|d| d <= 1e-4);
         let main = rung(
             "R3",
             &claim,

@@ -53,6 +53,8 @@ pub struct Session {
     last_logits: Option<Vec<f32>>,
     /// Positions this session has run through the model (its own, not a prefix's).
     positions_computed: u64,
+    /// The token id of every cache entry, `[len]`.
+    ids: Vec<u32>,
 }
 
 impl Session {
@@ -71,6 +73,7 @@ impl Session {
             cache,
             last_logits: None,
             positions_computed: 0,
+            ids: Vec::new(),
         }
     }
 
@@ -99,6 +102,11 @@ impl Session {
         self.cache.positions()
     }
 
+    /// The token id of every cached entry, in cache order.
+    pub fn ids(&self) -> &[u32] {
+        &self.ids
+    }
+
     /// Positions this session ran through the model itself (a clone starts at 0), so a
     /// test can prove a reused prefix was not recomputed.
     pub fn positions_computed(&self) -> u64 {
@@ -123,6 +131,7 @@ impl Session {
             self.model
                 .forward(ids, &positions, &mut self.cache, LogitsWanted::Last, None)?;
         self.positions_computed += ids.len() as u64;
+        self.ids.extend_from_slice(ids);
         self.last_logits = Some(logits.clone());
         Ok(logits)
     }
@@ -138,6 +147,7 @@ impl Session {
             self.model
                 .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None)?;
         self.positions_computed += ids.len() as u64;
+        self.ids.extend_from_slice(ids);
         let v = self.model.config().vocab_size;
         self.last_logits = Some(logits[logits.len() - v..].to_vec());
         Ok(logits)
@@ -182,6 +192,7 @@ impl Session {
     /// [`SessionError::Kv`] for a span out of range; the session is unchanged.
     pub fn evict(&mut self, from: usize, n: usize) -> Result<(), SessionError> {
         self.cache.evict(&self.model, from, n)?;
+        self.ids.drain(from..from + n);
         if n > 0 {
             self.last_logits = None;
         }
@@ -195,6 +206,7 @@ impl Session {
     /// [`SessionError::Kv`] if `n > len`.
     pub fn drop_oldest(&mut self, n: usize) -> Result<(), SessionError> {
         self.cache.drop_oldest(n)?;
+        self.ids.drain(..n);
         Ok(())
     }
 
@@ -210,6 +222,7 @@ impl Session {
             cache: prefix.cache.clone(),
             last_logits: prefix.last_logits.clone(),
             positions_computed: 0,
+            ids: prefix.ids.clone(),
         };
         if !suffix.is_empty() {
             s.prefill(suffix)?;

@@ -100,7 +100,7 @@ fn masked_reference(dir: &std::path::Path, ids: &[u32], window: usize) -> Vec<f3
                 let qh = &q[t * qd + head * hd..t * qd + (head + 1) * hd];
                 let mut s: Vec<f32> = (0..n)
                     .map(|j| {
-                        let visible = j <= t && j as i64 >= t as i64 - window as i64 + 1;
+                        let visible = j <= t && t - j < window;
                         if visible {
                             fak_tensor::dot_ref(qh, &k[j * kvd + g * hd..j * kvd + (g + 1) * hd])
                                 * (1.0 / (hd as f32).sqrt())
@@ -112,7 +112,7 @@ fn masked_reference(dir: &std::path::Path, ids: &[u32], window: usize) -> Vec<f3
                 softmax_in_place(&mut s);
                 let o = &mut att[t * qd + head * hd..t * qd + (head + 1) * hd];
                 for (j, &pj) in s.iter().enumerate().take(t + 1) {
-                    if pj == 0.0 && !(j <= t && j as i64 >= t as i64 - window as i64 + 1) {
+                    if pj == 0.0 && t - j >= window {
                         continue; // masked: contributes nothing
                     }
                     for (oo, &vj) in o

@@ -17,6 +17,7 @@
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
 
 pub mod catalog;
+pub mod chat;
 mod config;
 mod error;
 mod generate;
@@ -24,10 +25,13 @@ mod kv;
 mod model;
 pub mod oracle;
 mod source;
+pub mod tokenizer;
 
+pub use chat::{load_text, ChatError, ChatTemplate, Message};
 pub use config::{Activation, Config, Family};
 pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model};
 pub use source::{TensorEntry, WeightSource};
+pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};
