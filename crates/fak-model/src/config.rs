@@ -13,7 +13,8 @@ use serde_json::Value;
 use std::path::Path;
 
 /// The model families fak implements. Names follow HF's `model_type`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Family {
     /// `llama` (HF `LlamaForCausalLM`; GGUF architecture `llama`).
     Llama,
@@ -36,7 +37,8 @@ impl Family {
 }
 
 /// The MLP's gate activation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Activation {
     /// SiLU, making the MLP SwiGLU (Shazeer 2020); HF `hidden_act: "silu"`.
     Silu,
@@ -44,7 +46,7 @@ pub enum Activation {
 
 /// Hyper-parameters of a decoder-only transformer. Lengths are in elements, the context
 /// length in tokens.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct Config {
     /// Which family's block structure to run.
     pub family: Family,

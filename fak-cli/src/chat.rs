@@ -1,0 +1,123 @@
+//! `fak chat`: an interactive conversation whose KV cache is kept between turns.
+
+use crate::run::SamplingArgs;
+use crate::{load_model, parse_threads, resolve_or_pull, CliError};
+use fak_kv::{ChatSession, TurnStats};
+use fak_model::catalog::DEFAULT_MODEL;
+use fak_model::load_text;
+use std::io::{BufRead, IsTerminal, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+#[derive(clap::Args)]
+pub(crate) struct ChatArgs {
+    /// A GGUF file, a safetensors folder, or a catalog name (fetched if not cached).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// A system message for the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Threads for the matrix products (default: all cores).
+    #[arg(long, value_parser = parse_threads)]
+    threads: Option<usize>,
+}
+
+const HELP: &str = "commands: /stats (cache position and the last turn's cost), /reset (start over), /quit; Ctrl-C stops a reply";
+
+fn stats_line(s: &ChatSession, last: Option<&TurnStats>) -> String {
+    let cache = s.session().len();
+    match last {
+        None => format!("cache: {cache} tokens; no turn yet"),
+        Some(t) => format!(
+            "cache: {cache} tokens (next position {}); last turn: reused {}, prefilled {} new, evicted {}, generated {}; TTFT {:.0} ms, decode {:.1} tokens/s, finish {}",
+            s.session().cache().next_position(),
+            t.reused,
+            t.prefilled,
+            t.evicted,
+            t.output.completion_ids.len(),
+            t.output.ttft_s * 1e3,
+            t.output.decode_steps as f64 / t.output.decode_s.max(1e-9),
+            serde_json::to_value(t.output.finish_reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+        ),
+    }
+}
+
+pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
+    let path = resolve_or_pull(&args.model)?;
+    let model = Arc::new(load_model(&path, args.threads)?);
+    let (tok, template) = load_text(&path, model.config())?;
+    if template.is_fallback() {
+        eprintln!("note: this model carries no chat template; using ChatML");
+    }
+    let params = args.sampling.text_params(template.stop_token_ids(&tok))?;
+    let (tok, template) = (Arc::new(tok), Arc::new(template));
+    let mut chat = ChatSession::new(Arc::clone(&model), tok, template, args.system.as_deref());
+    let cancel = Arc::new(AtomicBool::new(false));
+    {
+        let c = Arc::clone(&cancel);
+        // Ctrl-C stops the reply being generated, not the program.
+        ctrlc::set_handler(move || c.store(true, Ordering::Relaxed))
+            .map_err(|e| crate::fail(format!("installing the Ctrl-C handler: {e}")))?;
+    }
+    let interactive = std::io::stdin().is_terminal();
+    if interactive {
+        eprintln!("fak chat: {} ({HELP})", path.display());
+    }
+    let mut last: Option<TurnStats> = None;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    loop {
+        if interactive {
+            eprint!("> ");
+        }
+        let Some(line) = lines.next() else { break };
+        let line = line.map_err(|e| crate::fail(format!("reading stdin: {e}")))?;
+        let text = line.trim_end_matches(['\r', '\n']);
+        match text.trim() {
+            "" => continue,
+            "/quit" | "/exit" => break,
+            "/help" => {
+                eprintln!("{HELP}");
+                continue;
+            }
+            "/stats" => {
+                crate::outln!("{}", stats_line(&chat, last.as_ref()))?;
+                continue;
+            }
+            "/reset" => {
+                chat.reset();
+                last = None;
+                crate::outln!("(conversation reset)")?;
+                continue;
+            }
+            _ => {}
+        }
+        cancel.store(false, Ordering::Relaxed);
+        let mut write_err = None;
+        let result = chat.turn(text, &params, Some(&cancel), &mut |piece| {
+            if write_err.is_none() {
+                let mut o = std::io::stdout().lock();
+                if let Err(e) = o.write_all(piece.as_bytes()).and_then(|_| o.flush()) {
+                    write_err = Some(e);
+                }
+            }
+        });
+        if let Some(e) = write_err {
+            return Err(CliError::Io(e));
+        }
+        match result {
+            Ok(stats) => {
+                crate::outln!()?;
+                if cancel.load(Ordering::Relaxed) {
+                    eprintln!("(stopped)");
+                }
+                last = Some(stats);
+            }
+            // A failed turn (e.g. the context is full) is reported; the chat goes on.
+            Err(e) => eprintln!("fak: error: {e}"),
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,180 @@
+//! `fak model inspect`: what a checkpoint holds, whether or not fak can run it.
+
+use crate::{fail, outln, CliError, Format};
+use fak_model::{catalog, WeightSource};
+use fak_weights::{GgufFile, MetaValue};
+use serde_json::{json, Value};
+
+/// A metadata value as JSON (arrays longer than 64 items are cut, with their length).
+fn meta_json(v: &MetaValue) -> Value {
+    match v {
+        MetaValue::U8(x) => json!(x),
+        MetaValue::I8(x) => json!(x),
+        MetaValue::U16(x) => json!(x),
+        MetaValue::I16(x) => json!(x),
+        MetaValue::U32(x) => json!(x),
+        MetaValue::I32(x) => json!(x),
+        MetaValue::U64(x) => json!(x),
+        MetaValue::I64(x) => json!(x),
+        MetaValue::F32(x) => json!(x),
+        MetaValue::F64(x) => json!(x),
+        MetaValue::Bool(x) => json!(x),
+        MetaValue::String(s) => json!(s),
+        MetaValue::Array(a) if a.len() > 64 => {
+            json!({"length": a.len(), "first": a.iter().take(8).map(meta_json).collect::<Vec<_>>()})
+        }
+        MetaValue::Array(a) => Value::Array(a.iter().map(meta_json).collect()),
+    }
+}
+
+/// A metadata value in one line, long arrays and strings cut to `max` characters.
+fn summarize(v: &MetaValue, max: usize) -> String {
+    let s = match v {
+        MetaValue::Array(a) => {
+            let head: Vec<String> = a.iter().take(8).map(|x| summarize(x, 24)).collect();
+            format!(
+                "[{} items: {}{}]",
+                a.len(),
+                head.join(", "),
+                if a.len() > 8 { ", ..." } else { "" }
+            )
+        }
+        other => meta_json(other).to_string(),
+    };
+    if s.chars().count() > max {
+        let cut: String = s.chars().take(max).collect();
+        format!("{cut}...")
+    } else {
+        s
+    }
+}
+
+pub(crate) fn inspect(model: &str, format: Format) -> Result<(), CliError> {
+    let path = catalog::resolve(model)?;
+    if path.is_dir() && !path.join("config.json").is_file() {
+        return Err(fail(format!(
+            "{} is a folder without config.json; give a .gguf file or a safetensors model folder",
+            path.display()
+        )));
+    }
+    // Whether fak can run it, and its HF-named tensor table if so.
+    let opened = WeightSource::open(&path);
+    let gguf = if path.is_file() {
+        Some(GgufFile::open(&path)?)
+    } else {
+        None
+    };
+    let (runnable, config, entries) = match &opened {
+        Ok((src, cfg)) => (Ok(()), Some(cfg.clone()), Some(src.entries())),
+        Err(e) => (Err(e.to_string()), None, None),
+    };
+    if gguf.is_none() {
+        if let Err(e) = &runnable {
+            return Err(fail(e.clone()));
+        }
+    }
+    // The tensor table: HF names when fak can map them, else the file's own.
+    let rows: Vec<(String, String, String, Vec<usize>)> = match (&entries, &gguf) {
+        (Some(es), _) => es
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    e.file_name.clone(),
+                    e.dtype.clone(),
+                    e.shape.clone(),
+                )
+            })
+            .collect(),
+        (None, Some(g)) => g
+            .tensors()
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    t.name.clone(),
+                    t.ggml_type.name().to_string(),
+                    t.shape_hf(),
+                )
+            })
+            .collect(),
+        (None, None) => Vec::new(),
+    };
+    let n_params: u64 = rows
+        .iter()
+        .map(|r| r.3.iter().product::<usize>() as u64)
+        .sum();
+    let architecture = match (&config, &gguf) {
+        (Some(c), _) => c.family.name().to_string(),
+        (None, Some(g)) => g
+            .architecture()
+            .map(str::to_string)
+            .unwrap_or_else(|_| "?".into()),
+        _ => "?".into(),
+    };
+    let metadata: Vec<(String, &MetaValue)> = gguf
+        .as_ref()
+        .map(|g| g.metadata().iter().map(|(k, v)| (k.clone(), v)).collect())
+        .unwrap_or_default();
+
+    if format == Format::Json {
+        let v = json!({
+            "path": path,
+            "architecture": architecture,
+            "runnable": runnable.is_ok(),
+            "not_runnable_because": runnable.as_ref().err(),
+            "config": config,
+            "metadata": metadata.iter().map(|(k, v)| (k.clone(), meta_json(v))).collect::<serde_json::Map<_, _>>(),
+            "tensors": rows.iter().map(|(n, f, d, s)| json!({"name": n, "file_name": f, "dtype": d, "shape": s})).collect::<Vec<_>>(),
+            "n_tensors": rows.len(),
+            "n_params": n_params,
+        });
+        outln!("{}", serde_json::to_string_pretty(&v)?)?;
+        return Ok(());
+    }
+    outln!("path:          {}", path.display())?;
+    outln!("architecture:  {architecture}")?;
+    match (&config, &runnable) {
+        (Some(c), _) => {
+            outln!(
+                "layers {}  hidden {}  ffn {}  heads {}/{} (q/kv)  head_dim {}  vocab {}  context {}",
+                c.num_hidden_layers,
+                c.hidden_size,
+                c.intermediate_size,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+                c.vocab_size,
+                c.max_position_embeddings
+            )?;
+            let id = |x: Option<u32>| x.map_or("none".to_string(), |i| i.to_string());
+            let eos: Vec<String> = c.eos_token_ids.iter().map(u32::to_string).collect();
+            outln!(
+                "rope_theta {}  rms_norm_eps {:e}  tied head {}  bos {}  eos {}",
+                c.rope_theta.first().copied().unwrap_or(0.0),
+                c.rms_norm_eps,
+                if c.tie_word_embeddings { "yes" } else { "no" },
+                id(c.bos_token_id),
+                if eos.is_empty() {
+                    "none".into()
+                } else {
+                    eos.join(",")
+                }
+            )?;
+        }
+        (None, Err(e)) => outln!("fak cannot run this model: {e}")?,
+        (None, Ok(())) => {}
+    }
+    if !metadata.is_empty() {
+        outln!("\nmetadata ({} keys):", metadata.len())?;
+        for (k, v) in &metadata {
+            outln!("  {k:<44} {}", summarize(v, 80))?;
+        }
+    }
+    outln!("\ntensors ({}):", rows.len())?;
+    for (name, _, dtype, shape) in &rows {
+        outln!("  {name:<52} {dtype:<6} {shape:?}")?;
+    }
+    outln!("\nparameters: {n_params}")?;
+    Ok(())
+}

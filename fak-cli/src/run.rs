@@ -1,0 +1,207 @@
+//! `fak run`: one prompt in, the answer streamed out.
+
+use crate::{fail, load_model, outln, parse_threads, resolve_or_pull, CliError, Format};
+use fak_kv::{generate_text, SamplingParams, Session, TextParams};
+use fak_model::catalog::DEFAULT_MODEL;
+use fak_model::{load_text, Message};
+use serde_json::json;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Sampling flags shared by `run` and `chat`.
+#[derive(clap::Args, Clone, Debug)]
+pub(crate) struct SamplingArgs {
+    /// Softmax temperature; 0 is greedy (the default: deterministic).
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Keep only the K most likely tokens (0: off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling mass in (0, 1] (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Drop tokens below MIN_P times the top probability (0: off).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
+    /// Repetition penalty (1: off).
+    #[arg(long, default_value_t = 1.0)]
+    repetition_penalty: f32,
+    /// Seed of the sampler; the same seed gives the same text.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Stop before this text (repeatable); it is not printed.
+    #[arg(long)]
+    stop: Vec<String>,
+    /// Most new tokens.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+}
+
+impl SamplingArgs {
+    pub(crate) fn sampling(&self) -> Result<SamplingParams, CliError> {
+        let p = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            seed: self.seed,
+        };
+        p.validate().map_err(fail)?;
+        Ok(p)
+    }
+
+    pub(crate) fn text_params(&self, stop_ids: Vec<u32>) -> Result<TextParams, CliError> {
+        Ok(TextParams {
+            sampling: self.sampling()?,
+            max_tokens: self.max_tokens,
+            stop: self.stop.clone(),
+            stop_ids,
+        })
+    }
+}
+
+/// `--prompt-ids 1,2,3`: comma-separated token ids (spaces allowed).
+fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
+    let ids: Result<Vec<u32>, String> = s
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<u32>().map_err(|e| format!("'{t}': {e}")))
+        .collect();
+    let ids = ids?;
+    if ids.is_empty() {
+        return Err("no token ids given".into());
+    }
+    Ok(ids)
+}
+
+#[derive(clap::Args)]
+pub(crate) struct RunArgs {
+    /// The prompt. With the chat template (default) it is the user message.
+    prompt: Option<String>,
+    /// A GGUF file, a safetensors folder, or a catalog name (fetched if not cached).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// The prompt as token ids instead of text, e.g. `1,9690,28` (no template applied).
+    #[arg(long, value_parser = parse_ids, conflicts_with = "prompt")]
+    prompt_ids: Option<Vec<u32>>,
+    /// Plain completion: no chat template (BOS added when the model asks for it).
+    #[arg(long)]
+    raw: bool,
+    /// A system message (chat template only).
+    #[arg(long, conflicts_with = "raw")]
+    system: Option<String>,
+    /// Keep generating past EOS and end-of-turn tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    /// Threads for the matrix products (default: all cores). Results do not depend on it.
+    #[arg(long, value_parser = parse_threads)]
+    threads: Option<usize>,
+    /// Output format: streamed text, or one JSON object at the end.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
+    if args.prompt.is_none() && args.prompt_ids.is_none() {
+        return Err(fail("give a PROMPT (text) or --prompt-ids"));
+    }
+    let sampling = args.sampling.sampling()?;
+    let path = resolve_or_pull(&args.model)?;
+    let t0 = Instant::now();
+    let model = Arc::new(load_model(&path, args.threads)?);
+    let (tok, template) = load_text(&path, model.config())?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let prompt_ids = match (&args.prompt_ids, &args.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) if args.raw => tok.encode_prompt(text)?,
+        (None, Some(text)) => {
+            if template.is_fallback() {
+                eprintln!("note: this model carries no chat template; using ChatML (use --raw for plain completion)");
+            }
+            let mut messages = Vec::new();
+            if let Some(s) = &args.system {
+                messages.push(Message::new("system", s));
+            }
+            messages.push(Message::new("user", text));
+            template.encode(&tok, &messages, true, None)?
+        }
+        (None, None) => unreachable!("checked above"),
+    };
+    let stop_ids = if args.ignore_eos {
+        Vec::new()
+    } else if args.raw || args.prompt_ids.is_some() {
+        model.config().eos_token_ids.clone()
+    } else {
+        template.stop_token_ids(&tok)
+    };
+    let mut params = args.sampling.text_params(stop_ids)?;
+    params.sampling = sampling;
+    let ctx = model.config().max_position_embeddings;
+    if prompt_ids.len() >= ctx {
+        return Err(fail(format!(
+            "the prompt has {} tokens; the context length is {ctx}",
+            prompt_ids.len()
+        )));
+    }
+    params.max_tokens = params.max_tokens.min(ctx - prompt_ids.len());
+    let mut session =
+        Session::with_capacity(Arc::clone(&model), prompt_ids.len() + params.max_tokens);
+    let stream = args.format == Format::Text;
+    let mut write_err = None;
+    let out = generate_text(
+        &mut session,
+        &tok,
+        &prompt_ids,
+        &params,
+        None,
+        &mut |piece| {
+            if stream && write_err.is_none() {
+                let mut o = std::io::stdout().lock();
+                if let Err(e) = o.write_all(piece.as_bytes()).and_then(|_| o.flush()) {
+                    write_err = Some(e);
+                }
+            }
+        },
+    )?;
+    if let Some(e) = write_err {
+        return Err(CliError::Io(e));
+    }
+    let prefill_tps = out.prefill_tokens as f64 / out.prefill_s.max(1e-9);
+    let decode_tps = out.decode_steps as f64 / out.decode_s.max(1e-9);
+    let threads = model.threads().get();
+    if args.format == Format::Json {
+        let v = json!({
+            "model": path,
+            "prompt_ids": prompt_ids,
+            "completion_ids": out.completion_ids,
+            "text": out.text,
+            "finish_reason": out.finish_reason,
+            "threads": threads,
+            "timings": {
+                "load_ms": load_s * 1e3,
+                "ttft_ms": out.ttft_s * 1e3,
+                "prefill_ms": out.prefill_s * 1e3,
+                "decode_ms": out.decode_s * 1e3,
+                "prefill_tokens_per_s": prefill_tps,
+                "decode_tokens_per_s": decode_tps,
+            }
+        });
+        outln!("{v}")?;
+    } else {
+        outln!()?;
+        eprintln!(
+            "[{}: {} prompt tokens, {} generated; TTFT {:.0} ms; prefill {prefill_tps:.1} tokens/s; decode {decode_tps:.1} tokens/s; {threads} thread{}]",
+            serde_json::to_value(out.finish_reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+            prompt_ids.len(),
+            out.completion_ids.len(),
+            out.ttft_s * 1e3,
+            if threads == 1 { "" } else { "s" }
+        );
+    }
+    Ok(())
+}
