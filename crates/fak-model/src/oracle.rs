@@ -5,7 +5,7 @@
 //! (`[layers, positions, hidden]`, the residual stream after each decoder layer, from
 //! forward hooks), `final_norm`, `logits_positions` + `logits`, `topk_ids`, and
 //! `greedy_ids` (HF `generate(do_sample=False)`). [`measure`] runs a model on the oracle's
-//! prompt and reports the figures DESIGN.md bounds; the callers judge them.
+//! prompt and reports the figures docs/design.md bounds; the callers judge them.
 
 use crate::{generate_greedy, ForwardTrace, LogitsWanted, Model, VecKvCache};
 use safetensors::{Dtype, SafeTensors};
@@ -194,7 +194,7 @@ pub struct Figures {
 }
 
 impl Figures {
-    /// Whether DESIGN.md's R1 bounds hold: embedding exact, cosines >= 0.999999, logits
+    /// Whether docs/design.md's R1 bounds hold: embedding exact, cosines >= 0.999999, logits
     /// max|Δ| <= 1e-4, argmax equal at every position.
     pub fn r1_holds(&self) -> bool {
         self.embed_exact

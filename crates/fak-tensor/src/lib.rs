@@ -3,7 +3,7 @@
 //! One job: compute `dot`, matrix-vector / matrix-matrix products, RMSNorm, RoPE
 //! (rotate-half, as HF's `apply_rotary_pos_emb`), softmax and SiLU on `f32` slices,
 //! with a summation order that is fixed independently of batch size, sequence length
-//! and thread count. That fixed order is the *exact path* contract of `DESIGN.md`: a
+//! and thread count. That fixed order is the *exact path* contract of `docs/design.md`: a
 //! token's logits are bit-identical whether it was computed in a prefill of 500 tokens
 //! or in a single decode step, on one thread or many.
 //!

@@ -147,7 +147,7 @@ fn smollm2_q4_1_matches_ggus_and_hf_param_count() {
     let total: u64 = f.tensors().iter().map(|t| t.n_elements).sum();
     assert_eq!(total, 134_515_008);
 
-    // Types as DESIGN.md describes the file.
+    // Types as docs/design.md describes the file.
     let count = |ty| f.tensors().iter().filter(|t| t.ggml_type == ty).count();
     assert_eq!(count(GgmlType::Q4_1), 210);
     assert_eq!(

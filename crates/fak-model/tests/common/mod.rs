@@ -55,7 +55,7 @@ pub fn smollm2_path() -> Option<PathBuf> {
     );
 }
 
-/// [`measure`], then asserts DESIGN.md's bounds and prints the figures.
+/// [`measure`], then asserts docs/design.md's bounds and prints the figures.
 pub fn check_oracle(model: &fak_model::Model, oracle: &Oracle) -> Figures {
     let f = measure(model, oracle).unwrap_or_else(|e| panic!("{e}"));
     println!(
