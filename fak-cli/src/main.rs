@@ -201,6 +201,12 @@ fn pull(name: &str) -> Result<PathBuf, CliError> {
 
 /// Resolves `--model`, pulling a catalog model that is not cached yet.
 pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
+    if let Some(e) = catalog::find(model).filter(|e| !e.runnable()) {
+        return Err(fail(format!(
+            "{} has the {} architecture, which fak cannot run yet (`fak model pull {}` still fetches it, and `fak model inspect` reads it)",
+            e.name, e.architecture, e.name
+        )));
+    }
     match catalog::resolve(model) {
         Ok(p) => Ok(p),
         Err(e) => match catalog::find(model) {
@@ -236,7 +242,11 @@ fn model_cmd(cmd: ModelCmd) -> Result<(), CliError> {
             let cached = catalog::list_cached();
             for e in catalog::CATALOG {
                 let c = cached.iter().find(|c| c.name == e.name);
-                let state = c.map_or("not cached".to_string(), |c| c.path.display().to_string());
+                let mut state =
+                    c.map_or("not cached".to_string(), |c| c.path.display().to_string());
+                if !e.runnable() {
+                    state.push_str("; not runnable yet");
+                }
                 outln!(
                     "{:<24} {:>7.1} MB  {}  [{}]",
                     e.name,

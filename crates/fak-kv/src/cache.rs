@@ -210,6 +210,19 @@ impl KvCache {
         Ok(())
     }
 
+    /// Removes the `n` newest entries (a rollback of the last forward pass); `n` larger
+    /// than the length empties the cache.
+    pub fn drop_newest(&mut self, n: usize) {
+        let keep = self.len().saturating_sub(n);
+        let d = self.kv_dim;
+        for l in 0..self.n_layers {
+            for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
+                buf.truncate(keep * d);
+            }
+        }
+        self.pos.truncate(keep);
+    }
+
     /// Drops the `n` oldest entries *without* renumbering anyone: for the bounded mode of
     /// sliding-window models, where entries older than every layer's window can never be
     /// attended again, so dropping them changes no output.

@@ -193,12 +193,22 @@ pub fn synthetic_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// The model is taken by value because the window rungs set a window on it temporarily.
 pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report {
     let mut rungs = Vec::new();
-    let oracles: Vec<Oracle> = oracle_dir
-        .and_then(|d| oracle_files_in(d).ok())
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|f| Oracle::load(f).ok())
-        .collect();
+    // Every oracle file must load: a file that does not is a failed rung, never skipped.
+    let mut bad_oracles = Vec::new();
+    let mut oracles: Vec<Oracle> = Vec::new();
+    if let Some(d) = oracle_dir {
+        match oracle_files_in(d) {
+            Ok(files) => {
+                for f in files {
+                    match Oracle::load(f) {
+                        Ok(o) => oracles.push(o),
+                        Err(e) => bad_oracles.push(e.to_string()),
+                    }
+                }
+            }
+            Err(e) => bad_oracles.push(e.to_string()),
+        }
+    }
     let vocab = model.config().vocab_size;
     let base_ids: Vec<u32> = oracles
         .first()
@@ -208,6 +218,14 @@ pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report 
 
     rungs.extend(window_rungs(&mut model, &base_ids));
     let model = Arc::new(model);
+    for e in &bad_oracles {
+        rungs.push(fail(
+            "R1",
+            "every HF oracle file loads",
+            "HF oracle files",
+            e,
+        ));
+    }
     rungs.extend(r1_rungs(&model, &oracles, oracle_dir));
     rungs.push(r2a(&model, &base_ids));
     rungs.extend(r3_rungs(&model, oracle_dir));
@@ -325,18 +343,37 @@ struct R3Case {
     hf_clean_logits: Option<Vec<f32>>,
 }
 
-fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
-    let files = dir
-        .and_then(|d| oracle_files_in(&d.join("r3")).ok())
-        .unwrap_or_default();
+/// The R3 cases of `dir/r3` (or one synthetic case when there is no such folder), and
+/// the files that could not be used, with why.
+fn r3_cases(model: &Model, dir: Option<&Path>) -> (Vec<R3Case>, Vec<String>) {
+    let r3 = dir.map(|d| d.join("r3")).filter(|d| d.is_dir());
+    let mut bad = Vec::new();
+    let files = match &r3 {
+        Some(d) => oracle_files_in(d).unwrap_or_else(|e| {
+            bad.push(e.to_string());
+            Vec::new()
+        }),
+        None => Vec::new(),
+    };
     let mut cases = Vec::new();
     for f in files {
-        let Ok(o) = Oracle::load(f.clone()) else {
-            continue;
+        let o = match Oracle::load(f.clone()) {
+            Ok(o) => o,
+            Err(e) => {
+                bad.push(e.to_string());
+                continue;
+            }
         };
         let get = |k: &str| o.ids(k).ok();
-        if let (Some(prefix), Some(poison), Some(query)) =
+        let (Some(prefix), Some(poison), Some(query)) =
             (get("prefix_ids"), get("poison_ids"), get("query_ids"))
+        else {
+            bad.push(format!(
+                "{}: lacks prefix_ids, poison_ids or query_ids",
+                f.display()
+            ));
+            continue;
+        };
         {
             cases.push(R3Case {
                 name: f
@@ -352,7 +389,7 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
             });
         }
     }
-    if cases.is_empty() {
+    if cases.is_empty() && r3.is_none() {
         let v = model.config().vocab_size;
         cases.push(R3Case {
             name: "synthetic".into(),
@@ -364,12 +401,21 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> Vec<R3Case> {
             hf_clean_logits: None,
         });
     }
-    cases
+    (cases, bad)
 }
 
 fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>) -> Vec<Rung> {
     let mut out = Vec::new();
-    for case in r3_cases(model, dir) {
+    let (cases, bad) = r3_cases(model, dir);
+    for e in bad {
+        out.push(fail(
+            "R3",
+            "every R3 oracle file loads",
+            "HF R3 oracle files",
+            e,
+        ));
+    }
+    for case in cases {
         out.extend(r3_case(model, &case));
     }
     out

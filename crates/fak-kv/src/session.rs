@@ -21,6 +21,10 @@ pub enum SessionError {
     /// A prefix session belongs to another model.
     #[error("the prefix session was filled by a different model")]
     ModelMismatch,
+    /// The forward pass produced NaN logits (a corrupt weight, e.g. a NaN scale); the
+    /// tokens were rolled back out of the cache.
+    #[error("the model produced NaN logits (a corrupt weight?); nothing was kept")]
+    NanLogits,
 }
 
 /// Parameters of [`Session::generate`]. Greedy for now; sampling arrives with the text
@@ -130,6 +134,7 @@ impl Session {
         let logits =
             self.model
                 .forward(ids, &positions, &mut self.cache, LogitsWanted::Last, None)?;
+        self.check_finite(&logits, ids.len())?;
         self.positions_computed += ids.len() as u64;
         self.ids.extend_from_slice(ids);
         self.last_logits = Some(logits.clone());
@@ -146,11 +151,30 @@ impl Session {
         let logits =
             self.model
                 .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None)?;
+        self.check_finite(&logits, ids.len())?;
         self.positions_computed += ids.len() as u64;
         self.ids.extend_from_slice(ids);
         let v = self.model.config().vocab_size;
         self.last_logits = Some(logits[logits.len() - v..].to_vec());
         Ok(logits)
+    }
+
+    /// Rolls the last `n` cache entries back out when `logits` hold a NaN.
+    fn check_finite(&mut self, logits: &[f32], n: usize) -> Result<(), SessionError> {
+        if logits.iter().any(|x| x.is_nan()) {
+            let len = self.cache.len();
+            self.cache.drop_newest(n);
+            debug_assert_eq!(self.cache.len(), len - n);
+            return Err(SessionError::NanLogits);
+        }
+        Ok(())
+    }
+
+    /// Whether one more token fits: the cache has room and the next position is inside
+    /// the model's context length.
+    pub fn has_room(&self) -> bool {
+        self.cache.len() < self.cache.capacity()
+            && (self.cache.next_position() as usize) < self.model.config().max_position_embeddings
     }
 
     /// One decode step: runs token `id` and returns its logits `[vocab]`.

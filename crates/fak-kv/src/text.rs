@@ -29,7 +29,7 @@ pub struct TextParams {
 pub enum FinishReason {
     /// A stop token or stop string.
     Stop,
-    /// `max_tokens` reached.
+    /// `max_tokens` reached, or the context is full.
     Length,
     /// The caller cancelled.
     Cancelled,
@@ -126,6 +126,11 @@ pub fn generate_text(
             break;
         }
         if out.completion_ids.len() == params.max_tokens {
+            break;
+        }
+        if !session.has_room() {
+            // The context (or the cache's budget) is full: end as `length`, keeping the
+            // text generated so far.
             break;
         }
         logits = session.step(next)?;

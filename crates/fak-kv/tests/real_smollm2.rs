@@ -62,3 +62,32 @@ fn ladder_passes_on_smollm2_with_hf_witnesses() {
         assert!(!report.rung(id).is_empty(), "rung {id} missing");
     }
 }
+
+/// Text generation that reaches the end of the context stops as `length` and keeps its
+/// text (the tiny model's context of 256 tokens, with the real model's tokenizer).
+#[test]
+fn text_generation_stops_at_the_context_end() {
+    use fak_kv::{generate_text, FinishReason, Session, TextParams};
+    use std::sync::Arc;
+    let Some(path) = smollm2_path() else { return };
+    let g = fak_weights::GgufFile::open(&path).unwrap();
+    let tok = fak_model::Tokenizer::from_gguf(&g).unwrap();
+    let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny/llama-tied");
+    let m = Arc::new(Model::load(&tiny).unwrap());
+    let mut s = Session::new(m);
+    let params = TextParams {
+        sampling: Default::default(),
+        max_tokens: 100,
+        stop: vec![],
+        stop_ids: vec![],
+    };
+    let out = generate_text(&mut s, &tok, &[40; 250], &params, None, &mut |_| {}).unwrap();
+    assert_eq!(out.finish_reason, FinishReason::Length);
+    assert_eq!(
+        out.completion_ids.len(),
+        7,
+        "250 prompt + 6 run + 1 sampled"
+    );
+    assert_eq!(s.len(), 256);
+    assert!(!out.text.is_empty());
+}

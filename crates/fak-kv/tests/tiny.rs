@@ -269,3 +269,75 @@ fn clone_is_byte_exact_and_independent() {
     assert_eq!(c.cache(), a.cache());
     assert_eq!(a.cache().bytes_per_token(), 3 * 3 * 32 * 4 + 4);
 }
+
+/// A garbage oracle file is a failed rung naming the file, never silently skipped; a
+/// missing R3 field likewise.
+#[test]
+fn prove_fails_on_unreadable_oracles() {
+    let src = testdata().join("oracles/tiny-llama-tied");
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["rand7.safetensors", "rand12.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    std::fs::write(dir.path().join("rand12.safetensors"), b"garbage").unwrap();
+    std::fs::create_dir(dir.path().join("r3")).unwrap();
+    std::fs::write(dir.path().join("r3/bad.safetensors"), b"garbage").unwrap();
+    let report = prove(tiny("llama-tied"), "tiny", Some(dir.path()));
+    assert!(!report.passed());
+    let failed: Vec<_> = report
+        .rungs
+        .iter()
+        .filter(|r| r.verdict == Verdict::Fail)
+        .collect();
+    assert!(
+        failed
+            .iter()
+            .any(|r| r.rung == "R1" && r.measured.contains("rand12")),
+        "{failed:?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .any(|r| r.rung == "R3" && r.measured.contains("bad.safetensors")),
+        "{failed:?}"
+    );
+    // No synthetic stand-in when the R3 folder exists but its files are bad.
+    assert!(!report.rungs.iter().any(|r| r.claim.contains("[synthetic]")));
+}
+
+/// NaN logits (a corrupt weight) are an error and the tokens are rolled back.
+#[test]
+fn nan_logits_are_an_error_and_roll_back() {
+    let mut m = tiny("llama-tied");
+    m.layer_weights_mut()[1].down_proj[0] = f32::NAN;
+    let mut s = Session::new(Arc::new(m));
+    assert!(matches!(
+        s.prefill(&[1, 2, 3]),
+        Err(SessionError::NanLogits)
+    ));
+    assert_eq!(s.len(), 0);
+    assert!(s.ids().is_empty());
+}
+
+/// `Session::generate` past the context is a clear error, and nothing is lost from the
+/// cache.
+#[test]
+fn session_generate_past_the_context_is_an_error() {
+    let m = Arc::new(tiny("llama-tied")); // context 256
+    let mut s = Session::new(Arc::clone(&m));
+    s.prefill(&[5; 250]).unwrap();
+    let e = s
+        .generate(&GenerateParams {
+            max_new_tokens: 100,
+            stop_at_eos: false,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            SessionError::Model(fak_model::ModelError::ContextOverflow { .. })
+        ),
+        "{e}"
+    );
+    assert_eq!(s.len(), 256);
+}

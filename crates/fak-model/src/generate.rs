@@ -54,7 +54,10 @@ pub fn generate_greedy(
     stop_at_eos: bool,
 ) -> Result<Generation, ModelError> {
     let c = model.config();
-    let capacity = (prompt.len() + max_new_tokens).min(c.max_position_embeddings);
+    let capacity = prompt
+        .len()
+        .saturating_add(max_new_tokens)
+        .min(c.max_position_embeddings);
     let mut kv = VecKvCache::new(c.num_hidden_layers, capacity);
     let positions: Vec<u32> = (0..prompt.len() as u32).collect();
     let t0 = Instant::now();

@@ -131,6 +131,45 @@ impl Model {
         } else {
             return Err(ModelError::MissingTensor("lm_head.weight".into()));
         };
+        // Every tensor in the file must be one the architecture uses: a tensor fak would
+        // silently ignore (a bias, an extra layer) means the model is not what fak runs.
+        let mut used: Vec<String> = vec![
+            "model.embed_tokens.weight".into(),
+            "model.norm.weight".into(),
+        ];
+        if lm_head.is_some() {
+            used.push("lm_head.weight".into());
+        }
+        for l in 0..c.num_hidden_layers {
+            for s in [
+                "input_layernorm.weight",
+                "self_attn.q_proj.weight",
+                "self_attn.k_proj.weight",
+                "self_attn.v_proj.weight",
+                "self_attn.o_proj.weight",
+                "post_attention_layernorm.weight",
+                "mlp.gate_proj.weight",
+                "mlp.up_proj.weight",
+                "mlp.down_proj.weight",
+            ] {
+                used.push(format!("model.layers.{l}.{s}"));
+            }
+        }
+        let used: std::collections::HashSet<String> = used.into_iter().collect();
+        // A tied checkpoint may still store lm_head (a copy of the embedding) and HF
+        // rotary buffers may be saved; both are harmless.
+        let harmless = |n: &str| n == "lm_head.weight" || n.ends_with("rotary_emb.inv_freq");
+        if let Some(extra) = src
+            .entries()
+            .into_iter()
+            .find(|e| !used.contains(&e.name) && !harmless(&e.name))
+        {
+            return Err(ModelError::Unsupported(format!(
+                "tensor '{}' is not used by the {} architecture with this config (fak would ignore it)",
+                extra.name,
+                c.family.name()
+            )));
+        }
         let rope = c
             .rope_theta
             .iter()

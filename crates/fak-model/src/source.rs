@@ -63,15 +63,34 @@ impl WeightSource {
                 return Err(ModelError::UnknownFormat(path.to_path_buf()));
             }
             let mut files = Vec::new();
-            let mut by_name = HashMap::new();
+            let mut by_name: HashMap<String, usize> = HashMap::new();
             for (i, p) in paths.iter().enumerate() {
+                if !p.is_file() {
+                    return Err(ModelError::UnknownFormat(p.clone()));
+                }
                 let f = SafetensorsFile::open(p)?;
                 for n in f.names() {
+                    if let Some(&j) = by_name.get(&n) {
+                        return Err(ModelError::Unsupported(format!(
+                            "tensor '{n}' appears in both {} and {}",
+                            paths[j].display(),
+                            p.display()
+                        )));
+                    }
                     by_name.insert(n, i);
                 }
                 files.push(f);
             }
             return Ok((WeightSource::Safetensors { files, by_name }, cfg));
+        }
+        if !meta.is_file() {
+            return Err(ModelError::UnknownFormat(path.to_path_buf()));
+        }
+        if path.extension().is_some_and(|x| x == "safetensors") {
+            return Err(ModelError::InvalidInput(format!(
+                "{}: give the folder that holds config.json and the .safetensors files, not one file",
+                path.display()
+            )));
         }
         let file = GgufFile::open(path)?;
         let cfg = Config::from_gguf(&file, path)?;

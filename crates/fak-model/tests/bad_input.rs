@@ -187,3 +187,107 @@ fn not_a_model_is_an_error() {
     assert!(matches!(Model::load(&f), Err(ModelError::Gguf(_))));
     let _ = Config::from_hf_json(&d.path().join("config.json")).unwrap_err();
 }
+
+#[test]
+fn features_fak_does_not_implement_are_refused_not_ignored() {
+    for (key, val) in [
+        ("attention_bias", serde_json::json!(true)),
+        ("mlp_bias", serde_json::json!(true)),
+        ("partial_rotary_factor", serde_json::json!(0.5)),
+        ("rope_scaling", serde_json::json!({"factor": 8.0})),
+        ("rope_scaling", serde_json::json!("linear")),
+        ("rope_scaling", serde_json::json!(true)),
+        ("rope_parameters", serde_json::json!("default")),
+        (
+            "rope_parameters",
+            serde_json::json!({"rope_type": "default", "rope_theta": 1e4, "factor": 2.0}),
+        ),
+        ("hidden_act", serde_json::json!("gelu")),
+        ("hidden_act", serde_json::json!(5)),
+        ("num_local_experts", serde_json::json!(8)),
+    ] {
+        let d = tiny_with_config(|v| v[key] = val.clone());
+        let e = Model::load(d.path()).unwrap_err();
+        assert!(matches!(e, ModelError::Unsupported(_)), "{key}={val}: {e}");
+    }
+    // A zero expert count means no experts.
+    let d = tiny_with_config(|v| v["num_local_experts"] = 0.into());
+    Model::load(d.path()).unwrap();
+}
+
+#[test]
+fn mistyped_and_out_of_range_values_are_errors() {
+    for (key, val) in [
+        ("tie_word_embeddings", serde_json::json!("true")),
+        ("attention_bias", serde_json::json!("true")),
+        ("eos_token_id", serde_json::json!(4294967337u64)),
+        ("eos_token_id", serde_json::json!([2, 4294967337u64])),
+        ("eos_token_id", serde_json::json!(300)),
+        ("bos_token_id", serde_json::json!(256)),
+        ("num_hidden_layers", serde_json::json!(1u64 << 40)),
+        ("num_hidden_layers", serde_json::json!(0)),
+    ] {
+        let d = tiny_with_config(|v| v[key] = val.clone());
+        let e = Model::load(d.path()).unwrap_err();
+        assert!(matches!(e, ModelError::Config { .. }), "{key}={val}: {e}");
+    }
+}
+
+#[test]
+fn unused_and_duplicate_tensors_are_errors() {
+    // One layer fewer in the config: layer 1's tensors would be ignored.
+    let d = tiny_with_config(|v| v["num_hidden_layers"] = 1.into());
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Unsupported(m) if m.contains("model.layers.1.")),
+        "{e}"
+    );
+    // A second shard holding a tensor the first already has.
+    let d = tiny_with_config(|_| {});
+    let zeros = vec![0u8; 64 * 4];
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![64], &zeros).unwrap();
+    safetensors::serialize_to_file(
+        [("model.norm.weight", view)],
+        None,
+        &d.path().join("zz.safetensors"),
+    )
+    .unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Unsupported(m) if m.contains("appears in both")),
+        "{e}"
+    );
+    // A bias tensor the architecture does not use.
+    let d = tiny_with_config(|_| {});
+    let view =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![64], &zeros).unwrap();
+    safetensors::serialize_to_file(
+        [("model.layers.0.self_attn.q_proj.bias", view)],
+        None,
+        &d.path().join("zz.safetensors"),
+    )
+    .unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(
+        matches!(&e, ModelError::Unsupported(m) if m.contains("q_proj.bias")),
+        "{e}"
+    );
+}
+
+#[test]
+fn special_files_are_not_models() {
+    let d = tempfile::tempdir().unwrap();
+    let fifo = d.path().join("p.gguf");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo failed");
+    assert!(matches!(
+        Model::load(&fifo),
+        Err(ModelError::UnknownFormat(_))
+    ));
+    let st = testdata().join("tiny/llama-tied/model.safetensors");
+    assert!(matches!(Model::load(&st), Err(ModelError::InvalidInput(_))));
+}
