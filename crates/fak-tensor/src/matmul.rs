@@ -5,21 +5,29 @@
 //! threads share the work: each (row, token) pair is always reduced in the same order.
 
 use crate::dot::{dot_ref, has_avx2_fma};
+use std::sync::{Mutex, PoisonError};
 
 /// How many OS threads a product may use (at least 1).
+///
+/// This is an upper bound, not a promise: [`matmul`] runs at most
+/// `min(threads, 2 × available_parallelism, ceil(rows / 8))` chunks at once (see
+/// [`max_useful_threads`]), one of them on the calling thread, so a huge count such as
+/// `Threads::new(100_000)` costs no more than the machine can use. Results never
+/// depend on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Threads(usize);
 
 impl Threads {
-    /// `n` threads; `0` is taken as 1.
+    /// `n` threads; `0` is taken as 1. Not capped here: [`Threads::get`] returns `n`,
+    /// and [`matmul`] applies its cap per product.
     pub fn new(n: usize) -> Self {
         Threads(n.max(1))
     }
     /// One thread per available core (`std::thread::available_parallelism`).
     pub fn available() -> Self {
-        Threads::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
+        Threads::new(available_parallelism())
     }
-    /// The thread count.
+    /// The thread count as given.
     pub fn get(self) -> usize {
         self.0
     }
@@ -30,6 +38,23 @@ impl Default for Threads {
         Threads::available()
     }
 }
+
+/// `std::thread::available_parallelism`, or 1 when unknown; read once per process
+/// (on Linux it reads cgroup files, too slow to repeat for every product).
+fn available_parallelism() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Most threads one product ever uses: twice the available parallelism. Past the core
+/// count extra threads only add spawn cost to compute-bound work; the factor 2 leaves
+/// room for cores the OS reports conservatively (cgroup quotas, SMT).
+pub fn max_useful_threads() -> usize {
+    available_parallelism().saturating_mul(2)
+}
+
+/// Fewest rows per chunk worth a thread of its own (one 8-row micro-kernel pass).
+const MIN_ROWS_PER_CHUNK: usize = 8;
 
 /// Below this many multiply-adds a product runs on the calling thread only.
 const PARALLEL_MIN_MACS: usize = 1 << 16;
@@ -72,11 +97,19 @@ fn check_shapes(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &
 /// `threads` and any `n`.
 ///
 /// Shapes: `w` is `[rows, cols]` (row-major, like `nn.Linear.weight`), `x` is
-/// `[n, cols]`, `out` is `[n, rows]`. Rows are split into contiguous ranges, one per
-/// thread.
+/// `[n, cols]`, `out` is `[n, rows]`. Rows are split into contiguous ranges (a multiple
+/// of 8 rows each where possible), never the reduction, so the split cannot change a
+/// result.
+///
+/// Threads: at most `min(threads, max_useful_threads(), ceil(rows / 8))` ranges; the
+/// calling thread computes the first and scoped threads the others. Products under
+/// 65,536 multiply-adds stay on the calling thread. When the OS refuses a thread
+/// (`ulimit -u`, cgroup `pids.max`, out of memory), its range is computed on the
+/// calling thread instead: the product is slower, never wrong, and never panics.
 ///
 /// # Panics
-/// If a slice is shorter than its shape (a programming error).
+/// If a slice is shorter than its shape (a programming error); a panic in a worker
+/// (none is expected) is resumed on the calling thread.
 pub fn matmul(
     w: &[f32],
     rows: usize,
@@ -86,8 +119,27 @@ pub fn matmul(
     out: &mut [f32],
     threads: Threads,
 ) {
+    matmul_with(w, rows, cols, x, n, out, threads, &|_| true);
+}
+
+/// [`matmul`] with a hook deciding whether worker `i` may be spawned (tests use it to
+/// play an OS that refuses threads).
+#[allow(clippy::too_many_arguments)]
+fn matmul_with(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    threads: Threads,
+    may_spawn: &(dyn Fn(usize) -> bool + Sync),
+) {
     check_shapes(w, rows, cols, x, n, out);
-    let nt = threads.get().min(rows.max(1));
+    let nt = threads
+        .get()
+        .min(max_useful_threads())
+        .min(rows.div_ceil(MIN_ROWS_PER_CHUNK));
     if nt <= 1 || rows * cols * n < PARALLEL_MIN_MACS {
         matmul_serial(w, rows, cols, x, n, out, rows);
         return;
@@ -99,42 +151,89 @@ pub fn matmul(
         .map(|r0| (r0, (r0 + per).min(rows)))
         .collect();
     if n == 1 {
-        // The output of one token is one row: give each thread its own sub-slice.
-        std::thread::scope(|s| {
-            let mut rest = &mut out[..rows];
-            for &(r0, r1) in &ranges {
-                let (mine, tail) = rest.split_at_mut(r1 - r0);
-                rest = tail;
-                let wr = &w[r0 * cols..r1 * cols];
-                s.spawn(move || matmul_serial(wr, r1 - r0, cols, x, 1, mine, r1 - r0));
-            }
-        });
+        // The output of one token is one row: each range owns its own sub-slice. The
+        // mutex only hands the slice to whichever thread ends up computing the range.
+        let mut rest = &mut out[..rows];
+        let mut slots = Vec::with_capacity(ranges.len());
+        for &(r0, r1) in &ranges {
+            let (mine, tail) = rest.split_at_mut(r1 - r0);
+            rest = tail;
+            slots.push(Mutex::new(mine));
+        }
+        let job = |i: usize| {
+            let (r0, r1) = ranges[i];
+            let mut mine = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+            matmul_serial(
+                &w[r0 * cols..r1 * cols],
+                r1 - r0,
+                cols,
+                x,
+                1,
+                &mut mine,
+                r1 - r0,
+            );
+        };
+        run_chunks(ranges.len(), &job, may_spawn);
         return;
     }
-    // Several tokens: each thread fills a private [n, chunk] block, copied in after.
-    let blocks: Vec<Vec<f32>> = std::thread::scope(|s| {
-        let handles: Vec<_> = ranges
-            .iter()
-            .map(|&(r0, r1)| {
-                let wr = &w[r0 * cols..r1 * cols];
-                s.spawn(move || {
-                    let mut buf = vec![0f32; n * (r1 - r0)];
-                    matmul_serial(wr, r1 - r0, cols, x, n, &mut buf, r1 - r0);
-                    buf
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("matmul worker panicked"))
-            .collect()
-    });
+    // Several tokens: each range fills a private [n, chunk] block, copied in after.
+    let job = |i: usize| {
+        let (r0, r1) = ranges[i];
+        let mut buf = vec![0f32; n * (r1 - r0)];
+        matmul_serial(
+            &w[r0 * cols..r1 * cols],
+            r1 - r0,
+            cols,
+            x,
+            n,
+            &mut buf,
+            r1 - r0,
+        );
+        buf
+    };
+    let blocks = run_chunks(ranges.len(), &job, may_spawn);
     for (&(r0, r1), buf) in ranges.iter().zip(&blocks) {
         let m = r1 - r0;
         for t in 0..n {
             out[t * rows + r0..t * rows + r1].copy_from_slice(&buf[t * m..(t + 1) * m]);
         }
     }
+}
+
+/// `[job(0), job(1), .., job(k-1)]`: job 0 on the calling thread, the others on scoped
+/// threads, except those `may_spawn` vetoes or the OS refuses, which also run on the
+/// calling thread. A worker's panic is resumed here.
+fn run_chunks<R: Send>(
+    k: usize,
+    job: &(dyn Fn(usize) -> R + Sync),
+    may_spawn: &(dyn Fn(usize) -> bool + Sync),
+) -> Vec<R> {
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (1..k)
+            .map(|i| {
+                if !may_spawn(i) {
+                    return None;
+                }
+                std::thread::Builder::new()
+                    .spawn_scoped(s, move || job(i))
+                    .ok()
+            })
+            .collect();
+        let mut results: Vec<Option<R>> = Vec::with_capacity(k);
+        results.push(Some(job(0)));
+        for (i, h) in handles.iter().enumerate() {
+            results.push(if h.is_none() { Some(job(i + 1)) } else { None });
+        }
+        for (slot, h) in results[1..].iter_mut().zip(handles) {
+            if let Some(h) = h {
+                match h.join() {
+                    Ok(r) => *slot = Some(r),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+        }
+        results.into_iter().flatten().collect()
+    })
 }
 
 /// Single-threaded product writing `out[t*ldo + r]`.
@@ -291,5 +390,74 @@ mod tests {
                 .zip(&one)
                 .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
+    }
+
+    fn assert_same_bits(got: &[f32], want: &[f32], what: &str) {
+        let same = got.len() == want.len()
+            && got
+                .iter()
+                .zip(want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{what}");
+    }
+
+    #[test]
+    fn huge_thread_count_is_capped_and_bit_identical() {
+        // 100,000 threads asked for: at most min(2 × cores, rows / 8) ranges run.
+        let (rows, cols) = (1000, 96);
+        let w = data(rows * cols, 5);
+        let x = data(5 * cols, 6);
+        for n in [1usize, 5] {
+            let mut want = vec![0f32; n * rows];
+            matmul_ref(&w, rows, cols, &x, n, &mut want);
+            let mut one = vec![f32::NAN; n * rows];
+            matmul(&w, rows, cols, &x, n, &mut one, Threads::new(1));
+            let mut many = vec![f32::NAN; n * rows];
+            matmul(&w, rows, cols, &x, n, &mut many, Threads::new(100_000));
+            assert_same_bits(
+                &many,
+                &want,
+                &format!("n={n}: 100000 threads vs matmul_ref"),
+            );
+            assert_same_bits(&many, &one, &format!("n={n}: 100000 threads vs 1 thread"));
+        }
+        assert_eq!(Threads::new(100_000).get(), 100_000);
+        assert!(max_useful_threads() >= 2);
+    }
+
+    #[test]
+    fn refused_threads_run_on_the_caller() {
+        // An OS that refuses some or all threads: those ranges run on the calling
+        // thread, with the same bits and no panic.
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let (rows, cols) = (203, 384); // above PARALLEL_MIN_MACS even for n = 1
+        let w = data(rows * cols, 7);
+        let x = data(4 * cols, 8);
+        let asked = AtomicUsize::new(0);
+        let refuse_odd = |i: usize| {
+            asked.fetch_add(1, Ordering::Relaxed);
+            i.is_multiple_of(2)
+        };
+        let refuse_all = |_: usize| {
+            asked.fetch_add(1, Ordering::Relaxed);
+            false
+        };
+        let policies: [&(dyn Fn(usize) -> bool + Sync); 2] = [&refuse_odd, &refuse_all];
+        for n in [1usize, 4] {
+            let mut want = vec![0f32; n * rows];
+            matmul_ref(&w, rows, cols, &x, n, &mut want);
+            for (p, may_spawn) in policies.iter().enumerate() {
+                // 4 threads asked: at least 2 ranges on any machine (2 × cores >= 2).
+                asked.store(0, Ordering::Relaxed);
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_with(&w, rows, cols, &x, n, &mut got, Threads::new(4), *may_spawn);
+                assert!(asked.load(Ordering::Relaxed) >= 1, "n={n}: no worker tried");
+                assert_same_bits(&got, &want, &format!("n={n} policy #{p}"));
+            }
+        }
+        let all = run_chunks(5, &|i| i * 10, &|i| i != 3);
+        assert_eq!(all, vec![0, 10, 20, 30, 40]);
+        let none = run_chunks(3, &|i| i + 1, &|_| false);
+        assert_eq!(none, vec![1, 2, 3]);
     }
 }

@@ -7,7 +7,11 @@
 //! `u32` counts) and big-endian files are rejected.
 //!
 //! Every count and length read from the file is checked against the bytes left
-//! before anything is allocated for it, so a hostile header errors quickly.
+//! before anything is allocated for it, so a hostile header errors quickly. Parsed
+//! metadata takes more memory than its encoding (each array element becomes a 32-byte
+//! [`MetaValue`], even a one-byte `u8`), so the array elements of a whole file are also
+//! capped at [`MAX_METADATA_ARRAY_ELEMENTS`]: a 90-million-element `u8` array is refused
+//! instead of costing 2.9 GB.
 
 use crate::dequant::{dequantize, DequantError};
 use crate::ggml_type::GgmlType;
@@ -25,6 +29,17 @@ pub const MAX_DIMS: usize = 4;
 pub const MAX_ARRAY_DEPTH: usize = 16;
 /// The metadata key holding the alignment (`u32`).
 pub const ALIGNMENT_KEY: &str = "general.alignment";
+/// Most metadata array elements accepted across the whole file, nested arrays
+/// included: 16 Mi (16,777,216). Each element is held as a 32-byte [`MetaValue`]
+/// (plus its bytes, for strings), so this bounds parsed arrays to about 512 MiB
+/// whatever the file says. Real models stay far below it: the largest vocabularies
+/// (Gemma 3's 262,144 tokens with their scores and types, or a BPE vocabulary with its
+/// merges) total under a million. More gives [`GgufError::TooMany`] whose `what`
+/// starts with `"metadata array elements"`, before anything is allocated for it.
+pub const MAX_METADATA_ARRAY_ELEMENTS: u64 = 16 * 1024 * 1024;
+/// The start of [`GgufError::TooMany`]'s `what` when [`MAX_METADATA_ARRAY_ELEMENTS`]
+/// is exceeded.
+const METADATA_ARRAY_ELEMENTS: &str = "metadata array elements";
 
 /// Everything that can go wrong opening or reading a GGUF file. Each message names
 /// the offending metadata key or tensor.
@@ -69,14 +84,18 @@ pub enum GgufError {
         available: u64,
     },
     /// A count (tensors, metadata pairs, array elements) is larger than the rest of
-    /// the file could hold, given the smallest size of one item.
-    #[error("{what}: count {count} cannot fit in the rest of the file (at most {max})")]
+    /// the file could hold, given the smallest size of one item; or the file's metadata
+    /// arrays hold more than [`MAX_METADATA_ARRAY_ELEMENTS`] elements in all (then
+    /// `what` starts with `"metadata array elements"` and names the key that crossed
+    /// the limit).
+    #[error("{what}: count {count} {}", too_many_reason(.what, *.max))]
     TooMany {
         /// What was being counted.
         what: String,
-        /// The count read.
+        /// The count read; for the element cap, the file's running total of array
+        /// elements including the array that crossed it.
         count: u64,
-        /// The most items the remaining bytes could hold.
+        /// The most items the remaining bytes could hold, or the cap.
         max: u64,
     },
     /// A key, string value or tensor name is not UTF-8.
@@ -177,6 +196,15 @@ pub enum GgufError {
         /// The dequantization error.
         source: DequantError,
     },
+}
+
+/// The end of [`GgufError::TooMany`]'s message: which limit `max` is.
+fn too_many_reason(what: &str, max: u64) -> String {
+    if what.starts_with(METADATA_ARRAY_ELEMENTS) {
+        format!("exceeds the limit of {max} per file")
+    } else {
+        format!("cannot fit in the rest of the file (at most {max})")
+    }
 }
 
 /// A GGUF metadata value (spec: `gguf_metadata_value_type` 0..=12).
@@ -714,12 +742,16 @@ fn min_value_size(ty: u32) -> u64 {
     }
 }
 
+/// Read one value of type `ty`. `elements` is the number of metadata array elements
+/// read so far in the file; arrays add to it and are refused past
+/// [`MAX_METADATA_ARRAY_ELEMENTS`].
 fn read_value(
     r: &mut Reader<'_>,
     ty: u32,
     key: &str,
     ctx: &dyn Fn() -> String,
     depth: usize,
+    elements: &mut u64,
 ) -> Result<MetaValue, GgufError> {
     Ok(match ty {
         0 => MetaValue::U8(r.array::<1>(ctx)?[0]),
@@ -758,10 +790,20 @@ fn read_value(
             let n = r.check_count(count, min_value_size(elem_ty), || {
                 format!("{} array length", ctx())
             })?;
+            // n <= bytes left, so the sum cannot overflow.
+            let total = *elements + n as u64;
+            if total > MAX_METADATA_ARRAY_ELEMENTS {
+                return Err(GgufError::TooMany {
+                    what: format!("{METADATA_ARRAY_ELEMENTS} (through {} array)", ctx()),
+                    count: total,
+                    max: MAX_METADATA_ARRAY_ELEMENTS,
+                });
+            }
+            *elements = total;
             let mut items = Vec::with_capacity(n);
             for i in 0..n {
                 let elem_ctx = || format!("{} element #{i}", ctx());
-                items.push(read_value(r, elem_ty, key, &elem_ctx, depth + 1)?);
+                items.push(read_value(r, elem_ty, key, &elem_ctx, depth + 1, elements)?);
             }
             MetaValue::Array(items)
         }
@@ -864,11 +906,12 @@ fn parse(buf: &[u8]) -> Result<Parsed, GgufError> {
     let n_kv = r.check_count(kv_count, 8 + 4 + 1, || "metadata count".to_string())?;
     let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(n_kv);
     let mut seen: HashSet<String> = HashSet::with_capacity(n_kv);
+    let mut array_elements = 0u64;
     for i in 0..n_kv {
         let key = r.string(|| format!("metadata key #{i}"))?;
         let ty = r.u32(|| format!("metadata key #{i} '{key}' value type"))?;
         let ctx = || format!("metadata key #{i} '{key}' value");
-        let value = read_value(&mut r, ty, &key, &ctx, 0)?;
+        let value = read_value(&mut r, ty, &key, &ctx, 0, &mut array_elements)?;
         if !seen.insert(key.clone()) {
             return Err(GgufError::DuplicateKey(key));
         }

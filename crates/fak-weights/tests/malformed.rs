@@ -171,6 +171,81 @@ fn array_count_2_pow_62() {
     }
 }
 
+/// An array value: element type, count, then the encoded elements.
+fn array_value(elem: u32, count: u64, elements: &[u8]) -> Vec<u8> {
+    let mut v = elem.to_le_bytes().to_vec();
+    v.extend_from_slice(&count.to_le_bytes());
+    v.extend_from_slice(elements);
+    v
+}
+
+#[test]
+fn metadata_array_elements_are_capped_per_file() {
+    const CAP: u64 = fak_weights::gguf::MAX_METADATA_ARRAY_ELEMENTS;
+    // 20M u8 elements, all present in the file: parsed, they would take ~640 MB.
+    let n = 20_000_000u64;
+    let b = Builder::default().kv(
+        "big",
+        vt::ARRAY,
+        array_value(vt::U8, n, &vec![7; n as usize]),
+    );
+    match err(b.build()) {
+        GgufError::TooMany { what, count, max } => {
+            assert!(what.starts_with("metadata array elements"), "{what}");
+            assert!(what.contains("'big'"), "{what}");
+            assert_eq!((count, max), (n, CAP));
+        }
+        e => panic!("{e:?}"),
+    }
+
+    // The cap is for the whole file: two arrays under it alone, over it together,
+    // the second (nested, counting its inner elements) named.
+    let half = CAP / 2 + 1;
+    let mut nested = array_value(vt::ARRAY, 1, &[]);
+    nested.extend_from_slice(&array_value(
+        vt::I8,
+        half - 1,
+        &vec![0; (half - 1) as usize],
+    ));
+    let b = Builder::default()
+        .kv(
+            "a",
+            vt::ARRAY,
+            array_value(vt::U8, half, &vec![1; half as usize]),
+        )
+        .kv("b", vt::ARRAY, nested);
+    let e = err(b.build());
+    assert!(
+        matches!(&e, GgufError::TooMany { what, count, max }
+            if what.contains("'b'") && *count == 2 * half && *max == CAP),
+        "{e:?}"
+    );
+    assert!(
+        e.to_string().contains("exceeds the limit of 16777216"),
+        "{e}"
+    );
+
+    // Exactly at the cap parses, and the values are all there.
+    let rest = CAP - half;
+    let b = Builder::default()
+        .kv(
+            "a",
+            vt::ARRAY,
+            array_value(vt::U8, half, &vec![1; half as usize]),
+        )
+        .kv(
+            "b",
+            vt::ARRAY,
+            array_value(vt::U8, rest, &vec![2; rest as usize]),
+        );
+    let f = parse(b.build()).unwrap();
+    assert_eq!(f.get_array("a").unwrap().len() as u64, half);
+    assert_eq!(
+        f.get_array("b").unwrap()[rest as usize - 1],
+        MetaValue::U8(2)
+    );
+}
+
 #[test]
 fn hostile_header_counts() {
     let b = Builder {
