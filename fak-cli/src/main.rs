@@ -48,8 +48,8 @@ struct ProveArgs {
     /// A GGUF file, a safetensors folder, or a catalog name (fetched if not cached).
     #[arg(long, default_value = DEFAULT_MODEL)]
     model: String,
-    /// Folder of the model's HF oracle files (default: testdata/oracles/<catalog name>
-    /// of this source tree, when the model is a catalog model).
+    /// Folder of the model's HF oracle files (default for a catalog model NAME:
+    /// testdata/oracles/NAME of this source tree).
     #[arg(long)]
     oracles: Option<PathBuf>,
     /// Threads for the matrix products (default: all cores).

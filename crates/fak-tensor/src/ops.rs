@@ -1,7 +1,7 @@
 //! Element-wise and row-wise operations: RMSNorm, RoPE, softmax, SiLU, residual add.
 //!
 //! Each follows the operation order of HF transformers' PyTorch code (cited per item),
-//! with reductions in the canonical order of [`crate::dot`], so results depend only on
+//! with reductions in the canonical order of [`crate::dot()`], so results depend only on
 //! the row itself.
 
 use crate::dot::dot;
