@@ -176,15 +176,17 @@ impl ChatTemplate {
     ///
     /// The rendered text is tokenized as HF does (control-token text parsed), with byte
     /// offsets; the byte ranges that hold message content are located by rendering once
-    /// more with unique placeholders. If a control token was produced inside a content
-    /// range (someone typed `<|im_end|>` in a message), the text is re-encoded piece by
-    /// piece: template text with control-token parsing on, content with it off. For every
-    /// other conversation the ids equal `apply_chat_template(tokenize=True)`.
+    /// more with unique placeholders. A control token whose bytes lie inside a message's
+    /// content was typed by someone, not emitted by the template (`<|im_end|>` in a user
+    /// message): then the text is cut at the template's own control tokens only, and the
+    /// text between them (template text and content together) is encoded with
+    /// control-token parsing off. For every conversation without such text the ids equal
+    /// `apply_chat_template(tokenize=True)`.
     ///
     /// # Errors
     /// [`ChatError::Template`] on a render failure; [`ChatError::Unsafe`] when the template
-    /// transforms message content (so content ranges cannot be located) and some content
-    /// holds control-token text.
+    /// transforms message content (so content cannot be located in the render) and some
+    /// content holds control-token text.
     pub fn encode(
         &self,
         tokenizer: &Tokenizer,
@@ -193,32 +195,44 @@ impl ChatTemplate {
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, ChatError> {
         let text = self.render(messages, add_generation_prompt, tools)?;
-        let ranges = self.content_ranges(messages, add_generation_prompt, tools, &text)?;
         let (ids, offsets) = tokenizer.encode_with_special_offsets(&text)?;
-        let forged = ids.iter().zip(&offsets).any(|(&id, &(s, e))| {
-            tokenizer.is_special(id) && ranges.iter().any(|&(a, b)| s < b && a < e)
-        });
-        match (forged, ranges.is_empty() && !messages.is_empty()) {
-            (false, _) => Ok(ids),
-            (true, false) => {
-                let mut out = Vec::with_capacity(ids.len());
-                let mut at = 0;
-                for &(a, b) in &ranges {
-                    out.extend(tokenizer.encode_with_special(&text[at..a])?);
-                    out.extend(tokenizer.encode(&text[a..b])?);
-                    at = b;
+        let Some(ranges) = self.content_ranges(messages, add_generation_prompt, tools, &text)?
+        else {
+            // Content cannot be located: refuse if any of it holds control-token text.
+            for m in messages {
+                let typed = tokenizer.encode_with_special(&m.content)?;
+                if typed.iter().any(|&id| tokenizer.is_special(id)) {
+                    return Err(ChatError::Unsafe(format!(
+                        "a {} message holds control-token text and this template transforms message content, so it cannot be kept apart from the template's own tokens",
+                        m.role
+                    )));
                 }
-                out.extend(tokenizer.encode_with_special(&text[at..])?);
-                Ok(out)
             }
-            (true, true) => Err(ChatError::Unsafe(
-                "a message holds control-token text and the template transforms message content, so it cannot be kept apart from the template's own tokens".into(),
-            )),
+            return Ok(ids);
+        };
+        let inside = |(s, e): (usize, usize)| ranges.iter().any(|&(a, b)| s < b && a < e);
+        let forged = ids
+            .iter()
+            .zip(&offsets)
+            .any(|(&id, &span)| tokenizer.is_special(id) && inside(span));
+        if !forged {
+            return Ok(ids);
         }
+        let mut out = Vec::with_capacity(ids.len());
+        let mut at = 0;
+        for (&id, &(s, e)) in ids.iter().zip(&offsets) {
+            if tokenizer.is_special(id) && !inside((s, e)) {
+                out.extend(tokenizer.encode(&text[at..s])?);
+                out.push(id);
+                at = e;
+            }
+        }
+        out.extend(tokenizer.encode(&text[at..])?);
+        Ok(out)
     }
 
     /// Byte ranges of the rendered `text` holding each non-empty message content, found
-    /// by a render with placeholders. Empty when the template transforms content (the
+    /// by a render with placeholders. `None` when the template transforms content (the
     /// placeholder render does not reproduce `text`).
     fn content_ranges(
         &self,
@@ -226,7 +240,7 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
         text: &str,
-    ) -> Result<Vec<(usize, usize)>, ChatError> {
+    ) -> Result<Option<Vec<(usize, usize)>>, ChatError> {
         const OPEN: char = '\u{F8F0}';
         const CLOSE: char = '\u{F8F1}';
         let marked: Vec<Message> = messages
@@ -238,7 +252,7 @@ impl ChatTemplate {
             })
             .collect();
         let Ok(skeleton) = self.render(&marked, add_generation_prompt, tools) else {
-            return Ok(Vec::new());
+            return Ok(None);
         };
         // Rebuild the real text from the skeleton, noting where each content lands.
         let mut rebuilt = String::with_capacity(text.len());
@@ -248,13 +262,13 @@ impl ChatTemplate {
             rebuilt.push_str(&rest[..p]);
             let after = &rest[p + OPEN.len_utf8()..];
             let Some(q) = after.find(CLOSE) else {
-                return Ok(Vec::new());
+                return Ok(None);
             };
             let Ok(i) = after[..q].parse::<usize>() else {
-                return Ok(Vec::new());
+                return Ok(None);
             };
             let Some(m) = messages.get(i) else {
-                return Ok(Vec::new());
+                return Ok(None);
             };
             let start = rebuilt.len();
             rebuilt.push_str(&m.content);
@@ -264,11 +278,7 @@ impl ChatTemplate {
             rest = &after[q + CLOSE.len_utf8()..];
         }
         rebuilt.push_str(rest);
-        if rebuilt == text {
-            Ok(ranges)
-        } else {
-            Ok(Vec::new())
-        }
+        Ok((rebuilt == text).then_some(ranges))
     }
 
     /// Token ids that end a reply: the model's EOS ids plus the template's end-of-turn
