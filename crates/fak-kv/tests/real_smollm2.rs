@@ -91,3 +91,98 @@ fn text_generation_stops_at_the_context_end() {
     assert_eq!(s.len(), 256);
     assert!(!out.text.is_empty());
 }
+
+/// Multi-turn: across 3 turns each turn prefills exactly the tokens its rendering adds
+/// past the cache, and its output equals a from-scratch run of the same conversation.
+#[test]
+fn chat_turns_prefill_only_new_tokens_and_equal_from_scratch() {
+    use fak_kv::{generate_text, ChatSession, Session, TextParams};
+    use std::sync::Arc;
+    let Some(path) = smollm2_path() else { return };
+    let model = Arc::new(Model::load(&path).unwrap());
+    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
+    let params = TextParams {
+        sampling: Default::default(),
+        max_tokens: 40,
+        stop: vec![],
+        stop_ids: tmpl.stop_token_ids(&tok),
+    };
+    let (tok, tmpl) = (Arc::new(tok), Arc::new(tmpl));
+    let mut chat = ChatSession::new(
+        Arc::clone(&model),
+        Arc::clone(&tok),
+        Arc::clone(&tmpl),
+        None,
+    );
+    let mut prev_cache = 0;
+    for (k, q) in [
+        "What is the capital of France?",
+        "And of Germany?",
+        "Name three colors.",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let stats = chat.turn(q, &params, None, &mut |_| {}).unwrap();
+        // The conversation as rendered for this turn (before the reply was appended).
+        let history = &chat.messages()[..chat.messages().len() - 1];
+        let full = tmpl.encode(&tok, history, true, None).unwrap();
+        assert_eq!(stats.reused + stats.prefilled, full.len(), "turn {k}");
+        assert_eq!(
+            stats.reused, prev_cache,
+            "turn {k}: the whole cache is reused"
+        );
+        assert_eq!(stats.evicted, 0);
+        prev_cache = stats.cache_len;
+        // From scratch: a fresh session on the full rendering.
+        let mut fresh = Session::new(Arc::clone(&model));
+        let out = generate_text(&mut fresh, &tok, &full, &params, None, &mut |_| {}).unwrap();
+        assert_eq!(out.completion_ids, stats.output.completion_ids, "turn {k}");
+        assert_eq!(out.text, stats.output.text);
+        assert!(stats.prefilled < full.len() || k == 0);
+    }
+}
+
+/// A stop string that spans several tokens is never shown in part: the streamed pieces
+/// stop before it.
+#[test]
+fn stop_string_across_tokens_is_held_back() {
+    use fak_kv::{generate_text, FinishReason, Session, TextParams};
+    use std::sync::Arc;
+    let Some(path) = smollm2_path() else { return };
+    let model = Arc::new(Model::load(&path).unwrap());
+    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
+    let ids = tmpl
+        .encode(
+            &tok,
+            &[fak_model::Message::new(
+                "user",
+                "What is the capital of France?",
+            )],
+            true,
+            None,
+        )
+        .unwrap();
+    let params = TextParams {
+        sampling: Default::default(),
+        max_tokens: 40,
+        stop: vec!["France is Pa".into()],
+        stop_ids: tmpl.stop_token_ids(&tok),
+    };
+    let mut pieces = Vec::new();
+    let out = generate_text(
+        &mut Session::new(model),
+        &tok,
+        &ids,
+        &params,
+        None,
+        &mut |p| pieces.push(p.to_string()),
+    )
+    .unwrap();
+    assert_eq!(out.finish_reason, FinishReason::Stop);
+    assert_eq!(out.text, "The capital of ");
+    assert_eq!(pieces.concat(), "The capital of ");
+    assert!(pieces.iter().all(|p| !p.contains("France")), "{pieces:?}");
+    // The stop string really spans tokens: "France", " is", " Paris" are separate.
+    assert!(out.completion_ids.len() >= 6);
+}

@@ -1,0 +1,199 @@
+//! End to end through the `fak` binary on the real default model, against HF
+//! transformers' greedy generation from the same GGUF (`testdata/text/*/e2e.json`, made
+//! by `oracle-export/export_text.py`): `fak run --format json` gives HF's prompt ids and
+//! completion ids; `fak chat` keeps the cache between turns and answers a follow-up as HF
+//! does.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+fn fak() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fak"))
+}
+
+fn model_cached() -> bool {
+    if fak_model::catalog::cached("smollm2-135m-instruct").is_some() {
+        return true;
+    }
+    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
+        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: end-to-end test NOT RUN");
+        return false;
+    }
+    panic!("smollm2-135m-instruct is not cached; fetch it with: cargo run --release -p fak-cli -- model pull smollm2-135m-instruct");
+}
+
+fn e2e() -> Value {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/text/smollm2-135m-instruct/e2e.json");
+    serde_json::from_str(
+        &std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display())),
+    )
+    .unwrap()
+}
+
+fn ids(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn run_json_matches_hf_on_chat_prompts() {
+    if !model_cached() {
+        return;
+    }
+    let oracle = e2e();
+    let max_new = oracle["max_new_tokens"].as_u64().unwrap().to_string();
+    let mut checked = 0;
+    for c in oracle["cases"].as_array().unwrap() {
+        let msgs = c["messages"].as_array().unwrap();
+        if msgs.len() != 1 {
+            continue;
+        }
+        let prompt = msgs[0]["content"].as_str().unwrap();
+        let out = fak()
+            .args([
+                "run",
+                "--format",
+                "json",
+                "--temperature",
+                "0",
+                "--max-tokens",
+                &max_new,
+                prompt,
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let name = c["name"].as_str().unwrap();
+        assert_eq!(
+            ids(&v["prompt_ids"]),
+            ids(&c["prompt_ids"]),
+            "{name}: prompt ids"
+        );
+        assert_eq!(
+            ids(&v["completion_ids"]),
+            ids(&c["completion_ids"]),
+            "{name}: completion ids"
+        );
+        assert_eq!(v["text"], c["text"], "{name}: text");
+        let want_finish = if c["stopped_on_eos"].as_bool().unwrap() {
+            "stop"
+        } else {
+            "length"
+        };
+        assert_eq!(v["finish_reason"], want_finish, "{name}");
+        for k in ["ttft_ms", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+            assert!(
+                v["timings"][k].as_f64().unwrap() > 0.0,
+                "{name}: timings.{k}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 4, "{checked} single-turn cases");
+}
+
+#[test]
+fn run_answers_paris() {
+    if !model_cached() {
+        return;
+    }
+    let out = fak()
+        .args(["run", "What is the capital of France?"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Paris"), "{text}");
+}
+
+/// Parses a `/stats` line: (reused, prefilled, evicted, cache).
+fn stats(line: &str) -> (usize, usize, usize, usize) {
+    let num = |key: &str| -> usize {
+        let at = line
+            .find(key)
+            .unwrap_or_else(|| panic!("no '{key}' in {line}"))
+            + key.len();
+        line[at..]
+            .trim_start()
+            .split(|c: char| !c.is_ascii_digit())
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    (
+        num("reused"),
+        num("prefilled"),
+        num("evicted"),
+        num("cache:"),
+    )
+}
+
+#[test]
+fn chat_keeps_the_cache_between_turns() {
+    if !model_cached() {
+        return;
+    }
+    let oracle = e2e();
+    let multi = oracle["cases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "multi_turn")
+        .unwrap();
+    let mut child = fak()
+        .args(["chat", "--max-tokens", "48"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"What is the capital of France?\n/stats\nAnd what is the capital of Germany?\n/stats\nName three colors.\n/stats\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let stat_lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with("cache:")).collect();
+    assert_eq!(stat_lines.len(), 3, "{stdout}");
+    let turns: Vec<(usize, usize, usize, usize)> = stat_lines.iter().map(|l| stats(l)).collect();
+    // Turn 1 prefills its whole prompt (HF's 37 ids); later turns reuse the cache and
+    // prefill only what the new turn adds.
+    assert_eq!(turns[0].0, 0);
+    assert_eq!(turns[0].1, ids(&oracle["cases"][0]["prompt_ids"]).len());
+    for k in 1..3 {
+        assert_eq!(
+            turns[k].0,
+            turns[k - 1].3,
+            "turn {}: reused must be the whole previous cache",
+            k + 1
+        );
+        assert_eq!(turns[k].2, 0, "turn {}: nothing evicted", k + 1);
+        assert!(
+            turns[k].1 < 20,
+            "turn {} prefilled {} tokens",
+            k + 1,
+            turns[k].1
+        );
+    }
+    // The follow-up answers as HF does given the same history.
+    assert!(stdout.contains(multi["text"].as_str().unwrap()), "{stdout}");
+}
