@@ -172,3 +172,117 @@ impl Sampler {
         c[keep - 1].1
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        vec![1.0, 3.0, 2.5, -1.0, 0.5, 2.9]
+    }
+
+    fn draw(p: SamplingParams, n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p);
+        (0..n).map(|_| s.sample(&logits(), &[])).collect()
+    }
+
+    #[test]
+    fn temperature_zero_is_argmax() {
+        assert!(draw(SamplingParams::default(), 10).iter().all(|&t| t == 1));
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_other_tokens() {
+        let p = |seed| SamplingParams {
+            temperature: 1.5,
+            seed,
+            ..Default::default()
+        };
+        assert_eq!(draw(p(7), 200), draw(p(7), 200));
+        assert_ne!(draw(p(7), 200), draw(p(8), 200));
+    }
+
+    #[test]
+    fn truncations_keep_only_the_head() {
+        let hot = SamplingParams {
+            temperature: 2.0,
+            seed: 3,
+            ..Default::default()
+        };
+        // top-k 2: only ids 1 and 5 (logits 3.0 and 2.9).
+        let k2 = draw(
+            SamplingParams {
+                top_k: 2,
+                ..hot.clone()
+            },
+            300,
+        );
+        assert!(k2.iter().all(|&t| t == 1 || t == 5));
+        assert!(k2.contains(&1) && k2.contains(&5));
+        // top-p tiny / min-p 1 / top-k 1: always the argmax.
+        for p in [
+            SamplingParams {
+                top_p: 1e-6,
+                ..hot.clone()
+            },
+            SamplingParams {
+                min_p: 1.0,
+                ..hot.clone()
+            },
+            SamplingParams {
+                top_k: 1,
+                ..hot.clone()
+            },
+        ] {
+            assert!(draw(p, 50).iter().all(|&t| t == 1));
+        }
+        // Untruncated at high temperature every token appears.
+        let all = draw(hot, 2000);
+        assert!((0..6).all(|t| all.contains(&t)));
+    }
+
+    #[test]
+    fn repetition_penalty_follows_ctrl() {
+        let p = SamplingParams {
+            repetition_penalty: 2.0,
+            ..Default::default()
+        };
+        let mut s = Sampler::new(p);
+        // id 1 (3.0) penalised to 1.5 and id 5 (2.9) to 1.45: id 2 (2.5) wins.
+        assert_eq!(s.sample(&logits(), &[1, 5, 1]), 2);
+        // A negative logit is multiplied: id 3 (-1.0) becomes -2.0, still not chosen.
+        assert_eq!(s.sample(&[-1.0, -1.5], &[0]), 1);
+    }
+
+    #[test]
+    fn bad_parameters_are_rejected() {
+        for p in [
+            SamplingParams {
+                temperature: -1.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                temperature: f32::NAN,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 0.0,
+                ..Default::default()
+            },
+            SamplingParams {
+                top_p: 1.5,
+                ..Default::default()
+            },
+            SamplingParams {
+                min_p: -0.1,
+                ..Default::default()
+            },
+            SamplingParams {
+                repetition_penalty: 0.0,
+                ..Default::default()
+            },
+        ] {
+            assert!(p.validate().is_err(), "{p:?}");
+        }
+    }
+}

@@ -186,3 +186,47 @@ fn stop_string_across_tokens_is_held_back() {
     // The stop string really spans tokens: "France", " is", " Paris" are separate.
     assert!(out.completion_ids.len() >= 6);
 }
+
+/// Sampling on the real model: the same seed gives the same text, another seed (at a
+/// high temperature) other text.
+#[test]
+fn same_seed_same_text() {
+    use fak_kv::{generate_text, SamplingParams, Session, TextParams};
+    use std::sync::Arc;
+    let Some(path) = smollm2_path() else { return };
+    let model = Arc::new(Model::load(&path).unwrap());
+    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
+    let ids = tmpl
+        .encode(
+            &tok,
+            &[fak_model::Message::new("user", "Tell me a story.")],
+            true,
+            None,
+        )
+        .unwrap();
+    let run = |seed| {
+        let params = TextParams {
+            sampling: SamplingParams {
+                temperature: 1.2,
+                top_p: 0.95,
+                seed,
+                ..Default::default()
+            },
+            max_tokens: 24,
+            stop: vec![],
+            stop_ids: vec![],
+        };
+        generate_text(
+            &mut Session::new(Arc::clone(&model)),
+            &tok,
+            &ids,
+            &params,
+            None,
+            &mut |_| {},
+        )
+        .unwrap()
+        .text
+    };
+    assert_eq!(run(1), run(1));
+    assert_ne!(run(1), run(2));
+}
