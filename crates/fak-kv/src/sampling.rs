@@ -8,7 +8,7 @@
 //! below `min_p` times the top probability are dropped). Temperature 0 is greedy: the
 //! argmax after the penalty, no randomness.
 
-use rand_chacha::rand_core::{Rng, SeedableRng};
+use rand_chacha::rand_core::{RngCore, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Sampling parameters. The defaults are greedy decoding.

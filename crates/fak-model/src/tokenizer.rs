@@ -605,3 +605,43 @@ impl StreamDecoder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_pre_tokenizer_is_an_error_not_a_default() {
+        for known in ["default", "gpt2", "smollm", "llama-bpe", "llama3", "qwen2"] {
+            assert!(byte_level_pre(known).is_ok(), "{known}");
+        }
+        assert!(
+            matches!(byte_level_pre("deepseek-coder"), Err(TokenizerError::UnknownPre(p)) if p == "deepseek-coder")
+        );
+    }
+
+    #[test]
+    fn byte_fallback_tokens_and_space_respelling() {
+        assert_eq!(byte_fallback_value("<0x0A>"), Some(10));
+        assert_eq!(byte_fallback_value("<0xZZ>"), None);
+        assert_eq!(byte_fallback_value("<0x0A0>"), None);
+        assert_eq!(respell_spaces("   "), "▁▁▁");
+        assert_eq!(respell_spaces(" \n"), "▁▁");
+        assert_eq!(respell_spaces("a b"), "a b");
+    }
+
+    #[test]
+    fn spm_merges_rank_by_position_then_longer_left_piece() {
+        let toks: Vec<String> = ["a", "b", "c", "ab", "abc", "bc"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let m = spm_merges(&toks);
+        // "ab" (position 3) first; then "abc" (4) as ab+c before a+bc; "bc" (5) last.
+        let want: Vec<(String, String)> = [("a", "b"), ("ab", "c"), ("a", "bc"), ("b", "c")]
+            .iter()
+            .map(|(x, y)| (x.to_string(), y.to_string()))
+            .collect();
+        assert_eq!(m, want);
+    }
+}
