@@ -1,0 +1,396 @@
+//! The `inkernel` driver: the model runs in this process.
+//!
+//! The model, tokenizer and chat template are loaded once (in the background: the
+//! driver reports [`Readiness::Loading`] until done) and shared by `Arc`. `parallel`
+//! worker threads take jobs from a FIFO queue of at most `max_queue` waiting requests
+//! (more are [`EngineError::Overloaded`]). Each job starts from the longest cached
+//! prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its text through
+//! the job's channel, and stops within one token once the stream is dropped. Its final
+//! session is then kept for later requests, within `kv_budget_bytes`.
+
+use crate::prefix::{start_session, PrefixCache};
+use crate::{
+    budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
+    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
+    Readiness,
+};
+use fak_kv::{generate_text, TextParams};
+use fak_model::{load_text, ChatTemplate, Model, Tokenizer};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+
+/// The registry entry: needs [`EngineConfig::model_path`].
+pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
+    id: "inkernel",
+    about: "the model in this process, with KV reuse across requests (default)",
+    build: |cfg: &EngineConfig| {
+        let path = cfg.model_path.clone().ok_or_else(|| {
+            EngineError::InvalidRequest("the inkernel engine needs a model path".into())
+        })?;
+        Ok(Arc::new(InKernelDriver::start(path, cfg.clone())) as Arc<dyn EngineDriver>)
+    },
+};
+
+/// What loading produced.
+struct Loaded {
+    model: Arc<Model>,
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+}
+
+enum LoadState {
+    Loading,
+    Ready(Arc<Loaded>),
+    Failed(String),
+}
+
+struct Job {
+    ids: Vec<u32>,
+    params: TextParams,
+    sink: EventSink,
+}
+
+struct Shared {
+    id: String,
+    config: EngineConfig,
+    state: Mutex<LoadState>,
+    queue: Mutex<VecDeque<Job>>,
+    wake: Condvar,
+    shutdown: AtomicBool,
+    active: AtomicUsize,
+    prefix: Mutex<PrefixCache>,
+}
+
+/// Locks a mutex, taking the data even if a worker panicked while holding it (every
+/// critical section here leaves the data consistent).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The in-kernel driver. Dropping it stops its workers once their current job ends.
+pub struct InKernelDriver {
+    shared: Arc<Shared>,
+}
+
+impl InKernelDriver {
+    /// Starts loading the model at `path` on a background thread and returns at once;
+    /// the workers start when the load is done.
+    pub fn start(path: PathBuf, config: EngineConfig) -> Self {
+        let id = model_id(&path, &config);
+        let shared = Self::shared(id, config);
+        let s = Arc::clone(&shared);
+        std::thread::Builder::new()
+            .name("fak-load".into())
+            .spawn(move || {
+                let loaded = load(&path, s.config.threads);
+                match loaded {
+                    Ok(l) => {
+                        *lock(&s.state) = LoadState::Ready(Arc::new(l));
+                        spawn_workers(&s);
+                    }
+                    Err(e) => *lock(&s.state) = LoadState::Failed(e),
+                }
+            })
+            .map_or_else(
+                |e| {
+                    *lock(&shared.state) = LoadState::Failed(format!("starting the loader: {e}"));
+                },
+                |_| (),
+            );
+        InKernelDriver { shared }
+    }
+
+    /// A driver over an already loaded model, ready at once (tests, library users).
+    pub fn from_loaded(
+        model: Arc<Model>,
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        id: &str,
+        config: EngineConfig,
+    ) -> Self {
+        let shared = Self::shared(id.to_string(), config);
+        *lock(&shared.state) = LoadState::Ready(Arc::new(Loaded {
+            model,
+            tokenizer,
+            template,
+        }));
+        spawn_workers(&shared);
+        InKernelDriver { shared }
+    }
+
+    fn shared(id: String, config: EngineConfig) -> Arc<Shared> {
+        Arc::new(Shared {
+            id,
+            state: Mutex::new(LoadState::Loading),
+            queue: Mutex::new(VecDeque::new()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
+            active: AtomicUsize::new(0),
+            prefix: Mutex::new(PrefixCache::new(config.kv_budget_bytes)),
+            config,
+        })
+    }
+
+    fn loaded(&self) -> Result<Arc<Loaded>, EngineError> {
+        match &*lock(&self.shared.state) {
+            LoadState::Ready(l) => Ok(Arc::clone(l)),
+            LoadState::Loading => Err(EngineError::NotReady("the model is loading".into())),
+            LoadState::Failed(m) => Err(EngineError::NotReady(format!("loading failed: {m}"))),
+        }
+    }
+
+    /// Drops every kept session (a cold cache).
+    pub fn clear_kv_cache(&self) {
+        *lock(&self.shared.prefix) = PrefixCache::new(self.shared.config.kv_budget_bytes);
+    }
+}
+
+impl Drop for InKernelDriver {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        self.shared.wake.notify_all();
+    }
+}
+
+/// The served id: `config.model_id`, else the file (or folder) name without extension.
+fn model_id(path: &Path, config: &EngineConfig) -> String {
+    config.model_id.clone().unwrap_or_else(|| {
+        path.file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned())
+    })
+}
+
+fn load(path: &Path, threads: Option<usize>) -> Result<Loaded, String> {
+    let mut model = Model::load(path).map_err(|e| format!("loading {}: {e}", path.display()))?;
+    if let Some(n) = threads {
+        model.set_threads(fak_tensor::Threads::new(n));
+    }
+    let (tokenizer, template) =
+        load_text(path, model.config()).map_err(|e| format!("loading the tokenizer: {e}"))?;
+    Ok(Loaded {
+        model: Arc::new(model),
+        tokenizer,
+        template,
+    })
+}
+
+fn spawn_workers(shared: &Arc<Shared>) {
+    for i in 0..shared.config.parallel.max(1) {
+        let s = Arc::clone(shared);
+        // A slot that cannot get a thread is simply not there; the others serve.
+        let _ = std::thread::Builder::new()
+            .name(format!("fak-worker-{i}"))
+            .spawn(move || worker(&s));
+    }
+}
+
+fn worker(s: &Shared) {
+    loop {
+        let job = {
+            let mut q = lock(&s.queue);
+            loop {
+                if s.shutdown.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Some(j) = q.pop_front() {
+                    break j;
+                }
+                q = s.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let Ok(loaded) = (match &*lock(&s.state) {
+            LoadState::Ready(l) => Ok(Arc::clone(l)),
+            _ => Err(()),
+        }) else {
+            continue;
+        };
+        s.active.fetch_add(1, Ordering::SeqCst);
+        let sink = job.sink.clone();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(s, &loaded, job)));
+        if r.is_err() {
+            sink.send(EngineEvent::Error(EngineError::Internal(
+                "the generation panicked".into(),
+            )));
+        }
+        s.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn run_job(s: &Shared, l: &Loaded, job: Job) {
+    let Job { ids, params, sink } = job;
+    if sink.is_closed() {
+        return; // the client left while queued
+    }
+    let hit = if s.config.kv_budget_bytes > 0 {
+        lock(&s.prefix).lookup(&ids)
+    } else {
+        None
+    };
+    let (mut session, reused) = match start_session(hit, &l.model) {
+        Ok(x) => x,
+        Err(e) => {
+            sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
+            return;
+        }
+    };
+    if !sink.send(EngineEvent::Start {
+        prompt_tokens: ids.len(),
+        cached_tokens: reused,
+    }) {
+        return;
+    }
+    let cancel = AtomicBool::new(false);
+    let out = generate_text(
+        &mut session,
+        &l.tokenizer,
+        &ids[reused..],
+        &params,
+        Some(&cancel),
+        &mut |t| {
+            if !sink.send(EngineEvent::Text(t.to_string())) {
+                cancel.store(true, Ordering::Relaxed);
+            }
+        },
+    );
+    match out {
+        Ok(out) => {
+            if s.config.kv_budget_bytes > 0 {
+                lock(&s.prefix).insert(session);
+            }
+            if out.finish_reason == FinishReason::Cancelled {
+                return;
+            }
+            let stop_sequence = stop_sequence_hit(&out, &params, &l.tokenizer);
+            sink.send(EngineEvent::Done(Done {
+                completion_tokens: out.completion_ids.len(),
+                completion_ids: out.completion_ids,
+                finish_reason: out.finish_reason,
+                stop_sequence,
+                ttft_s: out.ttft_s,
+            }));
+        }
+        Err(e) => {
+            sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
+        }
+    }
+}
+
+/// Which stop string ended `out`, if one did: the earliest occurrence in the decoded
+/// completion among `params.stop`.
+fn stop_sequence_hit(
+    out: &fak_kv::TextOutput,
+    params: &TextParams,
+    tok: &Tokenizer,
+) -> Option<String> {
+    if out.finish_reason != FinishReason::Stop || params.stop.is_empty() {
+        return None;
+    }
+    if out
+        .completion_ids
+        .last()
+        .is_some_and(|id| params.stop_ids.contains(id))
+    {
+        return None;
+    }
+    let full = tok.decode(&out.completion_ids, true).ok()?;
+    params
+        .stop
+        .iter()
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| full.find(s.as_str()).map(|at| (at, s)))
+        .min_by_key(|(at, _)| *at)
+        .map(|(_, s)| s.clone())
+}
+
+impl EngineDriver for InKernelDriver {
+    fn id(&self) -> &'static str {
+        "inkernel"
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        let context_length = match &*lock(&self.shared.state) {
+            LoadState::Ready(l) => l.model.config().max_position_embeddings,
+            _ => 0,
+        };
+        vec![ModelInfo {
+            id: self.shared.id.clone(),
+            context_length,
+            owned_by: "fak".into(),
+        }]
+    }
+
+    fn readiness(&self) -> Readiness {
+        match &*lock(&self.shared.state) {
+            LoadState::Loading => Readiness::Loading,
+            LoadState::Ready(_) => Readiness::Ready,
+            LoadState::Failed(m) => Readiness::Failed(m.clone()),
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        let p = lock(&self.shared.prefix);
+        EngineStats {
+            queue_depth: lock(&self.shared.queue).len(),
+            active: self.shared.active.load(Ordering::SeqCst),
+            kv_entries: p.len(),
+            kv_bytes: p.bytes(),
+        }
+    }
+
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        let l = self.loaded()?;
+        check_model(req.model.as_deref(), &self.models())?;
+        req.sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
+        let (ids, stop_ids) = match &req.prompt {
+            Prompt::Chat(messages) => {
+                if messages.is_empty() {
+                    return Err(EngineError::InvalidRequest(
+                        "messages must hold at least one message".into(),
+                    ));
+                }
+                let ids = l
+                    .template
+                    .encode(&l.tokenizer, messages, true, None)
+                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+                (ids, l.template.stop_token_ids(&l.tokenizer))
+            }
+            Prompt::Text(t) => {
+                let ids = l
+                    .tokenizer
+                    .encode_prompt(t)
+                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+                (ids, l.model.config().eos_token_ids.clone())
+            }
+        };
+        if ids.is_empty() {
+            return Err(EngineError::InvalidRequest(
+                "the prompt is empty (no tokens)".into(),
+            ));
+        }
+        let context = l.model.config().max_position_embeddings;
+        let max_tokens = budget(ids.len(), req.max_tokens, context)?;
+        let params = TextParams {
+            sampling: req.sampling,
+            max_tokens,
+            stop: req.stop,
+            stop_ids,
+        };
+        let (sink, stream) = event_channel();
+        {
+            let mut q = lock(&self.shared.queue);
+            if q.len() >= self.shared.config.max_queue {
+                return Err(EngineError::Overloaded {
+                    queued: q.len(),
+                    retry_after_s: 1,
+                });
+            }
+            q.push_back(Job { ids, params, sink });
+        }
+        self.shared.wake.notify_one();
+        Ok(stream)
+    }
+}

@@ -1,0 +1,440 @@
+//! fak-engine: what answers a generation request, behind one trait.
+//!
+//! One job: turn a [`GenerateRequest`] (a chat conversation or a plain prompt, sampling
+//! parameters, a token budget) into a stream of [`EngineEvent`]s, whatever does the
+//! generating. The HTTP layer above (fak-gateway) speaks only to [`EngineDriver`].
+//!
+//! - [`EngineDriver`]: `submit` validates a request synchronously (unknown model,
+//!   context overflow, overload are errors *before* any streaming starts) and returns an
+//!   [`EventStream`]: `Start` (prompt and cached token counts), `Text` deltas, then
+//!   `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
+//!   closed channel and stops within one token).
+//! - [`registry`]: drivers by id (`inkernel`, `mock`); a new driver is a new module with
+//!   a [`registry::DriverSpec`] listed there, never an edit of the gateway.
+//! - [`inkernel`]: the model loaded once and shared by `Arc`; `parallel` worker threads
+//!   take jobs from a bounded queue; a [`prefix::PrefixCache`] of recent sessions keyed
+//!   by their token ids lets a request that extends an earlier conversation clone the
+//!   longest cached prefix (`Session::from_prefix`-style) and prefill only the rest.
+//! - [`mock`]: deterministic text without a model, for tests of the layers above.
+//!
+//! Inference is CPU-bound and synchronous: drivers run it on their own threads, never
+//! on an async runtime's; events cross to the async side through an unbounded tokio
+//! channel (sending never blocks the worker).
+
+pub mod inkernel;
+pub mod mock;
+pub mod prefix;
+pub mod registry;
+
+pub use fak_kv::{FinishReason, SamplingParams};
+pub use fak_model::Message;
+
+use std::path::PathBuf;
+use tokio::sync::mpsc;
+
+/// What to generate from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Prompt {
+    /// A conversation, rendered with the model's chat template (generation prompt added).
+    Chat(Vec<Message>),
+    /// Plain text, tokenized as is (BOS added when the model asks for it).
+    Text(String),
+}
+
+/// One generation request, in the engine's terms (the gateway maps each API's fields
+/// onto it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct GenerateRequest {
+    /// Requested model id; `None` takes the driver's default. An id the driver does not
+    /// serve is [`EngineError::UnknownModel`].
+    pub model: Option<String>,
+    /// The prompt.
+    pub prompt: Prompt,
+    /// Most new tokens; `None` means up to the end of the context window. `Some(0)` is
+    /// [`EngineError::InvalidRequest`].
+    pub max_tokens: Option<usize>,
+    /// How to choose tokens (temperature 0 is greedy).
+    pub sampling: SamplingParams,
+    /// Stop strings: generation ends before the first occurrence, which is not returned.
+    pub stop: Vec<String>,
+}
+
+impl GenerateRequest {
+    /// A greedy chat request with the default model and no token limit.
+    pub fn chat(messages: Vec<Message>) -> Self {
+        GenerateRequest {
+            model: None,
+            prompt: Prompt::Chat(messages),
+            max_tokens: None,
+            sampling: SamplingParams::default(),
+            stop: Vec::new(),
+        }
+    }
+}
+
+/// How a finished generation ended and what it cost.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Done {
+    /// Tokens generated, including a final stop token (EOS / end of turn).
+    pub completion_tokens: usize,
+    /// The generated token ids (`completion_tokens` of them; the mock reports its own
+    /// word indices).
+    pub completion_ids: Vec<u32>,
+    /// `Stop` (stop token or stop string) or `Length` (`max_tokens` or the context end).
+    pub finish_reason: FinishReason,
+    /// The stop string that ended generation, if one did.
+    pub stop_sequence: Option<String>,
+    /// Seconds from the start of this request's prefill to the first generated token.
+    pub ttft_s: f64,
+}
+
+/// One event of a generation, in order: `Start`, any number of `Text`, then exactly one
+/// of `Done` or `Error`.
+#[derive(Clone, Debug, PartialEq)]
+pub enum EngineEvent {
+    /// A worker took the request.
+    Start {
+        /// Tokens of the prompt after templating.
+        prompt_tokens: usize,
+        /// Of those, tokens whose KV entries were reused from an earlier request.
+        cached_tokens: usize,
+    },
+    /// The next piece of text (whole UTF-8 characters, never part of a stop string).
+    Text(String),
+    /// Generation finished.
+    Done(Done),
+    /// Generation failed after it started.
+    Error(EngineError),
+}
+
+/// Errors a driver reports, each mapping to one HTTP status (noted per variant).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum EngineError {
+    /// The request names a model this driver does not serve (404).
+    #[error("model '{requested}' is not served here (available: {})", available.join(", "))]
+    UnknownModel {
+        /// The id asked for.
+        requested: String,
+        /// The ids served.
+        available: Vec<String>,
+    },
+    /// A parameter is out of range or the prompt cannot be rendered (400).
+    #[error("{0}")]
+    InvalidRequest(String),
+    /// The prompt plus `max_tokens` do not fit the context window (400).
+    #[error("the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: together {} exceed the context window of {context} tokens", prompt_tokens + max_tokens)]
+    ContextOverflow {
+        /// Prompt tokens after templating.
+        prompt_tokens: usize,
+        /// Tokens requested (or, when none were, the minimum of 1).
+        max_tokens: usize,
+        /// The model's context length in tokens.
+        context: usize,
+    },
+    /// The queue is full (429 with `Retry-After`).
+    #[error("the engine is busy ({queued} requests queued); retry in {retry_after_s} s")]
+    Overloaded {
+        /// Requests waiting.
+        queued: usize,
+        /// Suggested wait, seconds.
+        retry_after_s: u64,
+    },
+    /// The model is still loading or failed to load (503 with `Retry-After`).
+    #[error("the engine is not ready: {0}")]
+    NotReady(String),
+    /// The generation failed inside the engine (500).
+    #[error("engine error: {0}")]
+    Internal(String),
+}
+
+/// Whether a driver can take requests.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Readiness {
+    /// Loading the model; requests get [`EngineError::NotReady`].
+    Loading,
+    /// Serving.
+    Ready,
+    /// Loading failed; the message says why.
+    Failed(String),
+}
+
+/// A model a driver serves.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ModelInfo {
+    /// The id clients send as `model`.
+    pub id: String,
+    /// Context window, tokens.
+    pub context_length: usize,
+    /// Who serves it (the driver id).
+    pub owned_by: String,
+}
+
+/// Load figures a driver reports for metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Requests waiting for a worker.
+    pub queue_depth: usize,
+    /// Requests being generated now.
+    pub active: usize,
+    /// Sessions held by the KV reuse cache.
+    pub kv_entries: usize,
+    /// Bytes of KV entries held by the reuse cache.
+    pub kv_bytes: usize,
+}
+
+/// The receiving end of one generation. Dropping it cancels the generation.
+#[derive(Debug)]
+pub struct EventStream {
+    rx: mpsc::UnboundedReceiver<EngineEvent>,
+}
+
+/// The sending end a driver's worker holds.
+#[derive(Clone, Debug)]
+pub struct EventSink {
+    tx: mpsc::UnboundedSender<EngineEvent>,
+}
+
+/// A connected sink and stream.
+pub fn event_channel() -> (EventSink, EventStream) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    (EventSink { tx }, EventStream { rx })
+}
+
+impl EventSink {
+    /// Sends an event; `false` when the stream was dropped (the client went away).
+    pub fn send(&self, e: EngineEvent) -> bool {
+        self.tx.send(e).is_ok()
+    }
+
+    /// Whether the stream was dropped.
+    pub fn is_closed(&self) -> bool {
+        self.tx.is_closed()
+    }
+}
+
+impl EventStream {
+    /// The next event, or `None` once the driver is done (or its worker died).
+    pub async fn next(&mut self) -> Option<EngineEvent> {
+        self.rx.recv().await
+    }
+
+    /// The next event, blocking the thread. Must not be called from async code.
+    pub fn blocking_next(&mut self) -> Option<EngineEvent> {
+        self.rx.blocking_recv()
+    }
+
+    /// Blocks until the generation ends and gathers it. Must not be called from async
+    /// code.
+    ///
+    /// # Errors
+    /// The driver's [`EngineEvent::Error`], or [`EngineError::Internal`] when the stream
+    /// ends without `Done`.
+    pub fn blocking_collect(mut self) -> Result<Collected, EngineError> {
+        let mut c = Collected::default();
+        while let Some(e) = self.blocking_next() {
+            if c.absorb(e)? {
+                return Ok(c);
+            }
+        }
+        Err(EngineError::Internal(
+            "the generation ended without a result".into(),
+        ))
+    }
+
+    /// Async form of [`EventStream::blocking_collect`].
+    ///
+    /// # Errors
+    /// As [`EventStream::blocking_collect`].
+    pub async fn collect(mut self) -> Result<Collected, EngineError> {
+        let mut c = Collected::default();
+        while let Some(e) = self.next().await {
+            if c.absorb(e)? {
+                return Ok(c);
+            }
+        }
+        Err(EngineError::Internal(
+            "the generation ended without a result".into(),
+        ))
+    }
+}
+
+/// A whole generation gathered from its events.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Collected {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Prompt tokens reused from the KV cache.
+    pub cached_tokens: usize,
+    /// The concatenated text.
+    pub text: String,
+    /// The ending (`None` only while incomplete).
+    pub done: Option<Done>,
+}
+
+impl Collected {
+    /// Adds one event; `Ok(true)` once `Done` arrived.
+    ///
+    /// # Errors
+    /// The event's error, for [`EngineEvent::Error`].
+    pub fn absorb(&mut self, e: EngineEvent) -> Result<bool, EngineError> {
+        match e {
+            EngineEvent::Start {
+                prompt_tokens,
+                cached_tokens,
+            } => {
+                self.prompt_tokens = prompt_tokens;
+                self.cached_tokens = cached_tokens;
+            }
+            EngineEvent::Text(t) => self.text.push_str(&t),
+            EngineEvent::Done(d) => {
+                self.done = Some(d);
+                return Ok(true);
+            }
+            EngineEvent::Error(e) => return Err(e),
+        }
+        Ok(false)
+    }
+}
+
+/// Settings every driver is built from (the `fak serve` flags).
+#[derive(Clone, Debug, PartialEq)]
+pub struct EngineConfig {
+    /// The model file or folder (inkernel).
+    pub model_path: Option<PathBuf>,
+    /// The id the model is served under; default: the file's stem.
+    pub model_id: Option<String>,
+    /// Worker slots generating at once (at least 1).
+    pub parallel: usize,
+    /// Requests that may wait for a slot before new ones get
+    /// [`EngineError::Overloaded`].
+    pub max_queue: usize,
+    /// Memory budget of the KV reuse cache, bytes (0 disables reuse).
+    pub kv_budget_bytes: usize,
+    /// Threads per matrix product (default: all cores).
+    pub threads: Option<usize>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            model_path: None,
+            model_id: None,
+            parallel: 1,
+            max_queue: 64,
+            kv_budget_bytes: 512 << 20,
+            threads: None,
+        }
+    }
+}
+
+/// A generation backend. Implementations must be cheap to call from async code:
+/// `submit` only validates and enqueues; the generating happens on the driver's threads.
+pub trait EngineDriver: Send + Sync + 'static {
+    /// The registry id (`inkernel`, `mock`, ...).
+    fn id(&self) -> &'static str;
+
+    /// The models served; the first is the default.
+    fn models(&self) -> Vec<ModelInfo>;
+
+    /// Whether requests can be served now.
+    fn readiness(&self) -> Readiness;
+
+    /// Validates `req` and starts (or queues) its generation.
+    ///
+    /// # Errors
+    /// [`EngineError::UnknownModel`], [`EngineError::InvalidRequest`],
+    /// [`EngineError::ContextOverflow`], [`EngineError::Overloaded`],
+    /// [`EngineError::NotReady`]; nothing is queued then.
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError>;
+
+    /// Load figures for metrics.
+    fn stats(&self) -> EngineStats {
+        EngineStats::default()
+    }
+}
+
+/// Checks a request's model against the served ids (`None` takes the first).
+///
+/// # Errors
+/// [`EngineError::UnknownModel`] naming what is served.
+pub fn check_model(requested: Option<&str>, served: &[ModelInfo]) -> Result<(), EngineError> {
+    match requested {
+        None => Ok(()),
+        Some(m) if served.iter().any(|s| s.id == m) => Ok(()),
+        Some(m) => Err(EngineError::UnknownModel {
+            requested: m.to_string(),
+            available: served.iter().map(|s| s.id.clone()).collect(),
+        }),
+    }
+}
+
+/// Resolves `max_tokens` against the context: `None` becomes the room left.
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for 0; [`EngineError::ContextOverflow`] when the
+/// prompt plus `max_tokens` (at least 1) exceed `context`.
+pub fn budget(
+    prompt_tokens: usize,
+    max_tokens: Option<usize>,
+    context: usize,
+) -> Result<usize, EngineError> {
+    if max_tokens == Some(0) {
+        return Err(EngineError::InvalidRequest(
+            "max_tokens must be at least 1".into(),
+        ));
+    }
+    let want = max_tokens.unwrap_or(1);
+    if prompt_tokens.saturating_add(want) > context {
+        return Err(EngineError::ContextOverflow {
+            prompt_tokens,
+            max_tokens: want,
+            context,
+        });
+    }
+    Ok(max_tokens.unwrap_or(context - prompt_tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget_checks_the_context() {
+        assert_eq!(budget(10, None, 100), Ok(90));
+        assert_eq!(budget(10, Some(90), 100), Ok(90));
+        assert_eq!(
+            budget(10, Some(91), 100),
+            Err(EngineError::ContextOverflow {
+                prompt_tokens: 10,
+                max_tokens: 91,
+                context: 100
+            })
+        );
+        assert!(matches!(
+            budget(100, None, 100),
+            Err(EngineError::ContextOverflow { .. })
+        ));
+        assert!(matches!(
+            budget(1, Some(0), 100),
+            Err(EngineError::InvalidRequest(_))
+        ));
+        let msg = budget(10, Some(91), 100).unwrap_err().to_string();
+        assert!(
+            msg.contains("10") && msg.contains("91") && msg.contains("100"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn unknown_model_names_the_served_ones() {
+        let served = vec![ModelInfo {
+            id: "a".into(),
+            context_length: 1,
+            owned_by: "x".into(),
+        }];
+        assert!(check_model(None, &served).is_ok());
+        assert!(check_model(Some("a"), &served).is_ok());
+        let e = check_model(Some("b"), &served).unwrap_err();
+        assert!(e.to_string().contains("'b'") && e.to_string().contains("a"));
+    }
+}

@@ -1,0 +1,307 @@
+//! The `mock` driver: deterministic text without a model, for tests of the layers above.
+//!
+//! "Tokens" are whitespace-separated words. The prompt's token count is the number of
+//! words of every message's content (plus one per message for its role), the context
+//! window is [`MOCK_CONTEXT`] tokens, and the reply depends only on the last message:
+//!
+//! - `count N`: the words `1 2 ... N` (N at most 100 000), a long reply for
+//!   cancellation and streaming tests;
+//! - `echo TEXT`: TEXT's words;
+//! - anything else: [`MOCK_REPLY`].
+//!
+//! Each word is one `Text` event (`"word"` then `" word"`...). Generation stops after the
+//! reply (finish `stop`), at `max_tokens` (`length`) or before a stop string (`stop`,
+//! the text before it kept). Cached tokens: the longest word prefix shared with the
+//! previous request's prompt plus reply, minus one, as the in-kernel driver reports.
+//! A per-word delay (see [`MockDriver::with_delay`]) makes streams last; each generation
+//! runs on its own thread, stopping as soon as its stream is dropped.
+
+use crate::{
+    budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
+    EngineStats, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt, Readiness,
+};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The model id the mock serves.
+pub const MOCK_MODEL: &str = "mock";
+/// The mock's context window, tokens (words).
+pub const MOCK_CONTEXT: usize = 2048;
+/// The default reply.
+pub const MOCK_REPLY: &str = "Hello from the mock engine.";
+
+/// The registry entry.
+pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
+    id: "mock",
+    about: "deterministic text without a model (for tests)",
+    build: |_cfg: &EngineConfig| Ok(Arc::new(MockDriver::new()) as Arc<dyn EngineDriver>),
+};
+
+/// The mock driver. See the module docs for its behaviour.
+pub struct MockDriver {
+    delay: Duration,
+    max_active: usize,
+    active: Arc<AtomicUsize>,
+    last: Mutex<Vec<String>>,
+}
+
+impl Default for MockDriver {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MockDriver {
+    /// A mock with no delay and no limit on concurrent generations.
+    pub fn new() -> Self {
+        MockDriver {
+            delay: Duration::ZERO,
+            max_active: usize::MAX,
+            active: Arc::new(AtomicUsize::new(0)),
+            last: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Sleeps `delay` before each word.
+    pub fn with_delay(mut self, delay: Duration) -> Self {
+        self.delay = delay;
+        self
+    }
+
+    /// At most `n` generations at once; more get [`EngineError::Overloaded`].
+    pub fn with_max_active(mut self, n: usize) -> Self {
+        self.max_active = n;
+        self
+    }
+
+    fn prompt_words(prompt: &Prompt) -> Vec<String> {
+        match prompt {
+            Prompt::Text(t) => t.split_whitespace().map(str::to_string).collect(),
+            Prompt::Chat(ms) => ms
+                .iter()
+                .flat_map(|m| {
+                    std::iter::once(format!("<{}>", m.role))
+                        .chain(m.content.split_whitespace().map(str::to_string))
+                })
+                .collect(),
+        }
+    }
+
+    fn reply(prompt: &Prompt) -> Vec<String> {
+        let last = match prompt {
+            Prompt::Text(t) => t.as_str(),
+            Prompt::Chat(ms) => ms.last().map_or("", |m| m.content.as_str()),
+        };
+        let last = last.trim();
+        if let Some(n) = last.strip_prefix("count ") {
+            let n = n.trim().parse::<usize>().unwrap_or(0).min(100_000);
+            return (1..=n).map(|i| i.to_string()).collect();
+        }
+        if let Some(t) = last.strip_prefix("echo ") {
+            return t.split_whitespace().map(str::to_string).collect();
+        }
+        MOCK_REPLY.split_whitespace().map(str::to_string).collect()
+    }
+}
+
+struct ActiveGuard(Arc<AtomicUsize>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl EngineDriver for MockDriver {
+    fn id(&self) -> &'static str {
+        "mock"
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        vec![ModelInfo {
+            id: MOCK_MODEL.into(),
+            context_length: MOCK_CONTEXT,
+            owned_by: "mock".into(),
+        }]
+    }
+
+    fn readiness(&self) -> Readiness {
+        Readiness::Ready
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            active: self.active.load(Ordering::SeqCst),
+            ..EngineStats::default()
+        }
+    }
+
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        check_model(req.model.as_deref(), &self.models())?;
+        req.sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
+        let words = Self::prompt_words(&req.prompt);
+        let max_tokens = budget(words.len(), req.max_tokens, MOCK_CONTEXT)?;
+        let now = self.active.fetch_add(1, Ordering::SeqCst);
+        let guard = ActiveGuard(Arc::clone(&self.active));
+        if now >= self.max_active {
+            return Err(EngineError::Overloaded {
+                queued: now,
+                retry_after_s: 1,
+            });
+        }
+        let reply = Self::reply(&req.prompt);
+        let cached = {
+            let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+            let common = last
+                .iter()
+                .zip(&words)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(words.len().saturating_sub(1));
+            let mut kept = words.clone();
+            kept.extend(reply.iter().cloned());
+            *last = kept;
+            common
+        };
+        let (sink, stream) = event_channel();
+        let delay = self.delay;
+        let prompt_tokens = words.len();
+        std::thread::spawn(move || {
+            let _guard = guard;
+            if !sink.send(EngineEvent::Start {
+                prompt_tokens,
+                cached_tokens: cached,
+            }) {
+                return;
+            }
+            let mut text = String::new();
+            let mut n = 0;
+            let mut finish = FinishReason::Stop;
+            let mut stop_sequence = None;
+            for w in &reply {
+                if n == max_tokens {
+                    finish = FinishReason::Length;
+                    break;
+                }
+                if !delay.is_zero() {
+                    std::thread::sleep(delay);
+                }
+                let piece = if n == 0 { w.clone() } else { format!(" {w}") };
+                let mut candidate = text.clone();
+                candidate.push_str(&piece);
+                if let Some((at, s)) = req
+                    .stop
+                    .iter()
+                    .filter(|s| !s.is_empty())
+                    .filter_map(|s| candidate.find(s.as_str()).map(|at| (at, s)))
+                    .min_by_key(|(at, _)| *at)
+                {
+                    let before = &candidate[text.len().min(at)..at];
+                    if !before.is_empty() && !sink.send(EngineEvent::Text(before.to_string())) {
+                        return;
+                    }
+                    n += 1;
+                    stop_sequence = Some(s.clone());
+                    break;
+                }
+                n += 1;
+                if !sink.send(EngineEvent::Text(piece)) {
+                    return; // the client went away
+                }
+                text = candidate;
+            }
+            sink.send(EngineEvent::Done(Done {
+                completion_tokens: n,
+                completion_ids: (0..n as u32).collect(),
+                finish_reason: finish,
+                stop_sequence,
+                ttft_s: 0.0,
+            }));
+        });
+        Ok(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fak_model::Message;
+
+    fn run(req: GenerateRequest) -> crate::Collected {
+        MockDriver::new()
+            .submit(req)
+            .unwrap()
+            .blocking_collect()
+            .unwrap()
+    }
+
+    #[test]
+    fn replies_deterministically() {
+        let c = run(GenerateRequest::chat(vec![Message::new(
+            "user", "hi there",
+        )]));
+        assert_eq!(c.text, MOCK_REPLY);
+        assert_eq!(c.prompt_tokens, 3);
+        let d = c.done.unwrap();
+        assert_eq!(d.finish_reason, FinishReason::Stop);
+        assert_eq!(d.completion_tokens, 5);
+    }
+
+    #[test]
+    fn max_tokens_and_stop_strings() {
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "count 10")]);
+        r.max_tokens = Some(3);
+        let c = run(r.clone());
+        assert_eq!(c.text, "1 2 3");
+        assert_eq!(c.done.unwrap().finish_reason, FinishReason::Length);
+        r.max_tokens = None;
+        r.stop = vec![" 5".into(), "9".into()];
+        let c = run(r);
+        assert_eq!(c.text, "1 2 3 4");
+        let d = c.done.unwrap();
+        assert_eq!(d.finish_reason, FinishReason::Stop);
+        assert_eq!(d.stop_sequence.as_deref(), Some(" 5"));
+    }
+
+    #[test]
+    fn errors_before_streaming() {
+        let d = MockDriver::new();
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "x")]);
+        r.model = Some("nope".into());
+        assert!(matches!(
+            d.submit(r.clone()),
+            Err(EngineError::UnknownModel { .. })
+        ));
+        r.model = None;
+        r.max_tokens = Some(MOCK_CONTEXT);
+        assert!(matches!(
+            d.submit(r),
+            Err(EngineError::ContextOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn dropping_the_stream_stops_the_generation() {
+        let d = MockDriver::new().with_delay(Duration::from_millis(2));
+        let mut s = d
+            .submit(GenerateRequest::chat(vec![Message::new(
+                "user",
+                "count 100000",
+            )]))
+            .unwrap();
+        assert!(matches!(s.blocking_next(), Some(EngineEvent::Start { .. })));
+        assert!(matches!(s.blocking_next(), Some(EngineEvent::Text(_))));
+        drop(s);
+        let t = std::time::Instant::now();
+        while d.stats().active > 0 {
+            assert!(
+                t.elapsed() < Duration::from_secs(5),
+                "generation not cancelled"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}

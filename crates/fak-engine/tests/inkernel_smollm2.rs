@@ -1,0 +1,237 @@
+//! The in-kernel driver on the real SmolLM2-135M-Instruct: greedy output equals HF's
+//! (the committed e2e fixture, which `fak run --format json` also equals), KV reuse
+//! never changes the output and reports exactly what it reused. Without the model file
+//! this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1` opts out locally, never
+//! in CI).
+
+use fak_engine::inkernel::InKernelDriver;
+use fak_engine::{EngineConfig, EngineDriver, EngineEvent, GenerateRequest, Message};
+use fak_model::{catalog, load_text, Model};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+
+fn smollm2_path() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
+        return Some(PathBuf::from(p));
+    }
+    if let Some(p) = catalog::cached("smollm2-135m-instruct") {
+        return Some(p);
+    }
+    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
+        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: real-model test NOT RUN");
+        return None;
+    }
+    panic!("the real model is not cached; fetch it with: cargo run --release -p fak-cli -- model pull smollm2-135m-instruct");
+}
+
+/// The model, loaded once for every test of this file.
+fn model() -> Option<(PathBuf, Arc<Model>)> {
+    static M: OnceLock<Option<(PathBuf, Arc<Model>)>> = OnceLock::new();
+    M.get_or_init(|| {
+        let path = smollm2_path()?;
+        let m = Arc::new(Model::load(&path).unwrap());
+        Some((path, m))
+    })
+    .clone()
+}
+
+fn driver(kv_budget_bytes: usize, parallel: usize) -> Option<InKernelDriver> {
+    let (path, m) = model()?;
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        parallel,
+        kv_budget_bytes,
+        ..EngineConfig::default()
+    };
+    Some(InKernelDriver::from_loaded(
+        m,
+        tok,
+        tmpl,
+        "smollm2-135m-instruct",
+        cfg,
+    ))
+}
+
+fn e2e_cases() -> Vec<serde_json::Value> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/text/smollm2-135m-instruct/e2e.json");
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    v["cases"].as_array().unwrap().clone()
+}
+
+fn messages(case: &serde_json::Value) -> Vec<Message> {
+    case["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| Message::new(m["role"].as_str().unwrap(), m["content"].as_str().unwrap()))
+        .collect()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn greedy_output_equals_hf_for_every_e2e_case() {
+    let Some(d) = driver(0, 1) else { return };
+    for case in e2e_cases() {
+        let c = d
+            .submit(GenerateRequest::chat(messages(&case)))
+            .unwrap()
+            .blocking_collect()
+            .unwrap();
+        let done = c.done.unwrap();
+        assert_eq!(
+            done.completion_ids,
+            ids(&case["completion_ids"]),
+            "{}",
+            case["name"]
+        );
+        assert_eq!(c.text, case["text"].as_str().unwrap(), "{}", case["name"]);
+        assert_eq!(c.prompt_tokens, ids(&case["prompt_ids"]).len());
+        assert_eq!(c.cached_tokens, 0);
+    }
+}
+
+#[test]
+fn warm_cache_gives_the_same_tokens_and_reports_the_reused_prefix() {
+    let Some(d) = driver(256 << 20, 1) else {
+        return;
+    };
+    let case = &e2e_cases()[0];
+    let req = GenerateRequest::chat(messages(case));
+    let cold = d.submit(req.clone()).unwrap().blocking_collect().unwrap();
+    assert_eq!(cold.cached_tokens, 0);
+    let warm = d.submit(req).unwrap().blocking_collect().unwrap();
+    // The whole prompt is cached; its last token is run again for the first logits.
+    assert_eq!(warm.cached_tokens, warm.prompt_tokens - 1);
+    assert_eq!(warm.text, cold.text);
+    assert_eq!(
+        warm.done.unwrap().completion_ids,
+        cold.done.unwrap().completion_ids
+    );
+    let s = d.stats();
+    assert_eq!(s.kv_entries, 1);
+    assert!(s.kv_bytes > 0);
+}
+
+/// A scripted conversation: each turn sends the whole history; turn k reuses exactly
+/// the tokens turn k-1 left in the cache that its prompt shares (the previous prompt
+/// plus the reply, up to the template's end-of-turn), and its output equals a cold run.
+#[test]
+fn multi_turn_conversation_reuses_the_previous_turns() {
+    let Some(warm_d) = driver(256 << 20, 1) else {
+        return;
+    };
+    let Some(cold_d) = driver(0, 1) else { return };
+    let (path, m) = model().unwrap();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let users = [
+        "What is the capital of France?",
+        "And of Germany?",
+        "Name one river in that country.",
+        "Thanks! Say goodbye.",
+    ];
+    let mut history: Vec<Message> = Vec::new();
+    let mut prev_kept: Vec<u32> = Vec::new();
+    for (k, u) in users.iter().enumerate() {
+        history.push(Message::new("user", u));
+        let mut req = GenerateRequest::chat(history.clone());
+        req.max_tokens = Some(40);
+        let warm = warm_d
+            .submit(req.clone())
+            .unwrap()
+            .blocking_collect()
+            .unwrap();
+        let cold = cold_d.submit(req).unwrap().blocking_collect().unwrap();
+        assert_eq!(warm.text, cold.text, "turn {k}");
+        let wd = warm.done.unwrap();
+        assert_eq!(
+            wd.completion_ids,
+            cold.done.unwrap().completion_ids,
+            "turn {k}"
+        );
+        let prompt = tmpl.encode(&tok, &history, true, None).unwrap();
+        assert_eq!(warm.prompt_tokens, prompt.len());
+        let expect = prev_kept
+            .iter()
+            .zip(&prompt)
+            .take_while(|(a, b)| a == b)
+            .count()
+            .min(prompt.len() - 1);
+        assert_eq!(warm.cached_tokens, expect, "turn {k}");
+        if k > 0 {
+            // Everything of the previous turns up to the reply's end-of-turn token.
+            assert!(
+                warm.cached_tokens + 8 > prev_kept.len(),
+                "turn {k}: {} of {}",
+                warm.cached_tokens,
+                prev_kept.len()
+            );
+        }
+        prev_kept = prompt;
+        prev_kept.extend(&wd.completion_ids[..wd.completion_ids.len() - 1]);
+        history.push(Message::new("assistant", &warm.text));
+    }
+}
+
+#[test]
+fn parallel_slots_serve_concurrent_requests_with_equal_outputs() {
+    let Some(d) = driver(0, 2) else { return };
+    let d = Arc::new(d);
+    let cases = e2e_cases();
+    let handles: Vec<_> = cases
+        .iter()
+        .take(2)
+        .cloned()
+        .map(|case| {
+            let d = Arc::clone(&d);
+            std::thread::spawn(move || {
+                let c = d
+                    .submit(GenerateRequest::chat(messages(&case)))
+                    .unwrap()
+                    .blocking_collect()
+                    .unwrap();
+                assert_eq!(c.text, case["text"].as_str().unwrap());
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+}
+
+#[test]
+fn a_dropped_stream_frees_its_slot() {
+    let Some(d) = driver(0, 1) else { return };
+    let case = &e2e_cases()[1];
+    let mut s = d.submit(GenerateRequest::chat(messages(case))).unwrap();
+    assert!(matches!(s.blocking_next(), Some(EngineEvent::Start { .. })));
+    assert!(matches!(s.blocking_next(), Some(EngineEvent::Text(_))));
+    drop(s);
+    // The single slot must come free for the next request.
+    let c = d
+        .submit(GenerateRequest::chat(messages(&e2e_cases()[0])))
+        .unwrap()
+        .blocking_collect()
+        .unwrap();
+    assert_eq!(c.text, e2e_cases()[0]["text"].as_str().unwrap());
+}
+
+#[test]
+fn context_overflow_names_both_numbers() {
+    let Some(d) = driver(0, 1) else { return };
+    let mut req = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+    req.max_tokens = Some(1_000_000);
+    let e = d.submit(req).unwrap_err();
+    let msg = e.to_string();
+    assert!(
+        msg.contains("1000000") && msg.contains("context window"),
+        "{msg}"
+    );
+}

@@ -1,0 +1,1 @@
+//! fak-gateway: fak's HTTP APIs over a fak-engine driver (in progress).
