@@ -14,14 +14,9 @@ fn fak() -> Command {
 }
 
 fn model_cached() -> bool {
-    if fak_model::catalog::cached("smollm2-135m-instruct").is_some() {
-        return true;
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
-        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: end-to-end test NOT RUN");
-        return false;
-    }
-    panic!("smollm2-135m-instruct is not cached; fetch it with: cargo run --release -p fak-cli -- model pull smollm2-135m-instruct");
+    fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"))
+        .is_some()
 }
 
 fn e2e() -> Value {

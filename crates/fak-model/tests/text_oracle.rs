@@ -6,26 +6,11 @@
 
 mod common;
 use common::testdata;
-use fak_model::{catalog, ChatTemplate, Message, Tokenizer};
+use fak_model::{ChatTemplate, Message, Tokenizer};
 use serde_json::Value;
-use std::path::PathBuf;
-
-/// The cached GGUF of catalog model `name`; fails with the fetch command when missing.
-fn gguf(name: &str) -> Option<PathBuf> {
-    if let Some(p) = catalog::cached(name) {
-        return Some(p);
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
-        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: {name} tokenizer test NOT RUN");
-        return None;
-    }
-    panic!(
-        "{name} is not cached; fetch it with: cargo run --release -p fak-cli -- model pull {name}"
-    );
-}
 
 fn tokenizer(name: &str) -> Option<(Tokenizer, fak_weights::GgufFile)> {
-    let path = gguf(name)?;
+    let path = common::real_model(name)?;
     let g = fak_weights::GgufFile::open(&path).unwrap();
     Some((Tokenizer::from_gguf(&g).unwrap(), g))
 }

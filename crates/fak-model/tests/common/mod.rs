@@ -29,9 +29,8 @@ pub fn oracle_files(name: &str) -> Vec<PathBuf> {
     v
 }
 
-/// Path of the real SmolLM2 GGUF: `$FAK_SMOLLM2_GGUF`, else the model cache. Fails with
-/// the fetch command when it is missing; `FAK_SKIP_REAL_MODEL=1` opts out locally (never
-/// in CI), returning `None` with a loud note.
+/// Path of the real SmolLM2 GGUF (`$FAK_SMOLLM2_GGUF`, else the model cache); fails with
+/// the fetch command when it is missing (see `catalog::require_cached`).
 pub fn smollm2_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         let p = PathBuf::from(p);
@@ -42,17 +41,12 @@ pub fn smollm2_path() -> Option<PathBuf> {
         );
         return Some(p);
     }
-    if let Some(p) = catalog::cached("smollm2-135m-instruct") {
-        return Some(p);
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
-        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: real-model test NOT RUN");
-        return None;
-    }
-    panic!(
-        "the real model smollm2-135m-instruct is not in the cache ({}).\nFetch it with: cargo run --release -p fak-cli -- model pull smollm2-135m-instruct",
-        catalog::cache_path(catalog::find("smollm2-135m-instruct").unwrap()).display()
-    );
+    real_model("smollm2-135m-instruct")
+}
+
+/// The cached file of catalog model `name`, or a failure naming the fetch command.
+pub fn real_model(name: &str) -> Option<PathBuf> {
+    catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// [`measure`], then asserts docs/design.md's bounds and prints the figures.
