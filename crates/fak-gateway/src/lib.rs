@@ -1,1 +1,328 @@
-//! fak-gateway: fak's HTTP APIs over a fak-engine driver (in progress).
+//! fak-gateway: fak's HTTP APIs over a fak-engine driver.
+//!
+//! One job: speak the wire formats clients already use, and hand each request to an
+//! [`EngineDriver`] (the in-kernel model, or the mock in tests).
+//!
+//! | route | API | notes |
+//! |---|---|---|
+//! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens` |
+//! | `POST /v1/completions` | OpenAI legacy completions | plain prompt, no template |
+//! | `POST /v1/messages` | Anthropic Messages | top-level `system`, text blocks, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
+//! | `GET /v1/models` | OpenAI models list | |
+//! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
+//! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth |
+//!
+//! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
+//! missing fields, out-of-range parameters and context overflow; 401 for a missing or
+//! wrong key (when one is set); 404 for an unknown model or route; 413 for a body over
+//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`.
+//!
+//! Inference never runs on the async threads: `submit` runs under `spawn_blocking` and
+//! the driver generates on its own threads, streaming events through a channel. When a
+//! client goes away, hyper drops the response body, which drops the event stream, which
+//! the driver sees as a closed channel: it stops within one token and frees its slot.
+//!
+//! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer); one middleware
+//! writes one `tracing` line per request (method, route, status, ms, tokens) and counts
+//! it for `/metrics`; another checks the bearer key on `/v1/*`.
+
+mod anthropic;
+pub mod error;
+pub mod metrics;
+mod openai;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use error::{ApiError, Flavor};
+use fak_engine::{EngineDriver, EngineError, EngineEvent, EventStream, GenerateRequest, Readiness};
+use metrics::Metrics;
+use serde_json::json;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+/// Gateway settings (the `fak serve` flags that are not the engine's).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// When set, `/v1/*` requires `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    /// `/health` and `/metrics` stay open.
+    pub api_key: Option<String>,
+    /// Largest request body, bytes; larger ones get 413.
+    pub max_body_bytes: usize,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        GatewayConfig {
+            api_key: None,
+            max_body_bytes: 8 << 20,
+        }
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    driver: Arc<dyn EngineDriver>,
+    metrics: Arc<Metrics>,
+    config: Arc<GatewayConfig>,
+}
+
+/// Token counts a handler attaches to its response for the request's log line.
+#[derive(Clone, Copy, Debug, Default)]
+struct UsageNote {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+    stream: bool,
+}
+
+/// The application: every route, the body limit, auth, logging and counting.
+pub fn router(driver: Arc<dyn EngineDriver>, config: GatewayConfig) -> Router {
+    let limit = config.max_body_bytes;
+    let state = AppState {
+        driver,
+        metrics: Arc::new(Metrics::default()),
+        config: Arc::new(config),
+    };
+    let api = Router::new()
+        .route("/v1/chat/completions", post(openai::chat_completions))
+        .route("/v1/completions", post(openai::completions))
+        .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/models", get(openai::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(api)
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves.
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "other".to_string(), |p| p.as_str().to_string());
+    let method = req.method().clone();
+    let t0 = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    s.metrics.count_request(&route, status);
+    let u = resp
+        .extensions()
+        .get::<UsageNote>()
+        .copied()
+        .unwrap_or_default();
+    tracing::info!(
+        target: "fak::http",
+        "{method} {route} {status} {:.1}ms prompt_tokens={} cached_tokens={} completion_tokens={}{}",
+        t0.elapsed().as_secs_f64() * 1e3,
+        u.prompt,
+        u.cached,
+        u.completion,
+        if u.stream { " (stream; completion counted at its end in /metrics)" } else { "" }
+    );
+    resp
+}
+
+async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    if let Some(key) = &s.config.api_key {
+        let h = req.headers();
+        let given = h
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
+        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
+            return ApiError::unauthorized()
+                .with_flavor(Flavor::of_path(req.uri().path()))
+                .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn not_found(req: Request) -> ApiError {
+    ApiError::not_found(format!("no route {} {}", req.method(), req.uri().path()))
+        .with_flavor(Flavor::of_path(req.uri().path()))
+}
+
+async fn health(State(s): State<AppState>) -> Response {
+    let models: Vec<String> = s.driver.models().into_iter().map(|m| m.id).collect();
+    match s.driver.readiness() {
+        Readiness::Ready => Json(json!({
+            "status": "ok", "engine": s.driver.id(), "models": models
+        }))
+        .into_response(),
+        Readiness::Loading => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "5")],
+            Json(json!({"status": "loading", "engine": s.driver.id()})),
+        )
+            .into_response(),
+        Readiness::Failed(m) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(json!({"status": "failed", "engine": s.driver.id(), "error": m})),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics_text(State(s): State<AppState>) -> Response {
+    let ready = s.driver.readiness() == Readiness::Ready;
+    let body = s.metrics.render(s.driver.stats(), ready);
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        body,
+    )
+        .into_response()
+}
+
+/// The body as JSON of type `T`, or a 400/413 in `flavor`'s shape.
+fn parse_body<T: serde::de::DeserializeOwned>(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    flavor: Flavor,
+) -> Result<T, ApiError> {
+    let bytes = body.map_err(|r| {
+        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(s.config.max_body_bytes)
+        } else {
+            ApiError::bad_request(format!("reading the body: {}", r.body_text()))
+        }
+        .with_flavor(flavor)
+    })?;
+    serde_json::from_slice(&bytes).map_err(|e| {
+        ApiError::bad_request(format!("invalid request body: {e}")).with_flavor(flavor)
+    })
+}
+
+/// A started generation: its counts from the `Start` event and the rest of its events.
+struct Started {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    events: EventStream,
+}
+
+/// Submits `req` (off the async threads) and waits for the `Start` event, so that any
+/// error before generation becomes a proper status.
+async fn start(s: &AppState, req: GenerateRequest, flavor: Flavor) -> Result<Started, ApiError> {
+    let driver = Arc::clone(&s.driver);
+    let submitted = tokio::task::spawn_blocking(move || driver.submit(req))
+        .await
+        .map_err(|e| ApiError::internal(format!("submit failed: {e}")).with_flavor(flavor))?;
+    let mut events = submitted.map_err(|e| ApiError::from(e).with_flavor(flavor))?;
+    match events.next().await {
+        Some(EngineEvent::Start {
+            prompt_tokens,
+            cached_tokens,
+        }) => Ok(Started {
+            prompt_tokens,
+            cached_tokens,
+            events,
+        }),
+        Some(EngineEvent::Error(e)) => Err(ApiError::from(e).with_flavor(flavor)),
+        _ => Err(
+            ApiError::internal("the engine ended the request before starting it")
+                .with_flavor(flavor),
+        ),
+    }
+}
+
+/// A whole generation, for the non-streaming responses.
+struct Finished {
+    prompt_tokens: usize,
+    cached_tokens: usize,
+    text: String,
+    done: fak_engine::Done,
+}
+
+async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, ApiError> {
+    let Started {
+        prompt_tokens,
+        cached_tokens,
+        events,
+    } = st;
+    let c = events
+        .collect()
+        .await
+        .map_err(|e: EngineError| ApiError::from(e).with_flavor(flavor))?;
+    let done = c
+        .done
+        .ok_or_else(|| ApiError::internal("no result").with_flavor(flavor))?;
+    s.metrics
+        .add_tokens(prompt_tokens, done.completion_tokens, cached_tokens);
+    Ok(Finished {
+        prompt_tokens,
+        cached_tokens,
+        text: c.text,
+        done,
+    })
+}
+
+/// Seconds since the Unix epoch (`created` fields).
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// A fresh id with `prefix` (`chatcmpl-`, `cmpl-`, `msg_`): time and a counter, unique
+/// within the process.
+fn new_id(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}{:x}{:06x}",
+        unix_now(),
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// `max_tokens`-style field: at least 1.
+fn positive(name: &str, v: i64, flavor: Flavor) -> Result<usize, ApiError> {
+    if v < 1 {
+        return Err(
+            ApiError::bad_request(format!("{name} must be at least 1 (got {v})"))
+                .with_flavor(flavor),
+        );
+    }
+    usize::try_from(v)
+        .map_err(|_| ApiError::bad_request(format!("{name} {v} is too large")).with_flavor(flavor))
+}
+
+/// A response with a usage note for the log line.
+fn with_note(mut r: Response, note: UsageNote) -> Response {
+    r.extensions_mut().insert(note);
+    r
+}

@@ -1,0 +1,144 @@
+//! Errors that render themselves as HTTP responses in the shape of the API asked.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use fak_engine::EngineError;
+use serde_json::json;
+
+/// Which API's error shape to use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavor {
+    /// OpenAI: `{"error": {"message", "type", "param", "code"}}`.
+    OpenAi,
+    /// Anthropic: `{"type": "error", "error": {"type", "message"}}`.
+    Anthropic,
+}
+
+impl Flavor {
+    /// The flavor of a request path: `/v1/messages` is Anthropic's, the rest OpenAI's.
+    pub fn of_path(path: &str) -> Self {
+        if path.starts_with("/v1/messages") {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        }
+    }
+}
+
+/// An error response: status, a type word, a message, and `Retry-After` for 429/503.
+///
+/// Type words (the same in both shapes): `invalid_request_error` (400),
+/// `authentication_error` (401), `not_found_error` (404), `request_too_large` (413),
+/// `rate_limit_error` (429), `api_error` (500), `overloaded_error` (503).
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The type word.
+    pub kind: &'static str,
+    /// What was wrong, for a person.
+    pub message: String,
+    /// The shape.
+    pub flavor: Flavor,
+    /// Seconds for `Retry-After`, when set.
+    pub retry_after_s: Option<u64>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            kind,
+            message: message.into(),
+            flavor: Flavor::OpenAi,
+            retry_after_s: None,
+        }
+    }
+
+    /// 400 `invalid_request_error`.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 401 `authentication_error`.
+    pub fn unauthorized() -> Self {
+        Self::new(
+            StatusCode::UNAUTHORIZED,
+            "authentication_error",
+            "missing or wrong API key (send `Authorization: Bearer KEY` or `x-api-key: KEY`)",
+        )
+    }
+
+    /// 404 `not_found_error`.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::NOT_FOUND, "not_found_error", message)
+    }
+
+    /// 413 `request_too_large`.
+    pub fn too_large(limit_bytes: usize) -> Self {
+        Self::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            format!("the request body is larger than the limit of {limit_bytes} bytes"),
+        )
+    }
+
+    /// 500 `api_error`.
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+    }
+
+    /// The same error in another shape.
+    pub fn with_flavor(mut self, flavor: Flavor) -> Self {
+        self.flavor = flavor;
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        match self.flavor {
+            Flavor::OpenAi => json!({"error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": null,
+                "code": null,
+            }}),
+            Flavor::Anthropic => json!({"type": "error", "error": {
+                "type": self.kind,
+                "message": self.message,
+            }}),
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        let msg = e.to_string();
+        match e {
+            EngineError::UnknownModel { .. } => ApiError::not_found(msg),
+            EngineError::InvalidRequest(_) | EngineError::ContextOverflow { .. } => {
+                ApiError::bad_request(msg)
+            }
+            EngineError::Overloaded { retry_after_s, .. } => ApiError {
+                retry_after_s: Some(retry_after_s.max(1)),
+                ..Self::new(StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", msg)
+            },
+            EngineError::NotReady(_) => ApiError {
+                retry_after_s: Some(5),
+                ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", msg)
+            },
+            EngineError::Internal(_) => ApiError::internal(msg),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, axum::Json(self.body())).into_response();
+        if let Some(s) = self.retry_after_s {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r
+    }
+}
