@@ -1,11 +1,12 @@
 //! `fak`: the command-line front of the fak crates. Wiring only: every piece of logic a
 //! library user would need lives in a library crate (fak-model's `catalog`, `Model`,
 //! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`,
-//! `prove`; fak-weights' readers). This crate parses arguments and prints.
+//! `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
 
 mod chat;
 mod inspect;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fak_model::catalog::{self, PullProgress, DEFAULT_MODEL};
@@ -38,6 +39,9 @@ enum Cmd {
     Run(run::RunArgs),
     /// An interactive conversation; the KV cache is kept between turns.
     Chat(chat::ChatArgs),
+    /// Serve OpenAI- and Anthropic-compatible HTTP APIs over an engine (default: the
+    /// model in this process, with KV reuse across requests).
+    Serve(serve::ServeArgs),
     /// Run the proof ladder (R1 vs HF oracles, R2a, R3 + controls, R14, windows) on a
     /// model and print a table; exits non-zero if any rung fails.
     Prove(ProveArgs),
@@ -139,6 +143,7 @@ fn main() -> ExitCode {
         Cmd::Model { command } => model_cmd(command),
         Cmd::Run(args) => run::run(args),
         Cmd::Chat(args) => chat::chat(args),
+        Cmd::Serve(args) => serve::serve(args),
         Cmd::Prove(args) => prove(args),
     };
     match result {

@@ -1,0 +1,126 @@
+//! `fak serve`: the HTTP APIs of fak-gateway over a fak-engine driver. Wiring only.
+
+use crate::{fail, parse_threads, resolve_or_pull, CliError};
+use fak_engine::{registry, EngineConfig, Readiness};
+use fak_gateway::{router, GatewayConfig};
+use fak_model::catalog::{self, DEFAULT_MODEL};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args)]
+pub(crate) struct ServeArgs {
+    /// A GGUF file, a safetensors folder, or a catalog name (fetched if not cached).
+    #[arg(long, default_value = DEFAULT_MODEL)]
+    model: String,
+    /// Address to bind (loopback by default; use 0.0.0.0 to serve the network, ideally
+    /// with --api-key-env).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to bind (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Engine driver id: inkernel (the model in this process) or mock (no model; tests).
+    #[arg(long, default_value = "inkernel")]
+    engine: String,
+    /// Requests generated at once (worker slots); more wait in a queue.
+    #[arg(long, default_value_t = 1, value_parser = parse_threads)]
+    parallel: usize,
+    /// Requests that may wait for a slot; beyond this, 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Memory budget of the KV reuse cache (recent conversations), MB; 0 disables reuse.
+    #[arg(long, default_value_t = 512)]
+    kv_budget_mb: usize,
+    /// Name of an environment variable holding an API key; when given, /v1/* requires
+    /// `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    #[arg(long)]
+    api_key_env: Option<String>,
+    /// Largest request body, MB; larger ones get 413.
+    #[arg(long, default_value_t = 8)]
+    max_body_mb: usize,
+    /// Threads for the matrix products (default: all cores).
+    #[arg(long, value_parser = parse_threads)]
+    threads: Option<usize>,
+}
+
+pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+    let spec = registry::find(&args.engine).ok_or_else(|| {
+        fail(format!(
+            "no engine '{}' (known: {})",
+            args.engine,
+            registry::ids().join(", ")
+        ))
+    })?;
+    let api_key = match &args.api_key_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Some(k),
+            _ => {
+                return Err(fail(format!(
+                    "--api-key-env {var}: the variable is unset or empty"
+                )))
+            }
+        },
+    };
+    let mut config = EngineConfig {
+        parallel: args.parallel,
+        max_queue: args.max_queue,
+        kv_budget_bytes: args.kv_budget_mb.saturating_mul(1 << 20),
+        threads: args.threads,
+        ..EngineConfig::default()
+    };
+    if spec.id == "inkernel" {
+        config.model_path = Some(resolve_or_pull(&args.model)?);
+        config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
+    }
+    let t0 = Instant::now();
+    let driver = (spec.build)(&config)?;
+    let gateway = GatewayConfig {
+        api_key,
+        max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
+    };
+    let app = router(std::sync::Arc::clone(&driver), gateway);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(format!("starting the runtime: {e}")))?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(|e| fail(format!("binding {}:{}: {e}", args.host, args.port)))?;
+        let addr = listener.local_addr()?;
+        // One line on stdout that scripts can wait for; the rest is logged on stderr.
+        crate::outln!("fak serve: listening on http://{addr} (engine {})", spec.id)?;
+        let d = std::sync::Arc::clone(&driver);
+        tokio::spawn(async move {
+            loop {
+                match d.readiness() {
+                    Readiness::Loading => tokio::time::sleep(Duration::from_millis(100)).await,
+                    Readiness::Ready => {
+                        let ids: Vec<String> = d.models().into_iter().map(|m| m.id).collect();
+                        tracing::info!(
+                            "ready in {:.1} s: serving {}",
+                            t0.elapsed().as_secs_f64(),
+                            ids.join(", ")
+                        );
+                        break;
+                    }
+                    Readiness::Failed(m) => {
+                        tracing::error!("the engine failed to load: {m}");
+                        break;
+                    }
+                }
+            }
+        });
+        fak_gateway::serve(listener, app, async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await
+        .map_err(|e| fail(format!("serving: {e}")))
+    })
+}

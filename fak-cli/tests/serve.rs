@@ -1,0 +1,206 @@
+//! `fak serve` through the binary: it binds, prints its address, answers, refuses bad
+//! flags; on the real model its greedy HTTP answer equals `fak run --format json` for
+//! the same message.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn fak() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fak"))
+}
+
+/// A `fak serve` child; killed on drop.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(args: &[&str]) -> Serve {
+    let mut child = fak()
+        .arg("serve")
+        .args(["--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Serve { child, addr }
+}
+
+/// One HTTP/1.1 request; returns (status, body). The server answers with a
+/// Content-Length body for JSON.
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+fn wait_ready(addr: &str) {
+    let t = Instant::now();
+    while http(addr, "GET", "/health", "").0 != 200 {
+        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn serve_with_the_mock_engine_answers() {
+    let s = serve(&["--engine", "mock"]);
+    wait_ready(&s.addr);
+    let (status, body) = http(
+        &s.addr,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"model": "mock", "messages": [{"role": "user", "content": "echo hi there"}]})
+            .to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "hi there");
+    let (status, _) = http(&s.addr, "GET", "/v1/models", "");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn serve_requires_the_api_key_it_was_given() {
+    let mut c = fak()
+        .args([
+            "serve",
+            "--engine",
+            "mock",
+            "--port",
+            "0",
+            "--api-key-env",
+            "FAK_TEST_KEY",
+        ])
+        .env("FAK_TEST_KEY", "k1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(c.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let s = Serve {
+        addr: line
+            .split("http://")
+            .nth(1)
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .into(),
+        child: c,
+    };
+    let (status, _) = http(&s.addr, "GET", "/v1/models", "");
+    assert_eq!(status, 401);
+}
+
+#[test]
+fn serve_refuses_bad_flags_in_one_line() {
+    let out = fak()
+        .args(["serve", "--engine", "nope", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("inkernel, mock"), "{err}");
+    let out = fak()
+        .args([
+            "serve",
+            "--engine",
+            "mock",
+            "--port",
+            "0",
+            "--api-key-env",
+            "FAK_SURELY_UNSET_VAR",
+        ])
+        .env_remove("FAK_SURELY_UNSET_VAR")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("FAK_SURELY_UNSET_VAR"));
+}
+
+#[test]
+fn greedy_http_answer_equals_fak_run_json() {
+    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
+    if cached.is_none() {
+        return;
+    }
+    let prompt = "What is the capital of France?";
+    let out = fak()
+        .args(["run", "--format", "json", prompt])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = serve(&["--kv-budget-mb", "64"]);
+    wait_ready(&s.addr);
+    let body = json!({"model": "smollm2-135m-instruct", "temperature": 0,
+        "messages": [{"role": "user", "content": prompt}]})
+    .to_string();
+    for turn in 0..2 {
+        let (status, resp) = http(&s.addr, "POST", "/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{resp}");
+        let v: Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(
+            v["choices"][0]["message"]["content"], run["text"],
+            "turn {turn}"
+        );
+        assert_eq!(
+            v["usage"]["prompt_tokens"].as_u64().unwrap() as usize,
+            run["prompt_ids"].as_array().unwrap().len()
+        );
+        assert_eq!(
+            v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+            run["completion_ids"].as_array().unwrap().len()
+        );
+        // The second, identical request reuses all but the prompt's last token.
+        let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap();
+        let expect = if turn == 0 {
+            0
+        } else {
+            run["prompt_ids"].as_array().unwrap().len() as u64 - 1
+        };
+        assert_eq!(cached, expect);
+    }
+}
