@@ -1,0 +1,182 @@
+"""Drive `fak serve` with the official `openai` and `anthropic` Python SDKs.
+
+Run by scripts/sdk-check (which starts the server); expects FAK_BASE (http://HOST:PORT)
+and FAK_SDK_KEY (the key the server was started with). Checks, on the real
+SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
+non-streaming and streaming chat (the streamed text concatenated equals the whole
+text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
+/v1/models, and the error cases (status and SDK exception class). Prints one
+`N passed, M failed` line and exits non-zero on any failure.
+"""
+
+import json
+import os
+import pathlib
+import sys
+
+import anthropic
+import openai
+
+BASE = os.environ["FAK_BASE"]
+KEY = os.environ["FAK_SDK_KEY"]
+MODEL = "smollm2-135m-instruct"
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CASE = json.loads((ROOT / "testdata/text/smollm2-135m-instruct/e2e.json").read_text())["cases"][0]
+MESSAGES = CASE["messages"]
+TEXT = CASE["text"]
+N_PROMPT = len(CASE["prompt_ids"])
+N_COMPLETION = len(CASE["completion_ids"])
+
+passed, failed = 0, 0
+
+
+def check(name, fn):
+    global passed, failed
+    try:
+        fn()
+        passed += 1
+        print(f"ok   {name}")
+    except Exception as e:  # noqa: BLE001 - report every failure and go on
+        failed += 1
+        print(f"FAIL {name}: {type(e).__name__}: {e}")
+
+
+def eq(a, b):
+    assert a == b, f"{a!r} != {b!r}"
+
+
+def raises(exc, status, fn, needle=None):
+    try:
+        fn()
+    except exc as e:
+        eq(e.status_code, status)
+        if needle is not None:
+            assert needle in str(e), f"{needle!r} not in {e}"
+        return
+    raise AssertionError(f"expected {exc.__name__}")
+
+
+oa = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
+an = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0)
+# This anthropic SDK has no `temperature` argument; the API field goes in the body.
+GREEDY = {"temperature": 0}
+
+
+def openai_chat():
+    r = oa.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
+    eq(r.choices[0].message.content, TEXT)
+    eq(r.choices[0].finish_reason, "stop")
+    eq(r.usage.prompt_tokens, N_PROMPT)
+    eq(r.usage.completion_tokens, N_COMPLETION)
+    eq(r.usage.total_tokens, N_PROMPT + N_COMPLETION)
+
+
+def openai_stream():
+    chunks = list(
+        oa.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    eq(text, TEXT)
+    eq(chunks[-1].usage.completion_tokens, N_COMPLETION)
+    eq(chunks[-1].usage.prompt_tokens, N_PROMPT)
+
+
+def openai_cached():
+    r = oa.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0)
+    eq(r.choices[0].message.content, TEXT)
+    # The same prompt again: all but its last token come from the KV cache.
+    eq(r.usage.prompt_tokens_details.cached_tokens, N_PROMPT - 1)
+
+
+def openai_models():
+    ids = [m.id for m in oa.models.list()]
+    assert MODEL in ids, ids
+
+
+def openai_errors():
+    raises(openai.NotFoundError, 404, lambda: oa.chat.completions.create(model="nope", messages=MESSAGES))
+    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=0))
+    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, n=2))
+    raises(
+        openai.BadRequestError,
+        400,
+        lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=1_000_000),
+        needle="1000000",
+    )
+    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=[]))
+    bad = openai.OpenAI(base_url=f"{BASE}/v1", api_key="wrong", max_retries=0)
+    raises(openai.AuthenticationError, 401, lambda: bad.models.list())
+
+
+def openai_completions():
+    r = oa.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=5, temperature=0)
+    assert r.choices[0].text, r
+    eq(r.usage.completion_tokens, 5)
+
+
+def anthropic_message():
+    r = an.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES, extra_body=GREEDY)
+    eq(r.content[0].text, TEXT)
+    eq(r.stop_reason, "end_turn")
+    eq(r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), N_PROMPT)
+    eq(r.usage.output_tokens, N_COMPLETION)
+
+
+def anthropic_stream():
+    with an.messages.stream(model=MODEL, max_tokens=64, messages=MESSAGES, extra_body=GREEDY) as s:
+        text = "".join(s.text_stream)
+        final = s.get_final_message()
+    eq(text, TEXT)
+    eq(final.stop_reason, "end_turn")
+    eq(final.usage.output_tokens, N_COMPLETION)
+
+
+def anthropic_system_and_stop():
+    r = an.messages.create(
+        model=MODEL,
+        max_tokens=64,
+        extra_body=GREEDY,
+        system="You are a helpful AI assistant named SmolLM, trained by Hugging Face",
+        messages=[{"role": "user", "content": [{"type": "text", "text": MESSAGES[0]["content"]}]}],
+        stop_sequences=[" Paris"],
+    )
+    eq(r.content[0].text, "The capital of France is")
+    eq(r.stop_reason, "stop_sequence")
+    eq(r.stop_sequence, " Paris")
+
+
+def anthropic_errors():
+    raises(anthropic.NotFoundError, 404, lambda: an.messages.create(model="nope", max_tokens=5, messages=MESSAGES))
+    raises(anthropic.BadRequestError, 400, lambda: an.messages.create(model=MODEL, max_tokens=0, messages=MESSAGES))
+    raises(
+        anthropic.BadRequestError,
+        400,
+        lambda: an.messages.create(model=MODEL, max_tokens=9000, messages=MESSAGES),
+        needle="9000",
+    )
+    bad = anthropic.Anthropic(base_url=BASE, api_key="wrong", max_retries=0)
+    raises(anthropic.AuthenticationError, 401, lambda: bad.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES))
+
+
+for name, fn in [
+    ("openai chat", openai_chat),
+    ("openai chat stream == whole text, usage", openai_stream),
+    ("openai cached_tokens on a repeat", openai_cached),
+    ("openai models.list", openai_models),
+    ("openai errors (404, 400 x4, 401)", openai_errors),
+    ("openai completions", openai_completions),
+    ("anthropic messages", anthropic_message),
+    ("anthropic stream == whole text", anthropic_stream),
+    ("anthropic system + stop_sequences", anthropic_system_and_stop),
+    ("anthropic errors (404, 400 x2, 401)", anthropic_errors),
+]:
+    check(name, fn)
+
+print(f"sdk: {passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
