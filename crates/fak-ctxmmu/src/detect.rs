@@ -91,6 +91,17 @@ impl InjectionDetector {
             r"\b(reply|respond|answer|say)\b[^.!?\n]{0,20}\bonly\b[^.!?\n]{0,20}\b(with|the word)\b".to_string(),
             r"(^|\n| )(system|assistant|admin)\s*(prompt|message|override)?\s*:\s*(you|ignore|new|from now|always|never|forget|disregard)\b".to_string(),
             r"\bimportant\b[^.!?\n]{0,20}\b(ai|assistant|model|llm|agent)s?\b[^.!?\n]{0,40}\b(must|should|need to|have to)\b".to_string(),
+            // Text that addresses the reading AI and then orders it about.
+            r"\b(if you are|if you're|for|attention|note to|hint for|message for|dear|to|calling all)\s+(an?\s+|any\s+|all\s+|the\s+)?(ai|llm|automated|language model|large language model|assistant|coding agent|agent|chatbot|copilot)s?\b[^\n]{0,160}?\b(must|should|shall|need to|have to|are required|is required|immediately|do not|don't|never|always|please)\b".to_string(),
+            r"\b(ai|llm|automated) (agents?|assistants?|models?|systems?)\b[^.!?\n]{0,80}\b(must|should|shall|are required to|are instructed to|need to)\b".to_string(),
+            // Claims that the model's instructions changed.
+            r"\b(previous|prior|earlier|original|existing|all|old|current)\b[^.!?\n]{0,30}\b(instructions|guidelines|guidance|rules|directives|policies)\b[^.!?\n]{0,30}\b(are|is|were|have been|has been)\b[^.!?\n]{0,20}\b(revoked|void|cancell?ed|obsolete|replaced|superseded|invalid|no longer|lifted|suspended)\b".to_string(),
+            r"\b(your|the assistant'?s|the model'?s)\s+(real|true|new|actual|updated|revised)\s+(instructions|task|objective|goal|orders)\b".to_string(),
+            r"\b(instruction|prompt|policy) override\b".to_string(),
+            format!(r"\bforget\b{g}\b(guidance|instructions|rules|everything|all of the above)\b"),
+            r"\b(never|do not|don'?t)\s+(reveal|mention|disclose|repeat)\s+(this|these)\s+(instructions?|messages?|notes?|requests?|hints?)\b".to_string(),
+            r"\b(do not|don'?t|never|without)\s+ask(ing)?\s+(the\s+user\s+)?for\s+(confirmation|permission|approval)\b".to_string(),
+            r"\bbefore (replying|responding|answering)\b[^.!?\n]{0,40}\b(do not|don'?t|never)\b|\b(do this|run this|execute this) before (replying|responding|answering)\b".to_string(),
         ];
         InjectionDetector {
             patterns: p
@@ -358,23 +369,20 @@ impl Detector for SecretDetector {
         for (what, re) in &self.patterns {
             for m in re.find_iter(raw) {
                 let v = m.as_str();
-                // A placeholder is not a secret: `password=${DB_PASSWORD}`, `changeme`, `****`.
-                let value = v
-                    .rsplit(['=', ':'])
-                    .next()
-                    .unwrap_or(v)
-                    .trim_matches(|c| c == '"' || c == '\'' || c == ' ');
-                let placeholder = value
-                    .chars()
-                    .all(|c| c == '*' || c == 'x' || c == 'X' || c == '.')
-                    || value.starts_with('<')
-                    || value.contains("example")
-                    || value.contains("your")
-                    || value.eq_ignore_ascii_case("changeme")
-                    || value.starts_with("os.")
-                    || value.starts_with("env")
-                    || value.starts_with("process.");
-                if *what == "password assignment" && placeholder {
+                // Judge the secret part only: a URL's password, not its host name.
+                let secret_part = if *what == "credentials in a URL" {
+                    v.split("://")
+                        .nth(1)
+                        .and_then(|r| r.split('@').next())
+                        .and_then(|u| u.split_once(':'))
+                        .map_or(v, |(_, p)| p)
+                } else {
+                    v
+                };
+                if placeholder(secret_part) {
+                    continue;
+                }
+                if *what == "password assignment" && !literal_secret(v) {
                     continue;
                 }
                 let shown: String = v.chars().take(12).collect();
@@ -387,6 +395,56 @@ impl Detector for SecretDetector {
         }
         None
     }
+}
+
+/// Whether a matched credential is a placeholder, not a value: `${DB_PASSWORD}`,
+/// `xoxb-your-token-here`, `<your key>`, `****`, `example`.
+fn placeholder(v: &str) -> bool {
+    let l = v.to_ascii_lowercase();
+    [
+        "${",
+        "{{",
+        "<",
+        "your",
+        "example",
+        "placeholder",
+        "here",
+        "xxxx",
+        "****",
+        "changeme",
+        "dummy",
+        "redacted",
+    ]
+    .iter()
+    .any(|p| l.contains(p))
+}
+
+/// Whether the value of a `password = value` match looks like a literal secret rather
+/// than code or configuration plumbing: quoted, or holding both letters and digits,
+/// and not an identifier path (`env::var(`, `var.db_password`, `string;`) or a file path.
+fn literal_secret(m: &str) -> bool {
+    let Some(at) = m.find(['=', ':']) else {
+        return false;
+    };
+    let rest = m[at + 1..].trim_start_matches([' ', '=', ':']);
+    let quoted = rest.starts_with(['"', '\'']);
+    let value = rest.trim_matches(|c| c == '"' || c == '\'');
+    if value.starts_with('/') || value.starts_with("http") {
+        return false;
+    }
+    let identifier = value
+        .split(['.', ':', '(', '[', ';', ','])
+        .all(|part| part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        && value
+            .chars()
+            .any(|c| matches!(c, '.' | ':' | '(' | ';' | ','));
+    let plain_word = value.chars().all(|c| c.is_ascii_alphabetic() || c == '_');
+    if identifier || (plain_word && !quoted) {
+        return false;
+    }
+    quoted
+        || (value.chars().any(|c| c.is_ascii_digit())
+            && value.chars().any(|c| c.is_ascii_alphabetic()))
 }
 
 /// The detectors `Screen` uses by default, in the order they are consulted.

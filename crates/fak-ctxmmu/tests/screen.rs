@@ -104,6 +104,10 @@ fn forged_control_tokens_and_secrets_are_quarantined() {
         "API_KEY=<your key here>",
         "def validate_password(password: str) -> bool:\n    return len(password) >= 12",
         "commit 3f2a9c1e8b7d6a5f4e3d2c1b0a9f8e7d6c5b4a39",
+        "pub struct Config { pub api_key: String, pub access_token: Option<String> }",
+        "PWD=/home/sam/src",
+        "url: postgres://app:${POSTGRES_PASSWORD}@db:5432/app",
+        "SLACK_BOT_TOKEN=xoxb-your-token-here",
     ] {
         assert_eq!(s.inspect(text), None, "{text:?}");
     }
