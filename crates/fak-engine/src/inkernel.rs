@@ -269,6 +269,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
                 finish_reason: out.finish_reason,
                 stop_sequence,
                 ttft_s: out.ttft_s,
+                decode_s: out.decode_s,
             }));
         }
         Err(e) => {

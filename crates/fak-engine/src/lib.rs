@@ -86,6 +86,8 @@ pub struct Done {
     pub stop_sequence: Option<String>,
     /// Seconds from the start of this request's prefill to the first generated token.
     pub ttft_s: f64,
+    /// Seconds of the decode steps after the first token (0 for a one-token reply).
+    pub decode_s: f64,
 }
 
 /// One event of a generation, in order: `Start`, any number of `Text`, then exactly one

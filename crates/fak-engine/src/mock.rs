@@ -219,6 +219,7 @@ impl EngineDriver for MockDriver {
                 finish_reason: finish,
                 stop_sequence,
                 ttft_s: 0.0,
+                decode_s: 0.0,
             }));
         });
         Ok(stream)

@@ -10,7 +10,7 @@
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, text blocks, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
-//! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth |
+//! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms |
 //!
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
@@ -283,6 +283,8 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         .ok_or_else(|| ApiError::internal("no result").with_flavor(flavor))?;
     s.metrics
         .add_tokens(prompt_tokens, done.completion_tokens, cached_tokens);
+    s.metrics
+        .observe_latency(done.ttft_s, done.decode_s, done.completion_tokens);
     Ok(Finished {
         prompt_tokens,
         cached_tokens,

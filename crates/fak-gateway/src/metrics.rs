@@ -6,6 +6,44 @@ use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
+/// Upper bounds (seconds) of the latency histograms' buckets.
+pub const BUCKETS_S: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+];
+
+/// A Prometheus histogram over [`BUCKETS_S`] (counts per bucket, sum, count).
+#[derive(Debug, Default)]
+struct Histogram {
+    counts: Vec<u64>,
+    sum: f64,
+    n: u64,
+}
+
+impl Histogram {
+    fn observe(&mut self, v: f64) {
+        if self.counts.is_empty() {
+            self.counts = vec![0; BUCKETS_S.len()];
+        }
+        for (c, &le) in self.counts.iter_mut().zip(BUCKETS_S) {
+            if v <= le {
+                *c += 1;
+            }
+        }
+        self.sum += v;
+        self.n += 1;
+    }
+
+    fn render(&self, s: &mut String, name: &str, help: &str) {
+        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (i, le) in BUCKETS_S.iter().enumerate() {
+            let c = self.counts.get(i).copied().unwrap_or(0);
+            let _ = writeln!(s, "{name}_bucket{{le=\"{le}\"}} {c}");
+        }
+        let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", self.n);
+        let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", self.sum, self.n);
+    }
+}
+
 /// Request and token counters, shared by every handler.
 #[derive(Debug, Default)]
 pub struct Metrics {
@@ -13,6 +51,8 @@ pub struct Metrics {
     prompt_tokens: AtomicU64,
     completion_tokens: AtomicU64,
     cached_tokens: AtomicU64,
+    ttft: Mutex<Histogram>,
+    per_token: Mutex<Histogram>,
 }
 
 impl Metrics {
@@ -33,9 +73,26 @@ impl Metrics {
             .fetch_add(cached as u64, Ordering::Relaxed);
     }
 
+    /// Records one generation's latencies: time to first token, and the mean time of
+    /// each later token (`decode_s / (completion_tokens - 1)`, when there are any).
+    pub fn observe_latency(&self, ttft_s: f64, decode_s: f64, completion_tokens: usize) {
+        self.ttft
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .observe(ttft_s);
+        if completion_tokens > 1 {
+            self.per_token
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .observe(decode_s / (completion_tokens - 1) as f64);
+        }
+    }
+
     /// The exposition text: `fak_requests_total{route,status}`, the token counters,
     /// and the engine's gauges (`fak_queue_depth`, `fak_active_generations`,
-    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`).
+    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`), and the
+    /// histograms `fak_time_to_first_token_seconds` and
+    /// `fak_time_per_output_token_seconds`.
     pub fn render(&self, stats: EngineStats, ready: bool) -> String {
         let mut s = String::new();
         s.push_str("# HELP fak_requests_total HTTP requests by route and status.\n");
@@ -103,6 +160,19 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
+        self.ttft.lock().unwrap_or_else(|p| p.into_inner()).render(
+            &mut s,
+            "fak_time_to_first_token_seconds",
+            "Seconds from the start of a request's prefill to its first token.",
+        );
+        self.per_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .render(
+                &mut s,
+                "fak_time_per_output_token_seconds",
+                "Mean seconds per generated token after the first, per request.",
+            );
         s
     }
 }

@@ -344,6 +344,10 @@ where
                             d.completion_tokens,
                             state.st.cached_tokens,
                         );
+                        state
+                            .s
+                            .metrics
+                            .observe_latency(d.ttft_s, d.decode_s, d.completion_tokens);
                         state.ended = true;
                     }
                     EngineEvent::Error(_) => state.ended = true,

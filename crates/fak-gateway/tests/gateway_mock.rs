@@ -229,6 +229,9 @@ fn models_health_and_metrics() {
         "fak_cached_tokens_total 0",
         "fak_queue_depth 0",
         "fak_engine_ready 1",
+        "fak_time_to_first_token_seconds_bucket{le=\"0.001\"} 1",
+        "fak_time_to_first_token_seconds_count 1",
+        "fak_time_per_output_token_seconds_count 1",
     ] {
         assert!(m.body.contains(needle), "missing {needle} in\n{}", m.body);
     }
