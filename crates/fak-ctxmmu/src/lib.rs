@@ -29,7 +29,10 @@ mod screen;
 mod store;
 
 pub use audit::{AuditLog, AuditRecord};
-pub use detect::{default_detectors, Detector, Finding, Reason};
+pub use detect::{
+    default_detectors, ControlTokenDetector, Detector, Finding, InjectionDetector, Reason,
+    SecretDetector,
+};
 pub use normalize::{normalize, squash, Normalized};
 pub use screen::{Screen, ScreenConfig, ToolResult, Verdict};
 pub use store::{PageStore, StoreError, StoredItem, StoredKind};

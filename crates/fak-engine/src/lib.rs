@@ -23,6 +23,7 @@
 
 pub mod inkernel;
 pub mod mock;
+pub mod policy;
 pub mod prefix;
 pub mod registry;
 

@@ -1,0 +1,380 @@
+//! The tool-call policy: a default-deny manifest every proposed tool call is checked
+//! against before a client may act on it.
+//!
+//! Manifest (JSON, `"version": "fak-policy/1"`):
+//!
+//! ```json
+//! {
+//!   "version": "fak-policy/1",
+//!   "posture": "fail_closed",
+//!   "allow": ["get_weather"],
+//!   "allow_prefix": ["read_", "search"],
+//!   "deny": {"delete_all": "POLICY_BLOCK", "edit_policy": "SELF_MODIFY"},
+//!   "args": {"http_get": {"url": {"type": "string", "pattern": "^https://", "max_len": 2048, "required": true}}},
+//!   "rate_limit": {"calls": 20, "window_s": 60}
+//! }
+//! ```
+//!
+//! Order of decision: malformed arguments (not a JSON object) → `MALFORMED`; an explicit
+//! `deny` entry → its reason; not in `allow` / `allow_prefix` → `DEFAULT_DENY`; an
+//! argument rule broken → `MALFORMED`; a credential in the arguments → `SECRET_EXFIL`;
+//! over the per-conversation rate → `RATE_LIMITED`; else allowed. Unknown keys, unknown
+//! reasons, an unknown version or posture are load errors: a manifest is never half
+//! understood.
+
+use fak_ctxmmu::{normalize, Detector};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// The manifest version this code reads.
+pub const POLICY_VERSION: &str = "fak-policy/1";
+
+/// Why a call was denied: a closed vocabulary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum DenyReason {
+    /// Forbidden by the manifest.
+    PolicyBlock,
+    /// The call would modify the agent's own configuration or policy.
+    SelfModify,
+    /// The arguments carry a credential out.
+    SecretExfil,
+    /// The tool is unknown to the manifest (deny entries may use it explicitly).
+    UnknownTool,
+    /// The arguments are not a JSON object or break an argument rule.
+    Malformed,
+    /// Too many calls in this conversation's window.
+    RateLimited,
+    /// Not allowed by any rule: the default.
+    DefaultDeny,
+}
+
+impl DenyReason {
+    /// The wire name (`POLICY_BLOCK`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DenyReason::PolicyBlock => "POLICY_BLOCK",
+            DenyReason::SelfModify => "SELF_MODIFY",
+            DenyReason::SecretExfil => "SECRET_EXFIL",
+            DenyReason::UnknownTool => "UNKNOWN_TOOL",
+            DenyReason::Malformed => "MALFORMED",
+            DenyReason::RateLimited => "RATE_LIMITED",
+            DenyReason::DefaultDeny => "DEFAULT_DENY",
+        }
+    }
+}
+
+/// A rule for one argument.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ArgRule {
+    /// JSON type: `string`, `number`, `integer`, `boolean`, `object`, `array`.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// A regex a string value must match.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pattern: Option<String>,
+    /// Most characters of a string value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_len: Option<usize>,
+    /// The allowed values.
+    #[serde(rename = "enum", default, skip_serializing_if = "Option::is_none")]
+    pub one_of: Option<Vec<serde_json::Value>>,
+    /// Whether the argument must be present.
+    #[serde(default)]
+    pub required: bool,
+}
+
+/// Calls allowed per conversation per window.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    /// Calls allowed in a window.
+    pub calls: usize,
+    /// Window length in seconds.
+    pub window_s: u64,
+}
+
+/// The manifest as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    /// Must be [`POLICY_VERSION`].
+    pub version: String,
+    /// Must be `fail_closed`.
+    #[serde(default = "fail_closed")]
+    pub posture: String,
+    /// Tool names allowed exactly.
+    #[serde(default)]
+    pub allow: Vec<String>,
+    /// Tool name prefixes allowed.
+    #[serde(default)]
+    pub allow_prefix: Vec<String>,
+    /// Tool names denied, with the reason.
+    #[serde(default)]
+    pub deny: BTreeMap<String, DenyReason>,
+    /// Argument rules per tool.
+    #[serde(default)]
+    pub args: BTreeMap<String, BTreeMap<String, ArgRule>>,
+    /// Per-conversation rate limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+fn fail_closed() -> String {
+    "fail_closed".into()
+}
+
+/// Errors loading a manifest.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// Not valid JSON, an unknown key or reason, a wrong type (serde's message).
+    #[error("policy manifest: {0}")]
+    Parse(String),
+    /// A value is out of its vocabulary or range.
+    #[error("policy manifest: {0}")]
+    Invalid(String),
+}
+
+/// A tool call the model proposed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ToolCall {
+    /// Tool name.
+    pub name: String,
+    /// Arguments as the JSON text the model wrote.
+    pub arguments: String,
+}
+
+/// The decision on one call.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CallVerdict {
+    /// Whether the client may act on it.
+    pub allowed: bool,
+    /// Why not.
+    pub reason: Option<DenyReason>,
+    /// A human-readable detail (which rule, which argument).
+    pub detail: String,
+}
+
+impl CallVerdict {
+    fn allow(detail: impl Into<String>) -> Self {
+        CallVerdict {
+            allowed: true,
+            reason: None,
+            detail: detail.into(),
+        }
+    }
+    fn deny(reason: DenyReason, detail: impl Into<String>) -> Self {
+        CallVerdict {
+            allowed: false,
+            reason: Some(reason),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A loaded, validated policy plus its per-conversation call history.
+pub struct Policy {
+    manifest: Manifest,
+    patterns: HashMap<(String, String), Regex>,
+    history: HashMap<String, VecDeque<Instant>>,
+    secrets: fak_ctxmmu::SecretDetector,
+}
+
+impl Policy {
+    /// The built-in default: allows only read-shaped tool names (`get_`, `list_`,
+    /// `read_`, `search`, `lookup_`), nothing irreversible; 60 calls a minute.
+    pub fn default_manifest() -> Manifest {
+        Manifest {
+            version: POLICY_VERSION.into(),
+            posture: fail_closed(),
+            allow: Vec::new(),
+            allow_prefix: ["get_", "list_", "read_", "search", "lookup_"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            deny: BTreeMap::new(),
+            args: BTreeMap::new(),
+            rate_limit: Some(RateLimit {
+                calls: 60,
+                window_s: 60,
+            }),
+        }
+    }
+
+    /// Parses and validates a manifest.
+    ///
+    /// # Errors
+    /// [`PolicyError`] naming the key or value at fault.
+    pub fn from_json(text: &str) -> Result<Self, PolicyError> {
+        let m: Manifest =
+            serde_json::from_str(text).map_err(|e| PolicyError::Parse(e.to_string()))?;
+        Self::new(m)
+    }
+
+    /// Validates a manifest.
+    ///
+    /// # Errors
+    /// [`PolicyError::Invalid`] for an unknown version or posture, a bad regex, an
+    /// unknown argument type, a zero rate limit.
+    pub fn new(m: Manifest) -> Result<Self, PolicyError> {
+        if m.version != POLICY_VERSION {
+            return Err(PolicyError::Invalid(format!(
+                "version '{}' (this fak reads '{POLICY_VERSION}')",
+                m.version
+            )));
+        }
+        if m.posture != "fail_closed" {
+            return Err(PolicyError::Invalid(format!(
+                "posture '{}' (only fail_closed exists)",
+                m.posture
+            )));
+        }
+        if let Some(r) = &m.rate_limit {
+            if r.calls == 0 || r.window_s == 0 {
+                return Err(PolicyError::Invalid(
+                    "rate_limit needs calls >= 1 and window_s >= 1".into(),
+                ));
+            }
+        }
+        let mut patterns = HashMap::new();
+        for (tool, rules) in &m.args {
+            for (arg, rule) in rules {
+                if let Some(k) = &rule.kind {
+                    if !["string", "number", "integer", "boolean", "object", "array"]
+                        .contains(&k.as_str())
+                    {
+                        return Err(PolicyError::Invalid(format!(
+                            "args.{tool}.{arg}.type '{k}'"
+                        )));
+                    }
+                }
+                if let Some(p) = &rule.pattern {
+                    let re = Regex::new(p).map_err(|e| {
+                        PolicyError::Invalid(format!("args.{tool}.{arg}.pattern: {e}"))
+                    })?;
+                    patterns.insert((tool.clone(), arg.clone()), re);
+                }
+            }
+        }
+        Ok(Policy {
+            manifest: m,
+            patterns,
+            history: HashMap::new(),
+            secrets: fak_ctxmmu::SecretDetector::new(),
+        })
+    }
+
+    /// The manifest in force.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Decides one call for `conversation` (see the module docs for the order). An
+    /// allowed call counts against the conversation's rate limit.
+    pub fn adjudicate(&mut self, conversation: &str, call: &ToolCall) -> CallVerdict {
+        let m = &self.manifest;
+        let args: serde_json::Value =
+            match serde_json::from_str(if call.arguments.trim().is_empty() {
+                "{}"
+            } else {
+                &call.arguments
+            }) {
+                Ok(v @ serde_json::Value::Object(_)) => v,
+                Ok(_) => {
+                    return CallVerdict::deny(
+                        DenyReason::Malformed,
+                        "arguments are not a JSON object",
+                    )
+                }
+                Err(e) => {
+                    return CallVerdict::deny(
+                        DenyReason::Malformed,
+                        format!("arguments are not JSON: {e}"),
+                    )
+                }
+            };
+        if let Some(r) = m.deny.get(&call.name) {
+            return CallVerdict::deny(*r, format!("'{}' is denied by the manifest", call.name));
+        }
+        let allowed = m.allow.contains(&call.name)
+            || m.allow_prefix
+                .iter()
+                .any(|p| call.name.starts_with(p.as_str()));
+        if !allowed {
+            return CallVerdict::deny(
+                DenyReason::DefaultDeny,
+                format!("no rule allows '{}'", call.name),
+            );
+        }
+        if let Some(rules) = m.args.get(&call.name) {
+            for (arg, rule) in rules {
+                let v = args.get(arg);
+                let bad = |why: String| {
+                    CallVerdict::deny(DenyReason::Malformed, format!("argument '{arg}': {why}"))
+                };
+                let Some(v) = v else {
+                    if rule.required {
+                        return bad("required but absent".into());
+                    }
+                    continue;
+                };
+                if let Some(k) = &rule.kind {
+                    let ok = match k.as_str() {
+                        "string" => v.is_string(),
+                        "number" => v.is_number(),
+                        "integer" => v.is_i64() || v.is_u64(),
+                        "boolean" => v.is_boolean(),
+                        "object" => v.is_object(),
+                        _ => v.is_array(),
+                    };
+                    if !ok {
+                        return bad(format!("not a {k}"));
+                    }
+                }
+                if let Some(s) = v.as_str() {
+                    if rule.max_len.is_some_and(|n| s.chars().count() > n) {
+                        return bad(format!(
+                            "longer than {} characters",
+                            rule.max_len.unwrap_or(0)
+                        ));
+                    }
+                    if let Some(re) = self.patterns.get(&(call.name.clone(), arg.clone())) {
+                        if !re.is_match(s) {
+                            return bad(format!("does not match {}", re.as_str()));
+                        }
+                    }
+                }
+                if let Some(set) = &rule.one_of {
+                    if !set.contains(v) {
+                        return bad("not one of the allowed values".into());
+                    }
+                }
+            }
+        }
+        let text = args.to_string();
+        if let Some(f) = self.secrets.inspect(&text, &normalize(&text)) {
+            return CallVerdict::deny(DenyReason::SecretExfil, f.detail);
+        }
+        if let Some(r) = m.rate_limit.clone() {
+            let now = Instant::now();
+            let h = self.history.entry(conversation.to_string()).or_default();
+            while h
+                .front()
+                .is_some_and(|t| now.duration_since(*t) > Duration::from_secs(r.window_s))
+            {
+                h.pop_front();
+            }
+            if h.len() >= r.calls {
+                return CallVerdict::deny(
+                    DenyReason::RateLimited,
+                    format!("{} calls in {} s", r.calls, r.window_s),
+                );
+            }
+            h.push_back(now);
+        }
+        CallVerdict::allow("allowed")
+    }
+}
