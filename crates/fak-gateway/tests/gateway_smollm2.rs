@@ -165,3 +165,61 @@ fn a_scripted_conversation_reuses_the_previous_turns_and_equals_cold_output() {
     );
     assert!(u["input_tokens"].as_u64().unwrap() > 0, "{u}");
 }
+
+/// Several clients at once on two worker slots: every answer equals its single-client
+/// (HF) answer, nothing fails, and /health answers promptly meanwhile.
+#[test]
+fn concurrent_clients_get_their_single_client_answers() {
+    let Some((path, m)) = model() else { return };
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        parallel: 2,
+        kv_budget_bytes: 64 << 20,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
+    let srv = start(Arc::new(d), GatewayConfig::default());
+    let addr = srv.addr;
+    let cases = e2e_cases();
+    let clients: Vec<_> = (0..4)
+        .map(|c| {
+            let cases = cases.clone();
+            std::thread::spawn(move || {
+                for i in 0..2 {
+                    let case = &cases[(c + i) % 2];
+                    let mut body =
+                        json!({"model": ID, "temperature": 0, "messages": case["messages"]});
+                    let stream = (c + i) % 2 == 1;
+                    body["stream"] = json!(stream);
+                    let r = post(addr, "/v1/chat/completions", &body);
+                    assert_eq!(r.status, 200, "{}", r.body);
+                    let text = if stream {
+                        streamed_text(&r)
+                    } else {
+                        chat_text(&r.json())
+                    };
+                    assert_eq!(
+                        text,
+                        case["text"].as_str().unwrap(),
+                        "client {c} request {i}"
+                    );
+                }
+            })
+        })
+        .collect();
+    let mut worst = std::time::Duration::ZERO;
+    while clients.iter().any(|c| !c.is_finished()) {
+        let t = std::time::Instant::now();
+        assert_eq!(common::get(addr, "/health").status, 200);
+        worst = worst.max(t.elapsed());
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for c in clients {
+        c.join().unwrap();
+    }
+    eprintln!(
+        "slowest /health under load: {:.1} ms",
+        worst.as_secs_f64() * 1e3
+    );
+    assert!(worst < std::time::Duration::from_millis(500), "{worst:?}");
+}
