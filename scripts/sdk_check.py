@@ -110,6 +110,8 @@ def openai_errors():
         needle="1000000",
     )
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=[]))
+    huge = [{"role": "user", "content": "x" * (9 << 20)}]  # over the 8 MB default limit
+    raises(openai.APIStatusError, 413, lambda: oa.chat.completions.create(model=MODEL, messages=huge))
     bad = openai.OpenAI(base_url=f"{BASE}/v1", api_key="wrong", max_retries=0)
     raises(openai.AuthenticationError, 401, lambda: bad.models.list())
 
@@ -169,7 +171,7 @@ for name, fn in [
     ("openai chat stream == whole text, usage", openai_stream),
     ("openai cached_tokens on a repeat", openai_cached),
     ("openai models.list", openai_models),
-    ("openai errors (404, 400 x4, 401)", openai_errors),
+    ("openai errors (404, 400 x4, 413, 401)", openai_errors),
     ("openai completions", openai_completions),
     ("anthropic messages", anthropic_message),
     ("anthropic stream == whole text", anthropic_stream),

@@ -383,7 +383,8 @@ impl EngineDriver for InKernelDriver {
         let (sink, stream) = event_channel();
         {
             let mut q = lock(&self.shared.queue);
-            if q.len() >= self.shared.config.max_queue {
+            // A request waits here even when a slot is idle, so at least one may.
+            if q.len() >= self.shared.config.max_queue.max(1) {
                 return Err(EngineError::Overloaded {
                     queued: q.len(),
                     retry_after_s: 1,

@@ -309,7 +309,7 @@ pub struct EngineConfig {
     /// Worker slots generating at once (at least 1).
     pub parallel: usize,
     /// Requests that may wait for a slot before new ones get
-    /// [`EngineError::Overloaded`].
+    /// [`EngineError::Overloaded`] (taken as at least 1).
     pub max_queue: usize,
     /// Memory budget of the KV reuse cache, bytes (0 disables reuse).
     pub kv_budget_bytes: usize,

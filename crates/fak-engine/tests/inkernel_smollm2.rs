@@ -235,3 +235,32 @@ fn context_overflow_names_both_numbers() {
         "{msg}"
     );
 }
+
+#[test]
+fn a_full_queue_is_overloaded_and_frees_up() {
+    let Some((path, m)) = model() else { return };
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        parallel: 1,
+        max_queue: 1,
+        kv_budget_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, "smollm2-135m-instruct", cfg);
+    let req = GenerateRequest::chat(messages(&e2e_cases()[1]));
+    let mut busy = d.submit(req.clone()).unwrap();
+    assert!(matches!(
+        busy.blocking_next(),
+        Some(EngineEvent::Start { .. })
+    ));
+    let waiting = d.submit(req.clone()).unwrap();
+    assert_eq!(d.stats().queue_depth, 1);
+    assert!(matches!(
+        d.submit(req.clone()),
+        Err(fak_engine::EngineError::Overloaded { queued: 1, .. })
+    ));
+    drop(busy);
+    let c = waiting.blocking_collect().unwrap();
+    assert_eq!(c.text, e2e_cases()[1]["text"].as_str().unwrap());
+    assert!(d.submit(req).is_ok());
+}

@@ -568,3 +568,38 @@ fn clients_that_hang_up_mid_stream_leave_the_server_serving() {
     assert_eq!(r.status, 200);
     assert_eq!(get(srv.addr, "/health").status, 200);
 }
+
+#[test]
+fn a_client_that_hangs_up_on_a_non_streaming_request_cancels_it() {
+    let mock = Arc::new(MockDriver::new().with_delay(Duration::from_millis(2)));
+    let srv = start(
+        Arc::clone(&mock) as Arc<dyn EngineDriver>,
+        GatewayConfig::default(),
+    );
+    let s = {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect(srv.addr).unwrap();
+        let body = chat("count 100000").to_string();
+        write!(
+            s,
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        s
+    };
+    let t = Instant::now();
+    while mock.stats().active == 0 {
+        assert!(t.elapsed() < Duration::from_secs(5));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    drop(s);
+    let t = Instant::now();
+    while mock.stats().active > 0 {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "generation not cancelled"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
