@@ -5,6 +5,7 @@
 
 mod chat;
 mod inspect;
+mod kernel;
 mod run;
 mod serve;
 
@@ -45,6 +46,18 @@ enum Cmd {
     /// Run the proof ladder (R1 vs HF oracles, R2a, R3 + controls, R14, windows) on a
     /// model and print a table; exits non-zero if any rung fails.
     Prove(ProveArgs),
+    /// The tool-call policy: dump the default manifest, check a manifest file.
+    Policy {
+        #[command(subcommand)]
+        command: kernel::PolicyCmd,
+    },
+    /// Adjudicate one tool call against a policy and print the verdict and reason.
+    Preflight(kernel::PreflightArgs),
+    /// Quarantined and paged-out tool results: list, show, clear.
+    Quarantine {
+        #[command(subcommand)]
+        command: kernel::QuarantineCmd,
+    },
 }
 
 #[derive(clap::Args)]
@@ -145,6 +158,9 @@ fn main() -> ExitCode {
         Cmd::Chat(args) => chat::chat(args),
         Cmd::Serve(args) => serve::serve(args),
         Cmd::Prove(args) => prove(args),
+        Cmd::Policy { command } => kernel::policy(command),
+        Cmd::Preflight(args) => kernel::preflight(args),
+        Cmd::Quarantine { command } => kernel::quarantine(command),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

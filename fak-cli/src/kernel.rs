@@ -1,0 +1,145 @@
+//! `fak policy`, `fak preflight` and `fak quarantine`: the kernel boundary from the shell.
+
+use crate::{fail, outln, CliError};
+use fak_ctxmmu::{PageStore, StoredKind};
+use fak_engine::policy::{Policy, ToolCall};
+use fak_model::catalog;
+use std::path::{Path, PathBuf};
+
+#[derive(clap::Subcommand)]
+pub(crate) enum PolicyCmd {
+    /// Print the built-in default manifest (allows only read-shaped tools).
+    Dump,
+    /// Load a manifest and say whether it is valid (exit 1 with the reason if not).
+    Check {
+        /// The manifest file (JSON, "version": "fak-policy/1").
+        file: PathBuf,
+    },
+}
+
+#[derive(clap::Args)]
+pub(crate) struct PreflightArgs {
+    /// Tool name the model would call.
+    #[arg(long)]
+    tool: String,
+    /// Its arguments, as JSON text.
+    #[arg(long, default_value = "{}")]
+    args: String,
+    /// A manifest (default: the built-in one).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+}
+
+#[derive(clap::Subcommand)]
+pub(crate) enum QuarantineCmd {
+    /// List quarantined and paged-out results.
+    List,
+    /// Show one item's record (the content only once cleared).
+    Show {
+        /// Item id (`q3`, `p1`).
+        id: String,
+    },
+    /// Clear a quarantined item so it can be read (an operator decision).
+    Clear {
+        /// Item id.
+        id: String,
+    },
+}
+
+/// The quarantine store folder: `$FAK_HOME/quarantine`.
+pub(crate) fn store_dir() -> PathBuf {
+    catalog::fak_home().join("quarantine")
+}
+
+fn load_policy(file: &Path) -> Result<Policy, CliError> {
+    let text =
+        std::fs::read_to_string(file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
+    Policy::from_json(&text).map_err(|e| fail(format!("{}: {e}", file.display())))
+}
+
+pub(crate) fn policy(cmd: PolicyCmd) -> Result<(), CliError> {
+    match cmd {
+        PolicyCmd::Dump => outln!(
+            "{}",
+            serde_json::to_string_pretty(&Policy::default_manifest())?
+        )?,
+        PolicyCmd::Check { file } => {
+            let p = load_policy(&file)?;
+            let m = p.manifest();
+            outln!(
+                "{}: valid ({} allowed, {} prefixes, {} denied, {} tools with argument rules)",
+                file.display(),
+                m.allow.len(),
+                m.allow_prefix.len(),
+                m.deny.len(),
+                m.args.len()
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn preflight(a: PreflightArgs) -> Result<(), CliError> {
+    let mut p = match &a.policy {
+        Some(f) => load_policy(f)?,
+        None => Policy::new(Policy::default_manifest())?,
+    };
+    let v = p.adjudicate(
+        "preflight",
+        &ToolCall {
+            name: a.tool.clone(),
+            arguments: a.args.clone(),
+        },
+    );
+    match v.reason {
+        None => outln!("allow {}: {}", a.tool, v.detail)?,
+        Some(r) => outln!("deny {} {}: {}", a.tool, r.as_str(), v.detail)?,
+    }
+    Ok(())
+}
+
+pub(crate) fn quarantine(cmd: QuarantineCmd) -> Result<(), CliError> {
+    let dir = store_dir();
+    let mut store = PageStore::open(&dir)?;
+    match cmd {
+        QuarantineCmd::List => {
+            let mut n = 0;
+            for i in store.list() {
+                n += 1;
+                let kind = match i.kind {
+                    StoredKind::Quarantined if i.cleared => "quarantined (cleared)",
+                    StoredKind::Quarantined => "quarantined",
+                    StoredKind::PagedOut => "paged out",
+                };
+                outln!(
+                    "{:<6} {:<22} {:<22} tool {:<16} {} bytes  conversation {}",
+                    i.id,
+                    kind,
+                    i.reason.map_or("-", |r| r.as_str()),
+                    i.tool,
+                    i.content.len(),
+                    i.conversation
+                )?;
+            }
+            if n == 0 {
+                outln!("(nothing stored in {})", dir.display())?;
+            }
+        }
+        QuarantineCmd::Show { id } => {
+            let i = store
+                .get(&id)
+                .ok_or_else(|| fail(format!("no stored item '{id}' in {}", dir.display())))?;
+            outln!("id: {}\nkind: {:?}\nreason: {}\ndetector: {}\ntool: {}\nconversation: {}\nsha256: {}\nbytes: {}\ncleared: {}",
+                i.id, i.kind, i.reason.map_or("-", |r| r.as_str()), i.detector.as_deref().unwrap_or("-"), i.tool, i.conversation, i.digest, i.content.len(), i.cleared)?;
+            match store.read(&id) {
+                Ok(text) => outln!("---\n{text}")?,
+                Err(e) => outln!("--- content withheld: {e} (fak quarantine clear {id})")?,
+            }
+        }
+        QuarantineCmd::Clear { id } => {
+            store.clear(&id)?;
+            outln!("cleared {id}")?;
+        }
+    }
+    Ok(())
+}
