@@ -159,7 +159,7 @@ pub(crate) async fn messages(
             .filter(|s| !s.is_empty())
             .collect(),
     };
-    let started = start(&s, req, F).await?;
+    let started = start(&s, req, F, "/v1/messages").await?;
     let id = new_id("msg_");
     let model = r.model;
     if r.stream == Some(true) {

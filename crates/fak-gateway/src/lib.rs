@@ -136,15 +136,17 @@ async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> R
         .get::<UsageNote>()
         .copied()
         .unwrap_or_default();
-    tracing::info!(
-        target: "fak::http",
-        "{method} {route} {status} {:.1}ms prompt_tokens={} cached_tokens={} completion_tokens={}{}",
-        t0.elapsed().as_secs_f64() * 1e3,
-        u.prompt,
-        u.cached,
-        u.completion,
-        if u.stream { " (stream; completion counted at its end in /metrics)" } else { "" }
-    );
+    // A stream writes its own line when it ends (see `StreamLog`).
+    if !u.stream {
+        tracing::info!(
+            target: "fak::http",
+            "{method} {route} {status} {:.1}ms prompt_tokens={} cached_tokens={} completion_tokens={}",
+            t0.elapsed().as_secs_f64() * 1e3,
+            u.prompt,
+            u.cached,
+            u.completion,
+        );
+    }
     resp
 }
 
@@ -233,11 +235,60 @@ struct Started {
     prompt_tokens: usize,
     cached_tokens: usize,
     events: EventStream,
+    /// The route, for a stream's log line.
+    route: &'static str,
+    /// When the request was submitted.
+    t0: Instant,
+}
+
+/// The log line of a streamed response, written once when the stream ends: finished,
+/// failed, or dropped because the client went away.
+struct StreamLog {
+    route: &'static str,
+    t0: Instant,
+    prompt: usize,
+    cached: usize,
+    completion: Option<usize>,
+    outcome: &'static str,
+}
+
+impl StreamLog {
+    fn new(st: &Started) -> Self {
+        StreamLog {
+            route: st.route,
+            t0: st.t0,
+            prompt: st.prompt_tokens,
+            cached: st.cached_tokens,
+            completion: None,
+            outcome: "client went away",
+        }
+    }
+}
+
+impl Drop for StreamLog {
+    fn drop(&mut self) {
+        tracing::info!(
+            target: "fak::http",
+            "POST {} 200 {:.1}ms prompt_tokens={} cached_tokens={} completion_tokens={} (stream: {})",
+            self.route,
+            self.t0.elapsed().as_secs_f64() * 1e3,
+            self.prompt,
+            self.cached,
+            self.completion.map_or_else(|| "?".to_string(), |n| n.to_string()),
+            self.outcome,
+        );
+    }
 }
 
 /// Submits `req` (off the async threads) and waits for the `Start` event, so that any
 /// error before generation becomes a proper status.
-async fn start(s: &AppState, req: GenerateRequest, flavor: Flavor) -> Result<Started, ApiError> {
+async fn start(
+    s: &AppState,
+    req: GenerateRequest,
+    flavor: Flavor,
+    route: &'static str,
+) -> Result<Started, ApiError> {
+    let t0 = Instant::now();
     let driver = Arc::clone(&s.driver);
     let submitted = tokio::task::spawn_blocking(move || driver.submit(req))
         .await
@@ -251,6 +302,8 @@ async fn start(s: &AppState, req: GenerateRequest, flavor: Flavor) -> Result<Sta
             prompt_tokens,
             cached_tokens,
             events,
+            route,
+            t0,
         }),
         Some(EngineEvent::Error(e)) => Err(ApiError::from(e).with_flavor(flavor)),
         _ => Err(
@@ -273,6 +326,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         prompt_tokens,
         cached_tokens,
         events,
+        ..
     } = st;
     let c = events
         .collect()

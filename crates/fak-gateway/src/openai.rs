@@ -10,7 +10,8 @@
 
 use crate::error::{ApiError, Flavor};
 use crate::{
-    finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, UsageNote,
+    finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, StreamLog,
+    UsageNote,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -261,7 +262,7 @@ pub(crate) async fn chat_completions(
         sampling: sampling(r.temperature, r.top_p, r.seed),
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
     };
-    let started = start(&s, req, F).await?;
+    let started = start(&s, req, F, "/v1/chat/completions").await?;
     let id = new_id("chatcmpl-");
     let created = unix_now();
     if r.stream == Some(true) {
@@ -306,10 +307,14 @@ struct StreamState {
     s: AppState,
     st: Started,
     ended: bool,
+    /// Written when the state is dropped: at the end, or when the client goes away.
+    log: StreamLog,
 }
 
 /// Turns engine events into SSE events: `render(event)` maps one engine event to
-/// zero or more SSE events; the first `Done` or `Error` ends the stream with `tail`.
+/// zero or more SSE events (after the `head` events); the first `Done` or `Error` ends
+/// the stream. Tokens and latencies go to the metrics at `Done`; one log line is written
+/// when the stream ends or is dropped.
 pub(crate) fn sse_stream<R>(
     s: AppState,
     st: Started,
@@ -322,6 +327,7 @@ where
     let head = stream::iter(head.into_iter().map(Ok));
     let body = stream::unfold(
         StreamState {
+            log: StreamLog::new(&st),
             s,
             st,
             ended: false,
@@ -349,8 +355,13 @@ where
                             .metrics
                             .observe_latency(d.ttft_s, d.decode_s, d.completion_tokens);
                         state.ended = true;
+                        state.log.completion = Some(d.completion_tokens);
+                        state.log.outcome = "done";
                     }
-                    EngineEvent::Error(_) => state.ended = true,
+                    EngineEvent::Error(_) => {
+                        state.ended = true;
+                        state.log.outcome = "engine error";
+                    }
                     _ => {}
                 }
                 Some((ev, state))
@@ -456,7 +467,7 @@ pub(crate) async fn completions(
         sampling: sampling(r.temperature, r.top_p, r.seed),
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
     };
-    let started = start(&s, req, F).await?;
+    let started = start(&s, req, F, "/v1/completions").await?;
     let id = new_id("cmpl-");
     let created = unix_now();
     let model = r.model;
