@@ -38,6 +38,21 @@ struct Loaded {
     model: Arc<Model>,
     tokenizer: Tokenizer,
     template: ChatTemplate,
+    /// An empty session whose clones start new conversations (see
+    /// [`crate::prefix::start_session`]).
+    empty: fak_kv::Session,
+}
+
+impl Loaded {
+    fn new(model: Arc<Model>, tokenizer: Tokenizer, template: ChatTemplate) -> Self {
+        let empty = fak_kv::Session::new(Arc::clone(&model));
+        Loaded {
+            model,
+            tokenizer,
+            template,
+            empty,
+        }
+    }
 }
 
 enum LoadState {
@@ -111,11 +126,7 @@ impl InKernelDriver {
         config: EngineConfig,
     ) -> Self {
         let shared = Self::shared(id.to_string(), config);
-        *lock(&shared.state) = LoadState::Ready(Arc::new(Loaded {
-            model,
-            tokenizer,
-            template,
-        }));
+        *lock(&shared.state) = LoadState::Ready(Arc::new(Loaded::new(model, tokenizer, template)));
         spawn_workers(&shared);
         InKernelDriver { shared }
     }
@@ -169,11 +180,7 @@ fn load(path: &Path, threads: Option<usize>) -> Result<Loaded, String> {
     }
     let (tokenizer, template) =
         load_text(path, model.config()).map_err(|e| format!("loading the tokenizer: {e}"))?;
-    Ok(Loaded {
-        model: Arc::new(model),
-        tokenizer,
-        template,
-    })
+    Ok(Loaded::new(Arc::new(model), tokenizer, template))
 }
 
 fn spawn_workers(shared: &Arc<Shared>) {
@@ -228,7 +235,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
     } else {
         None
     };
-    let (mut session, reused) = match start_session(hit, &l.model) {
+    let (mut session, reused) = match start_session(hit, &l.empty) {
         Ok(x) => x,
         Err(e) => {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));

@@ -132,14 +132,20 @@ impl PrefixCache {
 }
 
 /// A session ready to generate from `prompt`: a copy of the best kept session cut to
-/// the shared prefix, or a new one. Returns it and the number of prompt tokens reused;
-/// the caller prefills `prompt[reused..]` (never empty).
+/// the shared prefix, or a copy of `empty`. Returns it and the number of prompt tokens
+/// reused; the caller prefills `prompt[reused..]` (never empty).
+///
+/// `empty` is an empty session of the model with the capacity wanted (the context
+/// length). Copying it rather than calling `Session::new` each time matters for memory:
+/// `Session::new` reserves buffers for the whole context up front, while a copy
+/// allocates only what it holds and grows as tokens arrive, so kept sessions cost what
+/// they hold.
 ///
 /// # Errors
 /// A cache eviction out of range (cannot happen for a hit from [`PrefixCache::lookup`]).
 pub fn start_session(
     hit: Option<Hit>,
-    model: &Arc<fak_model::Model>,
+    empty: &Session,
 ) -> Result<(Session, usize), fak_kv::SessionError> {
     match hit {
         Some(Hit { session, reuse }) => {
@@ -152,6 +158,6 @@ pub fn start_session(
             }
             Ok((s, reuse))
         }
-        None => Ok((Session::new(Arc::clone(model)), 0)),
+        None => Ok((empty.clone(), 0)),
     }
 }

@@ -1,0 +1,80 @@
+//! The KV reuse cache on a tiny random Llama (committed under testdata/tiny): longest
+//! prefix wins, a reused session continues exactly as a cold one, entries covered by a
+//! longer one are dropped, the byte budget evicts the least recently used, and new
+//! sessions reserve nothing up front.
+
+use fak_engine::prefix::{start_session, PrefixCache};
+use fak_kv::Session;
+use fak_model::Model;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn model() -> Arc<Model> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny/llama-tied");
+    Arc::new(Model::load(&p).unwrap())
+}
+
+fn filled(empty: &Session, ids: &[u32]) -> Session {
+    let mut s = empty.clone();
+    s.prefill(ids).unwrap();
+    s
+}
+
+#[test]
+fn longest_prefix_wins_and_reuse_equals_cold() {
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    let mut c = PrefixCache::new(usize::MAX);
+    c.insert(filled(&empty, &[1, 2, 3, 4, 5, 6]));
+    c.insert(filled(&empty, &[1, 2, 9]));
+    let prompt = [1, 2, 3, 4, 7, 8];
+    let hit = c.lookup(&prompt).unwrap();
+    assert_eq!(hit.reuse, 4);
+    let (mut warm, reused) = start_session(Some(hit), &empty).unwrap();
+    assert_eq!(reused, 4);
+    assert_eq!(warm.ids(), &[1, 2, 3, 4]);
+    let before = warm.positions_computed();
+    let warm_logits = warm.prefill(&prompt[reused..]).unwrap();
+    let cold_logits = filled(&empty, &prompt).last_logits().unwrap().to_vec();
+    assert_eq!(warm_logits, cold_logits, "reuse changed the logits");
+    assert_eq!(warm.positions_computed() - before, 2, "only the suffix ran");
+    // The whole prompt cached: its last token is left to run.
+    assert_eq!(c.lookup(&[1, 2, 3, 4, 5, 6]).unwrap().reuse, 5);
+    assert!(c.lookup(&[7, 7]).is_none());
+}
+
+#[test]
+fn covered_entries_go_and_the_budget_evicts_lru() {
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    let per_token = empty.cache().bytes_per_token();
+    let mut c = PrefixCache::new(10 * per_token);
+    c.insert(filled(&empty, &[1, 2, 3]));
+    c.insert(filled(&empty, &[1, 2, 3, 4])); // covers the first
+    assert_eq!(c.len(), 1);
+    c.insert(filled(&empty, &[1, 2])); // covered by the kept one: not added
+    assert_eq!(c.len(), 1);
+    c.insert(filled(&empty, &[5, 6, 7])); // 7 tokens in all
+    assert_eq!(c.len(), 2);
+    assert!(c.lookup(&[1, 2, 3, 4, 9]).is_some()); // [1,2,3,4] is now the most recent
+    c.insert(filled(&empty, &[8, 9, 10, 11])); // 11 > 10: the LRU entry [5,6,7] goes
+    assert_eq!(c.len(), 2);
+    assert!(c.lookup(&[5, 6, 7, 1]).is_none());
+    assert!(c.lookup(&[1, 2, 3, 4, 9]).is_some());
+    assert_eq!(c.bytes(), 8 * per_token);
+    // Larger than the whole budget: not kept.
+    c.insert(filled(&empty, &(20..40).collect::<Vec<u32>>()));
+    assert_eq!(c.len(), 2);
+    assert!(PrefixCache::new(0).is_empty());
+}
+
+#[test]
+fn new_sessions_reserve_nothing_up_front() {
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    assert!(empty.cache().bytes_reserved() > 0);
+    let (fresh, reused) = start_session(None, &empty).unwrap();
+    assert_eq!(reused, 0);
+    assert_eq!(fresh.cache().bytes_reserved(), 0);
+    assert_eq!(fresh.cache().capacity(), empty.cache().capacity());
+}
