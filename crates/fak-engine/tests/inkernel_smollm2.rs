@@ -120,7 +120,7 @@ fn warm_cache_gives_the_same_tokens_and_reports_the_reused_prefix() {
     assert!(s.kv_bytes > 0);
 }
 
-/// A scripted conversation: each turn sends the whole history; turn k reuses exactly
+/// A scripted 10-turn conversation: each turn sends the whole history; turn k reuses exactly
 /// the tokens turn k-1 left in the cache that its prompt shares (the previous prompt
 /// plus the reply, up to the template's end-of-turn), and its output equals a cold run.
 #[test]
@@ -135,8 +135,15 @@ fn multi_turn_conversation_reuses_the_previous_turns() {
         "What is the capital of France?",
         "And of Germany?",
         "Name one river in that country.",
+        "How long is it?",
+        "Which sea does it flow into?",
+        "Name a city on its banks.",
+        "What is that city known for?",
+        "Give me one word for water.",
+        "Translate it to French.",
         "Thanks! Say goodbye.",
     ];
+    let mut ttft = Vec::new();
     let mut history: Vec<Message> = Vec::new();
     let mut prev_kept: Vec<u32> = Vec::new();
     for (k, u) in users.iter().enumerate() {
@@ -151,11 +158,9 @@ fn multi_turn_conversation_reuses_the_previous_turns() {
         let cold = cold_d.submit(req).unwrap().blocking_collect().unwrap();
         assert_eq!(warm.text, cold.text, "turn {k}");
         let wd = warm.done.unwrap();
-        assert_eq!(
-            wd.completion_ids,
-            cold.done.unwrap().completion_ids,
-            "turn {k}"
-        );
+        let cd = cold.done.unwrap();
+        assert_eq!(wd.completion_ids, cd.completion_ids, "turn {k}");
+        ttft.push((warm.prompt_tokens, warm.cached_tokens, wd.ttft_s, cd.ttft_s));
         let prompt = tmpl.encode(&tok, &history, true, None).unwrap();
         assert_eq!(warm.prompt_tokens, prompt.len());
         let expect = prev_kept
@@ -177,6 +182,15 @@ fn multi_turn_conversation_reuses_the_previous_turns() {
         prev_kept = prompt;
         prev_kept.extend(&wd.completion_ids[..wd.completion_ids.len() - 1]);
         history.push(Message::new("assistant", &warm.text));
+    }
+    // Figures, not a benchmark (tests run in parallel here): TTFT warm vs cold.
+    for (k, (p, c, w, cold)) in ttft.iter().enumerate() {
+        eprintln!(
+            "turn {}: prompt {p} tokens, cached {c}; TTFT warm {:.1} ms, cold {:.1} ms",
+            k + 1,
+            w * 1e3,
+            cold * 1e3
+        );
     }
 }
 
