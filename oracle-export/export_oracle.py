@@ -945,8 +945,10 @@ def arch_semantics(model, src: str) -> dict | None:
         from transformers.masking_utils import sliding_window_overlay
         w = cfg.sliding_window
         f = sliding_window_overlay(w)
-        out["sliding_mask_rule"] = f"key k visible to query q iff k <= q and k > q - {w} (q={w + 2}: keys " \
-            f"{[k for k in range(w + 3) if k <= w + 2 and f(0, 0, w + 2, k)]})"
+        q = w + 2
+        vis = [k for k in range(q + 1) if f(0, 0, q, k)]
+        shown = str(vis) if len(vis) <= 16 else f"{vis[0]}..{vis[-1]} ({len(vis)} keys)"
+        out["sliding_mask_rule"] = f"key k visible to query q iff k <= q and k > q - {w} (q={q}: keys {shown})"
     out["final_logit_softcapping"] = getattr(cfg, "final_logit_softcapping", None)
     out["attn_logit_softcapping"] = getattr(cfg, "attn_logit_softcapping", None)
     out["query_pre_attn_scalar"] = getattr(cfg, "query_pre_attn_scalar", None)
