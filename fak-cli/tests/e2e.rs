@@ -192,3 +192,54 @@ fn chat_keeps_the_cache_between_turns() {
     // The follow-up answers as HF does given the same history.
     assert!(stdout.contains(multi["text"].as_str().unwrap()), "{stdout}");
 }
+
+/// Gemma 3 270M (a base model: raw completion with BOS) through `fak run`: HF's prompt
+/// ids and 32 greedy tokens for each committed prompt.
+#[test]
+fn gemma3_run_matches_hf() {
+    if fak_model::catalog::require_cached("gemma3-270m")
+        .unwrap_or_else(|m| panic!("{m}"))
+        .is_none()
+    {
+        return;
+    }
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/text/gemma3-270m/e2e.json");
+    let oracle: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    let cases = oracle["cases"].as_array().unwrap();
+    assert!(cases.len() >= 3);
+    for c in cases {
+        let n = ids(&c["completion_ids"]).len().to_string();
+        let out = fak()
+            .args([
+                "run",
+                "--model",
+                "gemma3-270m",
+                "--raw",
+                "--format",
+                "json",
+                "--max-tokens",
+                &n,
+                c["prompt"].as_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let name = c["name"].as_str().unwrap();
+        assert_eq!(
+            ids(&v["prompt_ids"]),
+            ids(&c["prompt_ids"]),
+            "{name}: prompt ids"
+        );
+        assert_eq!(
+            ids(&v["completion_ids"]),
+            ids(&c["completion_ids"]),
+            "{name}: completion ids"
+        );
+        assert_eq!(v["text"], c["text"], "{name}");
+    }
+}

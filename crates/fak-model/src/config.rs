@@ -18,6 +18,15 @@ use std::path::Path;
 pub enum Family {
     /// `llama` (HF `LlamaForCausalLM`; GGUF architecture `llama`).
     Llama,
+    /// `qwen2` (HF `Qwen2ForCausalLM`): Llama with biases on the q/k/v projections.
+    Qwen2,
+    /// `qwen3` (HF `Qwen3ForCausalLM`): per-head RMSNorm of q and k before RoPE, an
+    /// explicit `head_dim`.
+    Qwen3,
+    /// `gemma3` (HF `Gemma3ForCausalLM`, text): scaled embedding, `(1 + w)` norms, four
+    /// norms per block, GeGLU (tanh GELU), QK-norm, `query_pre_attn_scalar`, sliding and
+    /// global layers with their own RoPE bases.
+    Gemma3,
 }
 
 impl Family {
@@ -25,6 +34,9 @@ impl Family {
     pub fn name(self) -> &'static str {
         match self {
             Family::Llama => "llama",
+            Family::Qwen2 => "qwen2",
+            Family::Qwen3 => "qwen3",
+            Family::Gemma3 => "gemma3",
         }
     }
 
@@ -35,6 +47,9 @@ impl Family {
     pub fn from_name(name: &str) -> Result<Self, ModelError> {
         match name {
             "llama" => Ok(Family::Llama),
+            "qwen2" => Ok(Family::Qwen2),
+            "qwen3" => Ok(Family::Qwen3),
+            "gemma3" | "gemma3_text" => Ok(Family::Gemma3),
             other => Err(ModelError::UnknownArchitecture(other.to_string())),
         }
     }
@@ -46,6 +61,8 @@ impl Family {
 pub enum Activation {
     /// SiLU, making the MLP SwiGLU (Shazeer 2020); HF `hidden_act: "silu"`.
     Silu,
+    /// GELU with the tanh approximation, making the MLP GeGLU; HF `gelu_pytorch_tanh`.
+    GeluTanh,
 }
 
 /// Hyper-parameters of a decoder-only transformer. Lengths are in elements, the context
@@ -88,6 +105,11 @@ pub struct Config {
     pub embedding_scale: Option<f32>,
     /// The MLP activation.
     pub hidden_act: Activation,
+    /// Gemma's extra norms: `post_attention_layernorm` after attention and
+    /// `pre_feedforward_layernorm` / `post_feedforward_layernorm` around the MLP.
+    pub post_norms: bool,
+    /// Multiplier of q·k: `head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`.
+    pub attention_scale: f32,
     /// Beginning-of-sequence token id, if the checkpoint names one.
     pub bos_token_id: Option<u32>,
     /// End-of-sequence token ids: generation stops at any of them.
@@ -170,17 +192,10 @@ impl Config {
             }
         };
         // Anything about RoPE fak does not implement is refused, never defaulted.
-        // transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}`; older
-        // configs write `rope_theta` and `rope_scaling` at the top level.
-        let rope_params = v.get("rope_parameters").filter(|x| !x.is_null());
-        for (key, rs) in [
-            ("rope_parameters", rope_params),
-            (
-                "rope_scaling",
-                v.get("rope_scaling").filter(|x| !x.is_null()),
-            ),
-        ] {
-            let Some(rs) = rs else { continue };
+        // transformers >= 5 writes `rope_parameters: {rope_theta, rope_type}` (Gemma 3:
+        // one such object per layer type); older configs write `rope_theta` and
+        // `rope_scaling` at the top level.
+        let check_rope = |key: &str, rs: &Value| -> Result<Option<f32>, ModelError> {
             let Some(obj) = rs.as_object() else {
                 return Err(ModelError::Unsupported(format!(
                     "'{key}' = {rs} in {}",
@@ -207,6 +222,39 @@ impl Config {
                     path.display()
                 )));
             }
+            match obj.get("rope_theta") {
+                None | Some(Value::Null) => Ok(None),
+                Some(t) => t
+                    .as_f64()
+                    .map(|t| Some(t as f32))
+                    .ok_or_else(|| err(format!("{key}.rope_theta is not a number"))),
+            }
+        };
+        let mut theta_global: Option<f32> = None;
+        let mut theta_local: Option<f32> = None;
+        if let Some(rp) = v.get("rope_parameters").filter(|x| !x.is_null()) {
+            let per_type = rp.as_object().is_some_and(|o| {
+                o.contains_key("full_attention") || o.contains_key("sliding_attention")
+            });
+            if per_type && family == Family::Gemma3 {
+                for (lt, sub) in rp.as_object().into_iter().flatten() {
+                    let t = check_rope(&format!("rope_parameters.{lt}"), sub)?;
+                    match lt.as_str() {
+                        "full_attention" => theta_global = t,
+                        "sliding_attention" => theta_local = t,
+                        other => {
+                            return Err(ModelError::Unsupported(format!(
+                                "RoPE for layer type '{other}'"
+                            )));
+                        }
+                    }
+                }
+            } else {
+                theta_global = check_rope("rope_parameters", rp)?;
+            }
+        }
+        if let Some(rs) = v.get("rope_scaling").filter(|x| !x.is_null()) {
+            check_rope("rope_scaling", rs)?;
         }
         if let Some(f) = opt_f32("partial_rotary_factor")? {
             if f != 1.0 {
@@ -215,19 +263,46 @@ impl Config {
                 )));
             }
         }
-        match v.get("hidden_act") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(a)) if a == "silu" => {}
-            Some(x) => {
+        // The activation: SiLU for Llama/Qwen, tanh-GELU for Gemma (`hidden_activation`).
+        let act_key = if family == Family::Gemma3 && v.get("hidden_activation").is_some() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let hidden_act = match (family, v.get(act_key)) {
+            (Family::Gemma3, None | Some(Value::Null)) => Activation::GeluTanh,
+            (_, None | Some(Value::Null)) => Activation::Silu,
+            (Family::Gemma3, Some(Value::String(a))) if a == "gelu_pytorch_tanh" => {
+                Activation::GeluTanh
+            }
+            (f, Some(Value::String(a))) if a == "silu" && f != Family::Gemma3 => Activation::Silu,
+            (_, Some(x)) => {
                 return Err(ModelError::Unsupported(format!(
-                    "hidden_act {x} for {model_type}"
+                    "{act_key} {x} for {model_type}"
                 )));
             }
-        }
-        if opt_bool("attention_bias")? == Some(true) || opt_bool("mlp_bias")? == Some(true) {
+        };
+        // Qwen2 has q/k/v biases (implemented); Llama's `attention_bias` also biases o_proj
+        // (not implemented), so it is refused.
+        if opt_bool("attention_bias")? == Some(true) && family != Family::Qwen2 {
             return Err(ModelError::Unsupported(format!(
-                "projection biases (attention_bias / mlp_bias) for {model_type}"
+                "attention_bias for {model_type}"
             )));
+        }
+        if opt_bool("mlp_bias")? == Some(true) {
+            return Err(ModelError::Unsupported(format!(
+                "mlp_bias for {model_type}"
+            )));
+        }
+        if opt_bool("use_sliding_window")? == Some(true) && family != Family::Gemma3 {
+            return Err(ModelError::Unsupported(format!(
+                "use_sliding_window for {model_type}"
+            )));
+        }
+        for k in ["final_logit_softcapping", "attn_logit_softcapping"] {
+            if opt_f32(k)?.is_some() {
+                return Err(ModelError::Unsupported(format!("{k} for {model_type}")));
+            }
         }
         if opt_usize("num_local_experts")?.unwrap_or(0) > 0
             || opt_usize("num_experts")?.unwrap_or(0) > 0
@@ -242,12 +317,9 @@ impl Config {
             Some(d) => d,
             None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
         };
-        let theta = match rope_params.and_then(|r| r.get("rope_theta")) {
-            Some(t) => t
-                .as_f64()
-                .ok_or_else(|| err("rope_parameters.rope_theta is not a number".into()))?
-                as f32,
-            // HF's documented default base for Llama.
+        // HF's documented default base for Llama.
+        let theta = match theta_global {
+            Some(t) => t,
             None => opt_f32("rope_theta")?.unwrap_or(10000.0),
         };
         let token_id = |x: &Value| x.as_u64().and_then(|i| u32::try_from(i).ok());
@@ -264,6 +336,54 @@ impl Config {
                 Some(x) => vec![token_id(x)
                     .ok_or_else(|| err(format!("eos_token_id {x} is not a token id")))?],
             };
+        let gemma = family == Family::Gemma3;
+        // Gemma 3: which layers slide (`layer_types`, else every `sliding_window_pattern`-th
+        // layer is global) and the local RoPE base.
+        let mut sliding_window = vec![None; num_hidden_layers];
+        let mut rope_theta = vec![theta; num_hidden_layers];
+        if gemma {
+            let w = opt_usize("sliding_window")?
+                .ok_or_else(|| err("gemma3 config lacks 'sliding_window'".into()))?;
+            let local = match theta_local {
+                Some(t) => t,
+                None => opt_f32("rope_local_base_freq")?.unwrap_or(GEMMA3_LOCAL_ROPE_BASE),
+            };
+            let sliding: Vec<bool> = match v.get("layer_types").filter(|x| !x.is_null()) {
+                Some(Value::Array(a)) if a.len() == num_hidden_layers => a
+                    .iter()
+                    .map(|t| match t.as_str() {
+                        Some("sliding_attention") => Ok(true),
+                        Some("full_attention") => Ok(false),
+                        _ => Err(err(format!("layer_types holds {t}"))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(x) => {
+                    return Err(err(format!(
+                        "layer_types {x} does not list {num_hidden_layers} layers"
+                    )))
+                }
+                None => {
+                    let every = opt_usize("sliding_window_pattern")?
+                        .unwrap_or(GEMMA3_SLIDING_PATTERN)
+                        .max(1);
+                    (0..num_hidden_layers)
+                        .map(|i| (i + 1) % every != 0)
+                        .collect()
+                }
+            };
+            for (i, s) in sliding.iter().enumerate() {
+                if *s {
+                    sliding_window[i] = Some(w);
+                    rope_theta[i] = local;
+                }
+            }
+        }
+        let attention_scale = if gemma {
+            let q = opt_f32("query_pre_attn_scalar")?.unwrap_or(GEMMA3_QUERY_PRE_ATTN_SCALAR);
+            (q as f64).powf(-0.5) as f32
+        } else {
+            (head_dim as f64).powf(-0.5) as f32
+        };
         let cfg = Config {
             family,
             vocab_size: usize_key("vocab_size")?,
@@ -274,15 +394,17 @@ impl Config {
             num_key_value_heads: opt_usize("num_key_value_heads")?.unwrap_or(num_attention_heads),
             head_dim,
             rms_norm_eps: opt_f32("rms_norm_eps")?.unwrap_or(1e-6),
-            rope_theta: vec![theta; num_hidden_layers],
+            rope_theta,
             max_position_embeddings: opt_usize("max_position_embeddings")?.unwrap_or(2048),
-            tie_word_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(false),
-            attention_bias: false,
-            qk_norm: false,
-            sliding_window: vec![None; num_hidden_layers],
-            norm_weight_offset: 0.0,
-            embedding_scale: None,
-            hidden_act: Activation::Silu,
+            tie_word_embeddings: opt_bool("tie_word_embeddings")?.unwrap_or(gemma),
+            attention_bias: family == Family::Qwen2,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            sliding_window,
+            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            embedding_scale: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+            hidden_act,
+            post_norms: gemma,
+            attention_scale,
             bos_token_id: match v.get("bos_token_id") {
                 None | Some(Value::Null) => None,
                 Some(x) => Some(
@@ -368,6 +490,25 @@ impl Config {
                 })?,
         };
         let theta = opt_f("rope.freq_base")?.unwrap_or(10000.0);
+        let gemma = family == Family::Gemma3;
+        // Gemma 3 files store the sliding window but not which layers slide nor their
+        // RoPE base: HF's defaults (named below) decide, as transformers does on load.
+        let mut sliding_window = vec![None; num_hidden_layers];
+        let mut rope_theta = vec![theta; num_hidden_layers];
+        if gemma {
+            let w = u("attention.sliding_window")?;
+            for i in 0..num_hidden_layers {
+                if (i + 1) % GEMMA3_SLIDING_PATTERN != 0 {
+                    sliding_window[i] = Some(w);
+                    rope_theta[i] = GEMMA3_LOCAL_ROPE_BASE;
+                }
+            }
+        }
+        let attention_scale = if gemma {
+            (GEMMA3_QUERY_PRE_ATTN_SCALAR as f64).powf(-0.5) as f32
+        } else {
+            (head_dim as f64).powf(-0.5) as f32
+        };
         let tok_id = |k: &str| -> Result<Option<u32>, ModelError> {
             match g.get(k) {
                 None => Ok(None),
@@ -390,15 +531,21 @@ impl Config {
             num_key_value_heads: opt_u("attention.head_count_kv")?.unwrap_or(num_attention_heads),
             head_dim,
             rms_norm_eps: opt_f("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-5),
-            rope_theta: vec![theta; num_hidden_layers],
+            rope_theta,
             max_position_embeddings: u("context_length")?,
             tie_word_embeddings: g.tensor("output.weight").is_none(),
-            attention_bias: false,
-            qk_norm: false,
-            sliding_window: vec![None; num_hidden_layers],
-            norm_weight_offset: 0.0,
-            embedding_scale: None,
-            hidden_act: Activation::Silu,
+            attention_bias: family == Family::Qwen2,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
+            sliding_window,
+            norm_weight_offset: if gemma { 1.0 } else { 0.0 },
+            embedding_scale: gemma.then(|| (hidden_size as f64).sqrt() as f32),
+            hidden_act: if gemma {
+                Activation::GeluTanh
+            } else {
+                Activation::Silu
+            },
+            post_norms: gemma,
+            attention_scale,
             bos_token_id: tok_id("tokenizer.ggml.bos_token_id")?,
             eos_token_ids: tok_id("tokenizer.ggml.eos_token_id")?.into_iter().collect(),
         };
@@ -409,6 +556,15 @@ impl Config {
         Ok(cfg)
     }
 }
+
+/// Gemma 3's RoPE base for sliding (local) layers when the checkpoint does not say (HF
+/// `Gemma3TextConfig.rope_local_base_freq` default).
+pub const GEMMA3_LOCAL_ROPE_BASE: f32 = 10000.0;
+/// Gemma 3's local:global layer pattern when the checkpoint does not say: every sixth
+/// layer is global (HF `sliding_window_pattern` default 6).
+pub const GEMMA3_SLIDING_PATTERN: usize = 6;
+/// Gemma 3's `query_pre_attn_scalar` when the checkpoint does not say (HF default 256).
+pub const GEMMA3_QUERY_PRE_ATTN_SCALAR: f32 = 256.0;
 
 /// Layers fak accepts in a config (bounded before any per-layer table is allocated).
 const MAX_LAYERS: usize = 4096;

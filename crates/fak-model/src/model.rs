@@ -9,11 +9,21 @@
 
 use crate::kv::{window_start, KvStore};
 use crate::source::WeightSource;
-use crate::{Config, ModelError};
+use crate::{Activation, Config, ModelError};
 use fak_tensor::{
-    add_assign, dot, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable, Threads,
+    add_assign, dot, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
+    RopeTable, Threads,
 };
 use std::path::Path;
+
+/// RMSNorm of every `[h]` row of `rows`, in place.
+fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize) {
+    let mut tmp = vec![0f32; h];
+    for row in rows.chunks_exact_mut(h) {
+        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, &mut tmp);
+        row.copy_from_slice(&tmp);
+    }
+}
 
 /// The weights of one decoder block, row-major `f32` (HF names in the comments).
 #[derive(Clone, Debug)]
@@ -28,8 +38,18 @@ pub struct LayerWeights {
     pub v_proj: Vec<f32>,
     /// `self_attn.o_proj.weight`, `[hidden, q_dim]`.
     pub o_proj: Vec<f32>,
-    /// `post_attention_layernorm.weight`, `[hidden]`.
-    pub post_attention_norm: Vec<f32>,
+    /// `self_attn.{q,k,v}_proj.bias` (Qwen2), `[q_dim]`, `[kv_dim]`, `[kv_dim]`.
+    pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight` (Qwen3, Gemma 3), each
+    /// `[head_dim]`, applied per head before RoPE.
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// Gemma's `post_attention_layernorm.weight` on the attention output, `[hidden]`.
+    pub attn_out_norm: Option<Vec<f32>>,
+    /// The norm before the MLP, `[hidden]`: Llama/Qwen `post_attention_layernorm`, Gemma
+    /// `pre_feedforward_layernorm`.
+    pub mlp_norm: Vec<f32>,
+    /// Gemma's `post_feedforward_layernorm.weight` on the MLP output, `[hidden]`.
+    pub mlp_out_norm: Option<Vec<f32>>,
     /// `mlp.gate_proj.weight`, `[intermediate, hidden]`.
     pub gate_proj: Vec<f32>,
     /// `mlp.up_proj.weight`, `[intermediate, hidden]`.
@@ -111,13 +131,48 @@ impl Model {
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
+            let hd = c.head_dim;
+            let qkv_bias = if c.attention_bias {
+                Some((
+                    src.load(&p("self_attn.q_proj.bias"), &[q], c)?,
+                    src.load(&p("self_attn.k_proj.bias"), &[kv], c)?,
+                    src.load(&p("self_attn.v_proj.bias"), &[kv], c)?,
+                ))
+            } else {
+                None
+            };
+            let qk_norm = if c.qk_norm {
+                Some((
+                    src.load(&p("self_attn.q_norm.weight"), &[hd], c)?,
+                    src.load(&p("self_attn.k_norm.weight"), &[hd], c)?,
+                ))
+            } else {
+                None
+            };
+            let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.post_norms {
+                (
+                    Some(src.load(&p("post_attention_layernorm.weight"), &[h], c)?),
+                    src.load(&p("pre_feedforward_layernorm.weight"), &[h], c)?,
+                    Some(src.load(&p("post_feedforward_layernorm.weight"), &[h], c)?),
+                )
+            } else {
+                (
+                    None,
+                    src.load(&p("post_attention_layernorm.weight"), &[h], c)?,
+                    None,
+                )
+            };
             layers.push(LayerWeights {
                 input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
                 q_proj: src.load(&p("self_attn.q_proj.weight"), &[q, h], c)?,
                 k_proj: src.load(&p("self_attn.k_proj.weight"), &[kv, h], c)?,
                 v_proj: src.load(&p("self_attn.v_proj.weight"), &[kv, h], c)?,
                 o_proj: src.load(&p("self_attn.o_proj.weight"), &[h, q], c)?,
-                post_attention_norm: src.load(&p("post_attention_layernorm.weight"), &[h], c)?,
+                qkv_bias,
+                qk_norm,
+                attn_out_norm,
+                mlp_norm,
+                mlp_out_norm,
                 gate_proj: src.load(&p("mlp.gate_proj.weight"), &[ff, h], c)?,
                 up_proj: src.load(&p("mlp.up_proj.weight"), &[ff, h], c)?,
                 down_proj: src.load(&p("mlp.down_proj.weight"), &[h, ff], c)?,
@@ -141,7 +196,7 @@ impl Model {
             used.push("lm_head.weight".into());
         }
         for l in 0..c.num_hidden_layers {
-            for s in [
+            let mut parts = vec![
                 "input_layernorm.weight",
                 "self_attn.q_proj.weight",
                 "self_attn.k_proj.weight",
@@ -151,7 +206,24 @@ impl Model {
                 "mlp.gate_proj.weight",
                 "mlp.up_proj.weight",
                 "mlp.down_proj.weight",
-            ] {
+            ];
+            if c.attention_bias {
+                parts.extend([
+                    "self_attn.q_proj.bias",
+                    "self_attn.k_proj.bias",
+                    "self_attn.v_proj.bias",
+                ]);
+            }
+            if c.qk_norm {
+                parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
+            }
+            if c.post_norms {
+                parts.extend([
+                    "pre_feedforward_layernorm.weight",
+                    "post_feedforward_layernorm.weight",
+                ]);
+            }
+            for s in parts {
                 used.push(format!("model.layers.{l}.{s}"));
             }
         }
@@ -276,7 +348,13 @@ impl Model {
                     + w.k_proj.len()
                     + w.v_proj.len()
                     + w.o_proj.len()
-                    + w.post_attention_norm.len()
+                    + w.mlp_norm.len()
+                    + w.attn_out_norm.as_ref().map_or(0, Vec::len)
+                    + w.mlp_out_norm.as_ref().map_or(0, Vec::len)
+                    + w.qk_norm.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+                    + w.qkv_bias
+                        .as_ref()
+                        .map_or(0, |(a, b, c)| a.len() + b.len() + c.len())
                     + w.gate_proj.len()
                     + w.up_proj.len()
                     + w.down_proj.len()
@@ -380,7 +458,7 @@ impl Model {
         let half = hd / 2;
         let mut cos = vec![0f32; n * half];
         let mut sin = vec![0f32; n * half];
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = c.attention_scale;
 
         for (l, w) in self.layers.iter().enumerate() {
             for (t, &p) in positions.iter().enumerate() {
@@ -397,6 +475,22 @@ impl Model {
             matmul(&w.q_proj, qd, h, &xn, n, &mut q, th);
             matmul(&w.k_proj, kvd, h, &xn, n, &mut k, th);
             matmul(&w.v_proj, kvd, h, &xn, n, &mut v, th);
+            if let Some((bq, bk, bv)) = &w.qkv_bias {
+                for (rows, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                    for row in rows.chunks_exact_mut(b.len()) {
+                        add_assign(row, b);
+                    }
+                }
+            }
+            if let Some((nq, nk)) = &w.qk_norm {
+                let mut tmp = vec![0f32; hd];
+                for (rows, g) in [(&mut q, nq), (&mut k, nk)] {
+                    for head in rows.chunks_exact_mut(hd) {
+                        rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, &mut tmp);
+                        head.copy_from_slice(&tmp);
+                    }
+                }
+            }
             let k_raw = k.clone();
             for t in 0..n {
                 let (cs, sn) = (
@@ -440,23 +534,30 @@ impl Model {
                 }
             }
             matmul(&w.o_proj, h, qd, &attn, n, &mut proj, th);
+            if let Some(g) = &w.attn_out_norm {
+                norm_rows(&mut proj, g, c, h);
+            }
             add_assign(&mut x, &proj);
-            // MLP (SwiGLU).
+            // MLP (SwiGLU or GeGLU).
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                rms_norm(
-                    r,
-                    &w.post_attention_norm,
-                    c.norm_weight_offset,
-                    c.rms_norm_eps,
-                    o,
-                );
+                rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
             matmul(&w.gate_proj, ff, h, &xn, n, &mut gate, th);
             matmul(&w.up_proj, ff, h, &xn, n, &mut up, th);
-            for (g, &u) in gate.iter_mut().zip(&up) {
-                *g = silu(*g) * u;
+            match c.hidden_act {
+                Activation::Silu => gate
+                    .iter_mut()
+                    .zip(&up)
+                    .for_each(|(g, &u)| *g = silu(*g) * u),
+                Activation::GeluTanh => gate
+                    .iter_mut()
+                    .zip(&up)
+                    .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
             }
             matmul(&w.down_proj, h, ff, &gate, n, &mut proj, th);
+            if let Some(g) = &w.mlp_out_norm {
+                norm_rows(&mut proj, g, c, h);
+            }
             add_assign(&mut x, &proj);
             if let Some(t) = trace.as_deref_mut() {
                 t.layers.push(x.clone());

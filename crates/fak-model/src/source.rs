@@ -2,7 +2,7 @@
 //! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`.
 
 use crate::{Config, Family, ModelError};
-use fak_weights::{gguf_to_hf_name, unpermute_qk_rows, GgufFile, SafetensorsFile};
+use fak_weights::{gguf_to_hf_name_for, unpermute_qk_rows, GgufFile, SafetensorsFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
@@ -96,7 +96,7 @@ impl WeightSource {
         let cfg = Config::from_gguf(&file, path)?;
         let mut by_hf = HashMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
-            let hf = gguf_to_hf_name(&t.name).ok_or_else(|| {
+            let hf = gguf_to_hf_name_for(file.architecture()?, &t.name).ok_or_else(|| {
                 ModelError::Unsupported(format!(
                     "GGUF tensor '{}' has no known HF name for architecture '{}'",
                     t.name,
@@ -192,6 +192,14 @@ impl WeightSource {
                 } else {
                     None
                 };
+                // Gemma files store RMSNorm gains with the +1 folded in (llama.cpp's
+                // converter adds it); HF's loader subtracts it again and the model adds it
+                // back (`1 + w`). Do the same, so the f32 arithmetic matches HF's.
+                if cfg.family == Family::Gemma3 && name.ends_with("norm.weight") {
+                    let mut w = w;
+                    w.iter_mut().for_each(|x| *x -= 1.0);
+                    return Ok(w);
+                }
                 match (cfg.family, heads) {
                     (Family::Llama, Some(h)) => {
                         let cols = *expected.last().unwrap_or(&1);

@@ -26,6 +26,21 @@ fn tiny_llama_tied_matches_hf() {
 }
 
 #[test]
+fn tiny_qwen2_matches_hf() {
+    prove_tiny("qwen2");
+}
+
+#[test]
+fn tiny_qwen3_matches_hf() {
+    prove_tiny("qwen3");
+}
+
+#[test]
+fn tiny_gemma3_matches_hf() {
+    prove_tiny("gemma3");
+}
+
+#[test]
 fn tiny_configs_are_read_as_hf_wrote_them() {
     let c = Model::load(&testdata().join("tiny/llama-tied")).unwrap();
     let c = c.config();

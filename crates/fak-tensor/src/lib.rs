@@ -23,4 +23,6 @@ pub mod ops;
 
 pub use dot::{dot, dot_ref};
 pub use matmul::{matmul, matmul_ref, Threads};
-pub use ops::{add_assign, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable};
+pub use ops::{
+    add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable,
+};

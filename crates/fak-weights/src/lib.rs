@@ -20,5 +20,7 @@ pub mod safetensors_file;
 pub use dequant::{dequantize, f16_bits_to_f32, DequantError};
 pub use ggml_type::{GgmlType, QK_K};
 pub use gguf::{GgufError, GgufFile, MetaValue, TensorInfo};
-pub use names::{gguf_to_hf_name, permute_qk_rows, unpermute_qk_rows, PermuteError};
+pub use names::{
+    gguf_to_hf_name, gguf_to_hf_name_for, permute_qk_rows, unpermute_qk_rows, PermuteError,
+};
 pub use safetensors_file::{widen_bf16, widen_f16, SafetensorsError, SafetensorsFile};

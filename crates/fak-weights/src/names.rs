@@ -24,6 +24,16 @@
 /// The `.weight` suffix may also be `.bias` (mapped the same way). Returns `None`
 /// for any other name, including a layer index that is not a plain decimal number.
 pub fn gguf_to_hf_name(gguf_name: &str) -> Option<String> {
+    gguf_to_hf_name_for("llama", gguf_name)
+}
+
+/// Like [`gguf_to_hf_name`] for GGUF architecture `arch` (`general.architecture`): the
+/// block tensors differ by family. Gemma 3 (four norms per block, QK-norm):
+/// `ffn_norm` → `pre_feedforward_layernorm`, `post_attention_norm` →
+/// `post_attention_layernorm`, `post_ffw_norm` → `post_feedforward_layernorm`; Gemma 3 and
+/// Qwen 3: `attn_q_norm` / `attn_k_norm` → `self_attn.q_norm` / `self_attn.k_norm`
+/// (llama.cpp `tensor_mapping.py`, transformers' `Gemma3DecoderLayer`, `Qwen3Attention`).
+pub fn gguf_to_hf_name_for(arch: &str, gguf_name: &str) -> Option<String> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -51,7 +61,12 @@ pub fn gguf_to_hf_name(gguf_name: &str) -> Option<String> {
         "ffn_up" => "mlp.up_proj",
         "ffn_down" => "mlp.down_proj",
         "attn_norm" => "input_layernorm",
+        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
         "ffn_norm" => "post_attention_layernorm",
+        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
+        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
+        "attn_q_norm" if arch == "gemma3" || arch == "qwen3" => "self_attn.q_norm",
+        "attn_k_norm" if arch == "gemma3" || arch == "qwen3" => "self_attn.k_norm",
         _ => return None,
     };
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
