@@ -181,7 +181,8 @@ pub struct Figures {
     pub min_layer_cosine: f64,
     /// Smallest cosine of the final norm's output with HF's.
     pub final_norm_cosine: f64,
-    /// Largest |ours - HF| over the stored logit rows.
+    /// Largest |ours - HF| over the stored logit rows and the top-k logits HF stored at
+    /// every position.
     pub logits_max_abs_diff: f32,
     /// Positions whose argmax equals HF's top-1.
     pub argmax_agree: usize,
@@ -311,6 +312,23 @@ pub fn measure(model: &Model, oracle: &Oracle) -> Result<Figures, OracleError> {
     let agree = (0..t)
         .filter(|&p| argmax(&logits[p * v..(p + 1) * v]) == topk[p * k] as usize)
         .count();
+    // The top-k logits HF stored at every position bound our logits there too.
+    let (tshape, topk_logits) = oracle.f32("topk_logits")?;
+    if tshape != &vec![t, k] {
+        return Err(bad(format!(
+            "topk_logits shape {tshape:?} does not fit topk_ids"
+        )));
+    }
+    for p in 0..t {
+        for j in 0..k {
+            let id = topk[p * k + j] as usize;
+            if id >= v {
+                return Err(bad(format!("topk id {id} is outside the vocabulary")));
+            }
+            let d = (logits[p * v + id] - topk_logits[p * k + j]).abs();
+            max_d = max_d.max(if d.is_nan() { f32::INFINITY } else { d });
+        }
+    }
 
     let hf_greedy = oracle.ids("greedy_ids")?;
     let g = generate_greedy(model, &ids, 16, true)
