@@ -119,6 +119,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         });
         fak_gateway::serve(listener, app, async {
             let _ = tokio::signal::ctrl_c().await;
+            // Open streams may run long: give them a moment, then leave anyway.
+            tracing::info!("shutting down; waiting up to 5 s for open requests");
+            tokio::spawn(async {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                std::process::exit(130);
+            });
         })
         .await
         .map_err(|e| fail(format!("serving: {e}")))
