@@ -243,3 +243,39 @@ fn gemma3_run_matches_hf() {
         assert_eq!(v["text"], c["text"], "{name}");
     }
 }
+
+/// The Gemma 3 base model continues a few-shot prompt sensibly, and a chat request on it
+/// says plainly that the file carries no template (ChatML is used).
+#[test]
+fn gemma3_few_shot_and_no_template_note() {
+    if fak_model::catalog::require_cached("gemma3-270m")
+        .unwrap_or_else(|m| panic!("{m}"))
+        .is_none()
+    {
+        return;
+    }
+    let out = fak()
+        .args([
+            "run",
+            "--model",
+            "gemma3-270m",
+            "--raw",
+            "--max-tokens",
+            "6",
+            "The capital of Japan is Tokyo. The capital of France is",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("Paris"), "{text}");
+    let out = fak()
+        .args(["run", "--model", "gemma3-270m", "--max-tokens", "2", "Hi"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no chat template") && err.contains("ChatML"),
+        "{err}"
+    );
+}

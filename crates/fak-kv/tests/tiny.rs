@@ -20,11 +20,14 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
-/// The whole ladder on both tiny models, with their HF oracles (R1, R2b, and R3 when
-/// the eviction oracles are present): every rung passes.
+/// The whole ladder on every tiny model (Llama tied/untied, Qwen2, Qwen3, Gemma 3 with
+/// its sliding and global layers and their own RoPE bases), with their HF oracles (R1,
+/// R2b, and R3 against HF where eviction oracles exist, else against our never-saw run):
+/// every rung passes, including the mid-span eviction whose survivors' K must equal one
+/// rotation under their own layer's base.
 #[test]
 fn ladder_passes_on_tiny_models() {
-    for name in ["llama-tied", "llama-untied"] {
+    for name in ["llama-tied", "llama-untied", "qwen2", "qwen3", "gemma3"] {
         let dir = testdata().join("oracles").join(format!("tiny-{name}"));
         let report = prove(tiny(name), name, Some(&dir));
         println!("{}", report.to_table());

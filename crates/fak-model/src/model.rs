@@ -366,6 +366,32 @@ impl Model {
             + self.lm_head.as_ref().map_or(0, Vec::len))
     }
 
+    /// Applies the logits head to rows that already went through the final norm:
+    /// `normed` is `[n, hidden]`, the result `[n, vocab]`.
+    ///
+    /// # Panics
+    /// If `normed.len()` is not a multiple of `hidden_size`.
+    pub fn logits_from_normed(&self, normed: &[f32]) -> Vec<f32> {
+        let c = &self.config;
+        assert!(
+            normed.len().is_multiple_of(c.hidden_size),
+            "rows are not whole"
+        );
+        let n = normed.len() / c.hidden_size;
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
+        let mut logits = vec![0f32; n * c.vocab_size];
+        matmul(
+            head,
+            c.vocab_size,
+            c.hidden_size,
+            normed,
+            n,
+            &mut logits,
+            self.threads,
+        );
+        logits
+    }
+
     /// Runs the new tokens `ids` at absolute positions `positions` through the model,
     /// attending to everything already in `kv` and appending the new K/V rows to it.
     ///

@@ -97,3 +97,53 @@ fn permuted_qk_rows_fail_r1() {
         f.min_layer_cosine
     );
 }
+
+/// Negative control: Qwen3 with its QK-norm switched off fails R1 (the witness catches a
+/// missing QK-norm).
+#[test]
+fn qwen3_without_qk_norm_fails_r1() {
+    let mut model = Model::load(&testdata().join("tiny/qwen3")).unwrap();
+    model
+        .layer_weights_mut()
+        .iter_mut()
+        .for_each(|w| w.qk_norm = None);
+    let oracle = load_oracle(oracle_files("tiny-qwen3").remove(0));
+    let f = measure(&model, &oracle).unwrap();
+    assert!(!f.r1_holds(), "cosine {}", f.min_layer_cosine);
+}
+
+/// Negative control: Gemma 3 with head_dim computed as hidden / heads (16) instead of
+/// read (32) cannot even be built: its projections do not fit.
+#[test]
+fn gemma3_with_computed_head_dim_is_caught() {
+    use fak_model::WeightSource;
+    let (src, mut cfg) = WeightSource::open(&testdata().join("tiny/gemma3")).unwrap();
+    assert_eq!(cfg.head_dim, 32);
+    cfg.head_dim = cfg.hidden_size / cfg.num_attention_heads;
+    let e = Model::from_source(&src, cfg).unwrap_err();
+    assert!(
+        matches!(e, fak_model::ModelError::ShapeMismatch { .. }),
+        "{e}"
+    );
+}
+
+/// Negative control: RoPE with the interleaved pairing (what llama.cpp's permuted Q/K rows
+/// mean) on a rotate-half model fails R1: Qwen2's q and k rows permuted to interleaved.
+#[test]
+fn interleaved_rope_pairing_fails_r1() {
+    let mut model = Model::load(&testdata().join("tiny/qwen2")).unwrap();
+    let c = model.config().clone();
+    for w in model.layer_weights_mut() {
+        w.q_proj =
+            fak_weights::permute_qk_rows(&w.q_proj, c.num_attention_heads, c.hidden_size).unwrap();
+        w.k_proj =
+            fak_weights::permute_qk_rows(&w.k_proj, c.num_key_value_heads, c.hidden_size).unwrap();
+        if let Some((bq, bk, _)) = &mut w.qkv_bias {
+            *bq = fak_weights::permute_qk_rows(bq, c.num_attention_heads, 1).unwrap();
+            *bk = fak_weights::permute_qk_rows(bk, c.num_key_value_heads, 1).unwrap();
+        }
+    }
+    let oracle = load_oracle(oracle_files("tiny-qwen2").remove(0));
+    let f = measure(&model, &oracle).unwrap();
+    assert!(!f.r1_holds(), "cosine {}", f.min_layer_cosine);
+}
