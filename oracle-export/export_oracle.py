@@ -752,11 +752,21 @@ REAL_PROMPTS = [
 ]
 # Prompt sets by oracle name (default REAL_PROMPTS). Base models get raw text only; the tokenizer's
 # own special-token policy applies (Gemma: BOS is added).
+# A deterministic text of about 700 Gemma tokens: a log of numbered, varied sentences.
+LONG_PROMPT = "Field notes from the harbour survey.\n" + "".join(
+    f"Day {i}: the tide was {['high', 'low', 'slack', 'turning'][i % 4]} at {6 + i % 12}:{(7 * i) % 60:02d}, "
+    f"{['three', 'five', 'seven', 'eleven'][i % 4]} {['gulls', 'boats', 'divers', 'crates'][(i // 4) % 4]} were counted "
+    f"near pier {i % 9 + 1}, and the water was {['clear', 'murky', 'green', 'grey'][(i // 2) % 4]}.\n"
+    for i in range(1, 31)
+) + "Summary of the survey:"
+
 PROMPT_SETS = {
     "gemma3-270m": [
         ("capital", "text", "The capital of France is"),
         ("code", "text", "def fibonacci(n):\n"),
         ("story", "text", "Once upon a time, in a small village,"),
+        # Longer than Gemma 3's 512-token sliding window, so the window is exercised.
+        ("long", "text", LONG_PROMPT),
     ],
 }
 CHATML_FALLBACK = "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n"

@@ -89,3 +89,28 @@ fn gemma3_r1_r2b_match_hf() {
         check_oracle(&m, &load_oracle(f));
     }
 }
+
+/// The long prompt (991 tokens) exceeds the 512-token sliding window, so the window is
+/// exercised: the same weights with every layer global fail R1 on it.
+#[test]
+fn gemma3_long_prompt_needs_the_sliding_window() {
+    let Some(path) = real_model("gemma3-270m") else {
+        return;
+    };
+    let mut m = Model::load(&path).unwrap();
+    let n = m.config().num_hidden_layers;
+    m.set_sliding_windows(vec![None; n]).unwrap();
+    let long = oracle_files("gemma3-270m")
+        .into_iter()
+        .find(|f| f.ends_with("long.safetensors"))
+        .expect("long prompt oracle");
+    let oracle = load_oracle(long);
+    assert!(oracle.ids("prompt_ids").unwrap().len() > 512);
+    let f = measure(&m, &oracle).unwrap();
+    assert!(
+        !f.r1_holds(),
+        "without the window: cosine {}, max|Δ| {}",
+        f.min_layer_cosine,
+        f.logits_max_abs_diff
+    );
+}
