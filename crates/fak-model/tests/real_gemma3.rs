@@ -21,36 +21,7 @@ fn gemma3_tensor_table_and_config_match_hf() {
         return;
     };
     let (src, c) = WeightSource::open(&path).unwrap();
-    let hf: Value = serde_json::from_str(
-        &std::fs::read_to_string(oracle_dir().join("state_dict.json")).unwrap(),
-    )
-    .unwrap();
-    let mut theirs: Vec<(String, Vec<usize>)> = hf["tensors"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            let shape = e[1]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|d| d.as_u64().unwrap() as usize)
-                .collect();
-            (e[0].as_str().unwrap().to_string(), shape)
-        })
-        .collect();
-    theirs.sort();
-    let ours: Vec<(String, Vec<usize>)> = src
-        .entries()
-        .into_iter()
-        .map(|e| (e.name, e.shape))
-        .collect();
-    assert_eq!(ours, theirs, "tensor table differs from HF's");
-    let n: u64 = ours
-        .iter()
-        .map(|(_, s)| s.iter().product::<usize>() as u64)
-        .sum();
-    assert_eq!(n, hf["n_params"].as_u64().unwrap());
+    assert_eq!(check_tensor_table(&src, &oracle_dir()), 268_098_176);
 
     let cfg: Value =
         serde_json::from_str(&std::fs::read_to_string(oracle_dir().join("config.json")).unwrap())

@@ -100,3 +100,42 @@ pub fn check_oracle(model: &fak_model::Model, oracle: &Oracle) -> Figures {
     assert!(f.r1_holds() && f.r2b_holds());
     f
 }
+
+/// R0: the checkpoint's tensor table (HF names, shapes) equals HF's `named_parameters()`
+/// recorded in `<oracle_dir>/state_dict.json`, and so does the parameter count, which is
+/// returned.
+pub fn check_tensor_table(src: &fak_model::WeightSource, oracle_dir: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(oracle_dir.join("state_dict.json")).unwrap();
+    let hf: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let mut theirs: Vec<(String, Vec<usize>)> = hf["tensors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let shape = e[1]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d.as_u64().unwrap() as usize)
+                .collect();
+            (e[0].as_str().unwrap().to_string(), shape)
+        })
+        .collect();
+    theirs.sort();
+    let ours: Vec<(String, Vec<usize>)> = src
+        .entries()
+        .into_iter()
+        .map(|e| (e.name, e.shape))
+        .collect();
+    assert_eq!(ours, theirs, "tensor table differs from HF's");
+    let n: u64 = ours
+        .iter()
+        .map(|(_, s)| s.iter().product::<usize>() as u64)
+        .sum();
+    assert_eq!(
+        n,
+        hf["n_params"].as_u64().unwrap(),
+        "parameter count differs from HF's"
+    );
+    n
+}
