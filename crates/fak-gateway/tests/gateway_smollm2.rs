@@ -22,14 +22,7 @@ fn smollm2_path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return Some(PathBuf::from(p));
     }
-    if let Some(p) = catalog::cached(ID) {
-        return Some(p);
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") && std::env::var("CI").is_err() {
-        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: real-model test NOT RUN");
-        return None;
-    }
-    panic!("the real model is not cached; fetch it with: cargo run --release -p fak-cli -- model pull smollm2-135m-instruct");
+    catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
 }
 
 fn model() -> Option<(PathBuf, Arc<Model>)> {

@@ -34,7 +34,9 @@ fn model_path() -> Option<PathBuf> {
             return candidate;
         }
     }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1") {
+    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1")
+        && std::env::var_os("CI").is_none()
+    {
         eprintln!(
             "\n*** FAK_SKIP_REAL_MODEL=1: NOT checking the real SmolLM2 GGUF ({}) ***\n",
             candidate.map_or("no cache dir".into(), |p| p.display().to_string())
