@@ -5,8 +5,13 @@ and FAK_SDK_KEY (the key the server was started with). Checks, on the real
 SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
 non-streaming and streaming chat (the streamed text concatenated equals the whole
 text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
-/v1/models, and the error cases (status and SDK exception class). Prints one
-`N passed, M failed` line and exits non-zero on any failure.
+/v1/models, and the error cases (status and SDK exception class). On the real model, a
+forced tool call that the 135M model writes malformed fails closed (no tool call, the
+`fak` field says MALFORMED). Against FAK_MOCK_BASE (`fak serve --engine mock`, whose
+replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
+both wires, streaming and not, a denied call removed with its reason, and the tool
+result sent back. Prints one `N passed, M failed` line and exits non-zero on any
+failure.
 """
 
 import json
@@ -18,6 +23,7 @@ import anthropic
 import openai
 
 BASE = os.environ["FAK_BASE"]
+MOCK_BASE = os.environ["FAK_MOCK_BASE"]
 KEY = os.environ["FAK_SDK_KEY"]
 MODEL = "smollm2-135m-instruct"
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -58,6 +64,24 @@ def raises(exc, status, fn, needle=None):
 
 oa = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
 an = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0)
+om = openai.OpenAI(base_url=f"{MOCK_BASE}/v1", api_key=KEY, max_retries=0)
+am = anthropic.Anthropic(base_url=MOCK_BASE, api_key=KEY, max_retries=0)
+WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+OA_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER_SCHEMA}},
+    {"type": "function", "function": {"name": "delete_files", "parameters": {"type": "object"}}},
+]
+AN_TOOLS = [
+    {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER_SCHEMA},
+    {"name": "delete_files", "input_schema": {"type": "object"}},
+]
+
+
+def call_directive(name, args):
+    """A mock prompt whose reply is one tool call."""
+    return "echo Let me look. <tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+
+
 # This anthropic SDK has no `temperature` argument; the API field goes in the body.
 GREEDY = {"temperature": 0}
 
@@ -166,6 +190,101 @@ def anthropic_errors():
     raises(anthropic.AuthenticationError, 401, lambda: bad.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES))
 
 
+def real_model_malformed_call_fails_closed():
+    r = oa.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=OA_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        temperature=0,
+        max_tokens=40,
+    )
+    eq(r.choices[0].message.tool_calls, None)
+    eq(r.choices[0].finish_reason, "length")
+    verdicts = r.model_extra["fak"]["tool_calls"]
+    eq([(v["name"], v["verdict"], v["reason"]) for v in verdicts], [("get_weather", "deny", "MALFORMED")])
+
+
+def openai_tool_call():
+    msgs = [{"role": "user", "content": call_directive("get_weather", {"city": "Paris"})}]
+    r = om.chat.completions.create(model="mock", messages=msgs, tools=OA_TOOLS)
+    c = r.choices[0]
+    eq(c.finish_reason, "tool_calls")
+    eq(c.message.content, "Let me look.")
+    eq(len(c.message.tool_calls), 1)
+    call = c.message.tool_calls[0]
+    eq(call.function.name, "get_weather")
+    eq(json.loads(call.function.arguments), {"city": "Paris"})
+    eq(r.model_extra["fak"]["tool_calls"][0]["verdict"], "allow")
+    # The result goes back; the next turn is served.
+    msgs += [c.message.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": call.id, "content": "18 C"}]
+    r2 = om.chat.completions.create(model="mock", messages=msgs, tools=OA_TOOLS)
+    eq(r2.choices[0].finish_reason, "stop")
+
+
+def openai_tool_call_stream():
+    msgs = [{"role": "user", "content": call_directive("get_weather", {"city": "Oslo"})}]
+    calls, text, finish = {}, "", None
+    for ch in om.chat.completions.create(model="mock", messages=msgs, tools=OA_TOOLS, stream=True):
+        d = ch.choices[0].delta
+        text += d.content or ""
+        for tc in d.tool_calls or []:
+            e = calls.setdefault(tc.index, {"name": "", "arguments": ""})
+            e["name"] += tc.function.name or ""
+            e["arguments"] += tc.function.arguments or ""
+        finish = ch.choices[0].finish_reason or finish
+    eq(text, "Let me look.")
+    eq(finish, "tool_calls")
+    eq([(c["name"], json.loads(c["arguments"])) for c in calls.values()], [("get_weather", {"city": "Oslo"})])
+
+
+def openai_denied_and_forced():
+    r = om.chat.completions.create(
+        model="mock", messages=[{"role": "user", "content": call_directive("delete_files", {"path": "/"})}], tools=OA_TOOLS
+    )
+    eq(r.choices[0].message.tool_calls, None)
+    eq(r.choices[0].finish_reason, "stop")
+    eq(r.model_extra["fak"]["tool_calls"][0]["reason"], "DEFAULT_DENY")
+    r = om.chat.completions.create(
+        model="mock",
+        messages=[{"role": "user", "content": "hello"}],
+        tools=OA_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+    )
+    eq(r.choices[0].message.tool_calls[0].function.name, "get_weather")
+
+
+def anthropic_tool_use():
+    msgs = [{"role": "user", "content": call_directive("get_weather", {"city": "Paris"})}]
+    r = am.messages.create(model="mock", max_tokens=100, messages=msgs, tools=AN_TOOLS)
+    eq(r.stop_reason, "tool_use")
+    eq([b.type for b in r.content], ["text", "tool_use"])
+    use = r.content[1]
+    eq((use.name, use.input), ("get_weather", {"city": "Paris"}))
+    msgs += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in r.content]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "18 C"}]},
+    ]
+    r2 = am.messages.create(model="mock", max_tokens=100, messages=msgs, tools=AN_TOOLS)
+    eq(r2.stop_reason, "end_turn")
+
+
+def anthropic_tool_use_stream():
+    msgs = [{"role": "user", "content": call_directive("get_weather", {"city": "Oslo"})}]
+    with am.messages.stream(model="mock", max_tokens=100, messages=msgs, tools=AN_TOOLS) as s:
+        final = s.get_final_message()
+    eq(final.stop_reason, "tool_use")
+    uses = [b for b in final.content if b.type == "tool_use"]
+    eq([(u.name, u.input) for u in uses], [("get_weather", {"city": "Oslo"})])
+    # A denied call: no tool_use, an explanatory text block.
+    msgs = [{"role": "user", "content": call_directive("delete_files", {})}]
+    with am.messages.stream(model="mock", max_tokens=100, messages=msgs, tools=AN_TOOLS) as s:
+        final = s.get_final_message()
+    eq(final.stop_reason, "end_turn")
+    eq([b.type for b in final.content if b.type == "tool_use"], [])
+    assert "DEFAULT_DENY" in "".join(b.text for b in final.content if b.type == "text"), final
+
+
 for name, fn in [
     ("openai chat", openai_chat),
     ("openai chat stream == whole text, usage", openai_stream),
@@ -177,6 +296,12 @@ for name, fn in [
     ("anthropic stream == whole text", anthropic_stream),
     ("anthropic system + stop_sequences", anthropic_system_and_stop),
     ("anthropic errors (404, 400 x2, 401)", anthropic_errors),
+    ("real model: a malformed forced tool call fails closed", real_model_malformed_call_fails_closed),
+    ("mock: openai tool call, result sent back", openai_tool_call),
+    ("mock: openai tool call streamed", openai_tool_call_stream),
+    ("mock: openai denied call removed, forced tool_choice", openai_denied_and_forced),
+    ("mock: anthropic tool_use, tool_result sent back", anthropic_tool_use),
+    ("mock: anthropic tool_use streamed, denied call explained", anthropic_tool_use_stream),
 ]:
     check(name, fn)
 

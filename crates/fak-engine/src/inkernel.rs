@@ -9,6 +9,7 @@
 //! session is then kept for later requests, within `kv_budget_bytes`.
 
 use crate::prefix::{start_session, PrefixCache};
+use crate::tools::{prepare, template_renders_tools, Parsed, ToolCallParser};
 use crate::{
     budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
     EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
@@ -65,6 +66,9 @@ struct Job {
     ids: Vec<u32>,
     params: TextParams,
     sink: EventSink,
+    /// When the request offered tools: the reply's forced head (may be empty), for the
+    /// tool-call parser.
+    tools: Option<String>,
 }
 
 struct Shared {
@@ -226,7 +230,13 @@ fn worker(s: &Shared) {
 }
 
 fn run_job(s: &Shared, l: &Loaded, job: Job) {
-    let Job { ids, params, sink } = job;
+    let Job {
+        ids,
+        params,
+        sink,
+        tools,
+    } = job;
+    let mut parser = tools.as_deref().map(ToolCallParser::new);
     if sink.is_closed() {
         return; // the client left while queued
     }
@@ -256,7 +266,11 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
         &params,
         Some(&cancel),
         &mut |t| {
-            if !sink.send(EngineEvent::Text(t.to_string())) {
+            let sent = match parser.as_mut() {
+                None => sink.send(EngineEvent::Text(t.to_string())),
+                Some(p) => p.push(t).into_iter().all(|x| sink.send(parsed_event(x))),
+            };
+            if !sent {
                 cancel.store(true, Ordering::Relaxed);
             }
         },
@@ -268,6 +282,11 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             }
             if out.finish_reason == FinishReason::Cancelled {
                 return;
+            }
+            if let Some(p) = parser {
+                if !p.finish().into_iter().all(|x| sink.send(parsed_event(x))) {
+                    return;
+                }
             }
             let stop_sequence = stop_sequence_hit(&out, &params, &l.tokenizer);
             sink.send(EngineEvent::Done(Done {
@@ -282,6 +301,14 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
         Err(e) => {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
         }
+    }
+}
+
+/// The event for a piece the tool-call parser released.
+fn parsed_event(p: Parsed) -> EngineEvent {
+    match p {
+        Parsed::Text(t) => EngineEvent::Text(t),
+        Parsed::Call(c) => EngineEvent::ToolCall(c),
     }
 }
 
@@ -353,6 +380,7 @@ impl EngineDriver for InKernelDriver {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
+        let mut tools = None;
         let (ids, stop_ids) = match &req.prompt {
             Prompt::Chat(messages) => {
                 if messages.is_empty() {
@@ -360,10 +388,27 @@ impl EngineDriver for InKernelDriver {
                         "messages must hold at least one message".into(),
                     ));
                 }
-                let ids = l
+                let prep = prepare(
+                    messages,
+                    &req.tools,
+                    &req.tool_choice,
+                    template_renders_tools(l.template.source()),
+                );
+                let bad = |e: &dyn std::fmt::Display| EngineError::InvalidRequest(e.to_string());
+                let mut ids = l
                     .template
-                    .encode(&l.tokenizer, messages, true, None)
-                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+                    .encode(&l.tokenizer, &prep.messages, true, prep.tools.as_ref())
+                    .map_err(|e| bad(&e))?;
+                if !prep.assistant_prefix.is_empty() {
+                    ids.extend(
+                        l.tokenizer
+                            .encode(&prep.assistant_prefix)
+                            .map_err(|e| bad(&e))?,
+                    );
+                }
+                if req.tools_active() {
+                    tools = Some(prep.assistant_prefix);
+                }
                 (ids, l.template.stop_token_ids(&l.tokenizer))
             }
             Prompt::Text(t) => {
@@ -397,7 +442,12 @@ impl EngineDriver for InKernelDriver {
                     retry_after_s: 1,
                 });
             }
-            q.push_back(Job { ids, params, sink });
+            q.push_back(Job {
+                ids,
+                params,
+                sink,
+                tools,
+            });
         }
         self.shared.wake.notify_one();
         Ok(stream)

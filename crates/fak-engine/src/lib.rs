@@ -26,9 +26,11 @@ pub mod mock;
 pub mod policy;
 pub mod prefix;
 pub mod registry;
+pub mod tools;
 
 pub use fak_kv::{FinishReason, SamplingParams};
 pub use fak_model::Message;
+pub use tools::{ToolCall, ToolChoice, ToolSpec};
 
 use std::path::PathBuf;
 use tokio::sync::mpsc;
@@ -58,6 +60,10 @@ pub struct GenerateRequest {
     pub sampling: SamplingParams,
     /// Stop strings: generation ends before the first occurrence, which is not returned.
     pub stop: Vec<String>,
+    /// Tools offered to the model (chat prompts only; see [`tools`]).
+    pub tools: Vec<ToolSpec>,
+    /// Which calls the model may or must make (ignored without tools).
+    pub tool_choice: ToolChoice,
 }
 
 impl GenerateRequest {
@@ -69,7 +75,15 @@ impl GenerateRequest {
             max_tokens: None,
             sampling: SamplingParams::default(),
             stop: Vec::new(),
+            tools: Vec::new(),
+            tool_choice: ToolChoice::Auto,
         }
+    }
+
+    /// Whether tool calls are offered and read: tools given and `tool_choice` not
+    /// `none`.
+    pub fn tools_active(&self) -> bool {
+        !self.tools.is_empty() && self.tool_choice != ToolChoice::None
     }
 }
 
@@ -91,8 +105,8 @@ pub struct Done {
     pub decode_s: f64,
 }
 
-/// One event of a generation, in order: `Start`, any number of `Text`, then exactly one
-/// of `Done` or `Error`.
+/// One event of a generation, in order: `Start`, any number of `Text` and `ToolCall`,
+/// then exactly one of `Done` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// A worker took the request.
@@ -104,6 +118,9 @@ pub enum EngineEvent {
     },
     /// The next piece of text (whole UTF-8 characters, never part of a stop string).
     Text(String),
+    /// A tool call read from the reply (only when the request offered tools), whole.
+    /// It may be [`ToolCall::malformed`]: the layer above decides what the client sees.
+    ToolCall(ToolCall),
     /// Generation finished.
     Done(Done),
     /// Generation failed after it started.
@@ -270,6 +287,8 @@ pub struct Collected {
     pub cached_tokens: usize,
     /// The concatenated text.
     pub text: String,
+    /// The tool calls, in order.
+    pub tool_calls: Vec<ToolCall>,
     /// The ending (`None` only while incomplete).
     pub done: Option<Done>,
 }
@@ -289,6 +308,7 @@ impl Collected {
                 self.cached_tokens = cached_tokens;
             }
             EngineEvent::Text(t) => self.text.push_str(&t),
+            EngineEvent::ToolCall(c) => self.tool_calls.push(c),
             EngineEvent::Done(d) => {
                 self.done = Some(d);
                 return Ok(true);

@@ -9,6 +9,11 @@
 //! - `echo TEXT`: TEXT's words;
 //! - anything else: [`MOCK_REPLY`].
 //!
+//! With tools offered, the reply goes through the same tool-call parser as the in-kernel
+//! driver's (so `echo <tool_call>{"name": "f", "arguments": {}}</tool_call>` proposes a
+//! call), and when `tool_choice` is `required` or names a tool and the reply holds no
+//! call, the reply is a call of the named (or first) tool with arguments `{}`.
+//!
 //! Each word is one `Text` event (`"word"` then `" word"`...). Generation stops after the
 //! reply (finish `stop`), at `max_tokens` (`length`) or before a stop string (`stop`,
 //! the text before it kept). Cached tokens: the longest word prefix shared with the
@@ -16,9 +21,11 @@
 //! A per-word delay (see [`MockDriver::with_delay`]) makes streams last; each generation
 //! runs on its own thread, stopping as soon as its stream is dropped.
 
+use crate::tools::{Parsed, ToolCallParser, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::{
     budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
-    EngineStats, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt, Readiness,
+    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
+    Readiness, ToolChoice,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -105,6 +112,24 @@ impl MockDriver {
     }
 }
 
+fn parsed_event(p: Parsed) -> EngineEvent {
+    match p {
+        Parsed::Text(t) => EngineEvent::Text(t),
+        Parsed::Call(c) => EngineEvent::ToolCall(c),
+    }
+}
+
+/// Sends `piece` as text, or through the tool-call parser; `false` once the client left.
+fn send_text(sink: &EventSink, parser: &mut Option<ToolCallParser>, piece: &str) -> bool {
+    match parser {
+        None => sink.send(EngineEvent::Text(piece.to_string())),
+        Some(p) => p
+            .push(piece)
+            .into_iter()
+            .all(|x| sink.send(parsed_event(x))),
+    }
+}
+
 struct ActiveGuard(Arc<AtomicUsize>);
 
 impl Drop for ActiveGuard {
@@ -152,7 +177,22 @@ impl EngineDriver for MockDriver {
                 retry_after_s: 1,
             });
         }
-        let reply = Self::reply(&req.prompt);
+        let mut reply = Self::reply(&req.prompt);
+        let forced = match &req.tool_choice {
+            ToolChoice::Named(n) => Some(n.clone()),
+            ToolChoice::Required => req.tools.first().map(|t| t.name.clone()),
+            _ => None,
+        };
+        if let Some(name) = forced.filter(|_| req.tools_active()) {
+            if !reply.iter().any(|w| w.contains(TOOL_CALL_OPEN)) {
+                let call = format!(
+                    "{TOOL_CALL_OPEN}{{\"name\": {}, \"arguments\": {{}}}}{TOOL_CALL_CLOSE}",
+                    serde_json::Value::String(name)
+                );
+                reply = call.split_whitespace().map(str::to_string).collect();
+            }
+        }
+        let mut parser = req.tools_active().then(|| ToolCallParser::new(""));
         let cached = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             let common = last
@@ -200,7 +240,7 @@ impl EngineDriver for MockDriver {
                     .min_by_key(|(at, _)| *at)
                 {
                     let before = &candidate[text.len().min(at)..at];
-                    if !before.is_empty() && !sink.send(EngineEvent::Text(before.to_string())) {
+                    if !before.is_empty() && !send_text(&sink, &mut parser, before) {
                         return;
                     }
                     n += 1;
@@ -208,10 +248,17 @@ impl EngineDriver for MockDriver {
                     break;
                 }
                 n += 1;
-                if !sink.send(EngineEvent::Text(piece)) {
+                if !send_text(&sink, &mut parser, &piece) {
                     return; // the client went away
                 }
                 text = candidate;
+            }
+            if let Some(p) = parser {
+                for x in p.finish() {
+                    if !sink.send(parsed_event(x)) {
+                        return;
+                    }
+                }
             }
             sink.send(EngineEvent::Done(Done {
                 completion_tokens: n,
@@ -265,6 +312,38 @@ mod tests {
         let d = c.done.unwrap();
         assert_eq!(d.finish_reason, FinishReason::Stop);
         assert_eq!(d.stop_sequence.as_deref(), Some(" 5"));
+    }
+
+    #[test]
+    fn tool_calls_go_through_the_parser() {
+        let tools = vec![crate::ToolSpec {
+            name: "get_time".into(),
+            description: None,
+            parameters: serde_json::json!({}),
+        }];
+        let mut r = GenerateRequest::chat(vec![Message::new(
+            "user",
+            r#"echo ok <tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>"#,
+        )]);
+        r.tools = tools.clone();
+        let c = run(r.clone());
+        assert_eq!(c.text, "ok");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].name, "f");
+        assert_eq!(c.tool_calls[0].arguments, r#"{"a":1}"#);
+        // Without tools the same reply is text.
+        r.tools.clear();
+        assert!(run(r).text.contains("<tool_call>"));
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        r.tools = tools;
+        r.tool_choice = ToolChoice::Required;
+        let c = run(r.clone());
+        assert_eq!(
+            (c.text.as_str(), c.tool_calls[0].name.as_str()),
+            ("", "get_time")
+        );
+        r.tool_choice = ToolChoice::Auto;
+        assert!(run(r).tool_calls.is_empty());
     }
 
     #[test]

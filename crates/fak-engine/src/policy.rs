@@ -204,6 +204,17 @@ impl Policy {
         }
     }
 
+    /// The policy of [`Policy::default_manifest`] (which has no patterns to compile, so
+    /// building it cannot fail).
+    pub fn builtin() -> Self {
+        Policy {
+            manifest: Self::default_manifest(),
+            patterns: HashMap::new(),
+            history: HashMap::new(),
+            secrets: fak_ctxmmu::SecretDetector::new(),
+        }
+    }
+
     /// Parses and validates a manifest.
     ///
     /// # Errors

@@ -1,24 +1,38 @@
 //! The Anthropic-compatible route: `POST /v1/messages`.
 //!
 //! Supported now: `model`, `max_tokens` (required, at least 1), `messages` (roles
-//! `user`/`assistant`, content a string or an array of `text` blocks), top-level
-//! `system` (a string or `text` blocks), `stop_sequences`, `temperature` (default 1),
-//! `top_p`, `top_k`, `stream`. Not yet: `tools` and the `tool_use` / `tool_result`
-//! blocks (a 400 naming them). Usage follows Anthropic's split: `input_tokens` counts
-//! the prompt tokens *not* read from the cache, `cache_read_input_tokens` those that
-//! were; their sum is the prompt.
+//! `user`/`assistant`, content a string or an array of `text`, `tool_use` (assistant) and
+//! `tool_result` (user) blocks), top-level `system` (a string or `text` blocks),
+//! `stop_sequences`, `temperature` (default 1), `top_p`, `top_k`, `stream`, `tools`
+//! (client tools: `name`, `description`, `input_schema`) and `tool_choice` (`auto`,
+//! `any`, `tool` with a `name`, `none`). Other block types (images, documents) are a 400
+//! naming them. Usage follows Anthropic's split: `input_tokens` counts the prompt tokens
+//! *not* read from the cache, `cache_read_input_tokens` those that were; their sum is
+//! the prompt.
+//!
+//! Tool calls the model proposes are adjudicated ([`crate::tools`]): allowed ones become
+//! `tool_use` blocks (`stop_reason: "tool_use"`); a denied one is removed and replaced by
+//! a text block saying why, and the `fak` field (of `message_delta`, when streaming)
+//! lists every verdict. A stream sends text as it comes and the tool blocks after the
+//! reply is over and the whole set is decided.
 
 use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
+use crate::tools::{
+    adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
+    Adjudicated,
+};
 use crate::{finish, new_id, parse_body, positive, start, with_note, AppState, UsageNote};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fak_engine::{
-    Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams,
+    Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, ToolCall,
+    ToolChoice, ToolSpec,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -30,6 +44,11 @@ struct Block {
     #[serde(rename = "type")]
     kind: String,
     text: Option<String>,
+    id: Option<String>,
+    name: Option<String>,
+    input: Option<Value>,
+    tool_use_id: Option<String>,
+    content: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -57,6 +76,7 @@ struct MessagesRequest {
     top_k: Option<i64>,
     stream: Option<bool>,
     tools: Option<Value>,
+    tool_choice: Option<Value>,
 }
 
 fn bad(msg: String) -> ApiError {
@@ -86,12 +106,181 @@ fn text_of(c: Content, at: &str) -> Result<String, ApiError> {
     }
 }
 
-fn stop_reason(d: &Done) -> &'static str {
+/// `tools` and `tool_choice` of a Messages request.
+fn parse_tools(
+    tools: Option<Value>,
+    choice: Option<Value>,
+) -> Result<(Vec<ToolSpec>, ToolChoice), ApiError> {
+    let list = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(bad("tools must be an array".into())),
+    };
+    let mut specs = Vec::with_capacity(list.len());
+    for (i, t) in list.into_iter().enumerate() {
+        if let Some(k) = t.get("type").and_then(Value::as_str) {
+            if k != "custom" {
+                return Err(bad(format!(
+                    "tools[{i}] has type '{k}'; only client tools (name, description, input_schema) are supported"
+                )));
+            }
+        }
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad(format!("tools[{i}] has no string `name`")))?;
+        check_tool_name(name, &format!("tools[{i}].name")).map_err(|e| e.with_flavor(F))?;
+        let parameters = match t.get("input_schema") {
+            Some(p @ Value::Object(_)) => p.clone(),
+            _ => {
+                return Err(bad(format!(
+                    "tools[{i}].input_schema must be a JSON Schema object"
+                )))
+            }
+        };
+        specs.push(ToolSpec {
+            name: name.to_string(),
+            description: t
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            parameters,
+        });
+    }
+    let choice = match &choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(v) => match (
+            v.get("type").and_then(Value::as_str),
+            v.get("name").and_then(Value::as_str),
+        ) {
+            (Some("auto"), _) => ToolChoice::Auto,
+            (Some("any"), _) => ToolChoice::Required,
+            (Some("none"), _) => ToolChoice::None,
+            (Some("tool"), Some(n)) => ToolChoice::Named(n.to_string()),
+            _ => {
+                return Err(bad(
+                    "tool_choice must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}".into(),
+                ))
+            }
+        },
+    };
+    check_tools(&specs, &choice).map_err(|e| e.with_flavor(F))?;
+    Ok((specs, choice))
+}
+
+/// The text of a `tool_result` block's `content`: a string, or `text` blocks.
+fn result_text(c: Option<Value>, at: &str) -> Result<String, ApiError> {
+    match c {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(s)) => Ok(s),
+        Some(Value::Array(blocks)) => {
+            let mut s = String::new();
+            for (j, b) in blocks.iter().enumerate() {
+                match (
+                    b.get("type").and_then(Value::as_str),
+                    b.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => s.push_str(t),
+                    (k, _) => return Err(bad(format!(
+                        "{at}.content[{j}] has type '{}'; only text is supported in tool results",
+                        k.unwrap_or("?")
+                    ))),
+                }
+            }
+            Ok(s)
+        }
+        Some(_) => Err(bad(format!("{at}.content must be a string or blocks"))),
+    }
+}
+
+/// One Anthropic message as fak messages: an assistant's `tool_use` blocks become its
+/// `tool_calls`; a user's `tool_result` blocks become `tool` messages (in order, before
+/// the user's text, as Anthropic requires results to come first).
+fn convert(m: AMessage, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError> {
+    let at = format!("messages[{i}].content");
+    let blocks = match m.content {
+        Content::Text(t) => {
+            out.push(Message::new(&m.role, &t));
+            return Ok(());
+        }
+        Content::Blocks(b) => b,
+    };
+    let mut text = String::new();
+    let mut calls = Vec::new();
+    for (j, b) in blocks.into_iter().enumerate() {
+        match (b.kind.as_str(), m.role.as_str()) {
+            ("text", _) => match b.text {
+                Some(t) => text.push_str(&t),
+                None => return Err(bad(format!("{at}[{j}] is a text block without `text`"))),
+            },
+            ("tool_use", "assistant") => {
+                let (Some(id), Some(name)) = (b.id, b.name) else {
+                    return Err(bad(format!(
+                        "{at}[{j}] is a tool_use block without id or name"
+                    )));
+                };
+                let input = b.input.unwrap_or_else(|| json!({}));
+                calls.push(json!({"id": id, "type": "function",
+                    "function": {"name": name, "arguments": input.to_string()}}));
+            }
+            ("tool_result", "user") => {
+                let Some(id) = b.tool_use_id else {
+                    return Err(bad(format!(
+                        "{at}[{j}] is a tool_result block without tool_use_id"
+                    )));
+                };
+                let mut t = Message::new("tool", &result_text(b.content, &format!("{at}[{j}]"))?);
+                t.tool_call_id = Some(id);
+                out.push(t);
+            }
+            (k, role) => {
+                return Err(bad(format!(
+                    "{at}[{j}] has type '{k}', which is not supported in a {role} message"
+                )))
+            }
+        }
+    }
+    if m.role == "assistant" {
+        let mut a = Message::new("assistant", &text);
+        if !calls.is_empty() {
+            a.tool_calls = Some(Value::Array(calls));
+        }
+        out.push(a);
+    } else if !text.is_empty() || out.last().is_none_or(|l| l.role != "tool") {
+        out.push(Message::new("user", &text));
+    }
+    Ok(())
+}
+
+fn stop_reason(d: &Done, a: &Adjudicated) -> &'static str {
+    if !a.allowed.is_empty() {
+        return "tool_use";
+    }
     match (d.finish_reason, &d.stop_sequence) {
         (FinishReason::Length, _) => "max_tokens",
         (_, Some(_)) => "stop_sequence",
         _ => "end_turn",
     }
+}
+
+/// Anthropic's id for a call: `toolu_` and the call id's own suffix.
+fn tool_use_id(c: &ToolCall) -> String {
+    format!("toolu_{}", c.id.trim_start_matches("call_"))
+}
+
+/// The content blocks after the text: an explanation per denied call, then the allowed
+/// calls as `tool_use` blocks.
+fn tool_blocks(a: &Adjudicated) -> Vec<Value> {
+    let mut out: Vec<Value> = a
+        .denied
+        .iter()
+        .map(|(c, v)| json!({"type": "text", "text": denial_text(c, v)}))
+        .collect();
+    out.extend(a.allowed.iter().map(|c| {
+        json!({"type": "tool_use", "id": tool_use_id(c), "name": c.name,
+               "input": arguments_object(c)})
+    }));
+    out
 }
 
 fn usage(prompt: usize, cached: usize, output: usize) -> Value {
@@ -110,15 +299,11 @@ fn event(name: &str, v: &Value) -> Event {
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
     State(s): State<AppState>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let r: MessagesRequest = parse_body(&s, body, F)?;
-    if r.tools
-        .as_ref()
-        .is_some_and(|t| t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(bad("`tools` is not supported yet".into()));
-    }
+    let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice)?;
     let max_tokens = positive("max_tokens", r.max_tokens, F)?;
     if r.messages.is_empty() {
         return Err(bad("messages must hold at least one message".into()));
@@ -134,9 +319,9 @@ pub(crate) async fn messages(
                 m.role
             )));
         }
-        let text = text_of(m.content, &format!("messages[{i}].content"))?;
-        msgs.push(Message::new(&m.role, &text));
+        convert(m, i, &mut msgs)?;
     }
+    let conversation = conversation_key(&headers, &msgs);
     let top_k = match r.top_k {
         None => 0,
         Some(k) if k >= 0 => k as usize,
@@ -158,7 +343,10 @@ pub(crate) async fn messages(
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect(),
+        tools,
+        tool_choice,
     };
+    let offered = req.tools.clone();
     let started = start(&s, req, F, "/v1/messages").await?;
     let id = new_id("msg_");
     let model = r.model;
@@ -186,41 +374,86 @@ pub(crate) async fn messages(
             ),
             event("ping", &json!({"type": "ping"})),
         ];
+        let state = s.clone();
+        let mut held: Vec<ToolCall> = Vec::new();
         let st = sse_stream(s, started, head, move |ev| match ev {
             EngineEvent::Text(t) => vec![event(
                 "content_block_delta",
                 &json!({"type": "content_block_delta", "index": 0,
                         "delta": {"type": "text_delta", "text": t}}),
             )],
-            EngineEvent::Done(d) => vec![
-                event(
+            EngineEvent::ToolCall(c) => {
+                held.push(c);
+                Vec::new()
+            }
+            EngineEvent::Done(d) => {
+                let a = adjudicate(&state, &conversation, &offered, std::mem::take(&mut held));
+                let mut out = vec![event(
                     "content_block_stop",
                     &json!({"type": "content_block_stop", "index": 0}),
-                ),
-                event(
-                    "message_delta",
-                    &json!({"type": "message_delta",
-                            "delta": {"stop_reason": stop_reason(&d), "stop_sequence": d.stop_sequence},
-                            "usage": {"output_tokens": d.completion_tokens}}),
-                ),
-                event("message_stop", &json!({"type": "message_stop"})),
-            ],
+                )];
+                for (k, b) in tool_blocks(&a).into_iter().enumerate() {
+                    let index = k + 1;
+                    let (start, delta) = if b["type"] == "tool_use" {
+                        let input = b["input"].to_string();
+                        let mut start = b;
+                        start["input"] = json!({});
+                        (
+                            start,
+                            json!({"type": "input_json_delta", "partial_json": input}),
+                        )
+                    } else {
+                        let text = b["text"].clone();
+                        (
+                            json!({"type": "text", "text": ""}),
+                            json!({"type": "text_delta", "text": text}),
+                        )
+                    };
+                    out.push(event("content_block_start", &json!({"type": "content_block_start", "index": index, "content_block": start})));
+                    out.push(event(
+                        "content_block_delta",
+                        &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+                    ));
+                    out.push(event(
+                        "content_block_stop",
+                        &json!({"type": "content_block_stop", "index": index}),
+                    ));
+                }
+                let mut md = json!({"type": "message_delta",
+                        "delta": {"stop_reason": stop_reason(&d, &a), "stop_sequence": d.stop_sequence},
+                        "usage": {"output_tokens": d.completion_tokens}});
+                if let Some(rep) = a.report {
+                    md["fak"] = rep;
+                }
+                out.push(event("message_delta", &md));
+                out.push(event("message_stop", &json!({"type": "message_stop"})));
+                out
+            }
             EngineEvent::Error(e) => vec![event("error", &ApiError::from(e).with_flavor(F).body())],
             EngineEvent::Start { .. } => Vec::new(),
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
     }
     let f = finish(&s, started, F).await?;
-    let body = json!({
+    let a = adjudicate(&s, &conversation, &offered, f.tool_calls);
+    let mut content = Vec::new();
+    if !f.text.is_empty() || a.report.is_none() {
+        content.push(json!({"type": "text", "text": f.text}));
+    }
+    content.extend(tool_blocks(&a));
+    let mut body = json!({
         "id": id,
         "type": "message",
         "role": "assistant",
         "model": model,
-        "content": [{"type": "text", "text": f.text}],
-        "stop_reason": stop_reason(&f.done),
+        "content": content,
+        "stop_reason": stop_reason(&f.done, &a),
         "stop_sequence": f.done.stop_sequence,
         "usage": usage(f.prompt_tokens, f.cached_tokens, f.done.completion_tokens),
     });
+    if let Some(rep) = a.report {
+        body["fak"] = rep;
+    }
     Ok(with_note(
         Json(body).into_response(),
         UsageNote {

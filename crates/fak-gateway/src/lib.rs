@@ -5,12 +5,18 @@
 //!
 //! | route | API | notes |
 //! |---|---|---|
-//! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens` |
+//! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens`, `tools` / `tool_choice` (calls adjudicated, `fak` field) |
 //! | `POST /v1/completions` | OpenAI legacy completions | plain prompt, no template |
-//! | `POST /v1/messages` | Anthropic Messages | top-level `system`, text blocks, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
+//! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
 //! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms |
+//!
+//! Tool calls: the engine reads the model's calls out of its text
+//! ([`fak_engine::tools`]); this crate adjudicates each against the policy before the
+//! client sees it ([`tools`]: malformed → `MALFORMED`, not offered → `UNKNOWN_TOOL`, then
+//! [`fak_engine::policy::Policy::adjudicate`]), passes on only the allowed ones, and
+//! reports every verdict in the response's `fak` field.
 //!
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
@@ -30,6 +36,7 @@ mod anthropic;
 pub mod error;
 pub mod metrics;
 mod openai;
+mod tools;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -40,11 +47,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::{ApiError, Flavor};
+use fak_engine::policy::Policy;
 use fak_engine::{EngineDriver, EngineError, EngineEvent, EventStream, GenerateRequest, Readiness};
 use metrics::Metrics;
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Gateway settings (the `fak serve` flags that are not the engine's).
@@ -72,6 +80,8 @@ pub struct AppState {
     driver: Arc<dyn EngineDriver>,
     metrics: Arc<Metrics>,
     config: Arc<GatewayConfig>,
+    /// The tool-call policy every proposed call is adjudicated against.
+    policy: Arc<Mutex<Policy>>,
 }
 
 /// Token counts a handler attaches to its response for the request's log line.
@@ -83,13 +93,25 @@ struct UsageNote {
     stream: bool,
 }
 
-/// The application: every route, the body limit, auth, logging and counting.
+/// The application with the built-in default policy
+/// ([`Policy::default_manifest`]): every route, the body limit, auth, logging and
+/// counting.
 pub fn router(driver: Arc<dyn EngineDriver>, config: GatewayConfig) -> Router {
+    router_with_policy(driver, config, Policy::builtin())
+}
+
+/// The application with `policy` adjudicating the model's tool calls.
+pub fn router_with_policy(
+    driver: Arc<dyn EngineDriver>,
+    config: GatewayConfig,
+    policy: Policy,
+) -> Router {
     let limit = config.max_body_bytes;
     let state = AppState {
         driver,
         metrics: Arc::new(Metrics::default()),
         config: Arc::new(config),
+        policy: Arc::new(Mutex::new(policy)),
     };
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -318,6 +340,7 @@ struct Finished {
     prompt_tokens: usize,
     cached_tokens: usize,
     text: String,
+    tool_calls: Vec<fak_engine::ToolCall>,
     done: fak_engine::Done,
 }
 
@@ -343,6 +366,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         prompt_tokens,
         cached_tokens,
         text: c.text,
+        tool_calls: c.tool_calls,
         done,
     })
 }

@@ -4,11 +4,21 @@
 //! (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or an array
 //! of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default: the rest
 //! of the context window), `temperature` (default 1), `top_p`, `seed`, `stop` (string or
-//! list), `stream`, `stream_options.include_usage`, `n` (1 only). Not yet: `tools`,
-//! `tool_choice`, `logprobs`, `response_format` other than `text`: each is a 400 naming
-//! the field, never silently ignored.
+//! list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools` (functions)
+//! and `tool_choice` (`none`, `auto`, `required`, or a named function), assistant
+//! `tool_calls` and `tool` results in the history. Not yet: `logprobs`,
+//! `response_format` other than `text`: each is a 400 naming the field, never silently
+//! ignored.
+//!
+//! Tool calls the model proposes are adjudicated ([`crate::tools`]) before the client
+//! sees them: allowed ones come back as `message.tool_calls` (arguments as a JSON string,
+//! `finish_reason: "tool_calls"`), denied ones are removed, and the `fak` field of the
+//! response (of the last chunk, when streaming) lists every proposed call's verdict. A
+//! stream sends text as it comes but holds tool calls until the reply is over and the
+//! whole set is decided.
 
 use crate::error::{ApiError, Flavor};
+use crate::tools::{adjudicate, check_tool_name, check_tools, conversation_key, Adjudicated};
 use crate::{
     finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, StreamLog,
     UsageNote,
@@ -16,10 +26,14 @@ use crate::{
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use fak_engine::{EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams};
+use fak_engine::{
+    EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, ToolCall,
+    ToolChoice, ToolSpec,
+};
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -77,6 +91,8 @@ struct ChatRequest {
     n: Option<i64>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    #[allow(dead_code)] // accepted; several calls per reply are always allowed
+    parallel_tool_calls: Option<bool>,
     logprobs: Option<bool>,
     top_logprobs: Option<Value>,
     response_format: Option<Value>,
@@ -159,6 +175,96 @@ fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     })
 }
 
+/// `tools` and `tool_choice` of a chat request.
+fn parse_tools(
+    tools: Option<Value>,
+    choice: Option<Value>,
+) -> Result<(Vec<ToolSpec>, ToolChoice), ApiError> {
+    let list = match tools {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::bad_request("tools must be an array")),
+    };
+    let mut specs = Vec::with_capacity(list.len());
+    for (i, t) in list.into_iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::bad_request(format!(
+                "tools[{i}].type must be 'function'"
+            )));
+        }
+        let f = t
+            .get("function")
+            .ok_or_else(|| ApiError::bad_request(format!("tools[{i}] has no `function`")))?;
+        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
+            ApiError::bad_request(format!("tools[{i}].function has no string `name`"))
+        })?;
+        check_tool_name(name, &format!("tools[{i}].function.name"))?;
+        let parameters = match f.get("parameters") {
+            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
+            Some(p @ Value::Object(_)) => p.clone(),
+            Some(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "tools[{i}].function.parameters must be a JSON Schema object"
+                )))
+            }
+        };
+        specs.push(ToolSpec {
+            name: name.to_string(),
+            description: f
+                .get("description")
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            parameters,
+        });
+    }
+    let choice = match choice {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(w)) => match w.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "tool_choice '{other}' is not one of none, auto, required, or a function"
+                )))
+            }
+        },
+        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
+            Some(n) if v.get("type").and_then(Value::as_str) == Some("function") => {
+                ToolChoice::Named(n.to_string())
+            }
+            _ => {
+                return Err(ApiError::bad_request(
+                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                ))
+            }
+        },
+    };
+    check_tools(&specs, &choice)?;
+    Ok((specs, choice))
+}
+
+/// Checks an assistant message's `tool_calls`: an array of
+/// `{id, type: "function", function: {name, arguments}}` with `arguments` a string.
+fn check_history_calls(v: &Value, i: usize) -> Result<(), ApiError> {
+    let Some(a) = v.as_array() else {
+        return Err(ApiError::bad_request(format!(
+            "messages[{i}].tool_calls must be an array"
+        )));
+    };
+    for (j, c) in a.iter().enumerate() {
+        let ok = c.pointer("/function/name").is_some_and(Value::is_string)
+            && c.pointer("/function/arguments")
+                .is_some_and(Value::is_string);
+        if !ok {
+            return Err(ApiError::bad_request(format!(
+                "messages[{i}].tool_calls[{j}] needs function.name and function.arguments (a string)"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     if ms.is_empty() {
         return Err(ApiError::bad_request(
@@ -201,10 +307,22 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                     s
                 }
             };
+            let tool_calls = match m.tool_calls {
+                None | Some(Value::Null) => None,
+                Some(v) if role == "assistant" => {
+                    check_history_calls(&v, i)?;
+                    Some(v)
+                }
+                Some(_) => {
+                    return Err(ApiError::bad_request(format!(
+                        "messages[{i}] has tool_calls but is not an assistant message"
+                    )))
+                }
+            };
             Ok(Message {
                 role,
                 content,
-                tool_calls: m.tool_calls,
+                tool_calls,
                 tool_call_id: m.tool_call_id,
                 name: m.name,
             })
@@ -215,22 +333,12 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(
     State(s): State<AppState>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let r: ChatRequest = parse_body(&s, body, F)?;
     check_n(r.n)?;
-    if r.tools
-        .as_ref()
-        .is_some_and(|t| !t.is_null() && t.as_array().is_none_or(|a| !a.is_empty()))
-    {
-        return Err(unsupported("tools"));
-    }
-    if r.tool_choice
-        .as_ref()
-        .is_some_and(|t| !t.is_null() && t != "none" && t != "auto")
-    {
-        return Err(unsupported("tool_choice"));
-    }
+    let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     if r.logprobs == Some(true) || r.top_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
         return Err(unsupported("logprobs"));
     }
@@ -255,13 +363,18 @@ pub(crate) async fn chat_completions(
         )?),
         None => None,
     };
+    let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
+    let conversation = conversation_key(&headers, &messages);
     let req = GenerateRequest {
         model: Some(r.model.clone()),
-        prompt: Prompt::Chat(to_messages(r.messages).map_err(|e| e.with_flavor(F))?),
+        prompt: Prompt::Chat(messages),
         max_tokens,
         sampling: sampling(r.temperature, r.top_p, r.seed),
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
+        tools,
+        tool_choice,
     };
+    let offered = req.tools.clone();
     let started = start(&s, req, F, "/v1/chat/completions").await?;
     let id = new_id("chatcmpl-");
     let created = unix_now();
@@ -273,11 +386,31 @@ pub(crate) async fn chat_completions(
             stream: true,
             ..UsageNote::default()
         };
-        let sse = Sse::new(chat_stream(s, started, id, created, r.model, include_usage));
+        let calls = CallCheck {
+            conversation,
+            offered,
+        };
+        let sse = Sse::new(chat_stream(
+            s,
+            started,
+            id,
+            created,
+            r.model,
+            include_usage,
+            calls,
+        ));
         return Ok(with_note(sse.into_response(), note));
     }
     let f = finish(&s, started, F).await?;
-    let body = json!({
+    let a = adjudicate(&s, &conversation, &offered, f.tool_calls);
+    let mut message = json!({"role": "assistant", "content": f.text, "refusal": null});
+    if !a.allowed.is_empty() {
+        message["tool_calls"] = Value::Array(a.allowed.iter().map(call_json).collect());
+        if f.text.is_empty() {
+            message["content"] = Value::Null;
+        }
+    }
+    let mut body = json!({
         "id": id,
         "object": "chat.completion",
         "created": created,
@@ -285,12 +418,15 @@ pub(crate) async fn chat_completions(
         "system_fingerprint": "fak",
         "choices": [{
             "index": 0,
-            "message": {"role": "assistant", "content": f.text, "refusal": null},
+            "message": message,
             "logprobs": null,
-            "finish_reason": finish_word(f.done.finish_reason),
+            "finish_reason": finish_for(&f.done, &a),
         }],
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
     });
+    if let Some(rep) = a.report {
+        body["fak"] = rep;
+    }
     Ok(with_note(
         Json(body).into_response(),
         UsageNote {
@@ -376,6 +512,27 @@ pub(crate) fn data(v: &Value) -> Event {
     Event::default().data(v.to_string())
 }
 
+/// What a stream needs to adjudicate its calls at the end.
+struct CallCheck {
+    conversation: String,
+    offered: Vec<ToolSpec>,
+}
+
+/// An allowed call in OpenAI's shape.
+fn call_json(c: &ToolCall) -> Value {
+    json!({"id": c.id, "type": "function",
+           "function": {"name": c.name, "arguments": c.arguments}})
+}
+
+/// `tool_calls` when a call is passed on, else the generation's own ending.
+fn finish_for(d: &fak_engine::Done, a: &Adjudicated) -> &'static str {
+    if a.allowed.is_empty() {
+        finish_word(d.finish_reason)
+    } else {
+        "tool_calls"
+    }
+}
+
 fn chat_stream(
     s: AppState,
     st: Started,
@@ -383,8 +540,11 @@ fn chat_stream(
     created: u64,
     model: String,
     include_usage: bool,
+    check: CallCheck,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let (prompt, cached) = (st.prompt_tokens, st.cached_tokens);
+    let state = s.clone();
+    let mut held: Vec<ToolCall> = Vec::new();
     let chunk = move |delta: Value, finish: Value, usage_v: Option<Value>| {
         let mut v = json!({
             "id": id,
@@ -406,12 +566,32 @@ fn chat_stream(
     ))];
     sse_stream(s, st, head, move |ev| match ev {
         EngineEvent::Text(t) => vec![data(&chunk(json!({"content": t}), Value::Null, None))],
+        EngineEvent::ToolCall(c) => {
+            held.push(c);
+            Vec::new()
+        }
         EngineEvent::Done(d) => {
-            let mut out = vec![data(&chunk(
-                json!({}),
-                json!(finish_word(d.finish_reason)),
-                None,
-            ))];
+            let a = adjudicate(
+                &state,
+                &check.conversation,
+                &check.offered,
+                std::mem::take(&mut held),
+            );
+            let mut out: Vec<Event> = a
+                .allowed
+                .iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let mut v = call_json(c);
+                    v["index"] = json!(i);
+                    data(&chunk(json!({"tool_calls": [v]}), Value::Null, None))
+                })
+                .collect();
+            let mut last = chunk(json!({}), json!(finish_for(&d, &a)), None);
+            if let Some(rep) = a.report {
+                last["fak"] = rep;
+            }
+            out.push(data(&last));
             if include_usage {
                 let mut u = chunk(
                     json!({}),
@@ -466,6 +646,8 @@ pub(crate) async fn completions(
         max_tokens: Some(max_tokens),
         sampling: sampling(r.temperature, r.top_p, r.seed),
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
+        tools: Vec::new(),
+        tool_choice: ToolChoice::None,
     };
     let started = start(&s, req, F, "/v1/completions").await?;
     let id = new_id("cmpl-");
@@ -503,7 +685,7 @@ pub(crate) async fn completions(
                 data(&ApiError::from(e).with_flavor(F).body()),
                 Event::default().data("[DONE]"),
             ],
-            EngineEvent::Start { .. } => Vec::new(),
+            EngineEvent::Start { .. } | EngineEvent::ToolCall(_) => Vec::new(),
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
     }

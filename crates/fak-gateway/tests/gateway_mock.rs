@@ -293,8 +293,15 @@ fn openai_errors_have_their_status_and_shape() {
     b["n"] = json!(2);
     assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "n = 2");
     let mut b = chat("x");
+    b["tools"] = json!([{"type": "function", "function": {"name": "bad name"}}]);
+    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "tool name");
+    let mut b = chat("x");
     b["tools"] = json!([{"type": "function", "function": {"name": "f"}}]);
-    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "tools");
+    b["tool_choice"] = json!({"type": "function", "function": {"name": "g"}});
+    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "'g'");
+    let mut b = chat("x");
+    b["tool_choice"] = json!("required");
+    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "no tools");
     let mut b = chat("x");
     b["temperature"] = json!(-1);
     assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "temperature");
@@ -346,9 +353,21 @@ fn anthropic_errors_have_their_status_and_shape() {
     let r = post(
         a,
         p,
-        &json!({"model": "mock", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}),
+        &json!({"model": "mock", "max_tokens": 5, "messages": [{"role": "assistant", "content": [{"type": "tool_result", "tool_use_id": "t"}]}]}),
     );
     assert_anthropic_error(&r, 400, "invalid_request_error", "tool_result");
+    let r = post(
+        a,
+        p,
+        &json!({"model": "mock", "max_tokens": 5, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}),
+    );
+    assert_anthropic_error(&r, 400, "invalid_request_error", "image");
+    let r = post(
+        a,
+        p,
+        &json!({"model": "mock", "max_tokens": 5, "tools": [{"name": "f"}], "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_anthropic_error(&r, 400, "invalid_request_error", "input_schema");
 }
 
 #[test]

@@ -30,6 +30,18 @@ impl Drop for Server {
 }
 
 pub fn start(driver: Arc<dyn EngineDriver>, config: GatewayConfig) -> Server {
+    start_router(router(driver, config))
+}
+
+pub fn start_with_policy(
+    driver: Arc<dyn EngineDriver>,
+    config: GatewayConfig,
+    policy: fak_engine::policy::Policy,
+) -> Server {
+    start_router(fak_gateway::router_with_policy(driver, config, policy))
+}
+
+pub fn start_router(app: axum::Router) -> Server {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     listener.set_nonblocking(true).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -42,7 +54,7 @@ pub fn start(driver: Arc<dyn EngineDriver>, config: GatewayConfig) -> Server {
             .unwrap();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::from_std(listener).unwrap();
-            serve(l, router(driver, config), async {
+            serve(l, app, async {
                 let _ = rx.await;
             })
             .await
