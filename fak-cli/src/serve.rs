@@ -38,6 +38,10 @@ pub(crate) struct ServeArgs {
     /// Largest request body, MB; larger ones get 413.
     #[arg(long, default_value_t = 8)]
     max_body_mb: usize,
+    /// Longest wait for a response, seconds, after which the request gets 504 and its
+    /// generation is cancelled (for a stream: the wait until it starts); 0: no limit.
+    #[arg(long, default_value_t = 600)]
+    request_timeout_s: u64,
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
@@ -83,6 +87,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     let gateway = GatewayConfig {
         api_key,
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
+        request_timeout: (args.request_timeout_s > 0)
+            .then(|| Duration::from_secs(args.request_timeout_s)),
     };
     let app = router(std::sync::Arc::clone(&driver), gateway);
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -75,7 +75,7 @@ fn wait_ready(addr: &str) {
 
 #[test]
 fn serve_with_the_mock_engine_answers() {
-    let s = serve(&["--engine", "mock"]);
+    let s = serve(&["--engine", "mock", "--request-timeout-s", "30"]);
     wait_ready(&s.addr);
     let (status, body) = http(
         &s.addr,

@@ -7,20 +7,258 @@
 //! output is the same as a cold run (rungs R14 and R2a: prefix clone == recompute,
 //! decode == prefill). Entries are whole sessions, bounded by a byte budget
 //! ([`fak_kv::KvCache::bytes_used`]) with least-recently-used eviction.
+//!
+//! The sessions sit in a prefix tree (a trie) keyed by token ids, one node per token.
+//! No kept session is a prefix of another (a longer one covers a shorter one), so
+//! sessions end exactly at the leaves, and every node has at least one session below
+//! it. A lookup walks the prompt down the tree: the deepest node it reaches is the
+//! longest prefix the prompt shares with any kept session, including one that diverges
+//! from the prompt after that node. Each node records the most recent use below it, so
+//! the most recently used of the sessions there is found without searching the subtree:
+//! a lookup costs O(prompt tokens), whatever the number of sessions kept.
 
 use fak_kv::Session;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-struct Entry {
-    session: Arc<Session>,
+/// Index of a node in [`Trie::nodes`].
+type NodeId = usize;
+
+/// The root: the empty prefix.
+const ROOT: NodeId = 0;
+
+/// A kept value and its bookkeeping.
+struct Entry<T> {
+    value: T,
+    /// Its size against the budget, bytes.
+    bytes: usize,
+    /// The tick of its last insert or hit (unique among the entries held).
     last_used: u64,
 }
 
-/// Recent sessions, longest-prefix lookup, LRU within a byte budget.
-pub struct PrefixCache {
-    entries: Vec<Entry>,
+struct Node<T> {
+    /// The node above (the root's is itself).
+    parent: NodeId,
+    /// The token on the edge from the parent (unused at the root).
+    token: u32,
+    /// Children by token, sorted by token.
+    children: Vec<(u32, NodeId)>,
+    /// The entry whose ids end here; only leaves hold one.
+    entry: Option<Entry<T>>,
+    /// The largest `last_used` of the entries in this subtree (0 when it has none).
+    newest: u64,
+}
+
+impl<T> Node<T> {
+    fn new(parent: NodeId, token: u32) -> Self {
+        Node {
+            parent,
+            token,
+            children: Vec::new(),
+            entry: None,
+            newest: 0,
+        }
+    }
+
+    fn child(&self, token: u32) -> Option<NodeId> {
+        self.children
+            .binary_search_by_key(&token, |&(t, _)| t)
+            .ok()
+            .map(|i| self.children[i].1)
+    }
+}
+
+/// A token-id trie of values with sizes: longest-prefix lookup, prefix-covered entries
+/// dropped, least-recently-used eviction within a byte budget. [`PrefixCache`] over
+/// sessions; generic so that its bookkeeping is tested without a model.
+struct Trie<T> {
+    /// Nodes by id; freed ones are listed in `free` and reused.
+    nodes: Vec<Node<T>>,
+    free: Vec<NodeId>,
+    /// The leaf of each entry by its `last_used` tick: oldest first.
+    by_use: BTreeMap<u64, NodeId>,
+    /// Sum of the entries' `bytes`.
+    bytes: usize,
     budget_bytes: usize,
     tick: u64,
+}
+
+impl<T> Trie<T> {
+    fn new(budget_bytes: usize) -> Self {
+        Trie {
+            nodes: vec![Node::new(ROOT, 0)],
+            free: Vec::new(),
+            by_use: BTreeMap::new(),
+            bytes: 0,
+            budget_bytes,
+            tick: 0,
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.by_use.len()
+    }
+
+    /// The deepest node on `ids`' path, and its depth (tokens matched).
+    fn walk(&self, ids: &[u32]) -> (NodeId, usize) {
+        let mut n = ROOT;
+        for (depth, &t) in ids.iter().enumerate() {
+            match self.nodes[n].child(t) {
+                Some(c) => n = c,
+                None => return (n, depth),
+            }
+        }
+        (n, ids.len())
+    }
+
+    /// The leaf of the most recently used entry in `n`'s subtree (which has one).
+    fn newest_leaf(&self, n: NodeId) -> NodeId {
+        self.by_use[&self.nodes[n].newest]
+    }
+
+    /// Marks the entry at `leaf` used now (at the current tick).
+    fn touch(&mut self, leaf: NodeId) {
+        let tick = self.tick;
+        let e = self.nodes[leaf]
+            .entry
+            .as_mut()
+            .expect("entries sit at leaves");
+        self.by_use.remove(&e.last_used);
+        e.last_used = tick;
+        self.by_use.insert(tick, leaf);
+        self.raise_newest(leaf, tick);
+    }
+
+    /// Sets `newest = tick` from `n` up to the root (`tick` is the newest of all).
+    fn raise_newest(&mut self, mut n: NodeId, tick: u64) {
+        loop {
+            self.nodes[n].newest = tick;
+            if n == ROOT {
+                break;
+            }
+            n = self.nodes[n].parent;
+        }
+    }
+
+    /// The longest prefix `prompt[..limit]` shares with a kept entry, and the most
+    /// recently used entry sharing it (marked used); `None` when nothing is shared.
+    fn lookup(&mut self, prompt: &[u32], limit: usize) -> Option<(&T, usize)> {
+        let (n, depth) = self.walk(&prompt[..limit.min(prompt.len())]);
+        if depth == 0 {
+            return None;
+        }
+        self.tick += 1;
+        let leaf = self.newest_leaf(n);
+        self.touch(leaf);
+        let e = self.nodes[leaf].entry.as_ref()?;
+        Some((&e.value, depth))
+    }
+
+    /// Keeps `value` under `ids` (see [`PrefixCache::insert`]).
+    fn insert(&mut self, ids: &[u32], value: T, bytes: usize) {
+        self.tick += 1;
+        if ids.is_empty() || bytes > self.budget_bytes {
+            return;
+        }
+        let (mut n, depth) = self.walk(ids);
+        if depth == ids.len() {
+            // `ids` is a prefix of (or equal to) the entries below `n`.
+            let leaf = self.newest_leaf(n);
+            self.touch(leaf);
+            return;
+        }
+        if let Some(old) = self.nodes[n].entry.take() {
+            // A kept entry is a prefix of `ids`: covered, it goes. Its node stays, as
+            // the path to the new leaf.
+            self.by_use.remove(&old.last_used);
+            self.bytes -= old.bytes;
+        }
+        for &t in &ids[depth..] {
+            let c = self.alloc(Node::new(n, t));
+            let at = self.nodes[n]
+                .children
+                .binary_search_by_key(&t, |&(t, _)| t)
+                .unwrap_err();
+            self.nodes[n].children.insert(at, (t, c));
+            n = c;
+        }
+        let tick = self.tick;
+        self.nodes[n].entry = Some(Entry {
+            value,
+            bytes,
+            last_used: tick,
+        });
+        self.by_use.insert(tick, n);
+        self.bytes += bytes;
+        self.raise_newest(n, tick);
+        while self.bytes > self.budget_bytes {
+            let Some((_, &oldest)) = self.by_use.first_key_value() else {
+                break;
+            };
+            self.remove(oldest);
+        }
+    }
+
+    fn alloc(&mut self, node: Node<T>) -> NodeId {
+        match self.free.pop() {
+            Some(i) => {
+                self.nodes[i] = node;
+                i
+            }
+            None => {
+                self.nodes.push(node);
+                self.nodes.len() - 1
+            }
+        }
+    }
+
+    /// Drops the entry at `leaf`, the nodes that no longer lead to any entry, and
+    /// updates `newest` above them.
+    fn remove(&mut self, leaf: NodeId) {
+        let Some(e) = self.nodes[leaf].entry.take() else {
+            return;
+        };
+        self.by_use.remove(&e.last_used);
+        self.bytes -= e.bytes;
+        // Prune the branch that led only to this entry.
+        let mut n = leaf;
+        while n != ROOT && self.nodes[n].children.is_empty() && self.nodes[n].entry.is_none() {
+            let p = self.nodes[n].parent;
+            let t = self.nodes[n].token;
+            let kids = &mut self.nodes[p].children;
+            if let Ok(i) = kids.binary_search_by_key(&t, |&(t, _)| t) {
+                kids.remove(i);
+            }
+            self.nodes[n] = Node::new(ROOT, 0);
+            self.free.push(n);
+            n = p;
+        }
+        // Recompute `newest` upward until it no longer changes.
+        loop {
+            let node = &self.nodes[n];
+            let newest = node
+                .children
+                .iter()
+                .map(|&(_, c)| self.nodes[c].newest)
+                .chain(node.entry.as_ref().map(|e| e.last_used))
+                .max()
+                .unwrap_or(0);
+            if newest == node.newest {
+                break;
+            }
+            self.nodes[n].newest = newest;
+            if n == ROOT {
+                break;
+            }
+            n = self.nodes[n].parent;
+        }
+    }
+}
+
+/// Recent sessions in a token-id prefix tree: longest-prefix lookup, LRU within a byte
+/// budget.
+pub struct PrefixCache {
+    trie: Trie<Arc<Session>>,
 }
 
 /// A lookup hit: a kept session and how many of the prompt's leading tokens it holds.
@@ -36,98 +274,45 @@ impl PrefixCache {
     /// An empty cache holding at most `budget_bytes` of KV entries (0 keeps nothing).
     pub fn new(budget_bytes: usize) -> Self {
         PrefixCache {
-            entries: Vec::new(),
-            budget_bytes,
-            tick: 0,
+            trie: Trie::new(budget_bytes),
         }
     }
 
     /// Sessions held.
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.trie.len()
     }
 
     /// Whether nothing is held.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len() == 0
     }
 
-    /// Bytes of KV entries held.
+    /// Bytes of KV entries held (a running total: O(1)).
     pub fn bytes(&self) -> usize {
-        self.entries
-            .iter()
-            .map(|e| e.session.cache().bytes_used())
-            .sum()
+        self.trie.bytes
     }
 
     /// The kept session sharing the longest prefix with `prompt` (ties: the most
-    /// recently used), if it shares at least one token. Marks it used.
+    /// recently used), if it shares at least one token. Marks it used. The shared
+    /// prefix counts at most `prompt.len() - 1` tokens. Costs O(`prompt.len()`).
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit> {
         let limit = prompt.len().saturating_sub(1);
-        let mut best: Option<(usize, usize, u64)> = None; // (index, reuse, last_used)
-        for (i, e) in self.entries.iter().enumerate() {
-            let common = e
-                .session
-                .ids()
-                .iter()
-                .zip(prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(limit);
-            if common == 0 {
-                continue;
-            }
-            let better = match best {
-                None => true,
-                Some((_, r, t)) => common > r || (common == r && e.last_used > t),
-            };
-            if better {
-                best = Some((i, common, e.last_used));
-            }
-        }
-        let (i, reuse, _) = best?;
-        self.tick += 1;
-        self.entries[i].last_used = self.tick;
+        let (session, reuse) = self.trie.lookup(prompt, limit)?;
         Some(Hit {
-            session: Arc::clone(&self.entries[i].session),
+            session: Arc::clone(session),
             reuse,
         })
     }
 
     /// Keeps `session`. Entries whose ids are a prefix of its ids are dropped (it covers
-    /// them); if it is itself a prefix of a kept entry, that entry is only marked used.
-    /// Then least-recently-used entries go until the budget holds; a session larger
-    /// than the whole budget is not kept.
+    /// them); if it is itself a prefix of kept entries, the most recently used of them
+    /// is only marked used. Then least-recently-used entries go until the budget
+    /// holds; a session larger than the whole budget is not kept.
     pub fn insert(&mut self, session: Session) {
-        self.tick += 1;
-        let ids = session.ids();
-        if ids.is_empty() || session.cache().bytes_used() > self.budget_bytes {
-            return;
-        }
-        if let Some(e) = self
-            .entries
-            .iter_mut()
-            .find(|e| e.session.ids().starts_with(ids))
-        {
-            e.last_used = self.tick;
-            return;
-        }
-        self.entries.retain(|e| !ids.starts_with(e.session.ids()));
-        self.entries.push(Entry {
-            session: Arc::new(session),
-            last_used: self.tick,
-        });
-        while self.bytes() > self.budget_bytes {
-            let Some((oldest, _)) = self
-                .entries
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, e)| e.last_used)
-            else {
-                break;
-            };
-            self.entries.swap_remove(oldest);
-        }
+        let bytes = session.cache().bytes_used();
+        let session = Arc::new(session);
+        self.trie.insert(session.ids(), Arc::clone(&session), bytes);
     }
 }
 
@@ -159,5 +344,261 @@ pub fn start_session(
             Ok((s, reuse))
         }
         None => Ok((empty.clone(), 0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Checks the trie's invariants: entries only at leaves, every non-root leaf holds
+    /// one, `newest` is the largest `last_used` below, `by_use` and `bytes` agree with
+    /// the entries, children sorted and pointing back at their parent.
+    fn check<T>(t: &Trie<T>) {
+        let free: std::collections::HashSet<_> = t.free.iter().copied().collect();
+        let mut entries = 0;
+        let mut bytes = 0;
+        for (i, n) in t.nodes.iter().enumerate() {
+            if free.contains(&i) {
+                continue;
+            }
+            assert!(n.children.windows(2).all(|w| w[0].0 < w[1].0), "unsorted");
+            for &(tok, c) in &n.children {
+                assert!(!free.contains(&c));
+                assert_eq!(t.nodes[c].parent, i);
+                assert_eq!(t.nodes[c].token, tok);
+            }
+            if i != ROOT {
+                assert_eq!(n.children.is_empty(), n.entry.is_some(), "node {i}");
+            } else {
+                assert!(n.entry.is_none());
+            }
+            let below = n
+                .children
+                .iter()
+                .map(|&(_, c)| t.nodes[c].newest)
+                .chain(n.entry.as_ref().map(|e| e.last_used))
+                .max()
+                .unwrap_or(0);
+            assert_eq!(n.newest, below, "newest at node {i}");
+            if let Some(e) = &n.entry {
+                entries += 1;
+                bytes += e.bytes;
+                assert_eq!(t.by_use.get(&e.last_used), Some(&i));
+            }
+        }
+        assert_eq!(entries, t.by_use.len());
+        assert_eq!(bytes, t.bytes);
+        assert!(t.bytes <= t.budget_bytes);
+    }
+
+    /// Live nodes, the root included.
+    fn live_nodes<T>(t: &Trie<T>) -> usize {
+        t.nodes.len() - t.free.len()
+    }
+
+    /// Entries sized one byte per token.
+    fn put(t: &mut Trie<char>, ids: &[u32], tag: char) {
+        t.insert(ids, tag, ids.len());
+        check(t);
+    }
+
+    /// Looks `prompt` up with the cache's limit (`prompt.len() - 1`).
+    fn get(t: &mut Trie<char>, prompt: &[u32]) -> Option<(char, usize)> {
+        let r = t
+            .lookup(prompt, prompt.len().saturating_sub(1))
+            .map(|(v, n)| (*v, n));
+        check(t);
+        r
+    }
+
+    #[test]
+    fn longest_prefix_across_divergent_entries() {
+        let mut t = Trie::new(usize::MAX);
+        put(&mut t, &[1, 2, 3, 4, 5, 6], 'a');
+        put(&mut t, &[1, 2, 9], 'b');
+        put(&mut t, &[1, 2, 3, 7], 'c');
+        put(&mut t, &[8, 8], 'd');
+        // 'a' diverges from the prompt after four tokens: those four are reusable.
+        assert_eq!(get(&mut t, &[1, 2, 3, 4, 0, 0]), Some(('a', 4)));
+        assert_eq!(get(&mut t, &[1, 2, 9, 9]), Some(('b', 3)));
+        assert_eq!(get(&mut t, &[1, 2, 3, 7, 7]), Some(('c', 4)));
+        assert_eq!(get(&mut t, &[8, 1, 1]), Some(('d', 1)));
+        assert_eq!(get(&mut t, &[5, 1, 1]), None);
+        assert_eq!(t.len(), 4);
+    }
+
+    #[test]
+    fn ties_go_to_the_most_recently_used() {
+        let mut t = Trie::new(usize::MAX);
+        put(&mut t, &[1, 2, 3], 'a');
+        put(&mut t, &[1, 2, 4], 'b');
+        put(&mut t, &[1, 5], 'c');
+        assert_eq!(get(&mut t, &[1, 2, 7, 7]), Some(('b', 2)));
+        assert_eq!(get(&mut t, &[1, 2, 3, 0]), Some(('a', 3)));
+        assert_eq!(get(&mut t, &[1, 2, 7, 7]), Some(('a', 2)));
+        // Only [1] is shared (the limit leaves 9 to run): every entry ties.
+        assert_eq!(get(&mut t, &[1, 9]), Some(('a', 1)));
+    }
+
+    #[test]
+    fn the_shared_prefix_leaves_the_last_prompt_token() {
+        let mut t = Trie::new(usize::MAX);
+        put(&mut t, &[1, 2, 3], 'a');
+        assert_eq!(get(&mut t, &[1, 2, 3]), Some(('a', 2)));
+        assert_eq!(get(&mut t, &[1, 2, 3, 4]), Some(('a', 3)));
+        assert_eq!(get(&mut t, &[1, 2]), Some(('a', 1)));
+        assert_eq!(get(&mut t, &[1]), None);
+        assert_eq!(get(&mut t, &[]), None);
+    }
+
+    #[test]
+    fn lru_eviction_order() {
+        let mut t = Trie::new(9);
+        put(&mut t, &[1, 1, 1], 'a');
+        put(&mut t, &[2, 2, 2], 'b');
+        put(&mut t, &[3, 3, 3], 'c');
+        assert_eq!(t.bytes, 9);
+        assert_eq!(get(&mut t, &[1, 1, 0]), Some(('a', 2))); // 'b' is now the oldest
+        put(&mut t, &[4, 4, 4], 'd');
+        assert_eq!(
+            get(&mut t, &[2, 2, 0]),
+            None,
+            "'b' was the least recently used"
+        );
+        put(&mut t, &[5, 5, 5], 'e'); // then 'c'
+        assert_eq!(get(&mut t, &[3, 3, 0]), None);
+        assert_eq!(get(&mut t, &[1, 1, 0]), Some(('a', 2)));
+        assert_eq!(get(&mut t, &[4, 4, 0]), Some(('d', 2)));
+        // One entry of 6 evicts the two oldest ('e', then 'a').
+        put(&mut t, &[6, 6, 6, 6, 6, 6], 'f');
+        assert_eq!(t.len(), 2);
+        assert_eq!(get(&mut t, &[5, 5, 0]), None);
+        assert_eq!(get(&mut t, &[1, 1, 0]), None);
+        assert_eq!(get(&mut t, &[4, 4, 0]), Some(('d', 2)));
+        // Larger than the whole budget: not kept, nothing evicted.
+        put(&mut t, &[7; 10], 'g');
+        assert_eq!(t.len(), 2);
+        assert_eq!(get(&mut t, &[7, 7]), None);
+        // Evicted branches are pruned: the root, 3 nodes for 'd', 6 for 'f'.
+        assert_eq!(live_nodes(&t), 10);
+    }
+
+    #[test]
+    fn prefix_covered_entries_are_dropped() {
+        let mut t = Trie::new(10);
+        put(&mut t, &[1, 2, 3], 'a');
+        put(&mut t, &[1, 2, 3, 4], 'b'); // covers 'a'
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.bytes, 4);
+        assert_eq!(get(&mut t, &[1, 2, 3, 0]), Some(('b', 3)));
+        put(&mut t, &[5, 5], 'c');
+        // Covered by 'b': not added, but 'b' is marked used, so 'c' is now the oldest.
+        put(&mut t, &[1, 2], 'd');
+        assert_eq!(t.len(), 2);
+        put(&mut t, &[1, 2, 3, 4], 'e'); // equal to 'b': the same
+        assert_eq!(t.len(), 2);
+        put(&mut t, &[6, 6, 6, 6, 6], 'f'); // 11 bytes: 'c' goes, not 'b'
+        assert_eq!(get(&mut t, &[5, 5, 0]), None);
+        assert_eq!(get(&mut t, &[1, 2, 3, 4, 0]), Some(('b', 4)));
+        assert_eq!(t.bytes, 9);
+    }
+
+    /// The scanned list the trie replaced, as the reference (the covering entry an
+    /// insert marks used is the most recently used one): (ids, tag, bytes, last used).
+    struct Reference {
+        entries: Vec<(Vec<u32>, u32, usize, u64)>,
+        budget: usize,
+        tick: u64,
+    }
+
+    impl Reference {
+        fn lookup(&mut self, prompt: &[u32]) -> Option<(u32, usize)> {
+            let limit = prompt.len().saturating_sub(1);
+            let mut best: Option<(usize, usize, u64)> = None;
+            for (i, e) in self.entries.iter().enumerate() {
+                let common =
+                    e.0.iter()
+                        .zip(prompt)
+                        .take_while(|(a, b)| a == b)
+                        .count()
+                        .min(limit);
+                if common > 0 && best.is_none_or(|(_, r, t)| common > r || (common == r && e.3 > t))
+                {
+                    best = Some((i, common, e.3));
+                }
+            }
+            let (i, reuse, _) = best?;
+            self.tick += 1;
+            self.entries[i].3 = self.tick;
+            Some((self.entries[i].1, reuse))
+        }
+
+        fn insert(&mut self, ids: &[u32], tag: u32, bytes: usize) {
+            self.tick += 1;
+            if ids.is_empty() || bytes > self.budget {
+                return;
+            }
+            if let Some(e) = self
+                .entries
+                .iter_mut()
+                .filter(|e| e.0.starts_with(ids))
+                .max_by_key(|e| e.3)
+            {
+                e.3 = self.tick;
+                return;
+            }
+            self.entries.retain(|e| !ids.starts_with(&e.0));
+            self.entries.push((ids.to_vec(), tag, bytes, self.tick));
+            while self.entries.iter().map(|e| e.2).sum::<usize>() > self.budget {
+                let oldest = (0..self.entries.len())
+                    .min_by_key(|&i| self.entries[i].3)
+                    .unwrap();
+                self.entries.swap_remove(oldest);
+            }
+        }
+    }
+
+    #[test]
+    fn agrees_with_the_scanned_list_on_random_operations() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut rand = move |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        let mut t: Trie<u32> = Trie::new(40);
+        let mut r = Reference {
+            entries: Vec::new(),
+            budget: 40,
+            tick: 0,
+        };
+        let (mut hits, mut shrank) = (0, 0);
+        for step in 0..20_000u32 {
+            let len = rand(9) as usize;
+            let ids: Vec<u32> = (0..len).map(|_| rand(3) as u32).collect();
+            if rand(2) == 0 {
+                let bytes = rand(12) as usize;
+                let before = t.len();
+                t.insert(&ids, step, bytes);
+                r.insert(&ids, step, bytes);
+                shrank += usize::from(t.len() < before);
+            } else {
+                let got = t
+                    .lookup(&ids, ids.len().saturating_sub(1))
+                    .map(|(v, n)| (*v, n));
+                assert_eq!(got, r.lookup(&ids), "step {step}: lookup {ids:?}");
+                hits += usize::from(got.is_some());
+            }
+            check(&t);
+            assert_eq!(t.len(), r.entries.len(), "step {step}");
+        }
+        // The run exercised hits and evictions (an insert that leaves fewer entries
+        // evicted at least one besides any it covered).
+        assert!(
+            hits > 1000 && shrank > 100,
+            "{hits} hits, {shrank} shrinking inserts"
+        );
     }
 }

@@ -29,7 +29,8 @@ impl Flavor {
 ///
 /// Type words (the same in both shapes): `invalid_request_error` (400),
 /// `authentication_error` (401), `not_found_error` (404), `request_too_large` (413),
-/// `rate_limit_error` (429), `api_error` (500), `overloaded_error` (503).
+/// `rate_limit_error` (429), `api_error` (500), `overloaded_error` (503),
+/// `timeout_error` (504).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
     /// The HTTP status.
@@ -86,6 +87,19 @@ impl ApiError {
     /// 500 `api_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+    }
+
+    /// 504 `timeout_error`: no response within `limit` (Anthropic's type word for its
+    /// own 504).
+    pub fn timeout(limit: std::time::Duration) -> Self {
+        Self::new(
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout_error",
+            format!(
+                "no response within the limit of {:.1} s (the generation was cancelled; stream the response, or ask for fewer tokens)",
+                limit.as_secs_f64()
+            ),
+        )
     }
 
     /// The same error in another shape.

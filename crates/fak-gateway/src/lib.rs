@@ -21,7 +21,8 @@
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
 //! wrong key (when one is set); 404 for an unknown model or route; 413 for a body over
-//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`.
+//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 504 when a
+//! response takes longer than the request time limit.
 //!
 //! Inference never runs on the async threads: `submit` runs under `spawn_blocking` and
 //! the driver generates on its own threads, streaming events through a channel. When a
@@ -30,7 +31,8 @@
 //!
 //! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer); one middleware
 //! writes one `tracing` line per request (method, route, status, ms, tokens) and counts
-//! it for `/metrics`; another checks the bearer key on `/v1/*`.
+//! it for `/metrics`; another checks the bearer key on `/v1/*`; a third bounds the time
+//! to a `/v1/*` response ([`GatewayConfig::request_timeout`]).
 
 mod anthropic;
 pub mod error;
@@ -53,7 +55,7 @@ use metrics::Metrics;
 use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Gateway settings (the `fak serve` flags that are not the engine's).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -63,6 +65,12 @@ pub struct GatewayConfig {
     pub api_key: Option<String>,
     /// Largest request body, bytes; larger ones get 413.
     pub max_body_bytes: usize,
+    /// Longest a `/v1/*` request may wait for its response, after which it gets 504
+    /// (`timeout_error`) and its generation is cancelled; `None`: no limit. The limit
+    /// covers the time to the response head: a whole generation for a non-streaming
+    /// request, only the wait for a worker slot for a stream (a stream's body, once
+    /// started, is not limited). Default: 600 s.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for GatewayConfig {
@@ -70,6 +78,7 @@ impl Default for GatewayConfig {
         GatewayConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
+            request_timeout: Some(Duration::from_secs(600)),
         }
     }
 }
@@ -118,6 +127,7 @@ pub fn router_with_policy(
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(openai::models))
+        .route_layer(middleware::from_fn_with_state(state.clone(), time_limit))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()
         .merge(api)
@@ -187,6 +197,20 @@ async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
         }
     }
     next.run(req).await
+}
+
+/// Answers 504 when the response (its head, for a stream) takes longer than
+/// [`GatewayConfig::request_timeout`]. The handler is dropped then, and with it its
+/// event stream, which cancels the generation.
+async fn time_limit(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(limit) = s.config.request_timeout else {
+        return next.run(req).await;
+    };
+    let flavor = Flavor::of_path(req.uri().path());
+    match tokio::time::timeout(limit, next.run(req)).await {
+        Ok(r) => r,
+        Err(_) => ApiError::timeout(limit).with_flavor(flavor).into_response(),
+    }
 }
 
 /// Compares without an early exit on the first differing byte.
