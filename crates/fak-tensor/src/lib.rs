@@ -20,6 +20,7 @@
 pub mod dot;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
 pub mod quant;
 
 pub use dot::{dot, dot_ref};

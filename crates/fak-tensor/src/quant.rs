@@ -985,5 +985,43 @@ fn matvec_with(
     Ok(())
 }
 
+/// [`matvec`] with the output rows split into [`crate::pool::part_range`] parts, one
+/// per pool thread. Each row is the same single-row kernel as in [`matvec`], so the
+/// result is bit-identical to [`matvec`] for any thread count.
+///
+/// # Errors
+/// As [`matvec`]; `out` is untouched on error.
+pub fn matvec_pool(
+    pool: &mut crate::pool::Pool,
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    use std::sync::{Mutex, PoisonError};
+    let rb = check_matvec(ty, w, act, out.len())?;
+    let (rows, parts) = (out.len(), pool.threads());
+    let mut slots = Vec::with_capacity(parts);
+    let mut rest = out;
+    for i in 0..parts {
+        let (head, tail) = rest.split_at_mut(crate::pool::part_range(rows, parts, i).len());
+        slots.push(Mutex::new(head));
+        rest = tail;
+    }
+    let error = Mutex::new(None);
+    pool.run(&|i| {
+        let r = crate::pool::part_range(rows, parts, i);
+        let mut o = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+        // Cannot fail after `check_matvec`; kept as an error rather than a panic.
+        if let Err(e) = matvec_with(ty, &w[r.start * rb..r.end * rb], act, &mut o, true) {
+            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        }
+    });
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests;

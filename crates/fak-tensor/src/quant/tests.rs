@@ -266,6 +266,32 @@ fn matvec_is_rowwise_vec_dot() {
     }
 }
 
+#[test]
+fn pooled_matvec_is_bit_identical_for_any_thread_count() {
+    let mut r = Rng(31);
+    let mut pools: Vec<crate::pool::Pool> = (1..=5).map(crate::pool::Pool::new).collect();
+    for ty in QType::ALL {
+        // 37 rows: parts of unequal length for every thread count.
+        let (rows, nb) = (37, 2);
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        let mut want = vec![0f32; rows];
+        matvec_ref(ty, &w, &a, &mut want).unwrap();
+        for pool in &mut pools {
+            let mut got = vec![f32::NAN; rows];
+            matvec_pool(pool, ty, &w, &a, &mut got).unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{ty}, {} threads", pool.threads());
+        }
+    }
+    // Shape errors come back from the pooled product too.
+    let a = acts(&mut r, QType::Q4_0, 1, false);
+    assert!(matvec_pool(&mut pools[2], QType::Q4_0, &[0; 19], &a, &mut [0.0; 1]).is_err());
+}
+
 // ------------------------------------------------------------------ quantizers
 
 #[test]
