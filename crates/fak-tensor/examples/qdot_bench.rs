@@ -57,7 +57,7 @@ fn main() {
         .unwrap_or(101);
     println!(
         "AVX2 kernels: {}; one thread; median of {repeats}; GB/s = weight bytes / time",
-        if quant::has_avx2() {
+        if quant::has_avx2_f16c() {
             "yes"
         } else {
             "NO (both columns scalar)"

@@ -18,7 +18,9 @@
 //! Every integer product sum inside a block is exact (bounds below), so only the
 //! float combination can depend on order. It is fixed, and the scalar reference
 //! (`*_ref`) and the AVX2 kernel perform it with the same operations in the same
-//! order, so they agree bit for bit (non-NaN results; a NaN result is NaN in both):
+//! order, so they agree bit for bit (non-NaN results; a NaN result is NaN in both).
+//! f16 scales are widened exactly in both (the AVX2 kernels use the F16C instruction,
+//! which gives the same `f32` for every non-NaN f16):
 //!
 //! 1. Each block contributes eight exact `i32` lane sums `L[m]`, `m = 0..8`; which
 //!    elements feed lane `m` is stated per type below (it mirrors the AVX2 register
@@ -744,14 +746,17 @@ pub fn vec_dot_q6_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError
 // Dispatch
 // ---------------------------------------------------------------------------------
 
-/// Whether the AVX2 kernels run on this CPU (detected once per process).
+/// Whether the SIMD kernels run on this CPU: they need AVX2 and F16C (every AVX2 CPU
+/// has F16C; the scale widening uses it). Detected once per process.
 #[inline]
-pub fn has_avx2() -> bool {
+pub fn has_avx2_f16c() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| std::is_x86_feature_detected!("avx2"))
+        *HAS.get_or_init(|| {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+        })
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -763,7 +768,7 @@ macro_rules! dispatch {
     ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
         $(#[$doc])*
         ///
-        /// Uses the AVX2 kernel when the CPU has it, else the scalar reference; the two
+        /// Uses the AVX2 kernel when the CPU has AVX2 and F16C, else the scalar reference; the two
         /// agree bit for bit (canonical order in the module docs).
         ///
         /// # Errors
@@ -772,8 +777,8 @@ macro_rules! dispatch {
         pub fn $name(w: &[u8], a: &[$act]) -> Result<f32, QuantError> {
             check_row($ty, w.len(), a.len())?;
             #[cfg(target_arch = "x86_64")]
-            if has_avx2() {
-                // SAFETY: AVX2 was detected at run time, and `w` holds exactly
+            if has_avx2_f16c() {
+                // SAFETY: AVX2 and F16C were detected at run time, and `w` holds exactly
                 // `a.len()` blocks of this type (checked above), which is all the
                 // kernel reads.
                 return Ok(unsafe { avx2::$simd(w, a) });
@@ -979,10 +984,51 @@ fn matvec_with(
         out.fill(0.0);
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if simd && has_avx2_f16c() {
+        use QuantizedActs as A;
+        // SAFETY (all arms): AVX2 and F16C were detected; `check_matvec` established that `act`
+        // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
+        // `w.len() == rb * out.len()`.
+        let done = match (ty, act) {
+            (QType::Q4_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q4_0>(w, rb, a, out) },
+            (QType::Q4_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q4_1>(w, rb, a, out) },
+            (QType::Q5_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q5_0>(w, rb, a, out) },
+            (QType::Q5_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q5_1>(w, rb, a, out) },
+            (QType::Q8_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q8_0>(w, rb, a, out) },
+            _ => false,
+        };
+        if done {
+            return Ok(());
+        }
+    }
     for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
         *o = dot_any(ty, row, act, simd)?;
     }
     Ok(())
+}
+
+/// The 32-element types' matvec: four rows at a time through the interleaved AVX2
+/// kernel (each row in exactly its single-row order), the last `rows % 4` one by one.
+/// Returns `true` (it always handles the product).
+///
+/// # Safety
+/// AVX2 and F16C are available; `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn rows4<K: avx2::Block32>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool {
+    let mut outs = out.chunks_exact_mut(4);
+    let mut ws = w.chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        avx2::rows::<K, 4>(wc, rb, a, o);
+    }
+    let rest = outs.into_remainder();
+    for (o, wr) in rest
+        .chunks_exact_mut(1)
+        .zip(ws.remainder().chunks_exact(rb))
+    {
+        avx2::rows::<K, 1>(wr, rb, a, o);
+    }
+    true
 }
 
 /// [`matvec`] with the output rows split into [`crate::pool::part_range`] parts, one

@@ -10,15 +10,31 @@
 //! subtraction), never by making the weight signed, so an activation quant of −128
 //! is exact too. Q8_0 weights are signed and are widened to i16 instead.
 //!
-//! Every function here requires AVX2 (`# Safety`) and that `w` holds exactly
+//! Every function here requires AVX2 and F16C (`# Safety`) and that `w` holds exactly
 //! `a.len()` blocks, which the dispatchers in `quant.rs` check before calling.
 
-use super::{f16_at, k4_scale_min, k_mins, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use super::{k4_scale_min, k_mins, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::dot::reduce_lanes;
 use std::arch::x86_64::*;
 
+/// f16 bits to `f32` with the F16C instruction: the exact value for every non-NaN
+/// input, as `quant::f16_to_f32` (a signalling NaN comes back quiet; a NaN scale makes
+/// the result NaN either way, which is all the NaN contract promises).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn h2f(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// The little-endian f16 at `bytes[at..at + 2]`, widened by [`h2f`].
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    h2f(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
 /// Stores the eight lane accumulators and reduces them in the canonical tree.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn hsum(v: __m256) -> f32 {
     let mut l = [0f32; 8];
@@ -27,7 +43,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 }
 
 /// `acc + d * (l as f32)` lane-wise: step 2 of the canonical order.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l)))
@@ -36,8 +52,8 @@ unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
 /// 32 bytes from an unaligned pointer.
 ///
 /// # Safety
-/// AVX2; `p` valid for reading 32 bytes.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `p` valid for reading 32 bytes.
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn load32(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
@@ -47,8 +63,8 @@ unsafe fn load32(p: *const u8) -> __m256i {
 /// 16..32 the high ones.
 ///
 /// # Safety
-/// AVX2; `qs` valid for reading 16 bytes.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `qs` valid for reading 16 bytes.
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn nibbles(qs: *const u8) -> __m256i {
     let q = _mm_loadu_si128(qs as *const __m128i);
@@ -57,7 +73,7 @@ unsafe fn nibbles(qs: *const u8) -> __m256i {
 }
 
 /// Byte `j` = `val` when bit `j` of `bits` is set, else 0.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn bits_to_bytes(bits: u32, val: i8) -> __m256i {
     let v = _mm256_set1_epi32(bits as i32);
@@ -74,115 +90,270 @@ unsafe fn bits_to_bytes(bits: u32, val: i8) -> __m256i {
 }
 
 /// i16 pair sums `w[2j]a[2j] + w[2j+1]a[2j+1]`, `w` unsigned below 64.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn pairs(w: __m256i, a: __m256i) -> __m256i {
     _mm256_maddubs_epi16(w, a)
 }
 
 /// i16 pair sums of `(w - off) * a`, `w` and `off` unsigned below 64.
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn pairs_off(w: __m256i, a: __m256i, off: i8) -> __m256i {
     _mm256_sub_epi16(pairs(w, a), pairs(_mm256_set1_epi8(off), a))
 }
 
 /// i32 lane `m` = i16 lanes `2m + 2m+1` (times 1).
-#[target_feature(enable = "avx2")]
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn quads(p: __m256i) -> __m256i {
     _mm256_madd_epi16(p, _mm256_set1_epi16(1))
 }
 
+/// One 32-element weight format paired with its activation block: how to get a
+/// block's exact lane sums, its combined scale and (Q4_1/Q5_1) its min term.
+pub(super) trait Block32 {
+    /// Activation block type.
+    type Act;
+    /// Weight block bytes.
+    const BYTES: usize;
+    /// Whether the result is `reduced + summ` (else just `reduced`; adding a zero
+    /// `summ` would turn a `-0.0` into `+0.0`).
+    const HAS_MIN: bool;
+    /// Lane sums `L[m]` of one block (module docs of `quant`).
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn lanes(wb: &[u8], a: &Self::Act) -> __m256i;
+    /// Combined scale `f16(d_w) * f16(d_a)`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn d(wb: &[u8], a: &Self::Act) -> f32;
+    /// `f16(m_w) * f16(s_a)` (only called when `HAS_MIN`).
+    ///
+    /// # Safety
+    /// As [`Block32::d`].
+    unsafe fn min_term(wb: &[u8], a: &Self::Act) -> f32;
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
+
+#[inline(always)]
+unsafe fn d8_0(wb: &[u8], a: &BlockQ8_0) -> f32 {
+    f16_at(wb, 0) * h2f(a.d)
+}
+#[inline(always)]
+unsafe fn d8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
+    f16_at(wb, 0) * h2f(a.d)
+}
+#[inline(always)]
+unsafe fn m8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
+    f16_at(wb, 2) * h2f(a.s)
+}
+
+impl Block32 for Q4_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 18;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        quads(pairs_off(
+            nibbles(wb[2..18].as_ptr()),
+            load32(a.qs.as_ptr() as *const u8),
+            8,
+        ))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for Q4_1 {
+    type Act = BlockQ8_1;
+    const BYTES: usize = 20;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
+        quads(pairs(
+            nibbles(wb[4..20].as_ptr()),
+            load32(a.qs.as_ptr() as *const u8),
+        ))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        d8_1(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        m8_1(wb, a)
+    }
+}
+
+impl Block32 for Q5_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 22;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let q = _mm256_or_si256(nibbles(wb[6..22].as_ptr()), bits_to_bytes(qh, 0x10));
+        quads(pairs_off(q, load32(a.qs.as_ptr() as *const u8), 16))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for Q5_1 {
+    type Act = BlockQ8_1;
+    const BYTES: usize = 24;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
+        let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
+        let q = _mm256_or_si256(nibbles(wb[8..24].as_ptr()), bits_to_bytes(qh, 0x10));
+        quads(pairs(q, load32(a.qs.as_ptr() as *const u8)))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        d8_1(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        m8_1(wb, a)
+    }
+}
+
+impl Block32 for Q8_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 34;
+    const HAS_MIN: bool = false;
+    /// Widened to i16 (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`), exact for every
+    /// i8 weight and activation including −128.
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        let wq = wb[2..34].as_ptr() as *const __m128i;
+        let aq = a.qs.as_ptr() as *const __m128i;
+        let w_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
+        let w_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq.add(1)));
+        let a_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq));
+        let a_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq.add(1)));
+        _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+/// `out[r] = dot(row r, a)` for `R` consecutive rows of `row_bytes` each, interleaved
+/// so that the `R` independent float chains overlap; each row's own operations and
+/// their order are exactly those of the single-row kernel (`R = 1`).
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() >= R * row_bytes`, `row_bytes == K::BYTES * a.len()`,
+/// `out.len() >= R`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows<K: Block32, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::Act],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summ = [0f32; R];
+    for (b, ab) in a.iter().enumerate() {
+        for r in 0..R {
+            let at = r * row_bytes + b * K::BYTES;
+            let wb = &w[at..at + K::BYTES];
+            acc[r] = accumulate(acc[r], K::d(wb, ab), K::lanes(wb, ab));
+            if K::HAS_MIN {
+                summ[r] += K::min_term(wb, ab);
+            }
+        }
+    }
+    for r in 0..R {
+        out[r] = if K::HAS_MIN {
+            hsum(acc[r]) + summ[r]
+        } else {
+            hsum(acc[r])
+        };
+    }
+}
+
+/// One row: [`rows`] with `R = 1`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == K::BYTES * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn one<K: Block32>(w: &[u8], a: &[K::Act]) -> f32 {
+    let mut out = [0f32];
+    rows::<K, 1>(w, w.len(), a, &mut out);
+    out[0]
+}
+
 /// See `vec_dot_q4_0_q8_0_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 18 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 18 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(18).zip(a) {
-        let d = f16_at(wb, 0) * super::f16_to_f32(ab.d);
-        let q = nibbles(wb[2..].as_ptr());
-        let l = quads(pairs_off(q, load32(ab.qs.as_ptr() as *const u8), 8));
-        acc = accumulate(acc, d, l);
-    }
-    hsum(acc)
+    one::<Q4_0>(w, a)
 }
 
 /// See `vec_dot_q4_1_q8_1_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 20 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 20 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q4_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0f32;
-    for (wb, ab) in w.chunks_exact(20).zip(a) {
-        let d = f16_at(wb, 0) * super::f16_to_f32(ab.d);
-        let q = nibbles(wb[4..].as_ptr());
-        let l = quads(pairs(q, load32(ab.qs.as_ptr() as *const u8)));
-        acc = accumulate(acc, d, l);
-        summ += f16_at(wb, 2) * super::f16_to_f32(ab.s);
-    }
-    hsum(acc) + summ
+    one::<Q4_1>(w, a)
 }
 
 /// See `vec_dot_q5_0_q8_0_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 22 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 22 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(22).zip(a) {
-        let d = f16_at(wb, 0) * super::f16_to_f32(ab.d);
-        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        let q = _mm256_or_si256(nibbles(wb[6..].as_ptr()), bits_to_bytes(qh, 0x10));
-        let l = quads(pairs_off(q, load32(ab.qs.as_ptr() as *const u8), 16));
-        acc = accumulate(acc, d, l);
-    }
-    hsum(acc)
+    one::<Q5_0>(w, a)
 }
 
 /// See `vec_dot_q5_1_q8_1_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 24 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 24 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0f32;
-    for (wb, ab) in w.chunks_exact(24).zip(a) {
-        let d = f16_at(wb, 0) * super::f16_to_f32(ab.d);
-        let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
-        let q = _mm256_or_si256(nibbles(wb[8..].as_ptr()), bits_to_bytes(qh, 0x10));
-        let l = quads(pairs(q, load32(ab.qs.as_ptr() as *const u8)));
-        acc = accumulate(acc, d, l);
-        summ += f16_at(wb, 2) * super::f16_to_f32(ab.s);
-    }
-    hsum(acc) + summ
+    one::<Q5_1>(w, a)
 }
 
 /// See `vec_dot_q8_0_q8_0_ref` (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`).
 ///
 /// # Safety
-/// AVX2; `w.len() == 34 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 34 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    for (wb, ab) in w.chunks_exact(34).zip(a) {
-        let d = f16_at(wb, 0) * super::f16_to_f32(ab.d);
-        let wq = wb[2..].as_ptr() as *const __m128i;
-        let aq = ab.qs.as_ptr() as *const __m128i;
-        let w_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
-        let w_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq.add(1)));
-        let a_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq));
-        let a_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq.add(1)));
-        let l = _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi));
-        acc = accumulate(acc, d, l);
-    }
-    hsum(acc)
+    one::<Q8_0>(w, a)
 }
 
 /// Q4_K and Q5_K share everything but the quant unpacking: the 4-bit quants start at
@@ -190,8 +361,8 @@ pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 /// `qh_at` (bit `g` of byte `lane` for group `g`).
 ///
 /// # Safety
-/// AVX2; `w.len() == bytes * a.len()`; `qs_at + 128 <= bytes`, `qh_at + 32 <= bytes`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == bytes * a.len()`; `qs_at + 128 <= bytes`, `qh_at + 32 <= bytes`.
+#[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn dot_k45(
     w: &[u8],
@@ -246,8 +417,8 @@ unsafe fn dot_k45(
 /// See `vec_dot_q4_k_q8_k_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 144 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 144 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     dot_k45(w, a, 144, 16, None)
 }
@@ -255,8 +426,8 @@ pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// See `vec_dot_q5_k_q8_k_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 176 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 176 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     dot_k45(w, a, 176, 48, Some(16))
 }
@@ -264,8 +435,8 @@ pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// See `vec_dot_q6_k_q8_k_ref`.
 ///
 /// # Safety
-/// AVX2; `w.len() == 210 * a.len()`.
-#[target_feature(enable = "avx2")]
+/// AVX2 and F16C; `w.len() == 210 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     let mut acc = _mm256_setzero_ps();
     let m4 = _mm256_set1_epi8(0x0f);

@@ -21,9 +21,9 @@ impl Rng {
 }
 
 /// f16 scales worth testing: zero, signed zero, the smallest subnormal, the largest
-/// finite, infinity, NaN, and ordinary values.
-const F16_EXTREMES: [u16; 10] = [
-    0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff, 0x7c00, 0x7e00, 0x3c00, 0xb800,
+/// finite, infinity, a quiet and a signalling NaN, and ordinary values.
+const F16_EXTREMES: [u16; 11] = [
+    0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff, 0x7c00, 0x7e00, 0x7d01, 0x3c00, 0xb800,
 ];
 
 fn some_f16(r: &mut Rng, extreme: bool) -> u16 {
@@ -112,8 +112,8 @@ fn simd_is_available_on_x86_64() {
     // with itself.
     #[cfg(target_arch = "x86_64")]
     assert!(
-        has_avx2(),
-        "this x86_64 CPU lacks AVX2: the SIMD kernels are untested"
+        has_avx2_f16c(),
+        "this x86_64 CPU lacks AVX2/F16C: the SIMD kernels are untested"
     );
 }
 
