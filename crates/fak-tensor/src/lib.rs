@@ -20,6 +20,8 @@
 pub mod dot;
 pub mod matmul;
 pub mod ops;
+pub mod pool;
+pub mod quant;
 
 pub use dot::{dot, dot_ref};
 pub use matmul::{matmul, matmul_ref, Threads};

@@ -1,0 +1,153 @@
+//! Quantized matrix-vector product throughput, one thread: GB/s of weight bytes
+//! streamed, scalar reference vs the dispatched (AVX2) kernel, per weight type.
+//!
+//! Shapes are SmolLM2-135M's MLP: `[1536, 576]` (ffn_up/gate) for the 32-element
+//! types; the K types need rows that are a multiple of 256 elements, so they use
+//! `[576, 1536]` (ffn_down). "hot" repeats one matrix (it stays in cache); "stream"
+//! cycles through copies totalling at least 64 MiB, so the weights come from memory as
+//! in decode. Each figure is the median of the repeats. The f32 line is the existing
+//! `matmul` (n = 1, one thread) on the same shape, for comparison.
+//!
+//! Run: `cargo run --release -p fak-tensor --example qdot_bench [repeats]`
+
+use fak_tensor::quant::{self, QType};
+use fak_tensor::{matmul, Threads};
+use std::hint::black_box;
+use std::time::Instant;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 16
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 24) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Median seconds of `f(i)` over `repeats` calls (`i` = call index).
+fn time(repeats: usize, mut f: impl FnMut(usize)) -> f64 {
+    f(0); // warm-up
+    median(
+        (0..repeats)
+            .map(|i| {
+                let t = Instant::now();
+                f(i);
+                t.elapsed().as_secs_f64()
+            })
+            .collect(),
+    )
+}
+
+const STREAM_BYTES: usize = 64 << 20;
+
+fn main() {
+    let repeats: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(101);
+    println!(
+        "AVX2 kernels: {}; one thread; median of {repeats}; GB/s = weight bytes / time",
+        if quant::has_avx2_f16c() {
+            "yes"
+        } else {
+            "NO (both columns scalar)"
+        }
+    );
+    println!(
+        "{:<5} {:>11} {:>9} | {:>9} {:>9} {:>6} | {:>9} {:>9} {:>6}",
+        "type", "shape", "MiB", "hot ref", "hot simd", "x", "strm ref", "strm simd", "x"
+    );
+    let mut r = Rng(1);
+    for ty in QType::ALL {
+        let (rows, cols) = if ty.block_elems() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
+        let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
+        let copies = STREAM_BYTES.div_ceil(bytes);
+        let mut w: Vec<u8> = (0..bytes * copies).map(|_| (r.next() >> 8) as u8).collect();
+        // Ordinary f16 scales so the sums are ordinary numbers (speed does not depend
+        // on values, but NaNs could).
+        let scale_at: &[usize] = match ty {
+            QType::Q6K => &[208],
+            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+            _ => &[0, 2],
+        };
+        for b in w.chunks_exact_mut(ty.block_bytes()) {
+            for &at in scale_at {
+                b[at..at + 2].copy_from_slice(&quant::f32_to_f16(0.01).to_le_bytes());
+            }
+        }
+        let x: Vec<f32> = (0..cols).map(|_| r.unit()).collect();
+        let act = quant::quantize_activation(ty, &x).expect("cols is a block multiple");
+        let mut out = vec![0f32; rows];
+        let mut run = |simd: bool, stream: bool| {
+            let s = time(repeats, |i| {
+                let c = if stream { i % copies } else { 0 };
+                let m = &w[c * bytes..(c + 1) * bytes];
+                let res = if simd {
+                    quant::matvec(ty, m, &act, &mut out)
+                } else {
+                    quant::matvec_ref(ty, m, &act, &mut out)
+                };
+                res.expect("shapes are consistent");
+                black_box(&out);
+            });
+            bytes as f64 / s / 1e9
+        };
+        let (hr, hs) = (run(false, false), run(true, false));
+        let (sr, ss) = (run(false, true), run(true, true));
+        println!(
+            "{:<5} {:>11} {:>9.2} | {:>9.2} {:>9.2} {:>6.1} | {:>9.2} {:>9.2} {:>6.1}",
+            ty.name(),
+            format!("{rows}x{cols}"),
+            bytes as f64 / (1 << 20) as f64,
+            hr,
+            hs,
+            hs / hr,
+            sr,
+            ss,
+            ss / sr
+        );
+    }
+    // f32 for comparison (the exact path's kernel), same ffn_up shape.
+    let (rows, cols) = (1536, 576);
+    let bytes = rows * cols * 4;
+    let copies = STREAM_BYTES.div_ceil(bytes);
+    let w: Vec<f32> = (0..rows * cols * copies).map(|_| r.unit()).collect();
+    let x: Vec<f32> = (0..cols).map(|_| r.unit()).collect();
+    let mut out = vec![0f32; rows];
+    let mut run = |stream: bool| {
+        let s = time(repeats, |i| {
+            let c = if stream { i % copies } else { 0 };
+            let m = &w[c * rows * cols..(c + 1) * rows * cols];
+            matmul(m, rows, cols, &x, 1, &mut out, Threads::new(1));
+            black_box(&out);
+        });
+        bytes as f64 / s / 1e9
+    };
+    let (h, s) = (run(false), run(true));
+    println!(
+        "{:<5} {:>11} {:>9.2} | {:>9} {:>9.2} {:>6} | {:>9} {:>9.2} {:>6}",
+        "F32",
+        format!("{rows}x{cols}"),
+        bytes as f64 / (1 << 20) as f64,
+        "",
+        h,
+        "",
+        "",
+        s,
+        ""
+    );
+}

@@ -1,0 +1,1073 @@
+//! Quantized dot products: a weight row kept in its GGUF block format times an
+//! activation row quantized per block to 8 bits, the pairing ggml uses for its CPU
+//! `vec_dot` kernels.
+//!
+//! | weight type | activation type | block (elements) |
+//! |---|---|---|
+//! | Q4_0, Q5_0, Q8_0 | [`BlockQ8_0`] | 32 |
+//! | Q4_1, Q5_1 | [`BlockQ8_1`] (carries `d * Σq`) | 32 |
+//! | Q4_K, Q5_K, Q6_K | [`BlockQ8K`] (f32 scale, 16-element sums) | 256 |
+//!
+//! Weight block layouts are ggml's `ggml-common.h` (the GGUF tensor data), the same
+//! ones `fak_weights::dequant` documents; a weight row is passed as its raw bytes.
+//! Activation quantizers follow ggml's reference functions `quantize_row_q8_0_ref`,
+//! `quantize_row_q8_1_ref` and `quantize_row_q8_K_ref` (`ggml/src/ggml-quants.c`).
+//!
+//! # Canonical order
+//!
+//! Every integer product sum inside a block is exact (bounds below), so only the
+//! float combination can depend on order. It is fixed, and the scalar reference
+//! (`*_ref`) and the AVX2 kernel perform it with the same operations in the same
+//! order, so they agree bit for bit (non-NaN results; a NaN result is NaN in both).
+//! f16 scales are widened exactly in both (the AVX2 kernels use the F16C instruction,
+//! which gives the same `f32` for every non-NaN f16):
+//!
+//! 1. Each block contributes eight exact `i32` lane sums `L[m]`, `m = 0..8`; which
+//!    elements feed lane `m` is stated per type below (it mirrors the AVX2 register
+//!    layout: `maddubs`+`madd` pair adjacent elements, so lane `m` holds elements
+//!    `4m..4m+4` of a 32-element chunk).
+//! 2. Eight `f32` lane accumulators start at `+0.0`; per block, in block order,
+//!    `acc[m] = acc[m] + d * (L[m] as f32)` with `d` the block's combined scale (a
+//!    product rounded once, then a multiply and an add rounded separately; no FMA).
+//! 3. The lanes are reduced by [`crate::dot::reduce_lanes`]
+//!    (`((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`).
+//! 4. Types with a minimum/offset term keep one scalar `summ`, accumulated in block
+//!    order, and the result is `reduced + summ` (Q4_1, Q5_1) or `reduced - summ`
+//!    (Q4_K, Q5_K).
+//!
+//! Per type (`w` the weight quant with its offset removed, `a` the activation quant,
+//! `e` an element index inside the block):
+//!
+//! - Q4_0 (`w = q - 8`), Q5_0 (`w = q - 16`): `L[m] = Σ_{e=4m}^{4m+3} w_e a_e`,
+//!   `d = f16(d_w) * f16(d_a)`.
+//! - Q8_0: `L[m] = Σ_{e ∈ {2m, 2m+1, 2m+16, 2m+17}} w_e a_e` (the AVX2 kernel widens to
+//!   i16, so that weights and activations of −128 are exact), `d` as Q4_0.
+//! - Q4_1, Q5_1 (`w = q`, unsigned): `L` as Q4_0, `d = f16(d_w) * f16(d_a)`,
+//!   `summ += f16(m_w) * f16(s_a)`.
+//! - Q4_K, Q5_K: `L[m] = Σ_{g=0}^{7} sc_g Σ_{k<4} w_{32g+4m+k} a_{32g+4m+k}`,
+//!   `d = d_a * f16(d_w)`; `summ += (d_a * f16(dmin_w)) * (Σ_g mn_g (bsum_{2g} +
+//!   bsum_{2g+1})) as f32`.
+//! - Q6_K (`w = q - 32`): `L[m] = Σ_{c=0}^{7} sc_{2c + m/4} Σ_{k<4} w_{32c+4m+k}
+//!   a_{32c+4m+k}` (i8 scales), `d = d_a * f16(d_w)`.
+//!
+//! Integer bounds (any bytes, any activation block): a Q6_K lane reaches at most
+//! `8 · 128 · 4 · 32 · 128 ≈ 1.7e7`, the largest of all types, far inside `i32`. A
+//! lane above `2^24` (reachable only by Q6_K with extreme data) rounds when converted
+//! to `f32`, identically in both kernels.
+
+use crate::dot::reduce_lanes;
+use std::fmt;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+/// Elements per block of the 32-element types (Q4_0 … Q8_1).
+pub const QK: usize = 32;
+/// Elements per super-block of the K types (`QK_K` in ggml).
+pub const QK_K: usize = 256;
+
+// ---------------------------------------------------------------------------------
+// f16 conversions
+// ---------------------------------------------------------------------------------
+
+/// Widen IEEE binary16 bits to `f32` exactly (subnormals normalized, NaN payload
+/// shifted into place and kept signalling; the same bits as `fak_weights`'
+/// `f16_bits_to_f32` and numpy's `astype(np.float32)`).
+#[inline]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) & 0x8000) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x03ff) as u32;
+    let bits = match exp {
+        1..=30 => sign | ((exp + 127 - 15) << 23) | (man << 13),
+        0 if man == 0 => sign,
+        0 => {
+            // Subnormal: man * 2^-24; move the top set bit to bit 10.
+            let shift = man.leading_zeros() - 21;
+            sign | ((127 - 15 + 1 - shift) << 23) | (((man << shift) & 0x03ff) << 13)
+        }
+        _ => sign | 0x7f80_0000 | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Round an `f32` to the nearest IEEE binary16, ties to even (the rounding of the
+/// F16C instruction `vcvtps2ph` and of ggml's `GGML_FP32_TO_FP16`); values at or above
+/// 65520 in magnitude become ±infinity; a NaN stays a NaN (quiet, top payload bits
+/// kept).
+pub fn f32_to_f16(x: f32) -> u16 {
+    let b = x.to_bits();
+    let sign = ((b >> 16) & 0x8000) as u16;
+    let exp = ((b >> 23) & 0xff) as i32;
+    let man = b & 0x007f_ffff;
+    if exp == 0xff {
+        let nan = if man != 0 {
+            0x0200 | (man >> 13) as u16
+        } else {
+            0
+        };
+        return sign | 0x7c00 | nan;
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        // f16 subnormal (or zero): count units of 2^-24.
+        if e < -10 {
+            return sign; // below 2^-25: rounds to zero (2^-25 itself ties to even 0)
+        }
+        let m = man | 0x0080_0000;
+        let shift = (14 - e) as u32; // 14..=24
+        let q = m >> shift;
+        let rem = m & ((1 << shift) - 1);
+        let half = 1u32 << (shift - 1);
+        let q = if rem > half || (rem == half && q & 1 == 1) {
+            q + 1
+        } else {
+            q
+        };
+        return sign | q as u16; // a carry to 0x400 is the smallest normal, correctly
+    }
+    let q = ((e as u32) << 10) | (man >> 13);
+    let rem = man & 0x1fff;
+    let q = if rem > 0x1000 || (rem == 0x1000 && q & 1 == 1) {
+        q + 1 // a carry into the exponent is correct, up to infinity (0x7c00)
+    } else {
+        q
+    };
+    sign | q as u16
+}
+
+#[inline(always)]
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+// ---------------------------------------------------------------------------------
+// Activation blocks
+// ---------------------------------------------------------------------------------
+
+/// Q8_0 block (ggml `block_q8_0`, 34 bytes on little-endian targets): 32 elements
+/// `x_e ≈ f16(d) * qs[e]`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ8_0 {
+    /// Scale, IEEE f16 bits.
+    pub d: u16,
+    /// Quants.
+    pub qs: [i8; QK],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_0>() == 34);
+
+/// Q8_1 block (ggml `block_q8_1`, 36 bytes on little-endian targets): as Q8_0 plus
+/// `s = f16(Σ qs · d)`, which lets a Q4_1/Q5_1 dot product apply the weight minimum
+/// once per block.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockQ8_1 {
+    /// Scale, IEEE f16 bits.
+    pub d: u16,
+    /// `d · Σ qs` (with the unrounded `f32` scale), IEEE f16 bits.
+    pub s: u16,
+    /// Quants.
+    pub qs: [i8; QK],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8_1>() == 36);
+
+/// Q8_K super-block (ggml `block_q8_K`, 292 bytes): 256 elements `x_e ≈ d * qs[e]`
+/// with an `f32` scale and the sums of each 16 consecutive quants.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BlockQ8K {
+    /// Scale.
+    pub d: f32,
+    /// Quants.
+    pub qs: [i8; QK_K],
+    /// `bsums[j] = Σ qs[16j .. 16j + 16]` (the K dot products use it for the mins).
+    pub bsums: [i16; QK_K / 16],
+}
+const _: () = assert!(std::mem::size_of::<BlockQ8K>() == 292);
+
+// ---------------------------------------------------------------------------------
+// Errors and the weight types
+// ---------------------------------------------------------------------------------
+
+/// A weight type with a quantized dot product here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum QType {
+    /// ggml Q4_0 (18-byte blocks of 32).
+    Q4_0,
+    /// ggml Q4_1 (20-byte blocks of 32).
+    Q4_1,
+    /// ggml Q5_0 (22-byte blocks of 32).
+    Q5_0,
+    /// ggml Q5_1 (24-byte blocks of 32).
+    Q5_1,
+    /// ggml Q8_0 (34-byte blocks of 32).
+    Q8_0,
+    /// ggml Q4_K (144-byte super-blocks of 256).
+    Q4K,
+    /// ggml Q5_K (176-byte super-blocks of 256).
+    Q5K,
+    /// ggml Q6_K (210-byte super-blocks of 256).
+    Q6K,
+}
+
+/// Which activation block type a weight type pairs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ActKind {
+    /// [`BlockQ8_0`].
+    Q8_0,
+    /// [`BlockQ8_1`].
+    Q8_1,
+    /// [`BlockQ8K`].
+    Q8K,
+}
+
+impl QType {
+    /// Every type, in ggml's type-id order.
+    pub const ALL: [QType; 8] = [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+        QType::Q4K,
+        QType::Q5K,
+        QType::Q6K,
+    ];
+
+    /// Elements per block (32, or 256 for the K types).
+    pub fn block_elems(self) -> usize {
+        match self {
+            QType::Q4K | QType::Q5K | QType::Q6K => QK_K,
+            _ => QK,
+        }
+    }
+
+    /// Bytes per block (ggml `type_size`).
+    pub fn block_bytes(self) -> usize {
+        match self {
+            QType::Q4_0 => 18,
+            QType::Q4_1 => 20,
+            QType::Q5_0 => 22,
+            QType::Q5_1 => 24,
+            QType::Q8_0 => 34,
+            QType::Q4K => 144,
+            QType::Q5K => 176,
+            QType::Q6K => 210,
+        }
+    }
+
+    /// The activation block type this weight type is multiplied with.
+    pub fn act_kind(self) -> ActKind {
+        match self {
+            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => ActKind::Q8_0,
+            QType::Q4_1 | QType::Q5_1 => ActKind::Q8_1,
+            QType::Q4K | QType::Q5K | QType::Q6K => ActKind::Q8K,
+        }
+    }
+
+    /// ggml's name ("Q4_0", "Q4_K", ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            QType::Q4_0 => "Q4_0",
+            QType::Q4_1 => "Q4_1",
+            QType::Q5_0 => "Q5_0",
+            QType::Q5_1 => "Q5_1",
+            QType::Q8_0 => "Q8_0",
+            QType::Q4K => "Q4_K",
+            QType::Q5K => "Q5_K",
+            QType::Q6K => "Q6_K",
+        }
+    }
+}
+
+impl fmt::Display for QType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why a quantization or a quantized product was refused. No function in this module
+/// panics on bad lengths; it returns one of these.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum QuantError {
+    /// An activation length is not a whole number of blocks.
+    NotBlockMultiple {
+        /// Elements given.
+        len: usize,
+        /// Elements per block.
+        block: usize,
+    },
+    /// A weight row's byte length does not hold exactly one block per activation block.
+    RowLength {
+        /// Weight type.
+        ty: QType,
+        /// Weight bytes given.
+        bytes: usize,
+        /// Bytes needed: `activation blocks × block_bytes`.
+        expected: usize,
+    },
+    /// The activation blocks are not the kind this weight type pairs with.
+    ActKind {
+        /// Weight type.
+        ty: QType,
+        /// The kind given.
+        got: ActKind,
+    },
+    /// A matrix or output buffer does not match `rows × row bytes` / `rows`.
+    MatrixShape {
+        /// What was wrong, with the sizes.
+        detail: String,
+    },
+}
+
+impl fmt::Display for QuantError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            QuantError::NotBlockMultiple { len, block } => {
+                write!(
+                    f,
+                    "{len} elements is not a multiple of the block size {block}"
+                )
+            }
+            QuantError::RowLength {
+                ty,
+                bytes,
+                expected,
+            } => write!(
+                f,
+                "{ty}: weight row has {bytes} bytes, the activation needs exactly {expected}"
+            ),
+            QuantError::ActKind { ty, got } => write!(
+                f,
+                "{ty} weights pair with {:?} activations, got {got:?}",
+                ty.act_kind()
+            ),
+            QuantError::MatrixShape { detail } => write!(f, "quantized matvec: {detail}"),
+        }
+    }
+}
+
+impl std::error::Error for QuantError {}
+
+fn check_row(ty: QType, bytes: usize, blocks: usize) -> Result<(), QuantError> {
+    let expected = blocks.checked_mul(ty.block_bytes());
+    if expected == Some(bytes) {
+        Ok(())
+    } else {
+        Err(QuantError::RowLength {
+            ty,
+            bytes,
+            expected: expected.unwrap_or(usize::MAX),
+        })
+    }
+}
+
+fn check_multiple(len: usize, block: usize) -> Result<(), QuantError> {
+    if len.is_multiple_of(block) {
+        Ok(())
+    } else {
+        Err(QuantError::NotBlockMultiple { len, block })
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Activation quantizers (ggml reference rounding)
+// ---------------------------------------------------------------------------------
+
+/// `amax = MAX(amax, |v|)` over a block, with C's `MAX(a, b) = a > b ? a : b`, so a
+/// NaN element makes `amax` NaN exactly as in ggml.
+fn c_amax(x: &[f32]) -> f32 {
+    x.iter()
+        .fold(0f32, |m, v| if m > v.abs() { m } else { v.abs() })
+}
+
+/// Shared body of the Q8_0/Q8_1 quantizers: `(d, qs)` with `d = amax / 127`,
+/// `qs = roundf(x / d)` (ties away from zero), `qs = 0` when `d == 0`.
+fn q8_block(x: &[f32]) -> (f32, [i8; QK]) {
+    let d = c_amax(x) / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    let mut qs = [0i8; QK];
+    for (q, &v) in qs.iter_mut().zip(x) {
+        // |v * id| <= 127 up to rounding, so `round` lands in -127..=127; `as`
+        // saturates anything else (non-finite input) instead of being undefined.
+        *q = (v * id).round() as i8;
+    }
+    (d, qs)
+}
+
+/// Quantize activations to Q8_0, block by block (ggml `quantize_row_q8_0_ref`):
+/// `d = max|x| / 127`, `qs = roundf(x · (1/d))` (ties away from zero), stored
+/// `d` rounded to f16. Quants stay in `-127..=127`.
+///
+/// Shapes: `x` is `[n]` with `n` a multiple of 32; returns `n / 32` blocks.
+/// Non-finite inputs give meaningless (but defined) blocks.
+///
+/// # Errors
+/// [`QuantError::NotBlockMultiple`] when `n % 32 != 0`.
+pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<BlockQ8_0>, QuantError> {
+    check_multiple(x.len(), QK)?;
+    Ok(x.chunks_exact(QK)
+        .map(|c| {
+            let (d, qs) = q8_block(c);
+            BlockQ8_0 {
+                d: f32_to_f16(d),
+                qs,
+            }
+        })
+        .collect())
+}
+
+/// Quantize activations to Q8_1 (ggml `quantize_row_q8_1_ref`): as
+/// [`quantize_q8_0`], plus `s = f16((Σ qs) as f32 · d)` with the unrounded `f32` `d`.
+///
+/// # Errors
+/// [`QuantError::NotBlockMultiple`] when `x.len() % 32 != 0`.
+pub fn quantize_q8_1(x: &[f32]) -> Result<Vec<BlockQ8_1>, QuantError> {
+    check_multiple(x.len(), QK)?;
+    Ok(x.chunks_exact(QK)
+        .map(|c| {
+            let (d, qs) = q8_block(c);
+            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            BlockQ8_1 {
+                d: f32_to_f16(d),
+                s: f32_to_f16(sum as f32 * d),
+                qs,
+            }
+        })
+        .collect())
+}
+
+/// Quantize activations to Q8_K (ggml `quantize_row_q8_K_ref`): per 256 elements,
+/// `max` is the element of largest magnitude (first one on ties), `iscale = -127 /
+/// max`, `qs = min(127, nearest_int(iscale · x))` (ties to even, as ggml's
+/// `nearest_int`), `d = 1 / iscale`, `bsums[j] = Σ qs[16j..16j+16]`; an all-zero block
+/// gets `d = 0` and zero quants.
+///
+/// Shapes: `x` is `[n]` with `n` a multiple of 256; returns `n / 256` blocks.
+///
+/// # Errors
+/// [`QuantError::NotBlockMultiple`] when `n % 256 != 0`.
+pub fn quantize_q8_k(x: &[f32]) -> Result<Vec<BlockQ8K>, QuantError> {
+    check_multiple(x.len(), QK_K)?;
+    Ok(x.chunks_exact(QK_K)
+        .map(|c| {
+            let (mut max, mut amax) = (0f32, 0f32);
+            for &v in c {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            let mut b = BlockQ8K {
+                d: 0.0,
+                qs: [0; QK_K],
+                bsums: [0; QK_K / 16],
+            };
+            if amax == 0.0 {
+                return b;
+            }
+            let iscale = -127.0 / max;
+            for (q, &v) in b.qs.iter_mut().zip(c) {
+                let n = (iscale * v).round_ties_even() as i32;
+                *q = n.clamp(-128, 127) as i8;
+            }
+            for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+                *s = g.iter().map(|&q| q as i16).sum();
+            }
+            b.d = 1.0 / iscale;
+            b
+        })
+        .collect())
+}
+
+// ---------------------------------------------------------------------------------
+// Weight unpacking shared by the scalar references (and the K scale tables by AVX2)
+// ---------------------------------------------------------------------------------
+
+/// The 32 4-bit quants of a Q4_0/Q4_1 `qs` field, element order.
+fn nibbles(qs: &[u8]) -> [i32; QK] {
+    let mut q = [0i32; QK];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0f) as i32;
+        q[j + 16] = (qs[j] >> 4) as i32;
+    }
+    q
+}
+
+/// The 32 5-bit quants of a Q5_0/Q5_1 block: nibbles plus bit `e` of `qh` as bit 4.
+fn five_bit(qh: &[u8], qs: &[u8]) -> [i32; QK] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = nibbles(qs);
+    for (e, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> e) & 1) << 4) as i32;
+    }
+    q
+}
+
+/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`).
+pub(crate) fn k4_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = s[j] & 0x3f;
+        mn[j] = s[j + 4] & 0x3f;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    }
+    (sc, mn)
+}
+
+/// `Σ_g mn_g (bsum_{2g} + bsum_{2g+1})`, exact in `i32` (|·| ≤ 8·63·65534).
+pub(crate) fn k_mins(mn: &[u8; 8], bsums: &[i16; 16]) -> i32 {
+    let mut s = 0i32;
+    for g in 0..8 {
+        s += mn[g] as i32 * (bsums[2 * g] as i32 + bsums[2 * g + 1] as i32);
+    }
+    s
+}
+
+/// Lane sums of one 32-element chunk: `L[m] = Σ_{k<4} w[4m+k] a[4m+k]`.
+fn lanes4(w: &[i32; QK], a: &[i8]) -> [i32; 8] {
+    let mut l = [0i32; 8];
+    for (m, lm) in l.iter_mut().enumerate() {
+        for k in 0..4 {
+            *lm += w[4 * m + k] * a[4 * m + k] as i32;
+        }
+    }
+    l
+}
+
+/// `acc[m] = acc[m] + d * (L[m] as f32)`: step 2 of the canonical order.
+#[inline(always)]
+fn accumulate(acc: &mut [f32; 8], d: f32, l: &[i32; 8]) {
+    for m in 0..8 {
+        acc[m] += d * l[m] as f32;
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Scalar references
+// ---------------------------------------------------------------------------------
+
+/// Scalar reference of Q4_0 × Q8_0 in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q4_0 blocks (`18 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q4_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
+    check_row(QType::Q4_0, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(18).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        let q = nibbles(&wb[2..18]).map(|v| v - 8);
+        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+/// Scalar reference of Q4_1 × Q8_1 in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q4_1 blocks (`20 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q4_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantError> {
+    check_row(QType::Q4_1, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (wb, ab) in w.chunks_exact(20).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        accumulate(&mut acc, d, &lanes4(&nibbles(&wb[4..20]), &ab.qs));
+        summ += f16_at(wb, 2) * f16_to_f32(ab.s);
+    }
+    Ok(reduce_lanes(&acc) + summ)
+}
+
+/// Scalar reference of Q5_0 × Q8_0 in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q5_0 blocks (`22 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q5_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
+    check_row(QType::Q5_0, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(22).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        let q = five_bit(&wb[2..6], &wb[6..22]).map(|v| v - 16);
+        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+/// Scalar reference of Q5_1 × Q8_1 in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q5_1 blocks (`24 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q5_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantError> {
+    check_row(QType::Q5_1, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (wb, ab) in w.chunks_exact(24).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        accumulate(
+            &mut acc,
+            d,
+            &lanes4(&five_bit(&wb[4..8], &wb[8..24]), &ab.qs),
+        );
+        summ += f16_at(wb, 2) * f16_to_f32(ab.s);
+    }
+    Ok(reduce_lanes(&acc) + summ)
+}
+
+/// Scalar reference of Q8_0 × Q8_0 in the canonical order (module docs; lane `m`
+/// holds elements `2m, 2m+1, 2m+16, 2m+17`).
+///
+/// Shapes: `w` is one row of `a.len()` Q8_0 blocks (`34 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q8_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
+    check_row(QType::Q8_0, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(34).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        let q = &wb[2..34];
+        let mut l = [0i32; 8];
+        for (m, lm) in l.iter_mut().enumerate() {
+            for e in [2 * m, 2 * m + 1, 2 * m + 16, 2 * m + 17] {
+                *lm += (q[e] as i8) as i32 * ab.qs[e] as i32;
+            }
+        }
+        accumulate(&mut acc, d, &l);
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+/// Scalar reference shared by Q4_K and Q5_K: `q(wb, e)` gives the unsigned quant of
+/// element `e`.
+fn k45_ref(w: &[u8], a: &[BlockQ8K], bytes: usize, q: impl Fn(&[u8], usize) -> i32) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
+        let (sc, mn) = k4_scale_min(&wb[4..16]);
+        let mut l = [0i32; 8];
+        for (g, &s) in sc.iter().enumerate() {
+            let mut wg = [0i32; QK];
+            for (lane, v) in wg.iter_mut().enumerate() {
+                *v = q(wb, 32 * g + lane);
+            }
+            let lg = lanes4(&wg, &ab.qs[32 * g..32 * g + 32]);
+            for m in 0..8 {
+                l[m] += s as i32 * lg[m];
+            }
+        }
+        let d = ab.d * f16_at(wb, 0);
+        let dmin = ab.d * f16_at(wb, 2);
+        accumulate(&mut acc, d, &l);
+        summ += dmin * k_mins(&mn, &ab.bsums) as f32;
+    }
+    reduce_lanes(&acc) - summ
+}
+
+/// Scalar reference of Q4_K × Q8_K in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q4_K super-blocks (`144 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q4_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
+    check_row(QType::Q4K, w.len(), a.len())?;
+    // Element e: group g = e / 32 = 2c + h takes nibble h of qs[32c + e % 32].
+    Ok(k45_ref(w, a, 144, |wb, e| {
+        let (g, lane) = (e / 32, e % 32);
+        ((wb[16 + 32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f) as i32
+    }))
+}
+
+/// Scalar reference of Q5_K × Q8_K in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q5_K super-blocks (`176 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q5_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
+    check_row(QType::Q5K, w.len(), a.len())?;
+    // As Q4_K (qs at 48), plus bit g of qh[e % 32] as bit 4.
+    Ok(k45_ref(w, a, 176, |wb, e| {
+        let (g, lane) = (e / 32, e % 32);
+        let lo = (wb[48 + 32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f;
+        let hi = (wb[16 + lane] >> g) & 1;
+        (lo | (hi << 4)) as i32
+    }))
+}
+
+/// Scalar reference of Q6_K × Q8_K in the canonical order (module docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q6_K super-blocks (`210 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q6_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
+    check_row(QType::Q6K, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(210).zip(a) {
+        let (ql, qh, scales) = (&wb[0..128], &wb[128..192], &wb[192..208]);
+        let mut l = [0i32; 8];
+        for c in 0..8 {
+            // Element e (half e / 128, r = e % 128): low nibble r / 64 of
+            // ql[64 half + r % 64], high bits 2 (r / 32) of qh[32 half + r % 32].
+            let mut wc = [0i32; QK];
+            for (lane, v) in wc.iter_mut().enumerate() {
+                let e = 32 * c + lane;
+                let (half, r) = (e / 128, e % 128);
+                let lo = (ql[64 * half + r % 64] >> (4 * (r / 64))) & 0x0f;
+                let hi = (qh[32 * half + r % 32] >> (2 * (r / 32))) & 0x03;
+                *v = (lo | (hi << 4)) as i32 - 32;
+            }
+            let lc = lanes4(&wc, &ab.qs[32 * c..32 * c + 32]);
+            for m in 0..8 {
+                l[m] += (scales[2 * c + m / 4] as i8) as i32 * lc[m];
+            }
+        }
+        accumulate(&mut acc, ab.d * f16_at(wb, 208), &l);
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+// ---------------------------------------------------------------------------------
+// Dispatch
+// ---------------------------------------------------------------------------------
+
+/// Whether the SIMD kernels run on this CPU: they need AVX2 and F16C (every AVX2 CPU
+/// has F16C; the scale widening uses it). Detected once per process.
+#[inline]
+pub fn has_avx2_f16c() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("f16c")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+macro_rules! dispatch {
+    ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
+        $(#[$doc])*
+        ///
+        /// Uses the AVX2 kernel when the CPU has AVX2 and F16C, else the scalar reference; the two
+        /// agree bit for bit (canonical order in the module docs).
+        ///
+        /// # Errors
+        /// [`QuantError::RowLength`] when `w.len()` is not `a.len()` blocks.
+        #[inline]
+        pub fn $name(w: &[u8], a: &[$act]) -> Result<f32, QuantError> {
+            check_row($ty, w.len(), a.len())?;
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_f16c() {
+                // SAFETY: AVX2 and F16C were detected at run time, and `w` holds exactly
+                // `a.len()` blocks of this type (checked above), which is all the
+                // kernel reads.
+                return Ok(unsafe { avx2::$simd(w, a) });
+            }
+            $reference(w, a)
+        }
+    };
+}
+
+dispatch!(
+    /// Q4_0 weights × Q8_0 activations, one row: `Σ_e w_e x_e` over the row.
+    vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref, dot_q4_0_q8_0, QType::Q4_0, BlockQ8_0
+);
+dispatch!(
+    /// Q4_1 weights × Q8_1 activations, one row.
+    vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref, dot_q4_1_q8_1, QType::Q4_1, BlockQ8_1
+);
+dispatch!(
+    /// Q5_0 weights × Q8_0 activations, one row.
+    vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, dot_q5_0_q8_0, QType::Q5_0, BlockQ8_0
+);
+dispatch!(
+    /// Q5_1 weights × Q8_1 activations, one row.
+    vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, dot_q5_1_q8_1, QType::Q5_1, BlockQ8_1
+);
+dispatch!(
+    /// Q8_0 weights × Q8_0 activations, one row.
+    vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref, dot_q8_0_q8_0, QType::Q8_0, BlockQ8_0
+);
+dispatch!(
+    /// Q4_K weights × Q8_K activations, one row.
+    vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, dot_q4_k_q8_k, QType::Q4K, BlockQ8K
+);
+dispatch!(
+    /// Q5_K weights × Q8_K activations, one row.
+    vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_ref, dot_q5_k_q8_k, QType::Q5K, BlockQ8K
+);
+dispatch!(
+    /// Q6_K weights × Q8_K activations, one row.
+    vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref, dot_q6_k_q8_k, QType::Q6K, BlockQ8K
+);
+
+// ---------------------------------------------------------------------------------
+// Type-generic entry points
+// ---------------------------------------------------------------------------------
+
+/// An activation row quantized for one weight type ([`quantize_activation`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum QuantizedActs {
+    /// For Q4_0, Q5_0, Q8_0 weights.
+    Q8_0(Vec<BlockQ8_0>),
+    /// For Q4_1, Q5_1 weights.
+    Q8_1(Vec<BlockQ8_1>),
+    /// For Q4_K, Q5_K, Q6_K weights.
+    Q8K(Vec<BlockQ8K>),
+}
+
+impl QuantizedActs {
+    /// The block kind held.
+    pub fn kind(&self) -> ActKind {
+        match self {
+            QuantizedActs::Q8_0(_) => ActKind::Q8_0,
+            QuantizedActs::Q8_1(_) => ActKind::Q8_1,
+            QuantizedActs::Q8K(_) => ActKind::Q8K,
+        }
+    }
+
+    /// Number of blocks held.
+    pub fn blocks(&self) -> usize {
+        match self {
+            QuantizedActs::Q8_0(v) => v.len(),
+            QuantizedActs::Q8_1(v) => v.len(),
+            QuantizedActs::Q8K(v) => v.len(),
+        }
+    }
+}
+
+/// Quantize an activation row `x` (`[cols]`) for a product with `ty` weights: Q8_0,
+/// Q8_1 or Q8_K as [`QType::act_kind`] says.
+///
+/// # Errors
+/// [`QuantError::NotBlockMultiple`] when `cols` is not a multiple of
+/// `ty.block_elems()`.
+pub fn quantize_activation(ty: QType, x: &[f32]) -> Result<QuantizedActs, QuantError> {
+    Ok(match ty.act_kind() {
+        ActKind::Q8_0 => QuantizedActs::Q8_0(quantize_q8_0(x)?),
+        ActKind::Q8_1 => QuantizedActs::Q8_1(quantize_q8_1(x)?),
+        ActKind::Q8K => QuantizedActs::Q8K(quantize_q8_k(x)?),
+    })
+}
+
+/// One row of `ty` weights (`w`, raw GGUF bytes) times `act`, fast kernel when
+/// `simd` and the CPU allows, else the scalar reference (identical results).
+fn dot_any(ty: QType, w: &[u8], act: &QuantizedActs, simd: bool) -> Result<f32, QuantError> {
+    use QuantizedActs as A;
+    match (ty, act, simd) {
+        (QType::Q4_0, A::Q8_0(a), true) => vec_dot_q4_0_q8_0(w, a),
+        (QType::Q4_0, A::Q8_0(a), false) => vec_dot_q4_0_q8_0_ref(w, a),
+        (QType::Q5_0, A::Q8_0(a), true) => vec_dot_q5_0_q8_0(w, a),
+        (QType::Q5_0, A::Q8_0(a), false) => vec_dot_q5_0_q8_0_ref(w, a),
+        (QType::Q8_0, A::Q8_0(a), true) => vec_dot_q8_0_q8_0(w, a),
+        (QType::Q8_0, A::Q8_0(a), false) => vec_dot_q8_0_q8_0_ref(w, a),
+        (QType::Q4_1, A::Q8_1(a), true) => vec_dot_q4_1_q8_1(w, a),
+        (QType::Q4_1, A::Q8_1(a), false) => vec_dot_q4_1_q8_1_ref(w, a),
+        (QType::Q5_1, A::Q8_1(a), true) => vec_dot_q5_1_q8_1(w, a),
+        (QType::Q5_1, A::Q8_1(a), false) => vec_dot_q5_1_q8_1_ref(w, a),
+        (QType::Q4K, A::Q8K(a), true) => vec_dot_q4_k_q8_k(w, a),
+        (QType::Q4K, A::Q8K(a), false) => vec_dot_q4_k_q8_k_ref(w, a),
+        (QType::Q5K, A::Q8K(a), true) => vec_dot_q5_k_q8_k(w, a),
+        (QType::Q5K, A::Q8K(a), false) => vec_dot_q5_k_q8_k_ref(w, a),
+        (QType::Q6K, A::Q8K(a), true) => vec_dot_q6_k_q8_k(w, a),
+        (QType::Q6K, A::Q8K(a), false) => vec_dot_q6_k_q8_k_ref(w, a),
+        _ => Err(QuantError::ActKind {
+            ty,
+            got: act.kind(),
+        }),
+    }
+}
+
+/// One row of `ty` weights (raw GGUF block bytes) · `act`, dispatched to the AVX2
+/// kernel when available; bit-identical to [`vec_dot_ref`].
+///
+/// # Errors
+/// [`QuantError::ActKind`] when `act` is not the kind `ty` pairs with;
+/// [`QuantError::RowLength`] when `w` is not exactly `act.blocks()` blocks.
+pub fn vec_dot(ty: QType, w: &[u8], act: &QuantizedActs) -> Result<f32, QuantError> {
+    dot_any(ty, w, act, true)
+}
+
+/// Scalar reference of [`vec_dot`].
+///
+/// # Errors
+/// As [`vec_dot`].
+pub fn vec_dot_ref(ty: QType, w: &[u8], act: &QuantizedActs) -> Result<f32, QuantError> {
+    dot_any(ty, w, act, false)
+}
+
+/// Bytes of one weight row of `ty` against `act`, after checking the pairing.
+fn row_bytes(ty: QType, act: &QuantizedActs) -> Result<usize, QuantError> {
+    if act.kind() != ty.act_kind() {
+        return Err(QuantError::ActKind {
+            ty,
+            got: act.kind(),
+        });
+    }
+    Ok(act.blocks() * ty.block_bytes())
+}
+
+/// Check that `w` is `out.len()` rows against `act`; returns the row byte length.
+pub(crate) fn check_matvec(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    rows: usize,
+) -> Result<usize, QuantError> {
+    let rb = row_bytes(ty, act)?;
+    if rb.checked_mul(rows) != Some(w.len()) {
+        return Err(QuantError::MatrixShape {
+            detail: format!(
+                "{ty}: {} weight bytes is not {rows} rows of {rb} bytes",
+                w.len()
+            ),
+        });
+    }
+    Ok(rb)
+}
+
+/// Matrix-vector product `out[r] = vec_dot(ty, w[r], act)` on the calling thread.
+///
+/// Shapes: `w` is `[rows, cols]` in `ty` blocks (row-major, `rows = out.len()`,
+/// each row `act.blocks() · ty.block_bytes()` bytes, as a GGUF tensor stores
+/// `nn.Linear.weight`); `act` is the quantized `[cols]` activation.
+///
+/// # Errors
+/// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]
+/// when `w.len()` is not `out.len()` rows. `out` is untouched on error.
+pub fn matvec(ty: QType, w: &[u8], act: &QuantizedActs, out: &mut [f32]) -> Result<(), QuantError> {
+    matvec_with(ty, w, act, out, true)
+}
+
+/// Scalar reference of [`matvec`] (same results, bit for bit).
+///
+/// # Errors
+/// As [`matvec`].
+pub fn matvec_ref(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    matvec_with(ty, w, act, out, false)
+}
+
+fn matvec_with(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+    simd: bool,
+) -> Result<(), QuantError> {
+    let rb = check_matvec(ty, w, act, out.len())?;
+    if rb == 0 {
+        out.fill(0.0);
+        return Ok(());
+    }
+    #[cfg(target_arch = "x86_64")]
+    if simd && has_avx2_f16c() {
+        use QuantizedActs as A;
+        // SAFETY (all arms): AVX2 and F16C were detected; `check_matvec` established that `act`
+        // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
+        // `w.len() == rb * out.len()`.
+        let done = match (ty, act) {
+            (QType::Q4_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q4_0>(w, rb, a, out) },
+            (QType::Q4_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q4_1>(w, rb, a, out) },
+            (QType::Q5_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q5_0>(w, rb, a, out) },
+            (QType::Q5_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q5_1>(w, rb, a, out) },
+            (QType::Q8_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q8_0>(w, rb, a, out) },
+            _ => false,
+        };
+        if done {
+            return Ok(());
+        }
+    }
+    for (o, row) in out.iter_mut().zip(w.chunks_exact(rb)) {
+        *o = dot_any(ty, row, act, simd)?;
+    }
+    Ok(())
+}
+
+/// The 32-element types' matvec: four rows at a time through the interleaved AVX2
+/// kernel (each row in exactly its single-row order), the last `rows % 4` one by one.
+/// Returns `true` (it always handles the product).
+///
+/// # Safety
+/// AVX2 and F16C are available; `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn rows4<K: avx2::Block32>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool {
+    let mut outs = out.chunks_exact_mut(4);
+    let mut ws = w.chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        avx2::rows::<K, 4>(wc, rb, a, o);
+    }
+    let rest = outs.into_remainder();
+    for (o, wr) in rest
+        .chunks_exact_mut(1)
+        .zip(ws.remainder().chunks_exact(rb))
+    {
+        avx2::rows::<K, 1>(wr, rb, a, o);
+    }
+    true
+}
+
+/// [`matvec`] with the output rows split into [`crate::pool::part_range`] parts, one
+/// per pool thread. Each row is the same single-row kernel as in [`matvec`], so the
+/// result is bit-identical to [`matvec`] for any thread count.
+///
+/// # Errors
+/// As [`matvec`]; `out` is untouched on error.
+pub fn matvec_pool(
+    pool: &mut crate::pool::Pool,
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    use std::sync::{Mutex, PoisonError};
+    let rb = check_matvec(ty, w, act, out.len())?;
+    let (rows, parts) = (out.len(), pool.threads());
+    let mut slots = Vec::with_capacity(parts);
+    let mut rest = out;
+    for i in 0..parts {
+        let (head, tail) = rest.split_at_mut(crate::pool::part_range(rows, parts, i).len());
+        slots.push(Mutex::new(head));
+        rest = tail;
+    }
+    let error = Mutex::new(None);
+    pool.run(&|i| {
+        let r = crate::pool::part_range(rows, parts, i);
+        let mut o = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+        // Cannot fail after `check_matvec`; kept as an error rather than a panic.
+        if let Err(e) = matvec_with(ty, &w[r.start * rb..r.end * rb], act, &mut o, true) {
+            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        }
+    });
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,469 @@
+//! AVX2 kernels of the quantized dot products. Each one computes the same exact
+//! integer lane sums as its scalar reference in `quant.rs` (`maddubs` pairs adjacent
+//! bytes into i16, `madd` pairs adjacent i16 into i32, so i32 lane `m` holds bytes
+//! `4m..4m+4` of a 32-byte chunk) and combines them with the same float operations in
+//! the same order (module docs of `quant`).
+//!
+//! Saturation: `_mm256_maddubs_epi16` saturates its i16 pair sums, so every use keeps
+//! the unsigned operand below 64 (|pair| ≤ 2 · 63 · 128 = 16128 < 32767). Offsets are
+//! subtracted as a second `maddubs` against the constant offset (exact i16
+//! subtraction), never by making the weight signed, so an activation quant of −128
+//! is exact too. Q8_0 weights are signed and are widened to i16 instead.
+//!
+//! Every function here requires AVX2 and F16C (`# Safety`) and that `w` holds exactly
+//! `a.len()` blocks, which the dispatchers in `quant.rs` check before calling.
+
+use super::{k4_scale_min, k_mins, BlockQ8K, BlockQ8_0, BlockQ8_1};
+use crate::dot::reduce_lanes;
+use std::arch::x86_64::*;
+
+/// f16 bits to `f32` with the F16C instruction: the exact value for every non-NaN
+/// input, as `quant::f16_to_f32` (a signalling NaN comes back quiet; a NaN scale makes
+/// the result NaN either way, which is all the NaN contract promises).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn h2f(h: u16) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// The little-endian f16 at `bytes[at..at + 2]`, widened by [`h2f`].
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    h2f(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+/// Stores the eight lane accumulators and reduces them in the canonical tree.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn hsum(v: __m256) -> f32 {
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), v);
+    reduce_lanes(&l)
+}
+
+/// `acc + d * (l as f32)` lane-wise: step 2 of the canonical order.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l)))
+}
+
+/// 32 bytes from an unaligned pointer.
+///
+/// # Safety
+/// AVX2 and F16C; `p` valid for reading 32 bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn load32(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// The 32 nibbles of a 16-byte `qs` in element order: bytes 0..16 the low nibbles,
+/// 16..32 the high ones.
+///
+/// # Safety
+/// AVX2 and F16C; `qs` valid for reading 16 bytes.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn nibbles(qs: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(qs as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16(q, 4), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0f))
+}
+
+/// Byte `j` = `val` when bit `j` of `bits` is set, else 0.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn bits_to_bytes(bits: u32, val: i8) -> __m256i {
+    let v = _mm256_set1_epi32(bits as i32);
+    // Byte j takes byte j / 8 of `bits` (shuffle indices are per 128-bit half, and
+    // the broadcast put all four bytes in both halves).
+    let idx = _mm256_setr_epi8(
+        0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3,
+        3, 3,
+    );
+    let bytes = _mm256_shuffle_epi8(v, idx);
+    let mask = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64); // byte j: 1 << (j % 8)
+    let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, mask), mask);
+    _mm256_and_si256(set, _mm256_set1_epi8(val))
+}
+
+/// i16 pair sums `w[2j]a[2j] + w[2j+1]a[2j+1]`, `w` unsigned below 64.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn pairs(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_maddubs_epi16(w, a)
+}
+
+/// i16 pair sums of `(w - off) * a`, `w` and `off` unsigned below 64.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn pairs_off(w: __m256i, a: __m256i, off: i8) -> __m256i {
+    _mm256_sub_epi16(pairs(w, a), pairs(_mm256_set1_epi8(off), a))
+}
+
+/// i32 lane `m` = i16 lanes `2m + 2m+1` (times 1).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn quads(p: __m256i) -> __m256i {
+    _mm256_madd_epi16(p, _mm256_set1_epi16(1))
+}
+
+/// One 32-element weight format paired with its activation block: how to get a
+/// block's exact lane sums, its combined scale and (Q4_1/Q5_1) its min term.
+pub(super) trait Block32 {
+    /// Activation block type.
+    type Act;
+    /// Weight block bytes.
+    const BYTES: usize;
+    /// Whether the result is `reduced + summ` (else just `reduced`; adding a zero
+    /// `summ` would turn a `-0.0` into `+0.0`).
+    const HAS_MIN: bool;
+    /// Lane sums `L[m]` of one block (module docs of `quant`).
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn lanes(wb: &[u8], a: &Self::Act) -> __m256i;
+    /// Combined scale `f16(d_w) * f16(d_a)`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn d(wb: &[u8], a: &Self::Act) -> f32;
+    /// `f16(m_w) * f16(s_a)` (only called when `HAS_MIN`).
+    ///
+    /// # Safety
+    /// As [`Block32::d`].
+    unsafe fn min_term(wb: &[u8], a: &Self::Act) -> f32;
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q4_1;
+pub(super) struct Q5_0;
+pub(super) struct Q5_1;
+pub(super) struct Q8_0;
+
+#[inline(always)]
+unsafe fn d8_0(wb: &[u8], a: &BlockQ8_0) -> f32 {
+    f16_at(wb, 0) * h2f(a.d)
+}
+#[inline(always)]
+unsafe fn d8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
+    f16_at(wb, 0) * h2f(a.d)
+}
+#[inline(always)]
+unsafe fn m8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
+    f16_at(wb, 2) * h2f(a.s)
+}
+
+impl Block32 for Q4_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 18;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        quads(pairs_off(
+            nibbles(wb[2..18].as_ptr()),
+            load32(a.qs.as_ptr() as *const u8),
+            8,
+        ))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for Q4_1 {
+    type Act = BlockQ8_1;
+    const BYTES: usize = 20;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
+        quads(pairs(
+            nibbles(wb[4..20].as_ptr()),
+            load32(a.qs.as_ptr() as *const u8),
+        ))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        d8_1(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        m8_1(wb, a)
+    }
+}
+
+impl Block32 for Q5_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 22;
+    const HAS_MIN: bool = false;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let q = _mm256_or_si256(nibbles(wb[6..22].as_ptr()), bits_to_bytes(qh, 0x10));
+        quads(pairs_off(q, load32(a.qs.as_ptr() as *const u8), 16))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+impl Block32 for Q5_1 {
+    type Act = BlockQ8_1;
+    const BYTES: usize = 24;
+    const HAS_MIN: bool = true;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
+        let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
+        let q = _mm256_or_si256(nibbles(wb[8..24].as_ptr()), bits_to_bytes(qh, 0x10));
+        quads(pairs(q, load32(a.qs.as_ptr() as *const u8)))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        d8_1(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
+        m8_1(wb, a)
+    }
+}
+
+impl Block32 for Q8_0 {
+    type Act = BlockQ8_0;
+    const BYTES: usize = 34;
+    const HAS_MIN: bool = false;
+    /// Widened to i16 (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`), exact for every
+    /// i8 weight and activation including −128.
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+        let wq = wb[2..34].as_ptr() as *const __m128i;
+        let aq = a.qs.as_ptr() as *const __m128i;
+        let w_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
+        let w_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq.add(1)));
+        let a_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq));
+        let a_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq.add(1)));
+        _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi))
+    }
+    #[inline(always)]
+    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
+        d8_0(wb, a)
+    }
+    #[inline(always)]
+    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
+        0.0
+    }
+}
+
+/// `out[r] = dot(row r, a)` for `R` consecutive rows of `row_bytes` each, interleaved
+/// so that the `R` independent float chains overlap; each row's own operations and
+/// their order are exactly those of the single-row kernel (`R = 1`).
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() >= R * row_bytes`, `row_bytes == K::BYTES * a.len()`,
+/// `out.len() >= R`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows<K: Block32, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::Act],
+    out: &mut [f32],
+) {
+    let mut acc = [_mm256_setzero_ps(); R];
+    let mut summ = [0f32; R];
+    for (b, ab) in a.iter().enumerate() {
+        for r in 0..R {
+            let at = r * row_bytes + b * K::BYTES;
+            let wb = &w[at..at + K::BYTES];
+            acc[r] = accumulate(acc[r], K::d(wb, ab), K::lanes(wb, ab));
+            if K::HAS_MIN {
+                summ[r] += K::min_term(wb, ab);
+            }
+        }
+    }
+    for r in 0..R {
+        out[r] = if K::HAS_MIN {
+            hsum(acc[r]) + summ[r]
+        } else {
+            hsum(acc[r])
+        };
+    }
+}
+
+/// One row: [`rows`] with `R = 1`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == K::BYTES * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn one<K: Block32>(w: &[u8], a: &[K::Act]) -> f32 {
+    let mut out = [0f32];
+    rows::<K, 1>(w, w.len(), a, &mut out);
+    out[0]
+}
+
+/// See `vec_dot_q4_0_q8_0_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 18 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q4_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    one::<Q4_0>(w, a)
+}
+
+/// See `vec_dot_q4_1_q8_1_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 20 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q4_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+    one::<Q4_1>(w, a)
+}
+
+/// See `vec_dot_q5_0_q8_0_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 22 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q5_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    one::<Q5_0>(w, a)
+}
+
+/// See `vec_dot_q5_1_q8_1_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 24 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q5_1_q8_1(w: &[u8], a: &[BlockQ8_1]) -> f32 {
+    one::<Q5_1>(w, a)
+}
+
+/// See `vec_dot_q8_0_q8_0_ref` (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`).
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 34 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
+    one::<Q8_0>(w, a)
+}
+
+/// Q4_K and Q5_K share everything but the quant unpacking: the 4-bit quants start at
+/// byte `qs_at` of a block of `bytes`, and Q5_K's fifth bits are the 32 bytes at
+/// `qh_at` (bit `g` of byte `lane` for group `g`).
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == bytes * a.len()`; `qs_at + 128 <= bytes`, `qh_at + 32 <= bytes`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn dot_k45(
+    w: &[u8],
+    a: &[BlockQ8K],
+    bytes: usize,
+    qs_at: usize,
+    qh_at: Option<usize>,
+) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let mut summ = 0f32;
+    let m4 = _mm256_set1_epi8(0x0f);
+    let sixteen = _mm256_set1_epi8(0x10);
+    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
+        let (sc, mn) = k4_scale_min(&wb[4..16]);
+        let aq = ab.qs.as_ptr() as *const u8;
+        let qh = match qh_at {
+            Some(at) => load32(wb[at..].as_ptr()),
+            None => _mm256_setzero_si256(),
+        };
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..4 {
+            // Groups 2c (low nibbles) and 2c + 1 (high nibbles) of qs[32c .. 32c + 32].
+            let raw = load32(wb[qs_at + 32 * c..].as_ptr());
+            let mut q0 = _mm256_and_si256(raw, m4);
+            let mut q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if qh_at.is_some() {
+                let b0 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
+                let b1 = _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8);
+                let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0);
+                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
+                q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
+                q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
+            }
+            let p0 = _mm256_madd_epi16(
+                pairs(q0, load32(aq.add(64 * c))),
+                _mm256_set1_epi16(sc[2 * c] as i16),
+            );
+            let p1 = _mm256_madd_epi16(
+                pairs(q1, load32(aq.add(64 * c + 32))),
+                _mm256_set1_epi16(sc[2 * c + 1] as i16),
+            );
+            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+        }
+        let d = ab.d * f16_at(wb, 0);
+        let dmin = ab.d * f16_at(wb, 2);
+        acc = accumulate(acc, d, sumi);
+        summ += dmin * k_mins(&mn, &ab.bsums) as f32;
+    }
+    hsum(acc) - summ
+}
+
+/// See `vec_dot_q4_k_q8_k_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 144 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    dot_k45(w, a, 144, 16, None)
+}
+
+/// See `vec_dot_q5_k_q8_k_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 176 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    dot_k45(w, a, 176, 48, Some(16))
+}
+
+/// See `vec_dot_q6_k_q8_k_ref`.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == 210 * a.len()`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
+    let mut acc = _mm256_setzero_ps();
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    for (wb, ab) in w.chunks_exact(210).zip(a) {
+        let aq = ab.qs.as_ptr() as *const u8;
+        let mut sumi = _mm256_setzero_si256();
+        for c in 0..8 {
+            let (half, j) = (c / 4, c % 4);
+            // Chunk c = elements 32c..32c+32: low nibbles (j < 2) or high nibbles of
+            // ql[64 half + 32 (j % 2) ..], bits 2j, 2j+1 of qh[32 half ..].
+            let ql = load32(wb[64 * half + 32 * (j % 2)..].as_ptr());
+            let lo = if j < 2 {
+                _mm256_and_si256(ql, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
+            };
+            let qh = load32(wb[128 + 32 * half..].as_ptr());
+            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
+            let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            let p = pairs_off(q, load32(aq.add(32 * c)), 32);
+            let s0 = (wb[192 + 2 * c] as i8) as i16;
+            let s1 = (wb[192 + 2 * c + 1] as i8) as i16;
+            let scales = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
+        }
+        acc = accumulate(acc, ab.d * f16_at(wb, 208), sumi);
+    }
+    hsum(acc)
+}

@@ -1,0 +1,427 @@
+use super::*;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 16
+    }
+    fn byte(&mut self) -> u8 {
+        (self.next() >> 8) as u8
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn unit(&mut self) -> f32 {
+        (self.next() >> 24) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+/// f16 scales worth testing: zero, signed zero, the smallest subnormal, the largest
+/// finite, infinity, a quiet and a signalling NaN, and ordinary values.
+const F16_EXTREMES: [u16; 11] = [
+    0x0000, 0x8000, 0x0001, 0x83ff, 0x7bff, 0xfbff, 0x7c00, 0x7e00, 0x7d01, 0x3c00, 0xb800,
+];
+
+fn some_f16(r: &mut Rng, extreme: bool) -> u16 {
+    if extreme && r.below(3) == 0 {
+        F16_EXTREMES[r.below(F16_EXTREMES.len())]
+    } else {
+        // A normal scale of moderate size, either sign.
+        f32_to_f16(r.unit() * 0.05 + if r.below(2) == 0 { 0.01 } else { -0.01 })
+    }
+}
+
+/// Random weight bytes for `n` blocks of `ty`, with f16 fields replaced by chosen
+/// scales (random bytes elsewhere cover every nibble, bit and scale pattern).
+fn weights(r: &mut Rng, ty: QType, n: usize, extreme: bool) -> Vec<u8> {
+    let bb = ty.block_bytes();
+    let mut w: Vec<u8> = (0..n * bb).map(|_| r.byte()).collect();
+    let f16_fields: &[usize] = match ty {
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+        QType::Q4_1 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
+        QType::Q6K => &[208],
+    };
+    for b in w.chunks_exact_mut(bb) {
+        for &at in f16_fields {
+            b[at..at + 2].copy_from_slice(&some_f16(r, extreme).to_le_bytes());
+        }
+    }
+    w
+}
+
+/// Random activation blocks of any content (the kernels must be exact for every i8,
+/// including -128, and for any `s` / `bsums`, not only what the quantizers produce).
+fn acts(r: &mut Rng, ty: QType, n: usize, extreme: bool) -> QuantizedActs {
+    let qs32 = |r: &mut Rng| {
+        let mut q = [0i8; QK];
+        q.iter_mut().for_each(|v| *v = r.byte() as i8);
+        q
+    };
+    match ty.act_kind() {
+        ActKind::Q8_0 => QuantizedActs::Q8_0(
+            (0..n)
+                .map(|_| BlockQ8_0 {
+                    d: some_f16(r, extreme),
+                    qs: qs32(r),
+                })
+                .collect(),
+        ),
+        ActKind::Q8_1 => QuantizedActs::Q8_1(
+            (0..n)
+                .map(|_| BlockQ8_1 {
+                    d: some_f16(r, extreme),
+                    s: some_f16(r, extreme),
+                    qs: qs32(r),
+                })
+                .collect(),
+        ),
+        ActKind::Q8K => QuantizedActs::Q8K(
+            (0..n)
+                .map(|_| {
+                    let mut b = BlockQ8K {
+                        d: f16_to_f32(some_f16(r, extreme)) * 0.01,
+                        qs: [0; QK_K],
+                        bsums: [0; 16],
+                    };
+                    b.qs.iter_mut().for_each(|v| *v = r.byte() as i8);
+                    b.bsums
+                        .iter_mut()
+                        .for_each(|v| *v = ((r.byte() as u16) << 8 | r.byte() as u16) as i16);
+                    b
+                })
+                .collect(),
+        ),
+    }
+}
+
+/// Bit-identical, except that two NaNs count as equal: which NaN payload an `f32`
+/// addition returns depends on operand order, which LLVM may commute (x86 returns
+/// the first operand's payload), so NaN payloads are not part of the contract.
+fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+#[test]
+fn simd_is_available_on_x86_64() {
+    // The agreement tests below compare the dispatched kernel with the reference; on
+    // x86_64 that must really be the AVX2 kernel, or they would compare the reference
+    // with itself.
+    #[cfg(target_arch = "x86_64")]
+    assert!(
+        has_avx2_f16c(),
+        "this x86_64 CPU lacks AVX2/F16C: the SIMD kernels are untested"
+    );
+}
+
+#[test]
+fn simd_matches_reference_bitwise_on_random_blocks() {
+    let mut r = Rng(0x5eed);
+    for ty in QType::ALL {
+        let mut finite = 0;
+        for trial in 0..300 {
+            let n = 1 + r.below(9);
+            let extreme = trial % 2 == 1;
+            let w = weights(&mut r, ty, n, extreme);
+            let a = acts(&mut r, ty, n, extreme);
+            let fast = vec_dot(ty, &w, &a).unwrap();
+            let slow = vec_dot_ref(ty, &w, &a).unwrap();
+            assert!(same(fast, slow), "{ty} trial {trial}: {fast:e} vs {slow:e}");
+            finite += fast.is_finite() as usize;
+        }
+        // Most trials must be ordinary finite sums, so the comparison means something.
+        assert!(finite > 150, "{ty}: only {finite} finite results");
+    }
+}
+
+#[test]
+fn simd_matches_reference_on_every_byte_pattern() {
+    // Every block byte (hence every nibble pair, every fifth/sixth-bit pattern, every
+    // 6-bit scale code) set to each of the 256 values in turn, against the extreme
+    // activations +127 and -128.
+    let mut r = Rng(42);
+    for ty in QType::ALL {
+        for byte in 0..=255u8 {
+            for fill in [127i8, -128, -1] {
+                let n = 2;
+                let mut w = vec![byte; n * ty.block_bytes()];
+                // Keep the scales finite and ordinary so the sums are compared as numbers.
+                let scale = f32_to_f16(0.25).to_le_bytes();
+                let fields: &[usize] = match ty {
+                    QType::Q6K => &[208],
+                    QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+                    _ => &[0, 2],
+                };
+                for b in w.chunks_exact_mut(ty.block_bytes()) {
+                    for &at in fields {
+                        b[at..at + 2].copy_from_slice(&scale);
+                    }
+                }
+                let mut a = acts(&mut r, ty, n, false);
+                match &mut a {
+                    QuantizedActs::Q8_0(v) => v.iter_mut().for_each(|b| b.qs = [fill; QK]),
+                    QuantizedActs::Q8_1(v) => v.iter_mut().for_each(|b| b.qs = [fill; QK]),
+                    QuantizedActs::Q8K(v) => v.iter_mut().for_each(|b| b.qs = [fill; QK_K]),
+                }
+                let fast = vec_dot(ty, &w, &a).unwrap();
+                let slow = vec_dot_ref(ty, &w, &a).unwrap();
+                assert!(fast.is_finite(), "{ty} byte {byte:#04x}");
+                assert_eq!(
+                    fast.to_bits(),
+                    slow.to_bits(),
+                    "{ty} byte {byte:#04x} act {fill}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn reference_by_hand_q4_0() {
+    // d_w = 0.5, every weight nibble 0x9 (q - 8 = 1) ; d_a = 2, every a = 3:
+    // 32 elements * (0.5 * 1) * (2 * 3) = 96.
+    let mut w = vec![0x99u8; 18];
+    w[0..2].copy_from_slice(&f32_to_f16(0.5).to_le_bytes());
+    let a = [BlockQ8_0 {
+        d: f32_to_f16(2.0),
+        qs: [3; QK],
+    }];
+    assert_eq!(vec_dot_q4_0_q8_0_ref(&w, &a).unwrap(), 96.0);
+    assert_eq!(vec_dot_q4_0_q8_0(&w, &a).unwrap(), 96.0);
+}
+
+#[test]
+fn reference_by_hand_q4_k_mins() {
+    // All scales and mins 1 (code 0x01 in every 6-bit field: bytes 0..8 = 1, bytes
+    // 8..12 = 0x11), d = 1, dmin = 0.5, every nibble 2, every activation 1 with d_a = 1
+    // and bsums 16: 256 * 2 - 0.5 * 8 * 32 = 512 - 128 = 384.
+    let mut w = vec![0x22u8; 144];
+    w[0..2].copy_from_slice(&f32_to_f16(1.0).to_le_bytes());
+    w[2..4].copy_from_slice(&f32_to_f16(0.5).to_le_bytes());
+    w[4..12].fill(1);
+    w[12..16].fill(0x11);
+    let a = [BlockQ8K {
+        d: 1.0,
+        qs: [1; QK_K],
+        bsums: [16; 16],
+    }];
+    assert_eq!(vec_dot_q4_k_q8_k_ref(&w, &a).unwrap(), 384.0);
+    assert_eq!(vec_dot_q4_k_q8_k(&w, &a).unwrap(), 384.0);
+}
+
+#[test]
+fn length_and_kind_errors_are_returned_not_panics() {
+    let a = quantize_q8_0(&[0.5; 64]).unwrap();
+    assert_eq!(
+        vec_dot_q4_0_q8_0(&[0; 35], &a),
+        Err(QuantError::RowLength {
+            ty: QType::Q4_0,
+            bytes: 35,
+            expected: 36
+        })
+    );
+    assert!(vec_dot_q4_0_q8_0_ref(&[0; 37], &a).is_err());
+    let acts = QuantizedActs::Q8_0(a);
+    assert!(matches!(
+        vec_dot(QType::Q4K, &[0; 144], &acts),
+        Err(QuantError::ActKind { .. })
+    ));
+    let mut out = [0f32; 3];
+    assert!(matches!(
+        matvec(QType::Q4_0, &[0; 36 * 2], &acts, &mut out),
+        Err(QuantError::MatrixShape { .. })
+    ));
+    assert_eq!(
+        quantize_q8_k(&[0.0; 255]),
+        Err(QuantError::NotBlockMultiple {
+            len: 255,
+            block: 256
+        })
+    );
+    assert!(quantize_q8_1(&[0.0; 33]).is_err());
+    // The messages name the problem.
+    let msg = vec_dot_q6_k_q8_k(&[0; 3], &[]).unwrap_err().to_string();
+    assert!(msg.contains("Q6_K") && msg.contains('3'), "{msg}");
+}
+
+#[test]
+fn matvec_is_rowwise_vec_dot() {
+    let mut r = Rng(9);
+    for ty in QType::ALL {
+        let (rows, nb) = (13, 3);
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        let mut fast = vec![0f32; rows];
+        let mut slow = vec![0f32; rows];
+        matvec(ty, &w, &a, &mut fast).unwrap();
+        matvec_ref(ty, &w, &a, &mut slow).unwrap();
+        for (i, row) in w.chunks_exact(nb * ty.block_bytes()).enumerate() {
+            let want = vec_dot_ref(ty, row, &a).unwrap();
+            assert_eq!(fast[i].to_bits(), want.to_bits(), "{ty} row {i}");
+            assert_eq!(slow[i].to_bits(), want.to_bits(), "{ty} row {i}");
+        }
+    }
+}
+
+#[test]
+fn pooled_matvec_is_bit_identical_for_any_thread_count() {
+    let mut r = Rng(31);
+    let mut pools: Vec<crate::pool::Pool> = (1..=5).map(crate::pool::Pool::new).collect();
+    for ty in QType::ALL {
+        // 37 rows: parts of unequal length for every thread count.
+        let (rows, nb) = (37, 2);
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        let mut want = vec![0f32; rows];
+        matvec_ref(ty, &w, &a, &mut want).unwrap();
+        for pool in &mut pools {
+            let mut got = vec![f32::NAN; rows];
+            matvec_pool(pool, ty, &w, &a, &mut got).unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{ty}, {} threads", pool.threads());
+        }
+    }
+    // Shape errors come back from the pooled product too.
+    let a = acts(&mut r, QType::Q4_0, 1, false);
+    assert!(matvec_pool(&mut pools[2], QType::Q4_0, &[0; 19], &a, &mut [0.0; 1]).is_err());
+}
+
+// ------------------------------------------------------------------ quantizers
+
+#[test]
+fn q8_0_uses_roundf_ties_away_from_zero() {
+    // amax = 127 gives d = 1 exactly, so x * (1/d) = x: 2.5 -> 3 and -0.5 -> -1
+    // (ties away from zero, C's roundf), where ties-to-even would give 2 and 0.
+    let mut x = [0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = -0.5;
+    x[3] = 1.4;
+    let b = quantize_q8_0(&x).unwrap();
+    assert_eq!(f16_to_f32(b[0].d), 1.0);
+    assert_eq!(&b[0].qs[..4], &[127, 3, -1, 1]);
+    // An all-zero block: d = 0, zero quants.
+    let z = quantize_q8_0(&[0.0; 32]).unwrap();
+    assert_eq!(z[0], BlockQ8_0 { d: 0, qs: [0; 32] });
+}
+
+#[test]
+fn q8_1_sum_uses_unrounded_scale() {
+    let mut r = Rng(3);
+    let x: Vec<f32> = (0..96).map(|_| r.unit() * 3.0).collect();
+    let b1 = quantize_q8_1(&x).unwrap();
+    let b0 = quantize_q8_0(&x).unwrap();
+    for ((q1, q0), c) in b1.iter().zip(&b0).zip(x.chunks_exact(32)) {
+        assert_eq!((q1.d, q1.qs), (q0.d, q0.qs));
+        let d = c_amax(c) / 127.0;
+        let sum: i32 = q1.qs.iter().map(|&q| q as i32).sum();
+        assert_eq!(q1.s, f32_to_f16(sum as f32 * d));
+        assert!(q1.qs.iter().all(|&q| q != -128));
+    }
+}
+
+#[test]
+fn q8_k_by_hand() {
+    // max = -127 (largest magnitude, negative): iscale = 1, d = 1; nearest_int rounds
+    // ties to even: 2.5 -> 2, 3.5 -> 4, -0.5 -> -0.
+    let mut x = [0f32; 256];
+    x[0] = -127.0;
+    x[1] = 2.5;
+    x[2] = 3.5;
+    x[3] = -0.5;
+    x[17] = 5.0;
+    let b = quantize_q8_k(&x).unwrap();
+    assert_eq!(b[0].d, 1.0);
+    assert_eq!(&b[0].qs[..4], &[-127, 2, 4, 0]);
+    assert_eq!(b[0].bsums[0], -127 + 2 + 4);
+    assert_eq!(b[0].bsums[1], 5);
+    // A positive max gives a negative d and negated quants, as in ggml.
+    x[0] = 127.0;
+    let b = quantize_q8_k(&x).unwrap();
+    assert_eq!(b[0].d, -1.0);
+    assert_eq!(&b[0].qs[..3], &[-127, -2, -4]);
+    // All zero: d = 0, zero quants and sums.
+    let z = quantize_q8_k(&[0.0; 256]).unwrap();
+    assert_eq!((z[0].d, z[0].qs, z[0].bsums), (0.0, [0; 256], [0; 16]));
+}
+
+#[test]
+fn quantizers_reconstruct_within_half_a_step() {
+    let mut r = Rng(77);
+    let x: Vec<f32> = (0..512).map(|_| r.unit() * 4.0).collect();
+    for (b, c) in quantize_q8_0(&x).unwrap().iter().zip(x.chunks_exact(32)) {
+        let d = c_amax(c) / 127.0;
+        for (&q, &v) in b.qs.iter().zip(c) {
+            assert!((q as f32 * d - v).abs() <= 0.5 * d * (1.0 + 1e-5));
+        }
+    }
+    for (b, c) in quantize_q8_k(&x).unwrap().iter().zip(x.chunks_exact(256)) {
+        for (&q, &v) in b.qs.iter().zip(c) {
+            assert!((q as f32 * b.d - v).abs() <= 0.5 * b.d.abs() * (1.0 + 1e-5));
+        }
+    }
+}
+
+// ------------------------------------------------------------------ f16
+
+#[test]
+fn f16_round_trips_every_value() {
+    for h in 0..=u16::MAX {
+        let x = f16_to_f32(h);
+        if x.is_nan() {
+            assert!(f16_to_f32(f32_to_f16(x)).is_nan(), "{h:#06x}");
+        } else {
+            assert_eq!(f32_to_f16(x), h, "{h:#06x}");
+        }
+    }
+}
+
+#[test]
+fn f16_rounding_matches_half_crate() {
+    // Every midpoint between adjacent f16 values (ties to even), its neighbours one f32
+    // ulp away, and random f32 bit patterns, against the `half` crate's conversion.
+    let check = |x: f32| {
+        let ours = f32_to_f16(x);
+        let theirs = half::f16::from_f32(x).to_bits();
+        if x.is_nan() {
+            assert!(f16_to_f32(ours).is_nan());
+        } else {
+            assert_eq!(ours, theirs, "{x:e} ({:#010x})", x.to_bits());
+        }
+    };
+    for h in 0..0x7bffu16 {
+        let (a, b) = (f16_to_f32(h) as f64, f16_to_f32(h + 1) as f64);
+        let mid = ((a + b) / 2.0) as f32; // exact: f16 midpoints fit in f32
+        for x in [
+            mid,
+            f32::from_bits(mid.to_bits() + 1),
+            f32::from_bits(mid.to_bits().wrapping_sub(1)),
+        ] {
+            check(x);
+            check(-x);
+        }
+    }
+    for x in [
+        65504.0f32,
+        65519.99,
+        65520.0,
+        1e6,
+        f32::INFINITY,
+        1e-8,
+        2.98e-8,
+        3e-8,
+    ] {
+        check(x);
+        check(-x);
+    }
+    let mut r = Rng(1);
+    for _ in 0..200_000 {
+        check(f32::from_bits((r.next() << 8 ^ r.next()) as u32));
+    }
+}
