@@ -181,10 +181,12 @@ fn result_text(c: Option<Value>, at: &str) -> Result<String, ApiError> {
                     b.get("text").and_then(Value::as_str),
                 ) {
                     (Some("text"), Some(t)) => s.push_str(t),
-                    (k, _) => return Err(bad(format!(
+                    (k, _) => {
+                        return Err(bad(format!(
                         "{at}.content[{j}] has type '{}'; only text is supported in tool results",
                         k.unwrap_or("?")
-                    ))),
+                    )))
+                    }
                 }
             }
             Ok(s)
