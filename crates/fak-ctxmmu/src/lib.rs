@@ -34,5 +34,5 @@ pub use detect::{
     SecretDetector,
 };
 pub use normalize::{normalize, squash, Normalized};
-pub use screen::{Screen, ScreenConfig, ToolResult, Verdict};
+pub use screen::{digest, Screen, ScreenConfig, ToolResult, Verdict};
 pub use store::{PageStore, StoreError, StoredItem, StoredKind};

@@ -6,7 +6,7 @@ use crate::normalize::normalize;
 use crate::store::{PageStore, StoreError, StoredItem, StoredKind};
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 /// A tool result as it arrives, before tokenization.
 #[derive(Clone, Copy, Debug)]
@@ -76,7 +76,15 @@ impl Default for ScreenConfig {
     }
 }
 
-/// Detectors, the store, the audit log and the revoked digests.
+/// Detectors, the store, the audit log, the revoked digests, and the decisions made so
+/// far.
+///
+/// Decisions are remembered by content digest: a conversation re-sends its whole
+/// history every turn, and the same result must get the same decision and the same stub
+/// every time (so the turns' prompts, and the KV prefixes cached for them, agree), and
+/// must not be stored or logged again. A revocation overrides a remembered admission.
+/// Quarantined and paged-out items found in a persisted store are remembered from the
+/// start, so their stubs survive a restart.
 pub struct Screen {
     detectors: Vec<Box<dyn Detector>>,
     config: ScreenConfig,
@@ -84,10 +92,16 @@ pub struct Screen {
     audit: AuditLog,
     revoked: HashSet<String>,
     revoked_calls: HashSet<String>,
+    decided: HashMap<String, Verdict>,
 }
 
-/// sha256 hex of `s`.
-pub(crate) fn digest(s: &str) -> String {
+/// Most remembered admissions; past it they are forgotten (and screened again when
+/// they come back), while stubs are always remembered.
+const MAX_REMEMBERED_ADMITS: usize = 100_000;
+
+/// sha256 of `s`, lowercase hex: the digest the audit log, the store and revocations
+/// name content by.
+pub fn digest(s: &str) -> String {
     Sha256::digest(s.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -117,6 +131,11 @@ impl Screen {
             .filter(|i| i.reason == Some(Reason::Revoked))
             .map(|i| i.digest.clone())
             .collect();
+        let decided = store
+            .list()
+            .filter(|i| !i.cleared)
+            .map(|i| (i.digest.clone(), stored_verdict(i)))
+            .collect();
         Screen {
             detectors,
             config,
@@ -124,7 +143,14 @@ impl Screen {
             audit,
             revoked,
             revoked_calls: HashSet::new(),
+            decided,
         }
+    }
+
+    /// The audit log, to record decisions made outside the screen (tool-call
+    /// adjudications) in the same log.
+    pub fn audit_mut(&mut self) -> &mut AuditLog {
+        &mut self.audit
     }
 
     /// The page-out store.
@@ -145,7 +171,11 @@ impl Screen {
     /// Revokes content by its sha256 digest: the same content arriving again is
     /// quarantined as `REVOKED`.
     pub fn revoke_digest(&mut self, digest: &str) {
-        self.revoked.insert(digest.to_ascii_lowercase());
+        let d = digest.to_ascii_lowercase();
+        if matches!(self.decided.get(&d), Some(Verdict::Admit)) {
+            self.decided.remove(&d);
+        }
+        self.revoked.insert(d);
     }
 
     /// Revokes whatever answers `tool_call_id`.
@@ -167,10 +197,25 @@ impl Screen {
     /// # Errors
     /// [`StoreError`] when the original cannot be stored; nothing is admitted then.
     pub fn admit(&mut self, r: &ToolResult<'_>) -> Result<Verdict, StoreError> {
+        Ok(self.admit_fresh(r)?.0)
+    }
+
+    /// As [`Screen::admit`], also saying whether the decision is new (`true`) or the
+    /// one remembered for the same content (`false`: nothing stored or logged again).
+    ///
+    /// # Errors
+    /// As [`Screen::admit`].
+    pub fn admit_fresh(&mut self, r: &ToolResult<'_>) -> Result<(Verdict, bool), StoreError> {
         let dig = digest(r.content);
         let revoked = self.revoked.contains(&dig)
             || r.tool_call_id
                 .is_some_and(|c| self.revoked_calls.contains(c));
+        match self.decided.get(&dig) {
+            Some(v) if !revoked || matches!(v, Verdict::Quarantine { .. }) => {
+                return Ok((v.clone(), false));
+            }
+            _ => {}
+        }
         let finding = if revoked {
             Some(Finding {
                 detector: "revocation",
@@ -200,7 +245,7 @@ impl Screen {
         let verdict = match &finding {
             Some(f) => {
                 let id = self.store.put(item(StoredKind::Quarantined, Some(f)))?;
-                let stub = json!({"_quarantined": true, "id": id, "reason": f.reason.as_str(), "len": r.content.len()}).to_string();
+                let stub = quarantine_stub(&id, f.reason, r.content.len());
                 Verdict::Quarantine {
                     id,
                     reason: f.reason,
@@ -210,8 +255,7 @@ impl Screen {
             }
             None if r.content.len() > self.config.page_out_bytes => {
                 let id = self.store.put(item(StoredKind::PagedOut, None))?;
-                let preview: String = r.content.chars().take(200).collect();
-                let stub = json!({"_paged_out": true, "id": id, "len": r.content.len(), "preview": preview}).to_string();
+                let stub = page_out_stub(&id, r.content);
                 Verdict::PageOut { id, stub }
             }
             None => Verdict::Admit,
@@ -242,8 +286,40 @@ impl Screen {
             detector,
             id,
             bytes: r.content.len(),
-            digest: dig,
+            digest: dig.clone(),
         });
-        Ok(verdict)
+        if verdict == Verdict::Admit && self.decided.len() >= MAX_REMEMBERED_ADMITS {
+            self.decided.retain(|_, v| *v != Verdict::Admit);
+        }
+        self.decided.insert(dig, verdict.clone());
+        Ok((verdict, true))
     }
+}
+
+/// The verdict a stored item stands for (its stub rebuilt as it was made).
+fn stored_verdict(i: &StoredItem) -> Verdict {
+    match i.kind {
+        StoredKind::Quarantined => {
+            let reason = i.reason.unwrap_or(Reason::Revoked);
+            Verdict::Quarantine {
+                id: i.id.clone(),
+                reason,
+                detector: "store",
+                stub: quarantine_stub(&i.id, reason, i.content.len()),
+            }
+        }
+        StoredKind::PagedOut => Verdict::PageOut {
+            id: i.id.clone(),
+            stub: page_out_stub(&i.id, &i.content),
+        },
+    }
+}
+
+fn quarantine_stub(id: &str, reason: Reason, len: usize) -> String {
+    json!({"_quarantined": true, "id": id, "reason": reason.as_str(), "len": len}).to_string()
+}
+
+fn page_out_stub(id: &str, content: &str) -> String {
+    let preview: String = content.chars().take(200).collect();
+    json!({"_paged_out": true, "id": id, "len": content.len(), "preview": preview}).to_string()
 }

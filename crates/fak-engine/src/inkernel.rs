@@ -8,12 +8,12 @@
 //! the job's channel, and stops within one token once the stream is dropped. Its final
 //! session is then kept for later requests, within `kv_budget_bytes`.
 
-use crate::prefix::{start_session, PrefixCache};
+use crate::prefix::{start_session, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, Parsed, ToolCallParser};
 use crate::{
     budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
     EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
-    Readiness,
+    Readiness, Revocation, RevokeReport,
 };
 use fak_kv::{generate_text, TextParams};
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer};
@@ -69,6 +69,8 @@ struct Job {
     /// When the request offered tools: the reply's forced head (may be empty), for the
     /// tool-call parser.
     tools: Option<String>,
+    /// Where the prompt's tool results sit, kept with the session.
+    ledger: Vec<Span>,
 }
 
 struct Shared {
@@ -158,7 +160,12 @@ impl InKernelDriver {
 
     /// Drops every kept session (a cold cache).
     pub fn clear_kv_cache(&self) {
-        *lock(&self.shared.prefix) = PrefixCache::new(self.shared.config.kv_budget_bytes);
+        lock(&self.shared.prefix).clear();
+    }
+
+    /// The kept sessions, most recently used first (for inspection and tests).
+    pub fn kept_sessions(&self) -> Vec<Arc<fak_kv::Session>> {
+        lock(&self.shared.prefix).sessions()
     }
 }
 
@@ -235,6 +242,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
         params,
         sink,
         tools,
+        ledger,
     } = job;
     let mut parser = tools.as_deref().map(ToolCallParser::new);
     if sink.is_closed() {
@@ -278,7 +286,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
     match out {
         Ok(out) => {
             if s.config.kv_budget_bytes > 0 {
-                lock(&s.prefix).insert(session);
+                lock(&s.prefix).insert(session, ledger);
             }
             if out.finish_reason == FinishReason::Cancelled {
                 return;
@@ -302,6 +310,43 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
         }
     }
+}
+
+/// Where each tool result of `messages` sits in `ids` (the whole prompt): the start of
+/// message `i` is the length of the prefix `ids` shares with the conversation cut
+/// before `i` (rendered without a generation prompt). That is never after the first
+/// token that can depend on message `i`, which is all a revocation needs (a cut too
+/// early only recomputes more). A cut that cannot be rendered (a template that refuses
+/// the shorter conversation) counts from 0.
+fn tool_spans(
+    l: &Loaded,
+    messages: &[fak_model::Message],
+    req: &GenerateRequest,
+    ids: &[u32],
+) -> Vec<Span> {
+    let renders = template_renders_tools(l.template.source());
+    messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "tool")
+        .map(|(i, m)| {
+            let start = if i == 0 {
+                0
+            } else {
+                let prep = prepare(&messages[..i], &req.tools, &req.tool_choice, renders);
+                l.template
+                    .encode(&l.tokenizer, &prep.messages, false, prep.tools.as_ref())
+                    .map_or(0, |head| {
+                        head.iter().zip(ids).take_while(|(a, b)| a == b).count()
+                    })
+            };
+            Span {
+                digest: fak_ctxmmu::digest(&m.content),
+                tool_call_id: m.tool_call_id.clone(),
+                start,
+            }
+        })
+        .collect()
 }
 
 /// The event for a piece the tool-call parser released.
@@ -364,6 +409,13 @@ impl EngineDriver for InKernelDriver {
         }
     }
 
+    fn revoke(&self, r: &Revocation) -> RevokeReport {
+        if !self.shared.config.kv_evict {
+            return RevokeReport::default();
+        }
+        lock(&self.shared.prefix).revoke(r)
+    }
+
     fn stats(&self) -> EngineStats {
         let p = lock(&self.shared.prefix);
         EngineStats {
@@ -381,6 +433,7 @@ impl EngineDriver for InKernelDriver {
             .validate()
             .map_err(EngineError::InvalidRequest)?;
         let mut tools = None;
+        let mut ledger = Vec::new();
         let (ids, stop_ids) = match &req.prompt {
             Prompt::Chat(messages) => {
                 if messages.is_empty() {
@@ -409,6 +462,7 @@ impl EngineDriver for InKernelDriver {
                 if req.tools_active() {
                     tools = Some(prep.assistant_prefix);
                 }
+                ledger = tool_spans(&l, messages, &req, &ids);
                 (ids, l.template.stop_token_ids(&l.tokenizer))
             }
             Prompt::Text(t) => {
@@ -447,6 +501,7 @@ impl EngineDriver for InKernelDriver {
                 params,
                 sink,
                 tools,
+                ledger,
             });
         }
         self.shared.wake.notify_one();

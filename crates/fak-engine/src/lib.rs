@@ -319,6 +319,26 @@ impl Collected {
     }
 }
 
+/// Content to take out of every cached conversation: a tool result named by the
+/// sha256 of its text ([`fak_ctxmmu::digest`]) or by the id of the call it answered.
+/// Either field matching is enough.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Revocation {
+    /// sha256 hex of the result's text as it entered the prompt.
+    pub digest: Option<String>,
+    /// The `tool_call_id` (OpenAI) / `tool_use_id` (Anthropic) the result answered.
+    pub tool_call_id: Option<String>,
+}
+
+/// What a revocation did to the KV cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RevokeReport {
+    /// Kept sessions that held the content (each cut back to before it, or dropped).
+    pub sessions: usize,
+    /// KV positions dropped across them.
+    pub tokens_dropped: usize,
+}
+
 /// Settings every driver is built from (the `fak serve` flags).
 #[derive(Clone, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -335,6 +355,10 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Threads per matrix product (default: all cores).
     pub threads: Option<usize>,
+    /// Whether [`EngineDriver::revoke`] takes revoked content out of the KV cache
+    /// (default on; `fak serve --no-kv-evict` turns it off, and then a cached prefix
+    /// may still hold content revoked after it was cached).
+    pub kv_evict: bool,
 }
 
 impl Default for EngineConfig {
@@ -346,6 +370,7 @@ impl Default for EngineConfig {
             max_queue: 64,
             kv_budget_bytes: 512 << 20,
             threads: None,
+            kv_evict: true,
         }
     }
 }
@@ -373,6 +398,17 @@ pub trait EngineDriver: Send + Sync + 'static {
     /// Load figures for metrics.
     fn stats(&self) -> EngineStats {
         EngineStats::default()
+    }
+
+    /// Takes `r`'s content out of every conversation whose KV cache the driver holds:
+    /// each is cut back to the first token of the message that held it (an exact tail
+    /// eviction), so the next request with a stub in its place prefills the stub and
+    /// what follows, and the cache equals one that had the stub from the start. Later
+    /// sessions holding it are cut the same way when kept. Drivers that keep no KV cache
+    /// do nothing.
+    fn revoke(&self, r: &Revocation) -> RevokeReport {
+        let _ = r;
+        RevokeReport::default()
     }
 }
 

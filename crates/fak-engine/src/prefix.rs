@@ -17,6 +17,7 @@
 //! the most recently used of the sessions there is found without searching the subtree:
 //! a lookup costs O(prompt tokens), whatever the number of sessions kept.
 
+use crate::{Revocation, RevokeReport};
 use fak_kv::Session;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -195,8 +196,19 @@ impl<T> Trie<T> {
             let Some((_, &oldest)) = self.by_use.first_key_value() else {
                 break;
             };
-            self.remove(oldest);
+            let _ = self.remove(oldest);
         }
+    }
+
+    /// Removes and returns the entries whose value satisfies `pred`.
+    fn take_where(&mut self, mut pred: impl FnMut(&T) -> bool) -> Vec<T> {
+        let leaves: Vec<NodeId> = self
+            .by_use
+            .values()
+            .copied()
+            .filter(|&l| self.nodes[l].entry.as_ref().is_some_and(|e| pred(&e.value)))
+            .collect();
+        leaves.into_iter().filter_map(|l| self.remove(l)).collect()
     }
 
     fn alloc(&mut self, node: Node<T>) -> NodeId {
@@ -214,10 +226,8 @@ impl<T> Trie<T> {
 
     /// Drops the entry at `leaf`, the nodes that no longer lead to any entry, and
     /// updates `newest` above them.
-    fn remove(&mut self, leaf: NodeId) {
-        let Some(e) = self.nodes[leaf].entry.take() else {
-            return;
-        };
+    fn remove(&mut self, leaf: NodeId) -> Option<T> {
+        let e = self.nodes[leaf].entry.take()?;
         self.by_use.remove(&e.last_used);
         self.bytes -= e.bytes;
         // Prune the branch that led only to this entry.
@@ -252,13 +262,43 @@ impl<T> Trie<T> {
             }
             n = self.nodes[n].parent;
         }
+        Some(e.value)
     }
 }
 
+/// Where a tool result sits in a kept session: the ledger entry that lets a revocation
+/// find it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Span {
+    /// sha256 hex of the result's text as it entered the prompt.
+    pub digest: String,
+    /// The call it answered, if named.
+    pub tool_call_id: Option<String>,
+    /// The first token of its message (the template's header included): every KV entry
+    /// from here on may have attended to it.
+    pub start: usize,
+}
+
+impl Span {
+    fn matches(&self, r: &Revocation) -> bool {
+        r.digest
+            .as_deref()
+            .is_some_and(|d| d.eq_ignore_ascii_case(&self.digest))
+            || (r.tool_call_id.is_some() && r.tool_call_id == self.tool_call_id)
+    }
+}
+
+/// A kept session and its ledger.
+struct Kept {
+    session: Arc<Session>,
+    ledger: Vec<Span>,
+}
+
 /// Recent sessions in a token-id prefix tree: longest-prefix lookup, LRU within a byte
-/// budget.
+/// budget; revoked content cut out (see [`PrefixCache::revoke`]).
 pub struct PrefixCache {
-    trie: Trie<Arc<Session>>,
+    trie: Trie<Kept>,
+    revoked: Vec<Revocation>,
 }
 
 /// A lookup hit: a kept session and how many of the prompt's leading tokens it holds.
@@ -275,6 +315,7 @@ impl PrefixCache {
     pub fn new(budget_bytes: usize) -> Self {
         PrefixCache {
             trie: Trie::new(budget_bytes),
+            revoked: Vec::new(),
         }
     }
 
@@ -298,21 +339,100 @@ impl PrefixCache {
     /// prefix counts at most `prompt.len() - 1` tokens. Costs O(`prompt.len()`).
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit> {
         let limit = prompt.len().saturating_sub(1);
-        let (session, reuse) = self.trie.lookup(prompt, limit)?;
+        let (kept, reuse) = self.trie.lookup(prompt, limit)?;
         Some(Hit {
-            session: Arc::clone(session),
+            session: Arc::clone(&kept.session),
             reuse,
         })
+    }
+
+    /// Drops every kept session (a cold cache); revocations stay in force.
+    pub fn clear(&mut self) {
+        self.trie = Trie::new(self.trie.budget_bytes);
+    }
+
+    /// The kept sessions, most recently used first (for inspection and tests).
+    pub fn sessions(&self) -> Vec<Arc<Session>> {
+        self.trie
+            .by_use
+            .values()
+            .rev()
+            .filter_map(|&leaf| self.trie.nodes[leaf].entry.as_ref())
+            .map(|e| Arc::clone(&e.value.session))
+            .collect()
+    }
+
+    /// Cuts `r`'s content out of every kept session: each holding it is cut back to the
+    /// first token of the earliest matching span (a tail eviction, exact) or dropped
+    /// when that is its first token. `r` is remembered, so a session kept later (a
+    /// generation that was running when the revocation came) is cut the same way.
+    pub fn revoke(&mut self, r: &Revocation) -> RevokeReport {
+        self.revoked.push(r.clone());
+        let hit = self
+            .trie
+            .take_where(|k| k.ledger.iter().any(|s| s.matches(r)));
+        let mut report = RevokeReport::default();
+        for kept in hit {
+            report.sessions += 1;
+            let before = kept.session.len();
+            if let Some(k) = self.cut(kept) {
+                report.tokens_dropped += before - k.session.len();
+                self.keep(k);
+            } else {
+                report.tokens_dropped += before;
+            }
+        }
+        report
+    }
+
+    /// `k` cut before its earliest revoked span; `None` when nothing would be left.
+    fn cut(&self, k: Kept) -> Option<Kept> {
+        let Some(at) = k
+            .ledger
+            .iter()
+            .filter(|s| self.revoked.iter().any(|r| s.matches(r)))
+            .map(|s| s.start)
+            .min()
+        else {
+            return Some(k);
+        };
+        if at == 0 {
+            return None;
+        }
+        let mut session = Arc::unwrap_or_clone(k.session);
+        let tail = session.len().saturating_sub(at);
+        if tail > 0 {
+            // A tail eviction: nothing after the cut, so the cache is exactly the prefix's.
+            session.evict(at, tail).ok()?;
+        }
+        let ledger = k.ledger.into_iter().filter(|s| s.start < at).collect();
+        Some(Kept {
+            session: Arc::new(session),
+            ledger,
+        })
+    }
+
+    fn keep(&mut self, k: Kept) {
+        let bytes = k.session.cache().bytes_used();
+        let ids = k.session.ids().to_vec();
+        self.trie.insert(&ids, k, bytes);
     }
 
     /// Keeps `session`. Entries whose ids are a prefix of its ids are dropped (it covers
     /// them); if it is itself a prefix of kept entries, the most recently used of them
     /// is only marked used. Then least-recently-used entries go until the budget
     /// holds; a session larger than the whole budget is not kept.
-    pub fn insert(&mut self, session: Session) {
-        let bytes = session.cache().bytes_used();
-        let session = Arc::new(session);
-        self.trie.insert(session.ids(), Arc::clone(&session), bytes);
+    ///
+    /// `ledger` says where the session's tool results sit; a session holding revoked
+    /// content is cut before it first (see [`PrefixCache::revoke`]).
+    pub fn insert(&mut self, session: Session, ledger: Vec<Span>) {
+        let k = Kept {
+            session: Arc::new(session),
+            ledger,
+        };
+        if let Some(k) = self.cut(k) {
+            self.keep(k);
+        }
     }
 }
 

@@ -25,8 +25,8 @@ fn longest_prefix_wins_and_reuse_equals_cold() {
     let m = model();
     let empty = Session::new(Arc::clone(&m));
     let mut c = PrefixCache::new(usize::MAX);
-    c.insert(filled(&empty, &[1, 2, 3, 4, 5, 6]));
-    c.insert(filled(&empty, &[1, 2, 9]));
+    c.insert(filled(&empty, &[1, 2, 3, 4, 5, 6]), Vec::new());
+    c.insert(filled(&empty, &[1, 2, 9]), Vec::new());
     let prompt = [1, 2, 3, 4, 7, 8];
     let hit = c.lookup(&prompt).unwrap();
     assert_eq!(hit.reuse, 4);
@@ -49,21 +49,21 @@ fn covered_entries_go_and_the_budget_evicts_lru() {
     let empty = Session::new(Arc::clone(&m));
     let per_token = empty.cache().bytes_per_token();
     let mut c = PrefixCache::new(10 * per_token);
-    c.insert(filled(&empty, &[1, 2, 3]));
-    c.insert(filled(&empty, &[1, 2, 3, 4])); // covers the first
+    c.insert(filled(&empty, &[1, 2, 3]), Vec::new());
+    c.insert(filled(&empty, &[1, 2, 3, 4]), Vec::new()); // covers the first
     assert_eq!(c.len(), 1);
-    c.insert(filled(&empty, &[1, 2])); // covered by the kept one: not added
+    c.insert(filled(&empty, &[1, 2]), Vec::new()); // covered by the kept one: not added
     assert_eq!(c.len(), 1);
-    c.insert(filled(&empty, &[5, 6, 7])); // 7 tokens in all
+    c.insert(filled(&empty, &[5, 6, 7]), Vec::new()); // 7 tokens in all
     assert_eq!(c.len(), 2);
     assert!(c.lookup(&[1, 2, 3, 4, 9]).is_some()); // [1,2,3,4] is now the most recent
-    c.insert(filled(&empty, &[8, 9, 10, 11])); // 11 > 10: the LRU entry [5,6,7] goes
+    c.insert(filled(&empty, &[8, 9, 10, 11]), Vec::new()); // 11 > 10: the LRU entry [5,6,7] goes
     assert_eq!(c.len(), 2);
     assert!(c.lookup(&[5, 6, 7, 1]).is_none());
     assert!(c.lookup(&[1, 2, 3, 4, 9]).is_some());
     assert_eq!(c.bytes(), 8 * per_token);
     // Larger than the whole budget: not kept.
-    c.insert(filled(&empty, &(20..40).collect::<Vec<u32>>()));
+    c.insert(filled(&empty, &(20..40).collect::<Vec<u32>>()), Vec::new());
     assert_eq!(c.len(), 2);
     assert!(PrefixCache::new(0).is_empty());
 }
