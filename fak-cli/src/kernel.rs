@@ -51,7 +51,7 @@ pub(crate) fn store_dir() -> PathBuf {
     catalog::fak_home().join("quarantine")
 }
 
-fn load_policy(file: &Path) -> Result<Policy, CliError> {
+pub(crate) fn load_policy(file: &Path) -> Result<Policy, CliError> {
     let text =
         std::fs::read_to_string(file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
     Policy::from_json(&text).map_err(|e| fail(format!("{}: {e}", file.display())))

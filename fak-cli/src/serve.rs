@@ -2,7 +2,7 @@
 
 use crate::{fail, parse_threads, resolve_or_pull, CliError};
 use fak_engine::{registry, EngineConfig, Readiness};
-use fak_gateway::{router, GatewayConfig};
+use fak_gateway::{router_with_boundary, Boundary, GatewayConfig};
 use fak_model::catalog::{self, DEFAULT_MODEL};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -45,6 +45,18 @@ pub(crate) struct ServeArgs {
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Tool-call policy manifest (fak-policy/1 JSON; see `fak policy dump`); reloadable
+    /// with POST /v1/fak/policy/reload. Default: the built-in policy.
+    #[arg(long)]
+    policy: Option<std::path::PathBuf>,
+    /// Do not cut revoked or newly quarantined tool results out of cached
+    /// conversations (then a cached prefix may still hold them).
+    #[arg(long)]
+    no_kv_evict: bool,
+    /// Audit log of every screened tool result and adjudicated tool call (JSON lines,
+    /// appended). Default: $FAK_HOME/audit.jsonl.
+    #[arg(long)]
+    audit_log: Option<std::path::PathBuf>,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
@@ -76,8 +88,27 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         max_queue: args.max_queue,
         kv_budget_bytes: args.kv_budget_mb.saturating_mul(1 << 20),
         threads: args.threads,
+        kv_evict: !args.no_kv_evict,
         ..EngineConfig::default()
     };
+    // The boundary first: a bad policy or an unreadable store stops the start.
+    let policy = match &args.policy {
+        Some(p) => crate::kernel::load_policy(p)?,
+        None => fak_engine::policy::Policy::builtin(),
+    };
+    let store_dir = crate::kernel::store_dir();
+    let store = fak_ctxmmu::PageStore::open(&store_dir)
+        .map_err(|e| fail(format!("the quarantine store: {e}")))?;
+    let audit_path = args
+        .audit_log
+        .clone()
+        .unwrap_or_else(|| catalog::fak_home().join("audit.jsonl"));
+    let screen = fak_ctxmmu::Screen::with(
+        fak_ctxmmu::default_detectors(),
+        fak_ctxmmu::ScreenConfig::default(),
+        store,
+        fak_ctxmmu::AuditLog::to_file(&audit_path),
+    );
     if spec.id == "inkernel" {
         config.model_path = Some(resolve_or_pull(&args.model)?);
         config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
@@ -89,8 +120,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         request_timeout: (args.request_timeout_s > 0)
             .then(|| Duration::from_secs(args.request_timeout_s)),
+        policy_path: args.policy.clone(),
     };
-    let app = router(std::sync::Arc::clone(&driver), gateway);
+    let app = router_with_boundary(
+        std::sync::Arc::clone(&driver),
+        gateway,
+        Boundary { policy, screen },
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -102,6 +138,15 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         let addr = listener.local_addr()?;
         // One line on stdout that scripts can wait for; the rest is logged on stderr.
         crate::outln!("fak serve: listening on http://{addr} (engine {})", spec.id)?;
+        tracing::info!(
+            "policy: {}; quarantine store: {}; audit log: {}; KV eviction on revoke: {}",
+            args.policy
+                .as_ref()
+                .map_or_else(|| "built-in".to_string(), |p| p.display().to_string()),
+            store_dir.display(),
+            audit_path.display(),
+            if args.no_kv_evict { "off" } else { "on" }
+        );
         let d = std::sync::Arc::clone(&driver);
         tokio::spawn(async move {
             loop {

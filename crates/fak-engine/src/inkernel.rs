@@ -194,13 +194,34 @@ fn load(path: &Path, threads: Option<usize>) -> Result<Loaded, String> {
     Ok(Loaded::new(Arc::new(model), tokenizer, template))
 }
 
+/// How much lower than the HTTP threads the generation threads run (a nice value, 0 to
+/// 19): inference takes every core it is given, and the server's own threads must still
+/// answer `/health`, `/metrics` and new connections at once.
+const WORKER_NICENESS: i32 = 5;
+
+/// Lowers the calling thread's scheduling priority by [`WORKER_NICENESS`] (threads it
+/// spawns inherit it: the matrix products' threads too). Best effort: where it is not
+/// supported nothing changes.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: setpriority takes plain integers and touches no memory of ours; on
+        // Linux, PRIO_PROCESS with id 0 applies to the calling thread only. A failure
+        // (e.g. a seccomp filter) only leaves the priority as it was.
+        let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICENESS) };
+    }
+}
+
 fn spawn_workers(shared: &Arc<Shared>) {
     for i in 0..shared.config.parallel.max(1) {
         let s = Arc::clone(shared);
         // A slot that cannot get a thread is simply not there; the others serve.
         let _ = std::thread::Builder::new()
             .name(format!("fak-worker-{i}"))
-            .spawn(move || worker(&s));
+            .spawn(move || {
+                lower_priority();
+                worker(&s)
+            });
     }
 }
 

@@ -20,7 +20,7 @@ use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
-    Adjudicated,
+    fak_field, screen_messages, Adjudicated,
 };
 use crate::{finish, new_id, parse_body, positive, start, with_note, AppState, UsageNote};
 use axum::body::Bytes;
@@ -324,6 +324,7 @@ pub(crate) async fn messages(
         convert(m, i, &mut msgs)?;
     }
     let conversation = conversation_key(&headers, &msgs);
+    let results = screen_messages(&s, &conversation, &mut msgs, F)?;
     let top_k = match r.top_k {
         None => 0,
         Some(k) if k >= 0 => k as usize,
@@ -424,8 +425,8 @@ pub(crate) async fn messages(
                 let mut md = json!({"type": "message_delta",
                         "delta": {"stop_reason": stop_reason(&d, &a), "stop_sequence": d.stop_sequence},
                         "usage": {"output_tokens": d.completion_tokens}});
-                if let Some(rep) = a.report {
-                    md["fak"] = rep;
+                if let Some(v) = fak_field(&results, &a) {
+                    md["fak"] = v;
                 }
                 out.push(event("message_delta", &md));
                 out.push(event("message_stop", &json!({"type": "message_stop"})));
@@ -453,8 +454,8 @@ pub(crate) async fn messages(
         "stop_sequence": f.done.stop_sequence,
         "usage": usage(f.prompt_tokens, f.cached_tokens, f.done.completion_tokens),
     });
-    if let Some(rep) = a.report {
-        body["fak"] = rep;
+    if let Some(v) = fak_field(&results, &a) {
+        body["fak"] = v;
     }
     Ok(with_note(
         Json(body).into_response(),

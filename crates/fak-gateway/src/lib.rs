@@ -12,6 +12,13 @@
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
 //! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms |
 //!
+//! | `POST /v1/fak/revoke` | fak | `{"tool_call_id"}` or `{"digest"}`: quarantine that content from now on and cut it out of every cached conversation |
+//! | `POST /v1/fak/policy/reload` | fak | read the `--policy` file again; an invalid one is a 400 and the old policy stays |
+//!
+//! Tool results: every inbound result (OpenAI `role: "tool"`, Anthropic `tool_result`)
+//! is screened by fak-ctxmmu before the engine sees it; a quarantined or paged-out one
+//! reaches the model as its stub, and the response's `fak.tool_results` says which.
+//!
 //! Tool calls: the engine reads the model's calls out of its text
 //! ([`fak_engine::tools`]); this crate adjudicates each against the policy before the
 //! client sees it ([`tools`]: malformed → `MALFORMED`, not offered → `UNKNOWN_TOOL`, then
@@ -49,6 +56,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use error::{ApiError, Flavor};
+use fak_ctxmmu::{Screen, ScreenConfig};
 use fak_engine::policy::Policy;
 use fak_engine::{EngineDriver, EngineError, EngineEvent, EventStream, GenerateRequest, Readiness};
 use metrics::Metrics;
@@ -71,6 +79,9 @@ pub struct GatewayConfig {
     /// request, only the wait for a worker slot for a stream (a stream's body, once
     /// started, is not limited). Default: 600 s.
     pub request_timeout: Option<Duration>,
+    /// The policy manifest file `POST /v1/fak/policy/reload` reads again (`fak serve
+    /// --policy FILE`); `None`: the built-in policy, nothing to reload.
+    pub policy_path: Option<std::path::PathBuf>,
 }
 
 impl Default for GatewayConfig {
@@ -79,6 +90,7 @@ impl Default for GatewayConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
             request_timeout: Some(Duration::from_secs(600)),
+            policy_path: None,
         }
     }
 }
@@ -91,6 +103,28 @@ pub struct AppState {
     config: Arc<GatewayConfig>,
     /// The tool-call policy every proposed call is adjudicated against.
     policy: Arc<Mutex<Policy>>,
+    /// The screen every inbound tool result passes, with its store and audit log.
+    screen: Arc<Mutex<Screen>>,
+}
+
+/// The kernel boundary a gateway enforces: the policy for the model's tool calls and
+/// the screen for the tool results clients send back.
+pub struct Boundary {
+    /// Adjudicates proposed tool calls.
+    pub policy: Policy,
+    /// Screens inbound tool results (its audit log also receives the adjudications).
+    pub screen: Screen,
+}
+
+impl Default for Boundary {
+    /// The built-in policy and a screen with the default detectors, an in-memory store
+    /// and an in-memory audit log.
+    fn default() -> Self {
+        Boundary {
+            policy: Policy::builtin(),
+            screen: Screen::new(ScreenConfig::default()),
+        }
+    }
 }
 
 /// Token counts a handler attaches to its response for the request's log line.
@@ -109,24 +143,44 @@ pub fn router(driver: Arc<dyn EngineDriver>, config: GatewayConfig) -> Router {
     router_with_policy(driver, config, Policy::builtin())
 }
 
-/// The application with `policy` adjudicating the model's tool calls.
+/// The application with `policy` adjudicating the model's tool calls (and the default
+/// screen).
 pub fn router_with_policy(
     driver: Arc<dyn EngineDriver>,
     config: GatewayConfig,
     policy: Policy,
+) -> Router {
+    router_with_boundary(
+        driver,
+        config,
+        Boundary {
+            policy,
+            ..Boundary::default()
+        },
+    )
+}
+
+/// The application with `boundary` enforced on every request.
+pub fn router_with_boundary(
+    driver: Arc<dyn EngineDriver>,
+    config: GatewayConfig,
+    boundary: Boundary,
 ) -> Router {
     let limit = config.max_body_bytes;
     let state = AppState {
         driver,
         metrics: Arc::new(Metrics::default()),
         config: Arc::new(config),
-        policy: Arc::new(Mutex::new(policy)),
+        policy: Arc::new(Mutex::new(boundary.policy)),
+        screen: Arc::new(Mutex::new(boundary.screen)),
     };
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/models", get(openai::models))
+        .route("/v1/fak/revoke", post(tools::revoke))
+        .route("/v1/fak/policy/reload", post(tools::reload_policy))
         .route_layer(middleware::from_fn_with_state(state.clone(), time_limit))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
     Router::new()

@@ -53,6 +53,10 @@ pub struct Metrics {
     cached_tokens: AtomicU64,
     ttft: Mutex<Histogram>,
     per_token: Mutex<Histogram>,
+    /// Tool results screened, by verdict (`admit`, `page_out`, `quarantine`) and reason.
+    tool_results: Mutex<BTreeMap<(String, String), u64>>,
+    /// Proposed tool calls adjudicated, by verdict (`allow`, `deny`) and reason.
+    tool_calls: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 impl Metrics {
@@ -73,6 +77,20 @@ impl Metrics {
             .fetch_add(cached as u64, Ordering::Relaxed);
     }
 
+    /// Counts one screened tool result (reason `""` when admitted or paged out).
+    pub fn count_tool_result(&self, verdict: &str, reason: &str) {
+        let mut m = self.tool_results.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((verdict.to_string(), reason.to_string()))
+            .or_default() += 1;
+    }
+
+    /// Counts one adjudicated tool call (reason `""` when allowed).
+    pub fn count_tool_call(&self, verdict: &str, reason: &str) {
+        let mut m = self.tool_calls.lock().unwrap_or_else(|p| p.into_inner());
+        *m.entry((verdict.to_string(), reason.to_string()))
+            .or_default() += 1;
+    }
+
     /// Records one generation's latencies: time to first token, and the mean time of
     /// each later token (`decode_s / (completion_tokens - 1)`, when there are any).
     pub fn observe_latency(&self, ttft_s: f64, decode_s: f64, completion_tokens: usize) {
@@ -88,7 +106,9 @@ impl Metrics {
         }
     }
 
-    /// The exposition text: `fak_requests_total{route,status}`, the token counters,
+    /// The exposition text: `fak_requests_total{route,status}`,
+    /// `fak_tool_results_total{verdict,reason}`, `fak_tool_calls_total{verdict,reason}`,
+    /// the token counters,
     /// and the engine's gauges (`fak_queue_depth`, `fak_active_generations`,
     /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`), and the
     /// histograms `fak_time_to_first_token_seconds` and
@@ -106,6 +126,24 @@ impl Metrics {
             );
         }
         drop(m);
+        for (name, help, map) in [
+            (
+                "fak_tool_results_total",
+                "Inbound tool results screened, by verdict and reason.",
+                &self.tool_results,
+            ),
+            (
+                "fak_tool_calls_total",
+                "Proposed tool calls adjudicated, by verdict and reason.",
+                &self.tool_calls,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter");
+            let m = map.lock().unwrap_or_else(|p| p.into_inner());
+            for ((verdict, reason), n) in m.iter() {
+                let _ = writeln!(s, "{name}{{verdict=\"{verdict}\",reason=\"{reason}\"}} {n}");
+            }
+        }
         let counters = [
             (
                 "fak_prompt_tokens_total",

@@ -18,7 +18,10 @@
 //! whole set is decided.
 
 use crate::error::{ApiError, Flavor};
-use crate::tools::{adjudicate, check_tool_name, check_tools, conversation_key, Adjudicated};
+use crate::tools::{
+    adjudicate, check_tool_name, check_tools, conversation_key, fak_field, screen_messages,
+    Adjudicated,
+};
 use crate::{
     finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, StreamLog,
     UsageNote,
@@ -363,8 +366,9 @@ pub(crate) async fn chat_completions(
         )?),
         None => None,
     };
-    let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
+    let mut messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
     let conversation = conversation_key(&headers, &messages);
+    let results = screen_messages(&s, &conversation, &mut messages, F)?;
     let req = GenerateRequest {
         model: Some(r.model.clone()),
         prompt: Prompt::Chat(messages),
@@ -389,6 +393,7 @@ pub(crate) async fn chat_completions(
         let calls = CallCheck {
             conversation,
             offered,
+            results,
         };
         let sse = Sse::new(chat_stream(
             s,
@@ -424,8 +429,8 @@ pub(crate) async fn chat_completions(
         }],
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
     });
-    if let Some(rep) = a.report {
-        body["fak"] = rep;
+    if let Some(v) = fak_field(&results, &a) {
+        body["fak"] = v;
     }
     Ok(with_note(
         Json(body).into_response(),
@@ -516,6 +521,8 @@ pub(crate) fn data(v: &Value) -> Event {
 struct CallCheck {
     conversation: String,
     offered: Vec<ToolSpec>,
+    /// The `fak.tool_results` entries of the request's screening.
+    results: Vec<Value>,
 }
 
 /// An allowed call in OpenAI's shape.
@@ -588,8 +595,8 @@ fn chat_stream(
                 })
                 .collect();
             let mut last = chunk(json!({}), json!(finish_for(&d, &a)), None);
-            if let Some(rep) = a.report {
-                last["fak"] = rep;
+            if let Some(v) = fak_field(&check.results, &a) {
+                last["fak"] = v;
             }
             out.push(data(&last));
             if include_usage {
