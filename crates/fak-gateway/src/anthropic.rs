@@ -347,6 +347,7 @@ pub(crate) async fn messages(
             .collect(),
         tools,
         tool_choice,
+        logprobs: None,
     };
     let offered = req.tools.clone();
     let started = start(&s, req, F, "/v1/messages").await?;
@@ -432,7 +433,7 @@ pub(crate) async fn messages(
                 out
             }
             EngineEvent::Error(e) => vec![event("error", &ApiError::from(e).with_flavor(F).body())],
-            EngineEvent::Start { .. } => Vec::new(),
+            EngineEvent::Start { .. } | EngineEvent::Logprobs(_) => Vec::new(),
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
     }

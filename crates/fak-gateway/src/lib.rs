@@ -365,6 +365,8 @@ struct Finished {
     cached_tokens: usize,
     text: String,
     tool_calls: Vec<fak_engine::ToolCall>,
+    /// The generated tokens' logprob records (empty unless asked for).
+    logprobs: Vec<fak_engine::TokenLogprob>,
     done: fak_engine::Done,
 }
 
@@ -391,6 +393,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         cached_tokens,
         text: c.text,
         tool_calls: c.tool_calls,
+        logprobs: c.logprobs,
         done,
     })
 }
