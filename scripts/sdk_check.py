@@ -5,7 +5,8 @@ and FAK_SDK_KEY (the key the server was started with). Checks, on the real
 SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
 non-streaming and streaming chat (the streamed text concatenated equals the whole
 text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
-/v1/models, and the error cases (status and SDK exception class). On the real model, a
+`logprobs=True, top_logprobs=3` (one entry per generated token, their tokens spelling the
+content, each the top of its three alternatives), /v1/models, and the error cases (status and SDK exception class). On the real model, a
 forced tool call that the 135M model writes malformed fails closed (no tool call, the
 `fak` field says MALFORMED). Against FAK_MOCK_BASE (`fak serve --engine mock`, whose
 replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
@@ -116,6 +117,21 @@ def openai_cached():
     eq(r.choices[0].message.content, TEXT)
     # The same prompt again: all but its last token come from the KV cache.
     eq(r.usage.prompt_tokens_details.cached_tokens, N_PROMPT - 1)
+
+
+def openai_logprobs():
+    r = oa.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, logprobs=True, top_logprobs=3)
+    c = r.choices[0]
+    eq(c.message.content, TEXT)
+    content = c.logprobs.content
+    # Every generated token except the final end-of-turn token.
+    eq(len(content), N_COMPLETION - 1)
+    eq("".join(t.token for t in content), TEXT)
+    for t in content:
+        eq(len(t.top_logprobs), 3)
+        eq(t.top_logprobs[0].token, t.token)  # greedy: the chosen token is the argmax
+        assert t.logprob <= 0 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob, t
+    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=21))
 
 
 def openai_models():
@@ -289,6 +305,7 @@ for name, fn in [
     ("openai chat", openai_chat),
     ("openai chat stream == whole text, usage", openai_stream),
     ("openai cached_tokens on a repeat", openai_cached),
+    ("openai logprobs + top_logprobs", openai_logprobs),
     ("openai models.list", openai_models),
     ("openai errors (404, 400 x4, 413, 401)", openai_errors),
     ("openai completions", openai_completions),

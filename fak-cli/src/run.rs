@@ -58,6 +58,7 @@ impl SamplingArgs {
             max_tokens: self.max_tokens,
             stop: self.stop.clone(),
             stop_ids,
+            logprobs: None,
         })
     }
 }

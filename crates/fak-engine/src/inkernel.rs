@@ -9,13 +9,13 @@
 //! session is then kept for later requests, within `kv_budget_bytes`.
 
 use crate::prefix::{start_session, PrefixCache, Span};
-use crate::tools::{prepare, template_renders_tools, Parsed, ToolCallParser};
+use crate::tools::{prepare, template_renders_tools, ToolCallParser};
 use crate::{
     budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
-    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
-    Readiness, Revocation, RevokeReport,
+    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, PieceSender,
+    Prompt, Readiness, Revocation, RevokeReport,
 };
-use fak_kv::{generate_text, TextParams};
+use fak_kv::{generate_text_with_logprobs, TextParams};
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -265,7 +265,6 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
         tools,
         ledger,
     } = job;
-    let mut parser = tools.as_deref().map(ToolCallParser::new);
     if sink.is_closed() {
         return; // the client left while queued
     }
@@ -288,18 +287,15 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
         return;
     }
     let cancel = AtomicBool::new(false);
-    let out = generate_text(
+    let mut sender = PieceSender::new(&sink, tools.as_deref().map(ToolCallParser::new));
+    let out = generate_text_with_logprobs(
         &mut session,
         &l.tokenizer,
         &ids[reused..],
         &params,
         Some(&cancel),
-        &mut |t| {
-            let sent = match parser.as_mut() {
-                None => sink.send(EngineEvent::Text(t.to_string())),
-                Some(p) => p.push(t).into_iter().all(|x| sink.send(parsed_event(x))),
-            };
-            if !sent {
+        &mut |t, records| {
+            if !sender.piece(t, records) {
                 cancel.store(true, Ordering::Relaxed);
             }
         },
@@ -312,10 +308,8 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             if out.finish_reason == FinishReason::Cancelled {
                 return;
             }
-            if let Some(p) = parser {
-                if !p.finish().into_iter().all(|x| sink.send(parsed_event(x))) {
-                    return;
-                }
+            if !sender.finish() {
+                return;
             }
             let stop_sequence = stop_sequence_hit(&out, &params, &l.tokenizer);
             sink.send(EngineEvent::Done(Done {
@@ -368,14 +362,6 @@ fn tool_spans(
             }
         })
         .collect()
-}
-
-/// The event for a piece the tool-call parser released.
-fn parsed_event(p: Parsed) -> EngineEvent {
-    match p {
-        Parsed::Text(t) => EngineEvent::Text(t),
-        Parsed::Call(c) => EngineEvent::ToolCall(c),
-    }
 }
 
 /// Which stop string ended `out`, if one did: the earliest occurrence in the decoded
@@ -450,6 +436,7 @@ impl EngineDriver for InKernelDriver {
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
         let l = self.loaded()?;
         check_model(req.model.as_deref(), &self.models())?;
+        req.validate()?;
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
@@ -506,6 +493,7 @@ impl EngineDriver for InKernelDriver {
             max_tokens,
             stop: req.stop,
             stop_ids,
+            logprobs: req.logprobs,
         };
         let (sink, stream) = event_channel();
         {

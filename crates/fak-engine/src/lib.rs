@@ -6,8 +6,9 @@
 //!
 //! - [`EngineDriver`]: `submit` validates a request synchronously (unknown model,
 //!   context overflow, overload are errors *before* any streaming starts) and returns an
-//!   [`EventStream`]: `Start` (prompt and cached token counts), `Text` deltas, then
-//!   `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
+//!   [`EventStream`]: `Start` (prompt and cached token counts), `Text` deltas (each
+//!   preceded by the `Logprobs` of the tokens it releases, when the request asked for
+//!   them), then `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
 //!   closed channel and stops within one token).
 //! - [`registry`]: drivers by id (`inkernel`, `mock`); a new driver is a new module with
 //!   a [`registry::DriverSpec`] listed there, never an edit of the gateway.
@@ -28,7 +29,8 @@ pub mod prefix;
 pub mod registry;
 pub mod tools;
 
-pub use fak_kv::{FinishReason, SamplingParams};
+pub use fak_kv::logprobs::MAX_TOP_LOGPROBS;
+pub use fak_kv::{FinishReason, SamplingParams, TokenLogprob, TopLogprob};
 pub use fak_model::Message;
 pub use tools::{ToolCall, ToolChoice, ToolSpec};
 
@@ -64,6 +66,11 @@ pub struct GenerateRequest {
     pub tools: Vec<ToolSpec>,
     /// Which calls the model may or must make (ignored without tools).
     pub tool_choice: ToolChoice,
+    /// `Some(n)`: report each generated token's logprob and its `n` most likely
+    /// alternatives ([`EngineEvent::Logprobs`]; `n` at most
+    /// [`MAX_TOP_LOGPROBS`], else [`EngineError::InvalidRequest`]).
+    /// `None` (the default): no logprobs.
+    pub logprobs: Option<usize>,
 }
 
 impl GenerateRequest {
@@ -77,6 +84,7 @@ impl GenerateRequest {
             stop: Vec::new(),
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
+            logprobs: None,
         }
     }
 
@@ -84,6 +92,20 @@ impl GenerateRequest {
     /// `none`.
     pub fn tools_active(&self) -> bool {
         !self.tools.is_empty() && self.tool_choice != ToolChoice::None
+    }
+
+    /// Checks the request's own fields that need no model (the `logprobs` count).
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] naming the field and its range.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let max = MAX_TOP_LOGPROBS;
+        match self.logprobs {
+            Some(n) if n > max => Err(EngineError::InvalidRequest(format!(
+                "top logprobs {n} must be in 0..={max}"
+            ))),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -105,8 +127,8 @@ pub struct Done {
     pub decode_s: f64,
 }
 
-/// One event of a generation, in order: `Start`, any number of `Text` and `ToolCall`,
-/// then exactly one of `Done` or `Error`.
+/// One event of a generation, in order: `Start`, any number of `Logprobs`, `Text` and
+/// `ToolCall`, then exactly one of `Done` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
     /// A worker took the request.
@@ -118,6 +140,14 @@ pub enum EngineEvent {
     },
     /// The next piece of text (whole UTF-8 characters, never part of a stop string).
     Text(String),
+    /// Only when the request set [`GenerateRequest::logprobs`]: the records of the
+    /// generated tokens whose text the next `Text` releases (see
+    /// [`fak_kv::generate_text_with_logprobs`] for the mapping), sent just before it.
+    /// Records of tokens whose text became a tool call, or of tokens that released no
+    /// text by the end, come in a last `Logprobs` before `Done`. All `Logprobs` of a
+    /// generation, concatenated, list its generated tokens except stop tokens (EOS, end
+    /// of turn) and tokens wholly inside a matched stop string.
+    Logprobs(Vec<TokenLogprob>),
     /// A tool call read from the reply (only when the request offered tools), whole.
     /// It may be [`ToolCall::malformed`]: the layer above decides what the client sees.
     ToolCall(ToolCall),
@@ -232,6 +262,67 @@ impl EventSink {
     }
 }
 
+/// A worker's side of one generation's text: passes each piece through the tool-call
+/// parser (when the request offered tools) and sends it with the logprob records it
+/// releases, records first (see [`EngineEvent::Logprobs`]).
+pub(crate) struct PieceSender<'a> {
+    sink: &'a EventSink,
+    parser: Option<tools::ToolCallParser>,
+    /// Records waiting for the next `Text`.
+    held: Vec<TokenLogprob>,
+}
+
+impl<'a> PieceSender<'a> {
+    /// A sender into `sink`; `parser` reads tool calls out of the text.
+    pub(crate) fn new(sink: &'a EventSink, parser: Option<tools::ToolCallParser>) -> Self {
+        PieceSender {
+            sink,
+            parser,
+            held: Vec::new(),
+        }
+    }
+
+    /// Sends `text` (possibly empty) and `records`; `false` once the client left.
+    pub(crate) fn piece(&mut self, text: &str, records: &[TokenLogprob]) -> bool {
+        self.held.extend_from_slice(records);
+        match self.parser.as_mut() {
+            None if text.is_empty() => true,
+            None => {
+                let t = EngineEvent::Text(text.to_string());
+                self.send_held() && self.sink.send(t)
+            }
+            Some(p) => {
+                let out = p.push(text);
+                out.into_iter().all(|x| self.send_parsed(x))
+            }
+        }
+    }
+
+    /// Ends the text: the parser's last events, then any records still held.
+    pub(crate) fn finish(mut self) -> bool {
+        if let Some(p) = self.parser.take() {
+            if !p.finish().into_iter().all(|x| self.send_parsed(x)) {
+                return false;
+            }
+        }
+        self.send_held()
+    }
+
+    fn send_parsed(&mut self, x: tools::Parsed) -> bool {
+        match x {
+            tools::Parsed::Text(t) => self.send_held() && self.sink.send(EngineEvent::Text(t)),
+            tools::Parsed::Call(c) => self.sink.send(EngineEvent::ToolCall(c)),
+        }
+    }
+
+    fn send_held(&mut self) -> bool {
+        self.held.is_empty()
+            || self
+                .sink
+                .send(EngineEvent::Logprobs(std::mem::take(&mut self.held)))
+    }
+}
+
 impl EventStream {
     /// The next event, or `None` once the driver is done (or its worker died).
     pub async fn next(&mut self) -> Option<EngineEvent> {
@@ -289,6 +380,8 @@ pub struct Collected {
     pub text: String,
     /// The tool calls, in order.
     pub tool_calls: Vec<ToolCall>,
+    /// Every [`EngineEvent::Logprobs`] record, in order (empty unless asked for).
+    pub logprobs: Vec<TokenLogprob>,
     /// The ending (`None` only while incomplete).
     pub done: Option<Done>,
 }
@@ -308,6 +401,7 @@ impl Collected {
                 self.cached_tokens = cached_tokens;
             }
             EngineEvent::Text(t) => self.text.push_str(&t),
+            EngineEvent::Logprobs(v) => self.logprobs.extend(v),
             EngineEvent::ToolCall(c) => self.tool_calls.push(c),
             EngineEvent::Done(d) => {
                 self.done = Some(d);

@@ -14,18 +14,22 @@
 //! call), and when `tool_choice` is `required` or names a tool and the reply holds no
 //! call, the reply is a call of the named (or first) tool with arguments `{}`.
 //!
-//! Each word is one `Text` event (`"word"` then `" word"`...). Generation stops after the
+//! Each word is one `Text` event (`"word"` then `" word"`...). With
+//! [`GenerateRequest::logprobs`] each word is one token (id: its index in the reply,
+//! bytes: its piece, leading space included) with logprob 0.0 (the mock is certain of
+//! it), and its top list holds only itself (when `n` ≥ 1): no other token has a finite
+//! logprob. The record is sent just before the word's `Text`. Generation stops after the
 //! reply (finish `stop`), at `max_tokens` (`length`) or before a stop string (`stop`,
 //! the text before it kept). Cached tokens: the longest word prefix shared with the
 //! previous request's prompt plus reply, minus one, as the in-kernel driver reports.
 //! A per-word delay (see [`MockDriver::with_delay`]) makes streams last; each generation
 //! runs on its own thread, stopping as soon as its stream is dropped.
 
-use crate::tools::{Parsed, ToolCallParser, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
+use crate::tools::{ToolCallParser, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::{
     budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
-    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
-    Readiness, ToolChoice,
+    EngineStats, EventStream, FinishReason, GenerateRequest, ModelInfo, PieceSender, Prompt,
+    Readiness, TokenLogprob, ToolChoice, TopLogprob,
 };
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -112,21 +116,23 @@ impl MockDriver {
     }
 }
 
-fn parsed_event(p: Parsed) -> EngineEvent {
-    match p {
-        Parsed::Text(t) => EngineEvent::Text(t),
-        Parsed::Call(c) => EngineEvent::ToolCall(c),
-    }
-}
-
-/// Sends `piece` as text, or through the tool-call parser; `false` once the client left.
-fn send_text(sink: &EventSink, parser: &mut Option<ToolCallParser>, piece: &str) -> bool {
-    match parser {
-        None => sink.send(EngineEvent::Text(piece.to_string())),
-        Some(p) => p
-            .push(piece)
-            .into_iter()
-            .all(|x| sink.send(parsed_event(x))),
+/// The mock's record of word `index` with text `piece` (see the module docs).
+fn mock_logprob(index: usize, piece: &str, top_n: usize) -> TokenLogprob {
+    let id = u32::try_from(index).unwrap_or(u32::MAX);
+    let bytes = piece.as_bytes().to_vec();
+    TokenLogprob {
+        id,
+        top: if top_n > 0 {
+            vec![TopLogprob {
+                id,
+                bytes: bytes.clone(),
+                logprob: 0.0,
+            }]
+        } else {
+            Vec::new()
+        },
+        bytes,
+        logprob: 0.0,
     }
 }
 
@@ -164,6 +170,7 @@ impl EngineDriver for MockDriver {
 
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
         check_model(req.model.as_deref(), &self.models())?;
+        req.validate()?;
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
@@ -192,7 +199,7 @@ impl EngineDriver for MockDriver {
                 reply = call.split_whitespace().map(str::to_string).collect();
             }
         }
-        let mut parser = req.tools_active().then(|| ToolCallParser::new(""));
+        let parser = req.tools_active().then(|| ToolCallParser::new(""));
         let cached = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             let common = last
@@ -217,6 +224,12 @@ impl EngineDriver for MockDriver {
             }) {
                 return;
             }
+            let mut sender = PieceSender::new(&sink, parser);
+            let record = |n: usize, piece: &str| {
+                req.logprobs
+                    .map(|top| vec![mock_logprob(n, piece, top)])
+                    .unwrap_or_default()
+            };
             let mut text = String::new();
             let mut n = 0;
             let mut finish = FinishReason::Stop;
@@ -239,26 +252,24 @@ impl EngineDriver for MockDriver {
                     .filter_map(|s| candidate.find(s.as_str()).map(|at| (at, s)))
                     .min_by_key(|(at, _)| *at)
                 {
+                    // The word is a token with at least one byte before the stop
+                    // when `before` is not empty: its record goes with that text.
                     let before = &candidate[text.len().min(at)..at];
-                    if !before.is_empty() && !send_text(&sink, &mut parser, before) {
+                    if !before.is_empty() && !sender.piece(before, &record(n, &piece)) {
                         return;
                     }
                     n += 1;
                     stop_sequence = Some(s.clone());
                     break;
                 }
-                n += 1;
-                if !send_text(&sink, &mut parser, &piece) {
+                if !sender.piece(&piece, &record(n, &piece)) {
                     return; // the client went away
                 }
+                n += 1;
                 text = candidate;
             }
-            if let Some(p) = parser {
-                for x in p.finish() {
-                    if !sink.send(parsed_event(x)) {
-                        return;
-                    }
-                }
+            if !sender.finish() {
+                return;
             }
             sink.send(EngineEvent::Done(Done {
                 completion_tokens: n,

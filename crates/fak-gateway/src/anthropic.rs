@@ -10,7 +10,7 @@
 //! *not* read from the cache, `cache_read_input_tokens` those that were; their sum is
 //! the prompt.
 //!
-//! Tool calls the model proposes are adjudicated ([`crate::tools`]): allowed ones become
+//! Tool calls the model proposes are adjudicated (the `tools` module): allowed ones become
 //! `tool_use` blocks (`stop_reason: "tool_use"`); a denied one is removed and replaced by
 //! a text block saying why, and the `fak` field (of `message_delta`, when streaming)
 //! lists every verdict. A stream sends text as it comes and the tool blocks after the
@@ -348,6 +348,7 @@ pub(crate) async fn messages(
             .collect(),
         tools,
         tool_choice,
+        logprobs: None,
     };
     let offered = req.tools.clone();
     let started = start(&s, req, F, "/v1/messages").await?;
@@ -433,7 +434,7 @@ pub(crate) async fn messages(
                 out
             }
             EngineEvent::Error(e) => vec![event("error", &ApiError::from(e).with_flavor(F).body())],
-            EngineEvent::Start { .. } => Vec::new(),
+            EngineEvent::Start { .. } | EngineEvent::Logprobs(_) => Vec::new(),
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
     }

@@ -21,7 +21,7 @@
 //!
 //! Tool calls: the engine reads the model's calls out of its text
 //! ([`fak_engine::tools`]); this crate adjudicates each against the policy before the
-//! client sees it ([`tools`]: malformed → `MALFORMED`, not offered → `UNKNOWN_TOOL`, then
+//! client sees it (the `tools` module: malformed → `MALFORMED`, not offered → `UNKNOWN_TOOL`, then
 //! [`fak_engine::policy::Policy::adjudicate`]), passes on only the allowed ones, and
 //! reports every verdict in the response's `fak` field.
 //!
@@ -419,6 +419,8 @@ struct Finished {
     cached_tokens: usize,
     text: String,
     tool_calls: Vec<fak_engine::ToolCall>,
+    /// The generated tokens' logprob records (empty unless asked for).
+    logprobs: Vec<fak_engine::TokenLogprob>,
     done: fak_engine::Done,
 }
 
@@ -445,6 +447,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         cached_tokens,
         text: c.text,
         tool_calls: c.tool_calls,
+        logprobs: c.logprobs,
         done,
     })
 }

@@ -6,11 +6,32 @@
 //! of the context window), `temperature` (default 1), `top_p`, `seed`, `stop` (string or
 //! list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools` (functions)
 //! and `tool_choice` (`none`, `auto`, `required`, or a named function), assistant
-//! `tool_calls` and `tool` results in the history. Not yet: `logprobs`,
-//! `response_format` other than `text`: each is a 400 naming the field, never silently
-//! ignored.
+//! `tool_calls` and `tool` results in the history, `logprobs` and `top_logprobs`.
+//! Legacy `/v1/completions` takes `logprobs: N`. Not yet: `response_format` other than
+//! `text`, and on `/v1/completions` `echo` and `suffix`: each is a 400 naming the field,
+//! never silently ignored.
 //!
-//! Tool calls the model proposes are adjudicated ([`crate::tools`]) before the client
+//! **Logprobs.** `logprobs: true` (with `top_logprobs` 0..=20, default 0; outside that
+//! range, or `top_logprobs` without `logprobs: true`, is a 400) returns
+//! `choices[0].logprobs.content`: one `{token, logprob, bytes, top_logprobs: [{token,
+//! logprob, bytes}, ...]}` per generated token, `top_logprobs` highest first. `logprob`
+//! is the natural log of the token's probability under the model's raw logits, before
+//! temperature / top-p (`fak_kv::logprobs`: `(z_i - max z) - ln Σ_j exp(z_j - max z)`,
+//! in f64), so at temperature 0 the chosen token has its position's highest logprob.
+//! `bytes` are the token's exact bytes and `token` their text (U+FFFD for part of a
+//! UTF-8 character). Listed: every generated token except a final stop token
+//! (`<|im_end|>`, EOS: not part of the content, as OpenAI and vLLM do) and tokens wholly
+//! inside a matched stop string; a token that straddles a stop string is listed. When
+//! streaming, each content chunk carries the entries of the tokens whose last byte it
+//! releases (a token held back by the stop-string check or an unfinished UTF-8
+//! character goes with the chunk that finally releases it); entries not yet sent by the
+//! end (tokens that became a tool call, or released no text) come on the chunk with the
+//! `finish_reason`. So the chunks' entries, concatenated, equal the non-streamed list.
+//! `/v1/completions` with `logprobs: N` (0..=20) gives the legacy shape `{tokens,
+//! token_logprobs, top_logprobs: [{token: logprob}] (the N best plus the chosen one),
+//! text_offset}`, offsets in characters from the start of the completion text.
+//!
+//! Tool calls the model proposes are adjudicated (the `tools` module) before the client
 //! sees them: allowed ones come back as `message.tool_calls` (arguments as a JSON string,
 //! `finish_reason: "tool_calls"`), denied ones are removed, and the `fak` field of the
 //! response (of the last chunk, when streaming) lists every proposed call's verdict. A
@@ -34,8 +55,8 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fak_engine::{
-    EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, ToolCall,
-    ToolChoice, ToolSpec,
+    EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, TokenLogprob,
+    ToolCall, ToolChoice, ToolSpec, TopLogprob, MAX_TOP_LOGPROBS,
 };
 use futures_util::stream::{self, Stream, StreamExt};
 use serde::Deserialize;
@@ -123,6 +144,76 @@ struct CompletionRequest {
     echo: Option<bool>,
     logprobs: Option<Value>,
     suffix: Option<String>,
+}
+
+/// A count field in 0..=[`MAX_TOP_LOGPROBS`] (`null` is `None`).
+fn top_count(name: &str, v: Option<&Value>) -> Result<Option<usize>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_u64() {
+            Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
+            _ => Err(ApiError::bad_request(format!(
+                "{name} must be an integer in 0..={MAX_TOP_LOGPROBS} (got {v})"
+            ))
+            .with_flavor(F)),
+        },
+    }
+}
+
+/// A chat request's `logprobs` / `top_logprobs` as the engine's top-n: `None` when
+/// logprobs are off.
+fn chat_logprobs(logprobs: Option<bool>, top: Option<&Value>) -> Result<Option<usize>, ApiError> {
+    let top = top_count("top_logprobs", top)?;
+    match (logprobs == Some(true), top) {
+        (true, n) => Ok(Some(n.unwrap_or(0))),
+        (false, None) => Ok(None),
+        (false, Some(_)) => {
+            Err(ApiError::bad_request("top_logprobs requires logprobs: true").with_flavor(F))
+        }
+    }
+}
+
+/// A token's bytes as the JSON array of numbers OpenAI sends.
+fn bytes_json(b: &[u8]) -> Value {
+    Value::Array(b.iter().map(|&x| json!(x)).collect())
+}
+
+/// One chat `logprobs.content` entry.
+fn lp_entry(r: &TokenLogprob) -> Value {
+    let top: Vec<Value> = r
+        .top
+        .iter()
+        .map(|t: &TopLogprob| json!({"token": t.text(), "logprob": t.logprob, "bytes": bytes_json(&t.bytes)}))
+        .collect();
+    json!({"token": r.text(), "logprob": r.logprob, "bytes": bytes_json(&r.bytes), "top_logprobs": top})
+}
+
+/// A chat choice's `logprobs` object for `records`.
+fn chat_lp(records: &[TokenLogprob]) -> Value {
+    json!({"content": records.iter().map(lp_entry).collect::<Vec<_>>(), "refusal": null})
+}
+
+/// A legacy completion choice's `logprobs` object for `records`; `offset` is the
+/// character offset of the first one in the completion text, advanced past them.
+fn legacy_lp(records: &[TokenLogprob], offset: &mut usize) -> Value {
+    let mut tokens = Vec::new();
+    let mut lps = Vec::new();
+    let mut tops = Vec::new();
+    let mut offsets = Vec::new();
+    for r in records {
+        let text = r.text();
+        let mut top = serde_json::Map::new();
+        for t in &r.top {
+            top.insert(t.text(), json!(t.logprob));
+        }
+        top.entry(text.clone()).or_insert(json!(r.logprob));
+        offsets.push(*offset);
+        *offset += text.chars().count();
+        tokens.push(json!(text));
+        lps.push(json!(r.logprob));
+        tops.push(Value::Object(top));
+    }
+    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
 }
 
 fn unsupported(field: &str) -> ApiError {
@@ -342,9 +433,7 @@ pub(crate) async fn chat_completions(
     let r: ChatRequest = parse_body(&s, body, F)?;
     check_n(r.n)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
-    if r.logprobs == Some(true) || r.top_logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("logprobs"));
-    }
+    let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.as_ref())?;
     if let Some(rf) = &r.response_format {
         if rf
             .get("type")
@@ -377,6 +466,7 @@ pub(crate) async fn chat_completions(
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
         tools,
         tool_choice,
+        logprobs,
     };
     let offered = req.tools.clone();
     let started = start(&s, req, F, "/v1/chat/completions").await?;
@@ -398,10 +488,13 @@ pub(crate) async fn chat_completions(
         let sse = Sse::new(chat_stream(
             s,
             started,
-            id,
-            created,
-            r.model,
-            include_usage,
+            ChunkHead {
+                id,
+                created,
+                model: r.model,
+                include_usage,
+                logprobs: logprobs.is_some(),
+            },
             calls,
         ));
         return Ok(with_note(sse.into_response(), note));
@@ -424,7 +517,7 @@ pub(crate) async fn chat_completions(
         "choices": [{
             "index": 0,
             "message": message,
-            "logprobs": null,
+            "logprobs": if logprobs.is_some() { chat_lp(&f.logprobs) } else { Value::Null },
             "finish_reason": finish_for(&f.done, &a),
         }],
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
@@ -540,18 +633,33 @@ fn finish_for(d: &fak_engine::Done, a: &Adjudicated) -> &'static str {
     }
 }
 
-fn chat_stream(
-    s: AppState,
-    st: Started,
+/// What every chunk of a chat stream repeats, and what the stream reports.
+struct ChunkHead {
     id: String,
     created: u64,
     model: String,
     include_usage: bool,
+    /// Whether chunks carry `logprobs.content`.
+    logprobs: bool,
+}
+
+fn chat_stream(
+    s: AppState,
+    st: Started,
+    head: ChunkHead,
     check: CallCheck,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let (prompt, cached) = (st.prompt_tokens, st.cached_tokens);
     let state = s.clone();
     let mut held: Vec<ToolCall> = Vec::new();
+    let mut held_lp: Vec<TokenLogprob> = Vec::new();
+    let ChunkHead {
+        id,
+        created,
+        model,
+        include_usage,
+        logprobs,
+    } = head;
     let chunk = move |delta: Value, finish: Value, usage_v: Option<Value>| {
         let mut v = json!({
             "id": id,
@@ -572,7 +680,17 @@ fn chat_stream(
         None,
     ))];
     sse_stream(s, st, head, move |ev| match ev {
-        EngineEvent::Text(t) => vec![data(&chunk(json!({"content": t}), Value::Null, None))],
+        EngineEvent::Text(t) => {
+            let mut v = chunk(json!({"content": t}), Value::Null, None);
+            if logprobs {
+                v["choices"][0]["logprobs"] = chat_lp(&std::mem::take(&mut held_lp));
+            }
+            vec![data(&v)]
+        }
+        EngineEvent::Logprobs(r) => {
+            held_lp.extend(r);
+            Vec::new()
+        }
         EngineEvent::ToolCall(c) => {
             held.push(c);
             Vec::new()
@@ -595,6 +713,9 @@ fn chat_stream(
                 })
                 .collect();
             let mut last = chunk(json!({}), json!(finish_for(&d, &a)), None);
+            if logprobs && !held_lp.is_empty() {
+                last["choices"][0]["logprobs"] = chat_lp(&std::mem::take(&mut held_lp));
+            }
             if let Some(v) = fak_field(&check.results, &a) {
                 last["fak"] = v;
             }
@@ -629,9 +750,7 @@ pub(crate) async fn completions(
     if r.echo == Some(true) {
         return Err(unsupported("echo"));
     }
-    if r.logprobs.as_ref().is_some_and(|v| !v.is_null()) {
-        return Err(unsupported("logprobs"));
-    }
+    let logprobs = top_count("logprobs", r.logprobs.as_ref())?;
     if r.suffix.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(unsupported("suffix"));
     }
@@ -655,6 +774,7 @@ pub(crate) async fn completions(
         stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
         tools: Vec::new(),
         tool_choice: ToolChoice::None,
+        logprobs,
     };
     let started = start(&s, req, F, "/v1/completions").await?;
     let id = new_id("cmpl-");
@@ -675,10 +795,28 @@ pub(crate) async fn completions(
                 "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
             })
         };
+        let mut held_lp: Vec<TokenLogprob> = Vec::new();
+        let mut offset = 0usize;
+        let mut lp =
+            move |held: &mut Vec<TokenLogprob>| legacy_lp(&std::mem::take(held), &mut offset);
         let st = sse_stream(s, started, Vec::new(), move |ev| match ev {
-            EngineEvent::Text(t) => vec![data(&chunk(&t, Value::Null))],
+            EngineEvent::Text(t) => {
+                let mut v = chunk(&t, Value::Null);
+                if logprobs.is_some() {
+                    v["choices"][0]["logprobs"] = lp(&mut held_lp);
+                }
+                vec![data(&v)]
+            }
+            EngineEvent::Logprobs(r) => {
+                held_lp.extend(r);
+                Vec::new()
+            }
             EngineEvent::Done(d) => {
-                let mut out = vec![data(&chunk("", json!(finish_word(d.finish_reason))))];
+                let mut last = chunk("", json!(finish_word(d.finish_reason)));
+                if logprobs.is_some() && !held_lp.is_empty() {
+                    last["choices"][0]["logprobs"] = lp(&mut held_lp);
+                }
+                let mut out = vec![data(&last)];
                 if include_usage {
                     let mut u = chunk("", Value::Null);
                     u["choices"] = json!([]);
@@ -703,7 +841,8 @@ pub(crate) async fn completions(
         "created": created,
         "model": model,
         "choices": [{
-            "text": f.text, "index": 0, "logprobs": null,
+            "text": f.text, "index": 0,
+            "logprobs": if logprobs.is_some() { legacy_lp(&f.logprobs, &mut 0) } else { Value::Null },
             "finish_reason": finish_word(f.done.finish_reason),
         }],
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),

@@ -16,7 +16,8 @@
 //!   mode drops entries no window can reach ([`Session::drop_oldest`]).
 //!
 //! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
-//! penalty, seeded), [`stop`] (stop strings held back until decided), [`text`]
+//! penalty, seeded), [`logprobs`] (log-softmax of the raw logits per generated token),
+//! [`stop`] (stop strings held back until decided), [`text`]
 //! (streaming text generation with TTFT and tokens/s) and [`chat`] (a conversation whose
 //! cache is kept between turns, so a turn prefills only its new tokens).
 //!
@@ -25,6 +26,7 @@
 
 mod cache;
 pub mod chat;
+pub mod logprobs;
 pub mod prove;
 pub mod sampling;
 mod session;
@@ -34,7 +36,8 @@ pub mod text;
 pub use cache::{KvCache, KvError};
 pub use chat::{ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::window_start;
+pub use logprobs::{TokenLogprob, TopLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{GenerateParams, Session, SessionError};
 pub use stop::StopStrings;
-pub use text::{generate_text, FinishReason, TextOutput, TextParams};
+pub use text::{generate_text, generate_text_with_logprobs, FinishReason, TextOutput, TextParams};

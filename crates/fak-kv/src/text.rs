@@ -1,11 +1,13 @@
 //! Text generation over a session: sampling, stop tokens, stop strings, streaming
 //! detokenization and timings (TTFT, prefill and decode tokens/s).
 
+use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopStrings;
 use crate::{Session, SessionError};
 use fak_model::{StreamDecoder, Tokenizer};
 use serde::Serialize;
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
@@ -21,6 +23,10 @@ pub struct TextParams {
     /// Stop token ids (EOS, end of turn): generation ends after one, which is returned in
     /// `completion_ids` but not in the text.
     pub stop_ids: Vec<u32>,
+    /// `Some(n)`: record each generated token's logprob and its `n` most likely
+    /// alternatives (see [`crate::logprobs`]; `n` is capped at
+    /// [`crate::logprobs::MAX_TOP_LOGPROBS`]). `None`: no records, no extra work.
+    pub logprobs: Option<usize>,
 }
 
 /// Why generation ended (OpenAI's `finish_reason` words).
@@ -54,6 +60,71 @@ pub struct TextOutput {
     pub decode_s: f64,
     /// Decode steps run (forward passes after the prefill).
     pub decode_steps: usize,
+    /// With [`TextParams::logprobs`]: the records passed to `on_piece`, in order (see
+    /// [`generate_text_with_logprobs`] for which tokens they cover); else empty.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+/// A generated token's record, waiting for the text that releases it.
+struct Pending {
+    rec: TokenLogprob,
+    /// Bytes of decoded text before this token's piece.
+    start: usize,
+    /// Bytes of decoded text once this token's last byte is decoded; `None` while the
+    /// decoder holds it back (part of an incomplete UTF-8 character).
+    end: Option<usize>,
+}
+
+/// How [`Release::emit`] treats the records still waiting.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Moment {
+    /// Generation goes on: records whose last byte is released go with the text.
+    Mid,
+    /// A stop string ended it at the end of this text: records of tokens with at least
+    /// one byte before the stop go with it, the rest are dropped.
+    Stopped,
+    /// It ended otherwise: every record left goes with this text (even if empty).
+    Last,
+}
+
+/// Hands released text, and the records it releases, to the caller.
+struct Release<'a> {
+    released: usize,
+    pending: VecDeque<Pending>,
+    on_piece: &'a mut dyn FnMut(&str, &[TokenLogprob]),
+}
+
+impl Release<'_> {
+    fn emit(&mut self, text: &str, moment: Moment, out: &mut TextOutput) {
+        self.released += text.len();
+        let mut ready = Vec::new();
+        if !text.is_empty() || moment != Moment::Mid {
+            while let Some(p) = self.pending.front() {
+                let take = match moment {
+                    Moment::Mid => p.end.is_some_and(|e| e <= self.released),
+                    Moment::Stopped => p.start < self.released,
+                    Moment::Last => true,
+                };
+                match self.pending.pop_front() {
+                    Some(p) if take => ready.push(p.rec),
+                    Some(p) => {
+                        self.pending.push_front(p);
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        if moment == Moment::Stopped {
+            self.pending.clear();
+        }
+        if !text.is_empty() || !ready.is_empty() {
+            out.text.push_str(text);
+            (self.on_piece)(text, &ready);
+            out.logprobs.extend(ready);
+        }
+    }
 }
 
 /// Prefills `new_ids` (may be empty if the session already holds logits), then generates
@@ -71,6 +142,41 @@ pub fn generate_text(
     params: &TextParams,
     cancel: Option<&AtomicBool>,
     on_text: &mut dyn FnMut(&str),
+) -> Result<TextOutput, SessionError> {
+    generate_text_with_logprobs(session, tokenizer, new_ids, params, cancel, &mut |t, _| {
+        on_text(t)
+    })
+}
+
+/// [`generate_text`], passing each piece of text with the logprob records of the tokens
+/// it releases (empty unless [`TextParams::logprobs`] is set).
+///
+/// Which records go with which piece:
+/// - a token's record goes with the piece that releases its last byte. A token whose
+///   text the decoder holds back (part of a UTF-8 character) or the stop-string check
+///   holds back (a possible start of a stop string) waits for the piece that releases
+///   it; a token with no text of its own (a control token the decoder drops) goes with
+///   the next piece;
+/// - a stop token (EOS, end of turn) gets no record: it is not part of the text;
+/// - when a stop string ends generation, the tokens with at least one byte before the
+///   stop go with the last piece (a token may straddle the stop); tokens wholly inside
+///   the stop string get none;
+/// - when generation ends otherwise, every record left goes with the last piece, which
+///   may then be empty text (the only time a piece is empty).
+///
+/// So the records of all pieces, concatenated, are [`TextOutput::logprobs`], and unless
+/// a stop string or a dropped control token intervenes their bytes concatenate to the
+/// text.
+///
+/// # Errors
+/// As [`generate_text`].
+pub fn generate_text_with_logprobs(
+    session: &mut Session,
+    tokenizer: &Tokenizer,
+    new_ids: &[u32],
+    params: &TextParams,
+    cancel: Option<&AtomicBool>,
+    on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<TextOutput, SessionError> {
     let t0 = Instant::now();
     let mut logits = if new_ids.is_empty() {
@@ -94,13 +200,15 @@ pub fn generate_text(
         prefill_s,
         decode_s: 0.0,
         decode_steps: 0,
+        logprobs: Vec::new(),
     };
-    let mut emit = |s: &str, text: &mut String| {
-        if !s.is_empty() {
-            text.push_str(s);
-            on_text(s);
-        }
+    let mut release = Release {
+        released: 0,
+        pending: VecDeque::new(),
+        on_piece,
     };
+    // Bytes of text the decoder has produced so far.
+    let mut decoded = 0usize;
     let t1 = Instant::now();
     let mut stopped = false;
     while out.completion_ids.len() < params.max_tokens {
@@ -118,13 +226,25 @@ pub fn generate_text(
             break;
         }
         let piece = decoder.push(tokenizer, next);
+        if let Some(n) = params.logprobs {
+            release.pending.push_back(Pending {
+                rec: token_logprob(&logits, next, n, tokenizer),
+                start: decoded,
+                end: None,
+            });
+        }
+        decoded += piece.len();
+        if decoder.pending().is_empty() {
+            resolve(&mut release.pending, decoded);
+        }
         let check = stops.push(&piece);
-        emit(&check.emit, &mut out.text);
         if check.stopped {
+            release.emit(&check.emit, Moment::Stopped, &mut out);
             out.finish_reason = FinishReason::Stop;
             stopped = true;
             break;
         }
+        release.emit(&check.emit, Moment::Mid, &mut out);
         if out.completion_ids.len() == params.max_tokens {
             break;
         }
@@ -138,14 +258,29 @@ pub fn generate_text(
     }
     if !stopped {
         let tail = decoder.finish();
+        decoded += tail.len();
+        resolve(&mut release.pending, decoded);
         let check = stops.push(&tail);
-        emit(&check.emit, &mut out.text);
         if check.stopped {
+            release.emit(&check.emit, Moment::Stopped, &mut out);
             out.finish_reason = FinishReason::Stop;
         } else {
-            emit(&stops.finish(), &mut out.text);
+            release.emit(&check.emit, Moment::Mid, &mut out);
+            let rest = stops.finish();
+            release.emit(&rest, Moment::Last, &mut out);
         }
     }
     out.decode_s = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Gives the records still waiting for their last byte the end `decoded` (the decoder
+/// has just produced all it held).
+fn resolve(pending: &mut VecDeque<Pending>, decoded: usize) {
+    for p in pending.iter_mut().rev() {
+        if p.end.is_some() {
+            break;
+        }
+        p.end = Some(decoded);
+    }
 }

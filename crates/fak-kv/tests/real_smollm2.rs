@@ -73,6 +73,7 @@ fn text_generation_stops_at_the_context_end() {
         max_tokens: 100,
         stop: vec![],
         stop_ids: vec![],
+        logprobs: None,
     };
     let out = generate_text(&mut s, &tok, &[40; 250], &params, None, &mut |_| {}).unwrap();
     assert_eq!(out.finish_reason, FinishReason::Length);
@@ -99,6 +100,7 @@ fn chat_turns_prefill_only_new_tokens_and_equal_from_scratch() {
         max_tokens: 40,
         stop: vec![],
         stop_ids: tmpl.stop_token_ids(&tok),
+        logprobs: None,
     };
     let (tok, tmpl) = (Arc::new(tok), Arc::new(tmpl));
     let mut chat = ChatSession::new(
@@ -161,6 +163,7 @@ fn stop_string_across_tokens_is_held_back() {
         max_tokens: 40,
         stop: vec!["France is Pa".into()],
         stop_ids: tmpl.stop_token_ids(&tok),
+        logprobs: None,
     };
     let mut pieces = Vec::new();
     let out = generate_text(
@@ -208,6 +211,7 @@ fn same_seed_same_text() {
             max_tokens: 24,
             stop: vec![],
             stop_ids: vec![],
+            logprobs: None,
         };
         generate_text(
             &mut Session::new(Arc::clone(&model)),
