@@ -395,4 +395,28 @@ fn revoking_a_cached_tool_result_leaves_the_cache_of_a_stub_from_the_start() {
     });
     assert!(r.sessions >= 1);
     assert!(warm.kept_sessions().iter().all(|s| s.len() <= cut));
+    // With eviction off (`fak serve --no-kv-evict`) a revocation leaves the cache alone.
+    let (path, m) = model().unwrap();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let off = InKernelDriver::from_loaded(
+        m,
+        tok,
+        tmpl,
+        "smollm2-135m-instruct",
+        EngineConfig {
+            kv_evict: false,
+            ..EngineConfig::default()
+        },
+    );
+    off.submit(greedy(tool_conversation(poison), 2))
+        .unwrap()
+        .blocking_collect()
+        .unwrap();
+    let before = off.kept_sessions()[0].len();
+    let r = off.revoke(&fak_engine::Revocation {
+        digest: Some(fak_ctxmmu::digest(poison)),
+        tool_call_id: None,
+    });
+    assert_eq!(r, fak_engine::RevokeReport::default());
+    assert_eq!(off.kept_sessions()[0].len(), before);
 }
