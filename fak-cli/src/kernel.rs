@@ -92,10 +92,15 @@ pub(crate) fn preflight(a: PreflightArgs) -> Result<(), CliError> {
         },
     );
     match v.reason {
-        None => outln!("allow {}: {}", a.tool, v.detail)?,
-        Some(r) => outln!("deny {} {}: {}", a.tool, r.as_str(), v.detail)?,
+        None => {
+            outln!("allow {}: {}", a.tool, v.detail)?;
+            Ok(())
+        }
+        Some(r) => {
+            outln!("deny {} {}: {}", a.tool, r.as_str(), v.detail)?;
+            Err(CliError::Status(3))
+        }
     }
-    Ok(())
 }
 
 pub(crate) fn quarantine(cmd: QuarantineCmd) -> Result<(), CliError> {

@@ -51,7 +51,8 @@ enum Cmd {
         #[command(subcommand)]
         command: kernel::PolicyCmd,
     },
-    /// Adjudicate one tool call against a policy and print the verdict and reason.
+    /// Adjudicate one tool call against a policy and print the verdict and reason (exit
+    /// status 0 when allowed, 3 when denied).
     Preflight(kernel::PreflightArgs),
     /// Quarantined and paged-out tool results: list, show, clear.
     Quarantine {
@@ -118,6 +119,9 @@ pub(crate) enum CliError {
     Msg(String),
     /// stdout went away (`fak ... | head`).
     Io(std::io::Error),
+    /// Not an error: the answer is "no", said already; exit with this status
+    /// (`fak preflight` on a denied call exits 3).
+    Status(u8),
 }
 
 impl<E: std::fmt::Display> From<E> for CliError {
@@ -173,6 +177,7 @@ fn main() -> ExitCode {
             eprintln!("fak: error: {m}");
             ExitCode::FAILURE
         }
+        Err(CliError::Status(n)) => ExitCode::from(n),
     }
 }
 

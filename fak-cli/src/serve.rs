@@ -35,6 +35,11 @@ pub(crate) struct ServeArgs {
     /// `Authorization: Bearer KEY` or `x-api-key: KEY`.
     #[arg(long)]
     api_key_env: Option<String>,
+    /// Name of an environment variable holding the operator key: when given, the
+    /// operator routes (/v1/fak/revoke, /v1/fak/policy/reload) require it instead of the
+    /// API key, so API clients cannot revoke content or reload the policy.
+    #[arg(long)]
+    admin_key_env: Option<String>,
     /// Largest request body, MB; larger ones get 413.
     #[arg(long, default_value_t = 8)]
     max_body_mb: usize,
@@ -72,6 +77,17 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             registry::ids().join(", ")
         ))
     })?;
+    let admin_key = match &args.admin_key_env {
+        None => None,
+        Some(var) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Some(k),
+            _ => {
+                return Err(fail(format!(
+                    "--admin-key-env {var}: the variable is unset or empty"
+                )))
+            }
+        },
+    };
     let api_key = match &args.api_key_env {
         None => None,
         Some(var) => match std::env::var(var) {
@@ -117,6 +133,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     let driver = (spec.build)(&config)?;
     let gateway = GatewayConfig {
         api_key,
+        admin_key,
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         request_timeout: (args.request_timeout_s > 0)
             .then(|| Duration::from_secs(args.request_timeout_s)),

@@ -28,12 +28,19 @@ fn preflight_prints_verdict_and_reason() {
             r#"{"to":"x"}"#,
         ],
     );
-    assert!(ok);
+    assert!(!ok, "a denied call exits non-zero (3)");
     assert_eq!(
         out.trim(),
         "deny transfer_funds DEFAULT_DENY: no rule allows 'transfer_funds'"
     );
-    let (_, out, _) = fak(
+    let status = Command::new(env!("CARGO_BIN_EXE_fak"))
+        .env("FAK_HOME", home.path())
+        .args(["preflight", "--tool", "rm_rf"])
+        .output()
+        .unwrap()
+        .status;
+    assert_eq!(status.code(), Some(3));
+    let (ok, out, _) = fak(
         home.path(),
         &[
             "preflight",
@@ -43,7 +50,7 @@ fn preflight_prints_verdict_and_reason() {
             r#"{"path":"a"}"#,
         ],
     );
-    assert!(out.starts_with("allow read_file"), "{out}");
+    assert!(ok && out.starts_with("allow read_file"), "{out}");
     let policy = home.path().join("p.json");
     std::fs::write(
         &policy,

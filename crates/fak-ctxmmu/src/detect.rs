@@ -239,7 +239,9 @@ impl Detector for InjectionDetector {
 }
 
 /// Text imitating chat-template control tokens or role headers of the common templates
-/// (ChatML, Gemma, Llama 2/3, Anthropic's legacy `Human:`/`Assistant:` turns).
+/// (ChatML, Gemma, Llama 2/3, Anthropic's legacy `Human:`/`Assistant:` turns), and the
+/// Hermes tool tags (`<tool_response>`, `<tool_call>`, `<tools>`) that tool results and
+/// calls are framed with.
 pub struct ControlTokenDetector {
     tokens: Vec<&'static str>,
     headers: Regex,
@@ -267,6 +269,13 @@ impl ControlTokenDetector {
                 "[/inst]",
                 "<<sys>>",
                 "<</sys>>",
+                // The Hermes tool-call format fak itself writes results and calls in.
+                "<tool_response>",
+                "</tool_response>",
+                "<tool_call>",
+                "</tool_call>",
+                "<tools>",
+                "</tools>",
             ],
             headers: Regex::new(r"(?m)(\n\n|^)(human|assistant)\s*:").expect("pattern"),
         }

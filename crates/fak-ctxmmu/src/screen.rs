@@ -93,6 +93,8 @@ pub struct Screen {
     revoked: HashSet<String>,
     revoked_calls: HashSet<String>,
     decided: HashMap<String, Verdict>,
+    /// (digest, tool_call_id) pairs already in the audit log.
+    logged: HashSet<(String, Option<String>)>,
 }
 
 /// Most remembered admissions; past it they are forgotten (and screened again when
@@ -144,6 +146,7 @@ impl Screen {
             revoked,
             revoked_calls: HashSet::new(),
             decided,
+            logged: HashSet::new(),
         }
     }
 
@@ -200,8 +203,11 @@ impl Screen {
         Ok(self.admit_fresh(r)?.0)
     }
 
-    /// As [`Screen::admit`], also saying whether the decision is new (`true`) or the
-    /// one remembered for the same content (`false`: nothing stored or logged again).
+    /// As [`Screen::admit`], also saying whether this is a new arrival (`true`: logged):
+    /// content not seen before, or seen before but now answering another tool call (the
+    /// remembered decision is logged again, detector `remembered`, nothing stored
+    /// again). A conversation re-sending its history (same content, same call) is not
+    /// a new arrival (`false`: not logged again).
     ///
     /// # Errors
     /// As [`Screen::admit`].
@@ -210,9 +216,16 @@ impl Screen {
         let revoked = self.revoked.contains(&dig)
             || r.tool_call_id
                 .is_some_and(|c| self.revoked_calls.contains(c));
+        let key = (dig.clone(), r.tool_call_id.map(str::to_string));
         match self.decided.get(&dig) {
             Some(v) if !revoked || matches!(v, Verdict::Quarantine { .. }) => {
-                return Ok((v.clone(), false));
+                let v = v.clone();
+                if self.logged.contains(&key) {
+                    return Ok((v, false));
+                }
+                self.log(r, &v, &dig, Some("remembered"));
+                self.logged.insert(key);
+                return Ok((v, true));
             }
             _ => {}
         }
@@ -260,7 +273,26 @@ impl Screen {
             }
             None => Verdict::Admit,
         };
-        let (name, id, reason, detector) = match &verdict {
+        self.log(r, &verdict, &dig, None);
+        self.logged.insert(key);
+        if verdict == Verdict::Admit && self.decided.len() >= MAX_REMEMBERED_ADMITS {
+            self.decided.retain(|_, v| *v != Verdict::Admit);
+        }
+        self.decided.insert(dig, verdict.clone());
+        Ok((verdict, true))
+    }
+}
+
+impl Screen {
+    /// Writes one audit line for `verdict` on `r` (`detector` overrides the verdict's).
+    fn log(
+        &mut self,
+        r: &ToolResult<'_>,
+        verdict: &Verdict,
+        dig: &str,
+        detector: Option<&'static str>,
+    ) {
+        let (name, id, reason, det) = match verdict {
             Verdict::Admit => ("admit", None, None, None),
             Verdict::PageOut { id, .. } => ("page_out", Some(id.clone()), None, None),
             Verdict::Quarantine {
@@ -283,16 +315,11 @@ impl Screen {
             tool: r.tool.to_string(),
             verdict: name,
             reason,
-            detector,
+            detector: detector.or(det),
             id,
             bytes: r.content.len(),
-            digest: dig.clone(),
+            digest: dig.to_string(),
         });
-        if verdict == Verdict::Admit && self.decided.len() >= MAX_REMEMBERED_ADMITS {
-            self.decided.retain(|_, v| *v != Verdict::Admit);
-        }
-        self.decided.insert(dig, verdict.clone());
-        Ok((verdict, true))
     }
 }
 

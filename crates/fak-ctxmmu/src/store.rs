@@ -132,6 +132,11 @@ impl PageStore {
 
     /// Stores an original and returns its id.
     ///
+    /// In a folder shared by several processes (two servers with one `FAK_HOME`), an id
+    /// is claimed atomically: the item is written to a temporary file and hard-linked to
+    /// its final name, which fails if another process took that id first; then the next
+    /// number is tried. No item ever overwrites another.
+    ///
     /// # Errors
     /// [`StoreError::Io`] when the item cannot be persisted (nothing is kept then).
     pub fn put(&mut self, mut item: StoredItem) -> Result<String, StoreError> {
@@ -139,17 +144,54 @@ impl PageStore {
             StoredKind::PagedOut => 'p',
             StoredKind::Quarantined => 'q',
         };
-        item.id = format!("{prefix}{}", self.next);
-        self.persist(&item)?;
-        self.next += 1;
+        loop {
+            item.id = format!("{prefix}{}", self.next);
+            self.next += 1;
+            if self.items.contains_key(&item.id) {
+                continue;
+            }
+            if self.claim(&item)? {
+                break;
+            }
+        }
         let id = item.id.clone();
         self.items.insert(id.clone(), item);
         Ok(id)
     }
 
-    /// Every stored item, by id.
+    /// Writes a new item under its id unless the id is taken on disk; `Ok(false)` when
+    /// it is (always `Ok(true)` in memory).
+    fn claim(&self, item: &StoredItem) -> Result<bool, StoreError> {
+        let Some(dir) = &self.dir else {
+            return Ok(true);
+        };
+        let path = dir.join(format!("{}.json", item.id));
+        let tmp = dir.join(format!(".{}.{}.json.tmp", item.id, std::process::id()));
+        let json = serde_json::to_string(item).map_err(|e| StoreError::Corrupt {
+            path: path.clone(),
+            reason: e.to_string(),
+        })?;
+        std::fs::write(&tmp, json).map_err(|source| StoreError::Io {
+            path: tmp.clone(),
+            source,
+        })?;
+        let linked = std::fs::hard_link(&tmp, &path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+            Err(source) => Err(StoreError::Io { path, source }),
+        }
+    }
+
+    /// Every stored item, in id order (`p` before `q`, then by number: q2 before q10).
     pub fn list(&self) -> impl Iterator<Item = &StoredItem> {
-        self.items.values()
+        let mut v: Vec<&StoredItem> = self.items.values().collect();
+        v.sort_by_key(|i| {
+            let n = i.id.get(1..).and_then(|n| n.parse::<u64>().ok());
+            (i.id.chars().next(), n, i.id.clone())
+        });
+        v.into_iter()
     }
 
     /// The item's record (content included) for an operator's eyes.

@@ -242,10 +242,56 @@ fn repeated_content_gets_the_remembered_decision_and_stub() {
         AuditLog::in_memory(),
     );
     let (v, fresh) = s.admit_fresh(&tr(poison)).unwrap();
-    assert!(!fresh);
+    assert!(fresh, "a new process logs the arrival again");
+    assert_eq!(s.audit().records()[0].detector, Some("remembered"));
+    assert_eq!(s.store().list().count(), 2, "nothing stored again");
     assert_eq!(v.context_text(poison), stub);
+    // The same content answering another call is a new arrival: logged, same stub.
+    let other = ToolResult {
+        tool_call_id: Some("call_2"),
+        ..tr(poison)
+    };
+    let (v2, fresh) = s.admit_fresh(&other).unwrap();
+    assert!(fresh);
+    assert_eq!(v2, v);
+    assert_eq!(s.audit().records().len(), 2);
     assert_eq!(
         quarantined(&s.admit(&tr(benign)).unwrap()),
         Some(Reason::Revoked)
     );
+}
+
+#[test]
+fn two_stores_on_one_folder_never_overwrite_each_other() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut a = PageStore::open(dir.path()).unwrap();
+    let mut b = PageStore::open(dir.path()).unwrap();
+    let item = |content: &str| fak_ctxmmu::StoredItem {
+        id: String::new(),
+        kind: fak_ctxmmu::StoredKind::Quarantined,
+        reason: Some(Reason::TrustViolation),
+        detector: None,
+        conversation: "c".into(),
+        tool: "t".into(),
+        digest: fak_ctxmmu::digest(content),
+        cleared: false,
+        content: content.into(),
+    };
+    let ids: Vec<String> = (0..12)
+        .map(|i| {
+            let s = if i % 2 == 0 { &mut a } else { &mut b };
+            s.put(item(&format!("item {i}"))).unwrap()
+        })
+        .collect();
+    let unique: std::collections::BTreeSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), 12, "{ids:?}");
+    let all = PageStore::open(dir.path()).unwrap();
+    assert_eq!(all.list().count(), 12);
+    // Listed in numeric order.
+    let listed: Vec<&str> = all.list().map(|i| i.id.as_str()).collect();
+    assert_eq!(listed[..3], ["q0", "q1", "q2"]);
+    assert_eq!(listed[11], "q11");
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(all.get(id).unwrap().content, format!("item {i}"));
+    }
 }

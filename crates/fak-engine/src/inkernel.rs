@@ -66,8 +66,9 @@ struct Job {
     ids: Vec<u32>,
     params: TextParams,
     sink: EventSink,
-    /// When the request offered tools: the reply's forced head (may be empty), for the
-    /// tool-call parser.
+    /// For a chat request: the reply's forced head (may be empty), for the tool-call
+    /// parser. Every chat reply is parsed, tools offered or not, so that call markup never
+    /// reaches a client unjudged (a call of a tool not offered is denied above).
     tools: Option<String>,
     /// Where the prompt's tool results sit, kept with the session.
     ledger: Vec<Span>,
@@ -467,9 +468,7 @@ impl EngineDriver for InKernelDriver {
                             .map_err(|e| bad(&e))?,
                     );
                 }
-                if req.tools_active() {
-                    tools = Some(prep.assistant_prefix);
-                }
+                tools = Some(prep.assistant_prefix);
                 ledger = tool_spans(&l, messages, &req, &ids);
                 (ids, l.template.stop_token_ids(&l.tokenizer))
             }

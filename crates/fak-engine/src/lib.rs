@@ -263,8 +263,9 @@ impl EventSink {
 }
 
 /// A worker's side of one generation's text: passes each piece through the tool-call
-/// parser (when the request offered tools) and sends it with the logprob records it
-/// releases, records first (see [`EngineEvent::Logprobs`]).
+/// parser (for chat requests) and sends it with the logprob records it releases,
+/// records first (see [`EngineEvent::Logprobs`]). The records of a tool call's tokens
+/// are dropped with the call's text: only the call itself goes up, to be adjudicated.
 pub(crate) struct PieceSender<'a> {
     sink: &'a EventSink,
     parser: Option<tools::ToolCallParser>,
@@ -311,7 +312,12 @@ impl<'a> PieceSender<'a> {
     fn send_parsed(&mut self, x: tools::Parsed) -> bool {
         match x {
             tools::Parsed::Text(t) => self.send_held() && self.sink.send(EngineEvent::Text(t)),
-            tools::Parsed::Call(c) => self.sink.send(EngineEvent::ToolCall(c)),
+            tools::Parsed::Call(c) => {
+                // The records held now are the call's own tokens: they are not sent, so a
+                // call the layer above denies cannot be read back out of the logprobs.
+                self.held.clear();
+                self.sink.send(EngineEvent::ToolCall(c))
+            }
         }
     }
 

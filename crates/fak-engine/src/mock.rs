@@ -9,9 +9,9 @@
 //! - `echo TEXT`: TEXT's words;
 //! - anything else: [`MOCK_REPLY`].
 //!
-//! With tools offered, the reply goes through the same tool-call parser as the in-kernel
-//! driver's (so `echo <tool_call>{"name": "f", "arguments": {}}</tool_call>` proposes a
-//! call), and when `tool_choice` is `required` or names a tool and the reply holds no
+//! A chat reply goes through the same tool-call parser as the in-kernel driver's (so
+//! `echo <tool_call>{"name": "f", "arguments": {}}</tool_call>` proposes a call, offered
+//! or not), and when `tool_choice` is `required` or names a tool and the reply holds no
 //! call, the reply is a call of the named (or first) tool with arguments `{}`.
 //!
 //! Each word is one `Text` event (`"word"` then `" word"`...). With
@@ -199,7 +199,7 @@ impl EngineDriver for MockDriver {
                 reply = call.split_whitespace().map(str::to_string).collect();
             }
         }
-        let parser = req.tools_active().then(|| ToolCallParser::new(""));
+        let parser = matches!(req.prompt, Prompt::Chat(_)).then(|| ToolCallParser::new(""));
         let cached = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
             let common = last
@@ -342,9 +342,11 @@ mod tests {
         assert_eq!(c.tool_calls.len(), 1);
         assert_eq!(c.tool_calls[0].name, "f");
         assert_eq!(c.tool_calls[0].arguments, r#"{"a":1}"#);
-        // Without tools the same reply is text.
+        // Without tools the call is still read out (the layer above denies it), never
+        // left in the text.
         r.tools.clear();
-        assert!(run(r).text.contains("<tool_call>"));
+        let c = run(r);
+        assert_eq!((c.text.as_str(), c.tool_calls.len()), ("ok", 1));
         let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
         r.tools = tools;
         r.tool_choice = ToolChoice::Required;

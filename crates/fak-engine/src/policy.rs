@@ -278,6 +278,12 @@ impl Policy {
         })
     }
 
+    /// Takes over `old`'s per-conversation call history (a reloaded policy keeps
+    /// counting the calls already made against its own rate limit).
+    pub fn adopt_history(&mut self, old: &mut Policy) {
+        self.history = std::mem::take(&mut old.history);
+    }
+
     /// The manifest in force.
     pub fn manifest(&self) -> &Manifest {
         &self.manifest

@@ -367,7 +367,9 @@ impl PrefixCache {
     /// when that is its first token. `r` is remembered, so a session kept later (a
     /// generation that was running when the revocation came) is cut the same way.
     pub fn revoke(&mut self, r: &Revocation) -> RevokeReport {
-        self.revoked.push(r.clone());
+        if !self.revoked.contains(r) {
+            self.revoked.push(r.clone());
+        }
         let hit = self
             .trie
             .take_where(|k| k.ledger.iter().any(|s| s.matches(r)));

@@ -20,7 +20,7 @@ use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
-    fak_field, screen_messages, Adjudicated,
+    fak_field, offered_tools, screen_messages, Adjudicated,
 };
 use crate::{finish, new_id, parse_body, positive, start, with_note, AppState, UsageNote};
 use axum::body::Bytes;
@@ -265,9 +265,25 @@ fn stop_reason(d: &Done, a: &Adjudicated) -> &'static str {
     }
 }
 
-/// Anthropic's id for a call: `toolu_` and the call id's own suffix.
+/// Anthropic's id for a call: `toolu_` and the call id's own suffix (unchanged when it
+/// is one already).
 fn tool_use_id(c: &ToolCall) -> String {
+    if c.id.starts_with("toolu_") {
+        return c.id.clone();
+    }
     format!("toolu_{}", c.id.trim_start_matches("call_"))
+}
+
+/// The calls with Anthropic ids, so that the `fak` report, the audit log and a later
+/// revocation name a call by the id the client sees.
+fn with_tool_use_ids(calls: Vec<ToolCall>) -> Vec<ToolCall> {
+    calls
+        .into_iter()
+        .map(|mut c| {
+            c.id = tool_use_id(&c);
+            c
+        })
+        .collect()
 }
 
 /// The content blocks after the text: an explanation per denied call, then the allowed
@@ -324,7 +340,7 @@ pub(crate) async fn messages(
         convert(m, i, &mut msgs)?;
     }
     let conversation = conversation_key(&headers, &msgs);
-    let results = screen_messages(&s, &conversation, &mut msgs, F)?;
+    let (msgs, results) = screen_messages(&s, &conversation, msgs, F).await?;
     let top_k = match r.top_k {
         None => 0,
         Some(k) if k >= 0 => k as usize,
@@ -350,7 +366,9 @@ pub(crate) async fn messages(
         tool_choice,
         logprobs: None,
     };
-    let offered = req.tools.clone();
+    // Calls may only be of tools the model was offered (none when `tool_choice` is
+    // `none`): anything else it writes is denied UNKNOWN_TOOL.
+    let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/messages").await?;
     let id = new_id("msg_");
     let model = r.model;
@@ -391,7 +409,12 @@ pub(crate) async fn messages(
                 Vec::new()
             }
             EngineEvent::Done(d) => {
-                let a = adjudicate(&state, &conversation, &offered, std::mem::take(&mut held));
+                let a = adjudicate(
+                    &state,
+                    &conversation,
+                    &offered,
+                    with_tool_use_ids(std::mem::take(&mut held)),
+                );
                 let mut out = vec![event(
                     "content_block_stop",
                     &json!({"type": "content_block_stop", "index": 0}),
@@ -439,7 +462,7 @@ pub(crate) async fn messages(
         return Ok(with_note(Sse::new(st).into_response(), note));
     }
     let f = finish(&s, started, F).await?;
-    let a = adjudicate(&s, &conversation, &offered, f.tool_calls);
+    let a = adjudicate(&s, &conversation, &offered, with_tool_use_ids(f.tool_calls));
     let mut content = Vec::new();
     if !f.text.is_empty() || a.report.is_none() {
         content.push(json!({"type": "text", "text": f.text}));

@@ -79,6 +79,10 @@ pub struct GatewayConfig {
     /// request, only the wait for a worker slot for a stream (a stream's body, once
     /// started, is not limited). Default: 600 s.
     pub request_timeout: Option<Duration>,
+    /// When set, the operator routes (`/v1/fak/*`: revoke, policy reload) require this
+    /// key instead of [`GatewayConfig::api_key`], so clients holding the API key cannot
+    /// revoke content or reload the policy (`fak serve --admin-key-env`).
+    pub admin_key: Option<String>,
     /// The policy manifest file `POST /v1/fak/policy/reload` reads again (`fak serve
     /// --policy FILE`); `None`: the built-in policy, nothing to reload.
     pub policy_path: Option<std::path::PathBuf>,
@@ -90,6 +94,7 @@ impl Default for GatewayConfig {
             api_key: None,
             max_body_bytes: 8 << 20,
             request_timeout: Some(Duration::from_secs(600)),
+            admin_key: None,
             policy_path: None,
         }
     }
@@ -237,12 +242,22 @@ async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> R
 }
 
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    if let Some(key) = &s.config.api_key {
+    // The operator routes take the admin key when one is set, else the API key.
+    let key = if req.uri().path().starts_with("/v1/fak/") {
+        s.config.admin_key.as_ref().or(s.config.api_key.as_ref())
+    } else {
+        s.config.api_key.as_ref()
+    };
+    if let Some(key) = key {
         let h = req.headers();
         let given = h
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| {
+                // The scheme is case-insensitive (RFC 9110 §11.1).
+                let (scheme, token) = v.split_once(' ')?;
+                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+            })
             .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
         if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
             return ApiError::unauthorized()

@@ -40,8 +40,8 @@
 
 use crate::error::{ApiError, Flavor};
 use crate::tools::{
-    adjudicate, check_tool_name, check_tools, conversation_key, fak_field, screen_messages,
-    Adjudicated,
+    adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
+    screen_messages, Adjudicated,
 };
 use crate::{
     finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, StreamLog,
@@ -434,13 +434,17 @@ pub(crate) async fn chat_completions(
     check_n(r.n)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.as_ref())?;
-    if let Some(rf) = &r.response_format {
-        if rf
-            .get("type")
-            .and_then(Value::as_str)
-            .is_some_and(|t| t != "text")
-        {
-            return Err(unsupported("response_format"));
+    match &r.response_format {
+        None | Some(Value::Null) => {}
+        Some(rf) => {
+            match rf.get("type").and_then(Value::as_str) {
+                Some("text") => {}
+                Some(_) => return Err(unsupported("response_format")),
+                None => return Err(ApiError::bad_request(
+                    "response_format must be an object with a `type` (only \"text\" is supported)",
+                )
+                .with_flavor(F)),
+            }
         }
     }
     let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
@@ -455,9 +459,9 @@ pub(crate) async fn chat_completions(
         )?),
         None => None,
     };
-    let mut messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
+    let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
     let conversation = conversation_key(&headers, &messages);
-    let results = screen_messages(&s, &conversation, &mut messages, F)?;
+    let (messages, results) = screen_messages(&s, &conversation, messages, F).await?;
     let req = GenerateRequest {
         model: Some(r.model.clone()),
         prompt: Prompt::Chat(messages),
@@ -468,7 +472,9 @@ pub(crate) async fn chat_completions(
         tool_choice,
         logprobs,
     };
-    let offered = req.tools.clone();
+    // Calls may only be of tools the model was offered (none when `tool_choice` is
+    // `none`): anything else it writes is denied UNKNOWN_TOOL.
+    let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/chat/completions").await?;
     let id = new_id("chatcmpl-");
     let created = unix_now();

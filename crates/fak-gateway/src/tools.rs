@@ -49,12 +49,29 @@ pub(crate) fn check_tool_name(name: &str, at: &str) -> Result<(), ApiError> {
     }
 }
 
-/// Checks a tool list for duplicate names and a `tool_choice` against it.
+/// Most tools one request may offer (OpenAI's own limit).
+pub(crate) const MAX_TOOLS: usize = 128;
+
+/// Checks a tool list (at most [`MAX_TOOLS`], no duplicate names, each schema a valid
+/// JSON Schema) and a `tool_choice` against it.
 pub(crate) fn check_tools(tools: &[ToolSpec], choice: &ToolChoice) -> Result<(), ApiError> {
-    for (i, t) in tools.iter().enumerate() {
-        if tools[..i].iter().any(|u| u.name == t.name) {
+    if tools.len() > MAX_TOOLS {
+        return Err(ApiError::bad_request(format!(
+            "tools holds {} tools; at most {MAX_TOOLS}",
+            tools.len()
+        )));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(tools.len());
+    for t in tools {
+        if !seen.insert(t.name.as_str()) {
             return Err(ApiError::bad_request(format!(
                 "tools holds '{}' twice",
+                t.name
+            )));
+        }
+        if let Err(e) = jsonschema::validator_for(&t.parameters) {
+            return Err(ApiError::bad_request(format!(
+                "the schema of tool '{}' is not a valid JSON Schema: {e}",
                 t.name
             )));
         }
@@ -123,20 +140,27 @@ pub(crate) fn adjudicate(
                 reason: Some(fak_engine::policy::DenyReason::Malformed),
                 detail: why.clone(),
             }
-        } else if !offered.iter().any(|t| t.name == call.name) {
+        } else if let Some(t) = offered.iter().find(|t| t.name == call.name) {
+            match schema_error(t, &call) {
+                Some(why) => CallVerdict {
+                    allowed: false,
+                    reason: Some(fak_engine::policy::DenyReason::Malformed),
+                    detail: why,
+                },
+                None => policy.adjudicate(
+                    conversation,
+                    &PolicyCall {
+                        name: call.name.clone(),
+                        arguments: call.arguments.clone(),
+                    },
+                ),
+            }
+        } else {
             CallVerdict {
                 allowed: false,
                 reason: Some(fak_engine::policy::DenyReason::UnknownTool),
                 detail: format!("'{}' is not among the tools the request offered", call.name),
             }
-        } else {
-            policy.adjudicate(
-                conversation,
-                &PolicyCall {
-                    name: call.name.clone(),
-                    arguments: call.arguments.clone(),
-                },
-            )
         };
         let word = if verdict.allowed { "allow" } else { "deny" };
         let reason = verdict.reason.map(|r| r.as_str());
@@ -180,51 +204,121 @@ pub(crate) fn adjudicate(
     out
 }
 
+/// Most bytes of a policy manifest file.
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
+/// The manifest file's text: a regular file of at most [`MAX_MANIFEST_BYTES`].
+fn read_manifest(path: &std::path::Path) -> Result<String, String> {
+    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
+    if !meta.is_file() {
+        return Err("not a regular file".into());
+    }
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(format!(
+            "{} bytes; a manifest may have at most {MAX_MANIFEST_BYTES}",
+            meta.len()
+        ));
+    }
+    std::fs::read_to_string(path).map_err(|e| e.to_string())
+}
+
+/// An audit line for an operator action (`revoke`, `policy_reload`).
+fn operator_record(action: &'static str, id: Option<String>, digest: String) -> AuditRecord {
+    AuditRecord {
+        time: now_s(),
+        conversation: "operator".into(),
+        tool: String::new(),
+        verdict: action,
+        reason: None,
+        detector: None,
+        id,
+        bytes: 0,
+        digest,
+    }
+}
+
 fn now_s() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
 }
 
-/// The name of the tool whose call `id` answers: from the assistant `tool_calls`
-/// earlier in the conversation, else the message's own `name`, else `unknown`.
-fn tool_name(messages: &[Message], i: usize) -> String {
-    let m = &messages[i];
-    let from_call = m.tool_call_id.as_deref().and_then(|id| {
-        messages[..i].iter().rev().find_map(|a| {
-            a.tool_calls.as_ref()?.as_array()?.iter().find_map(|c| {
-                (c.get("id")?.as_str()? == id)
-                    .then(|| c.pointer("/function/name")?.as_str().map(str::to_string))
-                    .flatten()
-            })
-        })
-    });
-    from_call
-        .or_else(|| m.name.clone())
-        .unwrap_or_else(|| "unknown".into())
+/// The tools a reply may call: none when `tool_choice` is `none` (or no tools were
+/// given), only the named one when it names one, else all offered.
+pub(crate) fn offered_tools(req: &fak_engine::GenerateRequest) -> Vec<ToolSpec> {
+    if !req.tools_active() {
+        return Vec::new();
+    }
+    match &req.tool_choice {
+        ToolChoice::Named(n) => req.tools.iter().filter(|t| &t.name == n).cloned().collect(),
+        _ => req.tools.clone(),
+    }
 }
 
-/// Screens every `tool` message of `messages` in place (see the module docs) and
-/// returns the `fak.tool_results` entries of those not admitted as they were.
+/// Tool names by call id, from the assistant messages' `tool_calls` (the last
+/// assistant naming an id wins, as the nearest earlier call would).
+fn call_names(messages: &[Message]) -> std::collections::HashMap<String, String> {
+    let mut names = std::collections::HashMap::new();
+    for a in messages {
+        let Some(calls) = a.tool_calls.as_ref().and_then(Value::as_array) else {
+            continue;
+        };
+        for c in calls {
+            if let (Some(id), Some(name)) = (
+                c.get("id").and_then(Value::as_str),
+                c.pointer("/function/name").and_then(Value::as_str),
+            ) {
+                names.insert(id.to_string(), name.to_string());
+            }
+        }
+    }
+    names
+}
+
+/// Screens every `tool` message of `messages` (see the module docs), off the async
+/// threads and in time linear in the conversation, and returns the messages as the
+/// engine may see them with the `fak.tool_results` entries of those not admitted as
+/// they were. The screen's lock is taken per result, so other requests interleave.
 ///
 /// # Errors
 /// 500 when the page-out store cannot keep an original (nothing is admitted then).
-pub(crate) fn screen_messages(
+pub(crate) async fn screen_messages(
     s: &AppState,
     conversation: &str,
-    messages: &mut [Message],
+    messages: Vec<Message>,
     flavor: Flavor,
-) -> Result<Vec<Value>, ApiError> {
+) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
+    if !messages.iter().any(|m| m.role == "tool") {
+        return Ok((messages, Vec::new()));
+    }
+    let st = s.clone();
+    let conv = conversation.to_string();
+    tokio::task::spawn_blocking(move || screen_blocking(&st, &conv, messages, flavor))
+        .await
+        .map_err(|e| ApiError::internal(format!("screening failed: {e}")).with_flavor(flavor))?
+}
+
+fn screen_blocking(
+    s: &AppState,
+    conversation: &str,
+    mut messages: Vec<Message>,
+    flavor: Flavor,
+) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
     let mut report = Vec::new();
     let mut revoke = Vec::new();
+    let names = call_names(&messages);
     {
-        let mut screen = s.screen.lock().unwrap_or_else(|p| p.into_inner());
-        for i in 0..messages.len() {
-            if messages[i].role != "tool" {
+        for m in messages.iter_mut() {
+            if m.role != "tool" {
                 continue;
             }
-            let tool = tool_name(messages, i);
-            let m = &messages[i];
+            let tool = m
+                .tool_call_id
+                .as_ref()
+                .and_then(|id| names.get(id).cloned())
+                .or_else(|| m.name.clone())
+                .unwrap_or_else(|| "unknown".into());
+            let mut screen = s.screen.lock().unwrap_or_else(|p| p.into_inner());
             let (verdict, fresh) = screen
                 .admit_fresh(&ToolResult {
                     conversation,
@@ -235,6 +329,7 @@ pub(crate) fn screen_messages(
                 .map_err(|e| {
                     ApiError::internal(format!("screening a tool result: {e}")).with_flavor(flavor)
                 })?;
+            drop(screen);
             let (word, reason, id) = match &verdict {
                 Verdict::Admit => ("admit", None, None),
                 Verdict::PageOut { id, .. } => ("page_out", None, Some(id.clone())),
@@ -257,7 +352,7 @@ pub(crate) fn screen_messages(
                     "tool_call_id": m.tool_call_id, "tool": tool, "verdict": word,
                     "reason": reason, "id": id, "stub": stub,
                 }));
-                messages[i].content = stub;
+                m.content = stub;
             }
         }
     }
@@ -272,7 +367,7 @@ pub(crate) fn screen_messages(
             );
         }
     }
-    Ok(report)
+    Ok((messages, report))
 }
 
 /// The response's `fak` field: the screened results and the adjudicated calls, or
@@ -307,6 +402,11 @@ pub(crate) async fn revoke(
             ApiError::bad_request("name a `tool_call_id` or a `digest` to revoke").with_flavor(f),
         );
     }
+    if let Some(c) = &b.tool_call_id {
+        if c.is_empty() || c.len() > 256 {
+            return Err(ApiError::bad_request("tool_call_id must be 1 to 256 bytes").with_flavor(f));
+        }
+    }
     if let Some(d) = &b.digest {
         if d.len() != 64 || !d.bytes().all(|c| c.is_ascii_hexdigit()) {
             return Err(ApiError::bad_request(
@@ -323,6 +423,11 @@ pub(crate) async fn revoke(
         if let Some(c) = &b.tool_call_id {
             screen.revoke_call(c);
         }
+        screen.audit_mut().record(operator_record(
+            "revoke",
+            b.tool_call_id.clone(),
+            b.digest.clone().unwrap_or_default().to_ascii_lowercase(),
+        ));
     }
     let r = Revocation {
         digest: b.digest.map(|d| d.to_ascii_lowercase()),
@@ -356,21 +461,61 @@ pub(crate) async fn reload_policy(State(s): State<AppState>) -> Result<Json<Valu
         )
         .with_flavor(f));
     };
-    let text = std::fs::read_to_string(&path).map_err(|e| {
+    // Off the async threads: a slow disk (or a FIFO in the file's place) must not stall
+    // the server.
+    let p2 = path.clone();
+    let read = tokio::task::spawn_blocking(move || read_manifest(&p2))
+        .await
+        .map_err(|e| ApiError::internal(format!("reload failed: {e}")).with_flavor(f))?;
+    let text = read.map_err(|e| {
         ApiError::bad_request(format!(
             "reading {}: {e}; the policy in force stays",
             path.display()
         ))
         .with_flavor(f)
     })?;
-    let p = fak_engine::policy::Policy::from_json(&text).map_err(|e| {
+    let mut p = fak_engine::policy::Policy::from_json(&text).map_err(|e| {
         ApiError::bad_request(format!("{e}; the policy in force stays")).with_flavor(f)
     })?;
     let m = p.manifest().clone();
-    *s.policy.lock().unwrap_or_else(|p| p.into_inner()) = p;
+    {
+        let mut old = s.policy.lock().unwrap_or_else(|p| p.into_inner());
+        // The per-conversation call counts carry over: a reload is not a rate reset.
+        p.adopt_history(&mut old);
+        *old = p;
+    }
+    s.screen
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .audit_mut()
+        .record(operator_record(
+            "policy_reload",
+            None,
+            fak_ctxmmu::digest(&text),
+        ));
     tracing::info!(target: "fak::boundary", "policy reloaded from {}", path.display());
     Ok(Json(
         json!({"reloaded": true, "path": path.display().to_string(), "manifest": m}),
+    ))
+}
+
+/// Why `call`'s arguments break `tool`'s schema, if they do (the first error, with the
+/// instance path).
+fn schema_error(tool: &ToolSpec, call: &ToolCall) -> Option<String> {
+    let args: Value = serde_json::from_str(&call.arguments).ok()?;
+    let v = match jsonschema::validator_for(&tool.parameters) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("the tool's schema cannot be used: {e}")),
+    };
+    let first = v.iter_errors(&args).next()?;
+    let at = first.instance_path().to_string();
+    Some(format!(
+        "arguments do not match the tool's schema{}: {first}",
+        if at.is_empty() {
+            String::new()
+        } else {
+            format!(" at {at}")
+        }
     ))
 }
 

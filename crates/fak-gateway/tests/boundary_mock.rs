@@ -170,17 +170,18 @@ fn a_poisoned_result_reaches_the_engine_only_as_its_stub_on_both_wires() {
     );
     assert_eq!(rec.last_tool_content(), BENIGN);
     assert!(r.json().get("fak").is_none(), "{}", r.body);
-    // The first quarantine of the content told the engine to cut it out of its cache.
+    // Each new arrival of the quarantined content (one per call id: the OpenAI and the
+    // Anthropic conversation) told the engine to cut it out of its cache.
     let revoked = rec.revoked.lock().unwrap();
-    assert_eq!(revoked.len(), 1, "{revoked:?}");
-    assert_eq!(
-        revoked[0].digest.as_deref(),
-        Some(fak_ctxmmu::digest(POISON).as_str())
-    );
+    assert_eq!(revoked.len(), 2, "{revoked:?}");
+    let d = fak_ctxmmu::digest(POISON);
+    assert!(revoked
+        .iter()
+        .all(|r| r.digest.as_deref() == Some(d.as_str())));
     drop(revoked);
     let m = get(srv.addr, "/metrics").body;
     assert!(
-        m.contains(r#"fak_tool_results_total{verdict="quarantine",reason="TRUST_VIOLATION"} 1"#),
+        m.contains(r#"fak_tool_results_total{verdict="quarantine",reason="TRUST_VIOLATION"} 2"#),
         "{m}"
     );
     assert!(
@@ -242,6 +243,78 @@ fn revoke_stubs_the_content_from_then_on_and_cuts_the_cache() {
     );
     let seen: Value = serde_json::from_str(&rec.last_tool_content()).unwrap();
     assert_eq!(seen["reason"], "REVOKED");
+}
+
+#[test]
+fn an_admin_key_keeps_api_clients_off_the_operator_routes() {
+    let srv = server_with(
+        Arc::new(Recorder::default()),
+        GatewayConfig {
+            api_key: Some("client".into()),
+            admin_key: Some("admin".into()),
+            ..GatewayConfig::default()
+        },
+        Policy::builtin(),
+        screen(None, None),
+    );
+    let body = json!({"digest": fak_ctxmmu::digest("x")}).to_string();
+    let with = |key: &str| {
+        request(
+            srv.addr,
+            "POST",
+            "/v1/fak/revoke",
+            &[("Authorization", &format!("bearer {key}"))],
+            body.as_bytes(),
+        )
+        .status
+    };
+    assert_eq!(with("client"), 401);
+    assert_eq!(with("admin"), 200, "the scheme word is case-insensitive");
+    let chat =
+        json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}).to_string();
+    let r = request(
+        srv.addr,
+        "POST",
+        "/v1/chat/completions",
+        &[("Authorization", "Bearer client")],
+        chat.as_bytes(),
+    );
+    assert_eq!(r.status, 200);
+}
+
+#[test]
+fn a_reload_keeps_the_rate_count_and_refuses_what_is_not_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.json");
+    let m = r#"{"version": "fak-policy/1", "allow": ["send_note"], "rate_limit": {"calls": 2, "window_s": 3600}}"#;
+    std::fs::write(&file, m).unwrap();
+    let srv = server_with(
+        Arc::new(Recorder::default()),
+        GatewayConfig {
+            policy_path: Some(file.clone()),
+            ..GatewayConfig::default()
+        },
+        Policy::from_json(m).unwrap(),
+        screen(None, None),
+    );
+    assert_eq!(note_verdict(&srv), None);
+    assert_eq!(note_verdict(&srv), None);
+    assert_eq!(note_verdict(&srv).as_deref(), Some("RATE_LIMITED"));
+    assert_eq!(
+        post(srv.addr, "/v1/fak/policy/reload", &json!({})).status,
+        200
+    );
+    assert_eq!(
+        note_verdict(&srv).as_deref(),
+        Some("RATE_LIMITED"),
+        "a reload is not a rate reset"
+    );
+    // A directory in the file's place: a 400, the policy stays.
+    std::fs::remove_file(&file).unwrap();
+    std::fs::create_dir(&file).unwrap();
+    let r = post(srv.addr, "/v1/fak/policy/reload", &json!({}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("not a regular file"), "{}", r.body);
 }
 
 #[test]
@@ -333,6 +406,7 @@ fn policy_reload_swaps_a_valid_manifest_and_keeps_the_old_on_a_bad_one() {
         .collect();
     let verdicts: Vec<(&str, Option<&str>)> = lines
         .iter()
+        .filter(|l| l["tool"] == "send_note")
         .map(|l| (l["verdict"].as_str().unwrap(), l["reason"].as_str()))
         .collect();
     assert_eq!(verdicts[0], ("allow", None));
@@ -342,7 +416,15 @@ fn policy_reload_swaps_a_valid_manifest_and_keeps_the_old_on_a_bad_one() {
     assert_eq!(verdicts.len(), 6);
     assert!(lines
         .iter()
-        .all(|l| l["tool"] == "send_note" && l["digest"].as_str().unwrap().len() == 64));
+        .all(|l| l["digest"].as_str().unwrap().len() == 64));
+    // The operator's successful reload is in the log too.
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l["verdict"] == "policy_reload")
+            .count(),
+        1
+    );
     let m = get(srv.addr, "/metrics").body;
     assert!(
         m.contains(r#"fak_tool_calls_total{verdict="deny",reason="SECRET_EXFIL"} 5"#),

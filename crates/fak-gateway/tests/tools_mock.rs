@@ -427,3 +427,96 @@ fn tool_history_of_both_wires_reaches_the_engine() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("arguments"), "{}", r.body);
 }
+
+#[test]
+fn arguments_must_match_the_offered_schema_and_the_named_choice() {
+    let srv = server();
+    let weather = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"], "additionalProperties": false}}});
+    let note = json!({"type": "function", "function": {"name": "send_note",
+        "parameters": {"type": "object"}}});
+    let ask = |calls: &str, choice: Value| {
+        let b = json!({"model": "mock", "tools": [weather, note], "tool_choice": choice,
+            "messages": [{"role": "user", "content": directive("x", &[calls])}]});
+        post(srv.addr, "/v1/chat/completions", &b).json()
+    };
+    for (args, ok) in [
+        (r#"{"city": "Paris"}"#, true),
+        (r#"{"town": 5}"#, false),
+        (r#"{}"#, false),
+        (r#"{"city": 5}"#, false),
+        (r#"{"city": "Paris", "extra": 1}"#, false),
+    ] {
+        let v = ask(
+            &format!(r#"{{"name": "get_weather", "arguments": {args}}}"#),
+            json!("auto"),
+        );
+        let rep = &v["fak"]["tool_calls"][0];
+        assert_eq!(rep["verdict"] == "allow", ok, "{args}: {v}");
+        if !ok {
+            assert_eq!(rep["reason"], "MALFORMED", "{v}");
+            assert!(rep["detail"].as_str().unwrap().contains("schema"), "{v}");
+        }
+    }
+    // A named tool_choice: a call of another (offered, allowed) tool is not passed on.
+    let v = ask(
+        r#"{"name": "send_note", "arguments": {}}"#,
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    );
+    assert_eq!(v["fak"]["tool_calls"][0]["reason"], "UNKNOWN_TOOL", "{v}");
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    // An invalid schema is a 400 up front.
+    let b = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]});
+    let r = post(srv.addr, "/v1/chat/completions", &b);
+    assert_eq!(r.status, 400, "{}", r.body);
+    // More than 128 tools is a 400, answered at once.
+    let many: Vec<Value> = (0..129)
+        .map(|i| json!({"type": "function", "function": {"name": format!("t{i}")}}))
+        .collect();
+    let b = json!({"model": "mock", "messages": [{"role": "user", "content": "x"}], "tools": many});
+    let r = post(srv.addr, "/v1/chat/completions", &b);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("128"), "{}", r.body);
+}
+
+#[test]
+fn call_markup_never_reaches_a_client_unjudged() {
+    // No tools offered, or tool_choice none: a call the model writes anyway is read out,
+    // denied UNKNOWN_TOOL, and neither its text nor its logprobs reach the client.
+    let srv = server();
+    let call = r#"{"name": "get_weather", "arguments": {"token": "sk-proj-Q7fL2mN9xR4tV8wZ1bC3dE5gH6jK0pS"}}"#;
+    for extra in [
+        json!({}),
+        json!({"tools": [{"type": "function", "function": {"name": "get_weather"}}], "tool_choice": "none"}),
+    ] {
+        let mut b = json!({"model": "mock", "logprobs": true,
+            "messages": [{"role": "user", "content": directive("Sure.", &[call])}]});
+        for (k, v) in extra.as_object().unwrap() {
+            b[k] = v.clone();
+        }
+        let v = post(srv.addr, "/v1/chat/completions", &b).json();
+        let m = &v["choices"][0]["message"];
+        assert_eq!(m["content"], "Sure.", "{v}");
+        assert!(m["tool_calls"].is_null(), "{v}");
+        assert_eq!(v["fak"]["tool_calls"][0]["reason"], "UNKNOWN_TOOL", "{v}");
+        let tokens: String = v["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["token"].as_str().unwrap())
+            .collect();
+        assert!(
+            !tokens.contains("sk-proj") && !tokens.contains("get_weather"),
+            "{tokens}"
+        );
+    }
+    // On the Anthropic wire the fak report names the call by its tool_use id.
+    let b = json!({"model": "mock", "max_tokens": 50, "tools": [{"name": "get_weather", "input_schema": {"type": "object"}}],
+        "messages": [{"role": "user", "content": directive("ok", &[r#"{"name": "get_weather", "arguments": {}}"#])}]});
+    let v = post(srv.addr, "/v1/messages", &b).json();
+    let id = v["content"][1]["id"].as_str().unwrap();
+    assert!(id.starts_with("toolu_"), "{v}");
+    assert_eq!(v["fak"]["tool_calls"][0]["id"], id, "{v}");
+}
