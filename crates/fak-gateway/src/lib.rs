@@ -438,6 +438,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
     let done = c
         .done
         .ok_or_else(|| ApiError::internal("no result").with_flavor(flavor))?;
+    let (prompt_tokens, cached_tokens) = prompt_counts(&done, prompt_tokens, cached_tokens);
     s.metrics
         .add_tokens(prompt_tokens, done.completion_tokens, cached_tokens);
     s.metrics
@@ -450,6 +451,13 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         logprobs: c.logprobs,
         done,
     })
+}
+
+/// The prompt's token counts: those `Done` brought when the driver learnt them only at
+/// the end (an upstream), else `Start`'s.
+fn prompt_counts(d: &fak_engine::Done, prompt: usize, cached: usize) -> (usize, usize) {
+    d.prompt_usage
+        .map_or((prompt, cached), |u| (u.prompt_tokens, u.cached_tokens))
 }
 
 /// Seconds since the Unix epoch (`created` fields).
