@@ -1577,6 +1577,67 @@ data: [DONE]\n\n",
     }
 
     #[test]
+    fn a_5xx_before_any_token_is_retried_and_a_silent_head_times_out() {
+        // The first generation request is answered 500, the next one properly.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let posts = Arc::new(AtomicUsize::new(0));
+        let p = Arc::clone(&posts);
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
+                } else if p.fetch_add(1, Ordering::SeqCst) == 0 {
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+                };
+                let _ = s.write_all(reply);
+            }
+        });
+        let d = driver(addr, 5000);
+        assert_eq!(ask(&d).unwrap().text, "ok");
+        assert_eq!(posts.load(Ordering::SeqCst), 2);
+        // A server that takes the request and never answers: the head timeout.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                if buf[..n].starts_with(b"GET /v1/models") {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n");
+                }
+                held.push(s);
+            }
+        });
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_url: Some(format!("http://{addr}")),
+            timeout: Duration::from_millis(300),
+            retries: 0,
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let t = Instant::now();
+        let e = ask(&d).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::UpstreamTimeout(m) if m.contains("no response") && m.contains("0.3 s")),
+            "{e:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    #[test]
     fn an_upstream_that_is_down_is_not_ready() {
         // A port nothing listens on.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")

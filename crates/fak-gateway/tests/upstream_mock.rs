@@ -242,6 +242,17 @@ fn replies_through_the_upstream_equal_the_mocks_own() {
     body["stop"] = json!([" 4"]);
     let v = post(fr.addr, "/v1/chat/completions", &body).json();
     assert_eq!(v["choices"][0]["message"]["content"], "1 2 3");
+    // Logprobs travel: one entry per word, as the mock gives them directly.
+    let mut body = chat("echo a b c");
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(1);
+    let (dj, vj) = (
+        post(up.addr, "/v1/chat/completions", &body).json(),
+        post(fr.addr, "/v1/chat/completions", &body).json(),
+    );
+    let lp = &vj["choices"][0]["logprobs"]["content"];
+    assert_eq!(lp.as_array().map(Vec::len), Some(3), "{vj}");
+    assert_eq!(lp, &dj["choices"][0]["logprobs"]["content"]);
     // A plain prompt goes to /v1/completions.
     let body = json!({"model": "mock", "prompt": "echo plain text here", "max_tokens": 50});
     let (dj, vj) = (
