@@ -19,9 +19,32 @@ pub(crate) struct ServeArgs {
     /// Port to bind (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Engine driver id: inkernel (the model in this process) or mock (no model; tests).
+    /// Engine driver id: inkernel (the model in this process), openai-upstream (another
+    /// server's OpenAI-compatible API generates, behind this server's boundary; needs
+    /// --base-url) or mock (no model; tests).
     #[arg(long, default_value = "inkernel")]
     engine: String,
+    /// openai-upstream: the upstream server, http://HOST:PORT (its /v1 URL works too).
+    #[arg(long)]
+    base_url: Option<String>,
+    /// openai-upstream: the one model to serve, by the upstream's name for it (default:
+    /// every model the upstream's /v1/models lists).
+    #[arg(long)]
+    upstream_model: Option<String>,
+    /// openai-upstream: name of an environment variable holding the upstream's API key
+    /// (sent as `Authorization: Bearer KEY`).
+    #[arg(long)]
+    upstream_api_key_env: Option<String>,
+    /// openai-upstream: longest wait to connect and get the response head, seconds.
+    #[arg(long, default_value_t = 300)]
+    upstream_timeout_s: u64,
+    /// openai-upstream: longest silence mid-reply, seconds, before the request fails.
+    #[arg(long, default_value_t = 120)]
+    upstream_idle_timeout_s: u64,
+    /// openai-upstream: extra attempts after a connection failure, a 5xx or a timeout,
+    /// while nothing has reached the client yet.
+    #[arg(long, default_value_t = 2)]
+    upstream_retries: u32,
     /// Requests generated at once (worker slots); more wait in a queue.
     #[arg(long, default_value_t = 1, value_parser = parse_threads)]
     parallel: usize,
@@ -77,28 +100,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             registry::ids().join(", ")
         ))
     })?;
-    let admin_key = match &args.admin_key_env {
-        None => None,
-        Some(var) => match std::env::var(var) {
-            Ok(k) if !k.is_empty() => Some(k),
-            _ => {
-                return Err(fail(format!(
-                    "--admin-key-env {var}: the variable is unset or empty"
-                )))
-            }
-        },
-    };
-    let api_key = match &args.api_key_env {
-        None => None,
-        Some(var) => match std::env::var(var) {
-            Ok(k) if !k.is_empty() => Some(k),
-            _ => {
-                return Err(fail(format!(
-                    "--api-key-env {var}: the variable is unset or empty"
-                )))
-            }
-        },
-    };
+    let api_key = key_from_env("--api-key-env", args.api_key_env.as_deref())?;
+    let upstream_key = key_from_env(
+        "--upstream-api-key-env",
+        args.upstream_api_key_env.as_deref(),
+    )?;
+    let admin_key = key_from_env("--admin-key-env", args.admin_key_env.as_deref())?;
     let mut config = EngineConfig {
         parallel: args.parallel,
         max_queue: args.max_queue,
@@ -125,6 +132,31 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         store,
         fak_ctxmmu::AuditLog::to_file(&audit_path),
     );
+    if spec.id == fak_engine::upstream::SPEC.id {
+        if args.base_url.is_none() {
+            return Err(fail(
+                "--engine openai-upstream needs --base-url http://HOST:PORT",
+            ));
+        }
+        if args.upstream_timeout_s == 0 || args.upstream_idle_timeout_s == 0 {
+            return Err(fail(
+                "--upstream-timeout-s and --upstream-idle-timeout-s must be at least 1",
+            ));
+        }
+        config.upstream = fak_engine::upstream::UpstreamConfig {
+            base_url: args.base_url.clone(),
+            model: args.upstream_model.clone(),
+            api_key: upstream_key,
+            timeout: Duration::from_secs(args.upstream_timeout_s),
+            idle_timeout: Duration::from_secs(args.upstream_idle_timeout_s),
+            retries: args.upstream_retries,
+        };
+    } else if args.base_url.is_some() || args.upstream_model.is_some() {
+        return Err(fail(format!(
+            "--base-url and --upstream-model are for --engine openai-upstream, not {}",
+            spec.id
+        )));
+    }
     if spec.id == "inkernel" {
         config.model_path = Some(resolve_or_pull(&args.model)?);
         config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
@@ -166,6 +198,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         );
         let d = std::sync::Arc::clone(&driver);
         tokio::spawn(async move {
+            let mut said_failed = false;
             loop {
                 match d.readiness() {
                     Readiness::Loading => tokio::time::sleep(Duration::from_millis(100)).await,
@@ -179,8 +212,12 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                         break;
                     }
                     Readiness::Failed(m) => {
-                        tracing::error!("the engine failed to load: {m}");
-                        break;
+                        // An upstream may still come up: keep watching, say it once.
+                        if !said_failed {
+                            tracing::error!("the engine is not ready: {m}");
+                            said_failed = true;
+                        }
+                        tokio::time::sleep(Duration::from_millis(500)).await;
                     }
                 }
             }
@@ -197,4 +234,17 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| fail(format!("serving: {e}")))
     })
+}
+
+/// The value of the environment variable a `--*-env` flag names (`None` without the flag).
+fn key_from_env(flag: &str, var: Option<&str>) -> Result<Option<String>, CliError> {
+    match var {
+        None => Ok(None),
+        Some(var) => match std::env::var(var) {
+            Ok(k) if !k.is_empty() => Ok(Some(k)),
+            _ => Err(fail(format!(
+                "{flag} {var}: the variable is unset or empty"
+            ))),
+        },
+    }
 }

@@ -128,6 +128,41 @@ fn serve_requires_the_api_key_it_was_given() {
 }
 
 #[test]
+fn serve_in_front_of_an_upstream_fak() {
+    let up = serve(&["--engine", "mock"]);
+    wait_ready(&up.addr);
+    let base = format!("http://{}/v1", up.addr);
+    let front = serve(&[
+        "--engine",
+        "openai-upstream",
+        "--base-url",
+        &base,
+        "--upstream-model",
+        "mock",
+        "--upstream-timeout-s",
+        "10",
+    ]);
+    wait_ready(&front.addr);
+    let (status, body) = http(&front.addr, "GET", "/health", "");
+    assert_eq!(status, 200, "{body}");
+    let h: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(h["engine"], "openai-upstream");
+    assert_eq!(h["models"], json!(["mock"]));
+    let (status, body) = http(
+        &front.addr,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"model": "mock", "messages": [{"role": "user", "content": "echo through two servers"}]})
+            .to_string(),
+    );
+    assert_eq!(status, 200, "{body}");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["choices"][0]["message"]["content"], "through two servers");
+    // The mock counts a role and four words; the upstream reports it, the front passes it on.
+    assert_eq!(v["usage"]["prompt_tokens"], 5);
+}
+
+#[test]
 fn serve_refuses_bad_flags_in_one_line() {
     let out = fak()
         .args(["serve", "--engine", "nope", "--port", "0"])
@@ -135,7 +170,15 @@ fn serve_refuses_bad_flags_in_one_line() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("inkernel, mock"), "{err}");
+    assert!(err.contains("inkernel, openai-upstream, mock"), "{err}");
+    let out = fak()
+        .args(["serve", "--engine", "openai-upstream", "--port", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--base-url"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
     let out = fak()
         .args([
             "serve",

@@ -320,6 +320,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
                 stop_sequence,
                 ttft_s: out.ttft_s,
                 decode_s: out.decode_s,
+                prompt_usage: None,
             }));
         }
         Err(e) => {

@@ -10,12 +10,15 @@
 //!   preceded by the `Logprobs` of the tokens it releases, when the request asked for
 //!   them), then `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
 //!   closed channel and stops within one token).
-//! - [`registry`]: drivers by id (`inkernel`, `mock`); a new driver is a new module with
-//!   a [`registry::DriverSpec`] listed there, never an edit of the gateway.
+//! - [`registry`]: drivers by id (`inkernel`, `openai-upstream`, `mock`); a new driver is
+//!   a new module with a [`registry::DriverSpec`] listed there, never an edit of the
+//!   gateway.
 //! - [`inkernel`]: the model loaded once and shared by `Arc`; `parallel` worker threads
 //!   take jobs from a bounded queue; a [`prefix::PrefixCache`] of recent sessions keyed
 //!   by their token ids lets a request that extends an earlier conversation clone the
 //!   longest cached prefix (`Session::from_prefix`-style) and prefill only the rest.
+//! - [`upstream`]: another server's OpenAI-compatible API (vLLM, llama.cpp, SGLang,
+//!   another fak) does the generating; the kernel boundary above stays in this process.
 //! - [`mock`]: deterministic text without a model, for tests of the layers above.
 //!
 //! Inference is CPU-bound and synchronous: drivers run it on their own threads, never
@@ -28,6 +31,7 @@ pub mod policy;
 pub mod prefix;
 pub mod registry;
 pub mod tools;
+pub mod upstream;
 
 pub use fak_kv::logprobs::MAX_TOP_LOGPROBS;
 pub use fak_kv::{FinishReason, SamplingParams, TokenLogprob, TopLogprob};
@@ -115,7 +119,7 @@ pub struct Done {
     /// Tokens generated, including a final stop token (EOS / end of turn).
     pub completion_tokens: usize,
     /// The generated token ids (`completion_tokens` of them; the mock reports its own
-    /// word indices).
+    /// word indices; empty from an upstream, whose wire carries no ids).
     pub completion_ids: Vec<u32>,
     /// `Stop` (stop token or stop string) or `Length` (`max_tokens` or the context end).
     pub finish_reason: FinishReason,
@@ -125,15 +129,29 @@ pub struct Done {
     pub ttft_s: f64,
     /// Seconds of the decode steps after the first token (0 for a one-token reply).
     pub decode_s: f64,
+    /// The prompt's counts when the driver learnt them only at the end (an upstream
+    /// server reports usage in its last chunk): they replace those of
+    /// [`EngineEvent::Start`]. `None`: `Start`'s counts stand.
+    pub prompt_usage: Option<PromptUsage>,
+}
+
+/// Prompt token counts reported late (see [`Done::prompt_usage`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PromptUsage {
+    /// Tokens of the prompt after templating.
+    pub prompt_tokens: usize,
+    /// Of those, tokens read from a cache.
+    pub cached_tokens: usize,
 }
 
 /// One event of a generation, in order: `Start`, any number of `Logprobs`, `Text` and
 /// `ToolCall`, then exactly one of `Done` or `Error`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum EngineEvent {
-    /// A worker took the request.
+    /// A worker took the request (an upstream driver: the upstream accepted it).
     Start {
-        /// Tokens of the prompt after templating.
+        /// Tokens of the prompt after templating (0 when only known at the end; then
+        /// [`Done::prompt_usage`] has them).
         prompt_tokens: usize,
         /// Of those, tokens whose KV entries were reused from an earlier request.
         cached_tokens: usize,
@@ -195,6 +213,14 @@ pub enum EngineError {
     /// The generation failed inside the engine (500).
     #[error("engine error: {0}")]
     Internal(String),
+    /// The upstream server could not be reached, failed, or answered something that is
+    /// not a valid reply (502).
+    #[error("upstream error: {0}")]
+    Upstream(String),
+    /// The upstream server did not answer, or stalled mid-reply, within its time limit
+    /// (504).
+    #[error("upstream timeout: {0}")]
+    UpstreamTimeout(String),
 }
 
 /// Whether a driver can take requests.
@@ -259,6 +285,11 @@ impl EventSink {
     /// Whether the stream was dropped.
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// Resolves once the stream is dropped (for drivers that wait on I/O).
+    pub async fn closed(&self) {
+        self.tx.closed().await;
     }
 }
 
@@ -410,6 +441,10 @@ impl Collected {
             EngineEvent::Logprobs(v) => self.logprobs.extend(v),
             EngineEvent::ToolCall(c) => self.tool_calls.push(c),
             EngineEvent::Done(d) => {
+                if let Some(u) = d.prompt_usage {
+                    self.prompt_tokens = u.prompt_tokens;
+                    self.cached_tokens = u.cached_tokens;
+                }
                 self.done = Some(d);
                 return Ok(true);
             }
@@ -459,6 +494,8 @@ pub struct EngineConfig {
     /// (default on; `fak serve --no-kv-evict` turns it off, and then a cached prefix
     /// may still hold content revoked after it was cached).
     pub kv_evict: bool,
+    /// The upstream server (`openai-upstream`).
+    pub upstream: upstream::UpstreamConfig,
 }
 
 impl Default for EngineConfig {
@@ -471,6 +508,7 @@ impl Default for EngineConfig {
             kv_budget_bytes: 512 << 20,
             threads: None,
             kv_evict: true,
+            upstream: upstream::UpstreamConfig::default(),
         }
     }
 }

@@ -278,6 +278,7 @@ impl EngineDriver for MockDriver {
                 stop_sequence,
                 ttft_s: 0.0,
                 decode_s: 0.0,
+                prompt_usage: None,
             }));
         });
         Ok(stream)

@@ -25,8 +25,12 @@ impl std::fmt::Debug for DriverSpec {
     }
 }
 
-/// Every driver, the default first. (An HTTP upstream driver arrives with its issue.)
-pub const DRIVERS: &[DriverSpec] = &[crate::inkernel::SPEC, crate::mock::SPEC];
+/// Every driver, the default first.
+pub const DRIVERS: &[DriverSpec] = &[
+    crate::inkernel::SPEC,
+    crate::upstream::SPEC,
+    crate::mock::SPEC,
+];
 
 /// The driver ids, default first.
 pub fn ids() -> Vec<&'static str> {
@@ -56,11 +60,16 @@ mod tests {
 
     #[test]
     fn finds_drivers_by_id() {
-        assert_eq!(ids(), vec!["inkernel", "mock"]);
+        assert_eq!(ids(), vec!["inkernel", "openai-upstream", "mock"]);
         let d = build("mock", &EngineConfig::default()).unwrap();
         assert_eq!(d.id(), "mock");
         let e = build("nope", &EngineConfig::default()).err().unwrap();
-        assert!(e.to_string().contains("inkernel, mock"), "{e}");
+        assert!(
+            e.to_string().contains("inkernel, openai-upstream, mock"),
+            "{e}"
+        );
         assert!(build("inkernel", &EngineConfig::default()).is_err());
+        // The upstream driver needs a base URL.
+        assert!(build("openai-upstream", &EngineConfig::default()).is_err());
     }
 }

@@ -449,6 +449,10 @@ pub(crate) async fn messages(
                 let mut md = json!({"type": "message_delta",
                         "delta": {"stop_reason": stop_reason(&d, &a), "stop_sequence": d.stop_sequence},
                         "usage": {"output_tokens": d.completion_tokens}});
+                // Counts known only at the end (an upstream engine) come here too.
+                if let Some(u) = d.prompt_usage {
+                    md["usage"] = usage(u.prompt_tokens, u.cached_tokens, d.completion_tokens);
+                }
                 if let Some(v) = fak_field(&results, &a) {
                     md["fak"] = v;
                 }

@@ -29,8 +29,8 @@ impl Flavor {
 ///
 /// Type words (the same in both shapes): `invalid_request_error` (400),
 /// `authentication_error` (401), `not_found_error` (404), `request_too_large` (413),
-/// `rate_limit_error` (429), `api_error` (500), `overloaded_error` (503),
-/// `timeout_error` (504).
+/// `rate_limit_error` (429), `api_error` (500, and 502 for a failed upstream),
+/// `overloaded_error` (503), `timeout_error` (504, also an upstream that timed out).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
     /// The HTTP status.
@@ -142,6 +142,10 @@ impl From<EngineError> for ApiError {
                 ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", msg)
             },
             EngineError::Internal(_) => ApiError::internal(msg),
+            EngineError::Upstream(_) => Self::new(StatusCode::BAD_GATEWAY, "api_error", msg),
+            EngineError::UpstreamTimeout(_) => {
+                Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", msg)
+            }
         }
     }
 }

@@ -1,7 +1,8 @@
 //! fak-gateway: fak's HTTP APIs over a fak-engine driver.
 //!
 //! One job: speak the wire formats clients already use, and hand each request to an
-//! [`EngineDriver`] (the in-kernel model, or the mock in tests).
+//! [`EngineDriver`] (the in-kernel model, another server's OpenAI-compatible API, or the
+//! mock in tests).
 //!
 //! | route | API | notes |
 //! |---|---|---|
@@ -28,8 +29,9 @@
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
 //! wrong key (when one is set); 404 for an unknown model or route; 413 for a body over
-//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 504 when a
-//! response takes longer than the request time limit.
+//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 502 when an
+//! upstream engine fails; 504 when a response takes longer than the request time limit
+//! or an upstream engine times out.
 //!
 //! Inference never runs on the async threads: `submit` runs under `spawn_blocking` and
 //! the driver generates on its own threads, streaming events through a channel. When a
@@ -453,6 +455,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
     let done = c
         .done
         .ok_or_else(|| ApiError::internal("no result").with_flavor(flavor))?;
+    let (prompt_tokens, cached_tokens) = prompt_counts(&done, prompt_tokens, cached_tokens);
     s.metrics
         .add_tokens(prompt_tokens, done.completion_tokens, cached_tokens);
     s.metrics
@@ -465,6 +468,13 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         logprobs: c.logprobs,
         done,
     })
+}
+
+/// The prompt's token counts: those `Done` brought when the driver learnt them only at
+/// the end (an upstream), else `Start`'s.
+fn prompt_counts(d: &fak_engine::Done, prompt: usize, cached: usize) -> (usize, usize) {
+    d.prompt_usage
+        .map_or((prompt, cached), |u| (u.prompt_tokens, u.cached_tokens))
 }
 
 /// Seconds since the Unix epoch (`created` fields).

@@ -44,8 +44,8 @@ use crate::tools::{
     screen_messages, Adjudicated,
 };
 use crate::{
-    finish, new_id, parse_body, positive, start, unix_now, with_note, AppState, Started, StreamLog,
-    UsageNote,
+    finish, new_id, parse_body, positive, prompt_counts, start, unix_now, with_note, AppState,
+    Started, StreamLog, UsageNote,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -585,11 +585,13 @@ where
                 });
                 match &ev {
                     EngineEvent::Done(d) => {
-                        state.s.metrics.add_tokens(
-                            state.st.prompt_tokens,
-                            d.completion_tokens,
-                            state.st.cached_tokens,
-                        );
+                        let (prompt, cached) =
+                            prompt_counts(d, state.st.prompt_tokens, state.st.cached_tokens);
+                        state
+                            .s
+                            .metrics
+                            .add_tokens(prompt, d.completion_tokens, cached);
+                        (state.log.prompt, state.log.cached) = (prompt, cached);
                         state
                             .s
                             .metrics
@@ -727,6 +729,7 @@ fn chat_stream(
             }
             out.push(data(&last));
             if include_usage {
+                let (prompt, cached) = prompt_counts(&d, prompt, cached);
                 let mut u = chunk(
                     json!({}),
                     Value::Null,
@@ -824,6 +827,7 @@ pub(crate) async fn completions(
                 }
                 let mut out = vec![data(&last)];
                 if include_usage {
+                    let (prompt, cached) = prompt_counts(&d, prompt, cached);
                     let mut u = chunk("", Value::Null);
                     u["choices"] = json!([]);
                     u["usage"] = usage(prompt, d.completion_tokens, cached);

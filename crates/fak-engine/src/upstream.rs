@@ -1,0 +1,1664 @@
+//! The `openai-upstream` driver: another server's OpenAI-compatible API does the
+//! generating (vLLM, llama.cpp's server, SGLang, another fak), and everything above the
+//! driver — the screening of tool results, the adjudication of tool calls, auth, limits,
+//! metrics — stays in this process. The upstream only ever sees what the gateway let
+//! through, and the client only ever sees calls the gateway allowed.
+//!
+//! **Requests.** A chat prompt becomes `POST {base}/v1/chat/completions`, a plain prompt
+//! `POST {base}/v1/completions`, always with `stream: true` and
+//! `stream_options.include_usage: true`. Mapped: `messages` (assistant `tool_calls`,
+//! `tool` results with their `tool_call_id`), `tools` / `tool_choice`, `max_tokens`,
+//! `temperature`, `top_p`, `stop`, `logprobs` (`top_logprobs` on chat, the legacy count
+//! on completions); `seed` only when not 0 (0 is what a request without a seed carries
+//! here, and sending it would make every such request sample alike); `top_k`, `min_p`
+//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set.
+//!
+//! **Replies.** The upstream's server-sent events map to [`EngineEvent`]s:
+//!
+//! - `Start` as soon as the upstream answers `200` (so a 4xx or 429 from the upstream is
+//!   still this server's status, not an error inside a stream). Its counts are 0: an
+//!   OpenAI-compatible server reports usage only in its last chunk. [`Done::prompt_usage`]
+//!   then carries `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`
+//!   (0 when absent), which the gateway reports.
+//! - `Text` for each content delta, relayed as it arrives (preceded by its `Logprobs`
+//!   when asked; ids are not on the wire, so records carry id 0).
+//! - Tool-call deltas are assembled per `index` and sent as whole [`ToolCall`]s only
+//!   once the upstream has finished, never partial; a call whose arguments are not a
+//!   JSON object is sent marked malformed (the gateway denies it).
+//! - `Done`: `finish_reason` `length` → `Length`, anything else (`stop`, `tool_calls`)
+//!   → `Stop`; `completion_tokens` from the usage (else the number of content deltas).
+//!
+//! **Errors.** Upstream 429 and 503 → [`EngineError::Overloaded`] with its
+//! `Retry-After`; 404 naming a model → [`EngineError::UnknownModel`]; 401/403 (our key
+//! refused: the operator's problem, not the client's) and a 404 without a model →
+//! [`EngineError::Upstream`]; other 4xx → [`EngineError::InvalidRequest`] with the
+//! upstream's message. Connection failures, 5xx and timeouts are retried
+//! ([`UpstreamConfig::retries`], backoff 0.25 s doubling) as long as nothing has been
+//! relayed to the client, then become [`EngineError::Upstream`] (502) or
+//! [`EngineError::UpstreamTimeout`] (504). An event that is not JSON, an `error` event,
+//! or a stream that ends before the reply finished is an error, never a panic.
+//!
+//! **Timeouts.** [`UpstreamConfig::timeout`] bounds connecting and the wait for the
+//! response head; [`UpstreamConfig::idle_timeout`] bounds each wait for the next piece of
+//! the body (a stall mid-reply).
+//!
+//! **Cancellation.** Each generation runs as a task on the driver's own small tokio
+//! runtime; dropping its [`EventStream`] ends the task, which drops the response and
+//! closes the connection, which a serving engine takes as the client leaving.
+//!
+//! **Models and readiness.** At start the driver asks `GET {base}/v1/models` (again
+//! every 2 s until it answers). Until then it reports [`Readiness::Loading`], then
+//! [`Readiness::Failed`] with the reason while the upstream does not answer, and
+//! [`Readiness::Ready`] once it has; requests before that are
+//! [`EngineError::NotReady`]. Served models: [`UpstreamConfig::model`] when given, else
+//! every id the upstream lists (context length from its `context_length` or vLLM's
+//! `max_model_len`, 0 when unknown).
+//!
+//! **Transport.** Plain HTTP/1.1 (hyper's client with a connection pool). TLS is not
+//! built in: an `https://` base URL is an error at start. Serving engines usually sit on
+//! loopback or a private network next to fak; a remote one is reached through a local
+//! TLS tunnel.
+
+use crate::registry::DriverSpec;
+use crate::tools::new_call_id;
+use crate::{
+    check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
+    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
+    PromptUsage, Readiness, TokenLogprob, ToolCall, ToolChoice, TopLogprob,
+};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{self, HeaderValue};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// The registry entry: needs [`UpstreamConfig::base_url`].
+pub const SPEC: DriverSpec = DriverSpec {
+    id: "openai-upstream",
+    about: "an OpenAI-compatible server (vLLM, llama.cpp, another fak) generates; the boundary stays here",
+    build: |cfg: &EngineConfig| {
+        Ok(Arc::new(UpstreamDriver::start(cfg.upstream.clone())?) as Arc<dyn EngineDriver>)
+    },
+};
+
+/// How often the models list is asked for while the upstream does not answer.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// Longest wait for one models-list answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes read of an error body or a models list.
+const SMALL_BODY_LIMIT: usize = 1 << 20;
+/// Most bytes of one server-sent event (or of a line not yet ended).
+const MAX_EVENT_BYTES: usize = 16 << 20;
+/// The first retry's wait; each further one doubles it.
+const BACKOFF: Duration = Duration::from_millis(250);
+
+/// Where the upstream is and how to talk to it (the `fak serve --base-url` family of
+/// flags).
+#[derive(Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    /// The server's root or its `/v1` URL, `http://HOST:PORT[/PREFIX]`. Required.
+    pub base_url: Option<String>,
+    /// The one model served, under the name the upstream knows it by; `None`: every
+    /// model the upstream's `/v1/models` lists.
+    pub model: Option<String>,
+    /// Sent as `Authorization: Bearer KEY` on every upstream request.
+    pub api_key: Option<String>,
+    /// Longest wait to connect and receive the response head.
+    pub timeout: Duration,
+    /// Longest wait for the next piece of a response body (a stall mid-reply).
+    pub idle_timeout: Duration,
+    /// Extra attempts after a connection failure, a 5xx or a timeout, while nothing has
+    /// been relayed to the client.
+    pub retries: u32,
+}
+
+impl Default for UpstreamConfig {
+    /// No base URL; 300 s to the response head (a CPU server may prefill a long prompt
+    /// first), 120 s idle, 2 retries.
+    fn default() -> Self {
+        UpstreamConfig {
+            base_url: None,
+            model: None,
+            api_key: None,
+            timeout: Duration::from_secs(300),
+            idle_timeout: Duration::from_secs(120),
+            retries: 2,
+        }
+    }
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "(set)"))
+            .field("timeout", &self.timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("retries", &self.retries)
+            .finish()
+    }
+}
+
+/// What the driver knows of the upstream.
+enum State {
+    /// The first models request is under way.
+    Probing,
+    /// It answered; the models served.
+    Up(Vec<ModelInfo>),
+    /// It did not answer (asked again every [`PROBE_EVERY`]).
+    Down(String),
+}
+
+struct Inner {
+    cfg: UpstreamConfig,
+    /// `http://HOST:PORT[/PREFIX]`, without a trailing `/` or `/v1`.
+    base: String,
+    auth: Option<HeaderValue>,
+    client: Client<HttpConnector, Full<Bytes>>,
+    state: Mutex<State>,
+    active: AtomicUsize,
+}
+
+/// The upstream driver. See the module docs.
+pub struct UpstreamDriver {
+    inner: Arc<Inner>,
+    /// Runs the HTTP; `None` only while dropping.
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `http://HOST:PORT[/PREFIX]` from a base URL (a trailing `/` or `/v1` dropped).
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for a URL that does not parse, has no host, or is not
+/// `http://`.
+pub fn normalize_base_url(url: &str) -> Result<String, EngineError> {
+    let bad = |why: &str| EngineError::InvalidRequest(format!("base URL '{url}': {why}"));
+    let uri: Uri = url.trim().parse().map_err(|e| bad(&format!("{e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(bad(
+                "TLS is not built in; reach an https upstream through a local TLS tunnel",
+            ))
+        }
+        _ => return Err(bad("it must start with http://")),
+    }
+    let authority = uri
+        .authority()
+        .ok_or_else(|| bad("it names no host"))?
+        .as_str();
+    let mut path = uri.path().trim_end_matches('/').to_string();
+    if path.ends_with("/v1") {
+        path.truncate(path.len() - 3);
+    }
+    Ok(format!("http://{authority}{path}"))
+}
+
+impl UpstreamDriver {
+    /// Starts the driver: its runtime, its HTTP client, and the first models request
+    /// (in the background; the driver reports [`Readiness::Loading`] until it answers).
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] without a base URL or with a bad one, or an API
+    /// key that cannot be a header; [`EngineError::Internal`] if the runtime cannot
+    /// start.
+    pub fn start(cfg: UpstreamConfig) -> Result<Self, EngineError> {
+        let url = cfg.base_url.as_deref().ok_or_else(|| {
+            EngineError::InvalidRequest(
+                "the openai-upstream engine needs a base URL (--base-url)".into(),
+            )
+        })?;
+        let base = normalize_base_url(url)?;
+        let auth = match &cfg.api_key {
+            None => None,
+            Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                EngineError::InvalidRequest(
+                    "the upstream API key holds characters a header cannot carry".into(),
+                )
+            })?),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fak-upstream")
+            .enable_all()
+            .build()
+            .map_err(|e| EngineError::Internal(format!("starting the upstream runtime: {e}")))?;
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(cfg.timeout));
+        connector.set_nodelay(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        let inner = Arc::new(Inner {
+            cfg,
+            base,
+            auth,
+            client,
+            state: Mutex::new(State::Probing),
+            active: AtomicUsize::new(0),
+        });
+        rt.spawn(probe(Arc::clone(&inner)));
+        Ok(UpstreamDriver {
+            inner,
+            rt: Some(rt),
+        })
+    }
+
+    /// The normalized base URL the driver talks to.
+    pub fn base_url(&self) -> &str {
+        &self.inner.base
+    }
+}
+
+impl Drop for UpstreamDriver {
+    fn drop(&mut self) {
+        // Never blocks, so the driver may be dropped on an async thread too.
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Asks for the models until the upstream answers.
+async fn probe(inner: Arc<Inner>) {
+    loop {
+        match inner.fetch_models().await {
+            Ok(models) => {
+                *lock(&inner.state) = State::Up(models);
+                return;
+            }
+            Err(e) => *lock(&inner.state) = State::Down(e),
+        }
+        tokio::time::sleep(PROBE_EVERY).await;
+    }
+}
+
+/// A hyper error with its causes (`client error (Connect): tcp connect error: ...`).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
+}
+
+/// Reads a whole (small) body: at most `limit` bytes, within `within`.
+async fn read_small(body: Incoming, limit: usize, within: Duration) -> Result<Vec<u8>, String> {
+    let read = async move {
+        let mut body = body;
+        let mut out = Vec::new();
+        while let Some(f) = body.frame().await {
+            let f = f.map_err(|e| chain(&e))?;
+            if let Ok(d) = f.into_data() {
+                if out.len() + d.len() > limit {
+                    return Err(format!("the body is larger than {limit} bytes"));
+                }
+                out.extend_from_slice(&d);
+            }
+        }
+        Ok(out)
+    };
+    tokio::time::timeout(within, read)
+        .await
+        .map_err(|_| format!("the body did not arrive within {} s", within.as_secs_f64()))?
+}
+
+/// At most 300 characters of `s`, for messages.
+fn excerpt(s: &str) -> String {
+    let s = s.trim();
+    match s.char_indices().nth(300) {
+        Some((at, _)) => format!("{}...", &s[..at]),
+        None => s.to_string(),
+    }
+}
+
+/// The message of an OpenAI-style error value (`{"message"}`, a string, ...).
+fn error_value_message(e: &Value) -> String {
+    match e {
+        Value::String(s) => excerpt(s),
+        Value::Object(o) => o
+            .get("message")
+            .and_then(Value::as_str)
+            .map_or_else(|| excerpt(&e.to_string()), excerpt),
+        _ => excerpt(&e.to_string()),
+    }
+}
+
+/// The message of an error body: `error.message`, `error`, `message` or `detail` of a
+/// JSON body, else the text itself.
+fn body_message(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let msg = match serde_json::from_str::<Value>(&text) {
+        Ok(v) => ["error", "message", "detail"]
+            .iter()
+            .find_map(|k| v.get(k))
+            .map_or_else(|| excerpt(&text), error_value_message),
+        Err(_) => excerpt(&text),
+    };
+    if msg.is_empty() {
+        "(no message)".into()
+    } else {
+        msg
+    }
+}
+
+/// A failed attempt: the error and whether another attempt may help.
+#[derive(Debug)]
+struct Failure {
+    error: EngineError,
+    retryable: bool,
+}
+
+impl Failure {
+    fn fatal(error: EngineError) -> Self {
+        Failure {
+            error,
+            retryable: false,
+        }
+    }
+    fn retry(error: EngineError) -> Self {
+        Failure {
+            error,
+            retryable: true,
+        }
+    }
+}
+
+/// What a non-200 upstream status means here (see the module docs).
+fn status_failure(
+    status: StatusCode,
+    body: &[u8],
+    retry_after: Option<u64>,
+    url: &str,
+    model: &str,
+    served: &[String],
+) -> Failure {
+    let msg = body_message(body);
+    match status.as_u16() {
+        429 | 503 => Failure::fatal(EngineError::Overloaded {
+            queued: 0,
+            retry_after_s: retry_after.unwrap_or(1),
+        }),
+        404 if msg.to_ascii_lowercase().contains("model") => {
+            Failure::fatal(EngineError::UnknownModel {
+                requested: model.to_string(),
+                available: served.to_vec(),
+            })
+        }
+        404 => Failure::fatal(EngineError::Upstream(format!(
+            "{url} answered 404 (is the base URL right?): {msg}"
+        ))),
+        401 | 403 => Failure::fatal(EngineError::Upstream(format!(
+            "the upstream refused this server's credentials ({status}): {msg}"
+        ))),
+        408 => Failure::retry(EngineError::UpstreamTimeout(format!(
+            "the upstream timed out the request (408): {msg}"
+        ))),
+        400..=499 => Failure::fatal(EngineError::InvalidRequest(format!(
+            "the upstream rejected the request ({status}): {msg}"
+        ))),
+        _ => Failure::retry(EngineError::Upstream(format!(
+            "the upstream answered {status}: {msg}"
+        ))),
+    }
+}
+
+impl Inner {
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<Request<Full<Bytes>>, String> {
+        let url = format!("{}{path}", self.base);
+        let uri: Uri = url.parse().map_err(|e| format!("bad URL {url}: {e}"))?;
+        let mut b = Request::builder().method(method.clone()).uri(uri).header(
+            header::USER_AGENT,
+            concat!("fak/", env!("CARGO_PKG_VERSION")),
+        );
+        if method == Method::POST {
+            b = b
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::ACCEPT, "text/event-stream");
+        }
+        if let Some(a) = &self.auth {
+            b = b.header(header::AUTHORIZATION, a.clone());
+        }
+        b.body(Full::new(body))
+            .map_err(|e| format!("building the request to {url}: {e}"))
+    }
+
+    /// `GET /v1/models`, as the models served (see the module docs).
+    async fn fetch_models(&self) -> Result<Vec<ModelInfo>, String> {
+        let url = format!("{}/v1/models", self.base);
+        let req = self.request(Method::GET, "/v1/models", Bytes::new())?;
+        let within = self.cfg.timeout.min(PROBE_TIMEOUT);
+        let resp = tokio::time::timeout(within, self.client.request(req))
+            .await
+            .map_err(|_| format!("{url} did not answer within {} s", within.as_secs_f64()))?
+            .map_err(|e| format!("cannot reach {url}: {}", chain(&e)))?;
+        let status = resp.status();
+        let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, within)
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !status.is_success() {
+            return Err(format!("{url} answered {status}: {}", body_message(&body)));
+        }
+        let v: Value =
+            serde_json::from_slice(&body).map_err(|e| format!("{url} did not answer JSON: {e}"))?;
+        let listed: Vec<ModelInfo> = v
+            .get("data")
+            .and_then(Value::as_array)
+            .ok_or_else(|| format!("{url} answered no `data` list"))?
+            .iter()
+            .filter_map(|m| {
+                let id = m.get("id")?.as_str()?.to_string();
+                let context_length = ["context_length", "max_model_len"]
+                    .iter()
+                    .find_map(|k| m.get(k).and_then(Value::as_u64))
+                    .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
+                Some(ModelInfo {
+                    id,
+                    context_length,
+                    owned_by: SPEC.id.into(),
+                })
+            })
+            .collect();
+        if let Some(name) = &self.cfg.model {
+            let context_length = listed
+                .iter()
+                .find(|m| &m.id == name)
+                .map_or(0, |m| m.context_length);
+            return Ok(vec![ModelInfo {
+                id: name.clone(),
+                context_length,
+                owned_by: SPEC.id.into(),
+            }]);
+        }
+        if listed.is_empty() {
+            return Err(format!(
+                "{url} lists no models; name one with --upstream-model"
+            ));
+        }
+        Ok(listed)
+    }
+
+    /// One attempt at a generation: the request, then the reply relayed to `sink`.
+    /// `Ok` when it ended (with `Done`, or because the client left).
+    async fn attempt(
+        &self,
+        job: &Job,
+        sink: &EventSink,
+        progress: &mut Progress,
+    ) -> Result<(), Failure> {
+        let url = format!("{}{}", self.base, job.path);
+        let req = self
+            .request(Method::POST, job.path, job.body.clone())
+            .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
+        let resp = match tokio::time::timeout(self.cfg.timeout, self.client.request(req)).await {
+            Err(_) => {
+                return Err(Failure::retry(EngineError::UpstreamTimeout(format!(
+                    "no response from {url} within {} s (the upstream timeout)",
+                    self.cfg.timeout.as_secs_f64()
+                ))))
+            }
+            Ok(Err(e)) => {
+                return Err(Failure::retry(EngineError::Upstream(format!(
+                    "cannot reach {url}: {}",
+                    chain(&e)
+                ))))
+            }
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let retry_after = resp
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout)
+                .await
+                .unwrap_or_default();
+            return Err(status_failure(
+                status,
+                &body,
+                retry_after,
+                &url,
+                &job.model,
+                &job.served,
+            ));
+        }
+        let ctype = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        if !ctype.starts_with("text/event-stream") {
+            return Err(Failure::fatal(EngineError::Upstream(format!(
+                "{url} answered '{ctype}', not an event stream"
+            ))));
+        }
+        if !progress.started {
+            progress.started = true;
+            if !sink.send(EngineEvent::Start {
+                prompt_tokens: 0,
+                cached_tokens: 0,
+            }) {
+                return Ok(());
+            }
+        }
+        let mut reply = Reply::new(job, sink, progress);
+        let mut sse = SseParser::default();
+        let mut body = resp.into_body();
+        let idle = self.cfg.idle_timeout;
+        loop {
+            let frame = match tokio::time::timeout(idle, body.frame()).await {
+                Err(_) => {
+                    return Err(Failure::retry(EngineError::UpstreamTimeout(format!(
+                        "the upstream sent nothing for {} s mid-reply (the idle timeout)",
+                        idle.as_secs_f64()
+                    ))))
+                }
+                Ok(None) => break,
+                Ok(Some(Err(e))) => {
+                    return Err(Failure::retry(EngineError::Upstream(format!(
+                        "the upstream connection failed mid-reply: {}",
+                        chain(&e)
+                    ))))
+                }
+                Ok(Some(Ok(f))) => f,
+            };
+            let Ok(data) = frame.into_data() else {
+                continue; // trailers
+            };
+            let events = sse
+                .push(&data)
+                .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
+            for ev in events {
+                match reply.event(&ev)? {
+                    Flow::More => {}
+                    Flow::End => {
+                        reply.finish();
+                        return Ok(());
+                    }
+                    Flow::Gone => return Ok(()),
+                }
+            }
+        }
+        for ev in sse.finish() {
+            match reply.event(&ev)? {
+                Flow::More => {}
+                Flow::End => {
+                    reply.finish();
+                    return Ok(());
+                }
+                Flow::Gone => return Ok(()),
+            }
+        }
+        if reply.finish_reason.is_some() {
+            reply.finish();
+            return Ok(());
+        }
+        Err(Failure::retry(EngineError::Upstream(
+            "the upstream closed the stream before the reply finished".into(),
+        )))
+    }
+}
+
+/// One generation's request, ready to send (again, on a retry).
+struct Job {
+    path: &'static str,
+    body: Bytes,
+    chat: bool,
+    model: String,
+    served: Vec<String>,
+    stop: Vec<String>,
+}
+
+/// What has reached the client so far, across attempts.
+struct Progress {
+    t0: Instant,
+    started: bool,
+    /// A `Text` or `Logprobs` was sent: no more retries.
+    relayed: bool,
+    first_text: Option<Instant>,
+}
+
+/// What to do after one event.
+enum Flow {
+    More,
+    End,
+    /// The client left.
+    Gone,
+}
+
+/// A tool call being assembled from its deltas.
+#[derive(Debug, Default)]
+struct PartialCall {
+    id: String,
+    name: String,
+    arguments: String,
+}
+
+impl PartialCall {
+    fn into_call(self) -> ToolCall {
+        let id = if self.id.is_empty() {
+            new_call_id()
+        } else {
+            self.id
+        };
+        let args = self.arguments.trim();
+        let (arguments, mut malformed) = if args.is_empty() {
+            ("{}".to_string(), None)
+        } else {
+            match serde_json::from_str::<Value>(args) {
+                Ok(v @ Value::Object(_)) => (v.to_string(), None),
+                Ok(_) => (
+                    args.to_string(),
+                    Some("`arguments` is not a JSON object".to_string()),
+                ),
+                Err(e) => (
+                    args.to_string(),
+                    Some(format!("`arguments` is not JSON: {e}")),
+                ),
+            }
+        };
+        if self.name.is_empty() {
+            malformed = Some("the call has no function name".into());
+        }
+        ToolCall {
+            id,
+            name: self.name,
+            arguments,
+            malformed,
+        }
+    }
+}
+
+/// One attempt's reading of the reply.
+struct Reply<'a> {
+    job: &'a Job,
+    sink: &'a EventSink,
+    progress: &'a mut Progress,
+    calls: BTreeMap<u64, PartialCall>,
+    finish_reason: Option<String>,
+    stop_reason: Option<String>,
+    usage: Option<Value>,
+    pieces: usize,
+}
+
+fn as_usize(v: Option<&Value>) -> Option<usize> {
+    v.and_then(Value::as_u64)
+        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+}
+
+/// A record from OpenAI's `{token, logprob, bytes?}` (chat `logprobs.content` entry or
+/// one of its `top_logprobs`).
+fn top_record(v: &Value) -> TopLogprob {
+    let bytes = v
+        .get("bytes")
+        .and_then(Value::as_array)
+        .map(|b| {
+            b.iter()
+                .filter_map(|x| x.as_u64().and_then(|x| u8::try_from(x).ok()))
+                .collect()
+        })
+        .unwrap_or_else(|| {
+            v.get("token")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .as_bytes()
+                .to_vec()
+        });
+    TopLogprob {
+        id: 0,
+        bytes,
+        logprob: v
+            .get("logprob")
+            .and_then(Value::as_f64)
+            .unwrap_or(f64::NEG_INFINITY),
+    }
+}
+
+/// A choice's logprob records: chat `logprobs.content` or the legacy parallel lists.
+fn records(lp: &Value) -> Vec<TokenLogprob> {
+    if let Some(content) = lp.get("content").and_then(Value::as_array) {
+        return content
+            .iter()
+            .map(|e| {
+                let t = top_record(e);
+                TokenLogprob {
+                    id: 0,
+                    bytes: t.bytes,
+                    logprob: t.logprob,
+                    top: e
+                        .get("top_logprobs")
+                        .and_then(Value::as_array)
+                        .map(|a| a.iter().map(top_record).collect())
+                        .unwrap_or_default(),
+                }
+            })
+            .collect();
+    }
+    let (Some(tokens), Some(lps)) = (
+        lp.get("tokens").and_then(Value::as_array),
+        lp.get("token_logprobs").and_then(Value::as_array),
+    ) else {
+        return Vec::new();
+    };
+    let tops = lp.get("top_logprobs").and_then(Value::as_array);
+    tokens
+        .iter()
+        .zip(lps)
+        .enumerate()
+        .map(|(i, (t, l))| {
+            let mut top: Vec<TopLogprob> = tops
+                .and_then(|a| a.get(i))
+                .and_then(Value::as_object)
+                .map(|o| {
+                    o.iter()
+                        .map(|(k, v)| TopLogprob {
+                            id: 0,
+                            bytes: k.as_bytes().to_vec(),
+                            logprob: v.as_f64().unwrap_or(f64::NEG_INFINITY),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob));
+            TokenLogprob {
+                id: 0,
+                bytes: t.as_str().unwrap_or("").as_bytes().to_vec(),
+                logprob: l.as_f64().unwrap_or(f64::NEG_INFINITY),
+                top,
+            }
+        })
+        .collect()
+}
+
+impl<'a> Reply<'a> {
+    fn new(job: &'a Job, sink: &'a EventSink, progress: &'a mut Progress) -> Self {
+        Reply {
+            job,
+            sink,
+            progress,
+            calls: BTreeMap::new(),
+            finish_reason: None,
+            stop_reason: None,
+            usage: None,
+            pieces: 0,
+        }
+    }
+
+    /// Relays one event to the client; `false` once it left.
+    fn relay(&mut self, e: EngineEvent) -> bool {
+        self.progress.relayed = true;
+        if matches!(e, EngineEvent::Text(_)) && self.progress.first_text.is_none() {
+            self.progress.first_text = Some(Instant::now());
+        }
+        self.sink.send(e)
+    }
+
+    /// Reads one event's data.
+    fn event(&mut self, data: &str) -> Result<Flow, Failure> {
+        let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
+        if data.trim() == "[DONE]" {
+            return Ok(Flow::End);
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            bad(format!(
+                "the upstream sent an event that is not JSON ({e}): {}",
+                excerpt(data)
+            ))
+        })?;
+        if !v.is_object() {
+            return Err(bad(format!(
+                "the upstream sent an event that is not a JSON object: {}",
+                excerpt(data)
+            )));
+        }
+        if let Some(e) = v.get("error") {
+            return Err(bad(format!(
+                "the upstream failed mid-reply: {}",
+                error_value_message(e)
+            )));
+        }
+        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
+            self.usage = Some(u.clone());
+        }
+        let choices = match v.get("choices") {
+            None | Some(Value::Null) => return Ok(Flow::More),
+            Some(Value::Array(a)) => a,
+            Some(_) => {
+                return Err(bad(format!(
+                    "the upstream sent `choices` that is not a list: {}",
+                    excerpt(data)
+                )))
+            }
+        };
+        // n = 1: only the first choice exists.
+        let Some(c) = choices.first() else {
+            return Ok(Flow::More);
+        };
+        let (text, calls) = if self.job.chat {
+            let delta = c.get("delta");
+            (
+                delta.and_then(|d| d.get("content")).and_then(Value::as_str),
+                delta
+                    .and_then(|d| d.get("tool_calls"))
+                    .and_then(Value::as_array),
+            )
+        } else {
+            (c.get("text").and_then(Value::as_str), None)
+        };
+        if let Some(t) = text.filter(|t| !t.is_empty()) {
+            let recs = c.get("logprobs").map(records).unwrap_or_default();
+            if !recs.is_empty() && !self.relay(EngineEvent::Logprobs(recs)) {
+                return Ok(Flow::Gone);
+            }
+            self.pieces += 1;
+            if !self.relay(EngineEvent::Text(t.to_string())) {
+                return Ok(Flow::Gone);
+            }
+        }
+        for (pos, d) in calls.into_iter().flatten().enumerate() {
+            let index = d.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
+            let p = self.calls.entry(index).or_default();
+            if let Some(id) = d.get("id").and_then(Value::as_str) {
+                p.id.push_str(id);
+            }
+            if let Some(f) = d.get("function") {
+                if let Some(n) = f.get("name").and_then(Value::as_str) {
+                    p.name.push_str(n);
+                }
+                if let Some(a) = f.get("arguments").and_then(Value::as_str) {
+                    p.arguments.push_str(a);
+                }
+            }
+        }
+        if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
+            self.finish_reason = Some(f.to_string());
+        }
+        if let Some(s) = c.get("stop_reason").and_then(Value::as_str) {
+            self.stop_reason = Some(s.to_string());
+        }
+        Ok(Flow::More)
+    }
+
+    /// Sends the assembled calls and `Done`.
+    fn finish(self) {
+        for (_, p) in self.calls {
+            if !self.sink.send(EngineEvent::ToolCall(p.into_call())) {
+                return;
+            }
+        }
+        let u = self.usage.as_ref();
+        let completion_tokens =
+            as_usize(u.and_then(|u| u.get("completion_tokens"))).unwrap_or(self.pieces);
+        let prompt_usage = as_usize(u.and_then(|u| u.get("prompt_tokens"))).map(|p| PromptUsage {
+            prompt_tokens: p,
+            cached_tokens: as_usize(
+                u.and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens")),
+            )
+            .unwrap_or(0)
+            .min(p),
+        });
+        let finish_reason = match self.finish_reason.as_deref() {
+            Some("length") => FinishReason::Length,
+            _ => FinishReason::Stop,
+        };
+        let stop_sequence = self
+            .stop_reason
+            .filter(|s| self.job.stop.iter().any(|x| x == s));
+        let now = Instant::now();
+        let first = self.progress.first_text.unwrap_or(now);
+        self.sink.send(EngineEvent::Done(Done {
+            completion_tokens,
+            completion_ids: Vec::new(),
+            finish_reason,
+            stop_sequence,
+            ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
+            decode_s: now.duration_since(first).as_secs_f64(),
+            prompt_usage,
+        }));
+    }
+}
+
+/// Splits a byte stream into server-sent events' `data` (the WHATWG format: lines
+/// ending in LF or CRLF, `data:` lines joined by LF, a blank line ends an event,
+/// comments and other fields ignored).
+#[derive(Debug, Default)]
+struct SseParser {
+    buf: Vec<u8>,
+    data: String,
+    has_data: bool,
+}
+
+impl SseParser {
+    /// Feeds bytes; returns the events they complete.
+    fn push(&mut self, bytes: &[u8]) -> Result<Vec<String>, String> {
+        self.buf.extend_from_slice(bytes);
+        let mut out = Vec::new();
+        let mut start = 0;
+        while let Some(nl) = self.buf[start..].iter().position(|&b| b == b'\n') {
+            let end = start + nl;
+            let line = &self.buf[start..end];
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let line = std::str::from_utf8(line)
+                .map_err(|_| "the upstream sent an event that is not UTF-8".to_string())?
+                .to_string();
+            start = end + 1;
+            self.line(&line, &mut out);
+        }
+        self.buf.drain(..start);
+        if self.buf.len() + self.data.len() > MAX_EVENT_BYTES {
+            return Err(format!(
+                "the upstream sent an event longer than {MAX_EVENT_BYTES} bytes"
+            ));
+        }
+        Ok(out)
+    }
+
+    fn line(&mut self, line: &str, out: &mut Vec<String>) {
+        if line.is_empty() {
+            if self.has_data {
+                out.push(std::mem::take(&mut self.data));
+                self.has_data = false;
+            }
+            return;
+        }
+        if line.starts_with(':') {
+            return;
+        }
+        let (field, value) = line
+            .split_once(':')
+            .map_or((line, ""), |(f, v)| (f, v.strip_prefix(' ').unwrap_or(v)));
+        if field == "data" {
+            if self.has_data {
+                self.data.push('\n');
+            }
+            self.data.push_str(value);
+            self.has_data = true;
+        }
+    }
+
+    /// The end of the stream: a last line without its newline, and a last event
+    /// without its blank line, are taken as if they had them.
+    fn finish(&mut self) -> Vec<String> {
+        let mut out = Vec::new();
+        let rest = std::mem::take(&mut self.buf);
+        if let Ok(line) = std::str::from_utf8(&rest) {
+            let line = line.strip_suffix('\r').unwrap_or(line).to_string();
+            if !line.is_empty() {
+                self.line(&line, &mut out);
+            }
+        }
+        self.line("", &mut out);
+        out
+    }
+}
+
+/// An `f32` as the JSON number it reads as (0.7, not 0.699999988079071).
+fn num(x: f32) -> Value {
+    x.to_string()
+        .parse::<f64>()
+        .ok()
+        .and_then(serde_json::Number::from_f64)
+        .map_or(Value::Null, Value::Number)
+}
+
+/// A message in OpenAI's chat shape.
+fn message_json(m: &crate::Message) -> Value {
+    let mut o = json!({"role": m.role, "content": m.content});
+    if let Some(c) = &m.tool_calls {
+        o["tool_calls"] = c.clone();
+        if m.content.is_empty() {
+            o["content"] = Value::Null;
+        }
+    }
+    if let Some(id) = &m.tool_call_id {
+        o["tool_call_id"] = json!(id);
+    }
+    if let Some(n) = &m.name {
+        o["name"] = json!(n);
+    }
+    o
+}
+
+/// The upstream request for `req` on `model`: its path and JSON body (see the module
+/// docs for the mapping).
+pub fn request_body(req: &GenerateRequest, model: &str) -> (&'static str, Value) {
+    let mut b = json!({
+        "model": model,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    });
+    let path = match &req.prompt {
+        Prompt::Chat(ms) => {
+            b["messages"] = Value::Array(ms.iter().map(message_json).collect());
+            if !req.tools.is_empty() {
+                b["tools"] = Value::Array(
+                    req.tools
+                        .iter()
+                        .map(|t| {
+                            let mut f = json!({"name": t.name, "parameters": t.parameters});
+                            if let Some(d) = &t.description {
+                                f["description"] = json!(d);
+                            }
+                            json!({"type": "function", "function": f})
+                        })
+                        .collect(),
+                );
+                b["tool_choice"] = match &req.tool_choice {
+                    ToolChoice::None => json!("none"),
+                    ToolChoice::Auto => json!("auto"),
+                    ToolChoice::Required => json!("required"),
+                    ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
+                };
+            }
+            if let Some(n) = req.logprobs {
+                b["logprobs"] = json!(true);
+                b["top_logprobs"] = json!(n);
+            }
+            "/v1/chat/completions"
+        }
+        Prompt::Text(t) => {
+            b["prompt"] = json!(t);
+            if let Some(n) = req.logprobs {
+                b["logprobs"] = json!(n);
+            }
+            "/v1/completions"
+        }
+    };
+    if let Some(n) = req.max_tokens {
+        b["max_tokens"] = json!(n);
+    }
+    let s = &req.sampling;
+    b["temperature"] = num(s.temperature);
+    b["top_p"] = num(s.top_p);
+    if s.seed != 0 {
+        b["seed"] = json!(s.seed);
+    }
+    if s.top_k != 0 {
+        b["top_k"] = json!(s.top_k);
+    }
+    if s.min_p != 0.0 {
+        b["min_p"] = num(s.min_p);
+    }
+    if s.repetition_penalty != 1.0 {
+        b["repetition_penalty"] = num(s.repetition_penalty);
+    }
+    if !req.stop.is_empty() {
+        b["stop"] = json!(req.stop);
+    }
+    (path, b)
+}
+
+struct ActiveGuard(Arc<Inner>);
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A generation: attempts with backoff until one ends, the error is final, or the
+/// client leaves (the stream dropped: the attempt is dropped with its connection).
+async fn run(guard: ActiveGuard, job: Job, sink: EventSink) {
+    let inner = Arc::clone(&guard.0);
+    let mut progress = Progress {
+        t0: Instant::now(),
+        started: false,
+        relayed: false,
+        first_text: None,
+    };
+    let mut attempt = 0u32;
+    loop {
+        let r = tokio::select! {
+            () = sink.closed() => return,
+            r = inner.attempt(&job, &sink, &mut progress) => r,
+        };
+        let Err(f) = r else {
+            return;
+        };
+        if f.retryable && !progress.relayed && attempt < inner.cfg.retries {
+            let wait = BACKOFF.saturating_mul(1 << attempt.min(8));
+            attempt += 1;
+            tokio::select! {
+                () = sink.closed() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+            continue;
+        }
+        let tries = if attempt > 0 {
+            format!(" ({} attempts)", attempt + 1)
+        } else {
+            String::new()
+        };
+        let error = match f.error {
+            EngineError::Upstream(m) => EngineError::Upstream(m + &tries),
+            EngineError::UpstreamTimeout(m) => EngineError::UpstreamTimeout(m + &tries),
+            e => e,
+        };
+        sink.send(EngineEvent::Error(error));
+        return;
+    }
+}
+
+impl EngineDriver for UpstreamDriver {
+    fn id(&self) -> &'static str {
+        SPEC.id
+    }
+
+    fn models(&self) -> Vec<ModelInfo> {
+        match &*lock(&self.inner.state) {
+            State::Up(m) => m.clone(),
+            _ => self
+                .inner
+                .cfg
+                .model
+                .iter()
+                .map(|id| ModelInfo {
+                    id: id.clone(),
+                    context_length: 0,
+                    owned_by: SPEC.id.into(),
+                })
+                .collect(),
+        }
+    }
+
+    fn readiness(&self) -> Readiness {
+        match &*lock(&self.inner.state) {
+            State::Probing => Readiness::Loading,
+            State::Up(_) => Readiness::Ready,
+            State::Down(m) => Readiness::Failed(format!("the upstream does not answer: {m}")),
+        }
+    }
+
+    fn stats(&self) -> EngineStats {
+        EngineStats {
+            active: self.inner.active.load(Ordering::SeqCst),
+            ..EngineStats::default()
+        }
+    }
+
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        let served = match &*lock(&self.inner.state) {
+            State::Up(m) => m.clone(),
+            State::Probing => {
+                return Err(EngineError::NotReady(
+                    "asking the upstream for its models".into(),
+                ))
+            }
+            State::Down(m) => {
+                return Err(EngineError::NotReady(format!(
+                    "the upstream does not answer: {m}"
+                )))
+            }
+        };
+        check_model(req.model.as_deref(), &served)?;
+        req.validate()?;
+        req.sampling
+            .validate()
+            .map_err(EngineError::InvalidRequest)?;
+        if req.max_tokens == Some(0) {
+            return Err(EngineError::InvalidRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        let model = match &req.model {
+            Some(m) => m.clone(),
+            None => served
+                .first()
+                .map(|m| m.id.clone())
+                .ok_or_else(|| EngineError::NotReady("the upstream serves no model".into()))?,
+        };
+        let (path, body) = request_body(&req, &model);
+        let job = Job {
+            path,
+            body: Bytes::from(body.to_string()),
+            chat: matches!(req.prompt, Prompt::Chat(_)),
+            model,
+            served: served.into_iter().map(|m| m.id).collect(),
+            stop: req.stop,
+        };
+        let rt = self
+            .rt
+            .as_ref()
+            .ok_or_else(|| EngineError::NotReady("the driver is shutting down".into()))?;
+        let (sink, stream) = event_channel();
+        self.inner.active.fetch_add(1, Ordering::SeqCst);
+        let guard = ActiveGuard(Arc::clone(&self.inner));
+        rt.spawn(run(guard, job, sink));
+        Ok(stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Message;
+    use std::io::{Read, Write};
+
+    #[test]
+    fn base_urls() {
+        for (u, want) in [
+            ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
+            ("http://127.0.0.1:8000/", "http://127.0.0.1:8000"),
+            ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),
+            ("http://h:1/api/v1/", "http://h:1/api"),
+        ] {
+            assert_eq!(normalize_base_url(u).unwrap(), want, "{u}");
+        }
+        for bad in ["https://h:1", "ftp://h", "h:1", "", "http://"] {
+            assert!(normalize_base_url(bad).is_err(), "{bad}");
+        }
+        let e = normalize_base_url("https://x").unwrap_err().to_string();
+        assert!(e.contains("TLS"), "{e}");
+    }
+
+    #[test]
+    fn sse_events_split_across_reads() {
+        let mut p = SseParser::default();
+        assert!(p.push(b"data: {\"a\"").unwrap().is_empty());
+        assert!(p.push(b": 1}\r\n").unwrap().is_empty());
+        assert_eq!(
+            p.push(b"\r\n: comment\n\ndata: x\ndata: y\n\n").unwrap(),
+            vec!["{\"a\": 1}".to_string(), "x\ny".to_string()]
+        );
+        assert_eq!(
+            p.push(b"event: e\ndata:[DONE]").unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(p.finish(), vec!["[DONE]".to_string()]);
+        assert!(SseParser::default().push(b"data: \xff\xfe\n").is_err());
+    }
+
+    #[test]
+    fn requests_map_every_field() {
+        let mut a = Message::new("assistant", "");
+        a.tool_calls = Some(json!([{"id": "c1", "type": "function",
+            "function": {"name": "get_x", "arguments": "{}"}}]));
+        let mut t = Message::new("tool", "42");
+        t.tool_call_id = Some("c1".into());
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "hi"), a, t]);
+        r.max_tokens = Some(7);
+        r.sampling.temperature = 0.7;
+        r.sampling.seed = 3;
+        r.stop = vec!["END".into()];
+        r.logprobs = Some(2);
+        r.tools = vec![crate::ToolSpec {
+            name: "get_x".into(),
+            description: Some("x".into()),
+            parameters: json!({"type": "object"}),
+        }];
+        r.tool_choice = ToolChoice::Named("get_x".into());
+        let (path, b) = request_body(&r, "m");
+        assert_eq!(path, "/v1/chat/completions");
+        assert_eq!(b["model"], "m");
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"]["include_usage"], true);
+        assert_eq!(b["messages"][1]["content"], Value::Null);
+        assert_eq!(b["messages"][1]["tool_calls"][0]["id"], "c1");
+        assert_eq!(b["messages"][2]["tool_call_id"], "c1");
+        assert_eq!(b["max_tokens"], 7);
+        assert_eq!(b["temperature"], json!(0.7));
+        assert_eq!(b["seed"], 3);
+        assert_eq!(b["stop"], json!(["END"]));
+        assert_eq!(
+            (b["logprobs"].clone(), b["top_logprobs"].clone()),
+            (json!(true), json!(2))
+        );
+        assert_eq!(b["tools"][0]["function"]["name"], "get_x");
+        assert_eq!(b["tool_choice"]["function"]["name"], "get_x");
+        assert!(b.get("top_k").is_none() && b.get("min_p").is_none());
+        r.sampling.seed = 0;
+        r.prompt = Prompt::Text("once".into());
+        let (path, b) = request_body(&r, "m");
+        assert_eq!(path, "/v1/completions");
+        assert_eq!(
+            (b["prompt"].clone(), b["logprobs"].clone()),
+            (json!("once"), json!(2))
+        );
+        assert!(b.get("seed").is_none() && b.get("messages").is_none());
+    }
+
+    #[test]
+    fn statuses_map_to_engine_errors() {
+        let f = |code: u16, body: &str| {
+            status_failure(
+                StatusCode::from_u16(code).unwrap(),
+                body.as_bytes(),
+                Some(7),
+                "http://u/v1/chat/completions",
+                "m",
+                &["m".into()],
+            )
+        };
+        let e = f(400, r#"{"error": {"message": "temperature too hot"}}"#);
+        assert!(!e.retryable);
+        assert_eq!(
+            e.error,
+            EngineError::InvalidRequest(
+                "the upstream rejected the request (400 Bad Request): temperature too hot".into()
+            )
+        );
+        assert!(matches!(
+            f(429, "").error,
+            EngineError::Overloaded {
+                retry_after_s: 7,
+                ..
+            }
+        ));
+        assert!(matches!(
+            f(503, "busy").error,
+            EngineError::Overloaded { .. }
+        ));
+        assert!(matches!(
+            f(
+                404,
+                r#"{"error": {"message": "The model `m` does not exist."}}"#
+            )
+            .error,
+            EngineError::UnknownModel { .. }
+        ));
+        assert!(matches!(f(404, "no route").error, EngineError::Upstream(_)));
+        assert!(
+            matches!(f(401, "bad key").error, EngineError::Upstream(m) if m.contains("bad key"))
+        );
+        let e = f(500, "oops");
+        assert!(e.retryable && matches!(e.error, EngineError::Upstream(m) if m.contains("oops")));
+        assert!(f(502, "<html>").retryable);
+    }
+
+    #[test]
+    fn tool_call_deltas_assemble_whole() {
+        let p = PartialCall {
+            id: "call_1".into(),
+            name: "get_weather".into(),
+            arguments: "{\"city\": \"Paris\"}".into(),
+        };
+        let c = p.into_call();
+        assert_eq!(
+            (c.id.as_str(), c.arguments.as_str()),
+            ("call_1", r#"{"city":"Paris"}"#)
+        );
+        assert!(c.malformed.is_none());
+        let c = PartialCall {
+            name: "f".into(),
+            arguments: "{\"a\": ".into(),
+            ..PartialCall::default()
+        }
+        .into_call();
+        assert!(c.malformed.is_some() && c.id.starts_with("call_"));
+        let c = PartialCall::default().into_call();
+        assert_eq!(c.arguments, "{}");
+        assert!(c.malformed.unwrap().contains("no function name"));
+    }
+
+    /// An HTTP server on loopback: answers each connection with `reply` (after reading
+    /// the request head), and `GET /v1/models` with one model, `fake`.
+    fn fake_upstream(reply: &'static [u8]) -> std::net::SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let body: &[u8] = if got.starts_with(b"GET /v1/models") {
+                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
+                    } else {
+                        reply
+                    };
+                    let _ = s.write_all(body);
+                });
+            }
+        });
+        addr
+    }
+
+    fn driver(addr: std::net::SocketAddr, idle_ms: u64) -> UpstreamDriver {
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_url: Some(format!("http://{addr}/v1")),
+            timeout: Duration::from_secs(5),
+            idle_timeout: Duration::from_millis(idle_ms),
+            retries: 1,
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
+    }
+
+    fn ask(d: &UpstreamDriver) -> Result<crate::Collected, EngineError> {
+        d.submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))?
+            .blocking_collect()
+    }
+
+    #[test]
+    fn a_well_formed_stream_maps_to_events() {
+        let addr = fake_upstream(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hel\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"lo\"}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"id\":\"call_a\",\"type\":\"function\",\"function\":{\"name\":\"get_x\",\"arguments\":\"{\\\"q\\\"\"}}]}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{\"tool_calls\":[{\"index\":0,\"function\":{\"arguments\":\": 1}\"}}]}}]}\n\n\
+data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"tool_calls\"}]}\n\n\
+data: {\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"completion_tokens\":4,\"prompt_tokens_details\":{\"cached_tokens\":3}}}\n\n\
+data: [DONE]\n\n",
+        );
+        let d = driver(addr, 5000);
+        assert_eq!(d.models()[0].id, "fake");
+        let c = ask(&d).unwrap();
+        assert_eq!(c.text, "Hello");
+        assert_eq!(c.tool_calls.len(), 1);
+        assert_eq!(c.tool_calls[0].id, "call_a");
+        assert_eq!(c.tool_calls[0].arguments, r#"{"q":1}"#);
+        assert_eq!((c.prompt_tokens, c.cached_tokens), (11, 3));
+        let done = c.done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Stop);
+        assert_eq!(done.completion_tokens, 4);
+        assert!(d
+            .submit({
+                let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+                r.model = Some("other".into());
+                r
+            })
+            .is_err());
+    }
+
+    #[test]
+    fn garbage_events_are_errors_not_panics() {
+        for reply in [
+            &b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {not json\n\n"[..],
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: [1, 2]\n\n",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\": 5}\n\n",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: \xff\xfe\n\n",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\nconnection: close\r\n\r\n<html>",
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"error\": {\"message\": \"boom\"}}\n\n",
+        ] {
+            let d = driver(fake_upstream(reply), 5000);
+            let e = ask(&d).unwrap_err();
+            assert!(matches!(e, EngineError::Upstream(_)), "{e:?}");
+        }
+        // A stream cut off before it finished: retried, then an error naming that.
+        let d = driver(
+            fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\"}}]}\n\n"),
+            5000,
+        );
+        let e = ask(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("before the reply finished") && e.contains("2 attempts"),
+            "{e}"
+        );
+        // Garbage after text was relayed: the text came, then the error (no retry).
+        let d = driver(
+            fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: }\n\n"),
+            5000,
+        );
+        let mut s = d
+            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
+            .unwrap();
+        let mut evs = Vec::new();
+        while let Some(e) = s.blocking_next() {
+            evs.push(e);
+        }
+        assert!(matches!(evs[0], EngineEvent::Start { .. }));
+        assert_eq!(evs[1], EngineEvent::Text("a".into()));
+        assert!(
+            matches!(&evs[2], EngineEvent::Error(EngineError::Upstream(m)) if !m.contains("attempts"))
+        );
+        assert_eq!(evs.len(), 3);
+    }
+
+    #[test]
+    fn a_stall_mid_reply_is_a_timeout() {
+        // Head and one event, then silence (the connection stays open).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
+                };
+                let _ = s.write_all(reply);
+                held.push(s);
+            }
+        });
+        let d = driver(addr, 200);
+        let t = Instant::now();
+        let e = ask(&d).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::UpstreamTimeout(m) if m.contains("idle")),
+            "{e:?}"
+        );
+        // Two attempts of 0.2 s and a 0.25 s backoff.
+        assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn a_5xx_before_any_token_is_retried_and_a_silent_head_times_out() {
+        // The first generation request is answered 500, the next one properly.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let posts = Arc::new(AtomicUsize::new(0));
+        let p = Arc::clone(&posts);
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
+                } else if p.fetch_add(1, Ordering::SeqCst) == 0 {
+                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops"
+                } else {
+                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+                };
+                let _ = s.write_all(reply);
+            }
+        });
+        let d = driver(addr, 5000);
+        assert_eq!(ask(&d).unwrap().text, "ok");
+        assert_eq!(posts.load(Ordering::SeqCst), 2);
+        // A server that takes the request and never answers: the head timeout.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                if buf[..n].starts_with(b"GET /v1/models") {
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n");
+                }
+                held.push(s);
+            }
+        });
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_url: Some(format!("http://{addr}")),
+            timeout: Duration::from_millis(300),
+            retries: 0,
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let t = Instant::now();
+        let e = ask(&d).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::UpstreamTimeout(m) if m.contains("no response") && m.contains("0.3 s")),
+            "{e:?}"
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+    }
+
+    #[test]
+    fn an_upstream_that_is_down_is_not_ready() {
+        // A port nothing listens on.
+        let addr = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_url: Some(format!("http://{addr}")),
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() == Readiness::Loading {
+            assert!(t.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let r = d.readiness();
+        assert!(
+            matches!(&r, Readiness::Failed(m) if m.contains("cannot reach")),
+            "{r:?}"
+        );
+        assert!(matches!(ask(&d), Err(EngineError::NotReady(_))));
+    }
+}
