@@ -12,7 +12,8 @@
 //! A chat reply goes through the same tool-call parser as the in-kernel driver's (so
 //! `echo <tool_call>{"name": "f", "arguments": {}}</tool_call>` proposes a call, offered
 //! or not), and when `tool_choice` is `required` or names a tool and the reply holds no
-//! call, the reply is a call of the named (or first) tool with arguments `{}`.
+//! call, the reply is a call of the named (or first) tool with placeholder arguments for
+//! its schema's required properties (`"mock"`, 0, false, [], {}).
 //!
 //! Each word is one `Text` event (`"word"` then `" word"`...). With
 //! [`GenerateRequest::logprobs`] each word is one token (id: its index in the reply,
@@ -136,6 +137,36 @@ fn mock_logprob(index: usize, piece: &str, top_n: usize) -> TokenLogprob {
     }
 }
 
+/// Arguments that satisfy a simple object schema: each `required` property with a
+/// placeholder of its `type` (`"mock"`, 0, false, [], {}; `null` when untyped).
+fn placeholder_arguments(schema: &serde_json::Value) -> serde_json::Value {
+    use serde_json::{json, Value};
+    let mut args = serde_json::Map::new();
+    for name in schema
+        .get("required")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let kind = schema
+            .get("properties")
+            .and_then(|p| p.get(name))
+            .and_then(|p| p.get("type"))
+            .and_then(Value::as_str);
+        let v = match kind {
+            Some("string") => json!("mock"),
+            Some("integer" | "number") => json!(0),
+            Some("boolean") => json!(false),
+            Some("array") => json!([]),
+            Some("object") => json!({}),
+            _ => Value::Null,
+        };
+        args.insert(name.to_string(), v);
+    }
+    Value::Object(args)
+}
+
 struct ActiveGuard(Arc<AtomicUsize>);
 
 impl Drop for ActiveGuard {
@@ -186,15 +217,16 @@ impl EngineDriver for MockDriver {
         }
         let mut reply = Self::reply(&req.prompt);
         let forced = match &req.tool_choice {
-            ToolChoice::Named(n) => Some(n.clone()),
-            ToolChoice::Required => req.tools.first().map(|t| t.name.clone()),
+            ToolChoice::Named(n) => req.tools.iter().find(|t| &t.name == n),
+            ToolChoice::Required => req.tools.first(),
             _ => None,
         };
-        if let Some(name) = forced.filter(|_| req.tools_active()) {
+        if let Some(tool) = forced.filter(|_| req.tools_active()) {
             if !reply.iter().any(|w| w.contains(TOOL_CALL_OPEN)) {
                 let call = format!(
-                    "{TOOL_CALL_OPEN}{{\"name\": {}, \"arguments\": {{}}}}{TOOL_CALL_CLOSE}",
-                    serde_json::Value::String(name)
+                    "{TOOL_CALL_OPEN}{{\"name\": {}, \"arguments\": {}}}{TOOL_CALL_CLOSE}",
+                    serde_json::Value::String(tool.name.clone()),
+                    placeholder_arguments(&tool.parameters)
                 );
                 reply = call.split_whitespace().map(str::to_string).collect();
             }
@@ -358,6 +390,25 @@ mod tests {
         );
         r.tool_choice = ToolChoice::Auto;
         assert!(run(r).tool_calls.is_empty());
+    }
+
+    #[test]
+    fn a_forced_call_fills_the_required_arguments() {
+        let schema = serde_json::json!({"type": "object", "required": ["city", "days"],
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}});
+        assert_eq!(
+            placeholder_arguments(&schema),
+            serde_json::json!({"city": "mock", "days": 0})
+        );
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        r.tools = vec![crate::ToolSpec {
+            name: "get_weather".into(),
+            description: None,
+            parameters: schema,
+        }];
+        r.tool_choice = ToolChoice::Named("get_weather".into());
+        let c = run(r);
+        assert_eq!(c.tool_calls[0].arguments, r#"{"city":"mock","days":0}"#);
     }
 
     #[test]
