@@ -115,10 +115,11 @@ impl PageStore {
         })
     }
 
-    fn persist(&self, item: &StoredItem) -> Result<(), StoreError> {
-        let Some(dir) = &self.dir else { return Ok(()) };
+    /// Writes `item` to a temporary file of this process in `dir`; returns it and the
+    /// item's final path.
+    fn write_tmp(dir: &Path, item: &StoredItem) -> Result<(PathBuf, PathBuf), StoreError> {
         let path = dir.join(format!("{}.json", item.id));
-        let tmp = dir.join(format!(".{}.json.tmp", item.id));
+        let tmp = dir.join(format!(".{}.{}.json.tmp", item.id, std::process::id()));
         let json = serde_json::to_string(item).map_err(|e| StoreError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
@@ -127,6 +128,13 @@ impl PageStore {
             path: tmp.clone(),
             source,
         })?;
+        Ok((tmp, path))
+    }
+
+    /// Rewrites an item already stored (atomically: write, then rename over it).
+    fn persist(&self, item: &StoredItem) -> Result<(), StoreError> {
+        let Some(dir) = &self.dir else { return Ok(()) };
+        let (tmp, path) = Self::write_tmp(dir, item)?;
         std::fs::rename(&tmp, &path).map_err(|source| StoreError::Io { path, source })
     }
 
@@ -165,16 +173,7 @@ impl PageStore {
         let Some(dir) = &self.dir else {
             return Ok(true);
         };
-        let path = dir.join(format!("{}.json", item.id));
-        let tmp = dir.join(format!(".{}.{}.json.tmp", item.id, std::process::id()));
-        let json = serde_json::to_string(item).map_err(|e| StoreError::Corrupt {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        std::fs::write(&tmp, json).map_err(|source| StoreError::Io {
-            path: tmp.clone(),
-            source,
-        })?;
+        let (tmp, path) = Self::write_tmp(dir, item)?;
         let linked = std::fs::hard_link(&tmp, &path);
         let _ = std::fs::remove_file(&tmp);
         match linked {
