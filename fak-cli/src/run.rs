@@ -62,8 +62,13 @@ impl SamplingArgs {
     }
 }
 
+/// The value of `--prompt-ids`: one argument holding all the ids (a newtype, so clap
+/// does not take a `Vec` field for a repeated flag of single ids).
+#[derive(Clone, Debug)]
+pub(crate) struct PromptIds(pub(crate) Vec<u32>);
+
 /// `--prompt-ids 1,2,3`: comma-separated token ids (spaces allowed).
-fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
+pub(crate) fn parse_ids(s: &str) -> Result<PromptIds, String> {
     let ids: Result<Vec<u32>, String> = s
         .split(',')
         .map(str::trim)
@@ -74,7 +79,7 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     if ids.is_empty() {
         return Err("no token ids given".into());
     }
-    Ok(ids)
+    Ok(PromptIds(ids))
 }
 
 #[derive(clap::Args)]
@@ -86,7 +91,7 @@ pub(crate) struct RunArgs {
     model: String,
     /// The prompt as token ids instead of text, e.g. `1,9690,28` (no template applied).
     #[arg(long, value_parser = parse_ids, conflicts_with = "prompt")]
-    prompt_ids: Option<Vec<u32>>,
+    prompt_ids: Option<PromptIds>,
     /// Plain completion: no chat template (BOS added when the model asks for it).
     #[arg(long)]
     raw: bool,
@@ -117,7 +122,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     let (tok, template) = load_text(&path, model.config())?;
     let load_s = t0.elapsed().as_secs_f64();
     let prompt_ids = match (&args.prompt_ids, &args.prompt) {
-        (Some(ids), _) => ids.clone(),
+        (Some(ids), _) => ids.0.clone(),
         (None, Some(text)) if args.raw => tok.encode_prompt(text)?,
         (None, Some(text)) => {
             if template.is_fallback() {
