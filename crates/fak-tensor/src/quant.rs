@@ -1069,5 +1069,39 @@ pub fn matvec_pool(
     }
 }
 
+/// [`matvec`] on up to `threads` threads of the process-wide pool that
+/// [`crate::matmul`] also uses: the output rows are split into contiguous parts as in
+/// [`matvec_pool`], so the result is bit-identical to [`matvec`] for any count.
+///
+/// Small products (under 65,536 weight elements) and products that find the pool busy
+/// with another caller run on the calling thread, with the same bits.
+///
+/// # Errors
+/// As [`matvec`]; `out` is untouched on error.
+pub fn matvec_threads(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+    threads: crate::Threads,
+) -> Result<(), QuantError> {
+    check_matvec(ty, w, act, out.len())?;
+    let cols = act.blocks() * ty.block_elems();
+    let parts = crate::matmul::parallel_ranges(out.len(), cols, 1, threads);
+    if parts <= 1 {
+        return matvec(ty, w, act, out);
+    }
+    let shared = crate::matmul::shared_pool(parts);
+    let guard = match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    match guard {
+        Some(mut pool) => matvec_pool(&mut pool, ty, w, act, out),
+        None => matvec(ty, w, act, out),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -292,6 +292,38 @@ fn pooled_matvec_is_bit_identical_for_any_thread_count() {
     assert!(matvec_pool(&mut pools[2], QType::Q4_0, &[0; 19], &a, &mut [0.0; 1]).is_err());
 }
 
+#[test]
+fn threaded_matvec_is_bit_identical_for_any_thread_count() {
+    // Large enough (rows × cols >= 65,536) that 2 or more threads really split it.
+    let mut r = Rng(37);
+    for ty in [QType::Q4_1, QType::Q8_0, QType::Q6K] {
+        let nb = 1024 / ty.block_elems();
+        let rows = 77;
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        let mut want = vec![0f32; rows];
+        matvec_ref(ty, &w, &a, &mut want).unwrap();
+        for th in [1usize, 2, 3, 8] {
+            let mut got = vec![f32::NAN; rows];
+            matvec_threads(ty, &w, &a, &mut got, crate::Threads::new(th)).unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{ty}, {th} threads");
+        }
+    }
+    let a = acts(&mut r, QType::Q4_0, 1, false);
+    let e = matvec_threads(
+        QType::Q4_0,
+        &[0; 19],
+        &a,
+        &mut [0.0; 1],
+        crate::Threads::new(2),
+    );
+    assert!(e.is_err());
+}
+
 // ------------------------------------------------------------------ quantizers
 
 #[test]
