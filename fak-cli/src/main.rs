@@ -11,7 +11,7 @@ mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fak_model::catalog::{self, PullProgress, DEFAULT_MODEL};
-use fak_model::{Model, ModelError};
+use fak_model::{Model, ModelError, WeightMode};
 use fak_tensor::Threads;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -242,10 +242,37 @@ pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
 
 /// Loads a model with a spinner on stderr (hidden when stderr is not a terminal).
 pub(crate) fn load_model(path: &Path, threads: Option<usize>) -> Result<Model, CliError> {
+    load_model_with(path, threads, WeightMode::Exact)
+}
+
+/// `--weights exact|native`: how the model keeps its matrices (see `WeightMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum WeightsArg {
+    /// f32 weights, the path proven against HF.
+    Exact,
+    /// Matrices kept in their GGUF block format, activations quantized per block.
+    Native,
+}
+
+impl From<WeightsArg> for WeightMode {
+    fn from(w: WeightsArg) -> Self {
+        match w {
+            WeightsArg::Exact => WeightMode::Exact,
+            WeightsArg::Native => WeightMode::Native,
+        }
+    }
+}
+
+/// [`load_model`] with a weight mode.
+pub(crate) fn load_model_with(
+    path: &Path,
+    threads: Option<usize>,
+    mode: WeightMode,
+) -> Result<Model, CliError> {
     let spinner = ProgressBar::new_spinner();
     spinner.set_message(format!("loading {}", path.display()));
     spinner.enable_steady_tick(Duration::from_millis(120));
-    let model = Model::load(path);
+    let model = Model::load_with(path, mode);
     spinner.finish_and_clear();
     let mut model =
         model.map_err(|e: ModelError| fail(format!("loading {}: {e}", path.display())))?;

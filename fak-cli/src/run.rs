@@ -1,6 +1,8 @@
 //! `fak run`: one prompt in, the answer streamed out.
 
-use crate::{fail, load_model, outln, parse_threads, resolve_or_pull, CliError, Format};
+use crate::{
+    fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
+};
 use fak_kv::{generate_text, SamplingParams, Session, TextParams};
 use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::{load_text, Message};
@@ -106,6 +108,10 @@ pub(crate) struct RunArgs {
     /// Threads for the matrix products (default: all cores). Results do not depend on it.
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Weights: `exact` (f32, proven against HF) or `native` (quantized matrices kept
+    /// in the file's block format; faster, logits differ slightly).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
+    weights: WeightsArg,
     /// Output format: streamed text, or one JSON object at the end.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -118,7 +124,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     let sampling = args.sampling.sampling()?;
     let path = resolve_or_pull(&args.model)?;
     let t0 = Instant::now();
-    let model = Arc::new(load_model(&path, args.threads)?);
+    let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let (tok, template) = load_text(&path, model.config())?;
     let load_s = t0.elapsed().as_secs_f64();
     let prompt_ids = match (&args.prompt_ids, &args.prompt) {
@@ -187,6 +193,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
             "text": out.text,
             "finish_reason": out.finish_reason,
             "threads": threads,
+            "weights": model.weight_mode().name(),
             "timings": {
                 "load_ms": load_s * 1e3,
                 "ttft_ms": out.ttft_s * 1e3,
