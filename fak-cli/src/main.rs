@@ -3,6 +3,7 @@
 //! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`,
 //! `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
 
+mod bench;
 mod chat;
 mod inspect;
 mod kernel;
@@ -53,6 +54,8 @@ enum Cmd {
     },
     /// Adjudicate one tool call against a policy and print the verdict and reason.
     Preflight(kernel::PreflightArgs),
+    /// Measure prefill and decode speed (tokens/s), TTFT and peak memory of a model.
+    Bench(bench::BenchArgs),
     /// Quarantined and paged-out tool results: list, show, clear.
     Quarantine {
         #[command(subcommand)]
@@ -161,6 +164,7 @@ fn main() -> ExitCode {
         Cmd::Policy { command } => kernel::policy(command),
         Cmd::Preflight(args) => kernel::preflight(args),
         Cmd::Quarantine { command } => kernel::quarantine(command),
+        Cmd::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
