@@ -10,7 +10,7 @@
 use crate::kv::{window_start, KvStore};
 use crate::source::{QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
-use fak_tensor::quant::{matvec_threads, quantize_activation};
+use fak_tensor::quant::{matmul_threads, matvec_threads, quantize_activation};
 use fak_tensor::{
     add_assign, dot, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
     RopeTable, Threads,
@@ -96,17 +96,39 @@ fn linear(
         return Ok(());
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
-    let mut file_order = vec![0f32; if q.row_order.is_some() { rows } else { 0 }];
-    for (xt, ot) in x.chunks_exact(cols).zip(out.chunks_exact_mut(rows)).take(n) {
-        let act = quantize_activation(q.ty, xt).map_err(qerr)?;
-        match &q.row_order {
-            None => matvec_threads(q.ty, q.bytes(), &act, ot, th).map_err(qerr)?,
-            Some(order) => {
-                matvec_threads(q.ty, q.bytes(), &act, &mut file_order, th).map_err(qerr)?;
-                for (o, &src) in ot.iter_mut().zip(order) {
-                    *o = file_order[src as usize];
-                }
-            }
+    let x = &x[..n * cols];
+    let out = &mut out[..n * rows];
+    let Some(order) = &q.row_order else {
+        if n == 1 {
+            let act = quantize_activation(q.ty, x).map_err(qerr)?;
+            return matvec_threads(q.ty, q.bytes(), &act, out, th).map_err(qerr);
+        }
+        let acts = x
+            .chunks_exact(cols)
+            .map(|xt| quantize_activation(q.ty, xt))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(qerr)?;
+        return matmul_threads(q.ty, q.bytes(), &acts, out, th).map_err(qerr);
+    };
+    // Rows in the file's order, then each token's outputs put back in HF's order.
+    let mut file_order = vec![0f32; n * rows];
+    if n == 1 {
+        let act = quantize_activation(q.ty, x).map_err(qerr)?;
+        matvec_threads(q.ty, q.bytes(), &act, &mut file_order, th).map_err(qerr)?;
+    } else {
+        let acts = x
+            .chunks_exact(cols)
+            .map(|xt| quantize_activation(q.ty, xt))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(qerr)?;
+        matmul_threads(q.ty, q.bytes(), &acts, &mut file_order, th).map_err(qerr)?;
+    }
+    for (ot, ft) in out
+        .chunks_exact_mut(rows)
+        .zip(file_order.chunks_exact(rows))
+    {
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = ft[src as usize];
         }
     }
     Ok(())
