@@ -12,7 +12,7 @@ use crate::source::{QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::quant::{matmul_threads, matvec_threads, quantize_activation};
 use fak_tensor::{
-    add_assign, dot, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
+    add_assign, dot_strided, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
     RopeTable, Threads,
 };
 use std::path::Path;
@@ -763,11 +763,11 @@ impl Model {
                 for hq in 0..nh {
                     let g = hq / group;
                     let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+                    // q · k_j for every key this token sees (each one canonical dot).
                     scores.clear();
-                    for j in start..=end {
-                        scores
-                            .push(dot(qh, &keys[j * kvd + g * hd..j * kvd + (g + 1) * hd]) * scale);
-                    }
+                    scores.resize(end + 1 - start, 0.0);
+                    dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
+                    scores.iter_mut().for_each(|s| *s *= scale);
                     softmax_in_place(&mut scores);
                     let out = &mut attn[t * qd + hq * hd..t * qd + (hq + 1) * hd];
                     out.fill(0.0);
