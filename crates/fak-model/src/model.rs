@@ -13,7 +13,7 @@ use crate::{Activation, Config, ModelError};
 use fak_tensor::quant::{matmul_threads, matvec_threads, quantize_activation};
 use fak_tensor::{
     add_assign, dot_strided, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
-    RopeTable, Threads,
+    weighted_rows_sum, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -769,14 +769,9 @@ impl Model {
                     dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
                     scores.iter_mut().for_each(|s| *s *= scale);
                     softmax_in_place(&mut scores);
+                    // Σ_j p_j · v_j, ascending j, per element (any vector width).
                     let out = &mut attn[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-                    out.fill(0.0);
-                    for (j, &pj) in (start..=end).zip(&scores) {
-                        let vj = &vals[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                        for (o, &vv) in out.iter_mut().zip(vj) {
-                            *o += pj * vv;
-                        }
-                    }
+                    weighted_rows_sum(&scores, &vals[start * kvd + g * hd..], kvd, out);
                 }
             }
             linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;
