@@ -3,6 +3,7 @@
 //! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`,
 //! `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
 
+mod bench;
 mod chat;
 mod inspect;
 mod kernel;
@@ -11,7 +12,7 @@ mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
 use fak_model::catalog::{self, PullProgress, DEFAULT_MODEL};
-use fak_model::{Model, ModelError};
+use fak_model::{Model, ModelError, WeightMode};
 use fak_tensor::Threads;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
@@ -54,6 +55,8 @@ enum Cmd {
     /// Adjudicate one tool call against a policy and print the verdict and reason (exit
     /// status 0 when allowed, 3 when denied).
     Preflight(kernel::PreflightArgs),
+    /// Measure prefill and decode speed (tokens/s), TTFT and peak memory of a model.
+    Bench(bench::BenchArgs),
     /// Quarantined and paged-out tool results: list, show, clear.
     Quarantine {
         #[command(subcommand)]
@@ -165,6 +168,7 @@ fn main() -> ExitCode {
         Cmd::Policy { command } => kernel::policy(command),
         Cmd::Preflight(args) => kernel::preflight(args),
         Cmd::Quarantine { command } => kernel::quarantine(command),
+        Cmd::Bench(args) => bench::bench(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -247,10 +251,37 @@ pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
 
 /// Loads a model with a spinner on stderr (hidden when stderr is not a terminal).
 pub(crate) fn load_model(path: &Path, threads: Option<usize>) -> Result<Model, CliError> {
+    load_model_with(path, threads, WeightMode::Exact)
+}
+
+/// `--weights exact|native`: how the model keeps its matrices (see `WeightMode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum WeightsArg {
+    /// f32 weights, the path proven against HF.
+    Exact,
+    /// Matrices kept in their GGUF block format, activations quantized per block.
+    Native,
+}
+
+impl From<WeightsArg> for WeightMode {
+    fn from(w: WeightsArg) -> Self {
+        match w {
+            WeightsArg::Exact => WeightMode::Exact,
+            WeightsArg::Native => WeightMode::Native,
+        }
+    }
+}
+
+/// [`load_model`] with a weight mode.
+pub(crate) fn load_model_with(
+    path: &Path,
+    threads: Option<usize>,
+    mode: WeightMode,
+) -> Result<Model, CliError> {
     let spinner = ProgressBar::new_spinner();
     spinner.set_message(format!("loading {}", path.display()));
     spinner.enable_steady_tick(Duration::from_millis(120));
-    let model = Model::load(path);
+    let model = Model::load_with(path, mode);
     spinner.finish_and_clear();
     let mut model =
         model.map_err(|e: ModelError| fail(format!("loading {}: {e}", path.display())))?;

@@ -1,6 +1,8 @@
 //! `fak run`: one prompt in, the answer streamed out.
 
-use crate::{fail, load_model, outln, parse_threads, resolve_or_pull, CliError, Format};
+use crate::{
+    fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
+};
 use fak_kv::{generate_text, SamplingParams, Session, TextParams};
 use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::{load_text, Message};
@@ -63,8 +65,13 @@ impl SamplingArgs {
     }
 }
 
+/// The value of `--prompt-ids`: one argument holding all the ids (a newtype, so clap
+/// does not take a `Vec` field for a repeated flag of single ids).
+#[derive(Clone, Debug)]
+pub(crate) struct PromptIds(pub(crate) Vec<u32>);
+
 /// `--prompt-ids 1,2,3`: comma-separated token ids (spaces allowed).
-fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
+pub(crate) fn parse_ids(s: &str) -> Result<PromptIds, String> {
     let ids: Result<Vec<u32>, String> = s
         .split(',')
         .map(str::trim)
@@ -75,7 +82,7 @@ fn parse_ids(s: &str) -> Result<Vec<u32>, String> {
     if ids.is_empty() {
         return Err("no token ids given".into());
     }
-    Ok(ids)
+    Ok(PromptIds(ids))
 }
 
 #[derive(clap::Args)]
@@ -87,7 +94,7 @@ pub(crate) struct RunArgs {
     model: String,
     /// The prompt as token ids instead of text, e.g. `1,9690,28` (no template applied).
     #[arg(long, value_parser = parse_ids, conflicts_with = "prompt")]
-    prompt_ids: Option<Vec<u32>>,
+    prompt_ids: Option<PromptIds>,
     /// Plain completion: no chat template (BOS added when the model asks for it).
     #[arg(long)]
     raw: bool,
@@ -102,6 +109,10 @@ pub(crate) struct RunArgs {
     /// Threads for the matrix products (default: all cores). Results do not depend on it.
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Weights: `exact` (f32, proven against HF) or `native` (quantized matrices kept
+    /// in the file's block format; faster, logits differ slightly).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
+    weights: WeightsArg,
     /// Output format: streamed text, or one JSON object at the end.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -114,11 +125,11 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     let sampling = args.sampling.sampling()?;
     let path = resolve_or_pull(&args.model)?;
     let t0 = Instant::now();
-    let model = Arc::new(load_model(&path, args.threads)?);
+    let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let (tok, template) = load_text(&path, model.config())?;
     let load_s = t0.elapsed().as_secs_f64();
     let prompt_ids = match (&args.prompt_ids, &args.prompt) {
-        (Some(ids), _) => ids.clone(),
+        (Some(ids), _) => ids.0.clone(),
         (None, Some(text)) if args.raw => tok.encode_prompt(text)?,
         (None, Some(text)) => {
             if template.is_fallback() {
@@ -183,6 +194,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
             "text": out.text,
             "finish_reason": out.finish_reason,
             "threads": threads,
+            "weights": model.weight_mode().name(),
             "timings": {
                 "load_ms": load_s * 1e3,
                 "ttft_ms": out.ttft_s * 1e3,

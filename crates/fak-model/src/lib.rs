@@ -32,6 +32,6 @@ pub use config::{Activation, Config, Family};
 pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
-pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model};
-pub use source::{TensorEntry, WeightSource};
+pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode};
+pub use source::{QuantMatrix, TensorEntry, WeightSource};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

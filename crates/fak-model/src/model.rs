@@ -8,11 +8,12 @@
 //! does not depend on how many tokens share its forward pass or on the thread count.
 
 use crate::kv::{window_start, KvStore};
-use crate::source::WeightSource;
+use crate::source::{QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
+use fak_tensor::quant::{matmul_threads, matvec_threads, quantize_activation};
 use fak_tensor::{
-    add_assign, dot, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
-    RopeTable, Threads,
+    add_assign, dot_strided, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
+    weighted_rows_sum, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -25,7 +26,116 @@ fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize) {
     }
 }
 
-/// The weights of one decoder block, row-major `f32` (HF names in the comments).
+/// How a model keeps its large matrices, chosen at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightMode {
+    /// Every weight dequantized or widened to `f32` at load; activations `f32`. The
+    /// path proven against HF (`docs/design.md`, numerics contract).
+    #[default]
+    Exact,
+    /// The fast path: the linear layers' matrices (attention q/k/v/o, MLP
+    /// gate/up/down, the output head or tied embedding) stay in their GGUF block format
+    /// inside the memory map when their type has a quantized dot product
+    /// (`fak_tensor::quant::QType`); each product quantizes its input row once
+    /// (Q8_0, Q8_1 or Q8_K, as the weight type pairs with) and runs the quantized
+    /// matvec. Embedding rows are dequantized on lookup; norms, biases and matrices of
+    /// other types (F32, F16, BF16, safetensors) stay `f32`. Every token goes through
+    /// the same per-row kernels whether it is in a prefill or a decode step, and the
+    /// thread split never touches a reduction, so decode == prefill and thread-count
+    /// independence still hold bit for bit; against [`WeightMode::Exact`] the logits
+    /// differ by the activation rounding (measured in `tests/native.rs`).
+    Native,
+}
+
+impl WeightMode {
+    /// `"exact"` or `"native"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMode::Exact => "exact",
+            WeightMode::Native => "native",
+        }
+    }
+}
+
+/// The matrices of one block kept quantized in [`WeightMode::Native`] (`None`: that
+/// matrix is in [`LayerWeights`] as `f32`).
+#[derive(Clone, Debug, Default)]
+struct NativeLayer {
+    q: Option<QuantMatrix>,
+    k: Option<QuantMatrix>,
+    v: Option<QuantMatrix>,
+    o: Option<QuantMatrix>,
+    gate: Option<QuantMatrix>,
+    up: Option<QuantMatrix>,
+    down: Option<QuantMatrix>,
+}
+
+impl NativeLayer {
+    fn all(&self) -> [&Option<QuantMatrix>; 7] {
+        [
+            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
+        ]
+    }
+}
+
+/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
+/// product when `q` holds the matrix, else the exact `f32` [`matmul`] over `w`.
+#[allow(clippy::too_many_arguments)]
+fn linear(
+    w: &[f32],
+    q: Option<&QuantMatrix>,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    th: Threads,
+) -> Result<(), ModelError> {
+    let Some(q) = q else {
+        matmul(w, rows, cols, x, n, out, th);
+        return Ok(());
+    };
+    let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
+    let x = &x[..n * cols];
+    let out = &mut out[..n * rows];
+    let Some(order) = &q.row_order else {
+        if n == 1 {
+            let act = quantize_activation(q.ty, x).map_err(qerr)?;
+            return matvec_threads(q.ty, q.bytes(), &act, out, th).map_err(qerr);
+        }
+        let acts = x
+            .chunks_exact(cols)
+            .map(|xt| quantize_activation(q.ty, xt))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(qerr)?;
+        return matmul_threads(q.ty, q.bytes(), &acts, out, th).map_err(qerr);
+    };
+    // Rows in the file's order, then each token's outputs put back in HF's order.
+    let mut file_order = vec![0f32; n * rows];
+    if n == 1 {
+        let act = quantize_activation(q.ty, x).map_err(qerr)?;
+        matvec_threads(q.ty, q.bytes(), &act, &mut file_order, th).map_err(qerr)?;
+    } else {
+        let acts = x
+            .chunks_exact(cols)
+            .map(|xt| quantize_activation(q.ty, xt))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(qerr)?;
+        matmul_threads(q.ty, q.bytes(), &acts, &mut file_order, th).map_err(qerr)?;
+    }
+    for (ot, ft) in out
+        .chunks_exact_mut(rows)
+        .zip(file_order.chunks_exact(rows))
+    {
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = ft[src as usize];
+        }
+    }
+    Ok(())
+}
+
+/// The weights of one decoder block, row-major `f32` (HF names in the comments). In
+/// [`WeightMode::Native`] a matrix held quantized is an empty `Vec` here.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     /// `input_layernorm.weight`, `[hidden]`.
@@ -92,6 +202,13 @@ pub struct Model {
     lm_head: Option<Vec<f32>>,
     rope: Vec<RopeTable>,
     threads: Threads,
+    mode: WeightMode,
+    /// Per layer, the matrices held quantized (all `None` in exact mode).
+    native: Vec<NativeLayer>,
+    /// `embed_tokens` held quantized (then `embed_tokens` is empty).
+    embed_q: Option<QuantMatrix>,
+    /// An untied `lm_head` held quantized (then `lm_head` is `Some(empty)`).
+    head_q: Option<QuantMatrix>,
 }
 
 impl std::fmt::Debug for Model {
@@ -110,16 +227,49 @@ impl Model {
     /// Any [`ModelError`] from reading the files, the config, or a missing / misshapen
     /// tensor.
     pub fn load(path: &Path) -> Result<Self, ModelError> {
-        let (src, cfg) = WeightSource::open(path)?;
-        Self::from_source(&src, cfg)
+        Self::load_with(path, WeightMode::Exact)
     }
 
-    /// Builds the model from an opened source.
+    /// [`Model::load`] keeping the weights as `mode` says ([`WeightMode::Native`]: the
+    /// large matrices stay quantized in the memory map).
+    ///
+    /// # Errors
+    /// As [`Model::load`].
+    pub fn load_with(path: &Path, mode: WeightMode) -> Result<Self, ModelError> {
+        let (src, cfg) = WeightSource::open(path)?;
+        Self::from_source_with(&src, cfg, mode)
+    }
+
+    /// Builds the model from an opened source (exact path).
     ///
     /// # Errors
     /// [`ModelError::MissingTensor`] / [`ModelError::ShapeMismatch`] / reader errors.
     pub fn from_source(src: &WeightSource, config: Config) -> Result<Self, ModelError> {
+        Self::from_source_with(src, config, WeightMode::Exact)
+    }
+
+    /// Builds the model from an opened source, keeping the weights as `mode` says.
+    ///
+    /// # Errors
+    /// As [`Model::from_source`].
+    pub fn from_source_with(
+        src: &WeightSource,
+        config: Config,
+        mode: WeightMode,
+    ) -> Result<Self, ModelError> {
         let c = &config;
+        // A matrix in native mode: quantized when its type has a kernel, else f32.
+        let mat = |name: &str,
+                   shape: [usize; 2]|
+         -> Result<(Vec<f32>, Option<QuantMatrix>), ModelError> {
+            if mode == WeightMode::Native {
+                if let Some(q) = src.quantized(name, shape, c)? {
+                    return Ok((Vec::new(), Some(q)));
+                }
+            }
+            Ok((src.load(name, &shape, c)?, None))
+        };
+        let mut native = Vec::new();
         let (h, q, kv, ff, v) = (
             c.hidden_size,
             c.q_dim(),
@@ -127,7 +277,7 @@ impl Model {
             c.intermediate_size,
             c.vocab_size,
         );
-        let embed_tokens = src.load("model.embed_tokens.weight", &[v, h], c)?;
+        let (embed_tokens, embed_q) = mat("model.embed_tokens.weight", [v, h])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
@@ -162,27 +312,44 @@ impl Model {
                     None,
                 )
             };
+            let (q_proj, nq) = mat(&p("self_attn.q_proj.weight"), [q, h])?;
+            let (k_proj, nk) = mat(&p("self_attn.k_proj.weight"), [kv, h])?;
+            let (v_proj, nv) = mat(&p("self_attn.v_proj.weight"), [kv, h])?;
+            let (o_proj, no) = mat(&p("self_attn.o_proj.weight"), [h, q])?;
+            let (gate_proj, ng) = mat(&p("mlp.gate_proj.weight"), [ff, h])?;
+            let (up_proj, nu) = mat(&p("mlp.up_proj.weight"), [ff, h])?;
+            let (down_proj, nd) = mat(&p("mlp.down_proj.weight"), [h, ff])?;
+            native.push(NativeLayer {
+                q: nq,
+                k: nk,
+                v: nv,
+                o: no,
+                gate: ng,
+                up: nu,
+                down: nd,
+            });
             layers.push(LayerWeights {
                 input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
-                q_proj: src.load(&p("self_attn.q_proj.weight"), &[q, h], c)?,
-                k_proj: src.load(&p("self_attn.k_proj.weight"), &[kv, h], c)?,
-                v_proj: src.load(&p("self_attn.v_proj.weight"), &[kv, h], c)?,
-                o_proj: src.load(&p("self_attn.o_proj.weight"), &[h, q], c)?,
+                q_proj,
+                k_proj,
+                v_proj,
+                o_proj,
                 qkv_bias,
                 qk_norm,
                 attn_out_norm,
                 mlp_norm,
                 mlp_out_norm,
-                gate_proj: src.load(&p("mlp.gate_proj.weight"), &[ff, h], c)?,
-                up_proj: src.load(&p("mlp.up_proj.weight"), &[ff, h], c)?,
-                down_proj: src.load(&p("mlp.down_proj.weight"), &[h, ff], c)?,
+                gate_proj,
+                up_proj,
+                down_proj,
             });
         }
         let norm = src.load("model.norm.weight", &[h], c)?;
-        let lm_head = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
-            Some(src.load("lm_head.weight", &[v, h], c)?)
+        let (lm_head, head_q) = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
+            let (w, q) = mat("lm_head.weight", [v, h])?;
+            (Some(w), q)
         } else if c.tie_word_embeddings {
-            None
+            (None, None)
         } else {
             return Err(ModelError::MissingTensor("lm_head.weight".into()));
         };
@@ -255,7 +422,36 @@ impl Model {
             lm_head,
             rope,
             threads: Threads::available(),
+            mode,
+            native,
+            embed_q,
+            head_q,
         })
+    }
+
+    /// How this model keeps its weights.
+    pub fn weight_mode(&self) -> WeightMode {
+        self.mode
+    }
+
+    /// The block types of the matrices held quantized, with how many matrices of each
+    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`.
+    pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+        let layers = self.native.iter().flat_map(|l| l.all());
+        for q in layers.chain([&self.embed_q, &self.head_q]).flatten() {
+            *counts.entry(q.ty.name()).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+
+    /// The output head held quantized (an untied `lm_head`, or the tied embedding).
+    fn head_quant(&self) -> Option<&QuantMatrix> {
+        if self.lm_head.is_some() {
+            self.head_q.as_ref()
+        } else {
+            self.embed_q.as_ref()
+        }
     }
 
     /// The model's configuration.
@@ -337,8 +533,22 @@ impl Model {
         self.threads = threads;
     }
 
-    /// Bytes of `f32` weights held in memory.
+    /// Bytes of weights the model reads: its `f32` buffers plus, in
+    /// [`WeightMode::Native`], the quantized matrices referenced in the memory map.
     pub fn weight_bytes(&self) -> usize {
+        let quant: usize = self
+            .native
+            .iter()
+            .flat_map(|l| l.all())
+            .chain([&self.embed_q, &self.head_q])
+            .flatten()
+            .map(|q| q.bytes().len())
+            .sum();
+        quant + self.f32_weight_bytes()
+    }
+
+    /// Bytes of `f32` weights held in memory.
+    fn f32_weight_bytes(&self) -> usize {
         let l: usize = self
             .layers
             .iter()
@@ -380,8 +590,9 @@ impl Model {
         let n = normed.len() / c.hidden_size;
         let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let mut logits = vec![0f32; n * c.vocab_size];
-        matmul(
+        let r = linear(
             head,
+            self.head_quant(),
             c.vocab_size,
             c.hidden_size,
             normed,
@@ -389,6 +600,10 @@ impl Model {
             &mut logits,
             self.threads,
         );
+        if let Err(e) = r {
+            // Shapes and types were checked at load; no input reaches this.
+            panic!("logits head: {e}");
+        }
         logits
     }
 
@@ -462,7 +677,12 @@ impl Model {
 
         let mut x = vec![0f32; n * h];
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
-            row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h]);
+            match &self.embed_q {
+                Some(e) => e.dequantize_row(id as usize, row)?,
+                None => {
+                    row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h])
+                }
+            }
             if let Some(s) = c.embedding_scale {
                 row.iter_mut().for_each(|v| *v *= s);
             }
@@ -486,7 +706,7 @@ impl Model {
         let mut sin = vec![0f32; n * half];
         let scale = c.attention_scale;
 
-        for (l, w) in self.layers.iter().enumerate() {
+        for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
             for (t, &p) in positions.iter().enumerate() {
                 self.rope[l].cos_sin(
                     p,
@@ -498,9 +718,9 @@ impl Model {
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
-            matmul(&w.q_proj, qd, h, &xn, n, &mut q, th);
-            matmul(&w.k_proj, kvd, h, &xn, n, &mut k, th);
-            matmul(&w.v_proj, kvd, h, &xn, n, &mut v, th);
+            linear(&w.q_proj, nw.q.as_ref(), qd, h, &xn, n, &mut q, th)?;
+            linear(&w.k_proj, nw.k.as_ref(), kvd, h, &xn, n, &mut k, th)?;
+            linear(&w.v_proj, nw.v.as_ref(), kvd, h, &xn, n, &mut v, th)?;
             if let Some((bq, bk, bv)) = &w.qkv_bias {
                 for (rows, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
                     for row in rows.chunks_exact_mut(b.len()) {
@@ -543,23 +763,18 @@ impl Model {
                 for hq in 0..nh {
                     let g = hq / group;
                     let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+                    // q · k_j for every key this token sees (each one canonical dot).
                     scores.clear();
-                    for j in start..=end {
-                        scores
-                            .push(dot(qh, &keys[j * kvd + g * hd..j * kvd + (g + 1) * hd]) * scale);
-                    }
+                    scores.resize(end + 1 - start, 0.0);
+                    dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
+                    scores.iter_mut().for_each(|s| *s *= scale);
                     softmax_in_place(&mut scores);
+                    // Σ_j p_j · v_j, ascending j, per element (any vector width).
                     let out = &mut attn[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-                    out.fill(0.0);
-                    for (j, &pj) in (start..=end).zip(&scores) {
-                        let vj = &vals[j * kvd + g * hd..j * kvd + (g + 1) * hd];
-                        for (o, &vv) in out.iter_mut().zip(vj) {
-                            *o += pj * vv;
-                        }
-                    }
+                    weighted_rows_sum(&scores, &vals[start * kvd + g * hd..], kvd, out);
                 }
             }
-            matmul(&w.o_proj, h, qd, &attn, n, &mut proj, th);
+            linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;
             if let Some(g) = &w.attn_out_norm {
                 norm_rows(&mut proj, g, c, h);
             }
@@ -568,8 +783,8 @@ impl Model {
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
-            matmul(&w.gate_proj, ff, h, &xn, n, &mut gate, th);
-            matmul(&w.up_proj, ff, h, &xn, n, &mut up, th);
+            linear(&w.gate_proj, nw.gate.as_ref(), ff, h, &xn, n, &mut gate, th)?;
+            linear(&w.up_proj, nw.up.as_ref(), ff, h, &xn, n, &mut up, th)?;
             match c.hidden_act {
                 Activation::Silu => gate
                     .iter_mut()
@@ -580,7 +795,16 @@ impl Model {
                     .zip(&up)
                     .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
             }
-            matmul(&w.down_proj, h, ff, &gate, n, &mut proj, th);
+            linear(
+                &w.down_proj,
+                nw.down.as_ref(),
+                h,
+                ff,
+                &gate,
+                n,
+                &mut proj,
+                th,
+            )?;
             if let Some(g) = &w.mlp_out_norm {
                 norm_rows(&mut proj, g, c, h);
             }
@@ -604,7 +828,16 @@ impl Model {
         let nr = rows.len() / h;
         let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let mut logits = vec![0f32; nr * c.vocab_size];
-        matmul(head, c.vocab_size, h, rows, nr, &mut logits, th);
+        linear(
+            head,
+            self.head_quant(),
+            c.vocab_size,
+            h,
+            rows,
+            nr,
+            &mut logits,
+            th,
+        )?;
         Ok(logits)
     }
 }

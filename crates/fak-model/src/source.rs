@@ -2,9 +2,11 @@
 //! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`.
 
 use crate::{Config, Family, ModelError};
-use fak_weights::{gguf_to_hf_name_for, unpermute_qk_rows, GgufFile, SafetensorsFile};
+use fak_tensor::quant::QType;
+use fak_weights::{gguf_to_hf_name_for, unpermute_qk_rows, GgmlType, GgufFile, SafetensorsFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 /// One tensor of a checkpoint as HF names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -23,8 +25,8 @@ pub struct TensorEntry {
 pub enum WeightSource {
     /// A GGUF file (memory-mapped).
     Gguf {
-        /// The parsed file.
-        file: GgufFile,
+        /// The parsed file (shared with a model that keeps its matrices in the map).
+        file: Arc<GgufFile>,
         /// HF name -> index into `file.tensors()`.
         by_hf: HashMap<String, usize>,
     },
@@ -92,7 +94,7 @@ impl WeightSource {
                 path.display()
             )));
         }
-        let file = GgufFile::open(path)?;
+        let file = Arc::new(GgufFile::open(path)?);
         let cfg = Config::from_gguf(&file, path)?;
         let mut by_hf = HashMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
@@ -146,6 +148,95 @@ impl WeightSource {
             WeightSource::Gguf { by_hf, .. } => by_hf.contains_key(name),
             WeightSource::Safetensors { by_name, .. } => by_name.contains_key(name),
         }
+    }
+
+    /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
+    /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
+    /// Q/K row permutation (if any) can be undone on the output; `None` for every
+    /// other type (F32, F16, BF16, other block types) and for safetensors, which then
+    /// stay on the `f32` path.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingTensor`] and [`ModelError::ShapeMismatch`] as [`Self::load`];
+    /// [`ModelError::Unsupported`] when a permuted matrix does not split into heads.
+    pub fn quantized(
+        &self,
+        name: &str,
+        expected: [usize; 2],
+        cfg: &Config,
+    ) -> Result<Option<QuantMatrix>, ModelError> {
+        let WeightSource::Gguf { file, by_hf } = self else {
+            return Ok(None);
+        };
+        let i = *by_hf
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let t = &file.tensors()[i];
+        let found = t.shape_hf();
+        if found != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        let ty = match t.ggml_type {
+            GgmlType::Q4_0 => QType::Q4_0,
+            GgmlType::Q4_1 => QType::Q4_1,
+            GgmlType::Q5_0 => QType::Q5_0,
+            GgmlType::Q5_1 => QType::Q5_1,
+            GgmlType::Q8_0 => QType::Q8_0,
+            GgmlType::Q4_K => QType::Q4K,
+            GgmlType::Q5_K => QType::Q5K,
+            GgmlType::Q6_K => QType::Q6K,
+            _ => return Ok(None),
+        };
+        let [rows, cols] = expected;
+        if cols == 0 || !cols.is_multiple_of(ty.block_elems()) {
+            return Ok(None);
+        }
+        let heads = if name.ends_with("self_attn.q_proj.weight") {
+            Some(cfg.num_attention_heads)
+        } else if name.ends_with("self_attn.k_proj.weight") {
+            Some(cfg.num_key_value_heads)
+        } else {
+            None
+        };
+        let row_order = match (cfg.family, heads) {
+            (Family::Llama, Some(h)) => {
+                // The output row HF calls `dst` is the file's row `src`
+                // (`fak_weights::unpermute_qk_rows`, applied to row indices).
+                let hd = if h > 0 && rows.is_multiple_of(h) {
+                    rows / h
+                } else {
+                    0
+                };
+                if hd == 0 || hd % 2 != 0 {
+                    return Err(ModelError::Unsupported(format!(
+                        "un-permuting '{name}': {rows} rows do not split into {h} heads of even size"
+                    )));
+                }
+                let half = hd / 2;
+                let mut order = vec![0u32; rows];
+                for head in 0..h {
+                    for s in 0..2 {
+                        for j in 0..half {
+                            order[head * hd + s * half + j] = (head * hd + 2 * j + s) as u32;
+                        }
+                    }
+                }
+                Some(order)
+            }
+            _ => None,
+        };
+        Ok(Some(QuantMatrix {
+            file: Arc::clone(file),
+            tensor: i,
+            ty,
+            rows,
+            cols,
+            row_order,
+        }))
     }
 
     /// Reads tensor `name` as row-major `f32` after checking its shape is `expected`.
@@ -214,5 +305,68 @@ impl WeightSource {
                 Ok(files[by_name[name]].tensor_f32(name)?)
             }
         }
+    }
+}
+
+/// A `[rows, cols]` matrix left in its GGUF block format inside the memory map (the
+/// fast path's resident weights: no `f32` copy). Row `r` of the file is
+/// `cols / ty.block_elems()` consecutive blocks.
+#[derive(Clone)]
+pub struct QuantMatrix {
+    file: Arc<GgufFile>,
+    tensor: usize,
+    /// The block type.
+    pub ty: QType,
+    /// Output features (HF `out_features`).
+    pub rows: usize,
+    /// Input features (HF `in_features`), a multiple of the block size.
+    pub cols: usize,
+    /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
+    /// `row_order[r]` (undone on each product's output, which is exact).
+    pub row_order: Option<Vec<u32>>,
+}
+
+impl QuantMatrix {
+    /// The tensor's raw block bytes (`rows × cols / block_elems × block_bytes`).
+    pub fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(&self.file.tensors()[self.tensor])
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.cols / self.ty.block_elems() * self.ty.block_bytes()
+    }
+
+    /// HF row `r` dequantized to `f32` into `out` (`[cols]`): the embedding lookup of
+    /// a tied or quantized `embed_tokens`.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] when `r >= rows` or `out.len() != cols`.
+    pub fn dequantize_row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        if r >= self.rows || out.len() != self.cols {
+            return Err(ModelError::InvalidInput(format!(
+                "row {r} of a [{}, {}] matrix into {} elements",
+                self.rows,
+                self.cols,
+                out.len()
+            )));
+        }
+        let fr = self.row_order.as_ref().map_or(r, |o| o[r] as usize);
+        let rb = self.row_bytes();
+        let t = &self.file.tensors()[self.tensor];
+        fak_weights::dequantize(t.ggml_type, &self.bytes()[fr * rb..(fr + 1) * rb], out).map_err(
+            |e| ModelError::Unsupported(format!("dequantizing a row of '{}': {e}", t.name)),
+        )
+    }
+}
+
+impl std::fmt::Debug for QuantMatrix {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QuantMatrix")
+            .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("permuted", &self.row_order.is_some())
+            .finish()
     }
 }

@@ -72,6 +72,50 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     dot_ref(a, b)
 }
 
+/// Dot products of `x` with `out.len()` rows laid out at a stride:
+/// `out[j] = dot(&rows[j * stride..j * stride + x.len()], x)`, each bit-identical to
+/// [`dot`] (and so to [`dot_ref`]). Attention uses it for `q · k_j` over the keys of one
+/// KV head, which sit `kv_dim` apart in the cache; eight rows at a time keep eight
+/// independent accumulator chains in flight where one [`dot`] per key waits on one.
+///
+/// # Panics
+/// If `stride < x.len()` or `rows` is too short for `out.len()` rows (a programming
+/// error, not bad input).
+pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
+    let (len, n) = (x.len(), out.len());
+    if n == 0 {
+        return;
+    }
+    assert!(
+        stride >= len,
+        "dot_strided: stride {stride} < row length {len}"
+    );
+    assert!(
+        rows.len() >= (n - 1) * stride + len,
+        "dot_strided: {} elements for {n} rows at stride {stride}",
+        rows.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_fma() {
+        let mut j = 0;
+        while j + 8 <= n {
+            // SAFETY: AVX2 and FMA were detected; rows j..j+8 lie inside `rows` (checked
+            // above) and `out` has room for 8 results from `j`.
+            unsafe { avx2::dot_rows_strided::<8>(&rows[j * stride..], stride, x, &mut out[j..]) };
+            j += 8;
+        }
+        while j < n {
+            // SAFETY: as above, for one row.
+            unsafe { avx2::dot_rows_strided::<1>(&rows[j * stride..], stride, x, &mut out[j..]) };
+            j += 1;
+        }
+        return;
+    }
+    for (j, o) in out.iter_mut().enumerate() {
+        *o = dot_ref(&rows[j * stride..j * stride + len], x);
+    }
+}
+
 /// Tail of a dot product after the lane reduction: fused, ascending.
 #[inline(always)]
 pub(crate) fn tail(a: &[f32], b: &[f32], start: usize, mut s: f32) -> f32 {
@@ -118,6 +162,39 @@ pub(crate) mod avx2 {
         }
         for r in 0..R {
             let row = &w[r * cols..(r + 1) * cols];
+            out[r] = tail(row, x, n8, hsum(acc[r]));
+        }
+    }
+
+    /// `out[r] = dot(w[r * stride..r * stride + x.len()], x)` for `R` rows at a stride,
+    /// in the canonical order ([`dot_rows`] with rows that need not be adjacent).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2 and FMA; `stride >= x.len()`,
+    /// `w.len() >= (R - 1) * stride + x.len()`, `out.len() >= R`.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn dot_rows_strided<const R: usize>(
+        w: &[f32],
+        stride: usize,
+        x: &[f32],
+        out: &mut [f32],
+    ) {
+        let len = x.len();
+        debug_assert!(stride >= len && w.len() >= (R - 1) * stride + len && out.len() >= R);
+        let n8 = len / LANES * LANES;
+        let mut acc = [_mm256_setzero_ps(); R];
+        let wp = w.as_ptr();
+        let xp = x.as_ptr();
+        let mut i = 0;
+        while i < n8 {
+            let xv = _mm256_loadu_ps(xp.add(i));
+            for (r, a) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(r * stride + i)), xv, *a);
+            }
+            i += LANES;
+        }
+        for r in 0..R {
+            let row = &w[r * stride..r * stride + len];
             out[r] = tail(row, x, n8, hsum(acc[r]));
         }
     }
@@ -183,6 +260,30 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|_| lcg(&mut s) * 3.0).collect();
             let b: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
             assert_eq!(dot(&a, &b).to_bits(), dot_ref(&a, &b).to_bits(), "n={n}");
+        }
+    }
+
+    #[test]
+    fn strided_dots_equal_single_dots_bitwise() {
+        let mut s = 13u64;
+        for (len, stride, n) in [
+            (64usize, 192usize, 21usize),
+            (9, 9, 8),
+            (7, 30, 3),
+            (64, 64, 0),
+        ] {
+            let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| lcg(&mut s)).collect();
+            let x: Vec<f32> = (0..len).map(|_| lcg(&mut s) * 2.0).collect();
+            let mut got = vec![f32::NAN; n];
+            dot_strided(&rows, stride, &x, &mut got);
+            for (j, g) in got.iter().enumerate() {
+                let want = dot_ref(&rows[j * stride..j * stride + len], &x);
+                assert_eq!(
+                    g.to_bits(),
+                    want.to_bits(),
+                    "len={len} stride={stride} j={j}"
+                );
+            }
         }
     }
 

@@ -23,8 +23,9 @@ pub mod ops;
 pub mod pool;
 pub mod quant;
 
-pub use dot::{dot, dot_ref};
+pub use dot::{dot, dot_ref, dot_strided};
 pub use matmul::{matmul, matmul_ref, Threads};
 pub use ops::{
-    add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place, RopeTable,
+    add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place, weighted_rows_sum,
+    RopeTable,
 };

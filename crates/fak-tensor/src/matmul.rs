@@ -5,7 +5,9 @@
 //! threads share the work: each (row, token) pair is always reduced in the same order.
 
 use crate::dot::{dot_ref, has_avx2_fma};
-use std::sync::{Mutex, PoisonError};
+use crate::pool::Pool;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
 /// How many OS threads a product may use (at least 1).
 ///
@@ -47,7 +49,7 @@ fn available_parallelism() -> usize {
 }
 
 /// Most threads one product ever uses: twice the available parallelism. Past the core
-/// count extra threads only add spawn cost to compute-bound work; the factor 2 leaves
+/// count extra threads only add wake-up cost to compute-bound work; the factor 2 leaves
 /// room for cores the OS reports conservatively (cgroup quotas, SMT).
 pub fn max_useful_threads() -> usize {
     available_parallelism().saturating_mul(2)
@@ -101,11 +103,13 @@ fn check_shapes(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &
 /// of 8 rows each where possible), never the reduction, so the split cannot change a
 /// result.
 ///
-/// Threads: at most `min(threads, max_useful_threads(), ceil(rows / 8))` ranges; the
-/// calling thread computes the first and scoped threads the others. Products under
-/// 65,536 multiply-adds stay on the calling thread. When the OS refuses a thread
-/// (`ulimit -u`, cgroup `pids.max`, out of memory), its range is computed on the
-/// calling thread instead: the product is slower, never wrong, and never panics.
+/// Threads: at most `min(threads, max_useful_threads(), ceil(rows / 8))` ranges, run on
+/// a persistent [`Pool`] of that many parts (created on first use and kept for the
+/// process, so a product costs a wake-up, not a thread spawn); the calling thread
+/// computes the first range. Products under 65,536 multiply-adds stay on the calling
+/// thread. When the OS refused some of the pool's threads, or the pool is busy with
+/// another caller's product, the calling thread computes the ranges left over: the
+/// product is slower, never wrong, and never panics or blocks on the other caller.
 ///
 /// # Panics
 /// If a slice is shorter than its shape (a programming error); a panic in a worker
@@ -119,40 +123,75 @@ pub fn matmul(
     out: &mut [f32],
     threads: Threads,
 ) {
-    matmul_with(w, rows, cols, x, n, out, threads, &|_| true);
+    check_shapes(w, rows, cols, x, n, out);
+    let nt = parallel_ranges(rows, cols, n, threads);
+    if nt <= 1 {
+        matmul_serial(w, rows, cols, x, n, out, rows);
+        return;
+    }
+    let shared = shared_pool(nt);
+    // A pool busy with another caller's product (two sessions sharing a model): run
+    // this one on the calling thread rather than wait; the bits are the same.
+    let mut guard = match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    };
+    matmul_on(w, rows, cols, x, n, out, nt, guard.as_deref_mut());
 }
 
-/// [`matmul`] with a hook deciding whether worker `i` may be spawned (tests use it to
-/// play an OS that refuses threads).
+/// How many row ranges a product is split into: 1 (serial) for small products, else
+/// `min(threads, max_useful_threads(), ceil(rows / 8))`.
+pub(crate) fn parallel_ranges(rows: usize, cols: usize, n: usize, threads: Threads) -> usize {
+    let nt = threads
+        .get()
+        .min(max_useful_threads())
+        .min(rows.div_ceil(MIN_ROWS_PER_CHUNK));
+    if rows * cols * n < PARALLEL_MIN_MACS {
+        1
+    } else {
+        nt.max(1)
+    }
+}
+
+/// The process-wide pool with `parts` parts (one per distinct count, at most
+/// `max_useful_threads()` of them), created on first use.
+pub(crate) fn shared_pool(parts: usize) -> Arc<Mutex<Pool>> {
+    type Pools = HashMap<usize, Arc<Mutex<Pool>>>;
+    static POOLS: OnceLock<Mutex<Pools>> = OnceLock::new();
+    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut pools = pools.lock().unwrap_or_else(PoisonError::into_inner);
+    Arc::clone(
+        pools
+            .entry(parts)
+            .or_insert_with(|| Arc::new(Mutex::new(Pool::new(parts)))),
+    )
+}
+
+/// [`matmul`] split into `ranges` contiguous row ranges run on `pool` (range `i` on
+/// part `i mod pool.threads()`); without a pool every range runs on the calling thread.
 #[allow(clippy::too_many_arguments)]
-fn matmul_with(
+fn matmul_on(
     w: &[f32],
     rows: usize,
     cols: usize,
     x: &[f32],
     n: usize,
     out: &mut [f32],
-    threads: Threads,
-    may_spawn: &(dyn Fn(usize) -> bool + Sync),
+    ranges: usize,
+    pool: Option<&mut Pool>,
 ) {
     check_shapes(w, rows, cols, x, n, out);
-    let nt = threads
-        .get()
-        .min(max_useful_threads())
-        .min(rows.div_ceil(MIN_ROWS_PER_CHUNK));
-    if nt <= 1 || rows * cols * n < PARALLEL_MIN_MACS {
-        matmul_serial(w, rows, cols, x, n, out, rows);
-        return;
-    }
     // Contiguous row ranges, a multiple of 8 rows each where possible.
-    let per = rows.div_ceil(nt).div_ceil(8) * 8;
+    let per = rows.div_ceil(ranges.max(1)).div_ceil(8) * 8;
     let ranges: Vec<(usize, usize)> = (0..rows)
-        .step_by(per)
+        .step_by(per.max(1))
         .map(|r0| (r0, (r0 + per).min(rows)))
         .collect();
+    let parts = pool.as_ref().map_or(1, |p| p.threads());
     if n == 1 {
         // The output of one token is one row: each range owns its own sub-slice. The
-        // mutex only hands the slice to whichever thread ends up computing the range.
+        // mutex only hands the slice to whichever thread computes the range.
         let mut rest = &mut out[..rows];
         let mut slots = Vec::with_capacity(ranges.len());
         for &(r0, r1) in &ranges {
@@ -160,39 +199,31 @@ fn matmul_with(
             rest = tail;
             slots.push(Mutex::new(mine));
         }
-        let job = |i: usize| {
-            let (r0, r1) = ranges[i];
-            let mut mine = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
-            matmul_serial(
-                &w[r0 * cols..r1 * cols],
-                r1 - r0,
-                cols,
-                x,
-                1,
-                &mut mine,
-                r1 - r0,
-            );
+        let job = |part: usize| {
+            for i in (part..ranges.len()).step_by(parts) {
+                let (r0, r1) = ranges[i];
+                let mut mine = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+                let m = r1 - r0;
+                matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, 1, &mut mine, m);
+            }
         };
-        run_chunks(ranges.len(), &job, may_spawn);
+        run_parts(pool, &job);
         return;
     }
     // Several tokens: each range fills a private [n, chunk] block, copied in after.
-    let job = |i: usize| {
-        let (r0, r1) = ranges[i];
-        let mut buf = vec![0f32; n * (r1 - r0)];
-        matmul_serial(
-            &w[r0 * cols..r1 * cols],
-            r1 - r0,
-            cols,
-            x,
-            n,
-            &mut buf,
-            r1 - r0,
-        );
-        buf
+    let blocks: Vec<Mutex<Vec<f32>>> = ranges.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let job = |part: usize| {
+        for i in (part..ranges.len()).step_by(parts) {
+            let (r0, r1) = ranges[i];
+            let m = r1 - r0;
+            let mut buf = vec![0f32; n * m];
+            matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, n, &mut buf, m);
+            *blocks[i].lock().unwrap_or_else(PoisonError::into_inner) = buf;
+        }
     };
-    let blocks = run_chunks(ranges.len(), &job, may_spawn);
-    for (&(r0, r1), buf) in ranges.iter().zip(&blocks) {
+    run_parts(pool, &job);
+    for (&(r0, r1), buf) in ranges.iter().zip(blocks) {
+        let buf = buf.into_inner().unwrap_or_else(PoisonError::into_inner);
         let m = r1 - r0;
         for t in 0..n {
             out[t * rows + r0..t * rows + r1].copy_from_slice(&buf[t * m..(t + 1) * m]);
@@ -200,40 +231,12 @@ fn matmul_with(
     }
 }
 
-/// `[job(0), job(1), .., job(k-1)]`: job 0 on the calling thread, the others on scoped
-/// threads, except those `may_spawn` vetoes or the OS refuses, which also run on the
-/// calling thread. A worker's panic is resumed here.
-fn run_chunks<R: Send>(
-    k: usize,
-    job: &(dyn Fn(usize) -> R + Sync),
-    may_spawn: &(dyn Fn(usize) -> bool + Sync),
-) -> Vec<R> {
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (1..k)
-            .map(|i| {
-                if !may_spawn(i) {
-                    return None;
-                }
-                std::thread::Builder::new()
-                    .spawn_scoped(s, move || job(i))
-                    .ok()
-            })
-            .collect();
-        let mut results: Vec<Option<R>> = Vec::with_capacity(k);
-        results.push(Some(job(0)));
-        for (i, h) in handles.iter().enumerate() {
-            results.push(if h.is_none() { Some(job(i + 1)) } else { None });
-        }
-        for (slot, h) in results[1..].iter_mut().zip(handles) {
-            if let Some(h) = h {
-                match h.join() {
-                    Ok(r) => *slot = Some(r),
-                    Err(panic) => std::panic::resume_unwind(panic),
-                }
-            }
-        }
-        results.into_iter().flatten().collect()
-    })
+/// `job(0..parts)` on the pool, or `job(0)` on the calling thread without one.
+fn run_parts(pool: Option<&mut Pool>, job: &(dyn Fn(usize) + Sync)) {
+    match pool {
+        Some(p) => p.run(job),
+        None => job(0),
+    }
 }
 
 /// Single-threaded product writing `out[t*ldo + r]`.
@@ -427,37 +430,46 @@ mod tests {
 
     #[test]
     fn refused_threads_run_on_the_caller() {
-        // An OS that refuses some or all threads: those ranges run on the calling
-        // thread, with the same bits and no panic.
-        use std::sync::atomic::{AtomicUsize, Ordering};
+        // A pool with fewer threads than ranges (the OS refused some, or none at all):
+        // the calling thread computes the ranges left over, with the same bits.
         let (rows, cols) = (203, 384); // above PARALLEL_MIN_MACS even for n = 1
         let w = data(rows * cols, 7);
         let x = data(4 * cols, 8);
-        let asked = AtomicUsize::new(0);
-        let refuse_odd = |i: usize| {
-            asked.fetch_add(1, Ordering::Relaxed);
-            i.is_multiple_of(2)
-        };
-        let refuse_all = |_: usize| {
-            asked.fetch_add(1, Ordering::Relaxed);
-            false
-        };
-        let policies: [&(dyn Fn(usize) -> bool + Sync); 2] = [&refuse_odd, &refuse_all];
         for n in [1usize, 4] {
             let mut want = vec![0f32; n * rows];
             matmul_ref(&w, rows, cols, &x, n, &mut want);
-            for (p, may_spawn) in policies.iter().enumerate() {
-                // 4 threads asked: at least 2 ranges on any machine (2 × cores >= 2).
-                asked.store(0, Ordering::Relaxed);
+            for (ranges, pool_threads) in [(4usize, 1usize), (4, 2), (4, 3), (3, 4), (5, 0)] {
                 let mut got = vec![f32::NAN; n * rows];
-                matmul_with(&w, rows, cols, &x, n, &mut got, Threads::new(4), *may_spawn);
-                assert!(asked.load(Ordering::Relaxed) >= 1, "n={n}: no worker tried");
-                assert_same_bits(&got, &want, &format!("n={n} policy #{p}"));
+                if pool_threads == 0 {
+                    matmul_on(&w, rows, cols, &x, n, &mut got, ranges, None);
+                } else {
+                    let mut pool = Pool::new(pool_threads);
+                    matmul_on(&w, rows, cols, &x, n, &mut got, ranges, Some(&mut pool));
+                }
+                assert_same_bits(
+                    &got,
+                    &want,
+                    &format!("n={n} ranges={ranges} pool={pool_threads}"),
+                );
             }
         }
-        let all = run_chunks(5, &|i| i * 10, &|i| i != 3);
-        assert_eq!(all, vec![0, 10, 20, 30, 40]);
-        let none = run_chunks(3, &|i| i + 1, &|_| false);
-        assert_eq!(none, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_busy_pool_falls_back_to_the_caller() {
+        // Hold the shared pool as another caller would; the product still completes
+        // on the calling thread with the same bits.
+        let (rows, cols) = (256, 384);
+        let w = data(rows * cols, 9);
+        let x = data(2 * cols, 10);
+        let mut want = vec![0f32; 2 * rows];
+        matmul_ref(&w, rows, cols, &x, 2, &mut want);
+        let shared = shared_pool(2);
+        let held = shared.lock().unwrap();
+        let mut got = vec![f32::NAN; 2 * rows];
+        matmul(&w, rows, cols, &x, 2, &mut got, Threads::new(2));
+        drop(held);
+        assert_same_bits(&got, &want, "busy pool");
+        assert_eq!(parallel_ranges(rows, cols, 2, Threads::new(2)), 2);
     }
 }

@@ -130,6 +130,82 @@ pub fn add_assign(acc: &mut [f32], x: &[f32]) {
     }
 }
 
+/// Attention's weighted sum of value rows: `out[i] = Σ_j p[j] · rows[j * stride + i]`,
+/// `j` ascending from `out[i] = +0.0`, each step a rounded multiply then a rounded add
+/// (no fused multiply-add). The order is per element, so every vector width gives the
+/// same bits; the AVX2 kernel keeps up to 64 outputs in registers across all rows.
+///
+/// Shapes: `p` is `[n]`, `rows` holds `n` rows of at least `out.len()` elements at
+/// `stride`.
+///
+/// # Panics
+/// If `stride < out.len()` or `rows` is shorter than `(n - 1) * stride + out.len()` (a
+/// programming error, not bad input).
+pub fn weighted_rows_sum(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let (n, len) = (p.len(), out.len());
+    out.fill(0.0);
+    if n == 0 {
+        return;
+    }
+    assert!(stride >= len, "weighted_rows_sum: stride {stride} < {len}");
+    assert!(
+        rows.len() >= (n - 1) * stride + len,
+        "weighted_rows_sum: {} elements for {n} rows at stride {stride}",
+        rows.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx2_fma() {
+        // SAFETY: AVX2 was detected; the bounds were checked above.
+        unsafe { weighted_rows_sum_avx2(p, rows, stride, out) };
+        return;
+    }
+    weighted_rows_sum_ref(p, rows, stride, out);
+}
+
+/// Scalar reference of [`weighted_rows_sum`] (`out` already zeroed).
+fn weighted_rows_sum_ref(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    for (j, &pj) in p.iter().enumerate() {
+        for (o, &v) in out.iter_mut().zip(&rows[j * stride..]) {
+            *o += pj * v;
+        }
+    }
+}
+
+/// # Safety
+/// AVX2 available; `stride >= out.len()`, `rows.len() >= (p.len() - 1) * stride +
+/// out.len()`, `p` not empty, `out` zeroed.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn weighted_rows_sum_avx2(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const W: usize = 8; // registers of 8 outputs kept across the rows
+    let len = out.len();
+    let rp = rows.as_ptr();
+    let mut c = 0;
+    while c + 8 <= len {
+        let k = ((len - c) / 8).min(W);
+        let mut acc = [_mm256_setzero_ps(); W];
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm256_set1_ps(pj);
+            let base = rp.add(j * stride + c);
+            for (r, a) in acc.iter_mut().enumerate().take(k) {
+                *a = _mm256_add_ps(*a, _mm256_mul_ps(pv, _mm256_loadu_ps(base.add(8 * r))));
+            }
+        }
+        for (r, a) in acc.iter().enumerate().take(k) {
+            _mm256_storeu_ps(out.as_mut_ptr().add(c + 8 * r), *a);
+        }
+        c += 8 * k;
+    }
+    if c < len {
+        for (j, &pj) in p.iter().enumerate() {
+            for (o, &v) in out[c..].iter_mut().zip(&rows[j * stride + c..]) {
+                *o += pj * v;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +250,35 @@ mod tests {
         softmax_in_place(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(x[2] > x[1] && x[1] > x[0] && x[3] == 0.0);
+    }
+
+    #[test]
+    fn weighted_rows_sum_equals_the_scalar_loop_bitwise() {
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        for (len, stride, n) in [
+            (64usize, 192usize, 37usize),
+            (128, 128, 5),
+            (12, 20, 9),
+            (3, 3, 4),
+            (64, 64, 0),
+        ] {
+            let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| next()).collect();
+            let p: Vec<f32> = (0..n).map(|_| next().abs()).collect();
+            let mut want = vec![0f32; len];
+            weighted_rows_sum_ref(&p, &rows, stride, &mut want);
+            let mut got = vec![f32::NAN; len];
+            weighted_rows_sum(&p, &rows, stride, &mut got);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "len={len} stride={stride} n={n}");
+        }
     }
 }

@@ -1069,5 +1069,222 @@ pub fn matvec_pool(
     }
 }
 
+/// [`matvec`] on up to `threads` threads of the process-wide pool that
+/// [`crate::matmul`] also uses: the output rows are split into contiguous parts as in
+/// [`matvec_pool`], so the result is bit-identical to [`matvec`] for any count.
+///
+/// Small products (under 65,536 weight elements) and products that find the pool busy
+/// with another caller run on the calling thread, with the same bits.
+///
+/// # Errors
+/// As [`matvec`]; `out` is untouched on error.
+pub fn matvec_threads(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+    threads: crate::Threads,
+) -> Result<(), QuantError> {
+    check_matvec(ty, w, act, out.len())?;
+    let cols = act.blocks() * ty.block_elems();
+    let parts = crate::matmul::parallel_ranges(out.len(), cols, 1, threads);
+    if parts <= 1 {
+        return matvec(ty, w, act, out);
+    }
+    let shared = crate::matmul::shared_pool(parts);
+    let guard = match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    };
+    match guard {
+        Some(mut pool) => matvec_pool(&mut pool, ty, w, act, out),
+        None => matvec(ty, w, act, out),
+    }
+}
+
+/// Quantized matrix times several activation rows (a prefill's tokens):
+/// `out[t * rows + r] = vec_dot(ty, w[r], acts[t])`, bit-identical to [`matvec`] run
+/// on each token alone, for any thread count.
+///
+/// Shapes: `w` is `[rows, cols]` in `ty` blocks with `rows = out.len() / acts.len()`;
+/// `acts` holds `n` quantized `[cols]` rows; `out` is `[n, rows]`. For the 32-element
+/// types the AVX2 path unpacks each weight block once for two tokens (and reads the
+/// weights once per pair of tokens); the other types run [`matvec`] per token. Rows
+/// are split between the pool's threads as in [`matvec_threads`].
+///
+/// # Errors
+/// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]
+/// when `acts` is empty, the rows differ in length, `out.len()` is not a multiple of
+/// `acts.len()`, or `w` is not `rows` rows. `out` is untouched on error.
+pub fn matmul_threads(
+    ty: QType,
+    w: &[u8],
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+    threads: crate::Threads,
+) -> Result<(), QuantError> {
+    use std::sync::{Mutex, PoisonError};
+    let n = acts.len();
+    let shape = |detail: String| QuantError::MatrixShape { detail };
+    if n == 0 || !out.len().is_multiple_of(n) {
+        return Err(shape(format!(
+            "{} outputs for {n} activation rows",
+            out.len()
+        )));
+    }
+    let rows = out.len() / n;
+    let rb = check_matvec(ty, w, &acts[0], rows)?;
+    if let Some(a) = acts
+        .iter()
+        .find(|a| a.kind() != acts[0].kind() || a.blocks() != acts[0].blocks())
+    {
+        return Err(shape(format!(
+            "activation rows of {} and {} blocks",
+            acts[0].blocks(),
+            a.blocks()
+        )));
+    }
+    let cols = acts[0].blocks() * ty.block_elems();
+    let parts = crate::matmul::parallel_ranges(rows, cols, n, threads);
+    let shared = (parts > 1).then(|| crate::matmul::shared_pool(parts));
+    let mut guard = shared.as_ref().and_then(|p| match p.try_lock() {
+        Ok(g) => Some(g),
+        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    });
+    let Some(pool) = guard.as_deref_mut() else {
+        return matmul_rows(ty, w, rb, acts, out);
+    };
+    let parts = pool.threads();
+    let blocks: Vec<Mutex<Vec<f32>>> = (0..parts).map(|_| Mutex::new(Vec::new())).collect();
+    let error = Mutex::new(None);
+    pool.run(&|i| {
+        let r = crate::pool::part_range(rows, parts, i);
+        let mut buf = vec![0f32; n * r.len()];
+        match matmul_rows(ty, &w[r.start * rb..r.end * rb], rb, acts, &mut buf) {
+            Ok(()) => *blocks[i].lock().unwrap_or_else(PoisonError::into_inner) = buf,
+            Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
+        }
+    });
+    if let Some(e) = error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        return Err(e);
+    }
+    for (i, buf) in blocks.into_iter().enumerate() {
+        let buf = buf.into_inner().unwrap_or_else(PoisonError::into_inner);
+        let r = crate::pool::part_range(rows, parts, i);
+        let m = r.len();
+        for t in 0..n {
+            out[t * rows + r.start..t * rows + r.end].copy_from_slice(&buf[t * m..(t + 1) * m]);
+        }
+    }
+    Ok(())
+}
+
+/// The rows of `w` (each `rb` bytes) times every activation row, on the calling
+/// thread, into `out` laid out `[n, rows of w]`. Shapes were checked by the caller.
+fn matmul_rows(
+    ty: QType,
+    w: &[u8],
+    rb: usize,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+) -> Result<(), QuantError> {
+    let m = w.len().checked_div(rb).unwrap_or(0);
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() && m > 0 {
+        fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
+            a.iter()
+                .map(|q| match q {
+                    QuantizedActs::Q8_0(v) => Some(&v[..]),
+                    _ => None,
+                })
+                .collect()
+        }
+        fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
+            a.iter()
+                .map(|q| match q {
+                    QuantizedActs::Q8_1(v) => Some(&v[..]),
+                    _ => None,
+                })
+                .collect()
+        }
+        // SAFETY (all arms): AVX2 and F16C were detected; the caller checked that every
+        // activation row is `rb / ty.block_bytes()` blocks of the kind `ty` pairs with
+        // (the `Option`s below re-check the kind) and `w.len() == m * rb`.
+        let done = match ty {
+            QType::Q4_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out) }),
+            QType::Q5_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q5_0>(w, rb, &a, out) }),
+            QType::Q8_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q8_0>(w, rb, &a, out) }),
+            QType::Q4_1 => q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q4_1>(w, rb, &a, out) }),
+            QType::Q5_1 => q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q5_1>(w, rb, &a, out) }),
+            _ => None,
+        };
+        if done.is_some() {
+            return Ok(());
+        }
+    }
+    for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
+        matvec_with(ty, w, a, &mut o[..m], true)?;
+    }
+    Ok(())
+}
+
+/// 4-row × 2-token tiles of [`avx2::rows_tokens`] over all of `w` and `a`, with
+/// 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
+///
+/// # Safety
+/// AVX2 and F16C; every `a[t]` is `rb / K::BYTES` blocks; `w.len()` is a multiple of
+/// `rb`; `out.len() == a.len() * w.len() / rb`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32]) {
+    let (m, n) = (w.len() / rb, a.len());
+    let mut r = 0;
+    while r < m {
+        let wr = &w[r * rb..];
+        let rr = if m - r >= TILE_R { TILE_R } else { 1 };
+        let mut t = 0;
+        while t < n {
+            let tt = if n - t >= TILE_T { TILE_T } else { 1 };
+            match (rr, tt) {
+                (TILE_R, TILE_T) => {
+                    let mut o = [[0f32; TILE_R]; TILE_T];
+                    let ts: [&[K::Act]; TILE_T] = std::array::from_fn(|j| a[t + j]);
+                    avx2::rows_tokens::<K, TILE_R, TILE_T>(wr, rb, ts, &mut o);
+                    for (j, oj) in o.iter().enumerate() {
+                        out[(t + j) * m + r..(t + j) * m + r + TILE_R].copy_from_slice(oj);
+                    }
+                }
+                (TILE_R, _) => {
+                    let mut o = [[0f32; TILE_R]; 1];
+                    avx2::rows_tokens::<K, TILE_R, 1>(wr, rb, [a[t]], &mut o);
+                    out[t * m + r..t * m + r + TILE_R].copy_from_slice(&o[0]);
+                }
+                (_, TILE_T) => {
+                    let mut o = [[0f32; 1]; TILE_T];
+                    let ts: [&[K::Act]; TILE_T] = std::array::from_fn(|j| a[t + j]);
+                    avx2::rows_tokens::<K, 1, TILE_T>(wr, rb, ts, &mut o);
+                    for (j, oj) in o.iter().enumerate() {
+                        out[(t + j) * m + r] = oj[0];
+                    }
+                }
+                _ => {
+                    let mut o = [[0f32; 1]; 1];
+                    avx2::rows_tokens::<K, 1, 1>(wr, rb, [a[t]], &mut o);
+                    out[t * m + r] = o[0][0];
+                }
+            }
+            t += tt;
+        }
+        r += rr;
+    }
+}
+
+/// Rows × tokens of one multi-token tile (see [`tiles`]).
+#[cfg(target_arch = "x86_64")]
+const TILE_R: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const TILE_T: usize = 8;
+
 #[cfg(test)]
 mod tests;

@@ -120,11 +120,27 @@ pub(super) trait Block32 {
     /// Whether the result is `reduced + summ` (else just `reduced`; adding a zero
     /// `summ` would turn a `-0.0` into `+0.0`).
     const HAS_MIN: bool;
+    /// A weight block's quants unpacked into registers, reusable against several
+    /// activation blocks.
+    type W: Copy;
+    /// Unpacks the quants of one weight block.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn unpack(wb: &[u8]) -> Self::W;
+    /// Lane sums `L[m]` of an unpacked weight block against one activation block.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled).
+    unsafe fn lanes_w(w: Self::W, a: &Self::Act) -> __m256i;
     /// Lane sums `L[m]` of one block (module docs of `quant`).
     ///
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
-    unsafe fn lanes(wb: &[u8], a: &Self::Act) -> __m256i;
+    #[inline(always)]
+    unsafe fn lanes(wb: &[u8], a: &Self::Act) -> __m256i {
+        Self::lanes_w(Self::unpack(wb), a)
+    }
     /// Combined scale `f16(d_w) * f16(d_a)`.
     ///
     /// # Safety
@@ -160,13 +176,14 @@ impl Block32 for Q4_0 {
     type Act = BlockQ8_0;
     const BYTES: usize = 18;
     const HAS_MIN: bool = false;
+    type W = __m256i;
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
-        quads(pairs_off(
-            nibbles(wb[2..18].as_ptr()),
-            load32(a.qs.as_ptr() as *const u8),
-            8,
-        ))
+    unsafe fn unpack(wb: &[u8]) -> __m256i {
+        nibbles(wb[2..18].as_ptr())
+    }
+    #[inline(always)]
+    unsafe fn lanes_w(w: __m256i, a: &BlockQ8_0) -> __m256i {
+        quads(pairs_off(w, load32(a.qs.as_ptr() as *const u8), 8))
     }
     #[inline(always)]
     unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
@@ -182,12 +199,14 @@ impl Block32 for Q4_1 {
     type Act = BlockQ8_1;
     const BYTES: usize = 20;
     const HAS_MIN: bool = true;
+    type W = __m256i;
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
-        quads(pairs(
-            nibbles(wb[4..20].as_ptr()),
-            load32(a.qs.as_ptr() as *const u8),
-        ))
+    unsafe fn unpack(wb: &[u8]) -> __m256i {
+        nibbles(wb[4..20].as_ptr())
+    }
+    #[inline(always)]
+    unsafe fn lanes_w(w: __m256i, a: &BlockQ8_1) -> __m256i {
+        quads(pairs(w, load32(a.qs.as_ptr() as *const u8)))
     }
     #[inline(always)]
     unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
@@ -203,10 +222,14 @@ impl Block32 for Q5_0 {
     type Act = BlockQ8_0;
     const BYTES: usize = 22;
     const HAS_MIN: bool = false;
+    type W = __m256i;
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+    unsafe fn unpack(wb: &[u8]) -> __m256i {
         let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
-        let q = _mm256_or_si256(nibbles(wb[6..22].as_ptr()), bits_to_bytes(qh, 0x10));
+        _mm256_or_si256(nibbles(wb[6..22].as_ptr()), bits_to_bytes(qh, 0x10))
+    }
+    #[inline(always)]
+    unsafe fn lanes_w(q: __m256i, a: &BlockQ8_0) -> __m256i {
         quads(pairs_off(q, load32(a.qs.as_ptr() as *const u8), 16))
     }
     #[inline(always)]
@@ -223,10 +246,14 @@ impl Block32 for Q5_1 {
     type Act = BlockQ8_1;
     const BYTES: usize = 24;
     const HAS_MIN: bool = true;
+    type W = __m256i;
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &BlockQ8_1) -> __m256i {
+    unsafe fn unpack(wb: &[u8]) -> __m256i {
         let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
-        let q = _mm256_or_si256(nibbles(wb[8..24].as_ptr()), bits_to_bytes(qh, 0x10));
+        _mm256_or_si256(nibbles(wb[8..24].as_ptr()), bits_to_bytes(qh, 0x10))
+    }
+    #[inline(always)]
+    unsafe fn lanes_w(q: __m256i, a: &BlockQ8_1) -> __m256i {
         quads(pairs(q, load32(a.qs.as_ptr() as *const u8)))
     }
     #[inline(always)]
@@ -245,12 +272,18 @@ impl Block32 for Q8_0 {
     const HAS_MIN: bool = false;
     /// Widened to i16 (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`), exact for every
     /// i8 weight and activation including −128.
+    type W = (__m256i, __m256i);
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &BlockQ8_0) -> __m256i {
+    unsafe fn unpack(wb: &[u8]) -> (__m256i, __m256i) {
         let wq = wb[2..34].as_ptr() as *const __m128i;
+        (
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(wq)),
+            _mm256_cvtepi8_epi16(_mm_loadu_si128(wq.add(1))),
+        )
+    }
+    #[inline(always)]
+    unsafe fn lanes_w((w_lo, w_hi): (__m256i, __m256i), a: &BlockQ8_0) -> __m256i {
         let aq = a.qs.as_ptr() as *const __m128i;
-        let w_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq));
-        let w_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(wq.add(1)));
         let a_lo = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq));
         let a_hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(aq.add(1)));
         _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi))
@@ -281,7 +314,18 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
     let mut summ = [0f32; R];
+    // The next group of `R` rows follows these in memory; ask for it at the pace this
+    // group is consumed (a hint only: a prefetch never faults, and past the end of the
+    // matrix it is simply wasted).
+    let next = w.as_ptr().wrapping_add(R * row_bytes);
+    let step = R * K::BYTES;
     for (b, ab) in a.iter().enumerate() {
+        let p = next.wrapping_add(b * step);
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+        if step > 128 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
+        }
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
@@ -297,6 +341,50 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
         } else {
             hsum(acc[r])
         };
+    }
+}
+
+/// `out[t][r] = dot(row r, acts[t])` for `R` consecutive rows and `T` activation rows
+/// (tokens): each weight block is unpacked once and used for all `T` tokens. Every
+/// (row, token) pair is accumulated with exactly the operations, in the order, of the
+/// single-row kernel ([`rows`] with `R = 1`), so the results are the same bits.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() >= R * row_bytes`, `row_bytes == K::BYTES * acts[t].len()`
+/// for every `t`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [&[K::Act]; T],
+    out: &mut [[f32; R]; T],
+) {
+    let mut acc = [[_mm256_setzero_ps(); R]; T];
+    let mut summ = [[0f32; R]; T];
+    let nb = acts[0].len();
+    #[allow(clippy::needless_range_loop)] // `b` indexes every token's blocks
+    for b in 0..nb {
+        for r in 0..R {
+            let at = r * row_bytes + b * K::BYTES;
+            let wb = &w[at..at + K::BYTES];
+            let wq = K::unpack(wb);
+            for t in 0..T {
+                let ab = &acts[t][b];
+                acc[t][r] = accumulate(acc[t][r], K::d(wb, ab), K::lanes_w(wq, ab));
+                if K::HAS_MIN {
+                    summ[t][r] += K::min_term(wb, ab);
+                }
+            }
+        }
+    }
+    for t in 0..T {
+        for r in 0..R {
+            out[t][r] = if K::HAS_MIN {
+                hsum(acc[t][r]) + summ[t][r]
+            } else {
+                hsum(acc[t][r])
+            };
+        }
     }
 }
 

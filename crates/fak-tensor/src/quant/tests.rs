@@ -292,6 +292,75 @@ fn pooled_matvec_is_bit_identical_for_any_thread_count() {
     assert!(matvec_pool(&mut pools[2], QType::Q4_0, &[0; 19], &a, &mut [0.0; 1]).is_err());
 }
 
+#[test]
+fn threaded_matvec_is_bit_identical_for_any_thread_count() {
+    // Large enough (rows × cols >= 65,536) that 2 or more threads really split it.
+    let mut r = Rng(37);
+    for ty in [QType::Q4_1, QType::Q8_0, QType::Q6K] {
+        let nb = 1024 / ty.block_elems();
+        let rows = 77;
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        let mut want = vec![0f32; rows];
+        matvec_ref(ty, &w, &a, &mut want).unwrap();
+        for th in [1usize, 2, 3, 8] {
+            let mut got = vec![f32::NAN; rows];
+            matvec_threads(ty, &w, &a, &mut got, crate::Threads::new(th)).unwrap();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(g, w)| g.to_bits() == w.to_bits());
+            assert!(same, "{ty}, {th} threads");
+        }
+    }
+    let a = acts(&mut r, QType::Q4_0, 1, false);
+    let e = matvec_threads(
+        QType::Q4_0,
+        &[0; 19],
+        &a,
+        &mut [0.0; 1],
+        crate::Threads::new(2),
+    );
+    assert!(e.is_err());
+}
+
+#[test]
+fn multi_token_matmul_is_matvec_per_token_bitwise() {
+    // Every type, token counts that exercise the 2-token tiles and the odd edge, rows
+    // that leave a 4-row remainder, 1 to 3 threads, big enough to really split.
+    let mut r = Rng(41);
+    for ty in QType::ALL {
+        let nb = 2048 / ty.block_elems();
+        let rows = 39;
+        let w = weights(&mut r, ty, rows * nb, false);
+        for n in [1usize, 2, 3, 5] {
+            let acts: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
+            let mut want = vec![0f32; n * rows];
+            for (a, o) in acts.iter().zip(want.chunks_exact_mut(rows)) {
+                matvec_ref(ty, &w, a, o).unwrap();
+            }
+            for th in [1usize, 2, 3] {
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_threads(ty, &w, &acts, &mut got, crate::Threads::new(th)).unwrap();
+                let same = got
+                    .iter()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{ty}, {n} tokens, {th} threads");
+            }
+        }
+    }
+    // Bad shapes are errors, not panics.
+    let a = acts(&mut r, QType::Q4_1, 2, false);
+    let b = acts(&mut r, QType::Q4_1, 1, false);
+    let w = weights(&mut r, QType::Q4_1, 2 * 2, false);
+    let th = crate::Threads::new(2);
+    assert!(matmul_threads(QType::Q4_1, &w, &[], &mut [0.0; 2], th).is_err());
+    assert!(matmul_threads(QType::Q4_1, &w, &[a.clone(), b], &mut [0.0; 4], th).is_err());
+    assert!(matmul_threads(QType::Q4_1, &w, std::slice::from_ref(&a), &mut [0.0; 3], th).is_err());
+    assert!(matmul_threads(QType::Q4_0, &w, &[a], &mut [0.0; 2], th).is_err());
+}
+
 // ------------------------------------------------------------------ quantizers
 
 #[test]

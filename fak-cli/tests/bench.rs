@@ -1,0 +1,105 @@
+//! `fak bench` through the binary on the committed tiny Llama (safetensors, no
+//! download), and `fak run --prompt-ids --weights` on the real default model. The
+//! figures themselves are machine-dependent; these tests check that they are reported
+//! and sane.
+
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn fak() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_fak"))
+}
+
+fn tiny() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../testdata/tiny/llama-tied")
+        .display()
+        .to_string()
+}
+
+fn json_of(args: &[&str]) -> Value {
+    let out = fak().args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "fak {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn bench_reports_every_figure() {
+    let m = tiny();
+    for weights in ["exact", "native"] {
+        let v = json_of(&[
+            "bench",
+            "--model",
+            &m,
+            "--threads",
+            "2",
+            "--prompt-tokens",
+            "16",
+            "--gen-tokens",
+            "4",
+            "--repeats",
+            "3",
+            "--weights",
+            weights,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(v["weights"], weights);
+        assert_eq!(v["threads"], 2);
+        assert_eq!(v["prompt_tokens"], 16);
+        assert_eq!(v["samples"].as_array().unwrap().len(), 3);
+        for k in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms"] {
+            let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing"));
+            assert!(x.is_finite() && x > 0.0, "{k} = {x}");
+        }
+        let rss = v["peak_rss_mb"].as_f64().unwrap();
+        assert!(rss > 1.0 && rss < 100_000.0, "peak RSS {rss} MB");
+        // 3 (K, K before RoPE, V) × layers × kv_dim × 4 bytes + a 4-byte position.
+        assert!(v["kv_bytes_per_token"].as_u64().unwrap() > 4);
+    }
+}
+
+#[test]
+fn bench_refuses_a_prompt_past_the_context() {
+    let out = fak()
+        .args(["bench", "--model", &tiny(), "--prompt-tokens", "100000000"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("context length"));
+}
+
+#[test]
+fn run_takes_prompt_ids_and_a_weight_mode() {
+    // `fak run` needs a tokenizer, which the tiny model lacks: the real default model.
+    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"))
+    else {
+        return;
+    };
+    let m = path.display().to_string();
+    for weights in ["exact", "native"] {
+        let v = json_of(&[
+            "run",
+            "--model",
+            &m,
+            "--prompt-ids",
+            "504, 3575,282",
+            "--max-tokens",
+            "3",
+            "--ignore-eos",
+            "--weights",
+            weights,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(v["prompt_ids"], serde_json::json!([504, 3575, 282]));
+        assert_eq!(v["weights"], weights);
+        assert_eq!(v["completion_ids"].as_array().unwrap().len(), 3);
+    }
+}
