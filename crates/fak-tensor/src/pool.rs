@@ -1,6 +1,6 @@
 //! A persistent thread pool for row-parallel products: `n - 1` parked workers plus the
 //! calling thread, so a decode step pays a wake-up per product instead of a thread
-//! spawn ([`crate::matmul`] and the quantized `matvec_pool` run on it).
+//! spawn ([`crate::matmul()`] and the quantized `matvec_pool` run on it).
 //!
 //! [`Pool::run`] calls a job once per part index `0..n` (part 0 on the calling thread)
 //! and returns when all have finished. Callers split their *output rows* into
