@@ -1070,7 +1070,7 @@ pub fn matvec_pool(
 }
 
 /// [`matvec`] on up to `threads` threads of the process-wide pool that
-/// [`crate::matmul`] also uses: the output rows are split into contiguous parts as in
+/// [`crate::matmul()`] also uses: the output rows are split into contiguous parts as in
 /// [`matvec_pool`], so the result is bit-identical to [`matvec`] for any count.
 ///
 /// Small products (under 65,536 weight elements) and products that find the pool busy
