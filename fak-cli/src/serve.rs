@@ -24,9 +24,10 @@ pub(crate) struct ServeArgs {
     /// --base-url) or mock (no model; tests).
     #[arg(long, default_value = "inkernel")]
     engine: String,
-    /// openai-upstream: the upstream server, http://HOST:PORT (its /v1 URL works too).
+    /// openai-upstream: an upstream server, http://HOST:PORT (its /v1 URL works too).
+    /// Repeat it for several: each request goes to the least-loaded healthy one.
     #[arg(long)]
-    base_url: Option<String>,
+    base_url: Vec<String>,
     /// openai-upstream: the one model to serve, by the upstream's name for it (default:
     /// every model the upstream's /v1/models lists).
     #[arg(long)]
@@ -45,6 +46,10 @@ pub(crate) struct ServeArgs {
     /// while nothing has reached the client yet.
     #[arg(long, default_value_t = 2)]
     upstream_retries: u32,
+    /// openai-upstream: seconds between health checks of each upstream (GET /health,
+    /// else /v1/models); a failing one is out of rotation until a check passes.
+    #[arg(long, default_value_t = 5)]
+    upstream_health_interval_s: u64,
     /// Requests generated at once (worker slots); more wait in a queue.
     #[arg(long, default_value_t = 1, value_parser = parse_threads)]
     parallel: usize,
@@ -133,25 +138,29 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         fak_ctxmmu::AuditLog::to_file(&audit_path),
     );
     if spec.id == fak_engine::upstream::SPEC.id {
-        if args.base_url.is_none() {
+        if args.base_url.is_empty() {
             return Err(fail(
                 "--engine openai-upstream needs --base-url http://HOST:PORT",
             ));
         }
-        if args.upstream_timeout_s == 0 || args.upstream_idle_timeout_s == 0 {
+        if args.upstream_timeout_s == 0
+            || args.upstream_idle_timeout_s == 0
+            || args.upstream_health_interval_s == 0
+        {
             return Err(fail(
-                "--upstream-timeout-s and --upstream-idle-timeout-s must be at least 1",
+                "--upstream-timeout-s, --upstream-idle-timeout-s and --upstream-health-interval-s must be at least 1",
             ));
         }
         config.upstream = fak_engine::upstream::UpstreamConfig {
-            base_url: args.base_url.clone(),
+            base_urls: args.base_url.clone(),
             model: args.upstream_model.clone(),
             api_key: upstream_key,
             timeout: Duration::from_secs(args.upstream_timeout_s),
             idle_timeout: Duration::from_secs(args.upstream_idle_timeout_s),
             retries: args.upstream_retries,
+            health_interval: Duration::from_secs(args.upstream_health_interval_s),
         };
-    } else if args.base_url.is_some() || args.upstream_model.is_some() {
+    } else if !args.base_url.is_empty() || args.upstream_model.is_some() {
         return Err(fail(format!(
             "--base-url and --upstream-model are for --engine openai-upstream, not {}",
             spec.id

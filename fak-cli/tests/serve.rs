@@ -130,13 +130,20 @@ fn serve_requires_the_api_key_it_was_given() {
 #[test]
 fn serve_in_front_of_an_upstream_fak() {
     let up = serve(&["--engine", "mock"]);
+    let up2 = serve(&["--engine", "mock"]);
     wait_ready(&up.addr);
+    wait_ready(&up2.addr);
     let base = format!("http://{}/v1", up.addr);
+    let base2 = format!("http://{}", up2.addr);
     let front = serve(&[
         "--engine",
         "openai-upstream",
         "--base-url",
         &base,
+        "--base-url",
+        &base2,
+        "--upstream-health-interval-s",
+        "1",
         "--upstream-model",
         "mock",
         "--upstream-timeout-s",
@@ -160,6 +167,24 @@ fn serve_in_front_of_an_upstream_fak() {
     assert_eq!(v["choices"][0]["message"]["content"], "through two servers");
     // The mock counts a role and four words; the upstream reports it, the front passes it on.
     assert_eq!(v["usage"]["prompt_tokens"], 5);
+    // More requests, one after another: both upstreams take turns.
+    for _ in 0..3 {
+        let (status, body) = http(
+            &front.addr,
+            "POST",
+            "/v1/chat/completions",
+            &json!({"model": "mock", "messages": [{"role": "user", "content": "echo again"}]})
+                .to_string(),
+        );
+        assert_eq!(status, 200, "{body}");
+    }
+    for u in [&up, &up2] {
+        let (_, m) = http(&u.addr, "GET", "/metrics", "");
+        assert!(
+            m.contains("fak_requests_total{route=\"/v1/chat/completions\",status=\"200\"}"),
+            "{m}"
+        );
+    }
 }
 
 #[test]
@@ -179,6 +204,23 @@ fn serve_refuses_bad_flags_in_one_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--base-url"), "{err}");
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let out = fak()
+        .args([
+            "serve",
+            "--engine",
+            "openai-upstream",
+            "--port",
+            "0",
+            "--base-url",
+            "http://127.0.0.1:9",
+            "--upstream-health-interval-s",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--upstream-health-interval-s"), "{err}");
     let out = fak()
         .args([
             "serve",

@@ -46,13 +46,22 @@
 //! runtime; dropping its [`EventStream`] ends the task, which drops the response and
 //! closes the connection, which a serving engine takes as the client leaving.
 //!
-//! **Models and readiness.** At start the driver asks `GET {base}/v1/models` (again
-//! every 2 s until it answers). Until then it reports [`Readiness::Loading`], then
-//! [`Readiness::Failed`] with the reason while the upstream does not answer, and
-//! [`Readiness::Ready`] once it has; requests before that are
-//! [`EngineError::NotReady`]. Served models: [`UpstreamConfig::model`] when given, else
-//! every id the upstream lists (context length from its `context_length` or vLLM's
-//! `max_model_len`, 0 when unknown).
+//! **Several upstreams, health and readiness.** [`UpstreamConfig::base_urls`] may name
+//! several servers. Each has a health state, kept by a background check every
+//! [`UpstreamConfig::health_interval`]: `GET {base}/health` (a 2xx is healthy, another
+//! status or no answer is not; a 404 or 405 falls back to `GET {base}/v1/models`), and
+//! `GET {base}/v1/models` whenever the upstream's models are not known yet (at start and
+//! after it was down). A failing check takes the upstream out of rotation, a passing one
+//! puts it back. A request goes to the healthy upstream serving its model with the fewest
+//! requests in flight (ties taken in turn); an attempt that fails before anything reached
+//! the client is retried on another healthy upstream when there is one. Until the first
+//! check answers the driver reports [`Readiness::Loading`], then [`Readiness::Ready`]
+//! while at least one upstream is healthy, else [`Readiness::Failed`] with the reasons;
+//! requests while none is healthy are [`EngineError::NotReady`].
+//! [`UpstreamDriver::upstreams`] lists the upstreams and their state. Served models:
+//! [`UpstreamConfig::model`] when given, else every id the healthy upstreams list
+//! (context length from its `context_length` or vLLM's `max_model_len`, 0 when
+//! unknown).
 //!
 //! **Transport.** Plain HTTP/1.1 (hyper's client with a connection pool). TLS is not
 //! built in: an `https://` base URL is an error at start. Serving engines usually sit on
@@ -79,7 +88,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// The registry entry: needs [`UpstreamConfig::base_url`].
+/// The registry entry: needs [`UpstreamConfig::base_urls`].
 pub const SPEC: DriverSpec = DriverSpec {
     id: "openai-upstream",
     about: "an OpenAI-compatible server (vLLM, llama.cpp, another fak) generates; the boundary stays here",
@@ -88,9 +97,7 @@ pub const SPEC: DriverSpec = DriverSpec {
     },
 };
 
-/// How often the models list is asked for while the upstream does not answer.
-const PROBE_EVERY: Duration = Duration::from_secs(2);
-/// Longest wait for one models-list answer.
+/// Longest wait for one health check or models-list answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most bytes read of an error body or a models list.
 const SMALL_BODY_LIMIT: usize = 1 << 20;
@@ -103,8 +110,9 @@ const BACKOFF: Duration = Duration::from_millis(250);
 /// flags).
 #[derive(Clone, PartialEq, Eq)]
 pub struct UpstreamConfig {
-    /// The server's root or its `/v1` URL, `http://HOST:PORT[/PREFIX]`. Required.
-    pub base_url: Option<String>,
+    /// The servers, each by its root or its `/v1` URL, `http://HOST:PORT[/PREFIX]`. At
+    /// least one is required; a repeated one counts once.
+    pub base_urls: Vec<String>,
     /// The one model served, under the name the upstream knows it by; `None`: every
     /// model the upstream's `/v1/models` lists.
     pub model: Option<String>,
@@ -115,21 +123,24 @@ pub struct UpstreamConfig {
     /// Longest wait for the next piece of a response body (a stall mid-reply).
     pub idle_timeout: Duration,
     /// Extra attempts after a connection failure, a 5xx or a timeout, while nothing has
-    /// been relayed to the client.
+    /// been relayed to the client (on another healthy upstream when there is one).
     pub retries: u32,
+    /// How often each upstream's health is checked; at least 10 ms.
+    pub health_interval: Duration,
 }
 
 impl Default for UpstreamConfig {
     /// No base URL; 300 s to the response head (a CPU server may prefill a long prompt
-    /// first), 120 s idle, 2 retries.
+    /// first), 120 s idle, 2 retries, a health check every 5 s.
     fn default() -> Self {
         UpstreamConfig {
-            base_url: None,
+            base_urls: Vec::new(),
             model: None,
             api_key: None,
             timeout: Duration::from_secs(300),
             idle_timeout: Duration::from_secs(120),
             retries: 2,
+            health_interval: Duration::from_secs(5),
         }
     }
 }
@@ -137,33 +148,56 @@ impl Default for UpstreamConfig {
 impl std::fmt::Debug for UpstreamConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamConfig")
-            .field("base_url", &self.base_url)
+            .field("base_urls", &self.base_urls)
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "(set)"))
             .field("timeout", &self.timeout)
             .field("idle_timeout", &self.idle_timeout)
             .field("retries", &self.retries)
+            .field("health_interval", &self.health_interval)
             .finish()
     }
 }
 
-/// What the driver knows of the upstream.
+/// What the driver knows of one upstream.
 enum State {
-    /// The first models request is under way.
+    /// The first check is under way.
     Probing,
-    /// It answered; the models served.
+    /// Healthy; the models it serves.
     Up(Vec<ModelInfo>),
-    /// It did not answer (asked again every [`PROBE_EVERY`]).
+    /// Its last check failed, for this reason.
     Down(String),
+}
+
+/// One upstream server.
+struct Upstream {
+    /// `http://HOST:PORT[/PREFIX]`, without a trailing `/` or `/v1`.
+    base: String,
+    state: Mutex<State>,
+    /// Attempts sent to it and not ended.
+    in_flight: AtomicUsize,
+}
+
+/// An upstream's state, as [`UpstreamDriver::upstreams`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamStatus {
+    /// Its normalized base URL.
+    pub base_url: String,
+    /// In rotation: its last health check passed.
+    pub healthy: bool,
+    /// Why it is out of rotation (`None` when healthy or not checked yet).
+    pub error: Option<String>,
+    /// Requests sent to it and not ended.
+    pub in_flight: usize,
 }
 
 struct Inner {
     cfg: UpstreamConfig,
-    /// `http://HOST:PORT[/PREFIX]`, without a trailing `/` or `/v1`.
-    base: String,
+    ups: Vec<Upstream>,
+    /// Where the next tie between equally loaded upstreams is broken.
+    turn: AtomicUsize,
     auth: Option<HeaderValue>,
     client: Client<HttpConnector, Full<Bytes>>,
-    state: Mutex<State>,
     active: AtomicUsize,
 }
 
@@ -215,12 +249,23 @@ impl UpstreamDriver {
     /// key that cannot be a header; [`EngineError::Internal`] if the runtime cannot
     /// start.
     pub fn start(cfg: UpstreamConfig) -> Result<Self, EngineError> {
-        let url = cfg.base_url.as_deref().ok_or_else(|| {
-            EngineError::InvalidRequest(
+        if cfg.base_urls.is_empty() {
+            return Err(EngineError::InvalidRequest(
                 "the openai-upstream engine needs a base URL (--base-url)".into(),
-            )
-        })?;
-        let base = normalize_base_url(url)?;
+            ));
+        }
+        if cfg.health_interval < Duration::from_millis(10) {
+            return Err(EngineError::InvalidRequest(
+                "the upstream health interval must be at least 10 ms".into(),
+            ));
+        }
+        let mut bases: Vec<String> = Vec::new();
+        for url in &cfg.base_urls {
+            let b = normalize_base_url(url)?;
+            if !bases.contains(&b) {
+                bases.push(b);
+            }
+        }
         let auth = match &cfg.api_key {
             None => None,
             Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
@@ -242,24 +287,55 @@ impl UpstreamDriver {
             .pool_timer(TokioTimer::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .build(connector);
+        let ups = bases
+            .into_iter()
+            .map(|base| Upstream {
+                base,
+                state: Mutex::new(State::Probing),
+                in_flight: AtomicUsize::new(0),
+            })
+            .collect();
         let inner = Arc::new(Inner {
             cfg,
-            base,
+            ups,
+            turn: AtomicUsize::new(0),
             auth,
             client,
-            state: Mutex::new(State::Probing),
             active: AtomicUsize::new(0),
         });
-        rt.spawn(probe(Arc::clone(&inner)));
+        for i in 0..inner.ups.len() {
+            rt.spawn(watch(Arc::clone(&inner), i));
+        }
         Ok(UpstreamDriver {
             inner,
             rt: Some(rt),
         })
     }
 
-    /// The normalized base URL the driver talks to.
+    /// The normalized base URL of the first upstream.
     pub fn base_url(&self) -> &str {
-        &self.inner.base
+        self.inner.ups.first().map_or("", |u| u.base.as_str())
+    }
+
+    /// Each upstream and its state, in the order given.
+    pub fn upstreams(&self) -> Vec<UpstreamStatus> {
+        self.inner
+            .ups
+            .iter()
+            .map(|u| {
+                let (healthy, error) = match &*lock(&u.state) {
+                    State::Probing => (false, None),
+                    State::Up(_) => (true, None),
+                    State::Down(m) => (false, Some(m.clone())),
+                };
+                UpstreamStatus {
+                    base_url: u.base.clone(),
+                    healthy,
+                    error,
+                    in_flight: u.in_flight.load(Ordering::SeqCst),
+                }
+            })
+            .collect()
     }
 }
 
@@ -272,17 +348,23 @@ impl Drop for UpstreamDriver {
     }
 }
 
-/// Asks for the models until the upstream answers.
-async fn probe(inner: Arc<Inner>) {
+/// Checks upstream `i` every health interval, for the driver's life.
+async fn watch(inner: Arc<Inner>, i: usize) {
+    let Some(up) = inner.ups.get(i) else {
+        return;
+    };
     loop {
-        match inner.fetch_models().await {
-            Ok(models) => {
-                *lock(&inner.state) = State::Up(models);
-                return;
-            }
-            Err(e) => *lock(&inner.state) = State::Down(e),
-        }
-        tokio::time::sleep(PROBE_EVERY).await;
+        let next = inner.check(&up.base, known_models(up)).await;
+        *lock(&up.state) = next;
+        tokio::time::sleep(inner.cfg.health_interval).await;
+    }
+}
+
+/// The models of an upstream that is up.
+fn known_models(up: &Upstream) -> Option<Vec<ModelInfo>> {
+    match &*lock(&up.state) {
+        State::Up(m) => Some(m.clone()),
+        _ => None,
     }
 }
 
@@ -426,10 +508,11 @@ impl Inner {
     fn request(
         &self,
         method: Method,
+        base: &str,
         path: &str,
         body: Bytes,
     ) -> Result<Request<Full<Bytes>>, String> {
-        let url = format!("{}{path}", self.base);
+        let url = format!("{base}{path}");
         let uri: Uri = url.parse().map_err(|e| format!("bad URL {url}: {e}"))?;
         let mut b = Request::builder().method(method.clone()).uri(uri).header(
             header::USER_AGENT,
@@ -447,10 +530,52 @@ impl Inner {
             .map_err(|e| format!("building the request to {url}: {e}"))
     }
 
+    /// One health check of the upstream at `base` (see the module docs): its new state.
+    async fn check(&self, base: &str, known: Option<Vec<ModelInfo>>) -> State {
+        let url = format!("{base}/health");
+        let within = self.cfg.timeout.min(PROBE_TIMEOUT);
+        let req = match self.request(Method::GET, base, "/health", Bytes::new()) {
+            Ok(r) => r,
+            Err(e) => return State::Down(e),
+        };
+        let status = match tokio::time::timeout(within, self.client.request(req)).await {
+            Err(_) => {
+                return State::Down(format!(
+                    "{url} did not answer within {} s",
+                    within.as_secs_f64()
+                ))
+            }
+            Ok(Err(e)) => return State::Down(format!("cannot reach {url}: {}", chain(&e))),
+            Ok(Ok(resp)) => {
+                let status = resp.status();
+                let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, within)
+                    .await
+                    .unwrap_or_default();
+                if !status.is_success()
+                    && status != StatusCode::NOT_FOUND
+                    && status != StatusCode::METHOD_NOT_ALLOWED
+                {
+                    return State::Down(format!(
+                        "{url} answered {status}: {}",
+                        body_message(&body)
+                    ));
+                }
+                status
+            }
+        };
+        match known {
+            Some(m) if status.is_success() => State::Up(m),
+            _ => match self.fetch_models(base).await {
+                Ok(m) => State::Up(m),
+                Err(e) => State::Down(e),
+            },
+        }
+    }
+
     /// `GET /v1/models`, as the models served (see the module docs).
-    async fn fetch_models(&self) -> Result<Vec<ModelInfo>, String> {
-        let url = format!("{}/v1/models", self.base);
-        let req = self.request(Method::GET, "/v1/models", Bytes::new())?;
+    async fn fetch_models(&self, base: &str) -> Result<Vec<ModelInfo>, String> {
+        let url = format!("{base}/v1/models");
+        let req = self.request(Method::GET, base, "/v1/models", Bytes::new())?;
         let within = self.cfg.timeout.min(PROBE_TIMEOUT);
         let resp = tokio::time::timeout(within, self.client.request(req))
             .await
@@ -506,13 +631,14 @@ impl Inner {
     /// `Ok` when it ended (with `Done`, or because the client left).
     async fn attempt(
         &self,
+        base: &str,
         job: &Job,
         sink: &EventSink,
         progress: &mut Progress,
     ) -> Result<(), Failure> {
-        let url = format!("{}{}", self.base, job.path);
+        let url = format!("{base}{}", job.path);
         let req = self
-            .request(Method::POST, job.path, job.body.clone())
+            .request(Method::POST, base, job.path, job.body.clone())
             .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
         let resp = match tokio::time::timeout(self.cfg.timeout, self.client.request(req)).await {
             Err(_) => {
@@ -1123,8 +1249,93 @@ impl Drop for ActiveGuard {
     }
 }
 
+/// Counts one attempt in flight on an upstream while it lives.
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl<'a> InFlight<'a> {
+    fn new(n: &'a AtomicUsize) -> Self {
+        n.fetch_add(1, Ordering::SeqCst);
+        InFlight(n)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Inner {
+    /// The healthy upstream serving `model` with the fewest attempts in flight,
+    /// preferring one not in `tried`; ties are taken in turn. `None` when no healthy
+    /// upstream serves it.
+    fn pick(&self, model: &str, tried: &[usize]) -> Option<usize> {
+        let n = self.ups.len();
+        let from = self.turn.fetch_add(1, Ordering::Relaxed);
+        let mut best: Option<((bool, usize), usize)> = None;
+        for k in 0..n {
+            let i = (from.wrapping_add(k)) % n;
+            let up = &self.ups[i];
+            let serves = match &*lock(&up.state) {
+                State::Up(m) => m.iter().any(|x| x.id == model),
+                _ => false,
+            };
+            if !serves {
+                continue;
+            }
+            let key = (tried.contains(&i), up.in_flight.load(Ordering::SeqCst));
+            if best.as_ref().is_none_or(|(b, _)| key < *b) {
+                best = Some((key, i));
+            }
+        }
+        best.map(|(_, i)| i)
+    }
+
+    /// The models the healthy upstreams serve (each id once, first listing wins), and
+    /// whether any upstream has not answered its first check yet.
+    fn served(&self) -> (Vec<ModelInfo>, bool) {
+        let mut out: Vec<ModelInfo> = Vec::new();
+        let mut probing = false;
+        for up in &self.ups {
+            match &*lock(&up.state) {
+                State::Up(m) => {
+                    for x in m {
+                        if !out.iter().any(|o| o.id == x.id) {
+                            out.push(x.clone());
+                        }
+                    }
+                }
+                State::Probing => probing = true,
+                State::Down(_) => {}
+            }
+        }
+        (out, probing)
+    }
+
+    /// Why no upstream is healthy: each one's reason.
+    fn down_reasons(&self) -> String {
+        let reasons: Vec<String> = self
+            .ups
+            .iter()
+            .filter_map(|up| match &*lock(&up.state) {
+                State::Down(m) if self.ups.len() == 1 => Some(m.clone()),
+                State::Down(m) => Some(format!("{}: {m}", up.base)),
+                _ => None,
+            })
+            .collect();
+        let what = if self.ups.len() == 1 {
+            "the upstream does not answer"
+        } else {
+            "no upstream answers"
+        };
+        format!("{what}: {}", reasons.join("; "))
+    }
+}
+
 /// A generation: attempts with backoff until one ends, the error is final, or the
-/// client leaves (the stream dropped: the attempt is dropped with its connection).
+/// client leaves (the stream dropped: the attempt is dropped with its connection). Each
+/// attempt goes to the least-loaded healthy upstream, one not tried yet when there is
+/// one; only a retry on an upstream already tried waits the backoff first.
 async fn run(guard: ActiveGuard, job: Job, sink: EventSink) {
     let inner = Arc::clone(&guard.0);
     let mut progress = Progress {
@@ -1134,35 +1345,55 @@ async fn run(guard: ActiveGuard, job: Job, sink: EventSink) {
         first_text: None,
     };
     let mut attempt = 0u32;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last: Option<Failure> = None;
     loop {
-        let r = tokio::select! {
-            () = sink.closed() => return,
-            r = inner.attempt(&job, &sink, &mut progress) => r,
+        let Some(i) = inner.pick(&job.model, &tried) else {
+            let f =
+                last.unwrap_or_else(|| Failure::fatal(EngineError::Upstream(inner.down_reasons())));
+            sink.send(EngineEvent::Error(with_attempts(f.error, attempt)));
+            return;
+        };
+        if attempt > 0 && tried.contains(&i) {
+            let wait = BACKOFF.saturating_mul(1 << (attempt - 1).min(8));
+            tokio::select! {
+                () = sink.closed() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+        tried.push(i);
+        let up = &inner.ups[i];
+        let r = {
+            let _counted = InFlight::new(&up.in_flight);
+            tokio::select! {
+                () = sink.closed() => return,
+                r = inner.attempt(&up.base, &job, &sink, &mut progress) => r,
+            }
         };
         let Err(f) = r else {
             return;
         };
         if f.retryable && !progress.relayed && attempt < inner.cfg.retries {
-            let wait = BACKOFF.saturating_mul(1 << attempt.min(8));
             attempt += 1;
-            tokio::select! {
-                () = sink.closed() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
+            last = Some(f);
             continue;
         }
-        let tries = if attempt > 0 {
-            format!(" ({} attempts)", attempt + 1)
-        } else {
-            String::new()
-        };
-        let error = match f.error {
-            EngineError::Upstream(m) => EngineError::Upstream(m + &tries),
-            EngineError::UpstreamTimeout(m) => EngineError::UpstreamTimeout(m + &tries),
-            e => e,
-        };
-        sink.send(EngineEvent::Error(error));
+        sink.send(EngineEvent::Error(with_attempts(f.error, attempt)));
         return;
+    }
+}
+
+/// An upstream error with the number of attempts when there was more than one.
+fn with_attempts(error: EngineError, retries: u32) -> EngineError {
+    let tries = if retries > 0 {
+        format!(" ({} attempts)", retries + 1)
+    } else {
+        String::new()
+    };
+    match error {
+        EngineError::Upstream(m) => EngineError::Upstream(m + &tries),
+        EngineError::UpstreamTimeout(m) => EngineError::UpstreamTimeout(m + &tries),
+        e => e,
     }
 }
 
@@ -1172,27 +1403,35 @@ impl EngineDriver for UpstreamDriver {
     }
 
     fn models(&self) -> Vec<ModelInfo> {
-        match &*lock(&self.inner.state) {
-            State::Up(m) => m.clone(),
-            _ => self
-                .inner
-                .cfg
-                .model
-                .iter()
-                .map(|id| ModelInfo {
-                    id: id.clone(),
-                    context_length: 0,
-                    owned_by: SPEC.id.into(),
-                })
-                .collect(),
+        let (served, _) = self.inner.served();
+        if !served.is_empty() {
+            return served;
         }
+        self.inner
+            .cfg
+            .model
+            .iter()
+            .map(|id| ModelInfo {
+                id: id.clone(),
+                context_length: 0,
+                owned_by: SPEC.id.into(),
+            })
+            .collect()
     }
 
     fn readiness(&self) -> Readiness {
-        match &*lock(&self.inner.state) {
-            State::Probing => Readiness::Loading,
-            State::Up(_) => Readiness::Ready,
-            State::Down(m) => Readiness::Failed(format!("the upstream does not answer: {m}")),
+        let (served, probing) = self.inner.served();
+        let up = self
+            .inner
+            .ups
+            .iter()
+            .any(|u| matches!(&*lock(&u.state), State::Up(_)));
+        if up && !served.is_empty() {
+            Readiness::Ready
+        } else if probing {
+            Readiness::Loading
+        } else {
+            Readiness::Failed(self.inner.down_reasons())
         }
     }
 
@@ -1204,19 +1443,14 @@ impl EngineDriver for UpstreamDriver {
     }
 
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
-        let served = match &*lock(&self.inner.state) {
-            State::Up(m) => m.clone(),
-            State::Probing => {
-                return Err(EngineError::NotReady(
-                    "asking the upstream for its models".into(),
-                ))
-            }
-            State::Down(m) => {
-                return Err(EngineError::NotReady(format!(
-                    "the upstream does not answer: {m}"
-                )))
-            }
-        };
+        let (served, probing) = self.inner.served();
+        if served.is_empty() {
+            return Err(EngineError::NotReady(if probing {
+                "asking the upstream for its models".into()
+            } else {
+                self.inner.down_reasons()
+            }));
+        }
         check_model(req.model.as_deref(), &served)?;
         req.validate()?;
         req.sampling
@@ -1434,7 +1668,7 @@ mod tests {
                             Ok(n) => got.extend_from_slice(&buf[..n]),
                         }
                     }
-                    let body: &[u8] = if got.starts_with(b"GET /v1/models") {
+                    let body: &[u8] = if got.starts_with(b"GET ") {
                         b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
                     } else {
                         reply
@@ -1448,7 +1682,7 @@ mod tests {
 
     fn driver(addr: std::net::SocketAddr, idle_ms: u64) -> UpstreamDriver {
         let d = UpstreamDriver::start(UpstreamConfig {
-            base_url: Some(format!("http://{addr}/v1")),
+            base_urls: vec![format!("http://{addr}/v1")],
             timeout: Duration::from_secs(5),
             idle_timeout: Duration::from_millis(idle_ms),
             retries: 1,
@@ -1556,7 +1790,7 @@ data: [DONE]\n\n",
                 let Ok(mut s) = s else { return };
                 let mut buf = vec![0u8; 65536];
                 let n = s.read(&mut buf).unwrap_or(0);
-                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                let reply: &[u8] = if buf[..n].starts_with(b"GET ") {
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
                 } else {
                     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
@@ -1588,7 +1822,7 @@ data: [DONE]\n\n",
                 let Ok(mut s) = s else { return };
                 let mut buf = vec![0u8; 65536];
                 let n = s.read(&mut buf).unwrap_or(0);
-                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                let reply: &[u8] = if buf[..n].starts_with(b"GET ") {
                     b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
                 } else if p.fetch_add(1, Ordering::SeqCst) == 0 {
                     b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops"
@@ -1610,14 +1844,14 @@ data: [DONE]\n\n",
                 let Ok(mut s) = s else { return };
                 let mut buf = vec![0u8; 65536];
                 let n = s.read(&mut buf).unwrap_or(0);
-                if buf[..n].starts_with(b"GET /v1/models") {
+                if buf[..n].starts_with(b"GET ") {
                     let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n");
                 }
                 held.push(s);
             }
         });
         let d = UpstreamDriver::start(UpstreamConfig {
-            base_url: Some(format!("http://{addr}")),
+            base_urls: vec![format!("http://{addr}")],
             timeout: Duration::from_millis(300),
             retries: 0,
             ..UpstreamConfig::default()
@@ -1637,6 +1871,81 @@ data: [DONE]\n\n",
         assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
     }
 
+    /// A loopback server answering each request with the reply of the first route whose
+    /// prefix its head starts with (else a 404).
+    fn routed_upstream(routes: Vec<(&'static [u8], &'static [u8])>) -> std::net::SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let reply = routes
+                    .iter()
+                    .find(|(p, _)| buf[..n].starts_with(p))
+                    .map_or(
+                        &b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"[..],
+                        |(_, r)| r,
+                    );
+                let _ = s.write_all(reply);
+            }
+        });
+        addr
+    }
+
+    #[test]
+    fn health_checks_fall_back_to_the_models_list_and_a_failing_one_is_out() {
+        const MODELS: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n";
+        // No /health route at all: the models list decides.
+        let plain = routed_upstream(vec![(b"GET /v1/models", MODELS)]);
+        // A /health that says it is not ready, though its models list answers.
+        let loading = routed_upstream(vec![
+            (
+                b"GET /health",
+                b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 7\r\nconnection: close\r\n\r\nloading",
+            ),
+            (b"GET /v1/models", MODELS),
+        ]);
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{loading}"), format!("http://{plain}/v1/")],
+            health_interval: Duration::from_millis(50),
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready || d.upstreams()[0].error.is_none() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.upstreams());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let u = d.upstreams();
+        assert_eq!(u[1].base_url, format!("http://{plain}"));
+        assert!(u[1].healthy && u[1].error.is_none(), "{u:?}");
+        assert!(!u[0].healthy, "{u:?}");
+        let e = u[0].error.clone().unwrap();
+        assert!(e.contains("503") && e.contains("loading"), "{e}");
+        assert_eq!(d.models().len(), 1);
+        assert_eq!(d.models()[0].id, "fake");
+        // Bad configurations are errors, not panics.
+        for cfg in [
+            UpstreamConfig::default(),
+            UpstreamConfig {
+                base_urls: vec![format!("http://{plain}")],
+                health_interval: Duration::ZERO,
+                ..UpstreamConfig::default()
+            },
+            UpstreamConfig {
+                base_urls: vec![format!("http://{plain}"), "nope".into()],
+                ..UpstreamConfig::default()
+            },
+        ] {
+            assert!(matches!(
+                UpstreamDriver::start(cfg),
+                Err(EngineError::InvalidRequest(_))
+            ));
+        }
+    }
+
     #[test]
     fn an_upstream_that_is_down_is_not_ready() {
         // A port nothing listens on.
@@ -1645,7 +1954,7 @@ data: [DONE]\n\n",
             .local_addr()
             .unwrap();
         let d = UpstreamDriver::start(UpstreamConfig {
-            base_url: Some(format!("http://{addr}")),
+            base_urls: vec![format!("http://{addr}")],
             ..UpstreamConfig::default()
         })
         .unwrap();

@@ -133,10 +133,11 @@ fn upstream(rec: Arc<Recorder>, at: Option<SocketAddr>) -> Killable {
 
 fn front_config(addr: SocketAddr) -> UpstreamConfig {
     UpstreamConfig {
-        base_url: Some(format!("http://{addr}/v1")),
+        base_urls: vec![format!("http://{addr}/v1")],
         timeout: Duration::from_secs(10),
         idle_timeout: Duration::from_secs(10),
         retries: 1,
+        health_interval: Duration::from_secs(1),
         ..UpstreamConfig::default()
     }
 }
@@ -449,7 +450,11 @@ fn an_upstream_killed_mid_stream_gives_an_error_event_and_the_front_goes_on() {
     let rec = Arc::new(Recorder::with_delay(Duration::from_millis(5)));
     let mut up = upstream(Arc::clone(&rec), None);
     let at = up.addr;
-    let (fr, _d) = front(front_config(at));
+    // No health check in the window this test looks at: the request's own failure.
+    let (fr, _d) = front(UpstreamConfig {
+        health_interval: Duration::from_secs(600),
+        ..front_config(at)
+    });
     wait_health(fr.addr, 200);
     let mut body = chat("count 100000");
     body["stream"] = json!(true);
@@ -564,10 +569,166 @@ fn an_upstream_down_at_start_shows_in_health_until_it_comes_up() {
     let r = post(fr.addr, "/v1/chat/completions", &chat("hi"));
     assert_eq!(r.status, 503, "{}", r.body);
     assert!(r.header("retry-after").is_some());
-    // The upstream comes up: the front notices (it asks again every 2 s).
+    // The upstream comes up: the front notices (its health check runs every second).
     let rec = Arc::new(Recorder::default());
     let _up = upstream(rec, Some(at));
     wait_health(fr.addr, 200);
     let r = post(fr.addr, "/v1/chat/completions", &chat("echo up now"));
     assert_eq!(r.json()["choices"][0]["message"]["content"], "up now");
+}
+
+/// The front over several upstreams, each given as its address.
+fn front_over(
+    addrs: &[SocketAddr],
+    health_interval: Duration,
+) -> (common::Server, Arc<UpstreamDriver>) {
+    front(UpstreamConfig {
+        base_urls: addrs.iter().map(|a| format!("http://{a}/v1")).collect(),
+        health_interval,
+        retries: 2,
+        ..front_config(addrs[0])
+    })
+}
+
+/// Waits until the driver's upstreams' health reads `want`.
+fn wait_upstreams(d: &UpstreamDriver, want: &[bool]) {
+    let t = Instant::now();
+    loop {
+        let now: Vec<bool> = d.upstreams().iter().map(|u| u.healthy).collect();
+        if now == want {
+            return;
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(15),
+            "upstreams never {want:?}: {:?}",
+            d.upstreams()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends `n` echo requests one after another; each must succeed with its own text.
+fn echo_many(front: SocketAddr, n: usize, tag: &str) {
+    for i in 0..n {
+        let r = post(
+            front,
+            "/v1/chat/completions",
+            &chat(&format!("echo {tag} {i}")),
+        );
+        assert_eq!(r.status, 200, "{tag} {i}: {}", r.body);
+        assert_eq!(
+            r.json()["choices"][0]["message"]["content"],
+            format!("{tag} {i}")
+        );
+    }
+}
+
+fn seen(r: &Recorder) -> usize {
+    r.seen.lock().unwrap().len()
+}
+
+#[test]
+fn requests_spread_over_upstreams_and_follow_their_health() {
+    let recs = [
+        Arc::new(Recorder::with_delay(Duration::from_millis(5))),
+        Arc::new(Recorder::with_delay(Duration::from_millis(5))),
+    ];
+    let mut ups = [
+        upstream(Arc::clone(&recs[0]), None),
+        upstream(Arc::clone(&recs[1]), None),
+    ];
+    let addrs = [ups[0].addr, ups[1].addr];
+    let (fr, d) = front_over(&addrs, Duration::from_millis(200));
+    wait_health(fr.addr, 200);
+    wait_upstreams(&d, &[true, true]);
+    assert_eq!(get(fr.addr, "/health").json()["models"], json!(["mock"]));
+    let listed: Vec<String> = d.upstreams().into_iter().map(|u| u.base_url).collect();
+    assert_eq!(listed, addrs.map(|a| format!("http://{a}")));
+    // One after another: each upstream gets its turn.
+    echo_many(fr.addr, 10, "spread");
+    let (a, b) = (seen(&recs[0]), seen(&recs[1]));
+    assert_eq!(a + b, 10);
+    assert!(a >= 3 && b >= 3, "{a} and {b}");
+    // A long stream holds one upstream: the next requests go to the other.
+    let mut body = chat("count 100000");
+    body["stream"] = json!(true);
+    let mut s = open_stream(fr.addr, "/v1/chat/completions", &body, 2000);
+    let busy = usize::from(recs[1].stats().active == 1);
+    let idle = 1 - busy;
+    assert_eq!(recs[busy].stats().active, 1);
+    assert_eq!(d.upstreams()[busy].in_flight, 1);
+    let before = seen(&recs[idle]);
+    for i in 0..4 {
+        // The previous reply reached us a moment before its attempt stopped counting.
+        let t = Instant::now();
+        while d.upstreams()[idle].in_flight > 0 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.upstreams());
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        echo_many(fr.addr, 1, &format!("beside {i}"));
+    }
+    assert_eq!(seen(&recs[idle]), before + 4, "the least-loaded upstream");
+    // The busy upstream dies: its stream ends with a clean error event...
+    ups[busy].kill();
+    let rest = read_rest(&mut s, Duration::from_secs(20));
+    assert!(rest.contains("data: [DONE]"), "{rest:.300}");
+    assert!(rest.contains("mid-reply"), "{rest:.300}");
+    // ...and no request fails, before the health check notices or after.
+    echo_many(fr.addr, 6, "during");
+    wait_upstreams(
+        &d,
+        &if busy == 0 {
+            [false, true]
+        } else {
+            [true, false]
+        },
+    );
+    let down = &d.upstreams()[busy];
+    assert!(
+        down.error.as_deref().unwrap_or("").contains("cannot reach"),
+        "{down:?}"
+    );
+    assert_eq!(get(fr.addr, "/health").status, 200);
+    let before = seen(&recs[idle]);
+    echo_many(fr.addr, 6, "after");
+    assert_eq!(seen(&recs[idle]), before + 6, "only the live upstream");
+    // It comes back on the same port: back in rotation.
+    let back = Arc::new(Recorder::default());
+    let _again = upstream(Arc::clone(&back), Some(addrs[busy]));
+    wait_upstreams(&d, &[true, true]);
+    echo_many(fr.addr, 10, "back");
+    assert!(seen(&back) >= 3, "{}", seen(&back));
+    // All of them down: the front says so, and requests are a clean 503.
+    for u in &mut ups {
+        u.kill();
+    }
+    drop(_again);
+    let h = wait_health(fr.addr, 503).json();
+    assert!(
+        h["error"].as_str().unwrap().contains("no upstream answers"),
+        "{h}"
+    );
+    let r = post(fr.addr, "/v1/chat/completions", &chat("hi"));
+    assert_eq!(r.status, 503, "{}", r.body);
+}
+
+#[test]
+fn a_request_to_a_dead_upstream_is_retried_on_a_live_one() {
+    let recs = [Arc::new(Recorder::default()), Arc::new(Recorder::default())];
+    let mut ups = [
+        upstream(Arc::clone(&recs[0]), None),
+        upstream(Arc::clone(&recs[1]), None),
+    ];
+    // A health check too slow to notice anything in this test.
+    let (fr, d) = front_over(&[ups[0].addr, ups[1].addr], Duration::from_secs(600));
+    wait_upstreams(&d, &[true, true]);
+    ups[0].kill();
+    // Turns alternate, so some of these try the dead one first.
+    echo_many(fr.addr, 6, "retried");
+    assert_eq!(seen(&recs[1]), 6);
+    assert_eq!(
+        d.upstreams().iter().map(|u| u.healthy).collect::<Vec<_>>(),
+        vec![true, true],
+        "the health check did not run: the requests were retried"
+    );
 }
