@@ -432,6 +432,7 @@ impl EngineDriver for InKernelDriver {
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
             kv_bytes: p.bytes(),
+            ..EngineStats::default()
         }
     }
 

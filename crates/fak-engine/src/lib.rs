@@ -256,6 +256,10 @@ pub struct EngineStats {
     pub kv_entries: usize,
     /// Bytes of KV entries held by the reuse cache.
     pub kv_bytes: usize,
+    /// Upstream servers behind the driver (0 for a driver that generates itself).
+    pub upstreams: usize,
+    /// Of those, the ones in rotation (their last health check passed).
+    pub upstreams_healthy: usize,
 }
 
 /// The receiving end of one generation. Dropping it cancels the generation.

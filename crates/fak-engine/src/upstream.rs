@@ -1438,6 +1438,13 @@ impl EngineDriver for UpstreamDriver {
     fn stats(&self) -> EngineStats {
         EngineStats {
             active: self.inner.active.load(Ordering::SeqCst),
+            upstreams: self.inner.ups.len(),
+            upstreams_healthy: self
+                .inner
+                .ups
+                .iter()
+                .filter(|u| matches!(&*lock(&u.state), State::Up(_)))
+                .count(),
             ..EngineStats::default()
         }
     }

@@ -110,7 +110,8 @@ impl Metrics {
     /// `fak_tool_results_total{verdict,reason}`, `fak_tool_calls_total{verdict,reason}`,
     /// the token counters,
     /// and the engine's gauges (`fak_queue_depth`, `fak_active_generations`,
-    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`), and the
+    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`, and with an
+    /// upstream driver `fak_upstreams` and `fak_upstreams_healthy`), and the
     /// histograms `fak_time_to_first_token_seconds` and
     /// `fak_time_per_output_token_seconds`.
     pub fn render(&self, stats: EngineStats, ready: bool) -> String {
@@ -197,6 +198,22 @@ impl Metrics {
         ];
         for (name, help, v) in gauges {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+        if stats.upstreams > 0 {
+            for (name, help, v) in [
+                (
+                    "fak_upstreams",
+                    "Upstream servers configured.",
+                    stats.upstreams,
+                ),
+                (
+                    "fak_upstreams_healthy",
+                    "Upstream servers in rotation (their last health check passed).",
+                    stats.upstreams_healthy,
+                ),
+            ] {
+                let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+            }
         }
         self.ttft.lock().unwrap_or_else(|p| p.into_inner()).render(
             &mut s,

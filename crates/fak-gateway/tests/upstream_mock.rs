@@ -689,6 +689,11 @@ fn requests_spread_over_upstreams_and_follow_their_health() {
         "{down:?}"
     );
     assert_eq!(get(fr.addr, "/health").status, 200);
+    let m = get(fr.addr, "/metrics").body;
+    assert!(
+        m.contains("\nfak_upstreams 2\n") && m.contains("\nfak_upstreams_healthy 1\n"),
+        "{m}"
+    );
     let before = seen(&recs[idle]);
     echo_many(fr.addr, 6, "after");
     assert_eq!(seen(&recs[idle]), before + 6, "only the live upstream");
