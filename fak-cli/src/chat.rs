@@ -1,7 +1,7 @@
 //! `fak chat`: an interactive conversation whose KV cache is kept between turns.
 
 use crate::run::SamplingArgs;
-use crate::{load_model, parse_threads, resolve_or_pull, CliError};
+use crate::{load_model_with, parse_threads, resolve_or_pull, CliError, WeightsArg};
 use fak_kv::{ChatSession, TurnStats};
 use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::load_text;
@@ -22,6 +22,10 @@ pub(crate) struct ChatArgs {
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Weights: `exact` (f32, proven against HF) or `native` (quantized matrices kept
+    /// in the file's block format; faster, logits differ slightly).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
+    weights: WeightsArg,
 }
 
 const HELP: &str = "commands: /stats (cache position and the last turn's cost), /reset (start over), /quit; Ctrl-C stops a reply";
@@ -46,7 +50,7 @@ fn stats_line(s: &ChatSession, last: Option<&TurnStats>) -> String {
 
 pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
     let path = resolve_or_pull(&args.model)?;
-    let model = Arc::new(load_model(&path, args.threads)?);
+    let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let (tok, template) = load_text(&path, model.config())?;
     if template.is_fallback() {
         eprintln!("note: this model carries no chat template; using ChatML");

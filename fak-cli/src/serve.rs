@@ -1,6 +1,6 @@
 //! `fak serve`: the HTTP APIs of fak-gateway over a fak-engine driver. Wiring only.
 
-use crate::{fail, parse_threads, resolve_or_pull, CliError};
+use crate::{fail, parse_threads, resolve_or_pull, CliError, WeightsArg};
 use fak_engine::{registry, EngineConfig, Readiness};
 use fak_gateway::{router_with_boundary, Boundary, GatewayConfig};
 use fak_model::catalog::{self, DEFAULT_MODEL};
@@ -78,6 +78,11 @@ pub(crate) struct ServeArgs {
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Weights of the in-kernel engine: `exact` (f32, proven against HF) or `native`
+    /// (quantized matrices kept in the file's block format; faster, logits differ
+    /// slightly).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
+    weights: WeightsArg,
     /// Tool-call policy manifest (fak-policy/1 JSON; see `fak policy dump`); reloadable
     /// with POST /v1/fak/policy/reload. Default: the built-in policy.
     #[arg(long)]
@@ -116,6 +121,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         max_queue: args.max_queue,
         kv_budget_bytes: args.kv_budget_mb.saturating_mul(1 << 20),
         threads: args.threads,
+        weights: args.weights.into(),
         kv_evict: !args.no_kv_evict,
         ..EngineConfig::default()
     };

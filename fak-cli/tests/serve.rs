@@ -1,6 +1,6 @@
 //! `fak serve` through the binary: it binds, prints its address, answers, refuses bad
 //! flags; on the real model its greedy HTTP answer equals `fak run --format json` for
-//! the same message.
+//! the same message, with exact weights and with `--weights native`.
 
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
@@ -288,4 +288,58 @@ fn greedy_http_answer_equals_fak_run_json() {
         };
         assert_eq!(cached, expect);
     }
+}
+
+/// One greedy chat request with logprobs; returns (text, the chosen tokens' logprobs).
+fn greedy_chat(addr: &str, prompt: &str) -> (Value, Vec<f64>) {
+    let body = json!({"model": "smollm2-135m-instruct", "temperature": 0,
+        "max_tokens": 16, "logprobs": true, "messages": [{"role": "user", "content": prompt}]})
+    .to_string();
+    let (status, resp) = http(addr, "POST", "/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    let lps = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["logprob"].as_f64().unwrap())
+        .collect();
+    (v["choices"][0]["message"]["content"].clone(), lps)
+}
+
+#[test]
+fn serve_with_native_weights_answers_as_fak_run_native() {
+    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
+    if cached.is_none() {
+        return;
+    }
+    let prompt = "What is the capital of France?";
+    let out = fak()
+        .args(["run", "--weights", "native", "--max-tokens", "16"])
+        .args(["--format", "json", prompt])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["weights"], "native");
+    let (native_text, native_lps) = {
+        let s = serve(&["--weights", "native", "--kv-budget-mb", "64"]);
+        wait_ready(&s.addr);
+        greedy_chat(&s.addr, prompt)
+    };
+    assert_eq!(native_text, run["text"]);
+    assert_eq!(
+        native_lps.len(),
+        run["completion_ids"].as_array().unwrap().len()
+    );
+    // The flag reaches the model: the exact server's logprobs are not the native ones.
+    let s = serve(&["--weights", "exact", "--kv-budget-mb", "64"]);
+    wait_ready(&s.addr);
+    let (_, exact_lps) = greedy_chat(&s.addr, prompt);
+    assert_ne!(native_lps, exact_lps);
 }

@@ -16,7 +16,7 @@ use crate::{
     Prompt, Readiness, Revocation, RevokeReport,
 };
 use fak_kv::{generate_text_with_logprobs, TextParams};
-use fak_model::{load_text, ChatTemplate, Model, Tokenizer};
+use fak_model::{load_text, ChatTemplate, Model, Tokenizer, WeightMode};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -106,7 +106,7 @@ impl InKernelDriver {
         std::thread::Builder::new()
             .name("fak-load".into())
             .spawn(move || {
-                let loaded = load(&path, s.config.threads);
+                let loaded = load(&path, s.config.threads, s.config.weights);
                 match loaded {
                     Ok(l) => {
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));
@@ -185,8 +185,9 @@ fn model_id(path: &Path, config: &EngineConfig) -> String {
     })
 }
 
-fn load(path: &Path, threads: Option<usize>) -> Result<Loaded, String> {
-    let mut model = Model::load(path).map_err(|e| format!("loading {}: {e}", path.display()))?;
+fn load(path: &Path, threads: Option<usize>, weights: WeightMode) -> Result<Loaded, String> {
+    let mut model =
+        Model::load_with(path, weights).map_err(|e| format!("loading {}: {e}", path.display()))?;
     if let Some(n) = threads {
         model.set_threads(fak_tensor::Threads::new(n));
     }

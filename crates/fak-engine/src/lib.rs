@@ -494,6 +494,10 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Threads per matrix product (default: all cores).
     pub threads: Option<usize>,
+    /// How the in-kernel driver keeps the model's matrices (default
+    /// [`fak_model::WeightMode::Exact`], the path proven against HF;
+    /// [`fak_model::WeightMode::Native`] keeps them quantized and decodes faster).
+    pub weights: fak_model::WeightMode,
     /// Whether [`EngineDriver::revoke`] takes revoked content out of the KV cache
     /// (default on; `fak serve --no-kv-evict` turns it off, and then a cached prefix
     /// may still hold content revoked after it was cached).
@@ -511,6 +515,7 @@ impl Default for EngineConfig {
             max_queue: 64,
             kv_budget_bytes: 512 << 20,
             threads: None,
+            weights: fak_model::WeightMode::Exact,
             kv_evict: true,
             upstream: upstream::UpstreamConfig::default(),
         }

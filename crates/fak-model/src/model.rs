@@ -10,7 +10,9 @@
 use crate::kv::{window_start, KvStore};
 use crate::source::{QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
-use fak_tensor::quant::{matmul_threads, matvec_threads, quantize_activation};
+use fak_tensor::quant::{
+    matmul_threads, matvec_threads, quantize_activation, ActKind, QType, QuantError, QuantizedActs,
+};
 use fak_tensor::{
     add_assign, dot_strided, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
     weighted_rows_sum, RopeTable, Threads,
@@ -78,6 +80,45 @@ impl NativeLayer {
     }
 }
 
+/// The quantized forms of one input (`n` rows of `cols`), made once per activation
+/// kind and shared by every product that reads that input (q/k/v, gate/up): the
+/// same function of the same row gives the same blocks, so sharing changes no bit.
+struct SharedActs<'a> {
+    x: &'a [f32],
+    cols: usize,
+    n: usize,
+    made: Vec<(ActKind, Vec<QuantizedActs>)>,
+}
+
+impl<'a> SharedActs<'a> {
+    fn new(x: &'a [f32], cols: usize, n: usize) -> Self {
+        SharedActs {
+            x: &x[..n * cols],
+            cols,
+            n,
+            made: Vec::new(),
+        }
+    }
+
+    /// The rows quantized for `ty` weights (quantized on first use).
+    fn for_type(&mut self, ty: QType) -> Result<&[QuantizedActs], QuantError> {
+        let kind = ty.act_kind();
+        let at = match self.made.iter().position(|(k, _)| *k == kind) {
+            Some(i) => i,
+            None => {
+                let acts = self
+                    .x
+                    .chunks_exact(self.cols)
+                    .map(|xt| quantize_activation(ty, xt))
+                    .collect::<Result<Vec<_>, _>>()?;
+                self.made.push((kind, acts));
+                self.made.len() - 1
+            }
+        };
+        Ok(&self.made[at].1)
+    }
+}
+
 /// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
 /// product when `q` holds the matrix, else the exact `f32` [`matmul`] over `w`.
 #[allow(clippy::too_many_arguments)]
@@ -91,37 +132,39 @@ fn linear(
     out: &mut [f32],
     th: Threads,
 ) -> Result<(), ModelError> {
+    linear_shared(w, q, rows, &mut SharedActs::new(x, cols, n), out, th)
+}
+
+/// [`linear`] reading its input from `x`, whose quantized rows other products of the
+/// same input reuse.
+fn linear_shared(
+    w: &[f32],
+    q: Option<&QuantMatrix>,
+    rows: usize,
+    x: &mut SharedActs<'_>,
+    out: &mut [f32],
+    th: Threads,
+) -> Result<(), ModelError> {
+    let (cols, n) = (x.cols, x.n);
     let Some(q) = q else {
-        matmul(w, rows, cols, x, n, out, th);
+        matmul(w, rows, cols, x.x, n, out, th);
         return Ok(());
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
-    let x = &x[..n * cols];
     let out = &mut out[..n * rows];
+    let acts = x.for_type(q.ty).map_err(qerr)?;
     let Some(order) = &q.row_order else {
         if n == 1 {
-            let act = quantize_activation(q.ty, x).map_err(qerr)?;
-            return matvec_threads(q.ty, q.bytes(), &act, out, th).map_err(qerr);
+            return matvec_threads(q.ty, q.bytes(), &acts[0], out, th).map_err(qerr);
         }
-        let acts = x
-            .chunks_exact(cols)
-            .map(|xt| quantize_activation(q.ty, xt))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(qerr)?;
-        return matmul_threads(q.ty, q.bytes(), &acts, out, th).map_err(qerr);
+        return matmul_threads(q.ty, q.bytes(), acts, out, th).map_err(qerr);
     };
     // Rows in the file's order, then each token's outputs put back in HF's order.
     let mut file_order = vec![0f32; n * rows];
     if n == 1 {
-        let act = quantize_activation(q.ty, x).map_err(qerr)?;
-        matvec_threads(q.ty, q.bytes(), &act, &mut file_order, th).map_err(qerr)?;
+        matvec_threads(q.ty, q.bytes(), &acts[0], &mut file_order, th).map_err(qerr)?;
     } else {
-        let acts = x
-            .chunks_exact(cols)
-            .map(|xt| quantize_activation(q.ty, xt))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(qerr)?;
-        matmul_threads(q.ty, q.bytes(), &acts, &mut file_order, th).map_err(qerr)?;
+        matmul_threads(q.ty, q.bytes(), acts, &mut file_order, th).map_err(qerr)?;
     }
     for (ot, ft) in out
         .chunks_exact_mut(rows)
@@ -718,9 +761,11 @@ impl Model {
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
-            linear(&w.q_proj, nw.q.as_ref(), qd, h, &xn, n, &mut q, th)?;
-            linear(&w.k_proj, nw.k.as_ref(), kvd, h, &xn, n, &mut k, th)?;
-            linear(&w.v_proj, nw.v.as_ref(), kvd, h, &xn, n, &mut v, th)?;
+            // q, k and v read one input: it is quantized once for the three.
+            let mut xq = SharedActs::new(&xn, h, n);
+            linear_shared(&w.q_proj, nw.q.as_ref(), qd, &mut xq, &mut q, th)?;
+            linear_shared(&w.k_proj, nw.k.as_ref(), kvd, &mut xq, &mut k, th)?;
+            linear_shared(&w.v_proj, nw.v.as_ref(), kvd, &mut xq, &mut v, th)?;
             if let Some((bq, bk, bv)) = &w.qkv_bias {
                 for (rows, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
                     for row in rows.chunks_exact_mut(b.len()) {
@@ -783,8 +828,10 @@ impl Model {
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
-            linear(&w.gate_proj, nw.gate.as_ref(), ff, h, &xn, n, &mut gate, th)?;
-            linear(&w.up_proj, nw.up.as_ref(), ff, h, &xn, n, &mut up, th)?;
+            // gate and up read one input: it is quantized once for the two.
+            let mut xq = SharedActs::new(&xn, h, n);
+            linear_shared(&w.gate_proj, nw.gate.as_ref(), ff, &mut xq, &mut gate, th)?;
+            linear_shared(&w.up_proj, nw.up.as_ref(), ff, &mut xq, &mut up, th)?;
             match c.hidden_act {
                 Activation::Silu => gate
                     .iter_mut()
