@@ -29,7 +29,6 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use fak_engine::{
     Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, ToolCall,
     ToolChoice, ToolSpec,
@@ -465,8 +464,13 @@ pub(crate) async fn messages(
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
     }
-    let f = finish(&s, started, F).await?;
-    let a = adjudicate(&s, &conversation, &offered, with_tool_use_ids(f.tool_calls));
+    let mut f = finish(&s, started, F).await?;
+    let a = adjudicate(
+        &s,
+        &conversation,
+        &offered,
+        with_tool_use_ids(std::mem::take(&mut f.tool_calls)),
+    );
     let mut content = Vec::new();
     if !f.text.is_empty() || a.report.is_none() {
         content.push(json!({"type": "text", "text": f.text}));
@@ -485,13 +489,5 @@ pub(crate) async fn messages(
     if let Some(v) = fak_field(&results, &a) {
         body["fak"] = v;
     }
-    Ok(with_note(
-        Json(body).into_response(),
-        UsageNote {
-            prompt: f.prompt_tokens,
-            completion: f.done.completion_tokens,
-            cached: f.cached_tokens,
-            stream: false,
-        },
-    ))
+    Ok(f.respond(body))
 }

@@ -441,6 +441,22 @@ struct Finished {
     done: fak_engine::Done,
 }
 
+impl Finished {
+    /// `body` as the JSON response, carrying this generation's token counts for the
+    /// request's log line.
+    fn respond(&self, body: serde_json::Value) -> Response {
+        with_note(
+            Json(body).into_response(),
+            UsageNote {
+                prompt: self.prompt_tokens,
+                completion: self.done.completion_tokens,
+                cached: self.cached_tokens,
+                stream: false,
+            },
+        )
+    }
+}
+
 async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, ApiError> {
     let Started {
         prompt_tokens,

@@ -505,8 +505,13 @@ pub(crate) async fn chat_completions(
         ));
         return Ok(with_note(sse.into_response(), note));
     }
-    let f = finish(&s, started, F).await?;
-    let a = adjudicate(&s, &conversation, &offered, f.tool_calls);
+    let mut f = finish(&s, started, F).await?;
+    let a = adjudicate(
+        &s,
+        &conversation,
+        &offered,
+        std::mem::take(&mut f.tool_calls),
+    );
     let mut message = json!({"role": "assistant", "content": f.text, "refusal": null});
     if !a.allowed.is_empty() {
         message["tool_calls"] = Value::Array(a.allowed.iter().map(call_json).collect());
@@ -531,15 +536,7 @@ pub(crate) async fn chat_completions(
     if let Some(v) = fak_field(&results, &a) {
         body["fak"] = v;
     }
-    Ok(with_note(
-        Json(body).into_response(),
-        UsageNote {
-            prompt: f.prompt_tokens,
-            completion: f.done.completion_tokens,
-            cached: f.cached_tokens,
-            stream: false,
-        },
-    ))
+    Ok(f.respond(body))
 }
 
 /// What each SSE step of a stream has to go on with.
@@ -857,15 +854,7 @@ pub(crate) async fn completions(
         }],
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
     });
-    Ok(with_note(
-        Json(body).into_response(),
-        UsageNote {
-            prompt: f.prompt_tokens,
-            completion: f.done.completion_tokens,
-            cached: f.cached_tokens,
-            stream: false,
-        },
-    ))
+    Ok(f.respond(body))
 }
 
 /// `GET /v1/models`.
