@@ -11,11 +11,12 @@ use crate::kv::{window_start, KvStore};
 use crate::source::{QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::quant::{
-    matmul_threads, matvec_threads, quantize_activation, ActKind, QType, QuantError, QuantizedActs,
+    matmul_threads, matvec_many, matvec_threads, quantize_activation, ActKind, Matvec, QType,
+    QuantError, QuantizedActs,
 };
 use fak_tensor::{
-    add_assign, dot_strided, gelu_tanh, matmul, rms_norm, rope_rotate_half, silu, softmax_in_place,
-    weighted_rows_sum, RopeTable, Threads,
+    add_assign, dot_strided, gelu_tanh, matmul, parallel_chunks, rms_norm, rope_rotate_half, silu,
+    softmax_in_place, weighted_rows_sum, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -117,6 +118,14 @@ impl<'a> SharedActs<'a> {
         };
         Ok(&self.made[at].1)
     }
+
+    /// The rows already quantized for `kind`, if [`SharedActs::for_type`] made them.
+    fn get(&self, kind: ActKind) -> Option<&[QuantizedActs]> {
+        self.made
+            .iter()
+            .find(|(k, _)| *k == kind)
+            .map(|(_, a)| &a[..])
+    }
 }
 
 /// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
@@ -172,6 +181,69 @@ fn linear_shared(
     {
         for (o, &src) in ot.iter_mut().zip(order) {
             *o = ft[src as usize];
+        }
+    }
+    Ok(())
+}
+
+/// Several products of one input (`[out rows, weights, quantized matrix]` each): q, k
+/// and v, or gate and up. A one-token input with every matrix quantized runs as one
+/// [`matvec_many`] (one hand-off to the threads instead of one per product); anything
+/// else runs [`linear_shared`] per product. Either way each output is the same bits.
+/// One product of a [`linear_group`]: exact weights, the quantized matrix if held,
+/// output rows, output.
+type GroupItem<'a> = (&'a [f32], Option<&'a QuantMatrix>, usize, &'a mut [f32]);
+
+fn linear_group(
+    items: &mut [GroupItem<'_>],
+    x: &mut SharedActs<'_>,
+    th: Threads,
+) -> Result<(), ModelError> {
+    let all_native = items.iter().all(|(_, q, _, _)| q.is_some());
+    if x.n != 1 || !all_native || th.get() <= 1 {
+        for (w, q, rows, out) in items.iter_mut() {
+            linear_shared(w, *q, *rows, x, out, th)?;
+        }
+        return Ok(());
+    }
+    let qerr = |e| ModelError::Unsupported(format!("quantized product: {e}"));
+    for (_, q, _, _) in items.iter() {
+        if let Some(q) = q {
+            x.for_type(q.ty).map_err(qerr)?;
+        }
+    }
+    // Outputs in the file's row order where the matrix has one, put back after.
+    let mut file_order: Vec<Vec<f32>> = items
+        .iter()
+        .map(
+            |(_, q, rows, _)| match q.and_then(|q| q.row_order.as_ref()) {
+                Some(_) => vec![0f32; *rows],
+                None => Vec::new(),
+            },
+        )
+        .collect();
+    {
+        let mut products = Vec::with_capacity(items.len());
+        for ((_, q, rows, out), fo) in items.iter_mut().zip(file_order.iter_mut()) {
+            let q = q.ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
+            let act = &x.get(q.ty.act_kind()).ok_or_else(|| {
+                ModelError::Unsupported(format!("no {:?} activation", q.ty.act_kind()))
+            })?[0];
+            let out: &mut [f32] = if fo.is_empty() { &mut out[..*rows] } else { fo };
+            products.push(Matvec {
+                ty: q.ty,
+                w: q.bytes(),
+                act,
+                out,
+            });
+        }
+        matvec_many(&mut products, th).map_err(qerr)?;
+    }
+    for ((_, q, _, out), fo) in items.iter_mut().zip(&file_order) {
+        if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
+            for (o, &src) in out.iter_mut().zip(order) {
+                *o = fo[src as usize];
+            }
         }
     }
     Ok(())
@@ -763,9 +835,15 @@ impl Model {
             }
             // q, k and v read one input: it is quantized once for the three.
             let mut xq = SharedActs::new(&xn, h, n);
-            linear_shared(&w.q_proj, nw.q.as_ref(), qd, &mut xq, &mut q, th)?;
-            linear_shared(&w.k_proj, nw.k.as_ref(), kvd, &mut xq, &mut k, th)?;
-            linear_shared(&w.v_proj, nw.v.as_ref(), kvd, &mut xq, &mut v, th)?;
+            linear_group(
+                &mut [
+                    (&w.q_proj, nw.q.as_ref(), qd, &mut q),
+                    (&w.k_proj, nw.k.as_ref(), kvd, &mut k),
+                    (&w.v_proj, nw.v.as_ref(), kvd, &mut v),
+                ],
+                &mut xq,
+                th,
+            )?;
             if let Some((bq, bk, bv)) = &w.qkv_bias {
                 for (rows, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
                     for row in rows.chunks_exact_mut(b.len()) {
@@ -801,24 +879,30 @@ impl Model {
             let pos = kv.positions();
             let m = pos.len();
             let window = c.sliding_window[l];
-            let mut scores = Vec::with_capacity(m);
-            for t in 0..n {
+            // One chunk per (token, query head): each writes its own output slice, with
+            // the same kernels in the same order whichever thread runs it.
+            let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
+                .chunks_exact_mut(hd)
+                .map(std::sync::Mutex::new)
+                .collect();
+            parallel_chunks(n * nh, th, &|c| {
+                let (t, hq) = (c / nh, c % nh);
                 let end = m - n + t; // this token's own entry, the last it may attend to
                 let start = window_start(pos, end, window);
-                for hq in 0..nh {
-                    let g = hq / group;
-                    let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-                    // q · k_j for every key this token sees (each one canonical dot).
-                    scores.clear();
-                    scores.resize(end + 1 - start, 0.0);
-                    dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
-                    scores.iter_mut().for_each(|s| *s *= scale);
-                    softmax_in_place(&mut scores);
-                    // Σ_j p_j · v_j, ascending j, per element (any vector width).
-                    let out = &mut attn[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-                    weighted_rows_sum(&scores, &vals[start * kvd + g * hd..], kvd, out);
-                }
-            }
+                let g = hq / group;
+                let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
+                // q · k_j for every key this token sees (each one canonical dot).
+                let mut scores = vec![0f32; end + 1 - start];
+                dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
+                scores.iter_mut().for_each(|s| *s *= scale);
+                softmax_in_place(&mut scores);
+                // Σ_j p_j · v_j, ascending j, per element (any vector width).
+                let mut out = outs[c]
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                weighted_rows_sum(&scores, &vals[start * kvd + g * hd..], kvd, &mut out);
+            });
+            drop(outs);
             linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;
             if let Some(g) = &w.attn_out_norm {
                 norm_rows(&mut proj, g, c, h);
@@ -830,8 +914,14 @@ impl Model {
             }
             // gate and up read one input: it is quantized once for the two.
             let mut xq = SharedActs::new(&xn, h, n);
-            linear_shared(&w.gate_proj, nw.gate.as_ref(), ff, &mut xq, &mut gate, th)?;
-            linear_shared(&w.up_proj, nw.up.as_ref(), ff, &mut xq, &mut up, th)?;
+            linear_group(
+                &mut [
+                    (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate),
+                    (&w.up_proj, nw.up.as_ref(), ff, &mut up),
+                ],
+                &mut xq,
+                th,
+            )?;
             match c.hidden_act {
                 Activation::Silu => gate
                     .iter_mut()

@@ -24,7 +24,7 @@ pub mod pool;
 pub mod quant;
 
 pub use dot::{dot, dot_ref, dot_strided};
-pub use matmul::{matmul, matmul_ref, Threads};
+pub use matmul::{matmul, matmul_ref, parallel_chunks, Threads};
 pub use ops::{
     add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place, weighted_rows_sum,
     RopeTable,

@@ -154,6 +154,35 @@ pub(crate) fn parallel_ranges(rows: usize, cols: usize, n: usize, threads: Threa
     }
 }
 
+/// Call `job(c)` once for every `c in 0..chunks` on up to `threads` threads of the
+/// process-wide pool that the products use ([`Pool::run_chunks`]), returning when all
+/// calls have returned. With one thread, one chunk, or the pool busy with another
+/// caller, every call runs on the calling thread, in order.
+///
+/// Meant for independent pieces of work whose results do not depend on which thread
+/// computes them (e.g. one attention head each), so the outcome is the same bits for
+/// any thread count.
+///
+/// # Panics
+/// A panicking call is resumed on the calling thread after all calls have finished.
+pub fn parallel_chunks(chunks: usize, threads: Threads, job: &(dyn Fn(usize) + Sync)) {
+    let parts = threads.get().min(max_useful_threads()).min(chunks);
+    if parts <= 1 {
+        (0..chunks).for_each(job);
+        return;
+    }
+    let shared = shared_pool(parts);
+    let guard = match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    };
+    match guard {
+        Some(mut pool) => pool.run_chunks(chunks, job),
+        None => (0..chunks).for_each(job),
+    }
+}
+
 /// The process-wide pool with `parts` parts (one per distinct count, at most
 /// `max_useful_threads()` of them), created on first use.
 pub(crate) fn shared_pool(parts: usize) -> Arc<Mutex<Pool>> {

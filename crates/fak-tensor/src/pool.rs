@@ -1,20 +1,40 @@
-//! A persistent thread pool for row-parallel products: `n - 1` parked workers plus the
-//! calling thread, so a decode step pays a wake-up per product instead of a thread
-//! spawn ([`crate::matmul()`] and the quantized `matvec_pool` run on it).
+//! A persistent thread pool for row-parallel products: `n - 1` workers plus the
+//! calling thread, so a decode step pays a hand-off per product instead of a thread
+//! spawn ([`crate::matmul()`] and the quantized products run on it).
 //!
-//! [`Pool::run`] calls a job once per part index `0..n` (part 0 on the calling thread)
-//! and returns when all have finished. Callers split their *output rows* into
-//! contiguous parts with [`part_range`]; every output element is computed by the same
-//! single-row kernel whichever part it lands in, so results are bit-identical for any
-//! thread count (tests check 1, 2, 3 and more).
+//! [`Pool::run_chunks`] calls a job once per chunk index `0..chunks`; the calling
+//! thread and the workers *claim* chunks from a shared counter until none are left,
+//! and the call returns when every chunk has finished. [`Pool::run`] is the same with
+//! one chunk per thread. Callers split their *output rows* into contiguous chunks
+//! (e.g. with [`part_range`]); every output element is computed by the same
+//! single-row kernel whichever thread claims its chunk, so results are bit-identical
+//! for any thread count and any schedule (tests check 1, 2, 3 and more).
 //!
-//! Workers park on a condition variable between jobs (no spinning, so an idle pool
-//! costs nothing; a wake-up costs a few microseconds).
+//! Claiming instead of assigning is what keeps a busy machine from stalling a
+//! product: a worker that the OS has not scheduled yet simply claims nothing, and the
+//! caller computes the chunks itself instead of waiting for it.
+//!
+//! Hand-off: after a job a worker watches for the next one for up to [`SPIN`]
+//! (spinning, and yielding its core to the OS between polls, so on a loaded machine
+//! another process runs instead), then parks on a condition variable. A decode step
+//! issues its products tens of microseconds apart, so during generation the workers
+//! stay awake and a hand-off costs well under a microsecond; an idle pool costs
+//! nothing after [`SPIN`].
 
+use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a worker keeps watching for the next job before it parks.
+pub const SPIN: Duration = Duration::from_millis(2);
+
+/// Most chunks one generation can hold (the claim counter's 16-bit fields);
+/// [`Pool::run_chunks`] runs larger jobs as several generations.
+const MAX_CHUNKS: usize = 0xffff;
 
 /// The `i`-th of `parts` contiguous, near-equal ranges covering `0..len` (the first
 /// `len % parts` ranges are one longer). Empty when `i >= parts` or `parts == 0`.
@@ -27,41 +47,104 @@ pub fn part_range(len: usize, parts: usize, i: usize) -> Range<usize> {
     start..start + base + usize::from(i < extra)
 }
 
-/// A job as the workers see it: the caller's closure with its lifetime erased.
+/// A job as the workers see it: the caller's closure with its lifetime erased, and
+/// the offset added to a claimed chunk index.
 #[derive(Clone, Copy)]
-struct Job(*const (dyn Fn(usize) + Sync + 'static));
+struct Job {
+    f: *const (dyn Fn(usize) + Sync + 'static),
+    offset: usize,
+}
 
-// SAFETY: the pointee is `Sync`, so calling it from another thread through a shared
-// pointer is sound; `Pool::run` keeps it alive until every worker has finished with it.
-unsafe impl Send for Job {}
+/// The claim counter: `generation << 32 | chunks << 16 | next`.
+fn pack(generation: u64, chunks: usize, next: usize) -> u64 {
+    (generation << 32) | ((chunks as u64) << 16) | next as u64
+}
 
-struct State {
-    generation: u64,
-    job: Option<Job>,
-    /// Workers that have not yet finished the current generation.
-    pending: usize,
-    panic: Option<Box<dyn std::any::Any + Send>>,
-    shutdown: bool,
+fn unpack(v: u64) -> (u64, usize, usize) {
+    (
+        v >> 32,
+        ((v >> 16) & 0xffff) as usize,
+        (v & 0xffff) as usize,
+    )
 }
 
 struct Shared {
-    state: Mutex<State>,
-    work: Condvar,
-    done: Condvar,
+    /// See [`pack`]. A chunk is claimed by a compare-exchange that bumps `next`, so a
+    /// claim can only succeed for the generation it was read in.
+    claim: AtomicU64,
+    /// The current generation's job. Written by the caller before it publishes the
+    /// generation in `claim`, read by a worker only after a successful claim.
+    job: UnsafeCell<Option<Job>>,
+    /// Chunks of the current generation that have finished (or panicked).
+    done: AtomicUsize,
+    panic: Mutex<Option<Box<dyn std::any::Any + Send>>>,
+    /// Workers parked (or about to park) on `wake`.
+    sleepers: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+    shutdown: AtomicBool,
 }
 
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic never happens while the lock is held (jobs run outside it), but do
-        // not let a poisoned lock turn into a second panic.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+// SAFETY: `job` is the only non-`Sync` field. It is written only by the thread that
+// holds `&mut Pool` while no chunk of any generation is claimable (before the new
+// generation is published with a SeqCst store), and read by workers only after a
+// successful SeqCst claim of that generation, which happens-after the write; the
+// caller does not return (so cannot write it again) until every claimed chunk is done.
+unsafe impl Sync for Shared {}
+// SAFETY: the raw pointer inside `job` refers to a `Sync` closure (see above).
+unsafe impl Send for Shared {}
+
+/// Claims the next chunk of generation `generation`: `Some(index)`, or `None` when
+/// the generation has none left (or is over).
+fn claim(shared: &Shared, generation: u64) -> Option<usize> {
+    let mut v = shared.claim.load(SeqCst);
+    loop {
+        let (g, chunks, next) = unpack(v);
+        if g != generation || next >= chunks {
+            return None;
+        }
+        match shared
+            .claim
+            .compare_exchange_weak(v, pack(g, chunks, next + 1), SeqCst, SeqCst)
+        {
+            Ok(_) => return Some(next),
+            Err(now) => v = now,
+        }
     }
 }
 
-/// A fixed set of parked worker threads plus the caller (see the module docs).
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, ()> {
+        self.lock.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Runs claimed chunks of `generation` until none are left; panics are caught and
+    /// kept for the caller.
+    fn work(&self, generation: u64) {
+        while let Some(c) = claim(self, generation) {
+            // SAFETY: a successful claim of `generation` means the caller published it
+            // after writing `job`, and will not return before this chunk is counted
+            // in `done` below, so the closure is alive.
+            let job = unsafe { *self.job.get() };
+            if let Some(Job { f, offset }) = job {
+                let r = catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(offset + c) }));
+                if let Err(p) = r {
+                    self.panic
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get_or_insert(p);
+                }
+            }
+            self.done.fetch_add(1, SeqCst);
+        }
+    }
+}
+
+/// A fixed set of worker threads plus the caller (see the module docs).
 pub struct Pool {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    generation: u64,
 }
 
 impl Pool {
@@ -70,128 +153,170 @@ impl Pool {
     /// got ([`Pool::threads`] says how many parts there are); it never panics.
     pub fn new(threads: usize) -> Self {
         let shared = Arc::new(Shared {
-            state: Mutex::new(State {
-                generation: 0,
-                job: None,
-                pending: 0,
-                panic: None,
-                shutdown: false,
-            }),
-            work: Condvar::new(),
-            done: Condvar::new(),
+            claim: AtomicU64::new(pack(0, 0, 0)),
+            job: UnsafeCell::new(None),
+            done: AtomicUsize::new(0),
+            panic: Mutex::new(None),
+            sleepers: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+            shutdown: AtomicBool::new(false),
         });
         let mut workers = Vec::new();
         for i in 1..threads.max(1) {
             let s = Arc::clone(&shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("fak-pool-{i}"))
-                .spawn(move || worker(&s, i));
+                .spawn(move || worker(&s));
             match spawned {
                 Ok(h) => workers.push(h),
                 Err(_) => break,
             }
         }
-        Pool { shared, workers }
+        Pool {
+            shared,
+            workers,
+            generation: 0,
+        }
     }
 
-    /// Number of parts a [`Pool::run`] job is called with (workers + the caller).
+    /// Number of threads that run a job (workers + the caller).
     pub fn threads(&self) -> usize {
         self.workers.len() + 1
     }
 
-    /// Call `job(i)` for every `i in 0..self.threads()`, `i = 0` on the calling thread
-    /// and the others on the workers, and return when all calls have returned.
-    ///
-    /// `&mut self` makes one job run at a time per pool.
+    /// Call `job(i)` once for every `i in 0..self.threads()`, each on whichever thread
+    /// claims it (the caller included), and return when all calls have returned.
     ///
     /// # Panics
-    /// If a call panics, the panic is resumed on the calling thread after every other
-    /// call has finished (the pool stays usable).
+    /// As [`Pool::run_chunks`].
     pub fn run(&mut self, job: &(dyn Fn(usize) + Sync)) {
-        if self.workers.is_empty() {
-            job(0);
+        let n = self.threads();
+        self.run_chunks(n, job);
+    }
+
+    /// Call `job(c)` once for every chunk `c in 0..chunks`, on the calling thread and
+    /// the workers as each claims the next chunk, and return when all calls have
+    /// returned. `&mut self` makes one job run at a time per pool.
+    ///
+    /// # Panics
+    /// If a call panics, the panic is resumed on the calling thread after every chunk
+    /// has been run (the other chunks still run); the pool stays usable.
+    pub fn run_chunks(&mut self, chunks: usize, job: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() || chunks <= 1 {
+            (0..chunks).for_each(job);
             return;
         }
-        // SAFETY: only the lifetime is erased (same fat-pointer layout). The pointer is
-        // dereferenced by workers only between publishing this generation and their
-        // decrement of `pending`; `WaitAll` below blocks (on return and on unwind)
-        // until `pending == 0`, so `job` outlives every use.
-        let erased: *const (dyn Fn(usize) + Sync + 'static) = unsafe {
+        let mut offset = 0;
+        while offset < chunks {
+            let n = (chunks - offset).min(MAX_CHUNKS);
+            self.generation_run(offset, n, job);
+            offset += n;
+        }
+    }
+
+    fn generation_run(&mut self, offset: usize, chunks: usize, job: &(dyn Fn(usize) + Sync)) {
+        let s = &*self.shared;
+        // SAFETY: only the lifetime is erased (same fat-pointer layout). Workers call it
+        // only for a chunk they claimed in this generation, and this function does not
+        // return (nor unwind) before `done` counts every claimed chunk.
+        let f: *const (dyn Fn(usize) + Sync + 'static) = unsafe {
             std::mem::transmute::<
                 *const (dyn Fn(usize) + Sync + '_),
                 *const (dyn Fn(usize) + Sync + 'static),
             >(job as *const _)
         };
-        {
-            let mut st = self.shared.lock();
-            st.generation += 1;
-            st.job = Some(Job(erased));
-            st.pending = self.workers.len();
-            st.panic = None;
+        self.generation = (self.generation + 1) & 0xffff_ffff;
+        let generation = self.generation;
+        // SAFETY: the previous generation is over (every claimed chunk counted, none
+        // claimable), so no worker reads `job` now (see `Shared`).
+        unsafe { *s.job.get() = Some(Job { f, offset }) };
+        s.done.store(0, SeqCst);
+        s.claim.store(pack(generation, chunks, 0), SeqCst);
+        if s.sleepers.load(SeqCst) > 0 {
+            let _held = s.lock();
+            s.wake.notify_all();
         }
-        self.shared.work.notify_all();
-        let wait = WaitAll(&self.shared);
-        job(0);
-        drop(wait);
-        let panic = {
-            let mut st = self.shared.lock();
-            st.job = None;
-            st.panic.take()
-        };
-        if let Some(p) = panic {
+        s.work(generation);
+        // Every chunk has been claimed; wait for the ones still running elsewhere.
+        let mut polls = 0u32;
+        while s.done.load(SeqCst) < chunks {
+            polls += 1;
+            if polls.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        if let Some(p) = s
+            .panic
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
             resume_unwind(p);
         }
     }
 }
 
-/// Waits until every worker has finished the current generation, also when the
-/// caller's own part unwinds.
-struct WaitAll<'a>(&'a Shared);
-
-impl Drop for WaitAll<'_> {
-    fn drop(&mut self) {
-        let mut st = self.0.lock();
-        while st.pending > 0 {
-            st = self.0.done.wait(st).unwrap_or_else(PoisonError::into_inner);
-        }
-    }
-}
-
-fn worker(shared: &Shared, index: usize) {
-    let mut seen = 0u64;
+fn worker(shared: &Shared) {
+    let mut seen = unpack(shared.claim.load(SeqCst)).0;
     loop {
-        let job = {
-            let mut st = shared.lock();
-            while st.generation == seen && !st.shutdown {
-                st = shared.work.wait(st).unwrap_or_else(PoisonError::into_inner);
-            }
-            if st.shutdown {
+        // Watch for a new generation for up to `SPIN`, then park.
+        let start = Instant::now();
+        let mut polls = 0u32;
+        let generation = loop {
+            if shared.shutdown.load(SeqCst) {
                 return;
             }
-            seen = st.generation;
-            st.job
+            let g = unpack(shared.claim.load(SeqCst)).0;
+            if g != seen {
+                break Some(g);
+            }
+            polls += 1;
+            if polls.is_multiple_of(16) {
+                if start.elapsed() > SPIN {
+                    break None;
+                }
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         };
-        let result = match job {
-            // SAFETY: `Pool::run` published this job for generation `seen` and waits
-            // for our decrement of `pending` below before the closure can go away.
-            Some(Job(f)) => catch_unwind(AssertUnwindSafe(|| unsafe { (*f)(index) })),
-            None => Ok(()),
+        let generation = match generation {
+            Some(g) => g,
+            None => {
+                let mut held = shared.lock();
+                shared.sleepers.fetch_add(1, SeqCst);
+                let g = loop {
+                    let g = unpack(shared.claim.load(SeqCst)).0;
+                    if g != seen || shared.shutdown.load(SeqCst) {
+                        break g;
+                    }
+                    held = shared
+                        .wake
+                        .wait(held)
+                        .unwrap_or_else(PoisonError::into_inner);
+                };
+                shared.sleepers.fetch_sub(1, SeqCst);
+                if shared.shutdown.load(SeqCst) {
+                    return;
+                }
+                g
+            }
         };
-        let mut st = shared.lock();
-        if let Err(p) = result {
-            st.panic.get_or_insert(p);
-        }
-        st.pending -= 1;
-        if st.pending == 0 {
-            shared.done.notify_all();
-        }
+        seen = generation;
+        shared.work(generation);
     }
 }
 
 impl Drop for Pool {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
-        self.shared.work.notify_all();
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _held = self.shared.lock();
+            self.shared.wake.notify_all();
+        }
         for h in self.workers.drain(..) {
             // A worker never panics outside `catch_unwind`; nothing to report if it did.
             let _ = h.join();
@@ -266,6 +391,46 @@ mod tests {
             n.fetch_add(1, Ordering::SeqCst);
         });
         assert_eq!(n.load(Ordering::SeqCst), 3);
+    }
+
+    #[test]
+    fn every_chunk_runs_once_beyond_one_generation() {
+        let mut pool = Pool::new(2);
+        for chunks in [0usize, 1, 2, 3, 1000, MAX_CHUNKS + 5] {
+            let hits: Vec<AtomicUsize> = (0..chunks).map(|_| AtomicUsize::new(0)).collect();
+            pool.run_chunks(chunks, &|c| {
+                hits[c].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(
+                hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                "{chunks}"
+            );
+        }
+    }
+
+    #[test]
+    fn workers_park_after_the_spin_and_wake_for_the_next_job() {
+        let mut pool = Pool::new(3);
+        let n = AtomicUsize::new(0);
+        pool.run(&|_| {
+            n.fetch_add(1, Ordering::SeqCst);
+        });
+        std::thread::sleep(SPIN * 10);
+        assert_eq!(pool.shared.sleepers.load(SeqCst), 2, "both workers parked");
+        let threads = Mutex::new(std::collections::HashSet::new());
+        for _ in 0..100 {
+            pool.run_chunks(64, &|_| {
+                n.fetch_add(1, Ordering::SeqCst);
+                threads.lock().unwrap().insert(std::thread::current().id());
+                std::thread::sleep(Duration::from_micros(50));
+            });
+        }
+        assert_eq!(n.load(Ordering::SeqCst), 3 + 6400);
+        assert_eq!(
+            threads.lock().unwrap().len(),
+            3,
+            "the woken workers took chunks"
+        );
     }
 
     #[test]

@@ -764,6 +764,27 @@ pub fn has_avx2_f16c() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-VNNI (`vpdpbusd` on 256-bit registers), which the
+/// 32-element kernels use for their integer lane sums when present (same bits).
+/// Detected once per process; `FAK_NO_VNNI=1` turns it off (for comparing the two).
+#[inline]
+pub fn has_avx_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            has_avx2_f16c()
+                && std::is_x86_feature_detected!("avxvnni")
+                && std::env::var_os("FAK_NO_VNNI").is_none_or(|v| v != "1")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 macro_rules! dispatch {
     ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
         $(#[$doc])*
@@ -979,6 +1000,20 @@ fn matvec_with(
     out: &mut [f32],
     simd: bool,
 ) -> Result<(), QuantError> {
+    matvec_isa(ty, w, act, out, simd, has_avx_vnni())
+}
+
+/// [`matvec_with`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without
+/// the CPU feature), so tests can compare both kernels on one machine.
+fn matvec_isa(
+    ty: QType,
+    w: &[u8],
+    act: &QuantizedActs,
+    out: &mut [f32],
+    simd: bool,
+    vnni: bool,
+) -> Result<(), QuantError> {
+    let vnni = vnni && has_avx_vnni();
     let rb = check_matvec(ty, w, act, out.len())?;
     if rb == 0 {
         out.fill(0.0);
@@ -987,15 +1022,16 @@ fn matvec_with(
     #[cfg(target_arch = "x86_64")]
     if simd && has_avx2_f16c() {
         use QuantizedActs as A;
-        // SAFETY (all arms): AVX2 and F16C were detected; `check_matvec` established that `act`
+        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`);
+        // `check_matvec` established that `act`
         // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
         // `w.len() == rb * out.len()`.
         let done = match (ty, act) {
-            (QType::Q4_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q4_0>(w, rb, a, out) },
-            (QType::Q4_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q4_1>(w, rb, a, out) },
-            (QType::Q5_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q5_0>(w, rb, a, out) },
-            (QType::Q5_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q5_1>(w, rb, a, out) },
-            (QType::Q8_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q8_0>(w, rb, a, out) },
+            (QType::Q4_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q4_0>(w, rb, a, out, vnni) },
+            (QType::Q4_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q4_1>(w, rb, a, out, vnni) },
+            (QType::Q5_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q5_0>(w, rb, a, out, vnni) },
+            (QType::Q5_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q5_1>(w, rb, a, out, vnni) },
+            (QType::Q8_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q8_0>(w, rb, a, out, vnni) },
             _ => false,
         };
         if done {
@@ -1009,31 +1045,62 @@ fn matvec_with(
 }
 
 /// The 32-element types' matvec: four rows at a time through the interleaved AVX2
-/// kernel (each row in exactly its single-row order), the last `rows % 4` one by one.
-/// Returns `true` (it always handles the product).
+/// kernel (each row in exactly its single-row order), the last `rows % 4` one by one;
+/// with AVX-VNNI lane sums when the CPU has them (the same bits). Returns `true` (it
+/// always handles the product).
 ///
 /// # Safety
-/// AVX2 and F16C are available; `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
+/// AVX2 and F16C are available, and AVX-VNNI when `vnni`; `rb == K::BYTES * a.len()`;
+/// `w.len() == rb * out.len()`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn rows4<K: avx2::Block32>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool {
+unsafe fn rows4<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    a: &[K::Act],
+    out: &mut [f32],
+    vnni: bool,
+) -> bool
+where
+    K::Act: avx2::ActBlock,
+{
+    let sc = avx2::act_scales(a);
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        avx2::rows::<K, 4>(wc, rb, a, o);
+        if vnni {
+            avx2::rows_vnni::<K, 4>(wc, rb, a, &sc, o);
+        } else {
+            avx2::rows::<K, 4>(wc, rb, a, &sc, o);
+        }
     }
     let rest = outs.into_remainder();
     for (o, wr) in rest
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        avx2::rows::<K, 1>(wr, rb, a, o);
+        if vnni {
+            avx2::rows_vnni::<K, 1>(wr, rb, a, &sc, o);
+        } else {
+            avx2::rows::<K, 1>(wr, rb, a, &sc, o);
+        }
     }
     true
 }
 
-/// [`matvec`] with the output rows split into [`crate::pool::part_range`] parts, one
-/// per pool thread. Each row is the same single-row kernel as in [`matvec`], so the
-/// result is bit-identical to [`matvec`] for any thread count.
+/// Output rows per chunk of a pooled product: a multiple of 4 (the row-group kernel's
+/// width) covering about [`CHUNK_BYTES`] of weights, so that a product is split into
+/// several chunks per thread and a slow thread holds up little.
+fn chunk_rows(row_bytes: usize) -> usize {
+    (CHUNK_BYTES / row_bytes.max(1)).div_ceil(4).max(1) * 4
+}
+
+/// Weight bytes per chunk of a pooled product (see [`chunk_rows`]).
+const CHUNK_BYTES: usize = 32 * 1024;
+
+/// [`matvec`] with the output rows split into chunks of [`chunk_rows`] rows, claimed
+/// by the pool's threads ([`crate::pool::Pool::run_chunks`]). Each row is the same
+/// single-row kernel as in [`matvec`], so the result is bit-identical to [`matvec`]
+/// for any thread count.
 ///
 /// # Errors
 /// As [`matvec`]; `out` is untouched on error.
@@ -1046,20 +1113,15 @@ pub fn matvec_pool(
 ) -> Result<(), QuantError> {
     use std::sync::{Mutex, PoisonError};
     let rb = check_matvec(ty, w, act, out.len())?;
-    let (rows, parts) = (out.len(), pool.threads());
-    let mut slots = Vec::with_capacity(parts);
-    let mut rest = out;
-    for i in 0..parts {
-        let (head, tail) = rest.split_at_mut(crate::pool::part_range(rows, parts, i).len());
-        slots.push(Mutex::new(head));
-        rest = tail;
-    }
+    let per = chunk_rows(rb);
+    let slots: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
     let error = Mutex::new(None);
-    pool.run(&|i| {
-        let r = crate::pool::part_range(rows, parts, i);
-        let mut o = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+    pool.run_chunks(slots.len(), &|c| {
+        let mut o = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
+        let r0 = c * per;
+        let rows = o.len();
         // Cannot fail after `check_matvec`; kept as an error rather than a panic.
-        if let Err(e) = matvec_with(ty, &w[r.start * rb..r.end * rb], act, &mut o, true) {
+        if let Err(e) = matvec_with(ty, &w[r0 * rb..(r0 + rows) * rb], act, &mut o, true) {
             *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
         }
     });
@@ -1100,6 +1162,62 @@ pub fn matvec_threads(
     match guard {
         Some(mut pool) => matvec_pool(&mut pool, ty, w, act, out),
         None => matvec(ty, w, act, out),
+    }
+}
+
+/// One product of [`matvec_many`]: `out = w · act` as in [`matvec`].
+#[derive(Debug)]
+pub struct Matvec<'a> {
+    /// Weight type of `w`.
+    pub ty: QType,
+    /// `[out.len(), cols]` weights in `ty` blocks (raw GGUF bytes).
+    pub w: &'a [u8],
+    /// The quantized `[cols]` input.
+    pub act: &'a QuantizedActs,
+    /// `[rows]` outputs.
+    pub out: &'a mut [f32],
+}
+
+/// Several [`matvec`]s in one hand-off to up to `threads` threads of the process-wide
+/// pool: every product's rows are cut into chunks (as in [`matvec_pool`]) and all the
+/// chunks are claimed from one list, so products that read the same input (q, k and v;
+/// gate and up) cost one synchronisation instead of one each. Each row is the same
+/// single-row kernel as in [`matvec`]: the same bits for any thread count.
+///
+/// # Errors
+/// As [`matvec`], for the first product that fails its shape check; no output is
+/// written then.
+pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Result<(), QuantError> {
+    use std::sync::{Mutex, PoisonError};
+    let mut rbs = Vec::with_capacity(products.len());
+    for p in products.iter() {
+        rbs.push(check_matvec(p.ty, p.w, p.act, p.out.len())?);
+    }
+    let inputs: Vec<(QType, &[u8], &QuantizedActs)> =
+        products.iter().map(|p| (p.ty, p.w, p.act)).collect();
+    // (product, first row, output rows) per chunk.
+    let mut slots: Vec<(usize, usize, Mutex<&mut [f32]>)> = Vec::new();
+    for (i, (p, &rb)) in products.iter_mut().zip(&rbs).enumerate() {
+        let per = chunk_rows(rb);
+        for (c, o) in p.out.chunks_mut(per).enumerate() {
+            slots.push((i, c * per, Mutex::new(o)));
+        }
+    }
+    let error = Mutex::new(None);
+    crate::matmul::parallel_chunks(slots.len(), threads, &|c| {
+        let (i, r0, ref slot) = slots[c];
+        let (ty, w, act) = inputs[i];
+        let rb = rbs[i];
+        let mut o = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        let rows = o.len();
+        // Cannot fail after `check_matvec`; kept as an error rather than a panic.
+        if let Err(e) = matvec_with(ty, &w[r0 * rb..(r0 + rows) * rb], act, &mut o, true) {
+            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        }
+    });
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
 }
 
@@ -1156,23 +1274,24 @@ pub fn matmul_threads(
     let Some(pool) = guard.as_deref_mut() else {
         return matmul_rows(ty, w, rb, acts, out);
     };
-    let parts = pool.threads();
-    let blocks: Vec<Mutex<Vec<f32>>> = (0..parts).map(|_| Mutex::new(Vec::new())).collect();
+    let per = chunk_rows(rb);
+    let chunks = rows.div_ceil(per);
+    let blocks: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(Vec::new())).collect();
     let error = Mutex::new(None);
-    pool.run(&|i| {
-        let r = crate::pool::part_range(rows, parts, i);
+    pool.run_chunks(chunks, &|c| {
+        let r = c * per..((c + 1) * per).min(rows);
         let mut buf = vec![0f32; n * r.len()];
         match matmul_rows(ty, &w[r.start * rb..r.end * rb], rb, acts, &mut buf) {
-            Ok(()) => *blocks[i].lock().unwrap_or_else(PoisonError::into_inner) = buf,
+            Ok(()) => *blocks[c].lock().unwrap_or_else(PoisonError::into_inner) = buf,
             Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
         }
     });
     if let Some(e) = error.into_inner().unwrap_or_else(PoisonError::into_inner) {
         return Err(e);
     }
-    for (i, buf) in blocks.into_iter().enumerate() {
+    for (c, buf) in blocks.into_iter().enumerate() {
         let buf = buf.into_inner().unwrap_or_else(PoisonError::into_inner);
-        let r = crate::pool::part_range(rows, parts, i);
+        let r = c * per..((c + 1) * per).min(rows);
         let m = r.len();
         for t in 0..n {
             out[t * rows + r.start..t * rows + r.end].copy_from_slice(&buf[t * m..(t + 1) * m]);
@@ -1230,15 +1349,20 @@ fn matmul_rows(
     Ok(())
 }
 
-/// 4-row × 2-token tiles of [`avx2::rows_tokens`] over all of `w` and `a`, with
+/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] over all of `w` and `a`, with
 /// 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
 ///
 /// # Safety
 /// AVX2 and F16C; every `a[t]` is `rb / K::BYTES` blocks; `w.len()` is a multiple of
 /// `rb`; `out.len() == a.len() * w.len() / rb`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32]) {
+unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32])
+where
+    K::Act: avx2::ActBlock,
+{
     let (m, n) = (w.len() / rb, a.len());
+    let sc: Vec<Vec<[f32; 2]>> = a.iter().map(|at| avx2::act_scales(at)).collect();
+    let vnni = has_avx_vnni();
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
@@ -1246,33 +1370,26 @@ unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mu
         let mut t = 0;
         while t < n {
             let tt = if n - t >= TILE_T { TILE_T } else { 1 };
+            macro_rules! tile {
+                ($r:expr, $t:expr) => {{
+                    let mut o = [[0f32; $r]; $t];
+                    let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
+                    let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
+                    if vnni {
+                        avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                    } else {
+                        avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                    }
+                    for (j, oj) in o.iter().enumerate() {
+                        out[(t + j) * m + r..(t + j) * m + r + $r].copy_from_slice(oj);
+                    }
+                }};
+            }
             match (rr, tt) {
-                (TILE_R, TILE_T) => {
-                    let mut o = [[0f32; TILE_R]; TILE_T];
-                    let ts: [&[K::Act]; TILE_T] = std::array::from_fn(|j| a[t + j]);
-                    avx2::rows_tokens::<K, TILE_R, TILE_T>(wr, rb, ts, &mut o);
-                    for (j, oj) in o.iter().enumerate() {
-                        out[(t + j) * m + r..(t + j) * m + r + TILE_R].copy_from_slice(oj);
-                    }
-                }
-                (TILE_R, _) => {
-                    let mut o = [[0f32; TILE_R]; 1];
-                    avx2::rows_tokens::<K, TILE_R, 1>(wr, rb, [a[t]], &mut o);
-                    out[t * m + r..t * m + r + TILE_R].copy_from_slice(&o[0]);
-                }
-                (_, TILE_T) => {
-                    let mut o = [[0f32; 1]; TILE_T];
-                    let ts: [&[K::Act]; TILE_T] = std::array::from_fn(|j| a[t + j]);
-                    avx2::rows_tokens::<K, 1, TILE_T>(wr, rb, ts, &mut o);
-                    for (j, oj) in o.iter().enumerate() {
-                        out[(t + j) * m + r] = oj[0];
-                    }
-                }
-                _ => {
-                    let mut o = [[0f32; 1]; 1];
-                    avx2::rows_tokens::<K, 1, 1>(wr, rb, [a[t]], &mut o);
-                    out[t * m + r] = o[0][0];
-                }
+                (TILE_R, TILE_T) => tile!(TILE_R, TILE_T),
+                (TILE_R, _) => tile!(TILE_R, 1),
+                (_, TILE_T) => tile!(1, TILE_T),
+                _ => tile!(1, 1),
             }
             t += tt;
         }
@@ -1282,9 +1399,9 @@ unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mu
 
 /// Rows × tokens of one multi-token tile (see [`tiles`]).
 #[cfg(target_arch = "x86_64")]
-const TILE_R: usize = 4;
+const TILE_R: usize = 8;
 #[cfg(target_arch = "x86_64")]
-const TILE_T: usize = 8;
+const TILE_T: usize = 2;
 
 #[cfg(test)]
 mod tests;

@@ -133,24 +133,66 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled).
     unsafe fn lanes_w(w: Self::W, a: &Self::Act) -> __m256i;
-    /// Lane sums `L[m]` of one block (module docs of `quant`).
+    /// The weight block's scale and minimum widened to `f32`: `(f16(d_w), f16(m_w))`,
+    /// the minimum `0.0` when not `HAS_MIN`.
     ///
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32);
+    /// [`Block32::lanes_w`] with the AVX-VNNI instruction `vpdpbusd` (the same exact
+    /// integer lane sums).
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
+    unsafe fn lanes_vnni(w: Self::W, a: &Self::Act) -> __m256i;
+}
+
+/// An activation block's scales widened to `f32`: `[f16(d_a), f16(s_a)]` (`s_a = 0`
+/// for Q8_0, which has none).
+pub(super) trait ActBlock {
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled).
+    unsafe fn scales(&self) -> [f32; 2];
+}
+
+impl ActBlock for BlockQ8_0 {
     #[inline(always)]
-    unsafe fn lanes(wb: &[u8], a: &Self::Act) -> __m256i {
-        Self::lanes_w(Self::unpack(wb), a)
+    unsafe fn scales(&self) -> [f32; 2] {
+        [h2f(self.d), 0.0]
     }
-    /// Combined scale `f16(d_w) * f16(d_a)`.
-    ///
-    /// # Safety
-    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
-    unsafe fn d(wb: &[u8], a: &Self::Act) -> f32;
-    /// `f16(m_w) * f16(s_a)` (only called when `HAS_MIN`).
-    ///
-    /// # Safety
-    /// As [`Block32::d`].
-    unsafe fn min_term(wb: &[u8], a: &Self::Act) -> f32;
+}
+
+impl ActBlock for BlockQ8_1 {
+    #[inline(always)]
+    unsafe fn scales(&self) -> [f32; 2] {
+        [h2f(self.d), h2f(self.s)]
+    }
+}
+
+/// Every activation block's [`ActBlock::scales`], widened once per product instead of
+/// once per weight row.
+///
+/// # Safety
+/// AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn act_scales<A: ActBlock>(a: &[A]) -> Vec<[f32; 2]> {
+    a.iter().map(|b| b.scales()).collect()
+}
+
+/// `vpdpbusd` lane sums of unsigned `w` bytes times signed `a` bytes: lane `m` =
+/// `Σ_{k<4} w[4m+k] a[4m+k]` in `i32`, exactly `quads(pairs(w, a))` whenever `pairs`
+/// does not saturate (always, for the weights here: unsigned operand below 64).
+#[inline(always)]
+unsafe fn dp(w: __m256i, a: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a)
+}
+
+/// The two f16 at `wb[0..4]` (`d`, then `m`) widened by one F16C instruction.
+#[inline(always)]
+unsafe fn two_f16(wb: &[u8]) -> (f32, f32) {
+    debug_assert!(wb.len() >= 8);
+    let v = _mm_cvtph_ps(_mm_loadl_epi64(wb.as_ptr() as *const __m128i));
+    (_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_movehdup_ps(v)))
 }
 
 pub(super) struct Q4_0;
@@ -158,19 +200,6 @@ pub(super) struct Q4_1;
 pub(super) struct Q5_0;
 pub(super) struct Q5_1;
 pub(super) struct Q8_0;
-
-#[inline(always)]
-unsafe fn d8_0(wb: &[u8], a: &BlockQ8_0) -> f32 {
-    f16_at(wb, 0) * h2f(a.d)
-}
-#[inline(always)]
-unsafe fn d8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
-    f16_at(wb, 0) * h2f(a.d)
-}
-#[inline(always)]
-unsafe fn m8_1(wb: &[u8], a: &BlockQ8_1) -> f32 {
-    f16_at(wb, 2) * h2f(a.s)
-}
 
 impl Block32 for Q4_0 {
     type Act = BlockQ8_0;
@@ -186,12 +215,13 @@ impl Block32 for Q4_0 {
         quads(pairs_off(w, load32(a.qs.as_ptr() as *const u8), 8))
     }
     #[inline(always)]
-    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
-        d8_0(wb, a)
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
+        (f16_at(wb, 0), 0.0)
     }
     #[inline(always)]
-    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
-        0.0
+    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
+        let aq = load32(a.qs.as_ptr() as *const u8);
+        _mm256_sub_epi32(dp(w, aq), dp(_mm256_set1_epi8(8), aq))
     }
 }
 
@@ -209,12 +239,12 @@ impl Block32 for Q4_1 {
         quads(pairs(w, load32(a.qs.as_ptr() as *const u8)))
     }
     #[inline(always)]
-    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
-        d8_1(wb, a)
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
+        two_f16(wb)
     }
     #[inline(always)]
-    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
-        m8_1(wb, a)
+    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
+        dp(w, load32(a.qs.as_ptr() as *const u8))
     }
 }
 
@@ -233,12 +263,13 @@ impl Block32 for Q5_0 {
         quads(pairs_off(q, load32(a.qs.as_ptr() as *const u8), 16))
     }
     #[inline(always)]
-    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
-        d8_0(wb, a)
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
+        (f16_at(wb, 0), 0.0)
     }
     #[inline(always)]
-    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
-        0.0
+    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
+        let aq = load32(a.qs.as_ptr() as *const u8);
+        _mm256_sub_epi32(dp(w, aq), dp(_mm256_set1_epi8(16), aq))
     }
 }
 
@@ -257,12 +288,12 @@ impl Block32 for Q5_1 {
         quads(pairs(q, load32(a.qs.as_ptr() as *const u8)))
     }
     #[inline(always)]
-    unsafe fn d(wb: &[u8], a: &BlockQ8_1) -> f32 {
-        d8_1(wb, a)
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
+        two_f16(wb)
     }
     #[inline(always)]
-    unsafe fn min_term(wb: &[u8], a: &BlockQ8_1) -> f32 {
-        m8_1(wb, a)
+    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
+        dp(w, load32(a.qs.as_ptr() as *const u8))
     }
 }
 
@@ -289,27 +320,55 @@ impl Block32 for Q8_0 {
         _mm256_add_epi32(_mm256_madd_epi16(w_lo, a_lo), _mm256_madd_epi16(w_hi, a_hi))
     }
     #[inline(always)]
-    unsafe fn d(wb: &[u8], a: &BlockQ8_0) -> f32 {
-        d8_0(wb, a)
+    unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
+        (f16_at(wb, 0), 0.0)
     }
     #[inline(always)]
-    unsafe fn min_term(_: &[u8], _: &BlockQ8_0) -> f32 {
-        0.0
+    unsafe fn lanes_vnni(w: (__m256i, __m256i), a: &BlockQ8_0) -> __m256i {
+        Self::lanes_w(w, a)
     }
 }
 
 /// `out[r] = dot(row r, a)` for `R` consecutive rows of `row_bytes` each, interleaved
 /// so that the `R` independent float chains overlap; each row's own operations and
-/// their order are exactly those of the single-row kernel (`R = 1`).
+/// their order are exactly those of the single-row kernel (`R = 1`). `sc` holds
+/// [`act_scales`] of `a`.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() >= R * row_bytes`, `row_bytes == K::BYTES * a.len()`,
-/// `out.len() >= R`.
+/// `sc.len() == a.len()`, `out.len() >= R`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn rows<K: Block32, const R: usize>(
     w: &[u8],
     row_bytes: usize,
     a: &[K::Act],
+    sc: &[[f32; 2]],
+    out: &mut [f32],
+) {
+    rows_body::<K, R, false>(w, row_bytes, a, sc, out)
+}
+
+/// [`rows`] with AVX-VNNI lane sums (the same bits).
+///
+/// # Safety
+/// As [`rows`], and AVX-VNNI.
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub(super) unsafe fn rows_vnni<K: Block32, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::Act],
+    sc: &[[f32; 2]],
+    out: &mut [f32],
+) {
+    rows_body::<K, R, true>(w, row_bytes, a, sc, out)
+}
+
+#[inline(always)]
+unsafe fn rows_body<K: Block32, const R: usize, const VNNI: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::Act],
+    sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
     let mut acc = [_mm256_setzero_ps(); R];
@@ -319,7 +378,7 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
     // matrix it is simply wasted).
     let next = w.as_ptr().wrapping_add(R * row_bytes);
     let step = R * K::BYTES;
-    for (b, ab) in a.iter().enumerate() {
+    for ((b, ab), &[ad, as_]) in a.iter().enumerate().zip(sc) {
         let p = next.wrapping_add(b * step);
         _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
@@ -329,9 +388,16 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
-            acc[r] = accumulate(acc[r], K::d(wb, ab), K::lanes(wb, ab));
+            let (wd, wm) = K::wscales(wb);
+            let wq = K::unpack(wb);
+            let l = if VNNI {
+                K::lanes_vnni(wq, ab)
+            } else {
+                K::lanes_w(wq, ab)
+            };
+            acc[r] = accumulate(acc[r], wd * ad, l);
             if K::HAS_MIN {
-                summ[r] += K::min_term(wb, ab);
+                summ[r] += wm * as_;
             }
         }
     }
@@ -348,15 +414,43 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
 /// (tokens): each weight block is unpacked once and used for all `T` tokens. Every
 /// (row, token) pair is accumulated with exactly the operations, in the order, of the
 /// single-row kernel ([`rows`] with `R = 1`), so the results are the same bits.
+/// `scs[t]` holds [`act_scales`] of `acts[t]`.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() >= R * row_bytes`, `row_bytes == K::BYTES * acts[t].len()`
-/// for every `t`.
+/// and `scs[t].len() == acts[t].len()` for every `t`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
     w: &[u8],
     row_bytes: usize,
     acts: [&[K::Act]; T],
+    scs: [&[[f32; 2]]; T],
+    out: &mut [[f32; R]; T],
+) {
+    rows_tokens_body::<K, R, T, false>(w, row_bytes, acts, scs, out)
+}
+
+/// [`rows_tokens`] with AVX-VNNI lane sums (the same bits).
+///
+/// # Safety
+/// As [`rows_tokens`], and AVX-VNNI.
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub(super) unsafe fn rows_tokens_vnni<K: Block32, const R: usize, const T: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [&[K::Act]; T],
+    scs: [&[[f32; 2]]; T],
+    out: &mut [[f32; R]; T],
+) {
+    rows_tokens_body::<K, R, T, true>(w, row_bytes, acts, scs, out)
+}
+
+#[inline(always)]
+unsafe fn rows_tokens_body<K: Block32, const R: usize, const T: usize, const VNNI: bool>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [&[K::Act]; T],
+    scs: [&[[f32; 2]]; T],
     out: &mut [[f32; R]; T],
 ) {
     let mut acc = [[_mm256_setzero_ps(); R]; T];
@@ -368,11 +462,18 @@ pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
             let wq = K::unpack(wb);
+            let (wd, wm) = K::wscales(wb);
             for t in 0..T {
                 let ab = &acts[t][b];
-                acc[t][r] = accumulate(acc[t][r], K::d(wb, ab), K::lanes_w(wq, ab));
+                let [ad, as_] = scs[t][b];
+                let l = if VNNI {
+                    K::lanes_vnni(wq, ab)
+                } else {
+                    K::lanes_w(wq, ab)
+                };
+                acc[t][r] = accumulate(acc[t][r], wd * ad, l);
                 if K::HAS_MIN {
-                    summ[t][r] += K::min_term(wb, ab);
+                    summ[t][r] += wm * as_;
                 }
             }
         }
@@ -393,9 +494,12 @@ pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
 /// # Safety
 /// AVX2 and F16C; `w.len() == K::BYTES * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn one<K: Block32>(w: &[u8], a: &[K::Act]) -> f32 {
+unsafe fn one<K: Block32>(w: &[u8], a: &[K::Act]) -> f32
+where
+    K::Act: ActBlock,
+{
     let mut out = [0f32];
-    rows::<K, 1>(w, w.len(), a, &mut out);
+    rows::<K, 1>(w, w.len(), a, &act_scales(a), &mut out);
     out[0]
 }
 

@@ -494,3 +494,114 @@ fn f16_rounding_matches_half_crate() {
         check(f32::from_bits((r.next() << 8 ^ r.next()) as u32));
     }
 }
+
+#[test]
+fn vnni_and_avx2_lane_sums_give_the_same_bits() {
+    // Both 32-element kernels against the reference, random and extreme blocks, a row
+    // count that leaves a remainder after the 4-row groups.
+    let mut r = Rng(41);
+    for ty in [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+    ] {
+        for extreme in [false, true] {
+            let (rows, nb) = (11, 5);
+            let w = weights(&mut r, ty, rows * nb, extreme);
+            let a = acts(&mut r, ty, nb, extreme);
+            let mut want = vec![0f32; rows];
+            matvec_ref(ty, &w, &a, &mut want).unwrap();
+            for vnni in [false, true] {
+                let mut got = vec![f32::NAN; rows];
+                super::matvec_isa(ty, &w, &a, &mut got, true, vnni).unwrap();
+                let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+                assert!(
+                    ok,
+                    "{ty} extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn pooled_matvec_in_many_chunks_is_bit_identical() {
+    // 64 blocks per row: 32-row chunks, so 203 rows make 7 chunks of unequal count
+    // per thread.
+    let mut r = Rng(43);
+    let mut pools: Vec<crate::pool::Pool> = (1..=4).map(crate::pool::Pool::new).collect();
+    for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K] {
+        let nb = 2048 / ty.block_elems();
+        let rows = 203;
+        let w = weights(&mut r, ty, rows * nb, false);
+        let a = acts(&mut r, ty, nb, false);
+        assert!(
+            super::chunk_rows(w.len() / rows) < rows / 2,
+            "{ty}: several chunks"
+        );
+        let mut want = vec![0f32; rows];
+        matvec_ref(ty, &w, &a, &mut want).unwrap();
+        for pool in &mut pools {
+            let mut got = vec![f32::NAN; rows];
+            matvec_pool(pool, ty, &w, &a, &mut got).unwrap();
+            let ok = got
+                .iter()
+                .zip(&want)
+                .all(|(&g, &w)| g.to_bits() == w.to_bits());
+            assert!(ok, "{ty}, {} threads", pool.threads());
+        }
+    }
+}
+
+#[test]
+fn matvec_many_is_each_matvec_bitwise() {
+    let mut r = Rng(47);
+    let shapes = [
+        (QType::Q4_1, 300, 16),
+        (QType::Q8_0, 77, 16),
+        (QType::Q6K, 130, 2),
+    ];
+    let ws: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows, nb)| weights(&mut r, ty, rows * nb, false))
+        .collect();
+    let xs: Vec<QuantizedActs> = shapes
+        .iter()
+        .map(|&(ty, _, nb)| acts(&mut r, ty, nb, false))
+        .collect();
+    let want: Vec<Vec<f32>> = shapes
+        .iter()
+        .zip(ws.iter().zip(&xs))
+        .map(|(&(ty, rows, _), (w, a))| {
+            let mut o = vec![0f32; rows];
+            matvec_ref(ty, w, a, &mut o).unwrap();
+            o
+        })
+        .collect();
+    for threads in [1, 2, 3] {
+        let mut outs: Vec<Vec<f32>> = shapes.iter().map(|s| vec![f32::NAN; s.1]).collect();
+        let mut products: Vec<Matvec<'_>> = shapes
+            .iter()
+            .zip(ws.iter().zip(&xs))
+            .zip(outs.iter_mut())
+            .map(|((&(ty, _, _), (w, act)), out)| Matvec { ty, w, act, out })
+            .collect();
+        matvec_many(&mut products, crate::Threads::new(threads)).unwrap();
+        drop(products);
+        for ((o, w), s) in outs.iter().zip(&want).zip(&shapes) {
+            let ok = o.iter().zip(w).all(|(&g, &w)| g.to_bits() == w.to_bits());
+            assert!(ok, "{}, {threads} threads", s.0);
+        }
+    }
+    // A shape error in any product is returned and nothing is computed.
+    let mut bad = vec![0f32; 3];
+    let mut products = vec![Matvec {
+        ty: QType::Q4_1,
+        w: &ws[0][..20],
+        act: &xs[0],
+        out: &mut bad,
+    }];
+    assert!(matvec_many(&mut products, crate::Threads::new(2)).is_err());
+}
