@@ -14,6 +14,7 @@ Subcommands (run from the repository root; see oracle-export/README.md):
     tiny                         testdata/tiny/llama-{untied,tied}/ + testdata/oracles/tiny-llama-*/
     oracle --model DIR_OR_GGUF --name NAME     testdata/oracles/NAME/
     r3 --gguf FILE               testdata/oracles/{tiny-llama-*,smollm2-135m-instruct}/r3/<case>.safetensors
+    greedy32 --model GGUF --name NAME          testdata/oracles/NAME/greedy32.json
     all --gguf FILE              all of the above, the GGUF as --name smollm2-135m-instruct
 
 Only the committed fixtures are needed at test time; this script never is.
@@ -1450,6 +1451,112 @@ def make_r3(src: str, name: str, out_root: Path, cmd: str) -> None:
             log(f"    clean:    {md['clean_greedy_text']!r}\n    poisoned: {md['poisoned_greedy_text']!r}")
 
 
+# ---------------------------------------------------------------------------------------
+# greedy32: 32-token greedy continuations (the native path's greedy table is read against them)
+
+GREEDY_N = 32
+
+
+def greedy_steps(model, ids: list[int], n: int) -> dict:
+    """`generate(do_sample=False)` for exactly n new tokens (EOS does not stop it), checked by one
+    no-cache forward over prompt + continuation whose argmax at every step must equal it; the
+    top-1/top-2 logit margin and the top-2 ids of every step come from that forward."""
+    import copy
+
+    import torch
+
+    gc = copy.deepcopy(model.generation_config)
+    eos = gc.eos_token_id
+    gc.eos_token_id = None  # exactly n tokens: an EOS is just another token here
+    if gc.pad_token_id is None:
+        gc.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    gc.do_sample = False
+    gc.max_new_tokens = n
+    x = torch.tensor([ids], dtype=torch.long)
+    saved = model.generation_config
+    model.generation_config = gc  # a generation_config argument is merged with this one's EOS
+    try:
+        with torch.no_grad():
+            g = model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=n)
+    finally:
+        model.generation_config = saved
+    new = g[0, len(ids):].tolist()
+    assert len(new) == n, (len(new), n)
+    full = torch.tensor([ids + new], dtype=torch.long)
+    with torch.no_grad():
+        lg = model(input_ids=full, attention_mask=torch.ones_like(full), use_cache=False).logits[0]
+    rows = lg[len(ids) - 1:len(ids) - 1 + n].float()
+    top = torch.topk(rows, 2, dim=-1)
+    eos_list = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+    return {
+        "greedy_ids": new,
+        "recompute_agrees": top.indices[:, 0].tolist() == new,
+        "margins": [round(float(a - b), 6) for a, b in top.values.tolist()],
+        "top2_ids": [int(i) for i in top.indices[:, 1].tolist()],
+        "first_eos_index": next((i for i, t in enumerate(new) if t in eos_list), None),
+    }
+
+
+def make_greedy32(src: str, name: str, out_root: Path) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    model, tok, _ = load_model(src)
+    if tok is None:
+        raise SystemExit("greedy32: needs a GGUF (a model with its tokenizer)")
+    prompts = [(pid, kind, text, ids) for pid, text, ids, extra in real_prompts(tok, name)
+               for kind in [extra["prompt_kind"]]]
+    chat = []
+    if getattr(tok, "chat_template", None):
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from export_text import E2E_CHAT
+
+        for cname, messages in E2E_CHAT:
+            enc = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)
+            chat.append((f"e2e_{cname}", messages, list(enc["input_ids"])))
+    cases = []
+    for pid, kind, text, ids in prompts:
+        cases.append({"name": pid, "source": f"oracle prompt ({kind})", "text": text, "prompt_ids": ids,
+                      **greedy_steps(model, ids, GREEDY_N)})
+    for cname, messages, ids in chat:
+        cases.append({"name": cname, "source": "e2e chat prompt (apply_chat_template)", "messages": messages,
+                      "prompt_ids": ids, **greedy_steps(model, ids, GREEDY_N)})
+    for c in cases:
+        assert c["recompute_agrees"], c["name"]
+        c["text_out"] = tok.decode(c["greedy_ids"], skip_special_tokens=False)
+        log(f"  {name}/{c['name']}: {len(c['prompt_ids'])} ids, min margin {min(c['margins']):.4f}: "
+            f"{c['text_out']!r}")
+    src_name, src_desc, src_arg = source_ref(src)
+    out = out_root / "oracles" / name / "greedy32.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "format": "fak greedy continuation oracle v1",
+        "witness": f"transformers AutoModelForCausalLM.from_pretrained(dir, gguf_file=..., dtype=torch.float32, "
+                   f"attn_implementation='eager') of {src_desc}; tokenizer from the same GGUF",
+        "command": f"{PY} greedy32 --model {src_arg} --name {name}",
+        "versions": versions(),
+        "torch_num_threads": 1,
+        "generation": f"model.generate(prompt, attention_mask=ones, do_sample=False, max_new_tokens={GREEDY_N}) "
+                      f"with eos_token_id=None, so every case has exactly {GREEDY_N} new tokens (an EOS does not "
+                      f"stop it; first_eos_index says where HF's own generate would have stopped)",
+        "checks": "recompute_agrees: one use_cache=False forward over prompt + greedy_ids has its argmax equal to "
+                  "greedy_ids at every step; margins[i] (top-1 minus top-2 logit) and top2_ids[i] come from that "
+                  "forward's row for step i",
+        "n_new": GREEDY_N,
+        "cases": cases,
+    }
+    out.write_text(json.dumps(doc, indent=1, ensure_ascii=False) + "\n")
+    log(f"wrote {rel(out)}")
+
+
+def cmd_greedy32(args) -> None:
+    src = args.model or args.gguf
+    if not src:
+        raise SystemExit("greedy32: give --model FILE.gguf")
+    make_greedy32(src, args.name, Path(args.out))
+
+
 def cmd_r3(args) -> None:
     out = Path(args.out)
     cmd = f"{PY} r3 --gguf {source_ref(args.gguf)[2]}"
@@ -1496,6 +1603,11 @@ def main(argv=None) -> None:
     r.add_argument("--gguf", required=True)
     r.add_argument("--name", default="smollm2-135m-instruct")
     r.set_defaults(fn=cmd_r3)
+    g = sub.add_parser("greedy32", help="32-token greedy continuations of a GGUF's oracle (and e2e chat) prompts")
+    g.add_argument("--model", help="a .gguf file")
+    g.add_argument("--gguf", help="same as --model")
+    g.add_argument("--name", required=True, help="testdata/oracles/NAME/greedy32.json")
+    g.set_defaults(fn=cmd_greedy32)
     a = sub.add_parser("all", help="everything: dequant, widen, tiny, the GGUF's oracle, r3")
     a.add_argument("--gguf", required=True)
     a.add_argument("--name", default="smollm2-135m-instruct")

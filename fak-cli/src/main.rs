@@ -76,6 +76,11 @@ struct ProveArgs {
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
+    /// Weights: `exact` (f32, the path proven against HF) or `native` (quantized
+    /// matrices kept; the rungs with HF tolerances are listed as skipped, the
+    /// invariants R2a, R3, R14 and W run as on the exact path).
+    #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
+    weights: WeightsArg,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -249,11 +254,6 @@ pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
     }
 }
 
-/// Loads a model with a spinner on stderr (hidden when stderr is not a terminal).
-pub(crate) fn load_model(path: &Path, threads: Option<usize>) -> Result<Model, CliError> {
-    load_model_with(path, threads, WeightMode::Exact)
-}
-
 /// `--weights exact|native`: how the model keeps its matrices (see `WeightMode`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub(crate) enum WeightsArg {
@@ -272,7 +272,8 @@ impl From<WeightsArg> for WeightMode {
     }
 }
 
-/// [`load_model`] with a weight mode.
+/// Loads a model in a weight mode with a spinner on stderr (hidden when stderr is not a
+/// terminal).
 pub(crate) fn load_model_with(
     path: &Path,
     threads: Option<usize>,
@@ -345,7 +346,7 @@ fn prove(args: ProveArgs) -> Result<(), CliError> {
     if oracles.is_none() {
         eprintln!("note: no HF oracle folder for this model; R1/R2b cannot be measured (give one with --oracles DIR)");
     }
-    let model = load_model(&path, args.threads)?;
+    let model = load_model_with(&path, args.threads, args.weights.into())?;
     let label = name.map_or_else(|| path.display().to_string(), str::to_string);
     let report = fak_kv::prove::prove(model, &label, oracles.as_deref());
     if args.format == Format::Json {

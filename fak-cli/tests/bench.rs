@@ -64,6 +64,50 @@ fn bench_reports_every_figure() {
     }
 }
 
+/// The same figures on the real default model in native mode, where the quantized
+/// kernels run (the tiny model is f32, so native mode there is the exact path).
+#[test]
+fn bench_reports_every_figure_on_the_real_model_native() {
+    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"))
+    else {
+        return;
+    };
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &path.display().to_string(),
+        "--threads",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--weights",
+        "native",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["weights"], "native");
+    assert_eq!(v["threads"], 1);
+    assert!(
+        v["weight_format"].as_str().unwrap().contains("Q4_1×210"),
+        "{}",
+        v["weight_format"]
+    );
+    for k in [
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "ttft_ms",
+        "peak_rss_mb",
+    ] {
+        let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing"));
+        assert!(x.is_finite() && x > 0.0, "{k} = {x}");
+    }
+}
+
 #[test]
 fn bench_refuses_a_prompt_past_the_context() {
     let out = fak()

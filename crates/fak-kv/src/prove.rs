@@ -11,10 +11,20 @@
 //! | R3-rot | every moved survivor's K == one rotation of its k_raw at its new position | `Model::rope_in_place` |
 //! | R14 | `from_prefix` == full recompute, prefix not recomputed | the R2a-proven recompute |
 //! | W | sliding-window boundary table; wide window == causal; narrow window changes output | definition / full causal run |
+//!
+//! On a model loaded with [`WeightMode::Native`] and quantized matrices, the rungs whose
+//! witness is HF with the exact path's tolerances (R1, R2b, and R3's comparisons with HF's
+//! continuations and logits) do not apply: 8-bit activations move the logits by more than
+//! 1e-4 and can flip near-tied greedy choices. They are listed with the verdict
+//! [`Verdict::Skip`] and the reason, never left out. The invariants (R2a, R3 against our
+//! own never-saw run with its controls, R3-rot, R14, W) apply to both paths unchanged.
+//!
+//! Each rung that computed something also records a [`Rung::digest`] of the bits it
+//! compared, so two runs (say with 1 and 2 threads) can be checked for identical results.
 
 use crate::{GenerateParams, KvCache, Session};
 use fak_model::oracle::{measure, oracle_files_in, Oracle};
-use fak_model::{window_start, Model};
+use fak_model::{window_start, Model, WeightMode};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -27,6 +37,9 @@ pub enum Verdict {
     Pass,
     /// The claim does not hold (or could not be measured).
     Fail,
+    /// The claim does not apply to this model as loaded (the measured column says why),
+    /// e.g. an HF-tolerance rung on native weights.
+    Skip,
 }
 
 /// One row of the report.
@@ -40,8 +53,13 @@ pub struct Rung {
     pub witness: String,
     /// The figure measured (max|Δ|, agreement counts).
     pub measured: String,
-    /// Pass or fail.
+    /// Pass, fail or skip.
     pub verdict: Verdict,
+    /// FNV-1a (64-bit) of the bits the rung computed and compared (logits, cache,
+    /// generated ids), as 16 hex digits; two runs of the same rung with the same digest
+    /// produced identical results. None for rungs that computed nothing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
 }
 
 /// The whole ladder for one model.
@@ -49,14 +67,16 @@ pub struct Rung {
 pub struct Report {
     /// The model proven (path or catalog name).
     pub model: String,
+    /// How the model kept its weights: `exact` or `native`.
+    pub weights: String,
     /// The rungs, in ladder order.
     pub rungs: Vec<Rung>,
 }
 
 impl Report {
-    /// Whether every rung passed.
+    /// Whether no rung failed (a skipped rung does not apply, see [`Verdict::Skip`]).
     pub fn passed(&self) -> bool {
-        self.rungs.iter().all(|r| r.verdict == Verdict::Pass)
+        self.rungs.iter().all(|r| r.verdict != Verdict::Fail)
     }
 
     /// The rung `id`'s rows.
@@ -79,6 +99,7 @@ impl Report {
                     match r.verdict {
                         Verdict::Pass => "pass".into(),
                         Verdict::Fail => "FAIL".into(),
+                        Verdict::Skip => "skip".into(),
                     },
                 ]
             })
@@ -98,20 +119,28 @@ impl Report {
             s
         };
         let mut out = format!("model: {}\n", self.model);
+        if self.weights != "exact" {
+            out = format!("model: {} ({} weights)\n", self.model, self.weights);
+        }
         out.push_str(&line(&head.map(String::from)));
         let sep: Vec<String> = w.iter().map(|&n| "-".repeat(n)).collect();
         out.push_str(&line(&sep).replace(' ', "-"));
         for r in &rows {
             out.push_str(&line(r));
         }
+        let count = |v: Verdict| self.rungs.iter().filter(|r| r.verdict == v).count();
+        let skipped = count(Verdict::Skip);
         out.push_str(&format!(
             "{} of {} rungs pass\n",
-            self.rungs
-                .iter()
-                .filter(|r| r.verdict == Verdict::Pass)
-                .count(),
-            self.rungs.len()
+            count(Verdict::Pass),
+            self.rungs.len() - skipped
         ));
+        if skipped > 0 {
+            out.push_str(&format!(
+                "{skipped} skipped: they do not apply to {} weights (see their rows)\n",
+                self.weights
+            ));
+        }
         out
     }
 }
@@ -123,7 +152,59 @@ fn rung(id: &str, claim: &str, witness: &str, measured: String, pass: bool) -> R
         witness: witness.into(),
         measured,
         verdict: if pass { Verdict::Pass } else { Verdict::Fail },
+        digest: None,
     }
+}
+
+fn skip(id: &str, claim: &str, witness: &str, why: &str) -> Rung {
+    Rung {
+        rung: id.into(),
+        claim: claim.into(),
+        witness: witness.into(),
+        measured: format!("not applicable: {why}"),
+        verdict: Verdict::Skip,
+        digest: None,
+    }
+}
+
+/// Why the HF-tolerance rungs do not apply to native weights.
+const NATIVE_SKIP: &str = "native weights: 8-bit activations move logits past HF's 1e-4 bound \
+and can flip near-tied greedy steps; measured against the exact path instead (F-q, F-g)";
+
+/// FNV-1a, 64 bits, over a stream of words.
+#[derive(Clone, Copy)]
+struct Digest(u64);
+
+impl Digest {
+    fn new() -> Self {
+        Digest(0xcbf2_9ce4_8422_2325)
+    }
+    fn word(mut self, w: u32) -> Self {
+        for b in w.to_le_bytes() {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        self
+    }
+    fn f32s(self, v: &[f32]) -> Self {
+        v.iter()
+            .fold(self.word(v.len() as u32), |d, x| d.word(x.to_bits()))
+    }
+    fn u32s(self, v: &[u32]) -> Self {
+        v.iter().fold(self.word(v.len() as u32), |d, &x| d.word(x))
+    }
+    fn cache(self, c: &KvCache) -> Self {
+        (0..c.n_layers()).fold(self.u32s(c.positions()), |d, l| {
+            d.f32s(c.k(l)).f32s(c.k_raw(l)).f32s(c.v(l))
+        })
+    }
+    fn hex(self) -> Option<String> {
+        Some(format!("{:016x}", self.0))
+    }
+}
+
+fn with_digest(mut r: Rung, d: Digest) -> Rung {
+    r.digest = d.hex();
+    r
 }
 
 fn fail(id: &str, claim: &str, witness: &str, why: impl std::fmt::Display) -> Rung {
@@ -193,6 +274,9 @@ pub fn synthetic_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// The model is taken by value because the window rungs set a window on it temporarily.
 pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report {
     let mut rungs = Vec::new();
+    // Native weights with at least one quantized matrix (on an all-f32 model native mode
+    // is the exact path, and every rung applies).
+    let approx = model.weight_mode() == WeightMode::Native && !model.quantized_types().is_empty();
     // Every oracle file must load: a file that does not is a failed rung, never skipped.
     let mut bad_oracles = Vec::new();
     let mut oracles: Vec<Oracle> = Vec::new();
@@ -226,24 +310,40 @@ pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report 
             e,
         ));
     }
-    rungs.extend(r1_rungs(&model, &oracles, oracle_dir));
-    rungs.push(r2a(&model, &base_ids));
-    rungs.extend(r3_rungs(&model, oracle_dir));
+    if approx {
+        let (c1, w1, c2, w2) = r1_texts();
+        rungs.push(skip("R1", c1, w1, NATIVE_SKIP));
+        rungs.push(skip("R2b", c2, w2, NATIVE_SKIP));
+    } else {
+        rungs.extend(r1_rungs(&model, &oracles, oracle_dir));
+    }
+    rungs.push(r2a(&model, &base_ids, approx));
+    rungs.extend(r3_rungs(&model, oracle_dir, approx));
     rungs.push(r3_rotation(&model, &base_ids));
     rungs.push(r14(&model, &base_ids));
     Report {
         model: name.to_string(),
+        weights: match model.weight_mode() {
+            WeightMode::Exact => "exact",
+            WeightMode::Native => "native",
+        }
+        .to_string(),
         rungs,
     }
 }
 
-fn r1_rungs(model: &Model, oracles: &[Oracle], dir: Option<&Path>) -> Vec<Rung> {
-    let c1 = "embedding exact; layer cosine >= 0.999999; logits max|Δ| <= 1e-4; argmax equal";
-    let c2 = "16-token greedy continuation equal";
-    let (w1, w2) = (
+/// R1's and R2b's claim and witness texts.
+fn r1_texts() -> (&'static str, &'static str, &'static str, &'static str) {
+    (
+        "embedding exact; layer cosine >= 0.999999; logits max|Δ| <= 1e-4; argmax equal",
         "HF transformers forward (oracle files)",
+        "16-token greedy continuation equal",
         "HF generate(do_sample=False)",
-    );
+    )
+}
+
+fn r1_rungs(model: &Model, oracles: &[Oracle], dir: Option<&Path>) -> Vec<Rung> {
+    let (c1, w1, c2, w2) = r1_texts();
     if oracles.is_empty() {
         let why = match dir {
             Some(d) => format!("no oracle files in {}", d.display()),
@@ -295,9 +395,13 @@ fn r1_rungs(model: &Model, oracles: &[Oracle], dir: Option<&Path>) -> Vec<Rung> 
     ]
 }
 
-fn r2a(model: &Arc<Model>, ids: &[u32]) -> Rung {
+fn r2a(model: &Arc<Model>, ids: &[u32], approx: bool) -> Rung {
     let claim = "prefill N then 4 decode steps == prefill of N+4 (k, k_raw, v, pos, logits)";
-    let witness = "R1-proven full prefill";
+    let witness = if approx {
+        "full prefill, same native weights"
+    } else {
+        "R1-proven full prefill"
+    };
     let run = || -> Result<Rung, crate::SessionError> {
         let total = ids.len().min(model.config().max_position_embeddings);
         if total < 5 {
@@ -313,19 +417,24 @@ fn r2a(model: &Arc<Model>, ids: &[u32]) -> Rung {
         let all = full.prefill_all_logits(&ids[..total])?;
         let v = model.config().vocab_size;
         let mut d = cache_max_abs_diff(inc.cache(), full.cache());
+        let mut dig = Digest::new().cache(inc.cache());
         for (i, l) in step_logits.iter().enumerate() {
             let row = n - 1 + i;
             d = d.max(max_abs_diff(l, &all[row * v..(row + 1) * v]));
+            dig = dig.f32s(l);
         }
-        Ok(rung(
-            "R2a",
-            claim,
-            witness,
-            format!(
-                "N={n}: max|Δ| = {d} over {} layers' cache and 5 logit rows",
-                model.config().num_hidden_layers
+        Ok(with_digest(
+            rung(
+                "R2a",
+                claim,
+                witness,
+                format!(
+                    "N={n}: max|Δ| = {d} over {} layers' cache and 5 logit rows",
+                    model.config().num_hidden_layers
+                ),
+                d == 0.0 && inc.cache() == full.cache(),
             ),
-            d == 0.0 && inc.cache() == full.cache(),
+            dig,
         ))
     };
     run().unwrap_or_else(|e| fail("R2a", claim, witness, e))
@@ -404,7 +513,7 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> (Vec<R3Case>, Vec<String>) {
     (cases, bad)
 }
 
-fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>) -> Vec<Rung> {
+fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>, approx: bool) -> Vec<Rung> {
     let mut out = Vec::new();
     let (cases, bad) = r3_cases(model, dir);
     for e in bad {
@@ -415,19 +524,36 @@ fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>) -> Vec<Rung> {
             e,
         ));
     }
-    for case in cases {
-        out.extend(r3_case(model, &case));
+    for mut case in cases {
+        if approx && (case.hf_clean.is_some() || case.hf_poisoned.is_some()) {
+            out.push(skip(
+                "R3",
+                &format!(
+                    "[{}] greedy == HF's (never-saw and poisoned); last logits within 1e-4 of HF's",
+                    case.name
+                ),
+                "HF greedy and logits (R3 oracle files)",
+                NATIVE_SKIP,
+            ));
+            // The rows below then compare with our own (native) never-saw run only.
+            case.hf_clean = None;
+            case.hf_poisoned = None;
+            case.hf_clean_logits = None;
+        }
+        out.extend(r3_case(model, &case, approx));
     }
     out
 }
 
-fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
+fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
     let claim = format!(
         "[{}] write-time evict == never-saw (logits, cache, 16 greedy tokens)",
         c.name
     );
     let witness = if c.hf_clean.is_some() {
         "HF greedy of prefix+query; our never-saw run"
+    } else if approx {
+        "our never-saw run, same native weights"
     } else {
         "our never-saw run (R1-proven forward)"
     };
@@ -467,27 +593,34 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
             .map(|h| max_abs_diff(&ev_logits, h));
         let hf_ok =
             c.hf_clean.as_ref().is_none_or(|h| *h == ev_gen) && hf_d.is_none_or(|d| d <= 1e-4);
-        let main = rung(
-            "R3",
-            &claim,
-            witness,
-            format!(
-                "max|Δ| = {d} (logits + cache); greedy {} never-saw{}{}",
-                if ev_gen == ns_gen { "==" } else { "!=" },
-                match &c.hf_clean {
-                    Some(h) => format!(
-                        ", {} HF ({} tokens)",
-                        if *h == ev_gen { "==" } else { "!=" },
-                        h.len()
-                    ),
-                    None => String::new(),
-                },
-                match hf_d {
-                    Some(d) => format!("; last logits vs HF max|Δ| {d:.2e}"),
-                    None => String::new(),
-                }
+        let dig = Digest::new()
+            .f32s(&ev_logits)
+            .cache(&ev_cache)
+            .u32s(&ev_gen);
+        let main = with_digest(
+            rung(
+                "R3",
+                &claim,
+                witness,
+                format!(
+                    "max|Δ| = {d} (logits + cache); greedy {} never-saw{}{}",
+                    if ev_gen == ns_gen { "==" } else { "!=" },
+                    match &c.hf_clean {
+                        Some(h) => format!(
+                            ", {} HF ({} tokens)",
+                            if *h == ev_gen { "==" } else { "!=" },
+                            h.len()
+                        ),
+                        None => String::new(),
+                    },
+                    match hf_d {
+                        Some(d) => format!("; last logits vs HF max|Δ| {d:.2e}"),
+                        None => String::new(),
+                    }
+                ),
+                d == 0.0 && ev_gen == ns_gen && hf_ok,
             ),
-            d == 0.0 && ev_gen == ns_gen && hf_ok,
+            dig,
         );
         // Control (a): no eviction.
         let mut po = new();
@@ -497,24 +630,27 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
         let po_gen = po.generate(&params)?;
         let hf_po_ok = c.hf_poisoned.as_ref().is_none_or(|h| *h == po_gen);
         let first_diff = po_gen.iter().zip(&ns_gen).position(|(a, b)| a != b);
-        let a = rung(
-            "R3",
-            &claim_a,
-            if c.hf_poisoned.is_some() {
-                "HF greedy of prefix+poison+query"
-            } else {
-                "our never-saw run"
-            },
-            format!(
-                "poisoned greedy {} never-saw (first difference at token {}){}",
-                if po_gen != ns_gen { "!=" } else { "==" },
-                first_diff.map_or("-".into(), |i| i.to_string()),
-                match &c.hf_poisoned {
-                    Some(h) => format!("; == HF poisoned: {}", *h == po_gen),
-                    None => String::new(),
-                }
+        let a = with_digest(
+            rung(
+                "R3",
+                &claim_a,
+                if c.hf_poisoned.is_some() {
+                    "HF greedy of prefix+poison+query"
+                } else {
+                    "our never-saw run"
+                },
+                format!(
+                    "poisoned greedy {} never-saw (first difference at token {}){}",
+                    if po_gen != ns_gen { "!=" } else { "==" },
+                    first_diff.map_or("-".into(), |i| i.to_string()),
+                    match &c.hf_poisoned {
+                        Some(h) => format!("; == HF poisoned: {}", *h == po_gen),
+                        None => String::new(),
+                    }
+                ),
+                po_gen != ns_gen && hf_po_ok,
             ),
-            po_gen != ns_gen && hf_po_ok,
+            Digest::new().u32s(&po_gen).u32s(&ns_gen),
         );
         // Control (b): evict after the query attended to the poison.
         let mut late = new();
@@ -526,13 +662,13 @@ fn r3_case(model: &Arc<Model>, c: &R3Case) -> Vec<Rung> {
         let dv = (0..late.cache().n_layers())
             .map(|l| max_abs_diff(late.cache().v(l), ns_cache.v(l)))
             .fold(0f32, f32::max);
-        let b = rung(
+        let b = with_digest(rung(
             "R3",
             &claim_b,
             "our never-saw cache",
             format!("positions equal: {same_positions}; survivors' V max|Δ| = {dv:.3e} > 0: quarantine must happen at write time"),
             same_positions && dv > 0.0,
-        );
+        ), Digest::new().cache(late.cache()));
         Ok(vec![main, a, b])
     };
     run().unwrap_or_else(|e| vec![fail("R3", &claim, witness, e)])
@@ -569,13 +705,13 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
         // Non-vacuous: the moved rows really changed (their position changed by 4).
         let changed = !bits_equal(&cache.k(0)[3 * d..4 * d], &before[7 * d..8 * d]);
         let pos_ok = cache.positions() == (0..(n - 4) as u32).collect::<Vec<_>>();
-        Ok(rung(
+        Ok(with_digest(rung(
             "R3",
             claim,
             witness,
             format!("{moved} moved rows: max|Δ| = {maxd}; positions renumbered 0..{}: {pos_ok}; K changed: {changed}", n - 4),
             maxd == 0.0 && changed && pos_ok,
-        ))
+        ), Digest::new().cache(cache)))
     };
     run().unwrap_or_else(|e| fail("R3", claim, witness, e))
 }
@@ -603,6 +739,9 @@ fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
         )
         .max(cache_max_abs_diff(cloned.cache(), full.cache()));
         let same_len = cloned.len() == full.len();
+        let dig = Digest::new()
+            .f32s(cloned.last_logits().unwrap_or(&[]))
+            .cache(cloned.cache());
         let computed = cloned.positions_computed();
         let p = GenerateParams {
             max_new_tokens: 8,
@@ -610,7 +749,8 @@ fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
         };
         let g1 = cloned.generate(&p)?;
         let g2 = full.generate(&p)?;
-        Ok(rung(
+        let dig = dig.u32s(&g1);
+        Ok(with_digest(rung(
             "R14",
             claim,
             witness,
@@ -622,7 +762,7 @@ fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
                 n - split
             ),
             d == 0.0 && g1 == g2 && same_len && computed == (n - split) as u64,
-        ))
+        ), dig))
     };
     run().unwrap_or_else(|e| fail("R14", claim, witness, e))
 }
@@ -676,19 +816,25 @@ fn window_rungs(model: &mut Model, ids: &[u32]) -> Vec<Rung> {
         let d_wide = max_abs_diff(&wide, &causal);
         let d_narrow = max_abs_diff(&narrow, &causal);
         Ok((
-            rung(
-                "W",
-                "a window wider than the sequence == full causal attention",
-                "full causal run",
-                format!("{n} positions, W={}: max|Δ| = {d_wide}", n + 5),
-                d_wide == 0.0,
+            with_digest(
+                rung(
+                    "W",
+                    "a window wider than the sequence == full causal attention",
+                    "full causal run",
+                    format!("{n} positions, W={}: max|Δ| = {d_wide}", n + 5),
+                    d_wide == 0.0,
+                ),
+                Digest::new().f32s(&wide).f32s(&causal),
             ),
-            rung(
-                "W",
-                "a narrow window changes the output (non-vacuous)",
-                "full causal run",
-                format!("W=2: logits max|Δ| = {d_narrow:.3e} > 0"),
-                d_narrow > 0.0,
+            with_digest(
+                rung(
+                    "W",
+                    "a narrow window changes the output (non-vacuous)",
+                    "full causal run",
+                    format!("W=2: logits max|Δ| = {d_narrow:.3e} > 0"),
+                    d_narrow > 0.0,
+                ),
+                Digest::new().f32s(&narrow),
             ),
         ))
     })();

@@ -139,3 +139,99 @@ pub fn check_tensor_table(src: &fak_model::WeightSource, oracle_dir: &std::path:
     );
     n
 }
+
+/// The public-domain text of `testdata/quality/eighty-days.txt` (see the README there).
+pub fn quality_text() -> String {
+    let p = testdata().join("quality/eighty-days.txt");
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// Native path against the exact one over a teacher-forced text.
+#[derive(Clone, Copy, Debug)]
+pub struct Quality {
+    /// Positions compared (every token of the text).
+    pub n: usize,
+    /// Positions where the two argmaxes agree.
+    pub agree: usize,
+    /// Mean over positions of KL(exact ‖ native), nats.
+    pub kl_mean: f64,
+    /// Largest KL(exact ‖ native) at one position, nats.
+    pub kl_max: f64,
+    /// Largest |exact − native| over every logit of every position.
+    pub max_abs: f32,
+    /// Seconds of the exact forward passes.
+    pub secs_exact: f64,
+    /// Seconds of the native forward passes.
+    pub secs_native: f64,
+}
+
+impl Quality {
+    /// Top-1 agreement, in [0, 1].
+    pub fn top1(&self) -> f64 {
+        self.agree as f64 / self.n as f64
+    }
+}
+
+/// Log-softmax of one logit row, in f64.
+fn log_softmax(r: &[f32]) -> Vec<f64> {
+    let m = r.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b)) as f64;
+    let z: f64 = r.iter().map(|&x| (x as f64 - m).exp()).sum::<f64>().ln() + m;
+    r.iter().map(|&x| x as f64 - z).collect()
+}
+
+/// Teacher-forces `ids` through both models (one prefill each, run in chunks of `chunk`
+/// positions over the same cache so only `chunk` logit rows are held at once: chunked
+/// prefill gives the bits of a single prefill, which `*_decode_equals_prefill_bitwise`
+/// checks) and compares every position's logits.
+pub fn teacher_forced(
+    exact: &fak_model::Model,
+    native: &fak_model::Model,
+    ids: &[u32],
+    chunk: usize,
+) -> Quality {
+    use fak_model::{LogitsWanted, VecKvCache};
+    let v = exact.config().vocab_size;
+    let layers = exact.config().num_hidden_layers;
+    let (mut ke, mut kn) = (
+        VecKvCache::new(layers, ids.len()),
+        VecKvCache::new(layers, ids.len()),
+    );
+    let mut q = Quality {
+        n: ids.len(),
+        agree: 0,
+        kl_mean: 0.0,
+        kl_max: 0.0,
+        max_abs: 0.0,
+        secs_exact: 0.0,
+        secs_native: 0.0,
+    };
+    let mut kl_sum = 0f64;
+    let mut at = 0;
+    while at < ids.len() {
+        let end = (at + chunk).min(ids.len());
+        let pos: Vec<u32> = (at as u32..end as u32).collect();
+        let t = std::time::Instant::now();
+        let le = exact
+            .forward(&ids[at..end], &pos, &mut ke, LogitsWanted::All, None)
+            .unwrap();
+        q.secs_exact += t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let ln = native
+            .forward(&ids[at..end], &pos, &mut kn, LogitsWanted::All, None)
+            .unwrap();
+        q.secs_native += t.elapsed().as_secs_f64();
+        for (re, rn) in le.chunks_exact(v).zip(ln.chunks_exact(v)) {
+            q.agree += usize::from(fak_model::argmax(re) == fak_model::argmax(rn));
+            let (pe, pn) = (log_softmax(re), log_softmax(rn));
+            let kl: f64 = pe.iter().zip(&pn).map(|(a, b)| a.exp() * (a - b)).sum();
+            kl_sum += kl;
+            q.kl_max = q.kl_max.max(kl);
+            for (a, b) in re.iter().zip(rn) {
+                q.max_abs = q.max_abs.max((a - b).abs());
+            }
+        }
+        at = end;
+    }
+    q.kl_mean = kl_sum / ids.len() as f64;
+    q
+}
