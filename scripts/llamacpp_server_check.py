@@ -6,7 +6,8 @@ Run by scripts/llamacpp-server-check (which starts both servers); expects LLAMA_
 FAK_BASE (http://HOST:PORT) and MODEL (the name llama.cpp serves the model under). For
 each case, at temperature 0 with a fixed max_tokens: a chat completion without
 streaming, then with streaming (`stream_options.include_usage` asked of both), each
-sent first to llama.cpp and then through fak. Checked: the texts equal (streamed text
+sent first to llama.cpp and then through fak, after one uncompared request of the same
+case so that llama.cpp's prompt cache is alike for all four. Checked: the texts equal (streamed text
 concatenated) and the finish reasons equal, for each mode; without streaming, the
 usage's `completion_tokens` equal. `prompt_tokens` is compared and reported, but a
 difference is a known gap rather than a failure when fak reports 0: llama.cpp's Python
@@ -149,9 +150,15 @@ def compare(name, mode, d, v):
         check(f"{name} {mode}: prompt_tokens equal", False, f"{du.prompt_tokens} != {vu.prompt_tokens}")
 
 
+# Each case is asked once first, uncompared: llama.cpp's answer can depend on how much
+# of the prompt its cache already holds (the whole prompt evaluated at once can end
+# differently from its last token alone), so every compared request should find the
+# same cache, the whole prompt in it.
 for name, messages in CHATS:
+    chat_whole(direct, messages)
     compare(name, "chat", chat_whole(direct, messages), chat_whole(via, messages))
     compare(name, "chat stream", chat_stream(direct, messages), chat_stream(via, messages))
+completion_whole(direct)
 compare("completion", "plain", completion_whole(direct), completion_whole(via))
 compare("completion", "plain stream", completion_stream(direct), completion_stream(via))
 
