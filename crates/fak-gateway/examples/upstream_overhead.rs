@@ -14,13 +14,14 @@
 //! dominates and the differences are within its noise.
 //!
 //! A client (hyper, one keep-alive connection to each server) sends `--requests` chat
-//! requests to each path and mode, alternating direct and through fak: non-streaming
+//! requests to each path and mode, in pairs (direct then through fak, and the other way
+//! round every other pair): non-streaming
 //! (time to the whole body), then streaming (time to the first content chunk, TTFT; to
 //! the last; and the time per token after the first, (last - first) / (chunks - 1)).
 //! Twenty of each are sent first as a warm-up and not counted. Printed: the median and
 //! p99 of each distribution, what fak adds (through fak minus direct, for the medians
 //! and for the p99s), and the median and p99 of the paired differences (each request
-//! through fak minus the direct one sent just before it). The answers through fak are
+//! through fak minus the direct one of its pair). The answers through fak are
 //! checked equal to the direct ones (after the warm-up).
 //!
 //! ```text
@@ -300,6 +301,18 @@ struct Results {
     chunks: usize,
 }
 
+/// One request on each path, in the order `swap` says: (direct, through fak).
+async fn pair(direct: &mut Conn, via: &mut Conn, body: &Value, swap: bool) -> (Timed, Timed) {
+    const PATH: &str = "/v1/chat/completions";
+    if swap {
+        let v = via.send("POST", PATH, body).await;
+        (direct.send("POST", PATH, body).await, v)
+    } else {
+        let d = direct.send("POST", PATH, body).await;
+        (d, via.send("POST", PATH, body).await)
+    }
+}
+
 async fn measure(
     direct: &mut Conn,
     via: &mut Conn,
@@ -312,9 +325,10 @@ async fn measure(
     let mut text = String::new();
     for i in 0..WARMUP + n {
         let count = i >= WARMUP;
-        // Non-streaming, then streaming; direct first, then through fak.
-        let d = direct.send("POST", "/v1/chat/completions", body).await;
-        let v = via.send("POST", "/v1/chat/completions", body).await;
+        // Non-streaming, then streaming; direct first on even rounds, through fak first
+        // on odd ones, so that neither path always follows the other.
+        let swap = i % 2 == 1;
+        let (d, v) = pair(direct, via, body, swap).await;
         // Not during the warm-up: a real upstream's first answer may differ (llama.cpp's
         // depends on how much of the prompt its cache holds).
         if count && v.text != d.text {
@@ -326,10 +340,7 @@ async fn measure(
         if count {
             out.whole.push(ms(d.total), ms(v.total));
         }
-        let d = direct
-            .send("POST", "/v1/chat/completions", &stream_body)
-            .await;
-        let v = via.send("POST", "/v1/chat/completions", &stream_body).await;
+        let (d, v) = pair(direct, via, &stream_body, swap).await;
         if d.chunks.len() < 2
             || v.chunks.len() < 2
             || (count && (v.text != d.text || v.chunks.len() != d.chunks.len()))
@@ -485,8 +496,8 @@ fn main() {
     }
     println!("upstream: {what}");
     println!(
-        "model {model}; {} requests per path and mode after {WARMUP} warm-up, alternating \
-         direct and through fak; one keep-alive connection each",
+        "model {model}; {} requests per path and mode after {WARMUP} warm-up, in pairs \
+         (direct first in half of them); one keep-alive connection each",
         args.requests
     );
     println!(
@@ -528,7 +539,7 @@ fn main() {
     println!();
     println!(
         "added = through-fak median minus direct median (p99: the p99s' difference); \
-         paired diff = each request through fak minus the direct one just before it"
+         paired diff = each request through fak minus the direct one of its pair"
     );
 }
 
