@@ -455,9 +455,7 @@ fn main() {
             None => first_model(&mut direct).await,
         };
         // `top_p: 1` as fak sends it upstream (OpenAI's default, which fak applies
-        // when a request has none): llama.cpp's own default, 0.95, costs it a sort of
-        // the vocabulary per token even at temperature 0, and would make the direct
-        // path look slower than fak's.
+        // when a request has none), so that both paths ask the upstream alike.
         let body = if args.upstream_url.is_some() {
             let prompt = args
                 .prompt
