@@ -47,7 +47,8 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 2)]
     upstream_retries: u32,
     /// openai-upstream: seconds between health checks of each upstream (GET /health,
-    /// else /v1/models); a failing one is out of rotation until a check passes.
+    /// where a 404 passes too; /v1/models until its models are known); a failing one is
+    /// out of rotation until a check passes.
     #[arg(long, default_value_t = 5)]
     upstream_health_interval_s: u64,
     /// Requests generated at once (worker slots); more wait in a queue.

@@ -19,7 +19,9 @@
 //!   still this server's status, not an error inside a stream). Its counts are 0: an
 //!   OpenAI-compatible server reports usage only in its last chunk. [`Done::prompt_usage`]
 //!   then carries `usage.prompt_tokens` and `usage.prompt_tokens_details.cached_tokens`
-//!   (0 when absent), which the gateway reports.
+//!   (0 when absent), which the gateway reports. An upstream that sends no usage in a
+//!   stream (llama.cpp's Python server ignores `stream_options`) leaves the prompt's
+//!   count at 0.
 //! - `Text` for each content delta, relayed as it arrives (preceded by its `Logprobs`
 //!   when asked; ids are not on the wire, so records carry id 0).
 //! - Tool-call deltas are assembled per `index` and sent as whole [`ToolCall`]s only
@@ -27,6 +29,8 @@
 //!   JSON object is sent marked malformed (the gateway denies it).
 //! - `Done`: `finish_reason` `length` → `Length`, anything else (`stop`, `tool_calls`)
 //!   → `Stop`; `completion_tokens` from the usage (else the number of content deltas).
+//!   A `[DONE]` before any `finish_reason` is a reply cut short (llama.cpp's Python
+//!   server interrupted by another request), an error like a stream that ends early.
 //!
 //! **Errors.** Upstream 429 and 503 → [`EngineError::Overloaded`] with its
 //! `Retry-After`; 404 naming a model → [`EngineError::UnknownModel`]; 401/403 (our key
@@ -48,10 +52,11 @@
 //!
 //! **Several upstreams, health and readiness.** [`UpstreamConfig::base_urls`] may name
 //! several servers. Each has a health state, kept by a background check every
-//! [`UpstreamConfig::health_interval`]: `GET {base}/health` (a 2xx is healthy, another
-//! status or no answer is not; a 404 or 405 falls back to `GET {base}/v1/models`), and
-//! `GET {base}/v1/models` whenever the upstream's models are not known yet (at start and
-//! after it was down). A failing check takes the upstream out of rotation, a passing one
+//! [`UpstreamConfig::health_interval`]: `GET {base}/health` (a 2xx is healthy, and so is
+//! a 404 or 405 from a server without that route; another status or no answer is not),
+//! and `GET {base}/v1/models` only while the upstream's models are not known (at start
+//! and after it was down): llama.cpp's Python server stops the generation under way
+//! when any request for its model arrives, its models list included. A failing check takes the upstream out of rotation, a passing one
 //! puts it back. A request goes to the healthy upstream serving its model with the fewest
 //! requests in flight (ties taken in turn); an attempt that fails before anything reached
 //! the client is retried on another healthy upstream when there is one. Until the first
@@ -538,7 +543,7 @@ impl Inner {
             Ok(r) => r,
             Err(e) => return State::Down(e),
         };
-        let status = match tokio::time::timeout(within, self.client.request(req)).await {
+        match tokio::time::timeout(within, self.client.request(req)).await {
             Err(_) => {
                 return State::Down(format!(
                     "{url} did not answer within {} s",
@@ -560,12 +565,15 @@ impl Inner {
                         body_message(&body)
                     ));
                 }
-                status
             }
-        };
+        }
+        // A 2xx, or a 404 or 405 (no health route): alive. The models list is
+        // asked only while the models are not known: llama.cpp's Python server
+        // interrupts the generation under way when a request for its model (the list
+        // included) arrives, so a periodic models request would cut replies short.
         match known {
-            Some(m) if status.is_success() => State::Up(m),
-            _ => match self.fetch_models(base).await {
+            Some(m) => State::Up(m),
+            None => match self.fetch_models(base).await {
                 Ok(m) => State::Up(m),
                 Err(e) => State::Down(e),
             },
@@ -950,6 +958,13 @@ impl<'a> Reply<'a> {
     fn event(&mut self, data: &str) -> Result<Flow, Failure> {
         let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
         if data.trim() == "[DONE]" {
+            if self.finish_reason.is_none() {
+                // llama.cpp's Python server ends a generation this way when another
+                // request for its model interrupts it: a cut reply, not a finished one.
+                return Err(Failure::retry(EngineError::Upstream(
+                    "the upstream ended the stream before the reply finished ([DONE] without a finish_reason: interrupted?)".into(),
+                )));
+            }
             return Ok(Flow::End);
         }
         let v: Value = serde_json::from_str(data).map_err(|e| {
@@ -1787,6 +1802,39 @@ data: [DONE]\n\n",
     }
 
     #[test]
+    fn a_done_without_a_finish_reason_is_a_cut_reply() {
+        // llama.cpp's Python server, interrupted by another request, ends a generation
+        // with `[DONE]` and no finish_reason. Before any text: retried, then an error.
+        let d = driver(
+            fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"role\":\"assistant\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n"),
+            5000,
+        );
+        let e = ask(&d).unwrap_err().to_string();
+        assert!(
+            e.contains("before the reply finished") && e.contains("2 attempts"),
+            "{e}"
+        );
+        // After text: the text, then the error, never a `Done` that says it finished.
+        let d = driver(
+            fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"The sky\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n"),
+            5000,
+        );
+        let mut s = d
+            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
+            .unwrap();
+        let mut evs = Vec::new();
+        while let Some(e) = s.blocking_next() {
+            evs.push(e);
+        }
+        assert_eq!(evs[1], EngineEvent::Text("The sky".into()));
+        assert!(
+            matches!(&evs[2], EngineEvent::Error(EngineError::Upstream(m)) if m.contains("finish_reason")),
+            "{evs:?}"
+        );
+        assert_eq!(evs.len(), 3);
+    }
+
+    #[test]
     fn a_stall_mid_reply_is_a_timeout() {
         // Head and one event, then silence (the connection stays open).
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -1951,6 +1999,49 @@ data: [DONE]\n\n",
                 Err(EngineError::InvalidRequest(_))
             ));
         }
+    }
+
+    #[test]
+    fn health_checks_ask_the_models_list_only_while_the_models_are_unknown() {
+        // llama.cpp's Python server: no /health route, and a models request interrupts
+        // the generation under way. Count what the checks ask.
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap();
+        let (health, models) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (h, m) = (Arc::clone(&health), Arc::clone(&models));
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 65536];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
+                    m.fetch_add(1, Ordering::SeqCst);
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
+                } else {
+                    h.fetch_add(1, Ordering::SeqCst);
+                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                };
+                let _ = s.write_all(reply);
+            }
+        });
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{addr}")],
+            health_interval: Duration::from_millis(20),
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while health.load(Ordering::SeqCst) < 10 {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.upstreams());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(d.readiness(), Readiness::Ready);
+        assert_eq!(d.models()[0].id, "fake");
+        assert_eq!(
+            models.load(Ordering::SeqCst),
+            1,
+            "the models list asked once"
+        );
     }
 
     #[test]

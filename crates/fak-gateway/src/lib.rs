@@ -202,6 +202,10 @@ pub fn router_with_boundary(
 
 /// Serves `router` on `listener` until `shutdown` resolves.
 ///
+/// Every accepted connection gets `TCP_NODELAY`: a stream writes one small event per
+/// token, and with Nagle's algorithm on, each write after the first would wait for the
+/// client's (delayed, up to 40 ms) acknowledgement of the one before.
+///
 /// # Errors
 /// I/O errors of the listener.
 pub async fn serve(
@@ -209,9 +213,21 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
+    axum::serve(with_nodelay(listener), router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// `listener`, setting `TCP_NODELAY` on each connection it accepts.
+fn with_nodelay(
+    listener: tokio::net::TcpListener,
+) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
+    use axum::serve::ListenerExt;
+    listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+        }
+    })
 }
 
 async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> Response {
@@ -527,4 +543,25 @@ fn positive(name: &str, v: i64, flavor: Flavor) -> Result<usize, ApiError> {
 fn with_note(mut r: Response, note: UsageNote) -> Response {
     r.extensions_mut().insert(note);
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::serve::Listener;
+
+    #[tokio::test]
+    async fn accepted_connections_have_tcp_nodelay() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let mut l = super::with_nodelay(l);
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = l.accept().await;
+        assert!(server_side.nodelay().unwrap());
+        // Off by default: the setting is ours, not the platform's.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let _c = tokio::net::TcpStream::connect(plain.local_addr().unwrap())
+            .await
+            .unwrap();
+        assert!(!plain.accept().await.unwrap().0.nodelay().unwrap());
+    }
 }
