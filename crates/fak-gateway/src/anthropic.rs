@@ -364,6 +364,7 @@ pub(crate) async fn messages(
         tools,
         tool_choice,
         logprobs: None,
+        raw: None,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
