@@ -47,6 +47,7 @@ mod anthropic;
 pub mod error;
 pub mod metrics;
 mod openai;
+mod splice;
 mod tools;
 
 use axum::body::Bytes;
@@ -334,15 +335,28 @@ fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     flavor: Flavor,
 ) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
+    parse_json(&body_bytes(s, body, flavor)?, flavor)
+}
+
+/// The body's bytes, or a 400/413 in `flavor`'s shape.
+fn body_bytes(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    flavor: Flavor,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(s.config.max_body_bytes)
         } else {
             ApiError::bad_request(format!("reading the body: {}", r.body_text()))
         }
         .with_flavor(flavor)
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    })
+}
+
+/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape.
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: {e}")).with_flavor(flavor)
     })
 }
