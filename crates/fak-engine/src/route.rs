@@ -14,7 +14,8 @@
 //! [`RoutedDriver`] dispatches by model: a request without a model takes the first
 //! route; a model no route names is [`EngineError::UnknownModel`] listing the routed
 //! ones. `models()` lists every routed model (with what its driver reports of it, else
-//! context length 0), `stats()` sums the drivers', a revocation reaches every driver.
+//! context length 0), `stats()` sums the drivers' (a driver behind several routes
+//! counted once), a revocation reaches every driver once.
 //! Readiness: [`Readiness::Loading`] while any route is still starting (so a server is
 //! reported ready only once every route has been tried), then [`Readiness::Ready`] while
 //! at least one route is ready (a route that is not answers its own requests with its
@@ -159,6 +160,17 @@ impl RoutedDriver {
             .collect()
     }
 
+    /// Each driver once, in route order (one driver may serve several routes).
+    fn drivers(&self) -> Vec<&Arc<dyn EngineDriver>> {
+        let mut out: Vec<&Arc<dyn EngineDriver>> = Vec::new();
+        for (_, d) in &self.routes {
+            if !out.iter().any(|o| Arc::ptr_eq(o, d)) {
+                out.push(d);
+            }
+        }
+        out
+    }
+
     /// The route for `model` (`None`: the first).
     fn find(&self, model: Option<&str>) -> Option<&(String, Arc<dyn EngineDriver>)> {
         match model {
@@ -222,7 +234,7 @@ impl EngineDriver for RoutedDriver {
 
     fn stats(&self) -> EngineStats {
         let mut t = EngineStats::default();
-        for (_, d) in &self.routes {
+        for d in self.drivers() {
             let s = d.stats();
             t.queue_depth += s.queue_depth;
             t.active += s.active;
@@ -236,7 +248,7 @@ impl EngineDriver for RoutedDriver {
 
     fn revoke(&self, r: &Revocation) -> RevokeReport {
         let mut t = RevokeReport::default();
-        for (_, d) in &self.routes {
+        for d in self.drivers() {
             let k = d.revoke(r);
             t.sessions += k.sessions;
             t.tokens_dropped += k.tokens_dropped;
