@@ -2120,6 +2120,45 @@ data: [DONE]\n\n",
     }
 
     #[test]
+    fn a_models_list_behind_a_key_is_up_on_the_anthropic_wire_with_a_named_model() {
+        let keyed = routed_upstream(vec![(
+            b"GET /v1/models",
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"error\": \"x-api-key\"}\n\n\n\n\n",
+        )]);
+        let start = |wire: Wire, model: Option<&str>| {
+            let d = UpstreamDriver::start_wire(
+                UpstreamConfig {
+                    base_urls: vec![format!("http://{keyed}")],
+                    model: model.map(str::to_string),
+                    ..UpstreamConfig::default()
+                },
+                wire,
+            )
+            .unwrap();
+            let t = Instant::now();
+            while d.readiness() == Readiness::Loading {
+                assert!(t.elapsed() < Duration::from_secs(10));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            d
+        };
+        let d = start(Wire::Anthropic, Some("claude-x"));
+        assert_eq!(d.readiness(), Readiness::Ready);
+        assert_eq!(d.models()[0].id, "claude-x");
+        assert_eq!(d.models()[0].owned_by, "anthropic-upstream");
+        assert!(d.forwards_client_body(None));
+        // Not without a model named, nor on the OpenAI wire (where the key is ours).
+        for (wire, model) in [(Wire::Anthropic, None), (Wire::OpenAi, Some("claude-x"))] {
+            let d = start(wire, model);
+            let r = d.readiness();
+            assert!(
+                matches!(&r, Readiness::Failed(m) if m.contains("401")),
+                "{r:?}"
+            );
+        }
+    }
+
+    #[test]
     fn an_upstream_that_is_down_is_not_ready() {
         // A port nothing listens on.
         let addr = std::net::TcpListener::bind("127.0.0.1:0")

@@ -1,8 +1,11 @@
 //! fak-gateway: fak's HTTP APIs over a fak-engine driver.
 //!
 //! One job: speak the wire formats clients already use, and hand each request to an
-//! [`EngineDriver`] (the in-kernel model, another server's OpenAI-compatible API, or the
-//! mock in tests).
+//! [`EngineDriver`] (the in-kernel model, another server's OpenAI-compatible or
+//! Anthropic Messages API, several of them routed by model, or the mock in tests). For a
+//! driver that forwards the client's own request (the Anthropic upstream) the Messages
+//! route attaches the body as it came, a screened tool result spliced in at its
+//! `content` span and nothing else changed.
 //!
 //! | route | API | notes |
 //! |---|---|---|
@@ -28,7 +31,8 @@
 //!
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
-//! wrong key (when one is set); 404 for an unknown model or route; 413 for a body over
+//! wrong key (when one is set), and 401/403 when an Anthropic upstream refuses the
+//! client's own key; 404 for an unknown model or route; 413 for a body over
 //! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 502 when an
 //! upstream engine fails; 504 when a response takes longer than the request time limit
 //! or an upstream engine times out.

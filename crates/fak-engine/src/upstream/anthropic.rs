@@ -34,6 +34,11 @@
 //! else → `Stop`; `stop_sequence` kept; `completion_tokens` from `output_tokens`; the
 //! prompt's counts again in [`Done::prompt_usage`], with the cache writes.
 //!
+//! **Models.** As on the OpenAI wire (health check, then `GET /v1/models`), except that a
+//! models list refused with 401/403 (a server that lists its models only to a key) counts
+//! as up when [`super::UpstreamConfig::model`] names the model: without an operator key,
+//! each request brings the client's own.
+//!
 //! **Errors.** As on the OpenAI wire, plus: 529 (Anthropic's overloaded) →
 //! [`EngineError::Overloaded`]; a 401/403 when the client's own key was sent →
 //! [`EngineError::Refused`] (the client's 401/403; with the operator's key it is the
