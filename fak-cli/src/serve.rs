@@ -1,7 +1,8 @@
 //! `fak serve`: the HTTP APIs of fak-gateway over a fak-engine driver. Wiring only.
 
 use crate::{fail, parse_threads, resolve_or_pull, CliError, WeightsArg};
-use fak_engine::{registry, EngineConfig, Readiness};
+use fak_engine::route::{Route, RoutedDriver};
+use fak_engine::{registry, upstream, EngineConfig, EngineDriver, Readiness};
 use fak_gateway::{router_with_boundary, Boundary, GatewayConfig};
 use fak_model::catalog::{self, DEFAULT_MODEL};
 use std::io::IsTerminal;
@@ -19,34 +20,45 @@ pub(crate) struct ServeArgs {
     /// Port to bind (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8080)]
     port: u16,
-    /// Engine driver id: inkernel (the model in this process), openai-upstream (another
-    /// server's OpenAI-compatible API generates, behind this server's boundary; needs
-    /// --base-url) or mock (no model; tests).
-    #[arg(long, default_value = "inkernel")]
-    engine: String,
-    /// openai-upstream: an upstream server, http://HOST:PORT (its /v1 URL works too).
+    /// Engine driver id: inkernel (the model in this process; the default),
+    /// openai-upstream (another server's OpenAI-compatible API generates, behind this
+    /// server's boundary; needs --base-url), anthropic-upstream (another server's
+    /// Anthropic Messages API generates; /v1/messages requests are forwarded as the
+    /// client sent them, with its x-api-key; needs --base-url) or mock (no model; tests).
+    #[arg(long)]
+    engine: Option<String>,
+    /// Serve several engines side by side, chosen by each request's `model`:
+    /// MODEL=ENGINE, repeatable, the first the default (e.g. --route smollm2=inkernel
+    /// --route big=openai-upstream). MODEL is the id clients send and the engine serves
+    /// it under: the inkernel engine serves --model as MODEL, an upstream engine the
+    /// upstream's model MODEL at --base-url, or at its own URL with MODEL=ENGINE@URL.
+    /// Excludes --engine.
+    #[arg(long = "route", value_name = "MODEL=ENGINE[@URL]", value_parser = parse_route)]
+    routes: Vec<Route>,
+    /// Upstream engines: an upstream server, http://HOST:PORT (its /v1 URL works too).
     /// Repeat it for several: each request goes to the least-loaded healthy one.
     #[arg(long)]
     base_url: Vec<String>,
-    /// openai-upstream: the one model to serve, by the upstream's name for it (default:
-    /// every model the upstream's /v1/models lists).
+    /// Upstream engines without --route: the one model to serve, by the upstream's name
+    /// for it (default: every model the upstream's /v1/models lists).
     #[arg(long)]
     upstream_model: Option<String>,
-    /// openai-upstream: name of an environment variable holding the upstream's API key
-    /// (sent as `Authorization: Bearer KEY`).
+    /// Upstream engines: name of an environment variable holding the operator's key for
+    /// the upstream (openai-upstream: sent as `Authorization: Bearer KEY`;
+    /// anthropic-upstream: sent as `x-api-key: KEY` in place of the client's).
     #[arg(long)]
     upstream_api_key_env: Option<String>,
-    /// openai-upstream: longest wait to connect and get the response head, seconds.
+    /// Upstream engines: longest wait to connect and get the response head, seconds.
     #[arg(long, default_value_t = 300)]
     upstream_timeout_s: u64,
-    /// openai-upstream: longest silence mid-reply, seconds, before the request fails.
+    /// Upstream engines: longest silence mid-reply, seconds, before the request fails.
     #[arg(long, default_value_t = 120)]
     upstream_idle_timeout_s: u64,
-    /// openai-upstream: extra attempts after a connection failure, a 5xx or a timeout,
+    /// Upstream engines: extra attempts after a connection failure, a 5xx or a timeout,
     /// while nothing has reached the client yet.
     #[arg(long, default_value_t = 2)]
     upstream_retries: u32,
-    /// openai-upstream: seconds between health checks of each upstream (GET /health,
+    /// Upstream engines: seconds between health checks of each upstream (GET /health,
     /// where a 404 passes too; /v1/models until its models are known); a failing one is
     /// out of rotation until a check passes.
     #[arg(long, default_value_t = 5)]
@@ -104,13 +116,28 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let spec = registry::find(&args.engine).ok_or_else(|| {
+    if !args.routes.is_empty() && args.engine.is_some() {
+        return Err(fail(
+            "--engine and --route exclude each other: name each route's engine (--route MODEL=ENGINE)",
+        ));
+    }
+    let engine = args
+        .engine
+        .as_deref()
+        .unwrap_or(fak_engine::inkernel::SPEC.id);
+    let spec = registry::find(engine).ok_or_else(|| {
         fail(format!(
-            "no engine '{}' (known: {})",
-            args.engine,
+            "no engine '{engine}' (known: {})",
             registry::ids().join(", ")
         ))
     })?;
+    // The engines in use: the one --engine, or each route's.
+    let engines: Vec<&str> = if args.routes.is_empty() {
+        vec![spec.id]
+    } else {
+        args.routes.iter().map(|r| r.engine.as_str()).collect()
+    };
+    let is_upstream = |e: &str| e == upstream::SPEC.id || e == upstream::ANTHROPIC_SPEC.id;
     let api_key = key_from_env("--api-key-env", args.api_key_env.as_deref())?;
     let upstream_key = key_from_env(
         "--upstream-api-key-env",
@@ -144,10 +171,26 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         store,
         fak_ctxmmu::AuditLog::to_file(&audit_path),
     );
-    if spec.id == fak_engine::upstream::SPEC.id {
-        if args.base_url.is_empty() {
+    if engines.iter().any(|e| is_upstream(e)) {
+        if args.routes.is_empty() && args.base_url.is_empty() {
+            return Err(fail(format!(
+                "--engine {} needs --base-url http://HOST:PORT",
+                spec.id
+            )));
+        }
+        if let Some(r) = args
+            .routes
+            .iter()
+            .find(|r| is_upstream(&r.engine) && r.base_url.is_none() && args.base_url.is_empty())
+        {
+            return Err(fail(format!(
+                "--route {}={} needs --base-url http://HOST:PORT (or its own: {}={}@http://HOST:PORT)",
+                r.model, r.engine, r.model, r.engine
+            )));
+        }
+        if !args.routes.is_empty() && args.upstream_model.is_some() {
             return Err(fail(
-                "--engine openai-upstream needs --base-url http://HOST:PORT",
+                "--upstream-model is for --engine; with --route, each route names its model",
             ));
         }
         if args.upstream_timeout_s == 0
@@ -158,7 +201,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                 "--upstream-timeout-s, --upstream-idle-timeout-s and --upstream-health-interval-s must be at least 1",
             ));
         }
-        config.upstream = fak_engine::upstream::UpstreamConfig {
+        config.upstream = upstream::UpstreamConfig {
             base_urls: args.base_url.clone(),
             model: args.upstream_model.clone(),
             api_key: upstream_key,
@@ -169,16 +212,21 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         };
     } else if !args.base_url.is_empty() || args.upstream_model.is_some() {
         return Err(fail(format!(
-            "--base-url and --upstream-model are for --engine openai-upstream, not {}",
-            spec.id
+            "--base-url and --upstream-model are for the upstream engines (openai-upstream, anthropic-upstream), not {}",
+            engines.join(", ")
         )));
     }
-    if spec.id == "inkernel" {
+    if engines.contains(&fak_engine::inkernel::SPEC.id) {
         config.model_path = Some(resolve_or_pull(&args.model)?);
         config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
     }
     let t0 = Instant::now();
-    let driver = (spec.build)(&config)?;
+    let driver: std::sync::Arc<dyn EngineDriver> = if args.routes.is_empty() {
+        (spec.build)(&config)?
+    } else {
+        std::sync::Arc::new(RoutedDriver::build(&args.routes, &config)?)
+    };
+    let engine_id = driver.id();
     let gateway = GatewayConfig {
         api_key,
         admin_key,
@@ -202,7 +250,17 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             .map_err(|e| fail(format!("binding {}:{}: {e}", args.host, args.port)))?;
         let addr = listener.local_addr()?;
         // One line on stdout that scripts can wait for; the rest is logged on stderr.
-        crate::outln!("fak serve: listening on http://{addr} (engine {})", spec.id)?;
+        crate::outln!("fak serve: listening on http://{addr} (engine {engine_id})")?;
+        for r in &args.routes {
+            tracing::info!(
+                "route: model {} -> engine {}{}",
+                r.model,
+                r.engine,
+                r.base_url
+                    .as_ref()
+                    .map_or_else(String::new, |u| format!(" at {u}"))
+            );
+        }
         tracing::info!(
             "policy: {}; quarantine store: {}; audit log: {}; KV eviction on revoke: {}",
             args.policy
@@ -250,6 +308,11 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .await
         .map_err(|e| fail(format!("serving: {e}")))
     })
+}
+
+/// `--route`: `MODEL=ENGINE[@URL]`.
+fn parse_route(s: &str) -> Result<Route, String> {
+    Route::parse(s).map_err(|e| e.to_string())
 }
 
 /// The value of the environment variable a `--*-env` flag names (`None` without the flag).

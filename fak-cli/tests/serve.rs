@@ -188,6 +188,82 @@ fn serve_in_front_of_an_upstream_fak() {
 }
 
 #[test]
+fn serve_routes_models_to_engines_side_by_side() {
+    // Two upstream fak servers, each a mock under its own model id (itself by --route).
+    let up_o = serve(&["--route", "big=mock"]);
+    let up_a = serve(&["--route", "claude-x=mock"]);
+    wait_ready(&up_o.addr);
+    wait_ready(&up_a.addr);
+    let base_o = format!("http://{}", up_o.addr);
+    let route_a = format!("claude-x=anthropic-upstream@http://{}", up_a.addr);
+    let front = serve(&[
+        "--route",
+        "small=mock",
+        "--route",
+        "big=openai-upstream",
+        "--route",
+        &route_a,
+        "--base-url",
+        &base_o,
+        "--upstream-health-interval-s",
+        "1",
+    ]);
+    wait_ready(&front.addr);
+    let (_, body) = http(&front.addr, "GET", "/v1/models", "");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    let ids: Vec<&str> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["small", "big", "claude-x"], "{body}");
+    for model in ids {
+        let (status, body) = http(
+            &front.addr,
+            "POST",
+            "/v1/chat/completions",
+            &json!({"model": model, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "echo routed"}]})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{model}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "routed");
+        let (status, body) = http(
+            &front.addr,
+            "POST",
+            "/v1/messages",
+            &json!({"model": model, "max_tokens": 20,
+                "messages": [{"role": "user", "content": "echo routed too"}]})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{model}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["content"][0]["text"], "routed too");
+    }
+    // Each upstream served its own model's requests: the OpenAI-wire one got both
+    // wires' requests for "big" as chat completions, the Anthropic one as messages.
+    let (_, m) = http(&up_o.addr, "GET", "/metrics", "");
+    assert!(
+        m.contains("fak_requests_total{route=\"/v1/chat/completions\",status=\"200\"} 2"),
+        "{m}"
+    );
+    let (_, m) = http(&up_a.addr, "GET", "/metrics", "");
+    assert!(
+        m.contains("fak_requests_total{route=\"/v1/messages\",status=\"200\"} 2"),
+        "{m}"
+    );
+    let (status, _) = http(
+        &front.addr,
+        "POST",
+        "/v1/chat/completions",
+        &json!({"model": "gpt-9", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+    );
+    assert_eq!(status, 404);
+}
+
+#[test]
 fn serve_refuses_bad_flags_in_one_line() {
     let out = fak()
         .args(["serve", "--engine", "nope", "--port", "0"])
@@ -195,7 +271,35 @@ fn serve_refuses_bad_flags_in_one_line() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("inkernel, openai-upstream, mock"), "{err}");
+    assert!(
+        err.contains("inkernel, openai-upstream, anthropic-upstream, mock"),
+        "{err}"
+    );
+    // Routes: bad ones, and mixed with --engine, are errors saying why.
+    for (args, says) in [
+        (&["--route", "smollm2"][..], "MODEL=ENGINE"),
+        (&["--route", "a=gpu"], "no engine 'gpu'"),
+        (
+            &["--route", "a=mock", "--engine", "mock"],
+            "exclude each other",
+        ),
+        (
+            &["--route", "big=anthropic-upstream"],
+            "--route big=anthropic-upstream needs --base-url",
+        ),
+        (&["--route", "a=mock", "--route", "a=mock"], "routed twice"),
+    ] {
+        let out = fak()
+            .args(["serve", "--port", "0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        // The first line says what is wrong (clap adds a usage hint after its own).
+        let first = err.lines().next().unwrap_or("");
+        assert!(first.contains(says), "{args:?}: {err}");
+    }
     let out = fak()
         .args(["serve", "--engine", "openai-upstream", "--port", "0"])
         .output()
@@ -288,6 +392,55 @@ fn greedy_http_answer_equals_fak_run_json() {
         };
         assert_eq!(cached, expect);
     }
+}
+
+#[test]
+fn serve_routes_the_inkernel_model_beside_another_engine() {
+    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
+    if cached.is_none() {
+        return;
+    }
+    let prompt = "What is the capital of France?";
+    let out = fak()
+        .args(["run", "--max-tokens", "8", "--format", "json", prompt])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = serve(&[
+        "--route",
+        "smollm2=inkernel",
+        "--route",
+        "small=mock",
+        "--kv-budget-mb",
+        "64",
+    ]);
+    wait_ready(&s.addr);
+    let (_, body) = http(&s.addr, "GET", "/v1/models", "");
+    let v: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["data"][0]["id"], "smollm2", "{body}");
+    assert_eq!(v["data"][0]["owned_by"], "fak");
+    assert!(
+        v["data"][0]["context_length"].as_u64().unwrap() > 0,
+        "{body}"
+    );
+    assert_eq!(v["data"][1]["id"], "small");
+    let ask = |model: &str, content: &str| {
+        let (status, body) = http(
+            &s.addr,
+            "POST",
+            "/v1/chat/completions",
+            &json!({"model": model, "temperature": 0, "max_tokens": 8,
+                "messages": [{"role": "user", "content": content}]})
+            .to_string(),
+        );
+        assert_eq!(status, 200, "{model}: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["choices"][0]["message"]["content"].clone()
+    };
+    assert_eq!(ask("smollm2", prompt), run["text"]);
+    assert_eq!(ask("small", "echo beside it"), "beside it");
 }
 
 /// One greedy chat request with logprobs; returns (text, the chosen tokens' logprobs).

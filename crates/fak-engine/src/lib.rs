@@ -10,7 +10,8 @@
 //!   preceded by the `Logprobs` of the tokens it releases, when the request asked for
 //!   them), then `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
 //!   closed channel and stops within one token).
-//! - [`registry`]: drivers by id (`inkernel`, `openai-upstream`, `mock`); a new driver is
+//! - [`registry`]: drivers by id (`inkernel`, `openai-upstream`, `anthropic-upstream`,
+//!   `mock`); a new driver is
 //!   a new module with a [`registry::DriverSpec`] listed there, never an edit of the
 //!   gateway.
 //! - [`inkernel`]: the model loaded once and shared by `Arc`; `parallel` worker threads
@@ -18,7 +19,11 @@
 //!   by their token ids lets a request that extends an earlier conversation clone the
 //!   longest cached prefix (`Session::from_prefix`-style) and prefill only the rest.
 //! - [`upstream`]: another server's OpenAI-compatible API (vLLM, llama.cpp, SGLang,
-//!   another fak) does the generating; the kernel boundary above stays in this process.
+//!   another fak) or Anthropic-compatible Messages API does the generating; the kernel
+//!   boundary above stays in this process. The Anthropic driver forwards the client's own
+//!   request bytes ([`RawRequest`]) so the upstream's prompt cache keeps working.
+//! - [`route`]: several drivers side by side, each serving one model id, chosen by the
+//!   request's `model` (`fak serve --route MODEL=ENGINE`).
 //! - [`mock`]: deterministic text without a model, for tests of the layers above.
 //!
 //! Inference is CPU-bound and synchronous: drivers run it on their own threads, never
@@ -30,6 +35,7 @@ pub mod mock;
 pub mod policy;
 pub mod prefix;
 pub mod registry;
+pub mod route;
 pub mod tools;
 pub mod upstream;
 
@@ -75,6 +81,49 @@ pub struct GenerateRequest {
     /// [`MAX_TOP_LOGPROBS`], else [`EngineError::InvalidRequest`]).
     /// `None` (the default): no logprobs.
     pub logprobs: Option<usize>,
+    /// The client's request as it came on the wire, for a driver that forwards it
+    /// ([`EngineDriver::forwards_client_body`]); `None` for every other driver. The
+    /// fields above still describe the same request (the gateway parsed them from it).
+    pub raw: Option<RawRequest>,
+}
+
+/// A client's Anthropic Messages request (`POST /v1/messages`) as it came, for the
+/// `anthropic-upstream` driver to forward byte for byte, so that the upstream's prompt
+/// cache sees the same bytes the client sent.
+#[derive(Clone, PartialEq, Eq)]
+pub struct RawRequest {
+    /// The JSON body: the client's bytes unchanged, except that the `content` value of
+    /// each tool result the boundary replaced (quarantined, paged out) holds its stub,
+    /// a JSON string, spliced in at that value's byte span.
+    pub body: hyper::body::Bytes,
+    /// Client headers to pass on, as (lowercase name, value): `x-api-key` (unless it was
+    /// this server's own key), `anthropic-version`, `anthropic-beta`.
+    pub headers: Vec<(String, String)>,
+    /// Whether the body asks for a stream (`"stream": true`): the upstream then answers
+    /// with server-sent events, else with one JSON message.
+    pub stream: bool,
+}
+
+impl std::fmt::Debug for RawRequest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let headers: Vec<(&str, &str)> = self
+            .headers
+            .iter()
+            .map(|(k, v)| {
+                let shown = if k == "x-api-key" {
+                    "(set)"
+                } else {
+                    v.as_str()
+                };
+                (k.as_str(), shown)
+            })
+            .collect();
+        f.debug_struct("RawRequest")
+            .field("body_bytes", &self.body.len())
+            .field("headers", &headers)
+            .field("stream", &self.stream)
+            .finish()
+    }
 }
 
 impl GenerateRequest {
@@ -89,6 +138,7 @@ impl GenerateRequest {
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             logprobs: None,
+            raw: None,
         }
     }
 
@@ -142,6 +192,9 @@ pub struct PromptUsage {
     pub prompt_tokens: usize,
     /// Of those, tokens read from a cache.
     pub cached_tokens: usize,
+    /// Of those not read from a cache, tokens written to one (Anthropic's
+    /// `cache_creation_input_tokens`; 0 when the upstream does not say).
+    pub cache_creation_tokens: usize,
 }
 
 /// One event of a generation, in order: `Start`, any number of `Logprobs`, `Text` and
@@ -221,6 +274,16 @@ pub enum EngineError {
     /// (504).
     #[error("upstream timeout: {0}")]
     UpstreamTimeout(String),
+    /// The upstream refused the client's own credentials, passed through to it
+    /// (`status` 401 or 403, kept; the `anthropic-upstream` driver with the client's
+    /// `x-api-key`). A refusal of this server's own key is [`EngineError::Upstream`].
+    #[error("the upstream refused the request's credentials ({status}): {message}")]
+    Refused {
+        /// The upstream's status, 401 or 403.
+        status: u16,
+        /// The upstream's message.
+        message: String,
+    },
 }
 
 /// Whether a driver can take requests.
@@ -502,7 +565,7 @@ pub struct EngineConfig {
     /// (default on; `fak serve --no-kv-evict` turns it off, and then a cached prefix
     /// may still hold content revoked after it was cached).
     pub kv_evict: bool,
-    /// The upstream server (`openai-upstream`).
+    /// The upstream server (`openai-upstream`, `anthropic-upstream`).
     pub upstream: upstream::UpstreamConfig,
 }
 
@@ -556,6 +619,14 @@ pub trait EngineDriver: Send + Sync + 'static {
     fn revoke(&self, r: &Revocation) -> RevokeReport {
         let _ = r;
         RevokeReport::default()
+    }
+
+    /// Whether a request for `model` (`None`: the default) is forwarded as the client
+    /// sent it, so the gateway should attach [`GenerateRequest::raw`]. Default `false`;
+    /// `true` for the `anthropic-upstream` driver.
+    fn forwards_client_body(&self, model: Option<&str>) -> bool {
+        let _ = model;
+        false
     }
 }
 

@@ -47,11 +47,18 @@ pub const MOCK_REPLY: &str = "Hello from the mock engine.";
 pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
     id: "mock",
     about: "deterministic text without a model (for tests)",
-    build: |_cfg: &EngineConfig| Ok(Arc::new(MockDriver::new()) as Arc<dyn EngineDriver>),
+    build: |cfg: &EngineConfig| {
+        let mut m = MockDriver::new();
+        if let Some(id) = &cfg.model_id {
+            m = m.with_model(id);
+        }
+        Ok(Arc::new(m) as Arc<dyn EngineDriver>)
+    },
 };
 
 /// The mock driver. See the module docs for its behaviour.
 pub struct MockDriver {
+    model: String,
     delay: Duration,
     max_active: usize,
     active: Arc<AtomicUsize>,
@@ -68,11 +75,19 @@ impl MockDriver {
     /// A mock with no delay and no limit on concurrent generations.
     pub fn new() -> Self {
         MockDriver {
+            model: MOCK_MODEL.into(),
             delay: Duration::ZERO,
             max_active: usize::MAX,
             active: Arc::new(AtomicUsize::new(0)),
             last: Mutex::new(Vec::new()),
         }
+    }
+
+    /// Serves the model under `id` instead of [`MOCK_MODEL`] (from
+    /// [`EngineConfig::model_id`], e.g. a `fak serve --route ID=mock`).
+    pub fn with_model(mut self, id: &str) -> Self {
+        self.model = id.to_string();
+        self
     }
 
     /// Sleeps `delay` before each word.
@@ -182,7 +197,7 @@ impl EngineDriver for MockDriver {
 
     fn models(&self) -> Vec<ModelInfo> {
         vec![ModelInfo {
-            id: MOCK_MODEL.into(),
+            id: self.model.clone(),
             context_length: MOCK_CONTEXT,
             owned_by: "mock".into(),
         }]

@@ -29,6 +29,7 @@ impl std::fmt::Debug for DriverSpec {
 pub const DRIVERS: &[DriverSpec] = &[
     crate::inkernel::SPEC,
     crate::upstream::SPEC,
+    crate::upstream::ANTHROPIC_SPEC,
     crate::mock::SPEC,
 ];
 
@@ -60,16 +61,21 @@ mod tests {
 
     #[test]
     fn finds_drivers_by_id() {
-        assert_eq!(ids(), vec!["inkernel", "openai-upstream", "mock"]);
+        assert_eq!(
+            ids(),
+            vec!["inkernel", "openai-upstream", "anthropic-upstream", "mock"]
+        );
         let d = build("mock", &EngineConfig::default()).unwrap();
         assert_eq!(d.id(), "mock");
         let e = build("nope", &EngineConfig::default()).err().unwrap();
         assert!(
-            e.to_string().contains("inkernel, openai-upstream, mock"),
+            e.to_string()
+                .contains("inkernel, openai-upstream, anthropic-upstream, mock"),
             "{e}"
         );
         assert!(build("inkernel", &EngineConfig::default()).is_err());
-        // The upstream driver needs a base URL.
+        // The upstream drivers need a base URL.
         assert!(build("openai-upstream", &EngineConfig::default()).is_err());
+        assert!(build("anthropic-upstream", &EngineConfig::default()).is_err());
     }
 }

@@ -1,8 +1,15 @@
-//! The `openai-upstream` driver: another server's OpenAI-compatible API does the
-//! generating (vLLM, llama.cpp's server, SGLang, another fak), and everything above the
+//! The upstream drivers: another server does the generating, and everything above the
 //! driver — the screening of tool results, the adjudication of tool calls, auth, limits,
 //! metrics — stays in this process. The upstream only ever sees what the gateway let
 //! through, and the client only ever sees calls the gateway allowed.
+//!
+//! Two wires share one machinery (several upstreams, health checks, least-loaded choice,
+//! retries, timeouts, cancellation; all described below): `openai-upstream` speaks an
+//! OpenAI-compatible API (vLLM, llama.cpp's server, SGLang, another fak), and
+//! `anthropic-upstream` an Anthropic-compatible Messages API (`POST /v1/messages`;
+//! another fak, or any server speaking it); its requests and replies are described in
+//! the `anthropic` submodule's docs. What follows describes the OpenAI wire where the
+//! two differ.
 //!
 //! **Requests.** A chat prompt becomes `POST {base}/v1/chat/completions`, a plain prompt
 //! `POST {base}/v1/completions`, always with `stream: true` and
@@ -82,7 +89,7 @@ use crate::{
 };
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
-use hyper::header::{self, HeaderValue};
+use hyper::header::{self, HeaderName, HeaderValue};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -93,7 +100,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// The registry entry: needs [`UpstreamConfig::base_urls`].
+mod anthropic;
+
+/// The registry entry of the OpenAI wire: needs [`UpstreamConfig::base_urls`].
 pub const SPEC: DriverSpec = DriverSpec {
     id: "openai-upstream",
     about: "an OpenAI-compatible server (vLLM, llama.cpp, another fak) generates; the boundary stays here",
@@ -101,6 +110,37 @@ pub const SPEC: DriverSpec = DriverSpec {
         Ok(Arc::new(UpstreamDriver::start(cfg.upstream.clone())?) as Arc<dyn EngineDriver>)
     },
 };
+
+/// The registry entry of the Anthropic wire: needs [`UpstreamConfig::base_urls`].
+pub const ANTHROPIC_SPEC: DriverSpec = DriverSpec {
+    id: "anthropic-upstream",
+    about: "an Anthropic-compatible Messages server generates; the client's request bytes are forwarded, the boundary stays here",
+    build: |cfg: &EngineConfig| {
+        Ok(Arc::new(UpstreamDriver::start_wire(
+            cfg.upstream.clone(),
+            Wire::Anthropic,
+        )?) as Arc<dyn EngineDriver>)
+    },
+};
+
+/// The API an upstream speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wire {
+    /// OpenAI's chat completions and completions (`openai-upstream`).
+    OpenAi,
+    /// Anthropic's Messages (`anthropic-upstream`).
+    Anthropic,
+}
+
+impl Wire {
+    /// The driver id of this wire.
+    pub fn driver_id(self) -> &'static str {
+        match self {
+            Wire::OpenAi => SPEC.id,
+            Wire::Anthropic => ANTHROPIC_SPEC.id,
+        }
+    }
+}
 
 /// Longest wait for one health check or models-list answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -121,7 +161,9 @@ pub struct UpstreamConfig {
     /// The one model served, under the name the upstream knows it by; `None`: every
     /// model the upstream's `/v1/models` lists.
     pub model: Option<String>,
-    /// Sent as `Authorization: Bearer KEY` on every upstream request.
+    /// The operator's key for the upstream: sent as `Authorization: Bearer KEY` (OpenAI
+    /// wire) or `x-api-key: KEY` (Anthropic wire, in place of the client's own) on every
+    /// upstream request.
     pub api_key: Option<String>,
     /// Longest wait to connect and receive the response head.
     pub timeout: Duration,
@@ -198,10 +240,12 @@ pub struct UpstreamStatus {
 
 struct Inner {
     cfg: UpstreamConfig,
+    wire: Wire,
     ups: Vec<Upstream>,
     /// Where the next tie between equally loaded upstreams is broken.
     turn: AtomicUsize,
-    auth: Option<HeaderValue>,
+    /// The operator's key as its header (`authorization` or `x-api-key`).
+    auth: Option<(HeaderName, HeaderValue)>,
     client: Client<HttpConnector, Full<Bytes>>,
     active: AtomicUsize,
 }
@@ -254,10 +298,19 @@ impl UpstreamDriver {
     /// key that cannot be a header; [`EngineError::Internal`] if the runtime cannot
     /// start.
     pub fn start(cfg: UpstreamConfig) -> Result<Self, EngineError> {
+        Self::start_wire(cfg, Wire::OpenAi)
+    }
+
+    /// As [`UpstreamDriver::start`], for an upstream speaking `wire`.
+    ///
+    /// # Errors
+    /// As [`UpstreamDriver::start`].
+    pub fn start_wire(cfg: UpstreamConfig, wire: Wire) -> Result<Self, EngineError> {
         if cfg.base_urls.is_empty() {
-            return Err(EngineError::InvalidRequest(
-                "the openai-upstream engine needs a base URL (--base-url)".into(),
-            ));
+            return Err(EngineError::InvalidRequest(format!(
+                "the {} engine needs a base URL (--base-url)",
+                wire.driver_id()
+            )));
         }
         if cfg.health_interval < Duration::from_millis(10) {
             return Err(EngineError::InvalidRequest(
@@ -273,11 +326,19 @@ impl UpstreamDriver {
         }
         let auth = match &cfg.api_key {
             None => None,
-            Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                EngineError::InvalidRequest(
-                    "the upstream API key holds characters a header cannot carry".into(),
-                )
-            })?),
+            Some(k) => {
+                let (name, value) = match wire {
+                    Wire::OpenAi => (header::AUTHORIZATION, format!("Bearer {k}")),
+                    Wire::Anthropic => (HeaderName::from_static("x-api-key"), k.clone()),
+                };
+                let mut v = HeaderValue::from_str(&value).map_err(|_| {
+                    EngineError::InvalidRequest(
+                        "the upstream API key holds characters a header cannot carry".into(),
+                    )
+                })?;
+                v.set_sensitive(true);
+                Some((name, v))
+            }
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -302,6 +363,7 @@ impl UpstreamDriver {
             .collect();
         let inner = Arc::new(Inner {
             cfg,
+            wire,
             ups,
             turn: AtomicUsize::new(0),
             auth,
@@ -470,25 +532,32 @@ impl Failure {
     }
 }
 
-/// What a non-200 upstream status means here (see the module docs).
+/// What a non-200 upstream status means here (see the module docs). `client_key`: the
+/// request carried the client's own key (a 401/403 is then the client's
+/// [`EngineError::Refused`]).
 fn status_failure(
     status: StatusCode,
     body: &[u8],
     retry_after: Option<u64>,
     url: &str,
-    model: &str,
-    served: &[String],
+    job: &Job,
 ) -> Failure {
+    let (model, served) = (&job.model, &job.served);
     let msg = body_message(body);
     match status.as_u16() {
-        429 | 503 => Failure::fatal(EngineError::Overloaded {
+        401 | 403 if job.client_key => Failure::fatal(EngineError::Refused {
+            status: status.as_u16(),
+            message: msg,
+        }),
+        // 529: Anthropic's "overloaded".
+        429 | 503 | 529 => Failure::fatal(EngineError::Overloaded {
             queued: 0,
             retry_after_s: retry_after.unwrap_or(1),
         }),
         404 if msg.to_ascii_lowercase().contains("model") => {
             Failure::fatal(EngineError::UnknownModel {
-                requested: model.to_string(),
-                available: served.to_vec(),
+                requested: model.clone(),
+                available: served.clone(),
             })
         }
         404 => Failure::fatal(EngineError::Upstream(format!(
@@ -510,12 +579,16 @@ fn status_failure(
 }
 
 impl Inner {
+    /// A request to `base`: `extra` headers (a job's: the client's, passed on) go after
+    /// the operator's key, and on the Anthropic wire an `anthropic-version` is added when
+    /// `extra` brings none.
     fn request(
         &self,
         method: Method,
         base: &str,
         path: &str,
         body: Bytes,
+        extra: &[(HeaderName, HeaderValue)],
     ) -> Result<Request<Full<Bytes>>, String> {
         let url = format!("{base}{path}");
         let uri: Uri = url.parse().map_err(|e| format!("bad URL {url}: {e}"))?;
@@ -524,12 +597,16 @@ impl Inner {
             concat!("fak/", env!("CARGO_PKG_VERSION")),
         );
         if method == Method::POST {
-            b = b
-                .header(header::CONTENT_TYPE, "application/json")
-                .header(header::ACCEPT, "text/event-stream");
+            b = b.header(header::CONTENT_TYPE, "application/json");
         }
-        if let Some(a) = &self.auth {
-            b = b.header(header::AUTHORIZATION, a.clone());
+        if let Some((name, value)) = &self.auth {
+            b = b.header(name, value.clone());
+        }
+        for (name, value) in extra {
+            b = b.header(name, value.clone());
+        }
+        if self.wire == Wire::Anthropic && !extra.iter().any(|(n, _)| n == anthropic::VERSION) {
+            b = b.header(anthropic::VERSION, anthropic::DEFAULT_VERSION);
         }
         b.body(Full::new(body))
             .map_err(|e| format!("building the request to {url}: {e}"))
@@ -539,7 +616,7 @@ impl Inner {
     async fn check(&self, base: &str, known: Option<Vec<ModelInfo>>) -> State {
         let url = format!("{base}/health");
         let within = self.cfg.timeout.min(PROBE_TIMEOUT);
-        let req = match self.request(Method::GET, base, "/health", Bytes::new()) {
+        let req = match self.request(Method::GET, base, "/health", Bytes::new(), &[]) {
             Ok(r) => r,
             Err(e) => return State::Down(e),
         };
@@ -583,7 +660,7 @@ impl Inner {
     /// `GET /v1/models`, as the models served (see the module docs).
     async fn fetch_models(&self, base: &str) -> Result<Vec<ModelInfo>, String> {
         let url = format!("{base}/v1/models");
-        let req = self.request(Method::GET, base, "/v1/models", Bytes::new())?;
+        let req = self.request(Method::GET, base, "/v1/models", Bytes::new(), &[])?;
         let within = self.cfg.timeout.min(PROBE_TIMEOUT);
         let resp = tokio::time::timeout(within, self.client.request(req))
             .await
@@ -593,6 +670,19 @@ impl Inner {
         let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, within)
             .await
             .map_err(|e| format!("{url}: {e}"))?;
+        let owned_by = self.wire.driver_id();
+        if let (Some(name), Wire::Anthropic, 401 | 403) =
+            (&self.cfg.model, self.wire, status.as_u16())
+        {
+            // The upstream answers, but lists its models only to a key: without one of
+            // the operator's, each request brings the client's own. Served: the one
+            // model named.
+            return Ok(vec![ModelInfo {
+                id: name.clone(),
+                context_length: 0,
+                owned_by: owned_by.into(),
+            }]);
+        }
         if !status.is_success() {
             return Err(format!("{url} answered {status}: {}", body_message(&body)));
         }
@@ -612,7 +702,7 @@ impl Inner {
                 Some(ModelInfo {
                     id,
                     context_length,
-                    owned_by: SPEC.id.into(),
+                    owned_by: owned_by.into(),
                 })
             })
             .collect();
@@ -624,7 +714,7 @@ impl Inner {
             return Ok(vec![ModelInfo {
                 id: name.clone(),
                 context_length,
-                owned_by: SPEC.id.into(),
+                owned_by: owned_by.into(),
             }]);
         }
         if listed.is_empty() {
@@ -645,8 +735,10 @@ impl Inner {
         progress: &mut Progress,
     ) -> Result<(), Failure> {
         let url = format!("{base}{}", job.path);
+        let mut headers = job.headers.clone();
+        headers.push((header::ACCEPT, HeaderValue::from_static(job.accept)));
         let req = self
-            .request(Method::POST, base, job.path, job.body.clone())
+            .request(Method::POST, base, job.path, job.body.clone(), &headers)
             .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
         let resp = match tokio::time::timeout(self.cfg.timeout, self.client.request(req)).await {
             Err(_) => {
@@ -673,14 +765,7 @@ impl Inner {
             let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout)
                 .await
                 .unwrap_or_default();
-            return Err(status_failure(
-                status,
-                &body,
-                retry_after,
-                &url,
-                &job.model,
-                &job.served,
-            ));
+            return Err(status_failure(status, &body, retry_after, &url, job));
         }
         let ctype = resp
             .headers()
@@ -688,33 +773,35 @@ impl Inner {
             .and_then(|v| v.to_str().ok())
             .unwrap_or("")
             .to_string();
-        if !ctype.starts_with("text/event-stream") {
-            return Err(Failure::fatal(EngineError::Upstream(format!(
-                "{url} answered '{ctype}', not an event stream"
-            ))));
+        let body = BodyReader {
+            body: resp.into_body(),
+            idle: self.cfg.idle_timeout,
+        };
+        match self.wire {
+            Wire::OpenAi => relay_openai(&url, &ctype, body, job, sink, progress).await,
+            Wire::Anthropic => anthropic::relay(&url, &ctype, body, sink, progress).await,
         }
-        if !progress.started {
-            progress.started = true;
-            if !sink.send(EngineEvent::Start {
-                prompt_tokens: 0,
-                cached_tokens: 0,
-            }) {
-                return Ok(());
-            }
-        }
-        let mut reply = Reply::new(job, sink, progress);
-        let mut sse = SseParser::default();
-        let mut body = resp.into_body();
-        let idle = self.cfg.idle_timeout;
+    }
+}
+
+/// A response body read piece by piece, each wait bounded by the idle timeout.
+struct BodyReader {
+    body: Incoming,
+    idle: Duration,
+}
+
+impl BodyReader {
+    /// The next piece of data; `None` at the end of the body.
+    async fn next(&mut self) -> Result<Option<Bytes>, Failure> {
         loop {
-            let frame = match tokio::time::timeout(idle, body.frame()).await {
+            let frame = match tokio::time::timeout(self.idle, self.body.frame()).await {
                 Err(_) => {
                     return Err(Failure::retry(EngineError::UpstreamTimeout(format!(
                         "the upstream sent nothing for {} s mid-reply (the idle timeout)",
-                        idle.as_secs_f64()
+                        self.idle.as_secs_f64()
                     ))))
                 }
-                Ok(None) => break,
+                Ok(None) => return Ok(None),
                 Ok(Some(Err(e))) => {
                     return Err(Failure::retry(EngineError::Upstream(format!(
                         "the upstream connection failed mid-reply: {}",
@@ -723,24 +810,44 @@ impl Inner {
                 }
                 Ok(Some(Ok(f))) => f,
             };
-            let Ok(data) = frame.into_data() else {
-                continue; // trailers
-            };
-            let events = sse
-                .push(&data)
-                .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
-            for ev in events {
-                match reply.event(&ev)? {
-                    Flow::More => {}
-                    Flow::End => {
-                        reply.finish();
-                        return Ok(());
-                    }
-                    Flow::Gone => return Ok(()),
-                }
+            if let Ok(data) = frame.into_data() {
+                return Ok(Some(data));
             }
+            // Trailers: nothing to read.
         }
-        for ev in sse.finish() {
+    }
+}
+
+/// Relays an OpenAI-wire reply (server-sent events) to `sink`.
+async fn relay_openai(
+    url: &str,
+    ctype: &str,
+    mut body: BodyReader,
+    job: &Job,
+    sink: &EventSink,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    if !ctype.starts_with("text/event-stream") {
+        return Err(Failure::fatal(EngineError::Upstream(format!(
+            "{url} answered '{ctype}', not an event stream"
+        ))));
+    }
+    if !progress.started {
+        progress.started = true;
+        if !sink.send(EngineEvent::Start {
+            prompt_tokens: 0,
+            cached_tokens: 0,
+        }) {
+            return Ok(());
+        }
+    }
+    let mut reply = Reply::new(job, sink, progress);
+    let mut sse = SseParser::default();
+    while let Some(data) = body.next().await? {
+        let events = sse
+            .push(&data)
+            .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
+        for ev in events {
             match reply.event(&ev)? {
                 Flow::More => {}
                 Flow::End => {
@@ -750,20 +857,36 @@ impl Inner {
                 Flow::Gone => return Ok(()),
             }
         }
-        if reply.finish_reason.is_some() {
-            reply.finish();
-            return Ok(());
-        }
-        Err(Failure::retry(EngineError::Upstream(
-            "the upstream closed the stream before the reply finished".into(),
-        )))
     }
+    for ev in sse.finish() {
+        match reply.event(&ev)? {
+            Flow::More => {}
+            Flow::End => {
+                reply.finish();
+                return Ok(());
+            }
+            Flow::Gone => return Ok(()),
+        }
+    }
+    if reply.finish_reason.is_some() {
+        reply.finish();
+        return Ok(());
+    }
+    Err(Failure::retry(EngineError::Upstream(
+        "the upstream closed the stream before the reply finished".into(),
+    )))
 }
 
 /// One generation's request, ready to send (again, on a retry).
 struct Job {
     path: &'static str,
     body: Bytes,
+    /// The client's headers passed on (Anthropic wire).
+    headers: Vec<(HeaderName, HeaderValue)>,
+    /// Whether `headers` carry the client's own key.
+    client_key: bool,
+    /// The `Accept` header: what the reply will be.
+    accept: &'static str,
     chat: bool,
     model: String,
     served: Vec<String>,
@@ -1064,6 +1187,7 @@ impl<'a> Reply<'a> {
             )
             .unwrap_or(0)
             .min(p),
+            cache_creation_tokens: 0,
         });
         let finish_reason = match self.finish_reason.as_deref() {
             Some("length") => FinishReason::Length,
@@ -1414,7 +1538,11 @@ fn with_attempts(error: EngineError, retries: u32) -> EngineError {
 
 impl EngineDriver for UpstreamDriver {
     fn id(&self) -> &'static str {
-        SPEC.id
+        self.inner.wire.driver_id()
+    }
+
+    fn forwards_client_body(&self, _model: Option<&str>) -> bool {
+        self.inner.wire == Wire::Anthropic
     }
 
     fn models(&self) -> Vec<ModelInfo> {
@@ -1429,7 +1557,7 @@ impl EngineDriver for UpstreamDriver {
             .map(|id| ModelInfo {
                 id: id.clone(),
                 context_length: 0,
-                owned_by: SPEC.id.into(),
+                owned_by: self.inner.wire.driver_id().into(),
             })
             .collect()
     }
@@ -1490,14 +1618,23 @@ impl EngineDriver for UpstreamDriver {
                 .map(|m| m.id.clone())
                 .ok_or_else(|| EngineError::NotReady("the upstream serves no model".into()))?,
         };
-        let (path, body) = request_body(&req, &model);
-        let job = Job {
-            path,
-            body: Bytes::from(body.to_string()),
-            chat: matches!(req.prompt, Prompt::Chat(_)),
-            model,
-            served: served.into_iter().map(|m| m.id).collect(),
-            stop: req.stop,
+        let served_ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+        let job = match self.inner.wire {
+            Wire::OpenAi => {
+                let (path, body) = request_body(&req, &model);
+                Job {
+                    path,
+                    body: Bytes::from(body.to_string()),
+                    headers: Vec::new(),
+                    client_key: false,
+                    accept: "text/event-stream",
+                    chat: matches!(req.prompt, Prompt::Chat(_)),
+                    model,
+                    served: served_ids,
+                    stop: req.stop,
+                }
+            }
+            Wire::Anthropic => anthropic::job(&req, model, served_ids, self.inner.auth.is_some())?,
         };
         let rt = self
             .rt
@@ -1602,14 +1739,25 @@ mod tests {
 
     #[test]
     fn statuses_map_to_engine_errors() {
+        let job = |client_key: bool| Job {
+            path: "/v1/chat/completions",
+            body: Bytes::new(),
+            headers: Vec::new(),
+            client_key,
+            accept: "text/event-stream",
+            chat: true,
+            model: "m".into(),
+            served: vec!["m".into()],
+            stop: Vec::new(),
+        };
+        let operator = job(false);
         let f = |code: u16, body: &str| {
             status_failure(
                 StatusCode::from_u16(code).unwrap(),
                 body.as_bytes(),
                 Some(7),
                 "http://u/v1/chat/completions",
-                "m",
-                &["m".into()],
+                &operator,
             )
         };
         let e = f(400, r#"{"error": {"message": "temperature too hot"}}"#);
@@ -1646,6 +1794,24 @@ mod tests {
         let e = f(500, "oops");
         assert!(e.retryable && matches!(e.error, EngineError::Upstream(m) if m.contains("oops")));
         assert!(f(502, "<html>").retryable);
+        // Anthropic's 529 is its overloaded; a refusal of the client's own key is the
+        // client's 401/403, of the operator's a 502.
+        assert!(matches!(f(529, "").error, EngineError::Overloaded { .. }));
+        let client = job(true);
+        let e = status_failure(
+            StatusCode::FORBIDDEN,
+            br#"{"type": "error", "error": {"type": "permission_error", "message": "no access"}}"#,
+            None,
+            "http://u/v1/messages",
+            &client,
+        );
+        assert_eq!(
+            e.error,
+            EngineError::Refused {
+                status: 403,
+                message: "no access".into()
+            }
+        );
     }
 
     #[test]
@@ -2042,6 +2208,45 @@ data: [DONE]\n\n",
             1,
             "the models list asked once"
         );
+    }
+
+    #[test]
+    fn a_models_list_behind_a_key_is_up_on_the_anthropic_wire_with_a_named_model() {
+        let keyed = routed_upstream(vec![(
+            b"GET /v1/models",
+            b"HTTP/1.1 401 Unauthorized\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"error\": \"x-api-key\"}\n\n\n\n\n",
+        )]);
+        let start = |wire: Wire, model: Option<&str>| {
+            let d = UpstreamDriver::start_wire(
+                UpstreamConfig {
+                    base_urls: vec![format!("http://{keyed}")],
+                    model: model.map(str::to_string),
+                    ..UpstreamConfig::default()
+                },
+                wire,
+            )
+            .unwrap();
+            let t = Instant::now();
+            while d.readiness() == Readiness::Loading {
+                assert!(t.elapsed() < Duration::from_secs(10));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            d
+        };
+        let d = start(Wire::Anthropic, Some("claude-x"));
+        assert_eq!(d.readiness(), Readiness::Ready);
+        assert_eq!(d.models()[0].id, "claude-x");
+        assert_eq!(d.models()[0].owned_by, "anthropic-upstream");
+        assert!(d.forwards_client_body(None));
+        // Not without a model named, nor on the OpenAI wire (where the key is ours).
+        for (wire, model) in [(Wire::Anthropic, None), (Wire::OpenAi, Some("claude-x"))] {
+            let d = start(wire, model);
+            let r = d.readiness();
+            assert!(
+                matches!(&r, Readiness::Failed(m) if m.contains("401")),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

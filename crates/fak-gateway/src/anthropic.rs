@@ -15,14 +15,27 @@
 //! a text block saying why, and the `fak` field (of `message_delta`, when streaming)
 //! lists every verdict. A stream sends text as it comes and the tool blocks after the
 //! reply is over and the whole set is decided.
+//!
+//! **Forwarding the client's bytes.** When the engine serving the model forwards the
+//! client's own request ([`fak_engine::EngineDriver::forwards_client_body`]: the
+//! `anthropic-upstream` engine), the request also carries its body as it came
+//! ([`fak_engine::RawRequest`]), with the `x-api-key` (unless it is this server's own
+//! key), `anthropic-version` and `anthropic-beta` headers. When every tool result is
+//! admitted that body is the client's, byte for byte; when the screen replaces one
+//! (quarantine, page-out), only the `content` value of that `tool_result` block changes
+//! (the `splice` module), so the upstream's prompt cache still matches the rest.
 
 use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
+use crate::splice::{rewrite_tool_results, Rewrite};
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
     fak_field, offered_tools, screen_messages, Adjudicated,
 };
-use crate::{finish, new_id, parse_body, positive, start, with_note, AppState, UsageNote};
+use crate::{
+    body_bytes, constant_time_eq, finish, new_id, parse_json, positive, start, with_note, AppState,
+    UsageNote,
+};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -30,8 +43,8 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use fak_engine::{
-    Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, ToolCall,
-    ToolChoice, ToolSpec,
+    Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, RawRequest, SamplingParams,
+    ToolCall, ToolChoice, ToolSpec,
 };
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -196,8 +209,14 @@ fn result_text(c: Option<Value>, at: &str) -> Result<String, ApiError> {
 
 /// One Anthropic message as fak messages: an assistant's `tool_use` blocks become its
 /// `tool_calls`; a user's `tool_result` blocks become `tool` messages (in order, before
-/// the user's text, as Anthropic requires results to come first).
-fn convert(m: AMessage, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError> {
+/// the user's text, as Anthropic requires results to come first). `origins` receives
+/// each `tool` message's (message, block) index in the request.
+fn convert(
+    m: AMessage,
+    i: usize,
+    out: &mut Vec<Message>,
+    origins: &mut Vec<(usize, usize)>,
+) -> Result<(), ApiError> {
     let at = format!("messages[{i}].content");
     let blocks = match m.content {
         Content::Text(t) => {
@@ -233,6 +252,7 @@ fn convert(m: AMessage, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError
                 let mut t = Message::new("tool", &result_text(b.content, &format!("{at}[{j}]"))?);
                 t.tool_call_id = Some(id);
                 out.push(t);
+                origins.push((i, j));
             }
             (k, role) => {
                 return Err(bad(format!(
@@ -251,6 +271,13 @@ fn convert(m: AMessage, i: usize, out: &mut Vec<Message>) -> Result<(), ApiError
         out.push(Message::new("user", &text));
     }
     Ok(())
+}
+
+/// The contents of the `tool` messages, in order.
+fn tool_contents(msgs: &[Message]) -> impl Iterator<Item = &str> {
+    msgs.iter()
+        .filter(|m| m.role == "tool")
+        .map(|m| m.content.as_str())
 }
 
 fn stop_reason(d: &Done, a: &Adjudicated) -> &'static str {
@@ -300,13 +327,36 @@ fn tool_blocks(a: &Adjudicated) -> Vec<Value> {
     out
 }
 
-fn usage(prompt: usize, cached: usize, output: usize) -> Value {
+/// Anthropic's usage: `input_tokens` are the prompt's tokens neither read from nor
+/// written to a cache.
+fn usage(prompt: usize, cached: usize, created: usize, output: usize) -> Value {
     json!({
-        "input_tokens": prompt - cached.min(prompt),
-        "cache_creation_input_tokens": 0,
+        "input_tokens": prompt.saturating_sub(cached).saturating_sub(created),
+        "cache_creation_input_tokens": created,
         "cache_read_input_tokens": cached,
         "output_tokens": output,
     })
+}
+
+/// The client headers the upstream gets with its body (see the module docs).
+fn passed_on_headers(s: &AppState, headers: &HeaderMap) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for name in ["x-api-key", "anthropic-version", "anthropic-beta"] {
+        for v in headers.get_all(name) {
+            let Ok(v) = v.to_str() else {
+                continue;
+            };
+            let ours = name == "x-api-key"
+                && s.config
+                    .api_key
+                    .as_ref()
+                    .is_some_and(|k| constant_time_eq(k.as_bytes(), v.as_bytes()));
+            if !ours {
+                out.push((name.to_string(), v.to_string()));
+            }
+        }
+    }
+    out
 }
 
 fn event(name: &str, v: &Value) -> Event {
@@ -319,7 +369,8 @@ pub(crate) async fn messages(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
-    let r: MessagesRequest = parse_body(&s, body, F)?;
+    let bytes = body_bytes(&s, body, F)?;
+    let r: MessagesRequest = parse_json(&bytes, F)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice)?;
     let max_tokens = positive("max_tokens", r.max_tokens, F)?;
     if r.messages.is_empty() {
@@ -329,6 +380,7 @@ pub(crate) async fn messages(
     if let Some(sys) = r.system {
         msgs.push(Message::new("system", &text_of(sys, "system")?));
     }
+    let mut origins = Vec::new();
     for (i, m) in r.messages.into_iter().enumerate() {
         if m.role != "user" && m.role != "assistant" {
             return Err(bad(format!(
@@ -336,10 +388,46 @@ pub(crate) async fn messages(
                 m.role
             )));
         }
-        convert(m, i, &mut msgs)?;
+        convert(m, i, &mut msgs, &mut origins)?;
     }
+    let forward = s.driver.forwards_client_body(Some(&r.model));
+    let before: Vec<String> = if forward {
+        tool_contents(&msgs).map(str::to_string).collect()
+    } else {
+        Vec::new()
+    };
     let conversation = conversation_key(&headers, &msgs);
     let (msgs, results) = screen_messages(&s, &conversation, msgs, F).await?;
+    let raw = if forward {
+        // Each tool message whose content the screen replaced: its block gets the stub.
+        let rewrites: Vec<Rewrite> = tool_contents(&msgs)
+            .zip(&before)
+            .zip(&origins)
+            .filter(|((after, before), _)| after != before)
+            .map(|((after, _), &(message, block))| Rewrite {
+                message,
+                block,
+                content: after.to_string(),
+            })
+            .collect();
+        let body = if rewrites.is_empty() {
+            bytes
+        } else {
+            Bytes::from(rewrite_tool_results(&bytes, &rewrites).map_err(|e| {
+                ApiError::internal(format!(
+                    "replacing a screened tool result in the request for the upstream: {e}"
+                ))
+                .with_flavor(F)
+            })?)
+        };
+        Some(RawRequest {
+            body,
+            headers: passed_on_headers(&s, &headers),
+            stream: r.stream == Some(true),
+        })
+    } else {
+        None
+    };
     let top_k = match r.top_k {
         None => 0,
         Some(k) if k >= 0 => k as usize,
@@ -364,6 +452,7 @@ pub(crate) async fn messages(
         tools,
         tool_choice,
         logprobs: None,
+        raw,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
@@ -385,7 +474,7 @@ pub(crate) async fn messages(
                 &json!({"type": "message_start", "message": {
                     "id": id, "type": "message", "role": "assistant", "model": model,
                     "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": usage(prompt, cached, 0),
+                    "usage": usage(prompt, cached, 0, 0),
                 }}),
             ),
             event(
@@ -450,7 +539,12 @@ pub(crate) async fn messages(
                         "usage": {"output_tokens": d.completion_tokens}});
                 // Counts known only at the end (an upstream engine) come here too.
                 if let Some(u) = d.prompt_usage {
-                    md["usage"] = usage(u.prompt_tokens, u.cached_tokens, d.completion_tokens);
+                    md["usage"] = usage(
+                        u.prompt_tokens,
+                        u.cached_tokens,
+                        u.cache_creation_tokens,
+                        d.completion_tokens,
+                    );
                 }
                 if let Some(v) = fak_field(&results, &a) {
                     md["fak"] = v;
@@ -484,7 +578,12 @@ pub(crate) async fn messages(
         "content": content,
         "stop_reason": stop_reason(&f.done, &a),
         "stop_sequence": f.done.stop_sequence,
-        "usage": usage(f.prompt_tokens, f.cached_tokens, f.done.completion_tokens),
+        "usage": usage(
+            f.prompt_tokens,
+            f.cached_tokens,
+            f.done.prompt_usage.map_or(0, |u| u.cache_creation_tokens),
+            f.done.completion_tokens,
+        ),
     });
     if let Some(v) = fak_field(&results, &a) {
         body["fak"] = v;

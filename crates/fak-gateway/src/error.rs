@@ -28,7 +28,9 @@ impl Flavor {
 /// An error response: status, a type word, a message, and `Retry-After` for 429/503.
 ///
 /// Type words (the same in both shapes): `invalid_request_error` (400),
-/// `authentication_error` (401), `not_found_error` (404), `request_too_large` (413),
+/// `authentication_error` (401, also an upstream refusing the client's own key),
+/// `permission_error` (403, an upstream refusing the client's own key),
+/// `not_found_error` (404), `request_too_large` (413),
 /// `rate_limit_error` (429), `api_error` (500, and 502 for a failed upstream),
 /// `overloaded_error` (503), `timeout_error` (504, also an upstream that timed out).
 #[derive(Clone, Debug, PartialEq)]
@@ -145,6 +147,12 @@ impl From<EngineError> for ApiError {
             EngineError::Upstream(_) => Self::new(StatusCode::BAD_GATEWAY, "api_error", msg),
             EngineError::UpstreamTimeout(_) => {
                 Self::new(StatusCode::GATEWAY_TIMEOUT, "timeout_error", msg)
+            }
+            EngineError::Refused { status: 403, .. } => {
+                Self::new(StatusCode::FORBIDDEN, "permission_error", msg)
+            }
+            EngineError::Refused { .. } => {
+                Self::new(StatusCode::UNAUTHORIZED, "authentication_error", msg)
             }
         }
     }

@@ -1,8 +1,11 @@
 //! fak-gateway: fak's HTTP APIs over a fak-engine driver.
 //!
 //! One job: speak the wire formats clients already use, and hand each request to an
-//! [`EngineDriver`] (the in-kernel model, another server's OpenAI-compatible API, or the
-//! mock in tests).
+//! [`EngineDriver`] (the in-kernel model, another server's OpenAI-compatible or
+//! Anthropic Messages API, several of them routed by model, or the mock in tests). For a
+//! driver that forwards the client's own request (the Anthropic upstream) the Messages
+//! route attaches the body as it came, a screened tool result spliced in at its
+//! `content` span and nothing else changed.
 //!
 //! | route | API | notes |
 //! |---|---|---|
@@ -28,7 +31,8 @@
 //!
 //! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
-//! wrong key (when one is set); 404 for an unknown model or route; 413 for a body over
+//! wrong key (when one is set), and 401/403 when an Anthropic upstream refuses the
+//! client's own key; 404 for an unknown model or route; 413 for a body over
 //! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 502 when an
 //! upstream engine fails; 504 when a response takes longer than the request time limit
 //! or an upstream engine times out.
@@ -47,6 +51,7 @@ mod anthropic;
 pub mod error;
 pub mod metrics;
 mod openai;
+mod splice;
 mod tools;
 
 use axum::body::Bytes;
@@ -350,15 +355,28 @@ fn parse_body<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
     flavor: Flavor,
 ) -> Result<T, ApiError> {
-    let bytes = body.map_err(|r| {
+    parse_json(&body_bytes(s, body, flavor)?, flavor)
+}
+
+/// The body's bytes, or a 400/413 in `flavor`'s shape.
+fn body_bytes(
+    s: &AppState,
+    body: Result<Bytes, BytesRejection>,
+    flavor: Flavor,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|r| {
         if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::too_large(s.config.max_body_bytes)
         } else {
             ApiError::bad_request(format!("reading the body: {}", r.body_text()))
         }
         .with_flavor(flavor)
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| {
+    })
+}
+
+/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape.
+fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
+    serde_json::from_slice(bytes).map_err(|e| {
         ApiError::bad_request(format!("invalid request body: {e}")).with_flavor(flavor)
     })
 }

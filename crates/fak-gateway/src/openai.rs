@@ -471,6 +471,7 @@ pub(crate) async fn chat_completions(
         tools,
         tool_choice,
         logprobs,
+        raw: None,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
@@ -781,6 +782,7 @@ pub(crate) async fn completions(
         tools: Vec::new(),
         tool_choice: ToolChoice::None,
         logprobs,
+        raw: None,
     };
     let started = start(&s, req, F, "/v1/completions").await?;
     let id = new_id("cmpl-");

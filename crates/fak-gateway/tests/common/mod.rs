@@ -213,3 +213,41 @@ pub fn open_stream(addr: SocketAddr, path: &str, body: &Value, min_bytes: usize)
     }
     s
 }
+
+/// A server on its own runtime that can be killed outright (connections cut, no
+/// graceful wait), as a crashed serving engine would be.
+pub struct Killable {
+    pub addr: SocketAddr,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Killable {
+    pub fn start(app: axum::Router, at: Option<SocketAddr>) -> Self {
+        let l = std::net::TcpListener::bind(at.unwrap_or_else(|| "127.0.0.1:0".parse().unwrap()))
+            .unwrap();
+        l.set_nonblocking(true).unwrap();
+        let addr = l.local_addr().unwrap();
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.spawn(async move {
+            let l = tokio::net::TcpListener::from_std(l).unwrap();
+            let _ = fak_gateway::serve(l, app, std::future::pending()).await;
+        });
+        Killable { addr, rt: Some(rt) }
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+impl Drop for Killable {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -1,0 +1,835 @@
+//! The Anthropic wire of the upstream driver (`anthropic-upstream`): `POST
+//! {base}/v1/messages` on an Anthropic-compatible server.
+//!
+//! **Requests.** A request the gateway took on its own Anthropic route carries the
+//! client's body ([`crate::RawRequest`]), and that body is sent as it is, byte for
+//! byte: the gateway has replaced only the `content` of a tool result the boundary did
+//! not admit, and nothing else. With it go the client's `x-api-key`, `anthropic-version`
+//! and `anthropic-beta` headers (no others). So the upstream's prompt cache sees the
+//! client's own bytes, and `cache_read_input_tokens` work as they would without fak in
+//! between. With an operator key ([`super::UpstreamConfig::api_key`]) that key is sent
+//! as `x-api-key` in place of the client's. `anthropic-version: 2023-06-01` is added
+//! when the client sent none. The `Accept` header follows the body's `stream`.
+//!
+//! A request from the OpenAI chat wire has no such body and is translated
+//! ([`request_body`]): system messages become the top-level `system` (joined by a blank
+//! line); an assistant's `tool_calls` become `tool_use` blocks (arguments that are not a
+//! JSON object become `{}`), `tool` messages `tool_result` blocks of a user turn;
+//! consecutive turns of one role are merged; `tools` / `tool_choice` map to Anthropic's
+//! (`required` → `any`); `max_tokens` (Anthropic requires one; default
+//! [`DEFAULT_MAX_TOKENS`]), `temperature`, `top_p` (when below 1), `top_k` (when set),
+//! `stop` → `stop_sequences`; always `stream: true`. `seed`, `min_p` and
+//! `repetition_penalty` have no Anthropic field and are not sent. Plain-text prompts
+//! (`/v1/completions`) and logprobs are not available from this wire
+//! ([`EngineError::InvalidRequest`]).
+//!
+//! **Replies.** Server-sent events (`message_start` … `message_stop`), or one JSON
+//! message when the client asked for no stream. `Start` once the message starts, its
+//! prompt the sum of `usage.input_tokens`, `cache_creation_input_tokens` and
+//! `cache_read_input_tokens`, its cached tokens the last; each `text_delta` is relayed
+//! as `Text` as it arrives; each `tool_use` block is assembled (its `input_json_delta`s
+//! concatenated, else its `input`) and sent as a whole [`ToolCall`] only once the
+//! message is over, for the gateway to adjudicate. Other block types (thinking, server
+//! tools) are not relayed. `Done`: `stop_reason` `max_tokens` → `Length`, anything
+//! else → `Stop`; `stop_sequence` kept; `completion_tokens` from `output_tokens`; the
+//! prompt's counts again in [`Done::prompt_usage`], with the cache writes.
+//!
+//! **Models.** As on the OpenAI wire (health check, then `GET /v1/models`), except that a
+//! models list refused with 401/403 (a server that lists its models only to a key) counts
+//! as up when [`super::UpstreamConfig::model`] names the model: without an operator key,
+//! each request brings the client's own.
+//!
+//! **Errors.** As on the OpenAI wire, plus: 529 (Anthropic's overloaded) →
+//! [`EngineError::Overloaded`]; a 401/403 when the client's own key was sent →
+//! [`EngineError::Refused`] (the client's 401/403; with the operator's key it is the
+//! operator's problem, a 502); an `error` event or an error body →
+//! [`EngineError::Upstream`] with its message.
+
+use super::{
+    error_value_message, excerpt, BodyReader, Failure, Flow, Job, PartialCall, Progress, SseParser,
+    MAX_EVENT_BYTES,
+};
+use crate::{
+    Done, EngineError, EngineEvent, EventSink, FinishReason, GenerateRequest, Prompt, PromptUsage,
+    ToolChoice,
+};
+use hyper::body::Bytes;
+use hyper::header::{HeaderName, HeaderValue};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// The version header every Anthropic request carries.
+pub(super) const VERSION: &str = "anthropic-version";
+/// The version sent when the client sent none (the Messages API's first and current).
+pub(super) const DEFAULT_VERSION: &str = "2023-06-01";
+/// `max_tokens` of a translated request that set none (Anthropic requires the field).
+pub const DEFAULT_MAX_TOKENS: usize = 4096;
+/// The client headers passed on, lowercase.
+const PASSED_ON: [&str; 3] = ["x-api-key", VERSION, "anthropic-beta"];
+
+/// The upstream request for `req` on `model` (see the module docs). `operator_key`:
+/// the driver sends its own key, so the client's is not passed on.
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for what this wire cannot carry (see
+/// [`request_body`]) and for a client header value a header cannot carry.
+pub(super) fn job(
+    req: &GenerateRequest,
+    model: String,
+    served: Vec<String>,
+    operator_key: bool,
+) -> Result<Job, EngineError> {
+    let (body, headers, stream, client_key) = match &req.raw {
+        Some(raw) => {
+            let mut headers = Vec::new();
+            let mut client_key = false;
+            for name in PASSED_ON {
+                if name == "x-api-key" && operator_key {
+                    continue;
+                }
+                for (_, v) in raw
+                    .headers
+                    .iter()
+                    .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                {
+                    let mut value = HeaderValue::from_str(v).map_err(|_| {
+                        EngineError::InvalidRequest(format!(
+                            "the {name} header holds characters a header cannot carry"
+                        ))
+                    })?;
+                    if name == "x-api-key" {
+                        value.set_sensitive(true);
+                        client_key = true;
+                    }
+                    headers.push((HeaderName::from_static(name), value));
+                }
+            }
+            (raw.body.clone(), headers, raw.stream, client_key)
+        }
+        None => (
+            Bytes::from(request_body(req, &model)?.to_string()),
+            Vec::new(),
+            true,
+            false,
+        ),
+    };
+    Ok(Job {
+        path: "/v1/messages",
+        body,
+        headers,
+        client_key,
+        accept: if stream {
+            "text/event-stream"
+        } else {
+            "application/json"
+        },
+        chat: true,
+        model,
+        served,
+        stop: req.stop.clone(),
+    })
+}
+
+/// A text block, or none for empty text (Anthropic rejects empty text blocks).
+fn text_blocks(text: &str) -> Vec<Value> {
+    if text.is_empty() {
+        Vec::new()
+    } else {
+        vec![json!({"type": "text", "text": text})]
+    }
+}
+
+/// The Anthropic Messages body for a request that came on another wire: `req`'s chat
+/// on `model` (see the module docs for the mapping).
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for a plain-text prompt, logprobs, or a message role
+/// other than system, developer, user, assistant and tool.
+pub fn request_body(req: &GenerateRequest, model: &str) -> Result<Value, EngineError> {
+    let Prompt::Chat(ms) = &req.prompt else {
+        return Err(EngineError::InvalidRequest(
+            "an Anthropic upstream answers chat requests only (/v1/chat/completions or /v1/messages), not plain completions".into(),
+        ));
+    };
+    if req.logprobs.is_some() {
+        return Err(EngineError::InvalidRequest(
+            "logprobs are not available from an Anthropic upstream".into(),
+        ));
+    }
+    let mut system: Vec<&str> = Vec::new();
+    let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
+    for m in ms {
+        let (role, blocks) = match m.role.as_str() {
+            "system" | "developer" => {
+                system.push(&m.content);
+                continue;
+            }
+            "user" => ("user", text_blocks(&m.content)),
+            "assistant" => {
+                let mut b = text_blocks(&m.content);
+                for c in m.tool_calls.iter().filter_map(Value::as_array).flatten() {
+                    let args = c
+                        .pointer("/function/arguments")
+                        .and_then(Value::as_str)
+                        .unwrap_or("{}");
+                    let input = match serde_json::from_str::<Value>(args) {
+                        Ok(v @ Value::Object(_)) => v,
+                        _ => json!({}),
+                    };
+                    b.push(json!({"type": "tool_use", "id": c.get("id"),
+                        "name": c.pointer("/function/name"), "input": input}));
+                }
+                ("assistant", b)
+            }
+            "tool" => (
+                "user",
+                vec![json!({"type": "tool_result",
+                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or(""),
+                    "content": m.content})],
+            ),
+            r => {
+                return Err(EngineError::InvalidRequest(format!(
+                    "a message with role '{r}' cannot be sent to an Anthropic upstream"
+                )))
+            }
+        };
+        if blocks.is_empty() {
+            continue;
+        }
+        match turns.last_mut() {
+            Some((r, b)) if *r == role => b.extend(blocks),
+            _ => turns.push((role, blocks)),
+        }
+    }
+    let messages: Vec<Value> = turns
+        .into_iter()
+        .map(|(role, content)| json!({"role": role, "content": content}))
+        .collect();
+    let s = &req.sampling;
+    let mut b = json!({
+        "model": model,
+        "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
+        "messages": messages,
+        "stream": true,
+        "temperature": super::num(s.temperature),
+    });
+    if !system.is_empty() {
+        b["system"] = json!(system.join("\n\n"));
+    }
+    if s.top_p < 1.0 {
+        b["top_p"] = super::num(s.top_p);
+    }
+    if s.top_k != 0 {
+        b["top_k"] = json!(s.top_k);
+    }
+    if !req.stop.is_empty() {
+        b["stop_sequences"] = json!(req.stop);
+    }
+    if !req.tools.is_empty() {
+        b["tools"] = Value::Array(
+            req.tools
+                .iter()
+                .map(|t| {
+                    let mut o = json!({"name": t.name, "input_schema": t.parameters});
+                    if let Some(d) = &t.description {
+                        o["description"] = json!(d);
+                    }
+                    o
+                })
+                .collect(),
+        );
+        b["tool_choice"] = match &req.tool_choice {
+            ToolChoice::None => json!({"type": "none"}),
+            ToolChoice::Auto => json!({"type": "auto"}),
+            ToolChoice::Required => json!({"type": "any"}),
+            ToolChoice::Named(n) => json!({"type": "tool", "name": n}),
+        };
+    }
+    Ok(b)
+}
+
+/// Relays an Anthropic reply (events or one JSON message, by its content type) to
+/// `sink`.
+pub(super) async fn relay(
+    url: &str,
+    ctype: &str,
+    mut body: BodyReader,
+    sink: &EventSink,
+    progress: &mut Progress,
+) -> Result<(), Failure> {
+    let fatal = |m: String| Failure::fatal(EngineError::Upstream(m));
+    if ctype.starts_with("text/event-stream") {
+        let mut reply = Reply::new(sink, progress);
+        let mut sse = SseParser::default();
+        while let Some(data) = body.next().await? {
+            for ev in sse.push(&data).map_err(fatal)? {
+                match reply.event(&ev)? {
+                    Flow::More => {}
+                    Flow::End => {
+                        reply.finish();
+                        return Ok(());
+                    }
+                    Flow::Gone => return Ok(()),
+                }
+            }
+        }
+        for ev in sse.finish() {
+            match reply.event(&ev)? {
+                Flow::More => {}
+                Flow::End => {
+                    reply.finish();
+                    return Ok(());
+                }
+                Flow::Gone => return Ok(()),
+            }
+        }
+        if reply.stop_reason.is_some() {
+            reply.finish();
+            return Ok(());
+        }
+        return Err(Failure::retry(EngineError::Upstream(
+            "the upstream closed the stream before the reply finished".into(),
+        )));
+    }
+    if ctype.starts_with("application/json") {
+        let mut buf = Vec::new();
+        while let Some(d) = body.next().await? {
+            if buf.len() + d.len() > MAX_EVENT_BYTES {
+                return Err(fatal(format!(
+                    "the upstream sent a reply longer than {MAX_EVENT_BYTES} bytes"
+                )));
+            }
+            buf.extend_from_slice(&d);
+        }
+        let v: Value = serde_json::from_slice(&buf).map_err(|e| {
+            fatal(format!(
+                "the upstream sent a reply that is not JSON ({e}): {}",
+                excerpt(&String::from_utf8_lossy(&buf))
+            ))
+        })?;
+        return Reply::new(sink, progress).message(&v);
+    }
+    Err(fatal(format!(
+        "{url} answered '{ctype}', neither JSON nor an event stream"
+    )))
+}
+
+/// Token counts as the upstream reported them (the last value of each wins).
+#[derive(Debug, Default)]
+struct Usage {
+    input: Option<usize>,
+    creation: Option<usize>,
+    read: Option<usize>,
+    output: Option<usize>,
+}
+
+impl Usage {
+    fn merge(&mut self, u: &Value) {
+        let get = |k: &str| super::as_usize(u.get(k));
+        self.input = get("input_tokens").or(self.input);
+        self.creation = get("cache_creation_input_tokens").or(self.creation);
+        self.read = get("cache_read_input_tokens").or(self.read);
+        self.output = get("output_tokens").or(self.output);
+    }
+
+    /// The prompt's counts, when the upstream gave any.
+    fn prompt(&self) -> Option<PromptUsage> {
+        if self.input.is_none() && self.read.is_none() && self.creation.is_none() {
+            return None;
+        }
+        let (i, c, r) = (
+            self.input.unwrap_or(0),
+            self.creation.unwrap_or(0),
+            self.read.unwrap_or(0),
+        );
+        Some(PromptUsage {
+            prompt_tokens: i.saturating_add(c).saturating_add(r),
+            cached_tokens: r,
+            cache_creation_tokens: c,
+        })
+    }
+}
+
+/// One content block of the reply, by its index.
+enum Block {
+    Text,
+    /// A `tool_use`: the call being assembled and the `input` it started with.
+    Tool(PartialCall, Option<Value>),
+    /// Anything else (thinking, server tools): not relayed.
+    Other,
+}
+
+/// One attempt's reading of the reply.
+struct Reply<'a> {
+    sink: &'a EventSink,
+    progress: &'a mut Progress,
+    blocks: BTreeMap<u64, Block>,
+    stop_reason: Option<String>,
+    stop_sequence: Option<String>,
+    usage: Usage,
+    pieces: usize,
+}
+
+impl<'a> Reply<'a> {
+    fn new(sink: &'a EventSink, progress: &'a mut Progress) -> Self {
+        Reply {
+            sink,
+            progress,
+            blocks: BTreeMap::new(),
+            stop_reason: None,
+            stop_sequence: None,
+            usage: Usage::default(),
+            pieces: 0,
+        }
+    }
+
+    /// Sends `Start` once per generation (with the counts known so far).
+    fn start(&mut self) -> Flow {
+        if self.progress.started {
+            return Flow::More;
+        }
+        self.progress.started = true;
+        let u = self.usage.prompt().unwrap_or_default();
+        if self.sink.send(EngineEvent::Start {
+            prompt_tokens: u.prompt_tokens,
+            cached_tokens: u.cached_tokens,
+        }) {
+            Flow::More
+        } else {
+            Flow::Gone
+        }
+    }
+
+    /// Relays a piece of text (after `Start`).
+    fn text(&mut self, t: &str) -> Flow {
+        if t.is_empty() {
+            return Flow::More;
+        }
+        if let Flow::Gone = self.start() {
+            return Flow::Gone;
+        }
+        self.progress.relayed = true;
+        if self.progress.first_text.is_none() {
+            self.progress.first_text = Some(Instant::now());
+        }
+        self.pieces += 1;
+        if self.sink.send(EngineEvent::Text(t.to_string())) {
+            Flow::More
+        } else {
+            Flow::Gone
+        }
+    }
+
+    /// The block a `content_block_start` (or a JSON message's `content` entry) opens.
+    fn open(&mut self, index: u64, b: &Value) -> Flow {
+        match b.get("type").and_then(Value::as_str) {
+            Some("text") => {
+                self.blocks.insert(index, Block::Text);
+                self.text(b.get("text").and_then(Value::as_str).unwrap_or(""))
+            }
+            Some("tool_use") => {
+                let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+                let call = PartialCall {
+                    id: s("id"),
+                    name: s("name"),
+                    arguments: String::new(),
+                };
+                self.blocks
+                    .insert(index, Block::Tool(call, b.get("input").cloned()));
+                Flow::More
+            }
+            _ => {
+                self.blocks.insert(index, Block::Other);
+                Flow::More
+            }
+        }
+    }
+
+    /// Reads one event's data.
+    fn event(&mut self, data: &str) -> Result<Flow, Failure> {
+        let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            bad(format!(
+                "the upstream sent an event that is not JSON ({e}): {}",
+                excerpt(data)
+            ))
+        })?;
+        if !v.is_object() {
+            return Err(bad(format!(
+                "the upstream sent an event that is not a JSON object: {}",
+                excerpt(data)
+            )));
+        }
+        let index = v.get("index").and_then(Value::as_u64);
+        Ok(match v.get("type").and_then(Value::as_str).unwrap_or("") {
+            "message_start" => {
+                if let Some(u) = v.pointer("/message/usage") {
+                    self.usage.merge(u);
+                }
+                self.start()
+            }
+            "content_block_start" => {
+                let index = index.unwrap_or(self.blocks.len() as u64);
+                let block = v.get("content_block").cloned().unwrap_or(Value::Null);
+                self.open(index, &block)
+            }
+            "content_block_delta" => {
+                let d = v.get("delta").cloned().unwrap_or(Value::Null);
+                let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("");
+                match s("type") {
+                    "text_delta" => self.text(s("text")),
+                    "input_json_delta" => {
+                        let at = index.unwrap_or(0);
+                        match self.blocks.get_mut(&at) {
+                            Some(Block::Tool(call, _)) => {
+                                call.arguments.push_str(s("partial_json"));
+                                Flow::More
+                            }
+                            _ => {
+                                return Err(bad(format!(
+                                    "the upstream sent tool input for block {at}, which is not a tool_use block"
+                                )))
+                            }
+                        }
+                    }
+                    _ => Flow::More,
+                }
+            }
+            "message_delta" => {
+                if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
+                    self.stop_reason = Some(r.to_string());
+                }
+                if let Some(q) = v.pointer("/delta/stop_sequence").and_then(Value::as_str) {
+                    self.stop_sequence = Some(q.to_string());
+                }
+                if let Some(u) = v.get("usage") {
+                    self.usage.merge(u);
+                }
+                Flow::More
+            }
+            "message_stop" => Flow::End,
+            "error" => {
+                return Err(bad(format!(
+                    "the upstream failed mid-reply: {}",
+                    v.get("error")
+                        .map_or_else(|| excerpt(data), error_value_message)
+                )))
+            }
+            // ping, content_block_stop, and event types added later.
+            _ => Flow::More,
+        })
+    }
+
+    /// Reads a whole (non-streamed) message and ends the generation.
+    fn message(mut self, v: &Value) -> Result<(), Failure> {
+        let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
+        if v.get("type").and_then(Value::as_str) == Some("error") {
+            return Err(bad(format!(
+                "the upstream failed: {}",
+                v.get("error")
+                    .map_or_else(|| excerpt(&v.to_string()), error_value_message)
+            )));
+        }
+        let Some(content) = v.get("content").and_then(Value::as_array) else {
+            return Err(bad(format!(
+                "the upstream answered a message without a `content` list: {}",
+                excerpt(&v.to_string())
+            )));
+        };
+        if let Some(u) = v.get("usage") {
+            self.usage.merge(u);
+        }
+        self.stop_reason = v
+            .get("stop_reason")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        self.stop_sequence = v
+            .get("stop_sequence")
+            .and_then(Value::as_str)
+            .map(str::to_string);
+        if let Flow::Gone = self.start() {
+            return Ok(());
+        }
+        for (i, b) in content.iter().enumerate() {
+            if let Flow::Gone = self.open(i as u64, b) {
+                return Ok(());
+            }
+        }
+        self.finish();
+        Ok(())
+    }
+
+    /// Sends the assembled calls and `Done`.
+    fn finish(mut self) {
+        if let Flow::Gone = self.start() {
+            return;
+        }
+        for (_, b) in std::mem::take(&mut self.blocks) {
+            let Block::Tool(mut call, input) = b else {
+                continue;
+            };
+            if call.arguments.trim().is_empty() {
+                call.arguments = input.map(|v| v.to_string()).unwrap_or_default();
+            }
+            if !self.sink.send(EngineEvent::ToolCall(call.into_call())) {
+                return;
+            }
+        }
+        let finish_reason = match self.stop_reason.as_deref() {
+            Some("max_tokens") => FinishReason::Length,
+            _ => FinishReason::Stop,
+        };
+        let stop_sequence = self
+            .stop_sequence
+            .filter(|_| self.stop_reason.as_deref() == Some("stop_sequence"));
+        let now = Instant::now();
+        let first = self.progress.first_text.unwrap_or(now);
+        self.sink.send(EngineEvent::Done(Done {
+            completion_tokens: self.usage.output.unwrap_or(self.pieces),
+            completion_ids: Vec::new(),
+            finish_reason,
+            stop_sequence,
+            ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
+            decode_s: now.duration_since(first).as_secs_f64(),
+            prompt_usage: self.usage.prompt(),
+        }));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{event_channel, Message, ToolSpec};
+
+    fn progress() -> Progress {
+        Progress {
+            t0: Instant::now(),
+            started: false,
+            relayed: false,
+            first_text: None,
+        }
+    }
+
+    fn events(mut s: crate::EventStream) -> Vec<EngineEvent> {
+        let mut out = Vec::new();
+        while let Ok(e) = s.rx.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+
+    #[test]
+    fn a_stream_maps_to_events_with_tool_calls_held_to_the_end() {
+        let (sink, stream) = event_channel();
+        let mut p = progress();
+        let mut r = Reply::new(&sink, &mut p);
+        let evs = [
+            r#"{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":30,"output_tokens":1}}}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
+            r#"{"type":"ping"}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"lo"}}"#,
+            r#"{"type":"content_block_stop","index":0}"#,
+            r#"{"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_x","input":{}}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"q\""}}"#,
+            r#"{"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":": 1}"}}"#,
+            r#"{"type":"content_block_stop","index":1}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":9}}"#,
+        ];
+        for e in evs {
+            assert!(matches!(r.event(e).unwrap(), Flow::More), "{e}");
+        }
+        assert!(matches!(
+            r.event(r#"{"type":"message_stop"}"#).unwrap(),
+            Flow::End
+        ));
+        r.finish();
+        let got = events(stream);
+        assert_eq!(
+            got[0],
+            EngineEvent::Start {
+                prompt_tokens: 37,
+                cached_tokens: 30
+            }
+        );
+        assert_eq!(got[1], EngineEvent::Text("Hel".into()));
+        assert_eq!(got[2], EngineEvent::Text("lo".into()));
+        let EngineEvent::ToolCall(c) = &got[3] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (c.id.as_str(), c.name.as_str(), c.arguments.as_str()),
+            ("toolu_1", "get_x", r#"{"q":1}"#)
+        );
+        assert!(c.malformed.is_none());
+        let EngineEvent::Done(d) = &got[4] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(d.completion_tokens, 9);
+        assert_eq!(d.finish_reason, FinishReason::Stop);
+        assert_eq!(
+            d.prompt_usage,
+            Some(PromptUsage {
+                prompt_tokens: 37,
+                cached_tokens: 30,
+                cache_creation_tokens: 2
+            })
+        );
+        assert_eq!(got.len(), 5);
+    }
+
+    #[test]
+    fn a_json_message_maps_to_events() {
+        let (sink, stream) = event_channel();
+        let mut p = progress();
+        let v = json!({"type": "message", "content": [
+            {"type": "thinking", "thinking": "hidden"},
+            {"type": "text", "text": "done"},
+            {"type": "tool_use", "id": "toolu_2", "name": "f", "input": {"a": [1]}}],
+            "stop_reason": "stop_sequence", "stop_sequence": "END",
+            "usage": {"input_tokens": 4, "output_tokens": 2}});
+        Reply::new(&sink, &mut p).message(&v).unwrap();
+        let got = events(stream);
+        assert_eq!(
+            got[0],
+            EngineEvent::Start {
+                prompt_tokens: 4,
+                cached_tokens: 0
+            }
+        );
+        assert_eq!(got[1], EngineEvent::Text("done".into()));
+        assert!(matches!(&got[2], EngineEvent::ToolCall(c) if c.arguments == r#"{"a":[1]}"#));
+        let EngineEvent::Done(d) = &got[3] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(d.stop_sequence.as_deref(), Some("END"));
+        // Errors and garbage are errors, never panics.
+        for bad in [
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "busy"}}),
+            json!({"type": "message", "content": "text"}),
+            json!([1]),
+        ] {
+            let (sink, _s) = event_channel();
+            let mut p = progress();
+            let e = Reply::new(&sink, &mut p).message(&bad).unwrap_err();
+            assert!(matches!(e.error, EngineError::Upstream(_)), "{bad}");
+        }
+        for bad in [
+            "{not json",
+            "[1]",
+            r#"{"type":"error","error":{"type":"overloaded_error","message":"busy"}}"#,
+            r#"{"type":"content_block_delta","index":3,"delta":{"type":"input_json_delta","partial_json":"{"}}"#,
+        ] {
+            let (sink, _s) = event_channel();
+            let mut p = progress();
+            assert!(Reply::new(&sink, &mut p).event(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_max_tokens_stop_is_length_and_a_missing_input_is_the_start_input() {
+        let (sink, stream) = event_channel();
+        let mut p = progress();
+        let mut r = Reply::new(&sink, &mut p);
+        for e in [
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_3","name":"g","input":{"k":"v"}}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"max_tokens"}}"#,
+        ] {
+            r.event(e).unwrap();
+        }
+        r.finish();
+        let got = events(stream);
+        assert_eq!(
+            got[0],
+            EngineEvent::Start {
+                prompt_tokens: 0,
+                cached_tokens: 0
+            }
+        );
+        assert!(matches!(&got[1], EngineEvent::ToolCall(c) if c.arguments == r#"{"k":"v"}"#));
+        assert!(
+            matches!(&got[2], EngineEvent::Done(d) if d.finish_reason == FinishReason::Length && d.prompt_usage.is_none())
+        );
+    }
+
+    #[test]
+    fn openai_chat_translates_to_messages() {
+        let mut a = Message::new("assistant", "");
+        a.tool_calls = Some(json!([{"id": "c1", "type": "function",
+            "function": {"name": "get_x", "arguments": "{\"q\": 2}"}}]));
+        let mut t = Message::new("tool", "42");
+        t.tool_call_id = Some("c1".into());
+        let mut r = GenerateRequest::chat(vec![
+            Message::new("system", "be brief"),
+            Message::new("user", "hi"),
+            a,
+            t,
+            Message::new("user", "and?"),
+        ]);
+        r.stop = vec!["END".into()];
+        r.sampling.temperature = 0.5;
+        r.tools = vec![ToolSpec {
+            name: "get_x".into(),
+            description: None,
+            parameters: json!({"type": "object"}),
+        }];
+        r.tool_choice = ToolChoice::Required;
+        let b = request_body(&r, "m").unwrap();
+        assert_eq!(b["system"], "be brief");
+        assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["temperature"], json!(0.5));
+        assert!(b.get("top_p").is_none() && b.get("top_k").is_none());
+        assert_eq!(b["stop_sequences"], json!(["END"]));
+        assert_eq!(b["tool_choice"], json!({"type": "any"}));
+        assert_eq!(b["tools"][0]["input_schema"], json!({"type": "object"}));
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 3, "{m:?}");
+        assert_eq!(m[1]["content"][0]["type"], "tool_use");
+        assert_eq!(m[1]["content"][0]["input"], json!({"q": 2}));
+        // The tool result and the next user text share one user turn, result first.
+        assert_eq!(m[2]["role"], "user");
+        assert_eq!(m[2]["content"][0]["type"], "tool_result");
+        assert_eq!(m[2]["content"][0]["tool_use_id"], "c1");
+        assert_eq!(m[2]["content"][1]["text"], "and?");
+        r.logprobs = Some(1);
+        assert!(request_body(&r, "m").is_err());
+        r.logprobs = None;
+        r.prompt = Prompt::Text("once".into());
+        assert!(matches!(
+            request_body(&r, "m"),
+            Err(EngineError::InvalidRequest(_))
+        ));
+    }
+
+    #[test]
+    fn only_the_passed_on_headers_go_and_an_operator_key_replaces_the_clients() {
+        let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        r.raw = Some(crate::RawRequest {
+            body: Bytes::from_static(b"{ \"x\" : 1 }"),
+            headers: vec![
+                ("x-api-key".into(), "sk-client".into()),
+                ("anthropic-beta".into(), "b1".into()),
+                ("cookie".into(), "c".into()),
+            ],
+            stream: false,
+        });
+        let j = job(&r, "m".into(), vec!["m".into()], false).unwrap();
+        assert_eq!(&j.body[..], b"{ \"x\" : 1 }");
+        assert_eq!(j.accept, "application/json");
+        let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["x-api-key", "anthropic-beta"]);
+        assert!(j.client_key);
+        let j = job(&r, "m".into(), vec!["m".into()], true).unwrap();
+        let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["anthropic-beta"]);
+        assert!(!j.client_key);
+        // Without a body of the client's: translated, streamed.
+        r.raw = None;
+        let j = job(&r, "m".into(), vec!["m".into()], false).unwrap();
+        assert_eq!(j.accept, "text/event-stream");
+        let v: Value = serde_json::from_slice(&j.body).unwrap();
+        assert_eq!(v["messages"][0]["content"][0]["text"], "hi");
+    }
+}
