@@ -88,15 +88,18 @@ struct SharedActs<'a> {
     x: &'a [f32],
     cols: usize,
     n: usize,
+    /// Threads the rows of a many-token input are quantized on.
+    th: Threads,
     made: Vec<(ActKind, Vec<QuantizedActs>)>,
 }
 
 impl<'a> SharedActs<'a> {
-    fn new(x: &'a [f32], cols: usize, n: usize) -> Self {
+    fn new(x: &'a [f32], cols: usize, n: usize, th: Threads) -> Self {
         SharedActs {
             x: &x[..n * cols],
             cols,
             n,
+            th,
             made: Vec::new(),
         }
     }
@@ -107,11 +110,35 @@ impl<'a> SharedActs<'a> {
         let at = match self.made.iter().position(|(k, _)| *k == kind) {
             Some(i) => i,
             None => {
-                let acts = self
-                    .x
-                    .chunks_exact(self.cols)
-                    .map(|xt| quantize_activation(ty, xt))
-                    .collect::<Result<Vec<_>, _>>()?;
+                // Each row on its own (a pure function of the row), so splitting the
+                // rows between threads changes no bit.
+                let rows: Vec<&[f32]> = self.x.chunks_exact(self.cols).collect();
+                let acts = if rows.len() >= 16 && self.th.get() > 1 {
+                    let per = rows.len().div_ceil(4 * self.th.get()).max(1);
+                    let parts: Vec<std::sync::Mutex<Vec<Result<QuantizedActs, QuantError>>>> =
+                        rows.chunks(per).map(|_| Default::default()).collect();
+                    parallel_chunks(parts.len(), self.th, &|c| {
+                        let end = ((c + 1) * per).min(rows.len());
+                        let made = rows[c * per..end]
+                            .iter()
+                            .map(|xt| quantize_activation(ty, xt))
+                            .collect();
+                        *parts[c]
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = made;
+                    });
+                    parts
+                        .into_iter()
+                        .flat_map(|m| {
+                            m.into_inner()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        })
+                        .collect::<Result<Vec<_>, _>>()?
+                } else {
+                    rows.iter()
+                        .map(|xt| quantize_activation(ty, xt))
+                        .collect::<Result<Vec<_>, _>>()?
+                };
                 self.made.push((kind, acts));
                 self.made.len() - 1
             }
@@ -141,7 +168,7 @@ fn linear(
     out: &mut [f32],
     th: Threads,
 ) -> Result<(), ModelError> {
-    linear_shared(w, q, rows, &mut SharedActs::new(x, cols, n), out, th)
+    linear_shared(w, q, rows, &mut SharedActs::new(x, cols, n, th), out, th)
 }
 
 /// [`linear`] reading its input from `x`, whose quantized rows other products of the
@@ -834,7 +861,7 @@ impl Model {
                 rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
             // q, k and v read one input: it is quantized once for the three.
-            let mut xq = SharedActs::new(&xn, h, n);
+            let mut xq = SharedActs::new(&xn, h, n, th);
             linear_group(
                 &mut [
                     (&w.q_proj, nw.q.as_ref(), qd, &mut q),
@@ -913,7 +940,7 @@ impl Model {
                 rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
             // gate and up read one input: it is quantized once for the two.
-            let mut xq = SharedActs::new(&xn, h, n);
+            let mut xq = SharedActs::new(&xn, h, n, th);
             linear_group(
                 &mut [
                     (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate),
