@@ -121,6 +121,34 @@ fn main() {
             ss / sr
         );
     }
+    // Thread scaling of the pooled product in the streamed case: the same matrices on
+    // 1 and 2 threads of the shared pool (as decode runs them).
+    println!("stream, pooled (`matvec_threads`), GB/s: 1 thread | 2 threads | ratio");
+    for ty in [QType::Q4_1, QType::Q8_0] {
+        let (rows, cols) = (1536, 576);
+        let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
+        let copies = STREAM_BYTES.div_ceil(bytes);
+        let w: Vec<u8> = (0..bytes * copies).map(|_| (r.next() >> 8) as u8).collect();
+        let x: Vec<f32> = (0..cols).map(|_| r.unit()).collect();
+        let act = quant::quantize_activation(ty, &x).expect("cols is a block multiple");
+        let mut out = vec![0f32; rows];
+        let mut run = |threads: usize| {
+            let s = time(repeats * 10, |i| {
+                let c = i % copies;
+                let m = &w[c * bytes..(c + 1) * bytes];
+                quant::matvec_threads(ty, m, &act, &mut out, Threads::new(threads))
+                    .expect("shapes are consistent");
+                black_box(&out);
+            });
+            bytes as f64 / s / 1e9
+        };
+        let (one, two) = (run(1), run(2));
+        println!(
+            "{:<5} {one:>9.2} | {two:>9.2} | {:>5.2}",
+            ty.name(),
+            two / one
+        );
+    }
     // f32 for comparison (the exact path's kernel), same ffn_up shape.
     let (rows, cols) = (1536, 576);
     let bytes = rows * cols * 4;
