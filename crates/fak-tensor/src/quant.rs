@@ -1097,10 +1097,10 @@ fn chunk_rows(row_bytes: usize) -> usize {
 /// Weight bytes per chunk of a pooled product (see [`chunk_rows`]).
 const CHUNK_BYTES: usize = 32 * 1024;
 
-/// [`matvec`] with the output rows split into chunks of [`chunk_rows`] rows, claimed
-/// by the pool's threads ([`crate::pool::Pool::run_chunks`]). Each row is the same
-/// single-row kernel as in [`matvec`], so the result is bit-identical to [`matvec`]
-/// for any thread count.
+/// [`matvec`] with the output rows split into chunks (a multiple of 4 rows, about 32 KB
+/// of weights each), claimed by the pool's threads ([`crate::pool::Pool::run_chunks`]).
+/// Each row is the same single-row kernel as in [`matvec`], so the result is
+/// bit-identical to [`matvec`] for any thread count.
 ///
 /// # Errors
 /// As [`matvec`]; `out` is untouched on error.
