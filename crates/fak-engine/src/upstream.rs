@@ -841,12 +841,33 @@ async fn relay_openai(
             return Ok(());
         }
     }
-    let mut reply = Reply::new(job, sink, progress);
+    pump(&mut body, Reply::new(job, sink, progress)).await
+}
+
+/// A reply assembled from server-sent events, on either wire.
+trait EventReply {
+    /// Takes one event's data.
+    fn event(&mut self, data: &str) -> Result<Flow, Failure>;
+    /// Whether the reply has said how it finished (then a stream that closes is whole).
+    fn finished(&self) -> bool;
+    /// Sends the finished reply on.
+    fn finish(self);
+}
+
+/// Feeds the event stream `body` to `reply` until the reply ends, the client leaves or
+/// the stream closes; a stream that closes before the reply said how it finished is a
+/// retryable failure.
+async fn pump<R: EventReply>(body: &mut BodyReader, mut reply: R) -> Result<(), Failure> {
     let mut sse = SseParser::default();
-    while let Some(data) = body.next().await? {
-        let events = sse
-            .push(&data)
-            .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
+    loop {
+        let (events, closed) = match body.next().await? {
+            Some(data) => (
+                sse.push(&data)
+                    .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?,
+                false,
+            ),
+            None => (sse.finish(), true),
+        };
         for ev in events {
             match reply.event(&ev)? {
                 Flow::More => {}
@@ -857,18 +878,11 @@ async fn relay_openai(
                 Flow::Gone => return Ok(()),
             }
         }
-    }
-    for ev in sse.finish() {
-        match reply.event(&ev)? {
-            Flow::More => {}
-            Flow::End => {
-                reply.finish();
-                return Ok(());
-            }
-            Flow::Gone => return Ok(()),
+        if closed {
+            break;
         }
     }
-    if reply.finish_reason.is_some() {
+    if reply.finished() {
         reply.finish();
         return Ok(());
     }
@@ -1075,6 +1089,12 @@ impl<'a> Reply<'a> {
             self.progress.first_text = Some(Instant::now());
         }
         self.sink.send(e)
+    }
+}
+
+impl EventReply for Reply<'_> {
+    fn finished(&self) -> bool {
+        self.finish_reason.is_some()
     }
 
     /// Reads one event's data.

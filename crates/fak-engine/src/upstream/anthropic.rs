@@ -46,8 +46,8 @@
 //! [`EngineError::Upstream`] with its message.
 
 use super::{
-    error_value_message, excerpt, BodyReader, Failure, Flow, Job, PartialCall, Progress, SseParser,
-    MAX_EVENT_BYTES,
+    error_value_message, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job, PartialCall,
+    Progress, MAX_EVENT_BYTES,
 };
 use crate::{
     Done, EngineError, EngineEvent, EventSink, FinishReason, GenerateRequest, Prompt, PromptUsage,
@@ -260,37 +260,7 @@ pub(super) async fn relay(
 ) -> Result<(), Failure> {
     let fatal = |m: String| Failure::fatal(EngineError::Upstream(m));
     if ctype.starts_with("text/event-stream") {
-        let mut reply = Reply::new(sink, progress);
-        let mut sse = SseParser::default();
-        while let Some(data) = body.next().await? {
-            for ev in sse.push(&data).map_err(fatal)? {
-                match reply.event(&ev)? {
-                    Flow::More => {}
-                    Flow::End => {
-                        reply.finish();
-                        return Ok(());
-                    }
-                    Flow::Gone => return Ok(()),
-                }
-            }
-        }
-        for ev in sse.finish() {
-            match reply.event(&ev)? {
-                Flow::More => {}
-                Flow::End => {
-                    reply.finish();
-                    return Ok(());
-                }
-                Flow::Gone => return Ok(()),
-            }
-        }
-        if reply.stop_reason.is_some() {
-            reply.finish();
-            return Ok(());
-        }
-        return Err(Failure::retry(EngineError::Upstream(
-            "the upstream closed the stream before the reply finished".into(),
-        )));
+        return pump(&mut body, Reply::new(sink, progress)).await;
     }
     if ctype.starts_with("application/json") {
         let mut buf = Vec::new();
@@ -445,6 +415,12 @@ impl<'a> Reply<'a> {
             }
         }
     }
+}
+
+impl EventReply for Reply<'_> {
+    fn finished(&self) -> bool {
+        self.stop_reason.is_some()
+    }
 
     /// Reads one event's data.
     fn event(&mut self, data: &str) -> Result<Flow, Failure> {
@@ -521,6 +497,44 @@ impl<'a> Reply<'a> {
         })
     }
 
+    /// Sends the assembled calls and `Done`.
+    fn finish(mut self) {
+        if let Flow::Gone = self.start() {
+            return;
+        }
+        for (_, b) in std::mem::take(&mut self.blocks) {
+            let Block::Tool(mut call, input) = b else {
+                continue;
+            };
+            if call.arguments.trim().is_empty() {
+                call.arguments = input.map(|v| v.to_string()).unwrap_or_default();
+            }
+            if !self.sink.send(EngineEvent::ToolCall(call.into_call())) {
+                return;
+            }
+        }
+        let finish_reason = match self.stop_reason.as_deref() {
+            Some("max_tokens") => FinishReason::Length,
+            _ => FinishReason::Stop,
+        };
+        let stop_sequence = self
+            .stop_sequence
+            .filter(|_| self.stop_reason.as_deref() == Some("stop_sequence"));
+        let now = Instant::now();
+        let first = self.progress.first_text.unwrap_or(now);
+        self.sink.send(EngineEvent::Done(Done {
+            completion_tokens: self.usage.output.unwrap_or(self.pieces),
+            completion_ids: Vec::new(),
+            finish_reason,
+            stop_sequence,
+            ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
+            decode_s: now.duration_since(first).as_secs_f64(),
+            prompt_usage: self.usage.prompt(),
+        }));
+    }
+}
+
+impl Reply<'_> {
     /// Reads a whole (non-streamed) message and ends the generation.
     fn message(mut self, v: &Value) -> Result<(), Failure> {
         let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
@@ -558,42 +572,6 @@ impl<'a> Reply<'a> {
         }
         self.finish();
         Ok(())
-    }
-
-    /// Sends the assembled calls and `Done`.
-    fn finish(mut self) {
-        if let Flow::Gone = self.start() {
-            return;
-        }
-        for (_, b) in std::mem::take(&mut self.blocks) {
-            let Block::Tool(mut call, input) = b else {
-                continue;
-            };
-            if call.arguments.trim().is_empty() {
-                call.arguments = input.map(|v| v.to_string()).unwrap_or_default();
-            }
-            if !self.sink.send(EngineEvent::ToolCall(call.into_call())) {
-                return;
-            }
-        }
-        let finish_reason = match self.stop_reason.as_deref() {
-            Some("max_tokens") => FinishReason::Length,
-            _ => FinishReason::Stop,
-        };
-        let stop_sequence = self
-            .stop_sequence
-            .filter(|_| self.stop_reason.as_deref() == Some("stop_sequence"));
-        let now = Instant::now();
-        let first = self.progress.first_text.unwrap_or(now);
-        self.sink.send(EngineEvent::Done(Done {
-            completion_tokens: self.usage.output.unwrap_or(self.pieces),
-            completion_ids: Vec::new(),
-            finish_reason,
-            stop_sequence,
-            ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
-            decode_s: now.duration_since(first).as_secs_f64(),
-            prompt_usage: self.usage.prompt(),
-        }));
     }
 }
 
