@@ -221,10 +221,18 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
     }
     let t0 = Instant::now();
-    let driver: std::sync::Arc<dyn EngineDriver> = if args.routes.is_empty() {
-        (spec.build)(&config)?
+    // Kept as the router too (when routing), to say which routes are down at start.
+    let routed = if args.routes.is_empty() {
+        None
     } else {
-        std::sync::Arc::new(RoutedDriver::build(&args.routes, &config)?)
+        Some(std::sync::Arc::new(RoutedDriver::build(
+            &args.routes,
+            &config,
+        )?))
+    };
+    let driver: std::sync::Arc<dyn EngineDriver> = match &routed {
+        Some(r) => std::sync::Arc::clone(r) as std::sync::Arc<dyn EngineDriver>,
+        None => (spec.build)(&config)?,
     };
     let engine_id = driver.id();
     let gateway = GatewayConfig {
@@ -283,6 +291,11 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                             t0.elapsed().as_secs_f64(),
                             ids.join(", ")
                         );
+                        for (m, why) in routed.iter().flat_map(|r| r.not_ready()) {
+                            tracing::error!(
+                                "route '{m}' is not ready ({why}); its requests get 503 until it is"
+                            );
+                        }
                         break;
                     }
                     Readiness::Failed(m) => {

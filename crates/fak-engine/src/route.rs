@@ -160,6 +160,19 @@ impl RoutedDriver {
             .collect()
     }
 
+    /// The routes whose engine is not ready, each with the reason (`starting` while it
+    /// still loads or probes).
+    pub fn not_ready(&self) -> Vec<(String, String)> {
+        self.routes
+            .iter()
+            .filter_map(|(m, d)| match d.readiness() {
+                Readiness::Ready => None,
+                Readiness::Loading => Some((m.clone(), "starting".to_string())),
+                Readiness::Failed(why) => Some((m.clone(), why)),
+            })
+            .collect()
+    }
+
     /// Each driver once, in route order (one driver may serve several routes).
     fn drivers(&self) -> Vec<&Arc<dyn EngineDriver>> {
         let mut out: Vec<&Arc<dyn EngineDriver>> = Vec::new();
@@ -297,6 +310,37 @@ mod tests {
 
     fn mock(id: &str) -> Arc<dyn EngineDriver> {
         Arc::new(crate::mock::MockDriver::new().with_model(id))
+    }
+
+    #[test]
+    fn a_route_whose_upstream_is_down_is_named_with_its_reason() {
+        // A port nothing listens on.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let d = RoutedDriver::build(
+            &[
+                Route::parse("a=mock").unwrap(),
+                Route::parse(&format!("b=openai-upstream@http://{dead}")).unwrap(),
+            ],
+            &EngineConfig::default(),
+        )
+        .unwrap();
+        let t = std::time::Instant::now();
+        let down = loop {
+            let n = d.not_ready();
+            if n.iter().all(|(_, why)| why != "starting") {
+                break n;
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{n:?}");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        assert_eq!(down.len(), 1, "{down:?}");
+        assert_eq!(down[0].0, "b");
+        assert!(down[0].1.contains("cannot reach"), "{down:?}");
+        // The server as a whole still serves `a`.
+        assert_eq!(d.readiness(), Readiness::Ready);
     }
 
     #[test]

@@ -554,6 +554,14 @@ fn status_failure(
             queued: 0,
             retry_after_s: retry_after.unwrap_or(1),
         }),
+        // A model this server lists (named by --upstream-model or a route) that the
+        // upstream refuses: say so in the upstream's words, not as an unknown model.
+        404 if msg.to_ascii_lowercase().contains("model") && job.named => {
+            Failure::fatal(EngineError::Upstream(format!(
+                "{url} does not serve '{model}' ({msg}); --upstream-model, or a route's \
+                 MODEL, must be a model id the upstream accepts"
+            )))
+        }
         404 if msg.to_ascii_lowercase().contains("model") => {
             Failure::fatal(EngineError::UnknownModel {
                 requested: model.clone(),
@@ -905,6 +913,11 @@ struct Job {
     model: String,
     served: Vec<String>,
     stop: Vec<String>,
+    /// The client's `max_tokens` (a limit fak holds the upstream to).
+    max_tokens: Option<usize>,
+    /// The model was named by this server's configuration (`--upstream-model`, a
+    /// route), not taken from the upstream's list.
+    named: bool,
 }
 
 /// What has reached the client so far, across attempts.
@@ -914,6 +927,28 @@ struct Progress {
     /// A `Text` or `Logprobs` was sent: no more retries.
     relayed: bool,
     first_text: Option<Instant>,
+    /// The client's `max_tokens`.
+    max_tokens: Option<usize>,
+    /// Text pieces and bytes (text and tool-call arguments) received.
+    pieces: usize,
+    bytes: usize,
+}
+
+/// Most bytes of text and tool-call arguments one reply may bring, whatever the
+/// upstream sends, so that an upstream that never stops cannot make fak buffer without
+/// bound.
+const MAX_REPLY_BYTES: usize = 8 << 20;
+
+impl Progress {
+    /// Counts a text piece (`piece`) or tool-call fragment of `len` bytes; `true` when
+    /// the reply must end here: more text pieces than the client's `max_tokens` (each
+    /// piece is at least one token, so the upstream is ignoring the limit), or more than
+    /// [`MAX_REPLY_BYTES`]. The reply then ends as `length` without this fragment.
+    fn over(&mut self, len: usize, piece: bool) -> bool {
+        self.pieces += usize::from(piece);
+        self.bytes += len;
+        self.bytes > MAX_REPLY_BYTES || self.max_tokens.is_some_and(|m| self.pieces > m)
+    }
 }
 
 /// What to do after one event.
@@ -1141,8 +1176,12 @@ impl EventReply for Reply<'_> {
                 )))
             }
         };
-        // n = 1: only the first choice exists.
-        let Some(c) = choices.first() else {
+        // n = 1: only choice 0 is asked for; any other an upstream sends is not
+        // this reply's.
+        let Some(c) = choices
+            .iter()
+            .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        else {
             return Ok(Flow::More);
         };
         let (text, calls) = if self.job.chat {
@@ -1157,6 +1196,10 @@ impl EventReply for Reply<'_> {
             (c.get("text").and_then(Value::as_str), None)
         };
         if let Some(t) = text.filter(|t| !t.is_empty()) {
+            if self.progress.over(t.len(), true) {
+                self.finish_reason = Some("length".into());
+                return Ok(Flow::End);
+            }
             let recs = c.get("logprobs").map(records).unwrap_or_default();
             if !recs.is_empty() && !self.relay(EngineEvent::Logprobs(recs)) {
                 return Ok(Flow::Gone);
@@ -1166,6 +1209,7 @@ impl EventReply for Reply<'_> {
                 return Ok(Flow::Gone);
             }
         }
+        let mut over = false;
         for (pos, d) in calls.into_iter().flatten().enumerate() {
             let index = d.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
             let p = self.calls.entry(index).or_default();
@@ -1178,8 +1222,13 @@ impl EventReply for Reply<'_> {
                 }
                 if let Some(a) = f.get("arguments").and_then(Value::as_str) {
                     p.arguments.push_str(a);
+                    over |= self.progress.over(a.len(), false);
                 }
             }
+        }
+        if over {
+            self.finish_reason = Some("length".into());
+            return Ok(Flow::End);
         }
         if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
             self.finish_reason = Some(f.to_string());
@@ -1502,6 +1551,9 @@ async fn run(guard: ActiveGuard, job: Job, sink: EventSink) {
         started: false,
         relayed: false,
         first_text: None,
+        max_tokens: job.max_tokens,
+        pieces: 0,
+        bytes: 0,
     };
     let mut attempt = 0u32;
     let mut tried: Vec<usize> = Vec::new();
@@ -1652,9 +1704,17 @@ impl EngineDriver for UpstreamDriver {
                     model,
                     served: served_ids,
                     stop: req.stop,
+                    max_tokens: req.max_tokens,
+                    named: self.inner.cfg.model.is_some(),
                 }
             }
-            Wire::Anthropic => anthropic::job(&req, model, served_ids, self.inner.auth.is_some())?,
+            Wire::Anthropic => anthropic::job(
+                &req,
+                model,
+                served_ids,
+                self.inner.auth.is_some(),
+                self.inner.cfg.model.is_some(),
+            )?,
         };
         let rt = self
             .rt
@@ -1769,6 +1829,8 @@ mod tests {
             model: "m".into(),
             served: vec!["m".into()],
             stop: Vec::new(),
+            max_tokens: None,
+            named: false,
         };
         let operator = job(false);
         let f = |code: u16, body: &str| {
@@ -1908,6 +1970,66 @@ mod tests {
     fn ask(d: &UpstreamDriver) -> Result<crate::Collected, EngineError> {
         d.submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))?
             .blocking_collect()
+    }
+
+    #[test]
+    fn an_upstream_that_ignores_max_tokens_is_cut_off_and_other_choices_are_not_relayed() {
+        let mut reply =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                .to_vec();
+        for i in 0..50 {
+            reply.extend_from_slice(
+                format!(
+                    "data: {{\"choices\":[{{\"index\":1,\"delta\":{{\"content\":\"other{i} \"}}}},\
+{{\"index\":0,\"delta\":{{\"content\":\"w{i} \"}}}}]}}\n\n"
+                )
+                .as_bytes(),
+            );
+        }
+        reply.extend_from_slice(
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n",
+        );
+        let addr = fake_upstream(Box::leak(reply.into_boxed_slice()));
+        let d = driver(addr, 5000);
+        // Obeyed limits pass untouched: 50 pieces within max_tokens 50.
+        let mut req = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        req.max_tokens = Some(50);
+        let c = d.submit(req).unwrap().blocking_collect().unwrap();
+        assert_eq!(c.text.split_whitespace().count(), 50);
+        assert!(
+            !c.text.contains("other"),
+            "choice 1 is not this reply: {}",
+            c.text
+        );
+        assert_eq!(c.done.unwrap().finish_reason, FinishReason::Stop);
+        // An upstream sending more pieces than max_tokens is cut off as `length`.
+        let mut req = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        req.max_tokens = Some(3);
+        let c = d.submit(req).unwrap().blocking_collect().unwrap();
+        assert_eq!(c.text, "w0 w1 w2 ");
+        assert_eq!(c.done.unwrap().finish_reason, FinishReason::Length);
+    }
+
+    #[test]
+    fn a_named_model_the_upstream_refuses_is_reported_in_the_upstreams_words() {
+        let addr = fake_upstream(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 56\r\nconnection: close\r\n\r\n{\"error\": {\"message\": \"the model 'big' does not exist\"}}\n\n");
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{addr}")],
+            model: Some("big".into()),
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let e = ask(&d).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Upstream(m) if m.contains("does not serve 'big'")
+                && m.contains("does not exist")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -69,7 +69,8 @@ pub const DEFAULT_MAX_TOKENS: usize = 4096;
 const PASSED_ON: [&str; 3] = ["x-api-key", VERSION, "anthropic-beta"];
 
 /// The upstream request for `req` on `model` (see the module docs). `operator_key`:
-/// the driver sends its own key, so the client's is not passed on.
+/// the driver sends its own key, so the client's is not passed on. `named`: the model was
+/// named by this server's configuration (a refusal is then reported in the upstream's words).
 ///
 /// # Errors
 /// [`EngineError::InvalidRequest`] for what this wire cannot carry (see
@@ -79,6 +80,7 @@ pub(super) fn job(
     model: String,
     served: Vec<String>,
     operator_key: bool,
+    named: bool,
 ) -> Result<Job, EngineError> {
     let (body, headers, stream, client_key) = match &req.raw {
         Some(raw) => {
@@ -128,6 +130,8 @@ pub(super) fn job(
         model,
         served,
         stop: req.stop.clone(),
+        max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
+        named,
     })
 }
 
@@ -371,10 +375,15 @@ impl<'a> Reply<'a> {
         }
     }
 
-    /// Relays a piece of text (after `Start`).
+    /// Relays a piece of text (after `Start`); past the client's limits
+    /// (`Progress::over`) the reply ends as `max_tokens` instead.
     fn text(&mut self, t: &str) -> Flow {
         if t.is_empty() {
             return Flow::More;
+        }
+        if self.progress.over(t.len(), true) {
+            self.stop_reason = Some("max_tokens".into());
+            return Flow::End;
         }
         if let Flow::Gone = self.start() {
             return Flow::Gone;
@@ -460,7 +469,12 @@ impl EventReply for Reply<'_> {
                         match self.blocks.get_mut(&at) {
                             Some(Block::Tool(call, _)) => {
                                 call.arguments.push_str(s("partial_json"));
-                                Flow::More
+                                if self.progress.over(s("partial_json").len(), false) {
+                                    self.stop_reason = Some("max_tokens".into());
+                                    Flow::End
+                                } else {
+                                    Flow::More
+                                }
                             }
                             _ => {
                                 return Err(bad(format!(
@@ -566,8 +580,10 @@ impl Reply<'_> {
             return Ok(());
         }
         for (i, b) in content.iter().enumerate() {
-            if let Flow::Gone = self.open(i as u64, b) {
-                return Ok(());
+            match self.open(i as u64, b) {
+                Flow::Gone => return Ok(()),
+                Flow::End => break,
+                Flow::More => {}
             }
         }
         self.finish();
@@ -586,6 +602,9 @@ mod tests {
             started: false,
             relayed: false,
             first_text: None,
+            max_tokens: None,
+            pieces: 0,
+            bytes: 0,
         }
     }
 
@@ -793,19 +812,19 @@ mod tests {
             ],
             stream: false,
         });
-        let j = job(&r, "m".into(), vec!["m".into()], false).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], false, false).unwrap();
         assert_eq!(&j.body[..], b"{ \"x\" : 1 }");
         assert_eq!(j.accept, "application/json");
         let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x-api-key", "anthropic-beta"]);
         assert!(j.client_key);
-        let j = job(&r, "m".into(), vec!["m".into()], true).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], true, false).unwrap();
         let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["anthropic-beta"]);
         assert!(!j.client_key);
         // Without a body of the client's: translated, streamed.
         r.raw = None;
-        let j = job(&r, "m".into(), vec!["m".into()], false).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], false, false).unwrap();
         assert_eq!(j.accept, "text/event-stream");
         let v: Value = serde_json::from_slice(&j.body).unwrap();
         assert_eq!(v["messages"][0]["content"][0]["text"], "hi");
