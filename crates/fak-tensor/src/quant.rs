@@ -1111,24 +1111,9 @@ pub fn matvec_pool(
     act: &QuantizedActs,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    use std::sync::{Mutex, PoisonError};
-    let rb = check_matvec(ty, w, act, out.len())?;
-    let per = chunk_rows(rb);
-    let slots: Vec<Mutex<&mut [f32]>> = out.chunks_mut(per).map(Mutex::new).collect();
-    let error = Mutex::new(None);
-    pool.run_chunks(slots.len(), &|c| {
-        let mut o = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
-        let r0 = c * per;
-        let rows = o.len();
-        // Cannot fail after `check_matvec`; kept as an error rather than a panic.
-        if let Err(e) = matvec_with(ty, &w[r0 * rb..(r0 + rows) * rb], act, &mut o, true) {
-            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
-        }
-    });
-    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
-        Some(e) => Err(e),
-        None => Ok(()),
-    }
+    chunked(&mut [Matvec { ty, w, act, out }], &mut |n, job| {
+        pool.run_chunks(n, job)
+    })
 }
 
 /// [`matvec`] on up to `threads` threads of the process-wide pool that
@@ -1153,16 +1138,10 @@ pub fn matvec_threads(
     if parts <= 1 {
         return matvec(ty, w, act, out);
     }
-    let shared = crate::matmul::shared_pool(parts);
-    let guard = match shared.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    };
-    match guard {
-        Some(mut pool) => matvec_pool(&mut pool, ty, w, act, out),
-        None => matvec(ty, w, act, out),
-    }
+    matvec_many(
+        &mut [Matvec { ty, w, act, out }],
+        crate::Threads::new(parts),
+    )
 }
 
 /// One product of [`matvec_many`]: `out = w · act` as in [`matvec`].
@@ -1188,6 +1167,20 @@ pub struct Matvec<'a> {
 /// As [`matvec`], for the first product that fails its shape check; no output is
 /// written then.
 pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Result<(), QuantError> {
+    chunked(products, &mut |n, job| {
+        crate::matmul::parallel_chunks(n, threads, job)
+    })
+}
+
+/// A job over chunk indices, as [`crate::pool::Pool::run_chunks`] takes it.
+type ChunkJob<'a> = &'a (dyn Fn(usize) + Sync);
+
+/// The products' rows cut into chunks of [`chunk_rows`], every chunk computed by `run`
+/// (which calls the job once per chunk index, on whichever threads it has).
+fn chunked(
+    products: &mut [Matvec<'_>],
+    run: &mut dyn FnMut(usize, ChunkJob<'_>),
+) -> Result<(), QuantError> {
     use std::sync::{Mutex, PoisonError};
     let mut rbs = Vec::with_capacity(products.len());
     for p in products.iter() {
@@ -1204,7 +1197,7 @@ pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Resu
         }
     }
     let error = Mutex::new(None);
-    crate::matmul::parallel_chunks(slots.len(), threads, &|c| {
+    run(slots.len(), &|c| {
         let (i, r0, ref slot) = slots[c];
         let (ty, w, act) = inputs[i];
         let rb = rbs[i];
