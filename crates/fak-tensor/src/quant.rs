@@ -1302,6 +1302,20 @@ fn matmul_rows(
     acts: &[QuantizedActs],
     out: &mut [f32],
 ) -> Result<(), QuantError> {
+    matmul_rows_isa(ty, w, rb, acts, out, has_avx_vnni())
+}
+
+/// [`matmul_rows`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without the
+/// CPU feature), so tests can compare both kernels on one machine.
+fn matmul_rows_isa(
+    ty: QType,
+    w: &[u8],
+    rb: usize,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+    vnni: bool,
+) -> Result<(), QuantError> {
+    let vnni = vnni && has_avx_vnni();
     let m = w.len().checked_div(rb).unwrap_or(0);
     #[cfg(target_arch = "x86_64")]
     if has_avx2_f16c() && m > 0 {
@@ -1321,15 +1335,26 @@ fn matmul_rows(
                 })
                 .collect()
         }
-        // SAFETY (all arms): AVX2 and F16C were detected; the caller checked that every
-        // activation row is `rb / ty.block_bytes()` blocks of the kind `ty` pairs with
-        // (the `Option`s below re-check the kind) and `w.len() == m * rb`.
+        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`); the
+        // caller checked that every activation row is `rb / ty.block_bytes()` blocks of
+        // the kind `ty` pairs with (the `Option`s below re-check the kind) and
+        // `w.len() == m * rb`.
         let done = match ty {
-            QType::Q4_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out) }),
-            QType::Q5_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q5_0>(w, rb, &a, out) }),
-            QType::Q8_0 => q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q8_0>(w, rb, &a, out) }),
-            QType::Q4_1 => q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q4_1>(w, rb, &a, out) }),
-            QType::Q5_1 => q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q5_1>(w, rb, &a, out) }),
+            QType::Q4_0 => {
+                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out, vnni) })
+            }
+            QType::Q5_0 => {
+                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q5_0>(w, rb, &a, out, vnni) })
+            }
+            QType::Q8_0 => {
+                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q8_0>(w, rb, &a, out, vnni) })
+            }
+            QType::Q4_1 => {
+                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q4_1>(w, rb, &a, out, vnni) })
+            }
+            QType::Q5_1 => {
+                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q5_1>(w, rb, &a, out, vnni) })
+            }
             _ => None,
         };
         if done.is_some() {
@@ -1342,20 +1367,19 @@ fn matmul_rows(
     Ok(())
 }
 
-/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] over all of `w` and `a`, with
-/// 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
+/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] over all of `w` and
+/// `a`, with 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
 ///
 /// # Safety
-/// AVX2 and F16C; every `a[t]` is `rb / K::BYTES` blocks; `w.len()` is a multiple of
-/// `rb`; `out.len() == a.len() * w.len() / rb`.
+/// AVX2 and F16C (and AVX-VNNI when `vnni`); every `a[t]` is `rb / K::BYTES` blocks;
+/// `w.len()` is a multiple of `rb`; `out.len() == a.len() * w.len() / rb`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32])
+unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32], vnni: bool)
 where
     K::Act: avx2::ActBlock,
 {
     let (m, n) = (w.len() / rb, a.len());
     let sc: Vec<Vec<[f32; 2]>> = a.iter().map(|at| avx2::act_scales(at)).collect();
-    let vnni = has_avx_vnni();
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];

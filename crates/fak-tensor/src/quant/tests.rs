@@ -527,6 +527,34 @@ fn vnni_and_avx2_lane_sums_give_the_same_bits() {
 }
 
 #[test]
+fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
+    // 9 rows and 5 tokens: full 8 × 2 tiles and the 1-row / 1-token edges.
+    let mut r = Rng(53);
+    for ty in [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+    ] {
+        let (rows, nb, n) = (9, 3, 5);
+        let w = weights(&mut r, ty, rows * nb, false);
+        let xs: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
+        let mut want = vec![0f32; n * rows];
+        for (t, a) in xs.iter().enumerate() {
+            matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
+        }
+        for vnni in [false, true] {
+            let mut got = vec![f32::NAN; n * rows];
+            let rb = w.len() / rows;
+            super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, vnni).unwrap();
+            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+            assert!(ok, "{ty} vnni={vnni}");
+        }
+    }
+}
+
+#[test]
 fn pooled_matvec_in_many_chunks_is_bit_identical() {
     // 64 blocks per row: 32-row chunks, so 203 rows make 7 chunks of unequal count
     // per thread.
