@@ -852,6 +852,25 @@ async fn relay_openai(
     pump(&mut body, Reply::new(job, sink, progress)).await
 }
 
+/// One event's data parsed as the JSON object both wires send; anything else is a
+/// fatal upstream error naming what came.
+fn event_object(data: &str) -> Result<Value, Failure> {
+    let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
+    let v: Value = serde_json::from_str(data).map_err(|e| {
+        bad(format!(
+            "the upstream sent an event that is not JSON ({e}): {}",
+            excerpt(data)
+        ))
+    })?;
+    if !v.is_object() {
+        return Err(bad(format!(
+            "the upstream sent an event that is not a JSON object: {}",
+            excerpt(data)
+        )));
+    }
+    Ok(v)
+}
+
 /// A reply assembled from server-sent events, on either wire.
 trait EventReply {
     /// Takes one event's data.
@@ -1145,18 +1164,7 @@ impl EventReply for Reply<'_> {
             }
             return Ok(Flow::End);
         }
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            bad(format!(
-                "the upstream sent an event that is not JSON ({e}): {}",
-                excerpt(data)
-            ))
-        })?;
-        if !v.is_object() {
-            return Err(bad(format!(
-                "the upstream sent an event that is not a JSON object: {}",
-                excerpt(data)
-            )));
-        }
+        let v = event_object(data)?;
         if let Some(e) = v.get("error") {
             return Err(bad(format!(
                 "the upstream failed mid-reply: {}",

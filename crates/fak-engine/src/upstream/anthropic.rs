@@ -46,8 +46,8 @@
 //! [`EngineError::Upstream`] with its message.
 
 use super::{
-    error_value_message, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job, PartialCall,
-    Progress, MAX_EVENT_BYTES,
+    error_value_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
+    PartialCall, Progress, MAX_EVENT_BYTES,
 };
 use crate::{
     Done, EngineError, EngineEvent, EventSink, FinishReason, GenerateRequest, Prompt, PromptUsage,
@@ -434,18 +434,7 @@ impl EventReply for Reply<'_> {
     /// Reads one event's data.
     fn event(&mut self, data: &str) -> Result<Flow, Failure> {
         let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            bad(format!(
-                "the upstream sent an event that is not JSON ({e}): {}",
-                excerpt(data)
-            ))
-        })?;
-        if !v.is_object() {
-            return Err(bad(format!(
-                "the upstream sent an event that is not a JSON object: {}",
-                excerpt(data)
-            )));
-        }
+        let v = event_object(data)?;
         let index = v.get("index").and_then(Value::as_u64);
         Ok(match v.get("type").and_then(Value::as_str).unwrap_or("") {
             "message_start" => {
