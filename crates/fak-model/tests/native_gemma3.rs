@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use fak_model::{load_text, KvStore, LogitsWanted, Model, VecKvCache, WeightMode};
+use fak_model::{load_text, Model, WeightMode};
 use fak_tensor::Threads;
 use std::sync::OnceLock;
 
@@ -17,29 +17,6 @@ fn native() -> Option<&'static Model> {
             .map(|p| Model::load_with(&p, WeightMode::Native).expect("load Gemma 3 270M"))
     })
     .as_ref()
-}
-
-/// Logits of `ids` run through `m` in the given chunk sizes (each chunk one forward
-/// pass over the same cache), every position's row, `[ids.len(), vocab]`.
-fn run_in_chunks(m: &Model, ids: &[u32], chunks: &[usize]) -> Vec<f32> {
-    let mut kv = VecKvCache::new(m.config().num_hidden_layers, ids.len());
-    let mut out = Vec::new();
-    let mut at = 0;
-    for &c in chunks {
-        let pos: Vec<u32> = (at as u32..(at + c) as u32).collect();
-        out.extend(
-            m.forward(&ids[at..at + c], &pos, &mut kv, LogitsWanted::All, None)
-                .unwrap(),
-        );
-        at += c;
-    }
-    assert_eq!(at, ids.len());
-    assert_eq!(kv.len(), ids.len());
-    out
-}
-
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
 
 /// Gemma 3's `<bos>` and a few ordinary ids.

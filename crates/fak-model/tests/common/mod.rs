@@ -2,8 +2,8 @@
 //! and the asserting wrapper of `fak_model::oracle::measure`.
 #![allow(dead_code)]
 
-use fak_model::catalog;
 pub use fak_model::oracle::{measure, Figures, Oracle};
+use fak_model::{catalog, KvStore};
 use std::path::PathBuf;
 
 /// The repository's `testdata/` folder.
@@ -234,4 +234,34 @@ pub fn teacher_forced(
     }
     q.kl_mean = kl_sum / ids.len() as f64;
     q
+}
+
+/// Logits of `ids` run through `m` in the given chunk sizes (each chunk one forward
+/// pass over the same cache), every position's row, `[ids.len(), vocab]`.
+pub fn run_in_chunks(m: &fak_model::Model, ids: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let mut kv = fak_model::VecKvCache::new(m.config().num_hidden_layers, ids.len());
+    let mut out = Vec::new();
+    let mut at = 0;
+    for &c in chunks {
+        let pos: Vec<u32> = (at as u32..(at + c) as u32).collect();
+        out.extend(
+            m.forward(
+                &ids[at..at + c],
+                &pos,
+                &mut kv,
+                fak_model::LogitsWanted::All,
+                None,
+            )
+            .unwrap(),
+        );
+        at += c;
+    }
+    assert_eq!(at, ids.len());
+    assert_eq!(kv.len(), ids.len());
+    out
+}
+
+/// Whether two rows hold the same `f32` bits.
+pub fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
