@@ -556,18 +556,19 @@ fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
 
 #[test]
 fn pooled_matvec_in_many_chunks_is_bit_identical() {
-    // 64 blocks per row: 32-row chunks, so 203 rows make 7 chunks of unequal count
-    // per thread.
+    // 2,048-element rows (1.1-2.2 KB): 60-116-row chunks, so 509 rows make 5 to 9
+    // chunks, an unequal count per thread, the last one short.
     let mut r = Rng(43);
     let mut pools: Vec<crate::pool::Pool> = (1..=4).map(crate::pool::Pool::new).collect();
     for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K] {
         let nb = 2048 / ty.block_elems();
-        let rows = 203;
+        let rows = 509;
         let w = weights(&mut r, ty, rows * nb, false);
         let a = acts(&mut r, ty, nb, false);
+        let per = super::chunk_rows(w.len() / rows, super::MATVEC_CHUNK_BYTES);
         assert!(
-            super::chunk_rows(w.len() / rows) < rows / 2,
-            "{ty}: several chunks"
+            per < rows / 4 && rows % per != 0,
+            "{ty}: several chunks, the last short"
         );
         let mut want = vec![0f32; rows];
         matvec_ref(ty, &w, &a, &mut want).unwrap();
