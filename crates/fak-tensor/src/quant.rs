@@ -785,6 +785,30 @@ pub fn has_avx_vnni() -> bool {
     }
 }
 
+/// Whether the 512-bit kernels (two rows per register, `avx2::rows_pairs_512`) run:
+/// AVX-512F/BW/DQ and AVX512-VNNI detected at run time, and neither `FAK_NO_AVX512=1`
+/// nor `FAK_NO_VNNI=1` set. They give the same bits as the 256-bit kernels (tests
+/// compare all three against the reference).
+pub fn has_avx512_vnni() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            has_avx_vnni()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512dq")
+                && std::is_x86_feature_detected!("avx512vnni")
+                && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 macro_rules! dispatch {
     ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
         $(#[$doc])*
@@ -1000,11 +1024,12 @@ fn matvec_with(
     out: &mut [f32],
     simd: bool,
 ) -> Result<(), QuantError> {
-    matvec_isa(ty, w, act, out, simd, has_avx_vnni())
+    matvec_isa(ty, w, act, out, simd, has_avx_vnni(), has_avx512_vnni())
 }
 
-/// [`matvec_with`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without
-/// the CPU feature), so tests can compare both kernels on one machine.
+/// [`matvec_with`] with the AVX-VNNI lane sums and the 512-bit row pairs on or off
+/// (each ignored without its CPU features), so tests can compare the kernels on one
+/// machine.
 fn matvec_isa(
     ty: QType,
     w: &[u8],
@@ -1012,8 +1037,10 @@ fn matvec_isa(
     out: &mut [f32],
     simd: bool,
     vnni: bool,
+    zmm: bool,
 ) -> Result<(), QuantError> {
     let vnni = vnni && has_avx_vnni();
+    let zmm = zmm && has_avx512_vnni();
     let rb = check_matvec(ty, w, act, out.len())?;
     if rb == 0 {
         out.fill(0.0);
@@ -1022,11 +1049,15 @@ fn matvec_isa(
     #[cfg(target_arch = "x86_64")]
     if simd && has_avx2_f16c() {
         use QuantizedActs as A;
-        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`);
-        // `check_matvec` established that `act`
+        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`,
+        // AVX-512F/BW/DQ and AVX512-VNNI when `zmm`); `check_matvec` established that `act`
         // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
         // `w.len() == rb * out.len()`.
         let done = match (ty, act) {
+            (QType::Q4_0, A::Q8_0(a)) if zmm => unsafe { rows4_512::<avx2::Q4_0>(w, rb, a, out) },
+            (QType::Q4_1, A::Q8_1(a)) if zmm => unsafe { rows4_512::<avx2::Q4_1>(w, rb, a, out) },
+            (QType::Q5_0, A::Q8_0(a)) if zmm => unsafe { rows4_512::<avx2::Q5_0>(w, rb, a, out) },
+            (QType::Q5_1, A::Q8_1(a)) if zmm => unsafe { rows4_512::<avx2::Q5_1>(w, rb, a, out) },
             (QType::Q4_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q4_0>(w, rb, a, out, vnni) },
             (QType::Q4_1, A::Q8_1(a)) => unsafe { rows4::<avx2::Q4_1>(w, rb, a, out, vnni) },
             (QType::Q5_0, A::Q8_0(a)) => unsafe { rows4::<avx2::Q5_0>(w, rb, a, out, vnni) },
@@ -1083,6 +1114,33 @@ where
         } else {
             avx2::rows::<K, 1>(wr, rb, a, &sc, o);
         }
+    }
+    true
+}
+
+/// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
+/// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
+///
+/// # Safety
+/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ and AVX512-VNNI are available;
+/// `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn rows4_512<K: avx2::Pair512>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool
+where
+    K::Act: avx2::ActBlock,
+{
+    let sc = avx2::act_scales(a);
+    let mut outs = out.chunks_exact_mut(4);
+    let mut ws = w.chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        avx2::rows_pairs_512::<K>(wc, rb, a, &sc, o);
+    }
+    let rest = outs.into_remainder();
+    for (o, wr) in rest
+        .chunks_exact_mut(1)
+        .zip(ws.remainder().chunks_exact(rb))
+    {
+        avx2::rows_vnni::<K, 1>(wr, rb, a, &sc, o);
     }
     true
 }
@@ -1314,7 +1372,7 @@ fn matmul_rows(
     acts: &[QuantizedActs],
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    matmul_rows_isa(ty, w, rb, acts, out, has_avx_vnni())
+    matmul_rows_isa(ty, w, rb, acts, out, has_avx_vnni(), has_avx512_vnni())
 }
 
 /// [`matmul_rows`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without the
@@ -1326,8 +1384,10 @@ fn matmul_rows_isa(
     acts: &[QuantizedActs],
     out: &mut [f32],
     vnni: bool,
+    zmm: bool,
 ) -> Result<(), QuantError> {
     let vnni = vnni && has_avx_vnni();
+    let zmm = zmm && has_avx512_vnni();
     let m = w.len().checked_div(rb).unwrap_or(0);
     #[cfg(target_arch = "x86_64")]
     if has_avx2_f16c() && m > 0 {
@@ -1347,11 +1407,23 @@ fn matmul_rows_isa(
                 })
                 .collect()
         }
-        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`); the
-        // caller checked that every activation row is `rb / ty.block_bytes()` blocks of
+        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`,
+        // AVX-512F/BW/DQ and AVX512-VNNI when `zmm`, which implies `vnni`); the caller checked that every activation row is `rb / ty.block_bytes()` blocks of
         // the kind `ty` pairs with (the `Option`s below re-check the kind) and
         // `w.len() == m * rb`.
         let done = match ty {
+            QType::Q4_0 if zmm => {
+                q8_0s(acts).map(|a| unsafe { tiles_512::<avx2::Q4_0>(w, rb, &a, out) })
+            }
+            QType::Q5_0 if zmm => {
+                q8_0s(acts).map(|a| unsafe { tiles_512::<avx2::Q5_0>(w, rb, &a, out) })
+            }
+            QType::Q4_1 if zmm => {
+                q8_1s(acts).map(|a| unsafe { tiles_512::<avx2::Q4_1>(w, rb, &a, out) })
+            }
+            QType::Q5_1 if zmm => {
+                q8_1s(acts).map(|a| unsafe { tiles_512::<avx2::Q5_1>(w, rb, &a, out) })
+            }
             QType::Q4_0 => {
                 q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out, vnni) })
             }
@@ -1425,6 +1497,61 @@ where
         r += rr;
     }
 }
+
+/// [`tiles`] with the 512-bit kernel ([`avx2::rows_tokens_512`]: `TILE512_R` rows ×
+/// `2 * TILE512_P` tokens, 1-row tiles at the row edge); the last `n % (2 *
+/// TILE512_P)` tokens go through [`tiles`]. The same bits as [`tiles`].
+///
+/// # Safety
+/// As [`tiles`] with AVX-VNNI, and AVX-512F/BW/DQ and AVX512-VNNI.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_512<K: avx2::Pair512>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32])
+where
+    K::Act: avx2::ActBlock,
+{
+    const T: usize = 2 * TILE512_P;
+    let (m, n) = (w.len() / rb, a.len());
+    let n_main = n - n % T;
+    let sc: Vec<Vec<[f32; 2]>> = a[..n_main].iter().map(|at| avx2::act_scales(at)).collect();
+    let mut r = 0;
+    while r < m {
+        let wr = &w[r * rb..];
+        let rr = if m - r >= TILE512_R { TILE512_R } else { 1 };
+        for t in (0..n_main).step_by(T) {
+            macro_rules! tile {
+                ($r:expr) => {{
+                    let mut o = [[[0f32; $r]; 2]; TILE512_P];
+                    let ts: [[&[K::Act]; 2]; TILE512_P] =
+                        std::array::from_fn(|p| [a[t + 2 * p], a[t + 2 * p + 1]]);
+                    let ss: [[&[[f32; 2]]; 2]; TILE512_P] =
+                        std::array::from_fn(|p| [&sc[t + 2 * p][..], &sc[t + 2 * p + 1][..]]);
+                    avx2::rows_tokens_512::<K, $r, TILE512_P>(wr, rb, ts, ss, &mut o);
+                    for (p, op) in o.iter().enumerate() {
+                        for (h, oh) in op.iter().enumerate() {
+                            let tj = t + 2 * p + h;
+                            out[tj * m + r..tj * m + r + $r].copy_from_slice(oh);
+                        }
+                    }
+                }};
+            }
+            if rr == TILE512_R {
+                tile!(TILE512_R)
+            } else {
+                tile!(1)
+            }
+        }
+        r += rr;
+    }
+    if n_main < n {
+        tiles::<K>(w, rb, &a[n_main..], &mut out[n_main * m..], true);
+    }
+}
+
+/// Rows and token pairs of one 512-bit multi-token tile (see [`tiles_512`]).
+#[cfg(target_arch = "x86_64")]
+const TILE512_R: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const TILE512_P: usize = 2;
 
 /// Rows × tokens of one multi-token tile (see [`tiles`]).
 #[cfg(target_arch = "x86_64")]

@@ -153,6 +153,8 @@ pub(super) trait ActBlock {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled).
     unsafe fn scales(&self) -> [f32; 2];
+    /// The block's 32 quants.
+    fn qs_ptr(&self) -> *const u8;
 }
 
 impl ActBlock for BlockQ8_0 {
@@ -160,12 +162,20 @@ impl ActBlock for BlockQ8_0 {
     unsafe fn scales(&self) -> [f32; 2] {
         [h2f(self.d), 0.0]
     }
+    #[inline(always)]
+    fn qs_ptr(&self) -> *const u8 {
+        self.qs.as_ptr() as *const u8
+    }
 }
 
 impl ActBlock for BlockQ8_1 {
     #[inline(always)]
     unsafe fn scales(&self) -> [f32; 2] {
         [h2f(self.d), h2f(self.s)]
+    }
+    #[inline(always)]
+    fn qs_ptr(&self) -> *const u8 {
+        self.qs.as_ptr() as *const u8
     }
 }
 
@@ -416,6 +426,193 @@ unsafe fn rows_body<K: Block32, const R: usize, const VNNI: bool>(
         } else {
             hsum(acc[r])
         };
+    }
+}
+
+/// The 32-element types whose unpacked weights are 32 bytes in element order (one
+/// `__m256i`): two rows fit one 512-bit register for [`rows_pairs_512`].
+pub(super) trait Pair512: Block32<W = __m256i> {
+    /// Per-block lane sums of two rows at once: `w` holds row A's unpacked block in its
+    /// low 256 bits and row B's in its high 256 bits, `a` the activation block's 32
+    /// quants in both halves; the result holds row A's eight exact lane sums `L[m]` (as
+    /// [`Block32`]'s `lanes_vnni`) in its low eight `i32` lanes and row B's in the high
+    /// eight.
+    ///
+    /// # Safety
+    /// AVX-512F/BW and AVX512-VNNI.
+    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i;
+}
+
+/// `vpdpbusd` over 512 bits: `i32` lane `m` = `Σ_{k<4} w[4m+k] a[4m+k]`, `w` unsigned,
+/// `a` signed; exact for the weights here (below 64, as [`dp`]).
+#[inline(always)]
+unsafe fn dp512(w: __m512i, a: __m512i) -> __m512i {
+    _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a)
+}
+
+impl Pair512 for Q4_0 {
+    #[inline(always)]
+    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
+        _mm512_sub_epi32(dp512(w, a), dp512(_mm512_set1_epi8(8), a))
+    }
+}
+
+impl Pair512 for Q4_1 {
+    #[inline(always)]
+    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
+        dp512(w, a)
+    }
+}
+
+impl Pair512 for Q5_0 {
+    #[inline(always)]
+    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
+        _mm512_sub_epi32(dp512(w, a), dp512(_mm512_set1_epi8(16), a))
+    }
+}
+
+impl Pair512 for Q5_1 {
+    #[inline(always)]
+    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
+        dp512(w, a)
+    }
+}
+
+/// [`rows`] for four rows with 512-bit registers, two rows per register: each block's
+/// lane sums, their conversion, the scale multiply and the accumulate are done for two
+/// rows by one instruction each. Every lane performs exactly the operations of the
+/// single-row kernel in the same order (an exact integer lane sum; `d = wd * ad`
+/// rounded once in `f32`; `acc + d * L` as a rounded multiply then a rounded add), and
+/// each row's eight lanes are reduced by the same [`hsum`], so the results are the same
+/// bits as [`rows`] (and as the scalar reference).
+///
+/// # Safety
+/// As [`rows`] with `R = 4`, and AVX-512F/BW/DQ and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vnni")]
+pub(super) unsafe fn rows_pairs_512<K: Pair512>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::Act],
+    sc: &[[f32; 2]],
+    out: &mut [f32],
+) where
+    K::Act: ActBlock,
+{
+    debug_assert!(w.len() >= 4 * row_bytes && out.len() >= 4 && sc.len() == a.len());
+    let mut acc = [_mm512_setzero_ps(); 2];
+    let mut summ = [0f32; 4];
+    // Lanes 0..8 take element 0 of a two-scale vector, lanes 8..16 element 1.
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let next = w.as_ptr().wrapping_add((4 * row_bytes).max(PREFETCH_BYTES));
+    let step = 4 * K::BYTES;
+    for ((b, ab), &[ad, as_]) in a.iter().enumerate().zip(sc) {
+        let p = next.wrapping_add(b * step);
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+        if step > 128 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
+        }
+        let aq = _mm512_broadcast_i64x4(load32(ab.qs_ptr()));
+        for (pair, acc) in acc.iter_mut().enumerate() {
+            let (ra, rb) = (2 * pair, 2 * pair + 1);
+            let at_a = ra * row_bytes + b * K::BYTES;
+            let at_b = rb * row_bytes + b * K::BYTES;
+            let (wa, wb) = (&w[at_a..at_a + K::BYTES], &w[at_b..at_b + K::BYTES]);
+            let (da, ma) = K::wscales(wa);
+            let (db, mb) = K::wscales(wb);
+            let wq = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(K::unpack(wa)), K::unpack(wb));
+            let l = K::lanes_512(wq, aq);
+            let d2 = _mm_unpacklo_ps(_mm_set_ss(da * ad), _mm_set_ss(db * ad));
+            let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
+            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
+            if K::HAS_MIN {
+                summ[ra] += ma * as_;
+                summ[rb] += mb * as_;
+            }
+        }
+    }
+    for (pair, acc) in acc.iter().enumerate() {
+        let halves = [
+            _mm512_castps512_ps256(*acc),
+            _mm512_extractf32x8_ps::<1>(*acc),
+        ];
+        for (h, v) in halves.into_iter().enumerate() {
+            let r = 2 * pair + h;
+            out[r] = if K::HAS_MIN {
+                hsum(v) + summ[r]
+            } else {
+                hsum(v)
+            };
+        }
+    }
+}
+
+/// [`rows_tokens`] for `R` rows and `P` pairs of tokens with 512-bit registers: one
+/// register holds a row's eight lanes for two tokens, so each block's lane sums,
+/// conversion, scale multiply and accumulate are done for two tokens by one
+/// instruction each, and the weight block is unpacked once for all `2P` tokens. Every
+/// lane performs exactly the single-row kernel's operations in its order (`d = wd *
+/// ad` rounded once, then a rounded multiply and a rounded add), and each (row, token)
+/// is reduced by the same [`hsum`]: the same bits as [`rows`] for each token alone.
+/// `out[p][h][r]` is row `r` times token `acts[p][h]`.
+///
+/// # Safety
+/// As [`rows_tokens`] (for every `acts[p][h]`), and AVX-512F/BW/DQ and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vnni")]
+pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [[&[K::Act]; 2]; P],
+    scs: [[&[[f32; 2]]; 2]; P],
+    out: &mut [[[f32; R]; 2]; P],
+) where
+    K::Act: ActBlock,
+{
+    let mut acc = [[_mm512_setzero_ps(); P]; R];
+    let mut summ = [[[0f32; 2]; P]; R];
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    let nb = acts[0][0].len();
+    for b in 0..nb {
+        let mut aq = [_mm512_setzero_si512(); P];
+        let mut ad = [_mm512_setzero_ps(); P];
+        for p in 0..P {
+            let [a0, a1] = acts[p];
+            aq[p] = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(load32(a0[b].qs_ptr())),
+                load32(a1[b].qs_ptr()),
+            );
+            let d2 = _mm_unpacklo_ps(_mm_set_ss(scs[p][0][b][0]), _mm_set_ss(scs[p][1][b][0]));
+            ad[p] = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
+        }
+        for r in 0..R {
+            let at = r * row_bytes + b * K::BYTES;
+            let wb = &w[at..at + K::BYTES];
+            let wq = _mm512_broadcast_i64x4(K::unpack(wb));
+            let (wd, wm) = K::wscales(wb);
+            let wdv = _mm512_set1_ps(wd);
+            for p in 0..P {
+                let l = K::lanes_512(wq, aq[p]);
+                let d = _mm512_mul_ps(wdv, ad[p]);
+                acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
+                if K::HAS_MIN {
+                    summ[r][p][0] += wm * scs[p][0][b][1];
+                    summ[r][p][1] += wm * scs[p][1][b][1];
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for p in 0..P {
+            let v = acc[r][p];
+            let halves = [_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v)];
+            for (h, v) in halves.into_iter().enumerate() {
+                out[p][h][r] = if K::HAS_MIN {
+                    hsum(v) + summ[r][p][h]
+                } else {
+                    hsum(v)
+                };
+            }
+        }
     }
 }
 

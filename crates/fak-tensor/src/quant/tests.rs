@@ -496,8 +496,9 @@ fn f16_rounding_matches_half_crate() {
 }
 
 #[test]
-fn vnni_and_avx2_lane_sums_give_the_same_bits() {
-    // Both 32-element kernels against the reference, random and extreme blocks, a row
+fn avx512_vnni_and_avx2_lane_sums_give_the_same_bits() {
+    // The 256-bit kernels (with and without VNNI) and the 512-bit row pairs against the
+    // reference, random and extreme blocks, a row
     // count that leaves a remainder after the 4-row groups.
     let mut r = Rng(41);
     for ty in [
@@ -513,13 +514,13 @@ fn vnni_and_avx2_lane_sums_give_the_same_bits() {
             let a = acts(&mut r, ty, nb, extreme);
             let mut want = vec![0f32; rows];
             matvec_ref(ty, &w, &a, &mut want).unwrap();
-            for vnni in [false, true] {
+            for (vnni, zmm) in [(false, false), (true, false), (true, true)] {
                 let mut got = vec![f32::NAN; rows];
-                super::matvec_isa(ty, &w, &a, &mut got, true, vnni).unwrap();
+                super::matvec_isa(ty, &w, &a, &mut got, true, vnni, zmm).unwrap();
                 let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
                 assert!(
                     ok,
-                    "{ty} extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
+                    "{ty} extreme={extreme} vnni={vnni} zmm={zmm}: {got:?} vs {want:?}"
                 );
             }
         }
@@ -527,8 +528,10 @@ fn vnni_and_avx2_lane_sums_give_the_same_bits() {
 }
 
 #[test]
-fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
-    // 9 rows and 5 tokens: full 8 × 2 tiles and the 1-row / 1-token edges.
+fn avx512_vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
+    // 9 rows and 11 tokens: full 8 × 2 tiles (256-bit) and 4 rows × 4 tokens (512-bit),
+    // the 1-row edges, and the tokens left after the full tiles; random and extreme
+    // blocks.
     let mut r = Rng(53);
     for ty in [
         QType::Q4_0,
@@ -537,19 +540,21 @@ fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
         QType::Q5_1,
         QType::Q8_0,
     ] {
-        let (rows, nb, n) = (9, 3, 5);
-        let w = weights(&mut r, ty, rows * nb, false);
-        let xs: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
-        let mut want = vec![0f32; n * rows];
-        for (t, a) in xs.iter().enumerate() {
-            matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
-        }
-        for vnni in [false, true] {
-            let mut got = vec![f32::NAN; n * rows];
-            let rb = w.len() / rows;
-            super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, vnni).unwrap();
-            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
-            assert!(ok, "{ty} vnni={vnni}");
+        for extreme in [false, true] {
+            let (rows, nb, n) = (9, 3, 11);
+            let w = weights(&mut r, ty, rows * nb, extreme);
+            let xs: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, extreme)).collect();
+            let mut want = vec![0f32; n * rows];
+            for (t, a) in xs.iter().enumerate() {
+                matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
+            }
+            for (vnni, zmm) in [(false, false), (true, false), (true, true)] {
+                let mut got = vec![f32::NAN; n * rows];
+                let rb = w.len() / rows;
+                super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, vnni, zmm).unwrap();
+                let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+                assert!(ok, "{ty} extreme={extreme} vnni={vnni} zmm={zmm}");
+            }
         }
     }
 }
