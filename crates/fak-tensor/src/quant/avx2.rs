@@ -234,7 +234,7 @@ impl Block32 for Q4_0 {
     }
     #[inline(always)]
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
-        (f16_at(wb, 0), 0.0)
+        (two_f16(wb).0, 0.0)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
@@ -282,7 +282,7 @@ impl Block32 for Q5_0 {
     }
     #[inline(always)]
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
-        (f16_at(wb, 0), 0.0)
+        (two_f16(wb).0, 0.0)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
@@ -339,7 +339,7 @@ impl Block32 for Q8_0 {
     }
     #[inline(always)]
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
-        (f16_at(wb, 0), 0.0)
+        (two_f16(wb).0, 0.0)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: (__m256i, __m256i), a: &BlockQ8_0) -> __m256i {
@@ -432,15 +432,9 @@ unsafe fn rows_body<K: Block32, const R: usize, const VNNI: bool>(
 /// The 32-element types whose unpacked weights are 32 bytes in element order (one
 /// `__m256i`): two rows fit one 512-bit register for [`rows_pairs_512`].
 pub(super) trait Pair512: Block32<W = __m256i> {
-    /// Per-block lane sums of two rows at once: `w` holds row A's unpacked block in its
-    /// low 256 bits and row B's in its high 256 bits, `a` the activation block's 32
-    /// quants in both halves; the result holds row A's eight exact lane sums `L[m]` (as
-    /// [`Block32`]'s `lanes_vnni`) in its low eight `i32` lanes and row B's in the high
-    /// eight.
-    ///
-    /// # Safety
-    /// AVX-512F/BW and AVX512-VNNI.
-    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i;
+    /// The weight offset subtracted from every quant (8 for Q4_0, 16 for Q5_0, none
+    /// for the types with a minimum).
+    const OFFSET: Option<i8>;
 }
 
 /// `vpdpbusd` over 512 bits: `i32` lane `m` = `Σ_{k<4} w[4m+k] a[4m+k]`, `w` unsigned,
@@ -450,32 +444,35 @@ unsafe fn dp512(w: __m512i, a: __m512i) -> __m512i {
     _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a)
 }
 
-impl Pair512 for Q4_0 {
-    #[inline(always)]
-    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
-        _mm512_sub_epi32(dp512(w, a), dp512(_mm512_set1_epi8(8), a))
+/// The lane sums of [`Pair512`] blocks: `w` holds two unpacked blocks (row A's in the
+/// low 256 bits, row B's in the high ones; or one block twice), `a` the matching
+/// activation quants, `off` = `dp512(OFFSET, a)` computed once per activation block
+/// (zero without an offset). Each `i32` lane is the exact `L[m]` of [`Block32`]'s
+/// `lanes_vnni` for its half: `Σ (q - OFFSET) a = Σ q a - Σ OFFSET a`.
+#[inline(always)]
+unsafe fn lanes_512(w: __m512i, a: __m512i, off: __m512i) -> __m512i {
+    _mm512_sub_epi32(dp512(w, a), off)
+}
+
+/// `dp512(OFFSET, a)` for [`lanes_512`] (zero when the type has no offset).
+#[inline(always)]
+unsafe fn offset_512<K: Pair512>(a: __m512i) -> __m512i {
+    match K::OFFSET {
+        Some(o) => dp512(_mm512_set1_epi8(o), a),
+        None => _mm512_setzero_si512(),
     }
 }
 
 impl Pair512 for Q4_1 {
-    #[inline(always)]
-    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
-        dp512(w, a)
-    }
+    const OFFSET: Option<i8> = None;
 }
 
 impl Pair512 for Q5_0 {
-    #[inline(always)]
-    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
-        _mm512_sub_epi32(dp512(w, a), dp512(_mm512_set1_epi8(16), a))
-    }
+    const OFFSET: Option<i8> = Some(16);
 }
 
 impl Pair512 for Q5_1 {
-    #[inline(always)]
-    unsafe fn lanes_512(w: __m512i, a: __m512i) -> __m512i {
-        dp512(w, a)
-    }
+    const OFFSET: Option<i8> = None;
 }
 
 /// [`rows`] for four rows with 512-bit registers, two rows per register: each block's
@@ -513,6 +510,7 @@ pub(super) unsafe fn rows_pairs_512<K: Pair512>(
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
         }
         let aq = _mm512_broadcast_i64x4(load32(ab.qs_ptr()));
+        let off = offset_512::<K>(aq);
         for (pair, acc) in acc.iter_mut().enumerate() {
             let (ra, rb) = (2 * pair, 2 * pair + 1);
             let at_a = ra * row_bytes + b * K::BYTES;
@@ -521,7 +519,7 @@ pub(super) unsafe fn rows_pairs_512<K: Pair512>(
             let (da, ma) = K::wscales(wa);
             let (db, mb) = K::wscales(wb);
             let wq = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(K::unpack(wa)), K::unpack(wb));
-            let l = K::lanes_512(wq, aq);
+            let l = lanes_512(wq, aq, off);
             let d2 = _mm_unpacklo_ps(_mm_set_ss(da * ad), _mm_set_ss(db * ad));
             let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
             *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
@@ -575,6 +573,7 @@ pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>
     for b in 0..nb {
         let mut aq = [_mm512_setzero_si512(); P];
         let mut ad = [_mm512_setzero_ps(); P];
+        let mut off = [_mm512_setzero_si512(); P];
         for p in 0..P {
             let [a0, a1] = acts[p];
             aq[p] = _mm512_inserti64x4::<1>(
@@ -583,6 +582,7 @@ pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>
             );
             let d2 = _mm_unpacklo_ps(_mm_set_ss(scs[p][0][b][0]), _mm_set_ss(scs[p][1][b][0]));
             ad[p] = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
+            off[p] = offset_512::<K>(aq[p]);
         }
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
@@ -591,7 +591,7 @@ pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>
             let (wd, wm) = K::wscales(wb);
             let wdv = _mm512_set1_ps(wd);
             for p in 0..P {
-                let l = K::lanes_512(wq, aq[p]);
+                let l = lanes_512(wq, aq[p], off[p]);
                 let d = _mm512_mul_ps(wdv, ad[p]);
                 acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
                 if K::HAS_MIN {
