@@ -388,6 +388,18 @@ fn c_amax(x: &[f32]) -> f32 {
 /// Shared body of the Q8_0/Q8_1 quantizers: `(d, qs)` with `d = amax / 127`,
 /// `qs = roundf(x / d)` (ties away from zero), `qs = 0` when `d == 0`.
 fn q8_block(x: &[f32]) -> (f32, [i8; QK]) {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C were detected; `x` is one 32-element block.
+        if let Some(b) = unsafe { avx2::q8_block(x) } {
+            return b;
+        }
+    }
+    q8_block_ref(x)
+}
+
+/// Scalar [`q8_block`] (the reference the vector form is tested against).
+fn q8_block_ref(x: &[f32]) -> (f32, [i8; QK]) {
     let d = c_amax(x) / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     let mut qs = [0i8; QK];

@@ -865,3 +865,72 @@ pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     }
     hsum(acc)
 }
+
+/// One block of the Q8_0/Q8_1 activation quantizer (`quant::q8_block`'s arithmetic,
+/// vectorized): `d = amax / 127`, `id = 1 / d`, `qs = roundf(x * id)` with ties away
+/// from zero. `None` (the caller runs the scalar code) when an element is not finite
+/// or `id` is infinite or zero, the cases where the scalar `as i8` conversion's
+/// saturation or NaN rule would matter.
+///
+/// Exactness: `x * id` is one rounded `f32` multiply in both; `|x * id| <= 127 (1 +
+/// 2^-22)` so it is below `2^23`, where `trunc(p)` and `p - trunc(p)` are exact, and
+/// `trunc(p) + sign(p) [|p - trunc(p)| >= 1/2]` is exactly `roundf(p)`, in
+/// `-127..=127`. The maximum of finite magnitudes does not depend on order.
+///
+/// # Safety
+/// AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn q8_block(x: &[f32]) -> Option<(f32, [i8; 32])> {
+    debug_assert_eq!(x.len(), 32);
+    let p = x.as_ptr();
+    let v = [
+        _mm256_loadu_ps(p),
+        _mm256_loadu_ps(p.add(8)),
+        _mm256_loadu_ps(p.add(16)),
+        _mm256_loadu_ps(p.add(24)),
+    ];
+    let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
+    let a = v.map(|r| _mm256_and_ps(r, abs_mask));
+    // Finite iff below infinity as an unsigned integer (NaNs are above it).
+    let inf = _mm256_set1_epi32(0x7f80_0000);
+    let mut finite = _mm256_set1_epi32(-1);
+    for r in a {
+        finite = _mm256_and_si256(finite, _mm256_cmpgt_epi32(inf, _mm256_castps_si256(r)));
+    }
+    if _mm256_movemask_epi8(finite) != -1 {
+        return None;
+    }
+    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    let mut l = [0f32; 8];
+    _mm256_storeu_ps(l.as_mut_ptr(), m);
+    let amax = l.iter().fold(0f32, |m, &v| m.max(v));
+    let d = amax / 127.0;
+    if d == 0.0 {
+        return Some((d, [0; 32]));
+    }
+    let id = 1.0 / d;
+    if !id.is_finite() {
+        return None;
+    }
+    let idv = _mm256_set1_ps(id);
+    let half = _mm256_set1_ps(0.5);
+    let one = _mm256_set1_ps(1.0);
+    let sign_mask = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+    let q = v.map(|r| {
+        let p = _mm256_mul_ps(r, idv);
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(p);
+        let frac = _mm256_and_ps(_mm256_sub_ps(p, t), abs_mask);
+        let up = _mm256_cmp_ps::<_CMP_GE_OQ>(frac, half);
+        let step = _mm256_or_ps(_mm256_and_ps(p, sign_mask), one); // ±1 with p's sign
+        _mm256_cvtps_epi32(_mm256_add_ps(t, _mm256_and_ps(up, step)))
+    });
+    // i32 -> i8 with saturation (no value saturates: all lie in -127..=127); the packs
+    // interleave 128-bit lanes, which the final dword permutation undoes.
+    let w01 = _mm256_packs_epi32(q[0], q[1]);
+    let w23 = _mm256_packs_epi32(q[2], q[3]);
+    let b = _mm256_packs_epi16(w01, w23);
+    let b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    let mut qs = [0i8; 32];
+    _mm256_storeu_si256(qs.as_mut_ptr() as *mut __m256i, b);
+    Some((d, qs))
+}

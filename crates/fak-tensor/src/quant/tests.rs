@@ -639,3 +639,54 @@ fn matvec_many_is_each_matvec_bitwise() {
     }];
     assert!(matvec_many(&mut products, crate::Threads::new(2)).is_err());
 }
+
+#[test]
+fn vector_activation_quantizer_matches_the_scalar_one() {
+    // Random blocks of several magnitudes, and blocks built so `x * id` lands exactly
+    // on halves (amax 127: d = 1, id = 1), next to them, and on the saturation edge;
+    // non-finite blocks fall back to the scalar code and must agree too.
+    let mut r = Rng(59);
+    let mut blocks: Vec<[f32; QK]> = Vec::new();
+    for scale in [1e-30f32, 1e-6, 1.0, 3.7, 1e4, 1e30] {
+        for _ in 0..2000 {
+            blocks.push(std::array::from_fn(|_| r.unit() * scale));
+        }
+    }
+    let halves: Vec<f32> = (0..127).map(|k| k as f32 + 0.5).collect();
+    for chunk in halves.chunks(31) {
+        for sign in [1f32, -1.0] {
+            let mut b = [0f32; QK];
+            b[0] = 127.0 * sign;
+            for (i, &h) in chunk.iter().enumerate() {
+                b[1 + i] = if i % 2 == 0 { h * sign } else { -h * sign };
+            }
+            blocks.push(b);
+            blocks.push(b.map(|v| f32::from_bits(v.to_bits().wrapping_sub(1))));
+            blocks.push(b.map(|v| f32::from_bits(v.to_bits() + 1)));
+        }
+    }
+    blocks.push([0.0; QK]);
+    blocks.push(std::array::from_fn(|i| if i == 5 { -0.0 } else { 0.0 }));
+    blocks.push(std::array::from_fn(|i| (i as f32 - 16.0) * 1e-40)); // subnormals
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX] {
+        blocks.push(std::array::from_fn(|i| if i == 7 { bad } else { i as f32 }));
+    }
+    let mut vector = 0;
+    for b in &blocks {
+        let (d, qs) = super::q8_block(b);
+        let (dr, qr) = super::q8_block_ref(b);
+        assert!(
+            d.to_bits() == dr.to_bits() && qs == qr,
+            "{b:?}: {d} {qs:?} vs {dr} {qr:?}"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx2_f16c() {
+            // SAFETY: AVX2 and F16C were detected.
+            vector += usize::from(unsafe { super::avx2::q8_block(b) }.is_some());
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2_f16c() {
+        assert!(vector > 12_000, "the vector form ran for {vector} blocks");
+    }
+}
