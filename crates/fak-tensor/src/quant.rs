@@ -41,7 +41,8 @@
 //! - Q4_0 (`w = q - 8`), Q5_0 (`w = q - 16`): `L[m] = Σ_{e=4m}^{4m+3} w_e a_e`,
 //!   `d = f16(d_w) * f16(d_a)`.
 //! - Q8_0: `L[m] = Σ_{e ∈ {2m, 2m+1, 2m+16, 2m+17}} w_e a_e` (the AVX2 kernel widens to
-//!   i16, so that weights and activations of −128 are exact), `d` as Q4_0.
+//!   i16, so that weights and activations of −128 are exact; the AVX-VNNI kernel
+//!   reorders the bytes so that `vpdpbusd` sums exactly these four), `d` as Q4_0.
 //! - Q4_1, Q5_1 (`w = q`, unsigned): `L` as Q4_0, `d = f16(d_w) * f16(d_a)`,
 //!   `summ += f16(m_w) * f16(s_a)`.
 //! - Q4_K, Q5_K: `L[m] = Σ_{g=0}^{7} sc_g Σ_{k<4} w_{32g+4m+k} a_{32g+4m+k}`,
@@ -1064,13 +1065,13 @@ where
     K::Act: avx2::ActBlock,
 {
     let sc = avx2::act_scales(a);
+    let va = vnni.then(|| avx2::vnni_acts::<K>(a));
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        if vnni {
-            avx2::rows_vnni::<K, 4>(wc, rb, a, &sc, o);
-        } else {
-            avx2::rows::<K, 4>(wc, rb, a, &sc, o);
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 4>(wc, rb, va, &sc, o),
+            None => avx2::rows::<K, 4>(wc, rb, a, &sc, o),
         }
     }
     let rest = outs.into_remainder();
@@ -1078,10 +1079,9 @@ where
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        if vnni {
-            avx2::rows_vnni::<K, 1>(wr, rb, a, &sc, o);
-        } else {
-            avx2::rows::<K, 1>(wr, rb, a, &sc, o);
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 1>(wr, rb, va, &sc, o),
+            None => avx2::rows::<K, 1>(wr, rb, a, &sc, o),
         }
     }
     true
@@ -1392,6 +1392,10 @@ where
 {
     let (m, n) = (w.len() / rb, a.len());
     let sc: Vec<Vec<[f32; 2]>> = a.iter().map(|at| avx2::act_scales(at)).collect();
+    let va: Vec<_> = match vnni {
+        true => a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect(),
+        false => Vec::new(),
+    };
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
@@ -1402,11 +1406,12 @@ where
             macro_rules! tile {
                 ($r:expr, $t:expr) => {{
                     let mut o = [[0f32; $r]; $t];
-                    let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
                     let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
                     if vnni {
+                        let ts: [&[K::VAct]; $t] = std::array::from_fn(|j| &va[t + j][..]);
                         avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
                     } else {
+                        let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
                         avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);
                     }
                     for (j, oj) in o.iter().enumerate() {

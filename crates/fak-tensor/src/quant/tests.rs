@@ -634,3 +634,80 @@ fn matvec_many_is_each_matvec_bitwise() {
     }];
     assert!(matvec_many(&mut products, crate::Threads::new(2)).is_err());
 }
+
+/// Q8_0 quants drawn from the extremes (−128, −127, −1, 0, 1, 127) or, for a whole
+/// block, one constant: the largest lane magnitudes `vpdpbusd` must carry exactly.
+fn extreme_q8(r: &mut Rng) -> [i8; QK] {
+    const V: [i8; 6] = [-128, -127, -1, 0, 1, 127];
+    let mut q = [0i8; QK];
+    match r.below(4) {
+        0 => q.fill(-128),
+        1 => q.fill(127),
+        _ => q.iter_mut().for_each(|v| *v = V[r.below(V.len())]),
+    }
+    q
+}
+
+#[test]
+fn q8_0_vnni_is_exact_on_extreme_quants() {
+    // By hand: one block of −128 × −128 with unit scales is 32 · 16384 exactly.
+    let one = f32_to_f16(1.0);
+    let mut wb = vec![0u8; 34];
+    wb[0..2].copy_from_slice(&one.to_le_bytes());
+    wb[2..].fill(0x80);
+    let a = QuantizedActs::Q8_0(vec![BlockQ8_0 {
+        d: one,
+        qs: [-128; QK],
+    }]);
+    for vnni in [false, true] {
+        let mut got = [0f32; 1];
+        super::matvec_isa(QType::Q8_0, &wb, &a, &mut got, true, vnni).unwrap();
+        assert_eq!(got[0], 524288.0, "vnni={vnni}");
+    }
+    // Rows (4-row groups and the remainder) and tiles (8 × 2 and the edges) against
+    // the reference, −128 in weights and activations, ordinary and extreme scales.
+    let mut r = Rng(59);
+    for extreme in [false, true] {
+        let (rows, nb, n) = (9, 4, 5);
+        let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
+        for b in w.chunks_exact_mut(34) {
+            let q = extreme_q8(&mut r);
+            b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
+        }
+        let xs: Vec<QuantizedActs> = (0..n)
+            .map(|_| {
+                QuantizedActs::Q8_0(
+                    (0..nb)
+                        .map(|_| BlockQ8_0 {
+                            d: some_f16(&mut r, extreme),
+                            qs: extreme_q8(&mut r),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut want = vec![0f32; n * rows];
+        for (t, a) in xs.iter().enumerate() {
+            matvec_ref(QType::Q8_0, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
+        }
+        for vnni in [false, true] {
+            let mut got = vec![f32::NAN; n * rows];
+            for (t, a) in xs.iter().enumerate() {
+                let o = &mut got[t * rows..(t + 1) * rows];
+                super::matvec_isa(QType::Q8_0, &w, a, o, true, vnni).unwrap();
+            }
+            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+            assert!(
+                ok,
+                "rows, extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
+            );
+            let mut got = vec![f32::NAN; n * rows];
+            super::matmul_rows_isa(QType::Q8_0, &w, w.len() / rows, &xs, &mut got, vnni).unwrap();
+            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+            assert!(
+                ok,
+                "tiles, extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
+            );
+        }
+    }
+}
