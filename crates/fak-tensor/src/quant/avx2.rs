@@ -52,6 +52,14 @@ unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l)))
 }
 
+/// [`accumulate`] with the combined scale already in all eight lanes (the same
+/// operations: the `f32` product `d` was rounded once, as a scalar product would be).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn accumulate_v(acc: __m256, d: __m256, l: __m256i) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(l)))
+}
+
 /// 32 bytes from an unaligned pointer.
 ///
 /// # Safety
@@ -164,6 +172,16 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
     unsafe fn lanes_vnni(w: Self::VW, a: &Self::VAct) -> __m256i;
+    /// The combined scale `wd · ad` in all eight lanes (`wdv` is `wd` in all eight, `ad`
+    /// the activation block's [`ActBlock::scales`]`[0]`): one `f32` product, rounded
+    /// once, whichever way it is computed.
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
+    #[inline(always)]
+    unsafe fn vnni_scale(wd: f32, _wdv: __m256, _a: &Self::VAct, ad: f32) -> __m256 {
+        _mm256_set1_ps(wd * ad)
+    }
 }
 
 /// Which lane sums a kernel body computes, with the weight and activation forms they
@@ -182,6 +200,11 @@ pub(super) trait Isa<K: Block32> {
     /// # Safety
     /// The instruction set's features (the caller has them enabled).
     unsafe fn lanes(w: Self::W, a: &Self::A) -> __m256i;
+    /// [`Block32::vnni_scale`] (for AVX2: `wd · ad` broadcast).
+    ///
+    /// # Safety
+    /// The instruction set's features (the caller has them enabled).
+    unsafe fn scale(wd: f32, wdv: __m256, a: &Self::A, ad: f32) -> __m256;
 }
 
 /// AVX2 lane sums (`maddubs`/`madd`).
@@ -200,6 +223,10 @@ impl<K: Block32> Isa<K> for Avx2 {
     unsafe fn lanes(w: K::W, a: &K::Act) -> __m256i {
         K::lanes_w(w, a)
     }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, _wdv: __m256, _a: &K::Act, ad: f32) -> __m256 {
+        _mm256_set1_ps(wd * ad)
+    }
 }
 
 impl<K: Block32> Isa<K> for Vnni {
@@ -212,6 +239,10 @@ impl<K: Block32> Isa<K> for Vnni {
     #[inline(always)]
     unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
         K::lanes_vnni(w, a)
+    }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
+        K::vnni_scale(wd, wdv, a, ad)
     }
 }
 
@@ -458,7 +489,8 @@ impl Block32 for Q8_0 {
             let qs = q8_0_vnni_order(load32(b.qs.as_ptr() as *const u8));
             // 128 · Σ_{k<4} qs[4m+k]: |sum| <= 4 · 128 · 128 = 65536, exact in i32.
             let bias = _mm256_sub_epi32(_mm256_setzero_si256(), dp(_mm256_set1_epi8(-128), qs));
-            v.push(VnniQ8_0 { qs, bias });
+            let d = _mm256_set1_ps(h2f(b.d));
+            v.push(VnniQ8_0 { qs, bias, d });
         }
         Cow::Owned(v)
     }
@@ -477,6 +509,13 @@ impl Block32 for Q8_0 {
     unsafe fn lanes_vnni(w: __m256i, a: &VnniQ8_0) -> __m256i {
         _mm256_dpbusd_avx_epi32(a.bias, w, a.qs)
     }
+    /// `wdv · a.d` lane-wise: the product `wd · ad` of [`ActBlock::scales`] (`a.d` is
+    /// the same F16C widening, kept broadcast), one multiply from memory instead of a
+    /// scalar multiply and a broadcast per weight block and token.
+    #[inline(always)]
+    unsafe fn vnni_scale(_wd: f32, wdv: __m256, a: &VnniQ8_0, _ad: f32) -> __m256 {
+        _mm256_mul_ps(wdv, a.d)
+    }
 }
 
 /// A Q8_0 activation block prepared once per product for the VNNI lane sums: its quants
@@ -494,6 +533,8 @@ impl Block32 for Q8_0 {
 pub(super) struct VnniQ8_0 {
     qs: __m256i,
     bias: __m256i,
+    /// `f16(d_a)` in all eight lanes.
+    d: __m256,
 }
 
 /// The 32 quants of a Q8_0 block reordered so that bytes `4m..4m+4` are elements
@@ -576,7 +617,7 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
             let wb = &w[at..at + K::BYTES];
             let (wd, wm) = K::wscales(wb);
             let l = I::lanes(I::unpack(wb), ab);
-            acc[r] = accumulate(acc[r], wd * ad, l);
+            acc[r] = accumulate_v(acc[r], I::scale(wd, _mm256_set1_ps(wd), ab, ad), l);
             if K::HAS_MIN {
                 summ[r] += wm * as_;
             }
@@ -645,11 +686,12 @@ unsafe fn rows_tokens_body<K: Block32, I: Isa<K>, const R: usize, const T: usize
             let wb = &w[at..at + K::BYTES];
             let wq = I::unpack(wb);
             let (wd, wm) = K::wscales(wb);
+            let wdv = _mm256_set1_ps(wd);
             for t in 0..T {
                 let ab = &acts[t][b];
                 let [ad, as_] = scs[t][b];
                 let l = I::lanes(wq, ab);
-                acc[t][r] = accumulate(acc[t][r], wd * ad, l);
+                acc[t][r] = accumulate_v(acc[t][r], I::scale(wd, wdv, ab, ad), l);
                 if K::HAS_MIN {
                     summ[t][r] += wm * as_;
                 }

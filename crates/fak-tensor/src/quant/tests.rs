@@ -528,7 +528,8 @@ fn vnni_and_avx2_lane_sums_give_the_same_bits() {
 
 #[test]
 fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
-    // 9 rows and 5 tokens: full 8 × 2 tiles and the 1-row / 1-token edges.
+    // 9 rows and 5 tokens: full TILE_R × TILE_T tiles (2 × 4) and the 1-row / 1-token
+    // edges.
     let mut r = Rng(53);
     for ty in [
         QType::Q4_0,
@@ -664,7 +665,7 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
         super::matvec_isa(QType::Q8_0, &wb, &a, &mut got, true, vnni).unwrap();
         assert_eq!(got[0], 524288.0, "vnni={vnni}");
     }
-    // Rows (4-row groups and the remainder) and tiles (8 × 2 and the edges) against
+    // Rows (4-row groups and the remainder) and tiles (2 × 4 and the edges) against
     // the reference, −128 in weights and activations, ordinary and extreme scales.
     let mut r = Rng(59);
     for extreme in [false, true] {
