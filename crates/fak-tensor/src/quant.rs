@@ -1276,8 +1276,10 @@ pub fn matmul_threads(
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => None,
     });
+    // The tokens' tile forms once for the whole product, not once per chunk.
+    let tile = TileActs::new(ty, acts, has_avx_vnni());
     let Some(pool) = guard.as_deref_mut() else {
-        return matmul_rows(ty, w, rb, acts, out);
+        return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
     };
     let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
     let chunks = rows.div_ceil(per);
@@ -1286,7 +1288,8 @@ pub fn matmul_threads(
     pool.run_chunks(chunks, &|c| {
         let r = c * per..((c + 1) * per).min(rows);
         let mut buf = vec![0f32; n * r.len()];
-        match matmul_rows(ty, &w[r.start * rb..r.end * rb], rb, acts, &mut buf) {
+        let wc = &w[r.start * rb..r.end * rb];
+        match matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut buf) {
             Ok(()) => *blocks[c].lock().unwrap_or_else(PoisonError::into_inner) = buf,
             Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
         }
@@ -1306,19 +1309,34 @@ pub fn matmul_threads(
 }
 
 /// The rows of `w` (each `rb` bytes) times every activation row, on the calling
-/// thread, into `out` laid out `[n, rows of w]`. Shapes were checked by the caller.
+/// thread, into `out` laid out `[n, rows of w]`: through the AVX2 tiles with `tile`
+/// (the activation rows prepared by [`TileActs::new`] from these `acts`), else
+/// [`matvec`] per token. Shapes were checked by the caller.
 fn matmul_rows(
     ty: QType,
     w: &[u8],
     rb: usize,
     acts: &[QuantizedActs],
+    tile: Option<&TileActs<'_>>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    matmul_rows_isa(ty, w, rb, acts, out, has_avx_vnni())
+    let m = w.len().checked_div(rb).unwrap_or(0);
+    if let (Some(tile), true) = (tile, m > 0) {
+        // SAFETY: `tile` holds `acts`, which the caller checked are `rb / ty.block_bytes()`
+        // blocks each, of the kind `ty` pairs with (`TileActs::new` re-checked the kind
+        // and the type); `w.len() == m * rb` and `out.len() == acts.len() * m`.
+        unsafe { tile.run(w, rb, out) };
+        return Ok(());
+    }
+    for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
+        matvec_with(ty, w, a, &mut o[..m], true)?;
+    }
+    Ok(())
 }
 
 /// [`matmul_rows`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without the
 /// CPU feature), so tests can compare both kernels on one machine.
+#[cfg(test)]
 fn matmul_rows_isa(
     ty: QType,
     w: &[u8],
@@ -1327,75 +1345,128 @@ fn matmul_rows_isa(
     out: &mut [f32],
     vnni: bool,
 ) -> Result<(), QuantError> {
-    let vnni = vnni && has_avx_vnni();
-    let m = w.len().checked_div(rb).unwrap_or(0);
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() && m > 0 {
-        fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
-            a.iter()
-                .map(|q| match q {
-                    QuantizedActs::Q8_0(v) => Some(&v[..]),
-                    _ => None,
-                })
-                .collect()
-        }
-        fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
-            a.iter()
-                .map(|q| match q {
-                    QuantizedActs::Q8_1(v) => Some(&v[..]),
-                    _ => None,
-                })
-                .collect()
-        }
-        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`); the
-        // caller checked that every activation row is `rb / ty.block_bytes()` blocks of
-        // the kind `ty` pairs with (the `Option`s below re-check the kind) and
-        // `w.len() == m * rb`.
-        let done = match ty {
-            QType::Q4_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q5_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q5_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q8_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q8_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q4_1 => {
-                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q4_1>(w, rb, &a, out, vnni) })
-            }
-            QType::Q5_1 => {
-                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q5_1>(w, rb, &a, out, vnni) })
-            }
-            _ => None,
-        };
-        if done.is_some() {
-            return Ok(());
-        }
-    }
-    for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
-        matvec_with(ty, w, a, &mut o[..m], true)?;
-    }
-    Ok(())
+    let tile = TileActs::new(ty, acts, vnni);
+    matmul_rows(ty, w, rb, acts, tile.as_ref(), out)
 }
 
-/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] over all of `w` and
-/// `a`, with 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
-///
-/// # Safety
-/// AVX2 and F16C (and AVX-VNNI when `vnni`); every `a[t]` is `rb / K::BYTES` blocks;
-/// `w.len()` is a multiple of `rb`; `out.len() == a.len() * w.len() / rb`.
+/// A multi-token product's activation rows in the forms the AVX2 tiles of a
+/// 32-element type read (scales widened, and the AVX-VNNI form when used), prepared
+/// once per product rather than once per chunk of rows.
+enum TileActs<'a> {
+    #[cfg(target_arch = "x86_64")]
+    Q4_0(Tiled<'a, avx2::Q4_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q4_1(Tiled<'a, avx2::Q4_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_0(Tiled<'a, avx2::Q5_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_1(Tiled<'a, avx2::Q5_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q8_0(Tiled<'a, avx2::Q8_0>),
+    /// (No tiles elsewhere.)
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+/// [`TileActs`] of one type: every token's blocks, their [`avx2::act_scales`] and, with
+/// AVX-VNNI, their [`avx2::vnni_acts`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32], vnni: bool)
+struct Tiled<'a, K: avx2::Block32> {
+    a: Vec<&'a [K::Act]>,
+    sc: Vec<Vec<[f32; 2]>>,
+    va: Option<Vec<std::borrow::Cow<'a, [K::VAct]>>>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, K: avx2::Block32> Tiled<'a, K>
 where
     K::Act: avx2::ActBlock,
 {
+    /// # Safety
+    /// AVX2 and F16C are available, and AVX-VNNI when `vnni`.
+    unsafe fn new(a: Vec<&'a [K::Act]>, vnni: bool) -> Self {
+        let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
+        let va = vnni.then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
+        Tiled { a, sc, va }
+    }
+}
+
+impl<'a> TileActs<'a> {
+    /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, a
+    /// type other than the 32-element ones, or activations of another kind).
+    fn new(ty: QType, acts: &'a [QuantizedActs], vnni: bool) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_0(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_1(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            let vnni = vnni && has_avx_vnni();
+            // SAFETY (all arms): AVX2 and F16C were detected, AVX-VNNI too when `vnni`.
+            return match ty {
+                QType::Q4_0 => q8_0s(acts).map(|a| TileActs::Q4_0(unsafe { Tiled::new(a, vnni) })),
+                QType::Q5_0 => q8_0s(acts).map(|a| TileActs::Q5_0(unsafe { Tiled::new(a, vnni) })),
+                QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, vnni) })),
+                QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, vnni) })),
+                QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, vnni) })),
+                _ => None,
+            };
+        }
+        let _ = (ty, acts, vnni);
+        None
+    }
+
+    /// `out[t * m + r] = dot(row r of w, token t)` through the tiles.
+    ///
+    /// # Safety
+    /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
+    /// multiple of `rb`; `out.len() == tokens * w.len() / rb`.
+    unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [f32]) {
+        // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
+        // (and AVX-VNNI when it holds the VNNI form); the shapes are this function's
+        // contract.
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_0(t) => tiles(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_1(t) => tiles(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_0(t) => tiles(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_1(t) => tiles(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q8_0(t) => tiles(w, rb, t, out),
+            #[cfg(not(target_arch = "x86_64"))]
+            TileActs::Never(never, _) => match *never {},
+        }
+    }
+}
+
+/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
+/// [`avx2::rows_tokens_vnni`] when `p` holds the VNNI form) over all of `w` and the
+/// tokens of `p`, with 1-row and 1-token tiles at the edges; `out` is
+/// `[tokens, rows of w]`.
+///
+/// # Safety
+/// AVX2 and F16C (and AVX-VNNI when `p.va` is set); every `p.a[t]` is `rb / K::BYTES`
+/// blocks; `w.len()` is a multiple of `rb`; `out.len() == p.a.len() * w.len() / rb`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32]) {
+    let (a, sc) = (&p.a, &p.sc);
     let (m, n) = (w.len() / rb, a.len());
-    let sc: Vec<Vec<[f32; 2]>> = a.iter().map(|at| avx2::act_scales(at)).collect();
-    let va: Vec<_> = match vnni {
-        true => a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect(),
-        false => Vec::new(),
-    };
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
@@ -1407,7 +1478,7 @@ where
                 ($r:expr, $t:expr) => {{
                     let mut o = [[0f32; $r]; $t];
                     let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
-                    if vnni {
+                    if let Some(va) = &p.va {
                         let ts: [&[K::VAct]; $t] = std::array::from_fn(|j| &va[t + j][..]);
                         avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
                     } else {
