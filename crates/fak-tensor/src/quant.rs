@@ -786,6 +786,27 @@ pub fn has_avx_vnni() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-512BW and AVX-512VL, which the multi-token tiles use (with
+/// AVX-VNNI, see [`has_avx_vnni`]) for 32 vector registers and one-instruction word
+/// permutes (same bits). Detected once per process; `FAK_NO_AVX512=1` turns it off.
+#[inline]
+pub(crate) fn has_avx512_bw_vl() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 macro_rules! dispatch {
     ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
         $(#[$doc])*
@@ -1277,7 +1298,7 @@ pub fn matmul_threads(
         Err(std::sync::TryLockError::WouldBlock) => None,
     });
     // The tokens' tile forms once for the whole product, not once per chunk.
-    let tile = TileActs::new(ty, acts, has_avx_vnni());
+    let tile = TileActs::new(ty, acts, TileIsa::Vnni512);
     let Some(pool) = guard.as_deref_mut() else {
         return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
     };
@@ -1334,8 +1355,8 @@ fn matmul_rows(
     Ok(())
 }
 
-/// [`matmul_rows`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without the
-/// CPU feature), so tests can compare both kernels on one machine.
+/// [`matmul_rows`] with the tile kernels of `isa` (or the best the CPU has below it),
+/// so tests can compare them on one machine.
 #[cfg(test)]
 fn matmul_rows_isa(
     ty: QType,
@@ -1343,10 +1364,34 @@ fn matmul_rows_isa(
     rb: usize,
     acts: &[QuantizedActs],
     out: &mut [f32],
-    vnni: bool,
+    isa: TileIsa,
 ) -> Result<(), QuantError> {
-    let tile = TileActs::new(ty, acts, vnni);
+    let tile = TileActs::new(ty, acts, isa);
     matmul_rows(ty, w, rb, acts, tile.as_ref(), out)
+}
+
+/// Which lane sums the multi-token tiles compute (all give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TileIsa {
+    /// AVX2 `maddubs`/`madd`.
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` ([`has_avx_vnni`]).
+    Vnni,
+    /// AVX-VNNI in code compiled with AVX-512BW and AVX-512VL too
+    /// ([`has_avx512_bw_vl`]).
+    Vnni512,
+}
+
+impl TileIsa {
+    /// The best this CPU has, at most `cap`.
+    fn at_most(cap: TileIsa) -> TileIsa {
+        let best = match (has_avx_vnni(), has_avx512_bw_vl()) {
+            (true, true) => TileIsa::Vnni512,
+            (true, false) => TileIsa::Vnni,
+            _ => TileIsa::Avx2,
+        };
+        best.min(cap)
+    }
 }
 
 /// A multi-token product's activation rows in the forms the AVX2 tiles of a
@@ -1376,6 +1421,8 @@ struct Tiled<'a, K: avx2::Block32> {
     a: Vec<&'a [K::Act]>,
     sc: Vec<Vec<[f32; 2]>>,
     va: Option<Vec<std::borrow::Cow<'a, [K::VAct]>>>,
+    /// [`TileIsa::Vnni512`] (with `va`).
+    wide: bool,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1384,18 +1431,20 @@ where
     K::Act: avx2::ActBlock,
 {
     /// # Safety
-    /// AVX2 and F16C are available, and AVX-VNNI when `vnni`.
-    unsafe fn new(a: Vec<&'a [K::Act]>, vnni: bool) -> Self {
+    /// AVX2 and F16C are available, and what `isa` needs ([`TileIsa::at_most`]).
+    unsafe fn new(a: Vec<&'a [K::Act]>, isa: TileIsa) -> Self {
         let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
-        let va = vnni.then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
-        Tiled { a, sc, va }
+        let va =
+            (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
+        let wide = isa == TileIsa::Vnni512;
+        Tiled { a, sc, va, wide }
     }
 }
 
 impl<'a> TileActs<'a> {
     /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, a
     /// type other than the 32-element ones, or activations of another kind).
-    fn new(ty: QType, acts: &'a [QuantizedActs], vnni: bool) -> Option<Self> {
+    fn new(ty: QType, acts: &'a [QuantizedActs], isa: TileIsa) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         if has_avx2_f16c() {
             fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
@@ -1414,18 +1463,19 @@ impl<'a> TileActs<'a> {
                     })
                     .collect()
             }
-            let vnni = vnni && has_avx_vnni();
-            // SAFETY (all arms): AVX2 and F16C were detected, AVX-VNNI too when `vnni`.
+            let isa = TileIsa::at_most(isa);
+            // SAFETY (all arms): AVX2 and F16C were detected, and what `isa` needs
+            // (`at_most` gives only what was detected).
             return match ty {
-                QType::Q4_0 => q8_0s(acts).map(|a| TileActs::Q4_0(unsafe { Tiled::new(a, vnni) })),
-                QType::Q5_0 => q8_0s(acts).map(|a| TileActs::Q5_0(unsafe { Tiled::new(a, vnni) })),
-                QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, vnni) })),
-                QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, vnni) })),
-                QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, vnni) })),
+                QType::Q4_0 => q8_0s(acts).map(|a| TileActs::Q4_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_0 => q8_0s(acts).map(|a| TileActs::Q5_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, isa) })),
                 _ => None,
             };
         }
-        let _ = (ty, acts, vnni);
+        let _ = (ty, acts, isa);
         None
     }
 
@@ -1436,8 +1486,8 @@ impl<'a> TileActs<'a> {
     /// multiple of `rb`; `out.len() == tokens * w.len() / rb`.
     unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [f32]) {
         // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
-        // (and AVX-VNNI when it holds the VNNI form); the shapes are this function's
-        // contract.
+        // (and AVX-VNNI when it holds the VNNI form, AVX-512BW and AVX-512VL too when
+        // `wide`); the shapes are this function's contract.
         match self {
             #[cfg(target_arch = "x86_64")]
             TileActs::Q4_0(t) => tiles(w, rb, t, out),
@@ -1456,12 +1506,13 @@ impl<'a> TileActs<'a> {
 }
 
 /// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
-/// [`avx2::rows_tokens_vnni`] when `p` holds the VNNI form) over all of `w` and the
-/// tokens of `p`, with 1-row and 1-token tiles at the edges; `out` is
-/// `[tokens, rows of w]`.
+/// [`avx2::rows_tokens_vnni`] / [`avx2::rows_tokens_vnni512`] when `p` holds the VNNI
+/// form) over all of `w` and the tokens of `p`, with 1-row and 1-token tiles at the
+/// edges; `out` is `[tokens, rows of w]`.
 ///
 /// # Safety
-/// AVX2 and F16C (and AVX-VNNI when `p.va` is set); every `p.a[t]` is `rb / K::BYTES`
+/// AVX2 and F16C (and AVX-VNNI when `p.va` is set, AVX-512BW and AVX-512VL too when
+/// `p.wide`); every `p.a[t]` is `rb / K::BYTES`
 /// blocks; `w.len()` is a multiple of `rb`; `out.len() == p.a.len() * w.len() / rb`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32]) {
@@ -1480,7 +1531,11 @@ unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &m
                     let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
                     if let Some(va) = &p.va {
                         let ts: [&[K::VAct]; $t] = std::array::from_fn(|j| &va[t + j][..]);
-                        avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        if p.wide {
+                            avx2::rows_tokens_vnni512::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        } else {
+                            avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        }
                     } else {
                         let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
                         avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);

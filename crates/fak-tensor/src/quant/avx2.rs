@@ -166,6 +166,16 @@ pub(super) trait Block32 {
     /// AVX2, F16C and AVX-VNNI (the caller has them enabled); `wb` is one whole weight
     /// block.
     unsafe fn unpack_vnni(wb: &[u8]) -> Self::VW;
+    /// [`Block32::unpack_vnni`] where AVX-512BW and AVX-512VL are enabled too (the same
+    /// value; Q8_0 reorders its bytes with one `vpermw`).
+    ///
+    /// # Safety
+    /// AVX2, F16C, AVX-VNNI, AVX-512BW and AVX-512VL (the caller has them enabled);
+    /// `wb` is one whole weight block.
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> Self::VW {
+        Self::unpack_vnni(wb)
+    }
     /// [`Block32::lanes_w`] with the AVX-VNNI instruction `vpdpbusd` (the same exact
     /// integer lane sums).
     ///
@@ -211,6 +221,9 @@ pub(super) trait Isa<K: Block32> {
 pub(super) struct Avx2;
 /// AVX-VNNI lane sums (`vpdpbusd`).
 pub(super) struct Vnni;
+/// [`Vnni`] in code compiled with AVX-512BW and AVX-512VL as well (32 vector registers
+/// and `vpermw`; the same lane sums).
+pub(super) struct Vnni512;
 
 impl<K: Block32> Isa<K> for Avx2 {
     type W = K::W;
@@ -226,6 +239,23 @@ impl<K: Block32> Isa<K> for Avx2 {
     #[inline(always)]
     unsafe fn scale(wd: f32, _wdv: __m256, _a: &K::Act, ad: f32) -> __m256 {
         _mm256_set1_ps(wd * ad)
+    }
+}
+
+impl<K: Block32> Isa<K> for Vnni512 {
+    type W = K::VW;
+    type A = K::VAct;
+    #[inline(always)]
+    unsafe fn unpack(wb: &[u8]) -> K::VW {
+        K::unpack_vnni512(wb)
+    }
+    #[inline(always)]
+    unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
+        K::lanes_vnni(w, a)
+    }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
+        K::vnni_scale(wd, wdv, a, ad)
     }
 }
 
@@ -500,6 +530,14 @@ impl Block32 for Q8_0 {
         let q = q8_0_vnni_order(load32(wb[2..34].as_ptr()));
         _mm256_xor_si256(q, _mm256_set1_epi8(-128))
     }
+    /// As [`Block32::unpack_vnni`], the reordering in one `vpermw`: word `2m` = old
+    /// word `m`, word `2m+1` = old word `m+8` ([`q8_0_vnni_order`]).
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> __m256i {
+        let idx = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        let q = _mm256_permutexvar_epi16(idx, load32(wb[2..34].as_ptr()));
+        _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+    }
     /// `bias + Σ_{k<4} (w + 128) a = Σ_{k<4} w a` over bytes `4m..4m+4` of the VNNI
     /// order, i.e. over elements `2m, 2m+1, 2m+16, 2m+17`: exactly `L[m]`. Every
     /// product `(w + 128) a` lies in `[-32640, 32385]` and every partial sum within
@@ -666,6 +704,23 @@ pub(super) unsafe fn rows_tokens_vnni<K: Block32, const R: usize, const T: usize
     out: &mut [[f32; R]; T],
 ) {
     rows_tokens_body::<K, Vnni, R, T>(w, row_bytes, acts, scs, out)
+}
+
+/// [`rows_tokens_vnni`] compiled with AVX-512BW and AVX-512VL as well: the same
+/// operations on the same values (so the same bits), with 32 vector registers to keep
+/// them in and Q8_0's reordering in one instruction ([`Block32::unpack_vnni512`]).
+///
+/// # Safety
+/// As [`rows_tokens`], and AVX-VNNI, AVX-512BW and AVX-512VL.
+#[target_feature(enable = "avx2,f16c,avxvnni,avx512bw,avx512vl")]
+pub(super) unsafe fn rows_tokens_vnni512<K: Block32, const R: usize, const T: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [&[K::VAct]; T],
+    scs: [&[[f32; 2]]; T],
+    out: &mut [[f32; R]; T],
+) {
+    rows_tokens_body::<K, Vnni512, R, T>(w, row_bytes, acts, scs, out)
 }
 
 #[inline(always)]

@@ -526,6 +526,13 @@ fn vnni_and_avx2_lane_sums_give_the_same_bits() {
     }
 }
 
+/// Every tile kernel (those the CPU lacks fall back to the best it has).
+const TILE_ISAS: [super::TileIsa; 3] = [
+    super::TileIsa::Avx2,
+    super::TileIsa::Vnni,
+    super::TileIsa::Vnni512,
+];
+
 #[test]
 fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
     // 9 rows and 5 tokens: full TILE_R × TILE_T tiles (2 × 4) and the 1-row / 1-token
@@ -545,12 +552,12 @@ fn vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
         for (t, a) in xs.iter().enumerate() {
             matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
         }
-        for vnni in [false, true] {
+        for isa in TILE_ISAS {
             let mut got = vec![f32::NAN; n * rows];
             let rb = w.len() / rows;
-            super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, vnni).unwrap();
+            super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, isa).unwrap();
             let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
-            assert!(ok, "{ty} vnni={vnni}");
+            assert!(ok, "{ty} {isa:?}");
         }
     }
 }
@@ -702,13 +709,12 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
                 ok,
                 "rows, extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
             );
+        }
+        for isa in TILE_ISAS {
             let mut got = vec![f32::NAN; n * rows];
-            super::matmul_rows_isa(QType::Q8_0, &w, w.len() / rows, &xs, &mut got, vnni).unwrap();
+            super::matmul_rows_isa(QType::Q8_0, &w, w.len() / rows, &xs, &mut got, isa).unwrap();
             let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
-            assert!(
-                ok,
-                "tiles, extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
-            );
+            assert!(ok, "tiles, extreme={extreme} {isa:?}: {got:?} vs {want:?}");
         }
     }
 }
