@@ -1068,8 +1068,9 @@ fn matvec_isa(
 
 /// The 32-element types' matvec: four rows at a time through the interleaved AVX2
 /// kernel (each row in exactly its single-row order), the last `rows % 4` one by one;
-/// with AVX-VNNI lane sums when the CPU has them (the same bits). Returns `true` (it
-/// always handles the product).
+/// with AVX-VNNI lane sums when the CPU has them and the type asks for them
+/// (`Block32::VNNI_ROWS`; the same bits). Returns `true` (it always handles the
+/// product).
 ///
 /// # Safety
 /// AVX2 and F16C are available, and AVX-VNNI when `vnni`; `rb == K::BYTES * a.len()`;
@@ -1086,7 +1087,7 @@ where
     K::Act: avx2::ActBlock,
 {
     let sc = avx2::act_scales(a);
-    let va = vnni.then(|| avx2::vnni_acts::<K>(a));
+    let va = (vnni && K::VNNI_ROWS).then(|| avx2::vnni_acts::<K>(a));
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
