@@ -149,6 +149,57 @@ fn main() {
             two / one
         );
     }
+    // Prefill: the multi-token tiles, 64 tokens at once on one thread, against the
+    // scalar reference per token; the weights stay in cache (as a 32 KB chunk of a
+    // pooled product does), so GB/s counts every token's pass over the weights.
+    let n = 64;
+    println!("multi-token (`matmul_threads`, {n} tokens, one thread), weight GB/s x tokens:");
+    println!(
+        "{:<5} {:>11} | {:>9} {:>9} {:>6}",
+        "type", "shape", "ref", "simd", "x"
+    );
+    for ty in [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+    ] {
+        let (rows, cols) = (1536, 576);
+        let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
+        let mut w: Vec<u8> = (0..bytes).map(|_| (r.next() >> 8) as u8).collect();
+        for b in w.chunks_exact_mut(ty.block_bytes()) {
+            b[0..2].copy_from_slice(&quant::f32_to_f16(0.01).to_le_bytes());
+        }
+        let acts: Vec<_> = (0..n)
+            .map(|_| {
+                let x: Vec<f32> = (0..cols).map(|_| r.unit()).collect();
+                quant::quantize_activation(ty, &x).expect("cols is a block multiple")
+            })
+            .collect();
+        let mut out = vec![0f32; rows * n];
+        let reps = (repeats / 10).max(3);
+        let s = time(reps, |_| {
+            quant::matmul_threads(ty, &w, &acts, &mut out, Threads::new(1))
+                .expect("shapes are consistent");
+            black_box(&out);
+        });
+        let r1 = time(reps, |_| {
+            for (a, o) in acts.iter().zip(out.chunks_exact_mut(rows)) {
+                quant::matvec_ref(ty, &w, a, o).expect("shapes are consistent");
+            }
+            black_box(&out);
+        });
+        let gbs = |s: f64| (bytes * n) as f64 / s / 1e9;
+        println!(
+            "{:<5} {:>11} | {:>9.2} {:>9.2} {:>6.1}",
+            ty.name(),
+            format!("{rows}x{cols}"),
+            gbs(r1),
+            gbs(s),
+            r1 / s
+        );
+    }
     // f32 for comparison (the exact path's kernel), same ffn_up shape.
     let (rows, cols) = (1536, 576);
     let bytes = rows * cols * 4;

@@ -41,7 +41,8 @@
 //! - Q4_0 (`w = q - 8`), Q5_0 (`w = q - 16`): `L[m] = Σ_{e=4m}^{4m+3} w_e a_e`,
 //!   `d = f16(d_w) * f16(d_a)`.
 //! - Q8_0: `L[m] = Σ_{e ∈ {2m, 2m+1, 2m+16, 2m+17}} w_e a_e` (the AVX2 kernel widens to
-//!   i16, so that weights and activations of −128 are exact), `d` as Q4_0.
+//!   i16, so that weights and activations of −128 are exact; the AVX-VNNI kernel
+//!   reorders the bytes so that `vpdpbusd` sums exactly these four), `d` as Q4_0.
 //! - Q4_1, Q5_1 (`w = q`, unsigned): `L` as Q4_0, `d = f16(d_w) * f16(d_a)`,
 //!   `summ += f16(m_w) * f16(s_a)`.
 //! - Q4_K, Q5_K: `L[m] = Σ_{g=0}^{7} sc_g Σ_{k<4} w_{32g+4m+k} a_{32g+4m+k}`,
@@ -823,6 +824,27 @@ pub fn has_avx512_vnni() -> bool {
     }
 }
 
+/// Whether the CPU has AVX-512BW and AVX-512VL, which the 256-bit multi-token tiles use
+/// (with AVX-VNNI, see [`has_avx_vnni`]) for 32 vector registers and one-instruction
+/// word permutes (same bits). Detected once per process; `FAK_NO_AVX512=1` turns it off.
+#[inline]
+pub(crate) fn has_avx512_bw_vl() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl")
+                && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 macro_rules! dispatch {
     ($(#[$doc:meta])* $name:ident, $reference:ident, $simd:ident, $ty:expr, $act:ty) => {
         $(#[$doc])*
@@ -1090,8 +1112,9 @@ fn matvec_isa(
 
 /// The 32-element types' matvec: four rows at a time through the interleaved AVX2
 /// kernel (each row in exactly its single-row order), the last `rows % 4` one by one;
-/// with AVX-VNNI lane sums when the CPU has them (the same bits). Returns `true` (it
-/// always handles the product).
+/// with AVX-VNNI lane sums when the CPU has them and the type asks for them
+/// (`Block32::VNNI_ROWS`; the same bits). Returns `true` (it always handles the
+/// product).
 ///
 /// # Safety
 /// AVX2 and F16C are available, and AVX-VNNI when `vnni`; `rb == K::BYTES * a.len()`;
@@ -1108,13 +1131,13 @@ where
     K::Act: avx2::ActBlock,
 {
     let sc = avx2::act_scales(a);
+    let va = (vnni && K::VNNI_ROWS).then(|| avx2::vnni_acts::<K>(a));
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        if vnni {
-            avx2::rows_vnni::<K, 4>(wc, rb, a, &sc, o);
-        } else {
-            avx2::rows::<K, 4>(wc, rb, a, &sc, o);
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 4>(wc, rb, va, &sc, o),
+            None => avx2::rows::<K, 4>(wc, rb, a, &sc, o),
         }
     }
     let rest = outs.into_remainder();
@@ -1122,10 +1145,9 @@ where
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        if vnni {
-            avx2::rows_vnni::<K, 1>(wr, rb, a, &sc, o);
-        } else {
-            avx2::rows::<K, 1>(wr, rb, a, &sc, o);
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 1>(wr, rb, va, &sc, o),
+            None => avx2::rows::<K, 1>(wr, rb, a, &sc, o),
         }
     }
     true
@@ -1143,6 +1165,7 @@ where
     K::Act: avx2::ActBlock,
 {
     let sc = avx2::act_scales(a);
+    let va = avx2::vnni_acts::<K>(a);
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
@@ -1153,7 +1176,7 @@ where
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        avx2::rows_vnni::<K, 1>(wr, rb, a, &sc, o);
+        avx2::rows_vnni::<K, 1>(wr, rb, &va, &sc, o);
     }
     true
 }
@@ -1303,8 +1326,8 @@ fn chunked(
 ///
 /// Shapes: `w` is `[rows, cols]` in `ty` blocks with `rows = out.len() / acts.len()`;
 /// `acts` holds `n` quantized `[cols]` rows; `out` is `[n, rows]`. For the 32-element
-/// types the AVX2 path unpacks each weight block once for two tokens (and reads the
-/// weights once per pair of tokens); the other types run [`matvec`] per token. Rows
+/// types the AVX2 path unpacks each weight block once for four tokens (and reads the
+/// weights once per four tokens); the other types run [`matvec`] per token. Rows
 /// are split between the pool's threads as in [`matvec_threads`].
 ///
 /// # Errors
@@ -1347,8 +1370,10 @@ pub fn matmul_threads(
         Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
         Err(std::sync::TryLockError::WouldBlock) => None,
     });
+    // The tokens' tile forms once for the whole product, not once per chunk.
+    let tile = TileActs::new(ty, acts, TileIsa::Zmm);
     let Some(pool) = guard.as_deref_mut() else {
-        return matmul_rows(ty, w, rb, acts, out);
+        return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
     };
     let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
     let chunks = rows.div_ceil(per);
@@ -1357,7 +1382,8 @@ pub fn matmul_threads(
     pool.run_chunks(chunks, &|c| {
         let r = c * per..((c + 1) * per).min(rows);
         let mut buf = vec![0f32; n * r.len()];
-        match matmul_rows(ty, &w[r.start * rb..r.end * rb], rb, acts, &mut buf) {
+        let wc = &w[r.start * rb..r.end * rb];
+        match matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut buf) {
             Ok(()) => *blocks[c].lock().unwrap_or_else(PoisonError::into_inner) = buf,
             Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
         }
@@ -1377,83 +1403,24 @@ pub fn matmul_threads(
 }
 
 /// The rows of `w` (each `rb` bytes) times every activation row, on the calling
-/// thread, into `out` laid out `[n, rows of w]`. Shapes were checked by the caller.
+/// thread, into `out` laid out `[n, rows of w]`: through the AVX2 tiles with `tile`
+/// (the activation rows prepared by [`TileActs::new`] from these `acts`), else
+/// [`matvec`] per token. Shapes were checked by the caller.
 fn matmul_rows(
     ty: QType,
     w: &[u8],
     rb: usize,
     acts: &[QuantizedActs],
+    tile: Option<&TileActs<'_>>,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    matmul_rows_isa(ty, w, rb, acts, out, has_avx_vnni(), has_avx512_vnni())
-}
-
-/// [`matmul_rows`] with the AVX-VNNI lane sums on or off (`vnni` is ignored without the
-/// CPU feature), so tests can compare both kernels on one machine.
-fn matmul_rows_isa(
-    ty: QType,
-    w: &[u8],
-    rb: usize,
-    acts: &[QuantizedActs],
-    out: &mut [f32],
-    vnni: bool,
-    zmm: bool,
-) -> Result<(), QuantError> {
-    let vnni = vnni && has_avx_vnni();
-    let zmm = zmm && has_avx512_vnni();
     let m = w.len().checked_div(rb).unwrap_or(0);
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() && m > 0 {
-        fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
-            a.iter()
-                .map(|q| match q {
-                    QuantizedActs::Q8_0(v) => Some(&v[..]),
-                    _ => None,
-                })
-                .collect()
-        }
-        fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
-            a.iter()
-                .map(|q| match q {
-                    QuantizedActs::Q8_1(v) => Some(&v[..]),
-                    _ => None,
-                })
-                .collect()
-        }
-        // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`,
-        // AVX-512F/BW/DQ and AVX512-VNNI when `zmm`, which implies `vnni`); the caller checked that every activation row is `rb / ty.block_bytes()` blocks of
-        // the kind `ty` pairs with (the `Option`s below re-check the kind) and
-        // `w.len() == m * rb`.
-        let done = match ty {
-            QType::Q5_0 if zmm => {
-                q8_0s(acts).map(|a| unsafe { tiles_512::<avx2::Q5_0>(w, rb, &a, out) })
-            }
-            QType::Q4_1 if zmm => {
-                q8_1s(acts).map(|a| unsafe { tiles_512::<avx2::Q4_1>(w, rb, &a, out) })
-            }
-            QType::Q5_1 if zmm => {
-                q8_1s(acts).map(|a| unsafe { tiles_512::<avx2::Q5_1>(w, rb, &a, out) })
-            }
-            QType::Q4_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q4_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q5_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q5_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q8_0 => {
-                q8_0s(acts).map(|a| unsafe { tiles::<avx2::Q8_0>(w, rb, &a, out, vnni) })
-            }
-            QType::Q4_1 => {
-                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q4_1>(w, rb, &a, out, vnni) })
-            }
-            QType::Q5_1 => {
-                q8_1s(acts).map(|a| unsafe { tiles::<avx2::Q5_1>(w, rb, &a, out, vnni) })
-            }
-            _ => None,
-        };
-        if done.is_some() {
-            return Ok(());
-        }
+    if let (Some(tile), true) = (tile, m > 0) {
+        // SAFETY: `tile` holds `acts`, which the caller checked are `rb / ty.block_bytes()`
+        // blocks each, of the kind `ty` pairs with (`TileActs::new` re-checked the kind
+        // and the type); `w.len() == m * rb` and `out.len() == acts.len() * m`.
+        unsafe { tile.run(w, rb, out) };
+        return Ok(());
     }
     for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
         matvec_with(ty, w, a, &mut o[..m], true)?;
@@ -1461,34 +1428,217 @@ fn matmul_rows_isa(
     Ok(())
 }
 
-/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] over all of `w` and
-/// `a`, with 1-row and 1-token tiles at the edges; `out` is `[a.len(), rows of w]`.
-///
-/// # Safety
-/// AVX2 and F16C (and AVX-VNNI when `vnni`); every `a[t]` is `rb / K::BYTES` blocks;
-/// `w.len()` is a multiple of `rb`; `out.len() == a.len() * w.len() / rb`.
+/// [`matmul_rows`] with the tile kernels of `isa` (or the best the CPU has below it),
+/// so tests can compare them on one machine.
+#[cfg(test)]
+fn matmul_rows_isa(
+    ty: QType,
+    w: &[u8],
+    rb: usize,
+    acts: &[QuantizedActs],
+    out: &mut [f32],
+    isa: TileIsa,
+) -> Result<(), QuantError> {
+    let tile = TileActs::new(ty, acts, isa);
+    matmul_rows(ty, w, rb, acts, tile.as_ref(), out)
+}
+
+/// Which lane sums the multi-token tiles compute (all give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum TileIsa {
+    /// AVX2 `maddubs`/`madd`.
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` ([`has_avx_vnni`]).
+    Vnni,
+    /// AVX-VNNI in code compiled with AVX-512BW and AVX-512VL too
+    /// ([`has_avx512_bw_vl`]).
+    Vnni512,
+    /// As `Vnni512`, and for Q4_1, Q5_0 and Q5_1 the 512-bit tiles holding two tokens
+    /// per register ([`tiles_512`], [`has_avx512_vnni`]).
+    Zmm,
+}
+
+impl TileIsa {
+    /// The best this CPU has, at most `cap`.
+    fn at_most(cap: TileIsa) -> TileIsa {
+        let best = match (has_avx_vnni(), has_avx512_bw_vl()) {
+            (true, true) if has_avx512_vnni() => TileIsa::Zmm,
+            (true, true) => TileIsa::Vnni512,
+            (true, false) => TileIsa::Vnni,
+            _ => TileIsa::Avx2,
+        };
+        best.min(cap)
+    }
+}
+
+/// A multi-token product's activation rows in the forms the AVX2 tiles of a
+/// 32-element type read (scales widened, and the AVX-VNNI form when used), prepared
+/// once per product rather than once per chunk of rows.
+enum TileActs<'a> {
+    #[cfg(target_arch = "x86_64")]
+    Q4_0(Tiled<'a, avx2::Q4_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q4_1(Tiled<'a, avx2::Q4_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_0(Tiled<'a, avx2::Q5_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_1(Tiled<'a, avx2::Q5_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q8_0(Tiled<'a, avx2::Q8_0>),
+    /// (No tiles elsewhere.)
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+/// [`TileActs`] of one type: every token's blocks, their [`avx2::act_scales`] and, with
+/// AVX-VNNI, their [`avx2::vnni_acts`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles<K: avx2::Block32>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32], vnni: bool)
+struct Tiled<'a, K: avx2::Block32> {
+    a: Vec<&'a [K::Act]>,
+    sc: Vec<Vec<[f32; 2]>>,
+    va: Option<Vec<std::borrow::Cow<'a, [K::VAct]>>>,
+    /// [`TileIsa::Vnni512`] or above (with `va`).
+    wide: bool,
+    /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
+    /// them).
+    zmm: bool,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, K: avx2::Block32> Tiled<'a, K>
 where
     K::Act: avx2::ActBlock,
 {
+    /// # Safety
+    /// AVX2 and F16C are available, and what `isa` needs ([`TileIsa::at_most`]).
+    unsafe fn new(a: Vec<&'a [K::Act]>, isa: TileIsa) -> Self {
+        let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
+        let va =
+            (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
+        let wide = isa >= TileIsa::Vnni512;
+        let zmm = isa == TileIsa::Zmm;
+        Tiled {
+            a,
+            sc,
+            va,
+            wide,
+            zmm,
+        }
+    }
+}
+
+impl<'a> TileActs<'a> {
+    /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, a
+    /// type other than the 32-element ones, or activations of another kind).
+    fn new(ty: QType, acts: &'a [QuantizedActs], isa: TileIsa) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_0(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_1(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            let isa = TileIsa::at_most(isa);
+            // SAFETY (all arms): AVX2 and F16C were detected, and what `isa` needs
+            // (`at_most` gives only what was detected).
+            return match ty {
+                QType::Q4_0 => q8_0s(acts).map(|a| TileActs::Q4_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_0 => q8_0s(acts).map(|a| TileActs::Q5_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, isa) })),
+                _ => None,
+            };
+        }
+        let _ = (ty, acts, isa);
+        None
+    }
+
+    /// `out[t * m + r] = dot(row r of w, token t)` through the tiles.
+    ///
+    /// # Safety
+    /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
+    /// multiple of `rb`; `out.len() == tokens * w.len() / rb`.
+    unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [f32]) {
+        // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
+        // (and AVX-VNNI when it holds the VNNI form, AVX-512BW and AVX-512VL too when
+        // `wide`, AVX-512F/DQ and AVX512-VNNI too when `zmm`); the shapes are this
+        // function's contract.
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_0(t) => tiles(w, rb, t, out, 0),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_1(t) if t.zmm => tiles_512(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_1(t) => tiles(w, rb, t, out, 0),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_0(t) if t.zmm => tiles_512(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_0(t) => tiles(w, rb, t, out, 0),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_1(t) if t.zmm => tiles_512(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_1(t) => tiles(w, rb, t, out, 0),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q8_0(t) => tiles(w, rb, t, out, 0),
+            #[cfg(not(target_arch = "x86_64"))]
+            TileActs::Never(never, _) => match *never {},
+        }
+    }
+}
+
+/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
+/// [`avx2::rows_tokens_vnni`] / [`avx2::rows_tokens_vnni512`] when `p` holds the VNNI
+/// form) over all of `w` and the tokens of `p` from `t0` on, with 1-row and 1-token
+/// tiles at the edges; `out` is `[tokens, rows of w]` (rows of tokens before `t0`
+/// untouched).
+///
+/// # Safety
+/// AVX2 and F16C (and AVX-VNNI when `p.va` is set, AVX-512BW and AVX-512VL too when
+/// `p.wide`); every `p.a[t]` is `rb / K::BYTES`
+/// blocks; `w.len()` is a multiple of `rb`; `out.len() == p.a.len() * w.len() / rb`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [f32],
+    t0: usize,
+) {
+    let (a, sc) = (&p.a, &p.sc);
     let (m, n) = (w.len() / rb, a.len());
-    let sc: Vec<Vec<[f32; 2]>> = a.iter().map(|at| avx2::act_scales(at)).collect();
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
         let rr = if m - r >= TILE_R { TILE_R } else { 1 };
-        let mut t = 0;
+        let mut t = t0;
         while t < n {
             let tt = if n - t >= TILE_T { TILE_T } else { 1 };
             macro_rules! tile {
                 ($r:expr, $t:expr) => {{
                     let mut o = [[0f32; $r]; $t];
-                    let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
                     let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
-                    if vnni {
-                        avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                    if let Some(va) = &p.va {
+                        let ts: [&[K::VAct]; $t] = std::array::from_fn(|j| &va[t + j][..]);
+                        if p.wide {
+                            avx2::rows_tokens_vnni512::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        } else {
+                            avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        }
                     } else {
+                        let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
                         avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);
                     }
                     for (j, oj) in o.iter().enumerate() {
@@ -1509,20 +1659,20 @@ where
 }
 
 /// [`tiles`] with the 512-bit kernel ([`avx2::rows_tokens_512`]: `TILE512_R` rows ×
-/// `2 * TILE512_P` tokens, 1-row tiles at the row edge); the last `n % (2 *
-/// TILE512_P)` tokens go through [`tiles`]. The same bits as [`tiles`].
+/// `2 * TILE512_P` tokens, two tokens per register, 1-row tiles at the row edge); the
+/// last `n % (2 * TILE512_P)` tokens go through [`tiles`]. The same bits as [`tiles`].
 ///
 /// # Safety
-/// As [`tiles`] with AVX-VNNI, and AVX-512F/BW/DQ and AVX512-VNNI.
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI ([`TileIsa::Zmm`]).
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles_512<K: avx2::Pair512>(w: &[u8], rb: usize, a: &[&[K::Act]], out: &mut [f32])
+unsafe fn tiles_512<K: avx2::Pair512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
 where
     K::Act: avx2::ActBlock,
 {
     const T: usize = 2 * TILE512_P;
+    let (a, sc) = (&p.a, &p.sc);
     let (m, n) = (w.len() / rb, a.len());
     let n_main = n - n % T;
-    let sc: Vec<Vec<[f32; 2]>> = a[..n_main].iter().map(|at| avx2::act_scales(at)).collect();
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
@@ -1553,7 +1703,7 @@ where
         r += rr;
     }
     if n_main < n {
-        tiles::<K>(w, rb, &a[n_main..], &mut out[n_main * m..], true);
+        tiles(w, rb, p, out, n_main);
     }
 }
 
@@ -1563,11 +1713,16 @@ const TILE512_R: usize = 4;
 #[cfg(target_arch = "x86_64")]
 const TILE512_P: usize = 2;
 
-/// Rows × tokens of one multi-token tile (see [`tiles`]).
+/// Rows × tokens of one multi-token tile (see [`tiles`]). 2 × 4 keeps the eight
+/// accumulators and the activations of a block in registers; in `qdot_bench`'s
+/// multi-token section (64 tokens, one thread, GB/s × tokens) it beat the earlier 8 × 2
+/// for every 32-element type on this project's test machine (Q8_0 with AVX-VNNI
+/// ~44 -> ~46, without ~37 -> ~42; Q4_1 ~22 -> ~25), and 1 × 8, 4 × 2, 2 × 3, 2 × 6,
+/// 3 × 3, 3 × 4 and 4 × 3 were slower for Q8_0.
 #[cfg(target_arch = "x86_64")]
-const TILE_R: usize = 8;
+const TILE_R: usize = 2;
 #[cfg(target_arch = "x86_64")]
-const TILE_T: usize = 2;
+const TILE_T: usize = 4;
 
 #[cfg(test)]
 mod tests;

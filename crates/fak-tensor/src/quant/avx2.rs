@@ -8,7 +8,9 @@
 //! the unsigned operand below 64 (|pair| ≤ 2 · 63 · 128 = 16128 < 32767). Offsets are
 //! subtracted as a second `maddubs` against the constant offset (exact i16
 //! subtraction), never by making the weight signed, so an activation quant of −128
-//! is exact too. Q8_0 weights are signed and are widened to i16 instead.
+//! is exact too. Q8_0 weights are signed and are widened to i16 instead; its AVX-VNNI
+//! kernel reorders the bytes into the canonical lanes and offsets the weights by 128
+//! (`VnniQ8_0`).
 //!
 //! Every function here requires AVX2 and F16C (`# Safety`) and that `w` holds exactly
 //! `a.len()` blocks, which the dispatchers in `quant.rs` check before calling.
@@ -16,6 +18,7 @@
 use super::{k4_scale_min, k_mins, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::dot::reduce_lanes;
 use std::arch::x86_64::*;
+use std::borrow::Cow;
 
 /// f16 bits to `f32` with the F16C instruction: the exact value for every non-NaN
 /// input, as `quant::f16_to_f32` (a signalling NaN comes back quiet; a NaN scale makes
@@ -47,6 +50,14 @@ unsafe fn hsum(v: __m256) -> f32 {
 #[inline]
 unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l)))
+}
+
+/// [`accumulate`] with the combined scale already in all eight lanes (the same
+/// operations: the `f32` product `d` was rounded once, as a scalar product would be).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn accumulate_v(acc: __m256, d: __m256, l: __m256i) -> __m256 {
+    _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(l)))
 }
 
 /// 32 bytes from an unaligned pointer.
@@ -139,12 +150,133 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
     unsafe fn wscales(wb: &[u8]) -> (f32, f32);
+    /// Whether the one-token row kernel ([`rows_vnni`]) should use the VNNI lane sums
+    /// when the CPU has them (the multi-token tiles always do).
+    const VNNI_ROWS: bool = true;
+    /// A weight block's quants unpacked for [`Block32::lanes_vnni`].
+    type VW: Copy;
+    /// An activation block as [`Block32::lanes_vnni`] reads it: the block itself, or
+    /// (Q8_0) a form prepared once per product by [`Block32::vnni_acts`].
+    type VAct: Clone;
+    /// The activation row in the form [`Block32::lanes_vnni`] reads.
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
+    unsafe fn vnni_acts(a: &[Self::Act]) -> Cow<'_, [Self::VAct]>;
+    /// Unpacks the quants of one weight block for [`Block32::lanes_vnni`].
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-VNNI (the caller has them enabled); `wb` is one whole weight
+    /// block.
+    unsafe fn unpack_vnni(wb: &[u8]) -> Self::VW;
+    /// [`Block32::unpack_vnni`] where AVX-512BW and AVX-512VL are enabled too (the same
+    /// value; Q8_0 reorders its bytes with one `vpermw`).
+    ///
+    /// # Safety
+    /// AVX2, F16C, AVX-VNNI, AVX-512BW and AVX-512VL (the caller has them enabled);
+    /// `wb` is one whole weight block.
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> Self::VW {
+        Self::unpack_vnni(wb)
+    }
     /// [`Block32::lanes_w`] with the AVX-VNNI instruction `vpdpbusd` (the same exact
     /// integer lane sums).
     ///
     /// # Safety
     /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
-    unsafe fn lanes_vnni(w: Self::W, a: &Self::Act) -> __m256i;
+    unsafe fn lanes_vnni(w: Self::VW, a: &Self::VAct) -> __m256i;
+    /// The combined scale `wd · ad` in all eight lanes (`wdv` is `wd` in all eight, `ad`
+    /// the activation block's [`ActBlock::scales`]`[0]`): one `f32` product, rounded
+    /// once, whichever way it is computed.
+    ///
+    /// # Safety
+    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
+    #[inline(always)]
+    unsafe fn vnni_scale(wd: f32, _wdv: __m256, _a: &Self::VAct, ad: f32) -> __m256 {
+        _mm256_set1_ps(wd * ad)
+    }
+}
+
+/// Which lane sums a kernel body computes, with the weight and activation forms they
+/// read: [`Avx2`] ([`Block32::unpack`], [`Block32::lanes_w`] on the activation blocks)
+/// or [`Vnni`] ([`Block32::unpack_vnni`], [`Block32::lanes_vnni`] on
+/// [`Block32::vnni_acts`]). Both give the same exact `i32` lane sums.
+pub(super) trait Isa<K: Block32> {
+    /// Unpacked weight block.
+    type W: Copy;
+    /// Activation block as read.
+    type A;
+    /// # Safety
+    /// The instruction set's features (the caller has them enabled); `wb` is one whole
+    /// weight block.
+    unsafe fn unpack(wb: &[u8]) -> Self::W;
+    /// # Safety
+    /// The instruction set's features (the caller has them enabled).
+    unsafe fn lanes(w: Self::W, a: &Self::A) -> __m256i;
+    /// [`Block32::vnni_scale`] (for AVX2: `wd · ad` broadcast).
+    ///
+    /// # Safety
+    /// The instruction set's features (the caller has them enabled).
+    unsafe fn scale(wd: f32, wdv: __m256, a: &Self::A, ad: f32) -> __m256;
+}
+
+/// AVX2 lane sums (`maddubs`/`madd`).
+pub(super) struct Avx2;
+/// AVX-VNNI lane sums (`vpdpbusd`).
+pub(super) struct Vnni;
+/// [`Vnni`] in code compiled with AVX-512BW and AVX-512VL as well (32 vector registers
+/// and `vpermw`; the same lane sums).
+pub(super) struct Vnni512;
+
+impl<K: Block32> Isa<K> for Avx2 {
+    type W = K::W;
+    type A = K::Act;
+    #[inline(always)]
+    unsafe fn unpack(wb: &[u8]) -> K::W {
+        K::unpack(wb)
+    }
+    #[inline(always)]
+    unsafe fn lanes(w: K::W, a: &K::Act) -> __m256i {
+        K::lanes_w(w, a)
+    }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, _wdv: __m256, _a: &K::Act, ad: f32) -> __m256 {
+        _mm256_set1_ps(wd * ad)
+    }
+}
+
+impl<K: Block32> Isa<K> for Vnni512 {
+    type W = K::VW;
+    type A = K::VAct;
+    #[inline(always)]
+    unsafe fn unpack(wb: &[u8]) -> K::VW {
+        K::unpack_vnni512(wb)
+    }
+    #[inline(always)]
+    unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
+        K::lanes_vnni(w, a)
+    }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
+        K::vnni_scale(wd, wdv, a, ad)
+    }
+}
+
+impl<K: Block32> Isa<K> for Vnni {
+    type W = K::VW;
+    type A = K::VAct;
+    #[inline(always)]
+    unsafe fn unpack(wb: &[u8]) -> K::VW {
+        K::unpack_vnni(wb)
+    }
+    #[inline(always)]
+    unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
+        K::lanes_vnni(w, a)
+    }
+    #[inline(always)]
+    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
+        K::vnni_scale(wd, wdv, a, ad)
+    }
 }
 
 /// An activation block's scales widened to `f32`: `[f16(d_a), f16(s_a)]` (`s_a = 0`
@@ -187,6 +319,15 @@ impl ActBlock for BlockQ8_1 {
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn act_scales<A: ActBlock>(a: &[A]) -> Vec<[f32; 2]> {
     a.iter().map(|b| b.scales()).collect()
+}
+
+/// [`Block32::vnni_acts`] of `a`, computed once per product.
+///
+/// # Safety
+/// AVX2, F16C and AVX-VNNI.
+#[target_feature(enable = "avx2,f16c,avxvnni")]
+pub(super) unsafe fn vnni_acts<K: Block32>(a: &[K::Act]) -> Cow<'_, [K::VAct]> {
+    K::vnni_acts(a)
 }
 
 /// `vpdpbusd` lane sums of unsigned `w` bytes times signed `a` bytes: lane `m` =
@@ -236,6 +377,16 @@ impl Block32 for Q4_0 {
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
         (two_f16(wb).0, 0.0)
     }
+    type VW = __m256i;
+    type VAct = BlockQ8_0;
+    #[inline(always)]
+    unsafe fn vnni_acts(a: &[BlockQ8_0]) -> Cow<'_, [BlockQ8_0]> {
+        Cow::Borrowed(a)
+    }
+    #[inline(always)]
+    unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
+    }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
         let aq = load32(a.qs.as_ptr() as *const u8);
@@ -259,6 +410,16 @@ impl Block32 for Q4_1 {
     #[inline(always)]
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
         two_f16(wb)
+    }
+    type VW = __m256i;
+    type VAct = BlockQ8_1;
+    #[inline(always)]
+    unsafe fn vnni_acts(a: &[BlockQ8_1]) -> Cow<'_, [BlockQ8_1]> {
+        Cow::Borrowed(a)
+    }
+    #[inline(always)]
+    unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
@@ -284,6 +445,16 @@ impl Block32 for Q5_0 {
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
         (two_f16(wb).0, 0.0)
     }
+    type VW = __m256i;
+    type VAct = BlockQ8_0;
+    #[inline(always)]
+    unsafe fn vnni_acts(a: &[BlockQ8_0]) -> Cow<'_, [BlockQ8_0]> {
+        Cow::Borrowed(a)
+    }
+    #[inline(always)]
+    unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
+    }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
         let aq = load32(a.qs.as_ptr() as *const u8);
@@ -308,6 +479,16 @@ impl Block32 for Q5_1 {
     #[inline(always)]
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
         two_f16(wb)
+    }
+    type VW = __m256i;
+    type VAct = BlockQ8_1;
+    #[inline(always)]
+    unsafe fn vnni_acts(a: &[BlockQ8_1]) -> Cow<'_, [BlockQ8_1]> {
+        Cow::Borrowed(a)
+    }
+    #[inline(always)]
+    unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
@@ -341,10 +522,92 @@ impl Block32 for Q8_0 {
     unsafe fn wscales(wb: &[u8]) -> (f32, f32) {
         (two_f16(wb).0, 0.0)
     }
+    /// Off: in the one-token rows each weight block is used once, so its reordering
+    /// (`vpermq`, `vpshufb`, `vpxor`) is not shared between tokens, and the widening
+    /// kernel was ~5% faster (`qdot_bench` Q8_0 hot 29.4 vs 28.0 GB/s, stream 28.5 vs
+    /// 27.0, on this project's test machine).
+    const VNNI_ROWS: bool = false;
+    /// The quants in VNNI order ([`q8_0_vnni_order`]) plus 128, as unsigned bytes.
+    type VW = __m256i;
+    type VAct = VnniQ8_0;
     #[inline(always)]
-    unsafe fn lanes_vnni(w: (__m256i, __m256i), a: &BlockQ8_0) -> __m256i {
-        Self::lanes_w(w, a)
+    unsafe fn vnni_acts(a: &[BlockQ8_0]) -> Cow<'_, [VnniQ8_0]> {
+        let mut v = Vec::with_capacity(a.len());
+        for b in a {
+            let qs = q8_0_vnni_order(load32(b.qs.as_ptr() as *const u8));
+            // 128 · Σ_{k<4} qs[4m+k]: |sum| <= 4 · 128 · 128 = 65536, exact in i32.
+            let bias = _mm256_sub_epi32(_mm256_setzero_si256(), dp(_mm256_set1_epi8(-128), qs));
+            let d = _mm256_set1_ps(h2f(b.d));
+            v.push(VnniQ8_0 { qs, bias, d });
+        }
+        Cow::Owned(v)
     }
+    #[inline(always)]
+    unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
+        // XOR with 0x80 maps the i8 `w` to the u8 `w + 128` (0..=255), exactly.
+        let q = q8_0_vnni_order(load32(wb[2..34].as_ptr()));
+        _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+    }
+    /// As [`Block32::unpack_vnni`], the reordering in one `vpermw`: word `2m` = old
+    /// word `m`, word `2m+1` = old word `m+8` ([`q8_0_vnni_order`]).
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> __m256i {
+        let idx = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+        let q = _mm256_permutexvar_epi16(idx, load32(wb[2..34].as_ptr()));
+        _mm256_xor_si256(q, _mm256_set1_epi8(-128))
+    }
+    /// `bias + Σ_{k<4} (w + 128) a = Σ_{k<4} w a` over bytes `4m..4m+4` of the VNNI
+    /// order, i.e. over elements `2m, 2m+1, 2m+16, 2m+17`: exactly `L[m]`. Every
+    /// product `(w + 128) a` lies in `[-32640, 32385]` and every partial sum within
+    /// `±2^18`, so `vpdpbusd` (which does not saturate) neither saturates nor wraps,
+    /// for any weight and activation bytes, −128 included.
+    #[inline(always)]
+    unsafe fn lanes_vnni(w: __m256i, a: &VnniQ8_0) -> __m256i {
+        _mm256_dpbusd_avx_epi32(a.bias, w, a.qs)
+    }
+    /// `wdv · a.d` lane-wise: the product `wd · ad` of [`ActBlock::scales`] (`a.d` is
+    /// the same F16C widening, kept broadcast), one multiply from memory instead of a
+    /// scalar multiply and a broadcast per weight block and token.
+    #[inline(always)]
+    unsafe fn vnni_scale(_wd: f32, wdv: __m256, a: &VnniQ8_0, _ad: f32) -> __m256 {
+        _mm256_mul_ps(wdv, a.d)
+    }
+}
+
+/// A Q8_0 activation block prepared once per product for the VNNI lane sums: its quants
+/// in VNNI order ([`q8_0_vnni_order`]) and, per `i32` lane `m`, the bias
+/// `−128 · Σ_{k<4} qs[4m+k]` that cancels the `+128` making the weights unsigned.
+/// `vpdpbusd` multiplies unsigned by signed bytes (Intel 64 and IA-32 Architectures
+/// Software Developer's Manual, Vol. 2, "VPDPBUSD"; Intel Intrinsics Guide,
+/// `_mm256_dpbusd_avx_epi32`): per `i32` lane, the four byte products are summed with
+/// the lane of the first operand without saturation. Offsetting the weight rather than
+/// the activation puts the correction on the activation side, where it is computed
+/// once per product instead of once per weight block and token, and both operands may
+/// be any byte, −128 included (the activation quantizer never gives −128, but
+/// [`BlockQ8_0`] is public).
+#[derive(Clone, Copy)]
+pub(super) struct VnniQ8_0 {
+    qs: __m256i,
+    bias: __m256i,
+    /// `f16(d_a)` in all eight lanes.
+    d: __m256,
+}
+
+/// The 32 quants of a Q8_0 block reordered so that bytes `4m..4m+4` are elements
+/// `2m, 2m+1, 2m+16, 2m+17`: the elements of the canonical lane `m` (module docs of
+/// `quant`), where `vpdpbusd` sums them. In 16-bit words: word `2m` = old word `m`,
+/// word `2m+1` = old word `m+8`.
+#[inline(always)]
+unsafe fn q8_0_vnni_order(q: __m256i) -> __m256i {
+    // 64-bit quarters (elements 0..8, 8..16, 16..24, 24..32) to [0, 2 | 1, 3]: each
+    // 128-bit half then holds old words m..m+4 and m+8..m+12 (m = 0, then 4) ...
+    let x = _mm256_permute4x64_epi64::<0b11_01_10_00>(q);
+    // ... which one in-half byte shuffle interleaves word by word.
+    let idx = _mm256_setr_epi8(
+        0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12,
+        13, 6, 7, 14, 15,
+    );
+    _mm256_shuffle_epi8(x, idx)
 }
 
 /// `out[r] = dot(row r, a)` for `R` consecutive rows of `row_bytes` each, interleaved
@@ -363,10 +626,11 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
-    rows_body::<K, R, false>(w, row_bytes, a, sc, out)
+    rows_body::<K, Avx2, R>(w, row_bytes, a, sc, out)
 }
 
-/// [`rows`] with AVX-VNNI lane sums (the same bits).
+/// [`rows`] with AVX-VNNI lane sums (the same bits); `a` is [`vnni_acts`] of the
+/// activation row.
 ///
 /// # Safety
 /// As [`rows`], and AVX-VNNI.
@@ -374,18 +638,18 @@ pub(super) unsafe fn rows<K: Block32, const R: usize>(
 pub(super) unsafe fn rows_vnni<K: Block32, const R: usize>(
     w: &[u8],
     row_bytes: usize,
-    a: &[K::Act],
+    a: &[K::VAct],
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
-    rows_body::<K, R, true>(w, row_bytes, a, sc, out)
+    rows_body::<K, Vnni, R>(w, row_bytes, a, sc, out)
 }
 
 #[inline(always)]
-unsafe fn rows_body<K: Block32, const R: usize, const VNNI: bool>(
+unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     w: &[u8],
     row_bytes: usize,
-    a: &[K::Act],
+    a: &[I::A],
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
@@ -408,13 +672,8 @@ unsafe fn rows_body<K: Block32, const R: usize, const VNNI: bool>(
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
             let (wd, wm) = K::wscales(wb);
-            let wq = K::unpack(wb);
-            let l = if VNNI {
-                K::lanes_vnni(wq, ab)
-            } else {
-                K::lanes_w(wq, ab)
-            };
-            acc[r] = accumulate(acc[r], wd * ad, l);
+            let l = I::lanes(I::unpack(wb), ab);
+            acc[r] = accumulate_v(acc[r], I::scale(wd, _mm256_set1_ps(wd), ab, ad), l);
             if K::HAS_MIN {
                 summ[r] += wm * as_;
             }
@@ -633,10 +892,11 @@ pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
     scs: [&[[f32; 2]]; T],
     out: &mut [[f32; R]; T],
 ) {
-    rows_tokens_body::<K, R, T, false>(w, row_bytes, acts, scs, out)
+    rows_tokens_body::<K, Avx2, R, T>(w, row_bytes, acts, scs, out)
 }
 
-/// [`rows_tokens`] with AVX-VNNI lane sums (the same bits).
+/// [`rows_tokens`] with AVX-VNNI lane sums (the same bits); `acts[t]` is
+/// [`vnni_acts`] of token `t`'s activation row.
 ///
 /// # Safety
 /// As [`rows_tokens`], and AVX-VNNI.
@@ -644,18 +904,35 @@ pub(super) unsafe fn rows_tokens<K: Block32, const R: usize, const T: usize>(
 pub(super) unsafe fn rows_tokens_vnni<K: Block32, const R: usize, const T: usize>(
     w: &[u8],
     row_bytes: usize,
-    acts: [&[K::Act]; T],
+    acts: [&[K::VAct]; T],
     scs: [&[[f32; 2]]; T],
     out: &mut [[f32; R]; T],
 ) {
-    rows_tokens_body::<K, R, T, true>(w, row_bytes, acts, scs, out)
+    rows_tokens_body::<K, Vnni, R, T>(w, row_bytes, acts, scs, out)
+}
+
+/// [`rows_tokens_vnni`] compiled with AVX-512BW and AVX-512VL as well: the same
+/// operations on the same values (so the same bits), with 32 vector registers to keep
+/// them in and Q8_0's reordering in one instruction ([`Block32::unpack_vnni512`]).
+///
+/// # Safety
+/// As [`rows_tokens`], and AVX-VNNI, AVX-512BW and AVX-512VL.
+#[target_feature(enable = "avx2,f16c,avxvnni,avx512bw,avx512vl")]
+pub(super) unsafe fn rows_tokens_vnni512<K: Block32, const R: usize, const T: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    acts: [&[K::VAct]; T],
+    scs: [&[[f32; 2]]; T],
+    out: &mut [[f32; R]; T],
+) {
+    rows_tokens_body::<K, Vnni512, R, T>(w, row_bytes, acts, scs, out)
 }
 
 #[inline(always)]
-unsafe fn rows_tokens_body<K: Block32, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn rows_tokens_body<K: Block32, I: Isa<K>, const R: usize, const T: usize>(
     w: &[u8],
     row_bytes: usize,
-    acts: [&[K::Act]; T],
+    acts: [&[I::A]; T],
     scs: [&[[f32; 2]]; T],
     out: &mut [[f32; R]; T],
 ) {
@@ -667,17 +944,14 @@ unsafe fn rows_tokens_body<K: Block32, const R: usize, const T: usize, const VNN
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
-            let wq = K::unpack(wb);
+            let wq = I::unpack(wb);
             let (wd, wm) = K::wscales(wb);
+            let wdv = _mm256_set1_ps(wd);
             for t in 0..T {
                 let ab = &acts[t][b];
                 let [ad, as_] = scs[t][b];
-                let l = if VNNI {
-                    K::lanes_vnni(wq, ab)
-                } else {
-                    K::lanes_w(wq, ab)
-                };
-                acc[t][r] = accumulate(acc[t][r], wd * ad, l);
+                let l = I::lanes(wq, ab);
+                acc[t][r] = accumulate_v(acc[t][r], I::scale(wd, wdv, ab, ad), l);
                 if K::HAS_MIN {
                     summ[t][r] += wm * as_;
                 }

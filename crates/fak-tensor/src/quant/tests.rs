@@ -527,11 +527,19 @@ fn avx512_vnni_and_avx2_lane_sums_give_the_same_bits() {
     }
 }
 
+/// Every tile kernel (those the CPU lacks fall back to the best it has).
+const TILE_ISAS: [super::TileIsa; 4] = [
+    super::TileIsa::Avx2,
+    super::TileIsa::Vnni,
+    super::TileIsa::Vnni512,
+    super::TileIsa::Zmm,
+];
+
 #[test]
-fn avx512_vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
-    // 9 rows and 11 tokens: full 8 × 2 tiles (256-bit) and 4 rows × 4 tokens (512-bit),
-    // the 1-row edges, and the tokens left after the full tiles; random and extreme
-    // blocks.
+fn every_multi_token_tile_kernel_gives_the_reference_bits() {
+    // 9 rows and 11 tokens: full TILE_R × TILE_T tiles (2 × 4), the 512-bit 4-row ×
+    // 4-token tiles, the 1-row / 1-token edges and the tokens after the full tiles;
+    // random and extreme blocks.
     let mut r = Rng(53);
     for ty in [
         QType::Q4_0,
@@ -548,12 +556,12 @@ fn avx512_vnni_and_avx2_multi_token_tiles_give_the_same_bits() {
             for (t, a) in xs.iter().enumerate() {
                 matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
             }
-            for (vnni, zmm) in [(false, false), (true, false), (true, true)] {
+            for isa in TILE_ISAS {
                 let mut got = vec![f32::NAN; n * rows];
                 let rb = w.len() / rows;
-                super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, vnni, zmm).unwrap();
+                super::matmul_rows_isa(ty, &w, rb, &xs, &mut got, isa).unwrap();
                 let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
-                assert!(ok, "{ty} extreme={extreme} vnni={vnni} zmm={zmm}");
+                assert!(ok, "{ty} extreme={extreme} {isa:?}");
             }
         }
     }
@@ -688,5 +696,81 @@ fn vector_activation_quantizer_matches_the_scalar_one() {
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2_f16c() {
         assert!(vector > 12_000, "the vector form ran for {vector} blocks");
+    }
+}
+
+/// Q8_0 quants drawn from the extremes (−128, −127, −1, 0, 1, 127) or, for a whole
+/// block, one constant: the largest lane magnitudes `vpdpbusd` must carry exactly.
+fn extreme_q8(r: &mut Rng) -> [i8; QK] {
+    const V: [i8; 6] = [-128, -127, -1, 0, 1, 127];
+    let mut q = [0i8; QK];
+    match r.below(4) {
+        0 => q.fill(-128),
+        1 => q.fill(127),
+        _ => q.iter_mut().for_each(|v| *v = V[r.below(V.len())]),
+    }
+    q
+}
+
+#[test]
+fn q8_0_vnni_is_exact_on_extreme_quants() {
+    // By hand: one block of −128 × −128 with unit scales is 32 · 16384 exactly.
+    let one = f32_to_f16(1.0);
+    let mut wb = vec![0u8; 34];
+    wb[0..2].copy_from_slice(&one.to_le_bytes());
+    wb[2..].fill(0x80);
+    let a = QuantizedActs::Q8_0(vec![BlockQ8_0 {
+        d: one,
+        qs: [-128; QK],
+    }]);
+    for vnni in [false, true] {
+        let mut got = [0f32; 1];
+        super::matvec_isa(QType::Q8_0, &wb, &a, &mut got, true, vnni, false).unwrap();
+        assert_eq!(got[0], 524288.0, "vnni={vnni}");
+    }
+    // Rows (4-row groups and the remainder) and tiles (2 × 4 and the edges) against
+    // the reference, −128 in weights and activations, ordinary and extreme scales.
+    let mut r = Rng(59);
+    for extreme in [false, true] {
+        let (rows, nb, n) = (9, 4, 5);
+        let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
+        for b in w.chunks_exact_mut(34) {
+            let q = extreme_q8(&mut r);
+            b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
+        }
+        let xs: Vec<QuantizedActs> = (0..n)
+            .map(|_| {
+                QuantizedActs::Q8_0(
+                    (0..nb)
+                        .map(|_| BlockQ8_0 {
+                            d: some_f16(&mut r, extreme),
+                            qs: extreme_q8(&mut r),
+                        })
+                        .collect(),
+                )
+            })
+            .collect();
+        let mut want = vec![0f32; n * rows];
+        for (t, a) in xs.iter().enumerate() {
+            matvec_ref(QType::Q8_0, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
+        }
+        for vnni in [false, true] {
+            let mut got = vec![f32::NAN; n * rows];
+            for (t, a) in xs.iter().enumerate() {
+                let o = &mut got[t * rows..(t + 1) * rows];
+                super::matvec_isa(QType::Q8_0, &w, a, o, true, vnni, false).unwrap();
+            }
+            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+            assert!(
+                ok,
+                "rows, extreme={extreme} vnni={vnni}: {got:?} vs {want:?}"
+            );
+        }
+        for isa in TILE_ISAS {
+            let mut got = vec![f32::NAN; n * rows];
+            super::matmul_rows_isa(QType::Q8_0, &w, w.len() / rows, &xs, &mut got, isa).unwrap();
+            let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
+            assert!(ok, "tiles, extreme={extreme} {isa:?}: {got:?} vs {want:?}");
+        }
     }
 }
