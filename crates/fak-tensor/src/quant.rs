@@ -1592,6 +1592,8 @@ impl<'a> TileActs<'a> {
             #[cfg(target_arch = "x86_64")]
             TileActs::Q5_1(t) => tiles(w, rb, t, out, 0),
             #[cfg(target_arch = "x86_64")]
+            TileActs::Q8_0(t) if t.zmm => tiles_512(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
             TileActs::Q8_0(t) => tiles(w, rb, t, out, 0),
             #[cfg(not(target_arch = "x86_64"))]
             TileActs::Never(never, _) => match *never {},
@@ -1665,12 +1667,15 @@ unsafe fn tiles<K: avx2::Block32>(
 /// # Safety
 /// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI ([`TileIsa::Zmm`]).
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles_512<K: avx2::Pair512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
+unsafe fn tiles_512<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
 where
     K::Act: avx2::ActBlock,
 {
     const T: usize = 2 * TILE512_P;
-    let (a, sc) = (&p.a, &p.sc);
+    let Some(a) = &p.va else {
+        return tiles(w, rb, p, out, 0);
+    };
+    let sc = &p.sc;
     let (m, n) = (w.len() / rb, a.len());
     let n_main = n - n % T;
     let mut r = 0;
@@ -1681,8 +1686,8 @@ where
             macro_rules! tile {
                 ($r:expr) => {{
                     let mut o = [[[0f32; $r]; 2]; TILE512_P];
-                    let ts: [[&[K::Act]; 2]; TILE512_P] =
-                        std::array::from_fn(|p| [a[t + 2 * p], a[t + 2 * p + 1]]);
+                    let ts: [[&[K::VAct]; 2]; TILE512_P] =
+                        std::array::from_fn(|p| [&a[t + 2 * p][..], &a[t + 2 * p + 1][..]]);
                     let ss: [[&[[f32; 2]]; 2]; TILE512_P] =
                         std::array::from_fn(|p| [&sc[t + 2 * p][..], &sc[t + 2 * p + 1][..]]);
                     avx2::rows_tokens_512::<K, $r, TILE512_P>(wr, rb, ts, ss, &mut o);

@@ -734,6 +734,70 @@ impl Pair512 for Q5_1 {
     const OFFSET: Option<i8> = None;
 }
 
+/// The 32-element types whose VNNI weight form is one `__m256i` (every one but Q4_0,
+/// see `quant::has_avx512_vnni`; Q8_0 included): two tokens fit one 512-bit register
+/// for [`rows_tokens_512`].
+pub(super) trait Tile512: Block32<VW = __m256i> {
+    /// The activation block's 32 quants in the byte order of [`Block32::unpack_vnni`].
+    ///
+    /// # Safety
+    /// AVX2 and AVX-VNNI (the caller has them enabled).
+    unsafe fn vqs(a: &Self::VAct) -> __m256i;
+    /// What `vpdpbusd` starts each lane from so that it ends at the exact `L[m]`:
+    /// `-Σ OFFSET a` (Q5_0), the form's `-128 Σ a` bias (Q8_0), or zero.
+    ///
+    /// # Safety
+    /// AVX2 and AVX-VNNI (the caller has them enabled).
+    unsafe fn vbase(a: &Self::VAct) -> __m256i;
+}
+
+impl Tile512 for Q4_1 {
+    #[inline(always)]
+    unsafe fn vqs(a: &BlockQ8_1) -> __m256i {
+        load32(a.qs_ptr())
+    }
+    #[inline(always)]
+    unsafe fn vbase(_: &BlockQ8_1) -> __m256i {
+        _mm256_setzero_si256()
+    }
+}
+
+impl Tile512 for Q5_1 {
+    #[inline(always)]
+    unsafe fn vqs(a: &BlockQ8_1) -> __m256i {
+        load32(a.qs_ptr())
+    }
+    #[inline(always)]
+    unsafe fn vbase(_: &BlockQ8_1) -> __m256i {
+        _mm256_setzero_si256()
+    }
+}
+
+impl Tile512 for Q5_0 {
+    #[inline(always)]
+    unsafe fn vqs(a: &BlockQ8_0) -> __m256i {
+        load32(a.qs_ptr())
+    }
+    #[inline(always)]
+    unsafe fn vbase(a: &BlockQ8_0) -> __m256i {
+        _mm256_sub_epi32(
+            _mm256_setzero_si256(),
+            dp(_mm256_set1_epi8(16), load32(a.qs_ptr())),
+        )
+    }
+}
+
+impl Tile512 for Q8_0 {
+    #[inline(always)]
+    unsafe fn vqs(a: &VnniQ8_0) -> __m256i {
+        a.qs
+    }
+    #[inline(always)]
+    unsafe fn vbase(a: &VnniQ8_0) -> __m256i {
+        a.bias
+    }
+}
+
 /// [`rows`] for four rows with 512-bit registers, two rows per register: each block's
 /// lane sums, their conversion, the scale multiply and the accumulate are done for two
 /// rows by one instruction each. Every lane performs exactly the operations of the
@@ -811,20 +875,20 @@ pub(super) unsafe fn rows_pairs_512<K: Pair512>(
 /// lane performs exactly the single-row kernel's operations in its order (`d = wd *
 /// ad` rounded once, then a rounded multiply and a rounded add), and each (row, token)
 /// is reduced by the same [`hsum`]: the same bits as [`rows`] for each token alone.
-/// `out[p][h][r]` is row `r` times token `acts[p][h]`.
+/// `out[p][h][r]` is row `r` times token `acts[p][h]` (in the VNNI form,
+/// [`vnni_acts`]).
 ///
 /// # Safety
-/// As [`rows_tokens`] (for every `acts[p][h]`), and AVX-512F/BW/DQ and AVX512-VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vnni")]
-pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>(
+/// As [`rows_tokens`] (for every `acts[p][h]`), and AVX-VNNI, AVX-512F/BW/DQ/VL and
+/// AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_tokens_512<K: Tile512, const R: usize, const P: usize>(
     w: &[u8],
     row_bytes: usize,
-    acts: [[&[K::Act]; 2]; P],
+    acts: [[&[K::VAct]; 2]; P],
     scs: [[&[[f32; 2]]; 2]; P],
     out: &mut [[[f32; R]; 2]; P],
-) where
-    K::Act: ActBlock,
-{
+) {
     let mut acc = [[_mm512_setzero_ps(); P]; R];
     let mut summ = [[[0f32; 2]; P]; R];
     let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
@@ -832,25 +896,24 @@ pub(super) unsafe fn rows_tokens_512<K: Pair512, const R: usize, const P: usize>
     for b in 0..nb {
         let mut aq = [_mm512_setzero_si512(); P];
         let mut ad = [_mm512_setzero_ps(); P];
-        let mut off = [_mm512_setzero_si512(); P];
+        let mut base = [_mm512_setzero_si512(); P];
         for p in 0..P {
             let [a0, a1] = acts[p];
-            aq[p] = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(load32(a0[b].qs_ptr())),
-                load32(a1[b].qs_ptr()),
-            );
+            aq[p] = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(K::vqs(&a0[b])), K::vqs(&a1[b]));
+            base[p] =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(K::vbase(&a0[b])), K::vbase(&a1[b]));
             let d2 = _mm_unpacklo_ps(_mm_set_ss(scs[p][0][b][0]), _mm_set_ss(scs[p][1][b][0]));
             ad[p] = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
-            off[p] = offset_512::<K>(aq[p]);
         }
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
-            let wq = _mm512_broadcast_i64x4(K::unpack(wb));
+            let wq = _mm512_broadcast_i64x4(K::unpack_vnni512(wb));
             let (wd, wm) = K::wscales(wb);
             let wdv = _mm512_set1_ps(wd);
             for p in 0..P {
-                let l = lanes_512(wq, aq[p], off[p]);
+                // Exact: the base and every product sum fit `i32` (as `lanes_vnni`).
+                let l = _mm512_dpbusd_epi32(base[p], wq, aq[p]);
                 let d = _mm512_mul_ps(wdv, ad[p]);
                 acc[r][p] = _mm512_add_ps(acc[r][p], _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
                 if K::HAS_MIN {
