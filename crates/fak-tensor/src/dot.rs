@@ -54,6 +54,27 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
+/// Whether the f32 multi-token tiles use 512-bit registers ([`avx2::dot_tile_512`]:
+/// two tokens per register, the same bits): AVX2/FMA and AVX-512F/DQ detected at run
+/// time, and `FAK_NO_AVX512=1` not set.
+pub fn has_avx512_f32() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static HAS: OnceLock<bool> = OnceLock::new();
+        *HAS.get_or_init(|| {
+            has_avx2_fma()
+                && std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512dq")
+                && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
+        })
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Canonical dot product, using AVX2/FMA when available; bit-identical to [`dot_ref`].
 ///
 /// # Panics
@@ -196,6 +217,58 @@ pub(crate) mod avx2 {
         for r in 0..R {
             let row = &w[r * stride..r * stride + len];
             out[r] = tail(row, x, n8, hsum(acc[r]));
+        }
+    }
+
+    /// [`dot_tile`] for `R` rows × `2P` tokens with 512-bit registers: one register
+    /// holds a row's eight lane accumulators for two tokens (tokens `2p`, `2p + 1` in
+    /// its low and high halves), so one fused multiply-add serves both. Each lane
+    /// performs exactly [`dot_tile`]'s operations in its order, and each (row, token)
+    /// is reduced by the same [`hsum`] and [`tail`]: the same bits.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and AVX-512F/DQ; `w.len() >= R*cols`,
+    /// `x.len() >= 2P*cols`, `out.len() >= (2P-1)*ldo + R`.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
+    pub unsafe fn dot_tile_512<const R: usize, const P: usize>(
+        w: &[f32],
+        x: &[f32],
+        cols: usize,
+        out: &mut [f32],
+        ldo: usize,
+    ) {
+        debug_assert!(w.len() >= R * cols && x.len() >= 2 * P * cols);
+        debug_assert!(out.len() >= (2 * P - 1) * ldo + R);
+        let n8 = cols / LANES * LANES;
+        let mut acc = [[_mm512_setzero_ps(); P]; R];
+        let wp = w.as_ptr();
+        let xp = x.as_ptr();
+        let mut i = 0;
+        while i < n8 {
+            let mut xv = [_mm512_setzero_ps(); P];
+            for (p, v) in xv.iter_mut().enumerate() {
+                let lo = _mm256_loadu_ps(xp.add(2 * p * cols + i));
+                let hi = _mm256_loadu_ps(xp.add((2 * p + 1) * cols + i));
+                *v = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+            }
+            for (r, row_acc) in acc.iter_mut().enumerate() {
+                let wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wp.add(r * cols + i)));
+                for (p, a) in row_acc.iter_mut().enumerate() {
+                    *a = _mm512_fmadd_ps(wv, xv[p], *a);
+                }
+            }
+            i += LANES;
+        }
+        for (r, row_acc) in acc.iter().enumerate() {
+            let row = &w[r * cols..(r + 1) * cols];
+            for (p, a) in row_acc.iter().enumerate() {
+                let halves = [_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a)];
+                for (h, v) in halves.into_iter().enumerate() {
+                    let t = 2 * p + h;
+                    let xt = &x[t * cols..(t + 1) * cols];
+                    out[t * ldo + r] = tail(row, xt, n8, hsum(v));
+                }
+            }
         }
     }
 

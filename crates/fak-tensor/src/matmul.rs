@@ -282,7 +282,7 @@ fn matmul_serial(
     if has_avx2_fma() {
         // SAFETY: AVX2 and FMA were detected at run time; shapes were checked by the
         // caller (`w` holds `rows*cols`, `x` holds `n*cols`, `out` holds `(n-1)*ldo+rows`).
-        unsafe { serial_avx2(w, rows, cols, x, n, out, ldo) };
+        unsafe { serial_avx2(w, rows, cols, x, n, out, ldo, crate::dot::has_avx512_f32()) };
         return;
     }
     for t in 0..n {
@@ -297,10 +297,18 @@ fn matmul_serial(
 #[cfg(target_arch = "x86_64")]
 const ROW_BLOCK: usize = 64;
 
+/// Tokens of one 512-bit f32 tile ([`crate::dot::avx2::dot_tile_512`]: `ZMM_R` rows ×
+/// `2 * ZMM_P` tokens).
+#[cfg(target_arch = "x86_64")]
+const ZMM_R: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const ZMM_P: usize = 4;
+
 /// # Safety
-/// AVX2 and FMA available; shapes as in [`matmul_serial`].
+/// AVX2 and FMA available, and AVX-512F/DQ when `zmm`; shapes as in [`matmul_serial`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn serial_avx2(
     w: &[f32],
     rows: usize,
@@ -309,8 +317,9 @@ unsafe fn serial_avx2(
     n: usize,
     out: &mut [f32],
     ldo: usize,
+    zmm: bool,
 ) {
-    use crate::dot::avx2::{dot_rows, dot_tile};
+    use crate::dot::avx2::{dot_rows, dot_tile, dot_tile_512};
     if n == 1 {
         let mut r = 0;
         while r + 8 <= rows {
@@ -329,6 +338,21 @@ unsafe fn serial_avx2(
     while rb < rows {
         let re = (rb + ROW_BLOCK).min(rows);
         let mut t = 0;
+        // Full 512-bit tiles first (two tokens per register), the rest as below.
+        while zmm && n - t >= 2 * ZMM_P {
+            let xt = &x[t * cols..];
+            let o = &mut out[t * ldo..];
+            let mut r = rb;
+            while r + ZMM_R <= re {
+                dot_tile_512::<ZMM_R, ZMM_P>(&w[r * cols..], xt, cols, &mut o[r..], ldo);
+                r += ZMM_R;
+            }
+            while r < re {
+                dot_tile_512::<1, ZMM_P>(&w[r * cols..], xt, cols, &mut o[r..], ldo);
+                r += 1;
+            }
+            t += 2 * ZMM_P;
+        }
         while t < n {
             let tn = (n - t).min(T);
             let xt = &x[t * cols..];
@@ -392,6 +416,31 @@ mod tests {
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "rows={rows} cols={cols} n={n} threads={th}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn f32_tiles_with_and_without_512_bit_registers_give_the_reference_bits() {
+        // 4-row × 8-token 512-bit tiles, their 1-row edge, and the 256-bit tiles for
+        // the tokens after them; lengths with and without an 8-element tail.
+        if !crate::dot::has_avx2_fma() {
+            return;
+        }
+        for &(rows, cols) in &[(9usize, 64usize), (13, 20), (66, 577)] {
+            let w = data(rows * cols, 5);
+            let x = data(19 * cols, 6);
+            for n in [2usize, 8, 9, 16, 19] {
+                let mut want = vec![0f32; n * rows];
+                matmul_ref(&w, rows, cols, &x, n, &mut want);
+                for zmm in [false, crate::dot::has_avx512_f32()] {
+                    let mut got = vec![f32::NAN; n * rows];
+                    // SAFETY: AVX2 and FMA were detected (AVX-512F/DQ when `zmm`); `w`,
+                    // `x` and `got` hold `rows * cols`, `n * cols` and `n * rows`.
+                    unsafe { serial_avx2(&w, rows, cols, &x, n, &mut got, rows, zmm) };
+                    assert_same_bits(&got, &want, &format!("{rows}x{cols} n={n} zmm={zmm}"));
                 }
             }
         }
