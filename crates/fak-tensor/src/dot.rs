@@ -54,7 +54,7 @@ pub fn has_avx2_fma() -> bool {
     }
 }
 
-/// Whether the f32 multi-token tiles use 512-bit registers ([`avx2::dot_tile_512`]:
+/// Whether the f32 multi-token tiles use 512-bit registers (`avx2::dot_tile_512`:
 /// two tokens per register, the same bits): AVX2/FMA and AVX-512F/DQ detected at run
 /// time, and `FAK_NO_AVX512=1` not set.
 pub fn has_avx512_f32() -> bool {
