@@ -751,41 +751,33 @@ pub(super) trait Tile512: Block32<VW = __m256i> {
     unsafe fn vbase(a: &Self::VAct) -> __m256i;
 }
 
-impl Tile512 for Q4_1 {
-    #[inline(always)]
-    unsafe fn vqs(a: &BlockQ8_1) -> __m256i {
-        load32(a.qs_ptr())
-    }
-    #[inline(always)]
-    unsafe fn vbase(_: &BlockQ8_1) -> __m256i {
-        _mm256_setzero_si256()
-    }
+/// [`Tile512`] for a type whose VNNI activation form is its plain block, with the
+/// weight offset (if any) taken off through the `vpdpbusd` start value.
+macro_rules! tile512_plain {
+    ($t:ty, $act:ty, $off:expr) => {
+        impl Tile512 for $t {
+            #[inline(always)]
+            unsafe fn vqs(a: &$act) -> __m256i {
+                load32(a.qs_ptr())
+            }
+            #[inline(always)]
+            unsafe fn vbase(a: &$act) -> __m256i {
+                let off: Option<i8> = $off;
+                match off {
+                    Some(o) => _mm256_sub_epi32(
+                        _mm256_setzero_si256(),
+                        dp(_mm256_set1_epi8(o), load32(a.qs_ptr())),
+                    ),
+                    None => _mm256_setzero_si256(),
+                }
+            }
+        }
+    };
 }
 
-impl Tile512 for Q5_1 {
-    #[inline(always)]
-    unsafe fn vqs(a: &BlockQ8_1) -> __m256i {
-        load32(a.qs_ptr())
-    }
-    #[inline(always)]
-    unsafe fn vbase(_: &BlockQ8_1) -> __m256i {
-        _mm256_setzero_si256()
-    }
-}
-
-impl Tile512 for Q5_0 {
-    #[inline(always)]
-    unsafe fn vqs(a: &BlockQ8_0) -> __m256i {
-        load32(a.qs_ptr())
-    }
-    #[inline(always)]
-    unsafe fn vbase(a: &BlockQ8_0) -> __m256i {
-        _mm256_sub_epi32(
-            _mm256_setzero_si256(),
-            dp(_mm256_set1_epi8(16), load32(a.qs_ptr())),
-        )
-    }
-}
+tile512_plain!(Q4_1, BlockQ8_1, None);
+tile512_plain!(Q5_1, BlockQ8_1, None);
+tile512_plain!(Q5_0, BlockQ8_0, Some(16));
 
 impl Tile512 for Q8_0 {
     #[inline(always)]
