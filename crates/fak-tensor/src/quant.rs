@@ -799,7 +799,7 @@ pub fn has_avx_vnni() -> bool {
 }
 
 /// Whether the 512-bit kernels run (Q4_1, Q5_0 and Q5_1: two rows per register in a
-/// matvec, two tokens per register in a multi-token tile): AVX-512F/BW/DQ and
+/// matvec, two tokens per register in a multi-token tile): AVX-512F/BW/DQ/VL and
 /// AVX512-VNNI detected at run time, and neither `FAK_NO_AVX512=1` nor `FAK_NO_VNNI=1`
 /// set. They give the same bits as the 256-bit kernels (tests compare all three with
 /// the reference). Q4_0 stays on the 256-bit kernels: its 512-bit form measured ~7%
@@ -814,6 +814,7 @@ pub fn has_avx512_vnni() -> bool {
                 && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
                 && std::is_x86_feature_detected!("avx512dq")
+                && std::is_x86_feature_detected!("avx512vl")
                 && std::is_x86_feature_detected!("avx512vnni")
                 && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
         })
@@ -1086,7 +1087,7 @@ fn matvec_isa(
     if simd && has_avx2_f16c() {
         use QuantizedActs as A;
         // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`,
-        // AVX-512F/BW/DQ and AVX512-VNNI when `zmm`); `check_matvec` established that `act`
+        // AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI when `zmm`); `check_matvec` established that `act`
         // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
         // `w.len() == rb * out.len()`.
         let done = match (ty, act) {
@@ -1157,10 +1158,10 @@ where
 /// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
 ///
 /// # Safety
-/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ and AVX512-VNNI are available;
+/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI are available;
 /// `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
 #[cfg(target_arch = "x86_64")]
-unsafe fn rows4_512<K: avx2::Pair512>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool
+unsafe fn rows4_512<K: avx2::Tile512>(w: &[u8], rb: usize, a: &[K::Act], out: &mut [f32]) -> bool
 where
     K::Act: avx2::ActBlock,
 {
@@ -1169,7 +1170,7 @@ where
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        avx2::rows_pairs_512::<K>(wc, rb, a, &sc, o);
+        avx2::rows_pairs_512::<K>(wc, rb, &va, &sc, o);
     }
     let rest = outs.into_remainder();
     for (o, wr) in rest

@@ -688,55 +688,9 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     }
 }
 
-/// The 32-element types whose unpacked weights are 32 bytes in element order (one
-/// `__m256i`): two rows fit one 512-bit register for [`rows_pairs_512`].
-pub(super) trait Pair512: Block32<W = __m256i> {
-    /// The weight offset subtracted from every quant (8 for Q4_0, 16 for Q5_0, none
-    /// for the types with a minimum).
-    const OFFSET: Option<i8>;
-}
-
-/// `vpdpbusd` over 512 bits: `i32` lane `m` = `Σ_{k<4} w[4m+k] a[4m+k]`, `w` unsigned,
-/// `a` signed; exact for the weights here (below 64, as [`dp`]).
-#[inline(always)]
-unsafe fn dp512(w: __m512i, a: __m512i) -> __m512i {
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, a)
-}
-
-/// The lane sums of [`Pair512`] blocks: `w` holds two unpacked blocks (row A's in the
-/// low 256 bits, row B's in the high ones; or one block twice), `a` the matching
-/// activation quants, `off` = `dp512(OFFSET, a)` computed once per activation block
-/// (zero without an offset). Each `i32` lane is the exact `L[m]` of [`Block32`]'s
-/// `lanes_vnni` for its half: `Σ (q - OFFSET) a = Σ q a - Σ OFFSET a`.
-#[inline(always)]
-unsafe fn lanes_512(w: __m512i, a: __m512i, off: __m512i) -> __m512i {
-    _mm512_sub_epi32(dp512(w, a), off)
-}
-
-/// `dp512(OFFSET, a)` for [`lanes_512`] (zero when the type has no offset).
-#[inline(always)]
-unsafe fn offset_512<K: Pair512>(a: __m512i) -> __m512i {
-    match K::OFFSET {
-        Some(o) => dp512(_mm512_set1_epi8(o), a),
-        None => _mm512_setzero_si512(),
-    }
-}
-
-impl Pair512 for Q4_1 {
-    const OFFSET: Option<i8> = None;
-}
-
-impl Pair512 for Q5_0 {
-    const OFFSET: Option<i8> = Some(16);
-}
-
-impl Pair512 for Q5_1 {
-    const OFFSET: Option<i8> = None;
-}
-
 /// The 32-element types whose VNNI weight form is one `__m256i` (every one but Q4_0,
-/// see `quant::has_avx512_vnni`; Q8_0 included): two tokens fit one 512-bit register
-/// for [`rows_tokens_512`].
+/// see `quant::has_avx512_vnni`; Q8_0 included): two rows ([`rows_pairs_512`]) or two
+/// tokens ([`rows_tokens_512`]) fit one 512-bit register.
 pub(super) trait Tile512: Block32<VW = __m256i> {
     /// The activation block's 32 quants in the byte order of [`Block32::unpack_vnni`].
     ///
@@ -798,18 +752,18 @@ impl Tile512 for Q8_0 {
 /// each row's eight lanes are reduced by the same [`hsum`], so the results are the same
 /// bits as [`rows`] (and as the scalar reference).
 ///
+/// `a` is the activation row in its VNNI form ([`vnni_acts`]).
+///
 /// # Safety
-/// As [`rows`] with `R = 4`, and AVX-512F/BW/DQ and AVX512-VNNI.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vnni")]
-pub(super) unsafe fn rows_pairs_512<K: Pair512>(
+/// As [`rows`] with `R = 4`, and AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+pub(super) unsafe fn rows_pairs_512<K: Tile512>(
     w: &[u8],
     row_bytes: usize,
-    a: &[K::Act],
+    a: &[K::VAct],
     sc: &[[f32; 2]],
     out: &mut [f32],
-) where
-    K::Act: ActBlock,
-{
+) {
     debug_assert!(w.len() >= 4 * row_bytes && out.len() >= 4 && sc.len() == a.len());
     let mut acc = [_mm512_setzero_ps(); 2];
     let mut summ = [0f32; 4];
@@ -824,8 +778,8 @@ pub(super) unsafe fn rows_pairs_512<K: Pair512>(
         if step > 128 {
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
         }
-        let aq = _mm512_broadcast_i64x4(load32(ab.qs_ptr()));
-        let off = offset_512::<K>(aq);
+        let aq = _mm512_broadcast_i64x4(K::vqs(ab));
+        let base = _mm512_broadcast_i64x4(K::vbase(ab));
         for (pair, acc) in acc.iter_mut().enumerate() {
             let (ra, rb) = (2 * pair, 2 * pair + 1);
             let at_a = ra * row_bytes + b * K::BYTES;
@@ -833,8 +787,12 @@ pub(super) unsafe fn rows_pairs_512<K: Pair512>(
             let (wa, wb) = (&w[at_a..at_a + K::BYTES], &w[at_b..at_b + K::BYTES]);
             let (da, ma) = K::wscales(wa);
             let (db, mb) = K::wscales(wb);
-            let wq = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(K::unpack(wa)), K::unpack(wb));
-            let l = lanes_512(wq, aq, off);
+            let wq = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(K::unpack_vnni512(wa)),
+                K::unpack_vnni512(wb),
+            );
+            // Exact: the base and every product sum fit `i32` (as `lanes_vnni`).
+            let l = _mm512_dpbusd_epi32(base, wq, aq);
             let d2 = _mm_unpacklo_ps(_mm_set_ss(da * ad), _mm_set_ss(db * ad));
             let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
             *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
