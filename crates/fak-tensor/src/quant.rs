@@ -61,6 +61,8 @@ use std::fmt;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod transposed;
 
 /// Elements per block of the 32-element types (Q4_0 … Q8_1).
 pub const QK: usize = 32;
@@ -1504,6 +1506,9 @@ struct Tiled<'a, K: avx2::Block32> {
     /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
     /// them).
     zmm: bool,
+    /// [`TileIsa::Zmm`] and 16 tokens or more: the first multiple of 16 tokens in the
+    /// form of the token-transposed tiles ([`transposed`]).
+    tt: Option<transposed::Acts>,
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -1519,12 +1524,18 @@ where
             (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
         let wide = isa >= TileIsa::Vnni512;
         let zmm = isa == TileIsa::Zmm;
+        let tt = if zmm {
+            transposed::Acts::new::<K>(&a)
+        } else {
+            None
+        };
         Tiled {
             a,
             sc,
             va,
             wide,
             zmm,
+            tt,
         }
     }
 }
@@ -1579,26 +1590,63 @@ impl<'a> TileActs<'a> {
         // function's contract.
         match self {
             #[cfg(target_arch = "x86_64")]
-            TileActs::Q4_0(t) => tiles(w, rb, t, out, 0),
+            TileActs::Q4_0(t) => {
+                let t0 = tiles_transposed(w, rb, t, out);
+                tiles(w, rb, t, out, t0)
+            }
             #[cfg(target_arch = "x86_64")]
-            TileActs::Q4_1(t) if t.zmm => tiles_512(w, rb, t, out),
+            TileActs::Q4_1(t) => tiles_any(w, rb, t, out),
             #[cfg(target_arch = "x86_64")]
-            TileActs::Q4_1(t) => tiles(w, rb, t, out, 0),
+            TileActs::Q5_0(t) => tiles_any(w, rb, t, out),
             #[cfg(target_arch = "x86_64")]
-            TileActs::Q5_0(t) if t.zmm => tiles_512(w, rb, t, out),
+            TileActs::Q5_1(t) => tiles_any(w, rb, t, out),
             #[cfg(target_arch = "x86_64")]
-            TileActs::Q5_0(t) => tiles(w, rb, t, out, 0),
-            #[cfg(target_arch = "x86_64")]
-            TileActs::Q5_1(t) if t.zmm => tiles_512(w, rb, t, out),
-            #[cfg(target_arch = "x86_64")]
-            TileActs::Q5_1(t) => tiles(w, rb, t, out, 0),
-            #[cfg(target_arch = "x86_64")]
-            TileActs::Q8_0(t) if t.zmm => tiles_512(w, rb, t, out),
-            #[cfg(target_arch = "x86_64")]
-            TileActs::Q8_0(t) => tiles(w, rb, t, out, 0),
+            TileActs::Q8_0(t) => tiles_any(w, rb, t, out),
             #[cfg(not(target_arch = "x86_64"))]
             TileActs::Never(never, _) => match *never {},
         }
+    }
+}
+
+/// The token-transposed tiles ([`transposed::tiles`]) for the first multiple of 16
+/// tokens when `p` holds their form; returns the first token they did not cover.
+///
+/// # Safety
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI when `p.tt` is set.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_transposed<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [f32],
+) -> usize
+where
+    K::Act: avx2::ActBlock,
+{
+    match &p.tt {
+        Some(tt) => {
+            transposed::tiles::<K>(w, rb, tt, out);
+            tt.tokens()
+        }
+        None => 0,
+    }
+}
+
+/// Every token through the best tiles `p` allows: the token-transposed ones for the
+/// first multiple of 16, then [`tiles_512`] or [`tiles`].
+///
+/// # Safety
+/// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_any<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
+where
+    K::Act: avx2::ActBlock,
+{
+    let t0 = tiles_transposed(w, rb, p, out);
+    if p.zmm {
+        tiles_512(w, rb, p, out, t0)
+    } else {
+        tiles(w, rb, p, out, t0)
     }
 }
 
@@ -1662,28 +1710,34 @@ unsafe fn tiles<K: avx2::Block32>(
 }
 
 /// [`tiles`] with the 512-bit kernel ([`avx2::rows_tokens_512`]: `TILE512_R` rows ×
-/// `2 * TILE512_P` tokens, two tokens per register, 1-row tiles at the row edge); the
-/// last `n % (2 * TILE512_P)` tokens go through [`tiles`]. The same bits as [`tiles`].
+/// `2 * TILE512_P` tokens, two tokens per register, 1-row tiles at the row edge) for
+/// the tokens from `t0` on; the last `(n - t0) % (2 * TILE512_P)` go through
+/// [`tiles`]. The same bits as [`tiles`].
 ///
 /// # Safety
 /// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI ([`TileIsa::Zmm`]).
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles_512<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
-where
+unsafe fn tiles_512<K: avx2::Tile512>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [f32],
+    t0: usize,
+) where
     K::Act: avx2::ActBlock,
 {
     const T: usize = 2 * TILE512_P;
     let Some(a) = &p.va else {
-        return tiles(w, rb, p, out, 0);
+        return tiles(w, rb, p, out, t0);
     };
     let sc = &p.sc;
     let (m, n) = (w.len() / rb, a.len());
-    let n_main = n - n % T;
+    let n_main = n - (n - t0.min(n)) % T;
     let mut r = 0;
     while r < m {
         let wr = &w[r * rb..];
         let rr = if m - r >= TILE512_R { TILE512_R } else { 1 };
-        for t in (0..n_main).step_by(T) {
+        for t in (t0.min(n_main)..n_main).step_by(T) {
             macro_rules! tile {
                 ($r:expr) => {{
                     let mut o = [[[0f32; $r]; 2]; TILE512_P];

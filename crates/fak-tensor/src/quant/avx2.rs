@@ -195,6 +195,17 @@ pub(super) trait Block32 {
     unsafe fn vnni_scale(wd: f32, _wdv: __m256, _a: &Self::VAct, ad: f32) -> __m256 {
         _mm256_set1_ps(wd * ad)
     }
+    /// The element of a 32-element chunk that byte `k` (`k < 4`) of canonical lane `m`
+    /// holds: `4m + k` (element order; the nibble types), or Q8_0's `2m, 2m+1, 2m+16,
+    /// 2m+17`.
+    const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 4 * m + k;
+    /// The weight block's quants as signed bytes, offset removed (`q - 8` for Q4_0,
+    /// `q - 16` for Q5_0), in canonical lane order: bytes `4m..4m+4` are the elements
+    /// [`Block32::LANE_ELEMENT`] gives for lane `m`.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i;
 }
 
 /// Which lane sums a kernel body computes, with the weight and activation forms they
@@ -392,6 +403,10 @@ impl Block32 for Q4_0 {
         let aq = load32(a.qs.as_ptr() as *const u8);
         _mm256_sub_epi32(dp(w, aq), dp(_mm256_set1_epi8(8), aq))
     }
+    #[inline(always)]
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i {
+        _mm256_sub_epi8(Self::unpack(wb), _mm256_set1_epi8(8))
+    }
 }
 
 impl Block32 for Q4_1 {
@@ -424,6 +439,10 @@ impl Block32 for Q4_1 {
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
         dp(w, load32(a.qs.as_ptr() as *const u8))
+    }
+    #[inline(always)]
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
     }
 }
 
@@ -460,6 +479,10 @@ impl Block32 for Q5_0 {
         let aq = load32(a.qs.as_ptr() as *const u8);
         _mm256_sub_epi32(dp(w, aq), dp(_mm256_set1_epi8(16), aq))
     }
+    #[inline(always)]
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i {
+        _mm256_sub_epi8(Self::unpack(wb), _mm256_set1_epi8(16))
+    }
 }
 
 impl Block32 for Q5_1 {
@@ -493,6 +516,10 @@ impl Block32 for Q5_1 {
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
         dp(w, load32(a.qs.as_ptr() as *const u8))
+    }
+    #[inline(always)]
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i {
+        Self::unpack(wb)
     }
 }
 
@@ -571,6 +598,11 @@ impl Block32 for Q8_0 {
     #[inline(always)]
     unsafe fn vnni_scale(_wd: f32, wdv: __m256, a: &VnniQ8_0, _ad: f32) -> __m256 {
         _mm256_mul_ps(wdv, a.d)
+    }
+    const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 2 * m + (k & 1) + 16 * (k >> 1);
+    #[inline(always)]
+    unsafe fn signed_quants(wb: &[u8]) -> __m256i {
+        q8_0_vnni_order(load32(wb[2..34].as_ptr()))
     }
 }
 

@@ -537,9 +537,10 @@ const TILE_ISAS: [super::TileIsa; 4] = [
 
 #[test]
 fn every_multi_token_tile_kernel_gives_the_reference_bits() {
-    // 9 rows and 11 tokens: full TILE_R × TILE_T tiles (2 × 4), the 512-bit 4-row ×
-    // 4-token tiles, the 1-row / 1-token edges and the tokens after the full tiles;
-    // random and extreme blocks.
+    // 9 rows and 37 tokens: full TILE_R × TILE_T tiles (2 × 4), the 512-bit 4-row ×
+    // 4-token tiles, Q8_0's token-transposed 2-row × 16-token tiles (two groups), the
+    // 1-row / 1-token edges and the tokens after the full tiles; random and extreme
+    // blocks.
     let mut r = Rng(53);
     for ty in [
         QType::Q4_0,
@@ -549,7 +550,7 @@ fn every_multi_token_tile_kernel_gives_the_reference_bits() {
         QType::Q8_0,
     ] {
         for extreme in [false, true] {
-            let (rows, nb, n) = (9, 3, 11);
+            let (rows, nb, n) = (9, 3, 37);
             let w = weights(&mut r, ty, rows * nb, extreme);
             let xs: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, extreme)).collect();
             let mut want = vec![0f32; n * rows];
@@ -728,11 +729,12 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
         super::matvec_isa(QType::Q8_0, &wb, &a, &mut got, true, vnni, false).unwrap();
         assert_eq!(got[0], 524288.0, "vnni={vnni}");
     }
-    // Rows (4-row groups and the remainder) and tiles (2 × 4 and the edges) against
-    // the reference, −128 in weights and activations, ordinary and extreme scales.
+    // Rows (4-row groups and the remainder) and tiles (2 × 4, the token-transposed
+    // 16-token tiles, and the edges) against the reference, −128 in weights and
+    // activations, ordinary and extreme scales.
     let mut r = Rng(59);
     for extreme in [false, true] {
-        let (rows, nb, n) = (9, 4, 5);
+        let (rows, nb, n) = (9, 4, 21);
         let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
         for b in w.chunks_exact_mut(34) {
             let q = extreme_q8(&mut r);
