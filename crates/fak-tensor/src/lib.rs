@@ -15,7 +15,9 @@
 //! computes each output in exactly that order, so they agree bit for bit; tests check it.
 //! The 512-bit kernels (chosen at run time when the CPU has AVX-512, off with
 //! `FAK_NO_AVX512=1`) keep the order too: a 512-bit register holds the eight lanes of
-//! two rows or of two tokens side by side, never sixteen lanes of one dot product.
+//! two rows or of two tokens side by side, or (the quantized prefill tiles of
+//! `quant::transposed`) one lane of sixteen tokens, never sixteen lanes of one dot
+//! product.
 //!
 //! Layout conventions: matrices are row-major `[rows, cols]` `f32` slices, as torch's
 //! `nn.Linear.weight` is `[out_features, in_features]`; activations are `[tokens, dim]`.

@@ -91,9 +91,15 @@ pub fn rope_rotate_half(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// ascending `j`. An empty row is left empty; a row of `-inf` becomes NaN as in torch.
 pub fn softmax_in_place(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0f32;
+    // The exponentials first, then their sum in its own loop: the same values summed
+    // in the same order, but the running sum no longer waits in memory across each
+    // `expf` call (a caller-saved register spilled around the call), so the calls
+    // overlap and the sum's chain is one add per element.
     for v in x.iter_mut() {
         *v = (*v - max).exp();
+    }
+    let mut sum = 0f32;
+    for v in x.iter() {
         sum += *v;
     }
     for v in x.iter_mut() {
@@ -154,6 +160,12 @@ pub fn weighted_rows_sum(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]
         rows.len()
     );
     #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected; the bounds were checked above.
+        unsafe { weighted_rows_sum_512(p, rows, stride, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if crate::dot::has_avx2_fma() {
         // SAFETY: AVX2 was detected; the bounds were checked above.
         unsafe { weighted_rows_sum_avx2(p, rows, stride, out) };
@@ -168,6 +180,40 @@ fn weighted_rows_sum_ref(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]
         for (o, &v) in out.iter_mut().zip(&rows[j * stride..]) {
             *o += pj * v;
         }
+    }
+}
+
+/// [`weighted_rows_sum_avx2`] with 512-bit registers for the outputs in whole groups
+/// of 16 (each output's operations unchanged: one rounded multiply and one rounded add
+/// per row, ascending), the rest through [`weighted_rows_sum_avx2`].
+///
+/// # Safety
+/// AVX2, FMA and AVX-512F available; as [`weighted_rows_sum_avx2`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn weighted_rows_sum_512(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    const W: usize = 8; // registers of 16 outputs kept across the rows
+    let len = out.len();
+    let rp = rows.as_ptr();
+    let mut c = 0;
+    while c + 16 <= len {
+        let k = ((len - c) / 16).min(W);
+        let mut acc = [_mm512_setzero_ps(); W];
+        for (j, &pj) in p.iter().enumerate() {
+            let pv = _mm512_set1_ps(pj);
+            let base = rp.add(j * stride + c);
+            for (r, a) in acc.iter_mut().enumerate().take(k) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, _mm512_loadu_ps(base.add(16 * r))));
+            }
+        }
+        for (r, a) in acc.iter().enumerate().take(k) {
+            _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * r), *a);
+        }
+        c += 16 * k;
+    }
+    if c < len {
+        weighted_rows_sum_avx2(p, &rows[c..], stride, &mut out[c..]);
     }
 }
 
@@ -267,6 +313,9 @@ mod tests {
             (12, 20, 9),
             (3, 3, 4),
             (64, 64, 0),
+            (256, 512, 7),
+            (37, 40, 11),
+            (24, 24, 3),
         ] {
             let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| next()).collect();
             let p: Vec<f32> = (0..n).map(|_| next().abs()).collect();

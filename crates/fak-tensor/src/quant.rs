@@ -1330,8 +1330,11 @@ fn chunked(
 /// Shapes: `w` is `[rows, cols]` in `ty` blocks with `rows = out.len() / acts.len()`;
 /// `acts` holds `n` quantized `[cols]` rows; `out` is `[n, rows]`. For the 32-element
 /// types the AVX2 path unpacks each weight block once for four tokens (and reads the
-/// weights once per four tokens); the other types run [`matvec`] per token. Rows
-/// are split between the pool's threads as in [`matvec_threads`].
+/// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
+/// blocks are prepared once and every 16 tokens run as the token-transposed tiles
+/// (one register holds one canonical lane of 16 tokens), the rest as 4-token tiles.
+/// The other types run [`matvec`] per token. Rows are split between the pool's
+/// threads as in [`matvec_threads`].
 ///
 /// # Errors
 /// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]
