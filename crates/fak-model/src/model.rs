@@ -15,8 +15,8 @@ use fak_tensor::quant::{
     QuantError, QuantizedActs,
 };
 use fak_tensor::{
-    add_assign, dot_strided, gelu_tanh, matmul, parallel_chunks, rms_norm, rope_rotate_half, silu,
-    softmax_in_place, weighted_rows_sum, RopeTable, Threads,
+    add_assign, dot_strided, dot_strided_multi, gelu_tanh, matmul, parallel_chunks, rms_norm,
+    rope_rotate_half, silu, softmax_in_place, weighted_rows_accumulate, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -274,6 +274,12 @@ fn linear_group(
         }
     }
     Ok(())
+}
+
+/// The rows of a `[entries, kvd]` cache slice from entry `j` on (empty past the end,
+/// where no row is read).
+fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
+    &rows[(j * kvd).min(rows.len())..]
 }
 
 /// The weights of one decoder block, row-major `f32` (HF names in the comments). In
@@ -906,28 +912,120 @@ impl Model {
             let pos = kv.positions();
             let m = pos.len();
             let window = c.sliding_window[l];
-            // One chunk per (token, query head): each writes its own output slice, with
-            // the same kernels in the same order whichever thread runs it.
+            // One chunk per (block of up to QB consecutive tokens, query head): each writes
+            // its own output slices, with the same kernels in the same order whichever
+            // thread runs it. In a block the tokens share every K and V row load over the
+            // keys they all see; each (token, key) still gets exactly the canonical dot
+            // and each output the ascending sum, so the bits are those of one token at
+            // a time (decode == prefill).
+            const QB: usize = 4;
             let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
                 .chunks_exact_mut(hd)
                 .map(std::sync::Mutex::new)
                 .collect();
-            parallel_chunks(n * nh, th, &|c| {
-                let (t, hq) = (c / nh, c % nh);
-                let end = m - n + t; // this token's own entry, the last it may attend to
-                let start = window_start(pos, end, window);
+            let blocks = n.div_ceil(QB);
+            parallel_chunks(blocks * nh, th, &|c| {
+                let (tb, hq) = (c / nh, c % nh);
                 let g = hq / group;
-                let qh = &q[t * qd + hq * hd..t * qd + (hq + 1) * hd];
-                // q · k_j for every key this token sees (each one canonical dot).
-                let mut scores = vec![0f32; end + 1 - start];
-                dot_strided(&keys[start * kvd + g * hd..], kvd, qh, &mut scores);
-                scores.iter_mut().for_each(|s| *s *= scale);
-                softmax_in_place(&mut scores);
-                // Σ_j p_j · v_j, ascending j, per element (any vector width).
-                let mut out = outs[c]
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                weighted_rows_sum(&scores, &vals[start * kvd + g * hd..], kvd, &mut out);
+                let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
+                let tokens = tb * QB..((tb + 1) * QB).min(n);
+                // Token t attends to entries start..=end (end: its own entry).
+                let ranges: Vec<(usize, usize)> = tokens
+                    .clone()
+                    .map(|t| {
+                        let end = m - n + t;
+                        (window_start(pos, end, window), end)
+                    })
+                    .collect();
+                let qs: Vec<&[f32]> = tokens
+                    .clone()
+                    .map(|t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
+                    .collect();
+                let mut scores: Vec<Vec<f32>> =
+                    ranges.iter().map(|&(s, e)| vec![0f32; e + 1 - s]).collect();
+                let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = tokens
+                    .clone()
+                    .map(|t| {
+                        outs[t * nh + hq]
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    })
+                    .collect();
+                // The keys every token of a full block sees: [lo, hi].
+                let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
+                let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+                let shared = ranges.len() == QB && lo <= hi;
+                // q · k_j for every key each token sees (each one canonical dot).
+                for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+                    if shared {
+                        dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
+                        dot_strided(
+                            rows_from(kvd, k_at, hi + 1),
+                            kvd,
+                            qs[i],
+                            &mut sc[hi + 1 - s..],
+                        );
+                    } else {
+                        dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+                    }
+                }
+                if shared {
+                    let [s0, s1, s2, s3] = &mut scores[..] else {
+                        unreachable!("a full block has QB tokens")
+                    };
+                    let r = &ranges;
+                    dot_strided_multi(
+                        rows_from(kvd, k_at, lo),
+                        kvd,
+                        [qs[0], qs[1], qs[2], qs[3]],
+                        [
+                            &mut s0[lo - r[0].0..hi + 1 - r[0].0],
+                            &mut s1[lo - r[1].0..hi + 1 - r[1].0],
+                            &mut s2[lo - r[2].0..hi + 1 - r[2].0],
+                            &mut s3[lo - r[3].0..hi + 1 - r[3].0],
+                        ],
+                    );
+                }
+                for sc in scores.iter_mut() {
+                    sc.iter_mut().for_each(|s| *s *= scale);
+                    softmax_in_place(sc);
+                }
+                // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
+                // range, the shared range (four tokens at a time), the keys after it.
+                for o in out.iter_mut() {
+                    o.fill(0.0);
+                }
+                for ((&(s, e), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                    let head = if shared { lo - s } else { e + 1 - s };
+                    weighted_rows_accumulate(
+                        [&sc[..head]],
+                        rows_from(kvd, v_at, s),
+                        kvd,
+                        [&mut o[..]],
+                    );
+                }
+                if shared {
+                    let r = &ranges;
+                    let p: [&[f32]; QB] =
+                        std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
+                    let [o0, o1, o2, o3] = &mut out[..] else {
+                        unreachable!("a full block has QB tokens")
+                    };
+                    weighted_rows_accumulate(
+                        p,
+                        rows_from(kvd, v_at, lo),
+                        kvd,
+                        [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
+                    );
+                    for ((&(s, _), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                        weighted_rows_accumulate(
+                            [&sc[hi + 1 - s..]],
+                            rows_from(kvd, v_at, hi + 1),
+                            kvd,
+                            [&mut o[..]],
+                        );
+                    }
+                }
             });
             drop(outs);
             linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;

@@ -147,6 +147,59 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// [`dot_strided`] for `Q` queries against the same rows:
+/// `out[q][j] = dot(&rows[j * stride..j * stride + len], x[q])`, each bit-identical to
+/// [`dot`]. With AVX-512 a register holds two rows' lanes and every row pair is loaded
+/// once for the `Q` queries (a prefill's consecutive tokens against one KV head);
+/// otherwise it is [`dot_strided`] per query.
+///
+/// # Panics
+/// If the queries differ in length or the outputs in count, or as [`dot_strided`].
+pub fn dot_strided_multi<const Q: usize>(
+    rows: &[f32],
+    stride: usize,
+    x: [&[f32]; Q],
+    mut out: [&mut [f32]; Q],
+) {
+    let (len, n) = (x[0].len(), out[0].len());
+    assert!(
+        x.iter().all(|q| q.len() == len) && out.iter().all(|o| o.len() == n),
+        "dot_strided_multi: queries or outputs of different lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_f32() && n >= 8 {
+        assert!(
+            stride >= len,
+            "dot_strided_multi: stride {stride} < row length {len}"
+        );
+        assert!(
+            rows.len() >= (n - 1) * stride + len,
+            "dot_strided_multi: {} elements for {n} rows at stride {stride}",
+            rows.len()
+        );
+        let mut j = 0;
+        while j + 8 <= n {
+            let mut o = [[0f32; 8]; Q];
+            // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows j..j+8 lie inside
+            // `rows` (checked above).
+            unsafe {
+                avx2::dot_rows_strided_512_multi::<4, Q>(&rows[j * stride..], stride, x, &mut o)
+            };
+            for (oq, r) in out.iter_mut().zip(&o) {
+                oq[j..j + 8].copy_from_slice(r);
+            }
+            j += 8;
+        }
+        for (oq, xq) in out.iter_mut().zip(x) {
+            dot_strided(&rows[j * stride..], stride, xq, &mut oq[j..]);
+        }
+        return;
+    }
+    for (oq, xq) in out.iter_mut().zip(x) {
+        dot_strided(rows, stride, xq, oq);
+    }
+}
+
 /// Tail of a dot product after the lane reduction: fused, ascending.
 #[inline(always)]
 pub(crate) fn tail(a: &[f32], b: &[f32], start: usize, mut s: f32) -> f32 {
@@ -270,6 +323,53 @@ pub(crate) mod avx2 {
                 let r = 2 * p + h;
                 let row = &w[r * stride..r * stride + len];
                 out[r] = tail(row, x, n8, hsum(v));
+            }
+        }
+    }
+
+    /// [`dot_rows_strided_512`] for `Q` queries at once: each row pair is loaded once
+    /// and serves every query; each (row, query) has exactly the operations of
+    /// [`dot_rows_strided_512`] in its order: the same bits. `out[q][r]` is row `r`
+    /// times query `q`.
+    ///
+    /// # Safety
+    /// As [`dot_rows_strided_512`] for every query; all queries of one length.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
+    pub unsafe fn dot_rows_strided_512_multi<const P: usize, const Q: usize>(
+        w: &[f32],
+        stride: usize,
+        x: [&[f32]; Q],
+        out: &mut [[f32; 8]; Q],
+    ) {
+        let len = x[0].len();
+        debug_assert!(stride >= len && w.len() >= (2 * P - 1) * stride + len && 2 * P <= 8);
+        let n8 = len / LANES * LANES;
+        let mut acc = [[_mm512_setzero_ps(); P]; Q];
+        let wp = w.as_ptr();
+        let mut i = 0;
+        while i < n8 {
+            let mut wv = [_mm512_setzero_ps(); P];
+            for (p, v) in wv.iter_mut().enumerate() {
+                let lo = _mm256_loadu_ps(wp.add(2 * p * stride + i));
+                let hi = _mm256_loadu_ps(wp.add((2 * p + 1) * stride + i));
+                *v = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+            }
+            for (q, qacc) in acc.iter_mut().enumerate() {
+                let xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(x[q].as_ptr().add(i)));
+                for (a, v) in qacc.iter_mut().zip(&wv) {
+                    *a = _mm512_fmadd_ps(*v, xv, *a);
+                }
+            }
+            i += LANES;
+        }
+        for (q, qacc) in acc.iter().enumerate() {
+            for (p, a) in qacc.iter().enumerate() {
+                let halves = [_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a)];
+                for (h, v) in halves.into_iter().enumerate() {
+                    let r = 2 * p + h;
+                    let row = &w[r * stride..r * stride + len];
+                    out[q][r] = tail(row, x[q], n8, hsum(v));
+                }
             }
         }
     }
@@ -410,6 +510,40 @@ mod tests {
                     want.to_bits(),
                     "len={len} stride={stride} j={j}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn multi_query_strided_dots_equal_single_dots_bitwise() {
+        let mut s = 17u64;
+        for (len, stride, n) in [
+            (64usize, 192usize, 37usize),
+            (9, 9, 8),
+            (7, 30, 3),
+            (64, 64, 0),
+        ] {
+            let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| lcg(&mut s)).collect();
+            let xs: Vec<Vec<f32>> = (0..4)
+                .map(|_| (0..len).map(|_| lcg(&mut s) * 2.0).collect())
+                .collect();
+            let mut got = vec![vec![f32::NAN; n]; 4];
+            {
+                let [a, b, c, d] = &mut got[..] else {
+                    unreachable!()
+                };
+                dot_strided_multi(
+                    &rows,
+                    stride,
+                    [&xs[0], &xs[1], &xs[2], &xs[3]],
+                    [a, b, c, d],
+                );
+            }
+            for (q, gq) in got.iter().enumerate() {
+                for (j, g) in gq.iter().enumerate() {
+                    let want = dot_ref(&rows[j * stride..j * stride + len], &xs[q]);
+                    assert_eq!(g.to_bits(), want.to_bits(), "len={len} q={q} j={j}");
+                }
             }
         }
     }

@@ -174,7 +174,104 @@ pub fn weighted_rows_sum(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]
     weighted_rows_sum_ref(p, rows, stride, out);
 }
 
-/// Scalar reference of [`weighted_rows_sum`] (`out` already zeroed).
+/// [`weighted_rows_sum`] without the zeroing, for `Q` sums over the same rows:
+/// `out[q][i] += Σ_j p[q][j] · rows[j * stride + i]`, `j` ascending, each step a rounded
+/// multiply then a rounded add. A sum split into consecutive ranges of `j`, each added
+/// into `out` by this function in turn, gives exactly [`weighted_rows_sum`]'s bits
+/// (the running value is stored and reloaded exactly). With AVX-512, each row is
+/// loaded once for the `Q` sums (a prefill's consecutive tokens against one KV head).
+///
+/// # Panics
+/// If the `p` differ in length or the `out` in length, or as [`weighted_rows_sum`].
+pub fn weighted_rows_accumulate<const Q: usize>(
+    p: [&[f32]; Q],
+    rows: &[f32],
+    stride: usize,
+    mut out: [&mut [f32]; Q],
+) {
+    let (n, len) = (p[0].len(), out[0].len());
+    assert!(
+        p.iter().all(|x| x.len() == n) && out.iter().all(|o| o.len() == len),
+        "weighted_rows_accumulate: weights or outputs of different lengths"
+    );
+    if n == 0 {
+        return;
+    }
+    assert!(
+        stride >= len,
+        "weighted_rows_accumulate: stride {stride} < {len}"
+    );
+    assert!(
+        rows.len() >= (n - 1) * stride + len,
+        "weighted_rows_accumulate: {} elements for {n} rows at stride {stride}",
+        rows.len()
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::dot::has_avx512_f32() {
+        let mut c = 0;
+        // SAFETY (both calls): AVX-512F was detected; the bounds were checked above and
+        // `c + 16 K <= len`.
+        while c + 64 <= len {
+            unsafe { weighted_rows_accumulate_512::<Q, 4>(p, rows, stride, &mut out, c) };
+            c += 64;
+        }
+        while c + 16 <= len {
+            unsafe { weighted_rows_accumulate_512::<Q, 1>(p, rows, stride, &mut out, c) };
+            c += 16;
+        }
+        if c < len {
+            for (pq, oq) in p.iter().zip(out.iter_mut()) {
+                weighted_rows_sum_ref(pq, &rows[c..], stride, &mut oq[c..]);
+            }
+        }
+        return;
+    }
+    for (pq, oq) in p.iter().zip(out.iter_mut()) {
+        weighted_rows_sum_ref(pq, rows, stride, oq);
+    }
+}
+
+/// Outputs `c..c + 16 K` of [`weighted_rows_accumulate`], in `K` registers per sum,
+/// each row's `16 K` values loaded once for the `Q` sums.
+///
+/// # Safety
+/// AVX-512F; `c + 16 K <= out[q].len()`, and the bounds of [`weighted_rows_accumulate`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
+    p: [&[f32]; Q],
+    rows: &[f32],
+    stride: usize,
+    out: &mut [&mut [f32]; Q],
+    c: usize,
+) {
+    use std::arch::x86_64::*;
+    let rp = rows.as_ptr().add(c);
+    let mut acc = [[_mm512_setzero_ps(); K]; Q];
+    for (aq, oq) in acc.iter_mut().zip(out.iter()) {
+        for (r, a) in aq.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(oq.as_ptr().add(c + 16 * r));
+        }
+    }
+    for j in 0..p[0].len() {
+        let base = rp.add(j * stride);
+        let v: [__m512; K] = std::array::from_fn(|r| _mm512_loadu_ps(base.add(16 * r)));
+        for (aq, pq) in acc.iter_mut().zip(&p) {
+            let pv = _mm512_set1_ps(*pq.get_unchecked(j));
+            for (a, vr) in aq.iter_mut().zip(&v) {
+                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, *vr));
+            }
+        }
+    }
+    for (aq, oq) in acc.iter().zip(out.iter_mut()) {
+        for (r, a) in aq.iter().enumerate() {
+            _mm512_storeu_ps(oq.as_mut_ptr().add(c + 16 * r), *a);
+        }
+    }
+}
+
+/// Scalar reference of [`weighted_rows_sum`] (`out` already zeroed), and of
+/// [`weighted_rows_accumulate`] for one sum.
 fn weighted_rows_sum_ref(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
     for (j, &pj) in p.iter().enumerate() {
         for (o, &v) in out.iter_mut().zip(&rows[j * stride..]) {
@@ -323,11 +420,35 @@ mod tests {
             weighted_rows_sum_ref(&p, &rows, stride, &mut want);
             let mut got = vec![f32::NAN; len];
             weighted_rows_sum(&p, &rows, stride, &mut got);
-            let same = got
-                .iter()
-                .zip(&want)
-                .all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "len={len} stride={stride} n={n}");
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(same(&got, &want), "len={len} stride={stride} n={n}");
+            // The same sum in three consecutive ranges of rows, four sums at a time
+            // (the other three over other weights), equals it bit for bit.
+            let ps: Vec<Vec<f32>> = (0..3)
+                .map(|_| (0..n).map(|_| next().abs()).collect())
+                .collect();
+            let mut outs = vec![vec![0f32; len]; 4];
+            for (a, b) in [(0, n / 3), (n / 3, n / 2), (n / 2, n)] {
+                let [o0, o1, o2, o3] = &mut outs[..] else {
+                    unreachable!()
+                };
+                weighted_rows_accumulate(
+                    [&p[a..b], &ps[0][a..b], &ps[1][a..b], &ps[2][a..b]],
+                    &rows[a * stride..],
+                    stride,
+                    [o0, o1, o2, o3],
+                );
+            }
+            assert!(
+                same(&outs[0], &want),
+                "accumulate: len={len} stride={stride} n={n}"
+            );
+            for (q, pq) in ps.iter().enumerate() {
+                let mut w = vec![0f32; len];
+                weighted_rows_sum_ref(pq, &rows, stride, &mut w);
+                assert!(same(&outs[q + 1], &w), "accumulate q={q}: len={len} n={n}");
+            }
         }
     }
 }
