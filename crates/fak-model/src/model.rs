@@ -126,6 +126,18 @@ fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: us
     }
 }
 
+/// [`rows_in_hf_order`] in place: `out` holds every token's `rows` outputs in the
+/// file's row order and is left in HF's, one token's row copied aside at a time.
+fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize) {
+    let mut file_row = vec![0f32; rows];
+    for ot in out.chunks_exact_mut(rows) {
+        file_row.copy_from_slice(ot);
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = file_row[src as usize];
+        }
+    }
+}
+
 /// The quantized forms of one input (`n` rows of `cols`), made once per activation
 /// kind and shared by every product that reads that input (q/k/v, gate/up): the
 /// same function of the same row gives the same blocks, so sharing changes no bit.
@@ -244,13 +256,10 @@ fn linear_shared(
                     w.len()
                 )));
             }
-            let Some(order) = &m.row_order else {
-                matmul(w, rows, cols, x.x, n, out, th);
-                return Ok(());
-            };
-            let mut file_order = vec![0f32; n * rows];
-            matmul(w, rows, cols, x.x, n, &mut file_order, th);
-            rows_in_hf_order(&mut out[..n * rows], &file_order, order, rows);
+            matmul(w, rows, cols, x.x, n, out, th);
+            if let Some(order) = &m.row_order {
+                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows);
+            }
             return Ok(());
         }
         Some(NativeMatrix::Quant(q)) => q,
