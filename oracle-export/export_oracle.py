@@ -12,10 +12,11 @@ Subcommands (run from the repository root; see oracle-export/README.md):
     dequant                      testdata/dequant/<TYPE>.safetensors
     widen                        testdata/widen/widen.safetensors
     tiny                         testdata/tiny/llama-{untied,tied}/ + testdata/oracles/tiny-llama-*/
+    tiny-gguf                    testdata/tiny-gguf/llama-{untied,tied}.f32.gguf, llama-tied.f32.align2.gguf
     oracle --model DIR_OR_GGUF --name NAME     testdata/oracles/NAME/
     r3 --gguf FILE               testdata/oracles/{tiny-llama-*,smollm2-135m-instruct}/r3/<case>.safetensors
     greedy32 --model GGUF --name NAME          testdata/oracles/NAME/greedy32.json
-    all --gguf FILE              all of the above, the GGUF as --name smollm2-135m-instruct
+    all --gguf FILE              all of the above but greedy32, the GGUF as --name smollm2-135m-instruct
 
 Only the committed fixtures are needed at test time; this script never is.
 """
@@ -740,6 +741,120 @@ def cmd_tiny(args) -> None:
         if only is None or name in only:
             d = build_tiny_arch(name, out)
             make_oracle(str(d), f"tiny-{name}", out)
+
+
+# ---------------------------------------------------------------------------------------
+# tiny F32 GGUFs: the llama tinies written as llama.cpp's converter writes an F32 file, checked by
+# loading them back with transformers' GGUF loader (the witness: its llama Q/K un-permute is HF's code)
+
+# (source under tiny/, output under tiny-gguf/, general.alignment or None for the default 32)
+TINY_GGUF = [
+    ("llama-untied", "llama-untied.f32.gguf", None),
+    ("llama-tied", "llama-tied.f32.gguf", None),
+    # alignment 2 and a data section that starts 2 bytes past a multiple of 4: no F32 tensor is
+    # 4-byte aligned, so a reader cannot borrow them as f32 slices in place
+    ("llama-tied", "llama-tied.f32.align2.gguf", 2),
+]
+
+
+def llamacpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py `LlamaModel.permute`, applied there as
+    `permute(q_proj, n_head, n_head)` and `permute(k_proj, n_head, n_kv_head)`: HF's rotate-half row
+    order -> the interleaved pairs llama.cpp's `llama` RoPE reads."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+def write_tiny_gguf(src: Path, path: Path, alignment: int | None, pad: int) -> None:
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    sd = load_file(str(src / "model.safetensors"))
+    n_layers, n_head, n_kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hidden = cfg["hidden_size"]
+    rope = cfg.get("rope_parameters") or {}
+    theta = rope.get("rope_theta", cfg.get("rope_theta"))
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.LLAMA])
+    if alignment is not None:
+        w.add_custom_alignment(alignment)
+    w.add_name(f"fak tiny {src.name}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(theta)
+    w.add_rope_dimension_count(cfg.get("head_dim") or hidden // n_head)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_string("fak.fixture.source", f"testdata/tiny/{src.name} (config.json, model.safetensors)")
+    w.add_string("fak.fixture.command", f"{PY} tiny-gguf")
+    w.add_string("fak.fixture.versions", json.dumps(versions(), sort_keys=True))
+    if pad:
+        w.add_string("fak.fixture.pad", "." * pad)
+    tmap = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, n_layers)
+    for name in sorted(sd):
+        t = np.ascontiguousarray(sd[name], dtype=np.float32)
+        if name.endswith("q_proj.weight"):
+            t = llamacpp_permute(t, n_head, n_head)
+        elif name.endswith("k_proj.weight"):
+            t = llamacpp_permute(t, n_head, n_kv)
+        new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert new is not None, name
+        w.add_tensor(new, np.ascontiguousarray(t))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def check_tiny_gguf(src: Path, path: Path) -> None:
+    """The witness: transformers loads the GGUF (un-permuting Q/K itself) to exactly the parameters of
+    the safetensors model it was made from, and gives the same logits."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    ref = AutoModelForCausalLM.from_pretrained(str(src), **kw).eval()
+    got = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw).eval()
+    rp, gp = dict(ref.named_parameters()), dict(got.named_parameters())
+    assert sorted(rp) == sorted(gp), (sorted(rp), sorted(gp))
+    for n, p in rp.items():
+        assert gp[n].dtype == torch.float32 and torch.equal(gp[n], p), f"{path.name}: {n} differs"
+    assert got.config.tie_word_embeddings == ref.config.tie_word_embeddings
+    ids = torch.tensor([tiny_prompts(ref.config.vocab_size)[0][2]])
+    with torch.no_grad():
+        assert torch.equal(ref(ids).logits, got(ids).logits), f"{path.name}: logits differ"
+
+
+def cmd_tiny_gguf(args) -> None:
+    import gguf
+
+    out = Path(args.out)
+    (out / "tiny-gguf").mkdir(parents=True, exist_ok=True)
+    for src_name, file_name, alignment in TINY_GGUF:
+        src = out / "tiny" / src_name
+        if not (src / "model.safetensors").exists():
+            raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{PY} tiny` first")
+        path = out / "tiny-gguf" / file_name
+        # Lengthen a padding string until the tensor data starts where wanted (deterministic).
+        for pad in range(0, 64, 2 if alignment == 2 else 64):
+            write_tiny_gguf(src, path, alignment, pad if alignment == 2 else 0)
+            start = gguf.GGUFReader(str(path)).data_offset
+            if alignment != 2 or start % 4 == 2:
+                break
+        else:
+            raise SystemExit(f"tiny-gguf: could not misalign {file_name}")
+        check_tiny_gguf(src, path)
+        log(f"tiny-gguf {file_name}: data at byte {start} (mod 4 = {start % 4}), "
+            f"transformers loads it to {rel(src)}'s parameters and logits -> {rel(path)} "
+            f"({path.stat().st_size} B)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -1581,6 +1696,7 @@ def cmd_all(args) -> None:
     cmd_dequant(args)
     cmd_widen(args)
     cmd_tiny(args)
+    cmd_tiny_gguf(args)
     make_oracle(args.gguf, args.name, Path(args.out))
     cmd_r3(args)
 
@@ -1594,6 +1710,8 @@ def main(argv=None) -> None:
     t = sub.add_parser("tiny", help="tiny random models (llama, qwen2, qwen3, gemma3) and their oracles")
     t.add_argument("--only", help="comma-separated subset of: " + ", ".join([*TINY_SPECS, *TINY_ARCH_SPECS]))
     t.set_defaults(fn=cmd_tiny)
+    sub.add_parser("tiny-gguf", help="F32 GGUFs of the llama tinies (witness: transformers' GGUF loader)").set_defaults(
+        fn=cmd_tiny_gguf)
     o = sub.add_parser("oracle", help="per-prompt oracles for one model (witness: transformers)")
     o.add_argument("--model", help="HF model directory or a .gguf file")
     o.add_argument("--gguf", help="a .gguf file (same as --model FILE)")
@@ -1608,7 +1726,7 @@ def main(argv=None) -> None:
     g.add_argument("--gguf", help="same as --model")
     g.add_argument("--name", required=True, help="testdata/oracles/NAME/greedy32.json")
     g.set_defaults(fn=cmd_greedy32)
-    a = sub.add_parser("all", help="everything: dequant, widen, tiny, the GGUF's oracle, r3")
+    a = sub.add_parser("all", help="everything: dequant, widen, tiny, tiny-gguf, the GGUF's oracle, r3")
     a.add_argument("--gguf", required=True)
     a.add_argument("--name", default="smollm2-135m-instruct")
     a.set_defaults(fn=cmd_all)

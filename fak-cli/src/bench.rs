@@ -129,11 +129,16 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let rss = peak_rss_mb();
     let kv_bytes = 3 * c.num_hidden_layers * c.kv_dim() * std::mem::size_of::<f32>()
         + std::mem::size_of::<u32>();
-    let formats: Vec<String> = model
+    let mut formats: Vec<String> = model
         .quantized_types()
         .iter()
         .map(|(t, n)| format!("{t}×{n}"))
         .collect();
+    // F32 matrices read in place from the file's map (native mode): not copies.
+    let mapped = model.mapped_f32_matrices();
+    if mapped > 0 {
+        formats.push(format!("F32×{mapped} mapped"));
+    }
     let weight_format = if formats.is_empty() {
         "f32".to_string()
     } else {
@@ -146,6 +151,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             "weights": model.weight_mode().name(),
             "weight_format": weight_format,
             "weight_mb": model.weight_bytes() as f64 / 1e6,
+            "weight_owned_mb": model.owned_weight_bytes() as f64 / 1e6,
             "threads": threads,
             "prompt_tokens": args.prompt_tokens,
             "gen_tokens": args.gen_tokens,
@@ -164,9 +170,10 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     } else {
         outln!("model            {}", path.display())?;
         outln!(
-            "weights          {} ({weight_format}; {:.1} MB read per token)",
+            "weights          {} ({weight_format}; {:.1} MB read per token, {:.1} MB of it in owned buffers)",
             model.weight_mode().name(),
-            model.weight_bytes() as f64 / 1e6
+            model.weight_bytes() as f64 / 1e6,
+            model.owned_weight_bytes() as f64 / 1e6
         )?;
         outln!("threads          {threads}")?;
         outln!(

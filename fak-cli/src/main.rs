@@ -259,7 +259,8 @@ pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
 pub(crate) enum WeightsArg {
     /// f32 weights, the path proven against HF.
     Exact,
-    /// Matrices kept in their GGUF block format, activations quantized per block.
+    /// Matrices kept in their GGUF block format, activations quantized per block (an
+    /// F32 file's matrices read in place from the file, not copied).
     Native,
 }
 

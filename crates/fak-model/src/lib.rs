@@ -8,7 +8,9 @@
 //!
 //! - [`Config`]: hyper-parameters from `config.json` or GGUF metadata.
 //! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
-//!   un-permuted to rotate-half order).
+//!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
+//!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
+//!   (F32, read in place).
 //! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`].
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
 //! - [`oracle`]: HF oracle fixtures and the R1/R2b measurement against them.
@@ -33,5 +35,5 @@ pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode};
-pub use source::{QuantMatrix, TensorEntry, WeightSource};
+pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

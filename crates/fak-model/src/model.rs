@@ -8,7 +8,7 @@
 //! does not depend on how many tokens share its forward pass or on the thread count.
 
 use crate::kv::{window_start, KvStore};
-use crate::source::{QuantMatrix, WeightSource};
+use crate::source::{MappedF32, QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::quant::{
     matmul_threads, matvec_many, matvec_threads, quantize_activation, ActKind, Matvec, QType,
@@ -41,12 +41,18 @@ pub enum WeightMode {
     /// inside the memory map when their type has a quantized dot product
     /// (`fak_tensor::quant::QType`); each product quantizes its input row once
     /// (Q8_0, Q8_1 or Q8_K, as the weight type pairs with) and runs the quantized
-    /// matvec. Embedding rows are dequantized on lookup; norms, biases and matrices of
-    /// other types (F32, F16, BF16, safetensors) stay `f32`. Every token goes through
-    /// the same per-row kernels whether it is in a prefill or a decode step, and the
-    /// thread split never touches a reduction, so decode == prefill and thread-count
-    /// independence still hold bit for bit; against [`WeightMode::Exact`] the logits
-    /// differ by the activation rounding (measured in `tests/native.rs`).
+    /// matvec. Embedding rows are dequantized on lookup. A GGUF's F32 matrices are read
+    /// in place from the memory map too ([`MappedF32`], no copy; a `llama` file's Q/K
+    /// row order undone on each product's output) and run the exact path's `f32`
+    /// kernels, so they give the exact path's bits; F32 data that cannot be borrowed
+    /// (not 4-byte aligned, a big-endian host) is copied as in exact mode. Norms,
+    /// biases and matrices of other types (F16 and BF16, which need widening, block
+    /// types without a kernel, anything from safetensors) are `f32` copies. Every
+    /// token goes through the same per-row kernels whether it is in a prefill or a
+    /// decode step, and the thread split never touches a reduction, so decode ==
+    /// prefill and thread-count independence still hold bit for bit; against
+    /// [`WeightMode::Exact`] the logits differ by the activation rounding of the
+    /// quantized products (measured in `tests/native.rs`).
     Native,
 }
 
@@ -60,24 +66,75 @@ impl WeightMode {
     }
 }
 
-/// The matrices of one block kept quantized in [`WeightMode::Native`] (`None`: that
-/// matrix is in [`LayerWeights`] as `f32`).
+/// A matrix [`WeightMode::Native`] reads from the memory map instead of an `f32` copy.
+#[derive(Clone, Debug)]
+enum NativeMatrix {
+    /// In its GGUF block format, through the quantized kernels.
+    Quant(QuantMatrix),
+    /// F32 read in place, through the `f32` kernels.
+    F32(MappedF32),
+}
+
+impl NativeMatrix {
+    fn quant(&self) -> Option<&QuantMatrix> {
+        match self {
+            NativeMatrix::Quant(q) => Some(q),
+            NativeMatrix::F32(_) => None,
+        }
+    }
+
+    /// Bytes of the matrix in the map.
+    fn byte_len(&self) -> usize {
+        match self {
+            NativeMatrix::Quant(q) => q.bytes().len(),
+            NativeMatrix::F32(m) => m.byte_len(),
+        }
+    }
+}
+
+/// The matrices of one block held in the memory map in [`WeightMode::Native`] (`None`:
+/// that matrix is in [`LayerWeights`] as `f32`).
 #[derive(Clone, Debug, Default)]
 struct NativeLayer {
-    q: Option<QuantMatrix>,
-    k: Option<QuantMatrix>,
-    v: Option<QuantMatrix>,
-    o: Option<QuantMatrix>,
-    gate: Option<QuantMatrix>,
-    up: Option<QuantMatrix>,
-    down: Option<QuantMatrix>,
+    q: Option<NativeMatrix>,
+    k: Option<NativeMatrix>,
+    v: Option<NativeMatrix>,
+    o: Option<NativeMatrix>,
+    gate: Option<NativeMatrix>,
+    up: Option<NativeMatrix>,
+    down: Option<NativeMatrix>,
 }
 
 impl NativeLayer {
-    fn all(&self) -> [&Option<QuantMatrix>; 7] {
+    fn all(&self) -> [&Option<NativeMatrix>; 7] {
         [
             &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
         ]
+    }
+}
+
+/// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
+/// computed in the file's row order, put back in HF's (a permutation, so exact).
+fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: usize) {
+    for (ot, ft) in out
+        .chunks_exact_mut(rows)
+        .zip(file_order.chunks_exact(rows))
+    {
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = ft[src as usize];
+        }
+    }
+}
+
+/// [`rows_in_hf_order`] in place: `out` holds every token's `rows` outputs in the
+/// file's row order and is left in HF's, one token's row copied aside at a time.
+fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize) {
+    let mut file_row = vec![0f32; rows];
+    for ot in out.chunks_exact_mut(rows) {
+        file_row.copy_from_slice(ot);
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = file_row[src as usize];
+        }
     }
 }
 
@@ -155,12 +212,13 @@ impl<'a> SharedActs<'a> {
     }
 }
 
-/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
-/// product when `q` holds the matrix, else the exact `f32` [`matmul`] over `w`.
+/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): over the matrix in
+/// the map when `q` holds one (the quantized product, or [`matmul`] over mapped F32),
+/// else the exact `f32` [`matmul`] over `w`.
 #[allow(clippy::too_many_arguments)]
 fn linear(
     w: &[f32],
-    q: Option<&QuantMatrix>,
+    q: Option<&NativeMatrix>,
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -175,16 +233,36 @@ fn linear(
 /// same input reuse.
 fn linear_shared(
     w: &[f32],
-    q: Option<&QuantMatrix>,
+    q: Option<&NativeMatrix>,
     rows: usize,
     x: &mut SharedActs<'_>,
     out: &mut [f32],
     th: Threads,
 ) -> Result<(), ModelError> {
     let (cols, n) = (x.cols, x.n);
-    let Some(q) = q else {
-        matmul(w, rows, cols, x.x, n, out, th);
-        return Ok(());
+    let q = match q {
+        None => {
+            matmul(w, rows, cols, x.x, n, out, th);
+            return Ok(());
+        }
+        Some(NativeMatrix::F32(m)) => {
+            // The same kernel on the same values as the copied form: the same bits.
+            let w = m.as_f32();
+            if m.rows != rows || m.cols != cols || w.len() != rows * cols {
+                return Err(ModelError::Unsupported(format!(
+                    "a mapped [{}, {}] f32 matrix ({} values) used as [{rows}, {cols}]",
+                    m.rows,
+                    m.cols,
+                    w.len()
+                )));
+            }
+            matmul(w, rows, cols, x.x, n, out, th);
+            if let Some(order) = &m.row_order {
+                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows);
+            }
+            return Ok(());
+        }
+        Some(NativeMatrix::Quant(q)) => q,
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
     let out = &mut out[..n * rows];
@@ -202,14 +280,7 @@ fn linear_shared(
     } else {
         matmul_threads(q.ty, q.bytes(), acts, &mut file_order, th).map_err(qerr)?;
     }
-    for (ot, ft) in out
-        .chunks_exact_mut(rows)
-        .zip(file_order.chunks_exact(rows))
-    {
-        for (o, &src) in ot.iter_mut().zip(order) {
-            *o = ft[src as usize];
-        }
-    }
+    rows_in_hf_order(out, &file_order, order, rows);
     Ok(())
 }
 
@@ -217,16 +288,18 @@ fn linear_shared(
 /// and v, or gate and up. A one-token input with every matrix quantized runs as one
 /// [`matvec_many`] (one hand-off to the threads instead of one per product); anything
 /// else runs [`linear_shared`] per product. Either way each output is the same bits.
-/// One product of a [`linear_group`]: exact weights, the quantized matrix if held,
+/// One product of a [`linear_group`]: exact weights, the matrix in the map if held,
 /// output rows, output.
-type GroupItem<'a> = (&'a [f32], Option<&'a QuantMatrix>, usize, &'a mut [f32]);
+type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32]);
 
 fn linear_group(
     items: &mut [GroupItem<'_>],
     x: &mut SharedActs<'_>,
     th: Threads,
 ) -> Result<(), ModelError> {
-    let all_native = items.iter().all(|(_, q, _, _)| q.is_some());
+    let all_native = items
+        .iter()
+        .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_some());
     if x.n != 1 || !all_native || th.get() <= 1 {
         for (w, q, rows, out) in items.iter_mut() {
             linear_shared(w, *q, *rows, x, out, th)?;
@@ -235,24 +308,29 @@ fn linear_group(
     }
     let qerr = |e| ModelError::Unsupported(format!("quantized product: {e}"));
     for (_, q, _, _) in items.iter() {
-        if let Some(q) = q {
+        if let Some(q) = q.and_then(NativeMatrix::quant) {
             x.for_type(q.ty).map_err(qerr)?;
         }
     }
     // Outputs in the file's row order where the matrix has one, put back after.
     let mut file_order: Vec<Vec<f32>> = items
         .iter()
-        .map(
-            |(_, q, rows, _)| match q.and_then(|q| q.row_order.as_ref()) {
+        .map(|(_, q, rows, _)| {
+            match q
+                .and_then(NativeMatrix::quant)
+                .and_then(|q| q.row_order.as_ref())
+            {
                 Some(_) => vec![0f32; *rows],
                 None => Vec::new(),
-            },
-        )
+            }
+        })
         .collect();
     {
         let mut products = Vec::with_capacity(items.len());
         for ((_, q, rows, out), fo) in items.iter_mut().zip(file_order.iter_mut()) {
-            let q = q.ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
+            let q = q
+                .and_then(NativeMatrix::quant)
+                .ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
             let act = &x.get(q.ty.act_kind()).ok_or_else(|| {
                 ModelError::Unsupported(format!("no {:?} activation", q.ty.act_kind()))
             })?[0];
@@ -267,10 +345,11 @@ fn linear_group(
         matvec_many(&mut products, th).map_err(qerr)?;
     }
     for ((_, q, _, out), fo) in items.iter_mut().zip(&file_order) {
-        if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
-            for (o, &src) in out.iter_mut().zip(order) {
-                *o = fo[src as usize];
-            }
+        if let Some(order) = q
+            .and_then(NativeMatrix::quant)
+            .and_then(|q| q.row_order.as_ref())
+        {
+            rows_in_hf_order(&mut out[..order.len()], fo, order, order.len());
         }
     }
     Ok(())
@@ -283,7 +362,8 @@ fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
 }
 
 /// The weights of one decoder block, row-major `f32` (HF names in the comments). In
-/// [`WeightMode::Native`] a matrix held quantized is an empty `Vec` here.
+/// [`WeightMode::Native`] a matrix read from the memory map (held quantized, or an F32
+/// GGUF matrix read in place) is an empty `Vec` here.
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     /// `input_layernorm.weight`, `[hidden]`.
@@ -351,12 +431,12 @@ pub struct Model {
     rope: Vec<RopeTable>,
     threads: Threads,
     mode: WeightMode,
-    /// Per layer, the matrices held quantized (all `None` in exact mode).
+    /// Per layer, the matrices held in the memory map (all `None` in exact mode).
     native: Vec<NativeLayer>,
-    /// `embed_tokens` held quantized (then `embed_tokens` is empty).
-    embed_q: Option<QuantMatrix>,
-    /// An untied `lm_head` held quantized (then `lm_head` is `Some(empty)`).
-    head_q: Option<QuantMatrix>,
+    /// `embed_tokens` held in the map (then `embed_tokens` is empty).
+    embed_native: Option<NativeMatrix>,
+    /// An untied `lm_head` held in the map (then `lm_head` is `Some(empty)`).
+    head_native: Option<NativeMatrix>,
 }
 
 impl std::fmt::Debug for Model {
@@ -379,7 +459,7 @@ impl Model {
     }
 
     /// [`Model::load`] keeping the weights as `mode` says ([`WeightMode::Native`]: the
-    /// large matrices stay quantized in the memory map).
+    /// large matrices stay in the memory map, quantized or F32).
     ///
     /// # Errors
     /// As [`Model::load`].
@@ -406,13 +486,17 @@ impl Model {
         mode: WeightMode,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        // A matrix in native mode: quantized when its type has a kernel, else f32.
+        // A matrix in native mode: quantized when its type has a kernel, read in place
+        // when it is F32 that can be borrowed, else an f32 copy.
         let mat = |name: &str,
                    shape: [usize; 2]|
-         -> Result<(Vec<f32>, Option<QuantMatrix>), ModelError> {
+         -> Result<(Vec<f32>, Option<NativeMatrix>), ModelError> {
             if mode == WeightMode::Native {
                 if let Some(q) = src.quantized(name, shape, c)? {
-                    return Ok((Vec::new(), Some(q)));
+                    return Ok((Vec::new(), Some(NativeMatrix::Quant(q))));
+                }
+                if let Some(m) = src.mapped_f32(name, shape, c)? {
+                    return Ok((Vec::new(), Some(NativeMatrix::F32(m))));
                 }
             }
             Ok((src.load(name, &shape, c)?, None))
@@ -425,7 +509,7 @@ impl Model {
             c.intermediate_size,
             c.vocab_size,
         );
-        let (embed_tokens, embed_q) = mat("model.embed_tokens.weight", [v, h])?;
+        let (embed_tokens, embed_native) = mat("model.embed_tokens.weight", [v, h])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
@@ -493,7 +577,7 @@ impl Model {
             });
         }
         let norm = src.load("model.norm.weight", &[h], c)?;
-        let (lm_head, head_q) = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
+        let (lm_head, head_native) = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
             let (w, q) = mat("lm_head.weight", [v, h])?;
             (Some(w), q)
         } else if c.tie_word_embeddings {
@@ -572,8 +656,8 @@ impl Model {
             threads: Threads::available(),
             mode,
             native,
-            embed_q,
-            head_q,
+            embed_native,
+            head_native,
         })
     }
 
@@ -582,23 +666,41 @@ impl Model {
         self.mode
     }
 
+    /// Every matrix held in the memory map ([`WeightMode::Native`]).
+    fn held(&self) -> impl Iterator<Item = &NativeMatrix> {
+        let layers = self.native.iter().flat_map(|l| l.all());
+        layers
+            .chain([&self.embed_native, &self.head_native])
+            .flatten()
+    }
+
     /// The block types of the matrices held quantized, with how many matrices of each
-    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`.
+    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32
+    /// matrices read from the map are not here: see [`Model::mapped_f32_matrices`].
     pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        let layers = self.native.iter().flat_map(|l| l.all());
-        for q in layers.chain([&self.embed_q, &self.head_q]).flatten() {
+        for q in self.held().filter_map(NativeMatrix::quant) {
             *counts.entry(q.ty.name()).or_default() += 1;
         }
         counts.into_iter().collect()
     }
 
-    /// The output head held quantized (an untied `lm_head`, or the tied embedding).
-    fn head_quant(&self) -> Option<&QuantMatrix> {
+    /// How many F32 matrices are read in place from a GGUF file's memory map instead of
+    /// being copied (0 in [`WeightMode::Exact`] and for files without F32 matrices),
+    /// e.g. 211 for an all-F32 SmolLM2 file: 30 × 7 linear layers and the tied
+    /// embedding.
+    pub fn mapped_f32_matrices(&self) -> usize {
+        self.held()
+            .filter(|m| matches!(m, NativeMatrix::F32(_)))
+            .count()
+    }
+
+    /// The output head held in the map (an untied `lm_head`, or the tied embedding).
+    fn head_native(&self) -> Option<&NativeMatrix> {
         if self.lm_head.is_some() {
-            self.head_q.as_ref()
+            self.head_native.as_ref()
         } else {
-            self.embed_q.as_ref()
+            self.embed_native.as_ref()
         }
     }
 
@@ -643,7 +745,9 @@ impl Model {
     }
 
     /// Mutable access to the decoder blocks' weights (for experiments and negative
-    /// controls; the shapes must stay as the config implies).
+    /// controls; the shapes must stay as the config implies). A matrix held in the
+    /// memory map in [`WeightMode::Native`] is an empty `Vec` here, and the forward
+    /// pass does not read it.
     pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
         &mut self.layers
     }
@@ -681,22 +785,19 @@ impl Model {
         self.threads = threads;
     }
 
-    /// Bytes of weights the model reads: its `f32` buffers plus, in
-    /// [`WeightMode::Native`], the quantized matrices referenced in the memory map.
+    /// Bytes of weights the model reads: its own `f32` buffers
+    /// ([`Model::owned_weight_bytes`]) plus, in [`WeightMode::Native`], the matrices
+    /// read from the memory map (quantized, or F32 in place).
     pub fn weight_bytes(&self) -> usize {
-        let quant: usize = self
-            .native
-            .iter()
-            .flat_map(|l| l.all())
-            .chain([&self.embed_q, &self.head_q])
-            .flatten()
-            .map(|q| q.bytes().len())
-            .sum();
-        quant + self.f32_weight_bytes()
+        let mapped: usize = self.held().map(NativeMatrix::byte_len).sum();
+        mapped + self.owned_weight_bytes()
     }
 
-    /// Bytes of `f32` weights held in memory.
-    fn f32_weight_bytes(&self) -> usize {
+    /// Bytes of weights the model holds in its own heap buffers (`f32` copies made at
+    /// load): every weight in [`WeightMode::Exact`]; in [`WeightMode::Native`] only what
+    /// is not read from the memory map (norms, biases, matrices of types without a
+    /// kernel or that need widening). The map's pages are not counted here.
+    pub fn owned_weight_bytes(&self) -> usize {
         let l: usize = self
             .layers
             .iter()
@@ -740,7 +841,7 @@ impl Model {
         let mut logits = vec![0f32; n * c.vocab_size];
         let r = linear(
             head,
-            self.head_quant(),
+            self.head_native(),
             c.vocab_size,
             c.hidden_size,
             normed,
@@ -825,8 +926,9 @@ impl Model {
 
         let mut x = vec![0f32; n * h];
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
-            match &self.embed_q {
-                Some(e) => e.dequantize_row(id as usize, row)?,
+            match &self.embed_native {
+                Some(NativeMatrix::Quant(e)) => e.dequantize_row(id as usize, row)?,
+                Some(NativeMatrix::F32(e)) => e.copy_row(id as usize, row)?,
                 None => {
                     row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h])
                 }
@@ -1092,7 +1194,7 @@ impl Model {
         let mut logits = vec![0f32; nr * c.vocab_size];
         linear(
             head,
-            self.head_quant(),
+            self.head_native(),
             c.vocab_size,
             h,
             rows,

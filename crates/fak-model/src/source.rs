@@ -1,5 +1,9 @@
 //! Where weights come from: a GGUF file or a folder of safetensors, both addressed by
-//! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`.
+//! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`
+//! ([`WeightSource::load`], a copy). For the native path a GGUF's matrices can stay in
+//! the memory map instead: [`QuantMatrix`] for the block formats with a quantized
+//! kernel, [`MappedF32`] for F32 (read in place). F16 and BF16 matrices need widening
+//! and safetensors are not mapped this way: those are always copied.
 
 use crate::{Config, Family, ModelError};
 use fak_tensor::quant::QType;
@@ -153,8 +157,8 @@ impl WeightSource {
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
     /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
     /// Q/K row permutation (if any) can be undone on the output; `None` for every
-    /// other type (F32, F16, BF16, other block types) and for safetensors, which then
-    /// stay on the `f32` path.
+    /// other type (F32, which [`Self::mapped_f32`] reads in place; F16, BF16, other
+    /// block types) and for safetensors, which then stay on the `f32` path.
     ///
     /// # Errors
     /// [`ModelError::MissingTensor`] and [`ModelError::ShapeMismatch`] as [`Self::load`];
@@ -195,44 +199,63 @@ impl WeightSource {
         if cols == 0 || !cols.is_multiple_of(ty.block_elems()) {
             return Ok(None);
         }
-        let heads = if name.ends_with("self_attn.q_proj.weight") {
-            Some(cfg.num_attention_heads)
-        } else if name.ends_with("self_attn.k_proj.weight") {
-            Some(cfg.num_key_value_heads)
-        } else {
-            None
-        };
-        let row_order = match (cfg.family, heads) {
-            (Family::Llama, Some(h)) => {
-                // The output row HF calls `dst` is the file's row `src`
-                // (`fak_weights::unpermute_qk_rows`, applied to row indices).
-                let hd = if h > 0 && rows.is_multiple_of(h) {
-                    rows / h
-                } else {
-                    0
-                };
-                if hd == 0 || hd % 2 != 0 {
-                    return Err(ModelError::Unsupported(format!(
-                        "un-permuting '{name}': {rows} rows do not split into {h} heads of even size"
-                    )));
-                }
-                let half = hd / 2;
-                let mut order = vec![0u32; rows];
-                for head in 0..h {
-                    for s in 0..2 {
-                        for j in 0..half {
-                            order[head * hd + s * half + j] = (head * hd + 2 * j + s) as u32;
-                        }
-                    }
-                }
-                Some(order)
-            }
-            _ => None,
-        };
+        let row_order = qk_row_order(name, rows, cfg)?;
         Ok(Some(QuantMatrix {
             file: Arc::clone(file),
             tensor: i,
             ty,
+            rows,
+            cols,
+            row_order,
+        }))
+    }
+
+    /// Tensor `name` as an F32 matrix read in place from a GGUF file's memory map (no
+    /// `f32` copy), when the file stores it as F32 and its data can be borrowed as
+    /// `&[f32]` ([`GgufFile::tensor_f32_in_place`]: 4-byte aligned, the right length, a
+    /// little-endian host). `None` for every other type (F16 and BF16 need widening, the
+    /// block types have [`Self::quantized`]), for F32 data that cannot be borrowed, and
+    /// for safetensors: the caller then copies with [`Self::load`], which gives the same
+    /// values. A `llama` GGUF's Q/K row permutation is kept as
+    /// [`MappedF32::row_order`], undone on each product's output.
+    ///
+    /// Only for the matrices that [`Self::load`] reads unchanged apart from that row
+    /// order: the linear layers and the embedding (a Gemma norm, which `load` shifts by
+    /// one, must go through `load`).
+    ///
+    /// # Errors
+    /// [`ModelError::MissingTensor`] and [`ModelError::ShapeMismatch`] as [`Self::load`];
+    /// [`ModelError::Unsupported`] when a permuted matrix does not split into heads.
+    pub fn mapped_f32(
+        &self,
+        name: &str,
+        expected: [usize; 2],
+        cfg: &Config,
+    ) -> Result<Option<MappedF32>, ModelError> {
+        let WeightSource::Gguf { file, by_hf } = self else {
+            return Ok(None);
+        };
+        let i = *by_hf
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let t = &file.tensors()[i];
+        let found = t.shape_hf();
+        if found != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        let [rows, cols] = expected;
+        match file.tensor_f32_in_place(t) {
+            Some(w) if Some(w.len()) == rows.checked_mul(cols) => {}
+            _ => return Ok(None),
+        }
+        let row_order = qk_row_order(name, rows, cfg)?;
+        Ok(Some(MappedF32 {
+            file: Arc::clone(file),
+            tensor: i,
             rows,
             cols,
             row_order,
@@ -364,6 +387,116 @@ impl std::fmt::Debug for QuantMatrix {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("QuantMatrix")
             .field("ty", &self.ty)
+            .field("rows", &self.rows)
+            .field("cols", &self.cols)
+            .field("permuted", &self.row_order.is_some())
+            .finish()
+    }
+}
+
+/// For a `llama` GGUF's `q_proj` / `k_proj` (`rows` output rows): HF row `r` is the
+/// file's row `order[r]`, the row-index form of [`fak_weights::unpermute_qk_rows`]
+/// (llama.cpp's converter permutes these rows for its interleaved RoPE). `None` for
+/// every other matrix and family.
+fn qk_row_order(name: &str, rows: usize, cfg: &Config) -> Result<Option<Vec<u32>>, ModelError> {
+    let heads = if name.ends_with("self_attn.q_proj.weight") {
+        Some(cfg.num_attention_heads)
+    } else if name.ends_with("self_attn.k_proj.weight") {
+        Some(cfg.num_key_value_heads)
+    } else {
+        None
+    };
+    let (Family::Llama, Some(h)) = (cfg.family, heads) else {
+        return Ok(None);
+    };
+    let hd = if h > 0 && rows.is_multiple_of(h) {
+        rows / h
+    } else {
+        0
+    };
+    if hd == 0 || hd % 2 != 0 || u32::try_from(rows).is_err() {
+        return Err(ModelError::Unsupported(format!(
+            "un-permuting '{name}': {rows} rows do not split into {h} heads of even size"
+        )));
+    }
+    let half = hd / 2;
+    let mut order = vec![0u32; rows];
+    for head in 0..h {
+        for s in 0..2 {
+            for j in 0..half {
+                order[head * hd + s * half + j] = (head * hd + 2 * j + s) as u32;
+            }
+        }
+    }
+    Ok(Some(order))
+}
+
+/// A `[rows, cols]` F32 matrix of a GGUF file read in place from its memory map: the
+/// native path's form of an F32 file's linear layers and embedding, so the weights are
+/// not copied into `Vec<f32>` (the file's pages are the only copy, shared with the page
+/// cache). Made by [`WeightSource::mapped_f32`], which checked that the data borrows
+/// as `&[f32]`; products on it run the same `f32` kernels on the same values as the
+/// copied form, so results are the same bits.
+#[derive(Clone)]
+pub struct MappedF32 {
+    /// Keeps the map alive as long as the handle.
+    file: Arc<GgufFile>,
+    tensor: usize,
+    /// Output features (HF `out_features`; `vocab` for the embedding).
+    pub rows: usize,
+    /// Input features (HF `in_features`; `hidden` for the embedding).
+    pub cols: usize,
+    /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
+    /// `row_order[r]` (undone on each product's output, which is exact).
+    pub row_order: Option<Vec<u32>>,
+}
+
+impl MappedF32 {
+    /// The matrix as row-major `[rows, cols]` `f32`, rows in the file's order (see
+    /// [`MappedF32::row_order`]), borrowed from the memory map
+    /// ([`GgufFile::tensor_f32_in_place`], which checks alignment and length again on
+    /// every call). Always `rows × cols` long for a handle made by
+    /// [`WeightSource::mapped_f32`]: the map neither moves nor changes while the handle
+    /// holds it.
+    pub fn as_f32(&self) -> &[f32] {
+        self.file
+            .tensor_f32_in_place(&self.file.tensors()[self.tensor])
+            .unwrap_or(&[])
+    }
+
+    /// Bytes of the matrix in the map (`4 × rows × cols`).
+    pub fn byte_len(&self) -> usize {
+        4 * self.rows * self.cols
+    }
+
+    /// Copies HF row `r` into `out` (`[cols]`): the embedding lookup.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] when `r >= rows` or `out.len() != cols`.
+    pub fn copy_row(&self, r: usize, out: &mut [f32]) -> Result<(), ModelError> {
+        let fr = match &self.row_order {
+            Some(o) => o.get(r).map(|&x| x as usize),
+            None => Some(r),
+        };
+        let src = fr.and_then(|fr| self.as_f32().get(fr * self.cols..(fr + 1) * self.cols));
+        match src {
+            Some(src) if r < self.rows && out.len() == self.cols => {
+                out.copy_from_slice(src);
+                Ok(())
+            }
+            _ => Err(ModelError::InvalidInput(format!(
+                "row {r} of a [{}, {}] matrix into {} elements",
+                self.rows,
+                self.cols,
+                out.len()
+            ))),
+        }
+    }
+}
+
+impl std::fmt::Debug for MappedF32 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MappedF32")
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .field("permuted", &self.row_order.is_some())

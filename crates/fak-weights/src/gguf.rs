@@ -589,6 +589,31 @@ impl GgufFile {
         range.and_then(|r| bytes.get(r)).unwrap_or(&[])
     }
 
+    /// An F32 tensor's data read in place as `&[f32]` (zero-copy): `n_elements` values,
+    /// row-major in [`TensorInfo::shape_hf`] order, the same values
+    /// [`dequantize_tensor`](Self::dequantize_tensor) would copy out.
+    ///
+    /// `None`, and the caller copies with `dequantize_tensor` instead, when the tensor is
+    /// not F32; when its data is not `4 × n_elements` bytes of this file (a `TensorInfo`
+    /// from another file); when the data's address is not a multiple of 4 (possible when
+    /// `general.alignment` is 1 or 2, or for bytes given to
+    /// [`from_bytes`](Self::from_bytes)); or on a big-endian host (GGUF data is
+    /// little-endian; `dequantize_tensor` converts it). The alignment and the length are
+    /// checked here, on every call, by `bytemuck::try_cast_slice`, so no file can make
+    /// this read out of bounds or unaligned. A memory-mapped file's pages are shared
+    /// with the page cache and mapped read-only (see [`open`](Self::open)); the slice
+    /// borrows `self`, so the map outlives it.
+    pub fn tensor_f32_in_place(&self, t: &TensorInfo) -> Option<&[f32]> {
+        if t.ggml_type != GgmlType::F32 || !cfg!(target_endian = "little") {
+            return None;
+        }
+        let data = self.tensor_data(t);
+        if t.n_elements.checked_mul(4) != Some(data.len() as u64) {
+            return None;
+        }
+        bytemuck::try_cast_slice(data).ok()
+    }
+
     /// The tensor dequantized to f32, `n_elements` long, row-major in
     /// [`TensorInfo::shape_hf`] order.
     ///

@@ -3,7 +3,8 @@
 //! to f32.
 //!
 //! - [`GgufFile`]: a validated GGUF v2/v3 reader (metadata, tensor infos, zero-copy
-//!   tensor data, [`GgufFile::tensor_f32`]).
+//!   tensor data, [`GgufFile::tensor_f32`], and F32 data borrowed as `&[f32]` by
+//!   [`GgufFile::tensor_f32_in_place`]).
 //! - [`dequantize`]: ggml block formats to f32, bit-exact with gguf-py.
 //! - [`SafetensorsFile`]: HF safetensors, with [`widen_bf16`] / [`widen_f16`].
 //! - [`gguf_to_hf_name`] / [`unpermute_qk_rows`]: map llama.cpp's Llama tensors back

@@ -2,7 +2,7 @@
 //! never a panic or a huge allocation. Also checks that a valid file round-trips.
 
 mod common;
-use common::{gstr, tiny_valid, vt, Builder};
+use common::{f32_bytes, gstr, tiny_valid, vt, Builder};
 use fak_weights::{GgmlType, GgufError, GgufFile, MetaValue};
 
 fn parse(bytes: Vec<u8>) -> Result<GgufFile, GgufError> {
@@ -461,4 +461,46 @@ fn unsupported_dequant_names_the_tensor() {
 #[test]
 fn key_and_string_helpers() {
     assert_eq!(gstr("ab"), vec![2, 0, 0, 0, 0, 0, 0, 0, b'a', b'b']);
+}
+
+#[test]
+fn f32_in_place_only_for_aligned_f32_data_of_this_file() {
+    // Alignment 2 and a 2-byte F16 tensor between two F32 ones: their data addresses
+    // differ by 14 bytes, so at most one of them is 4-byte aligned, whatever address
+    // the buffer has.
+    let b = Builder::default()
+        .alignment(2)
+        .tensor("a", &[3], 0, f32_bytes(&[1.0, -2.0, 0.5]))
+        .tensor("h", &[1], 1, 0x3c00u16.to_le_bytes().to_vec())
+        .tensor("b", &[2], 0, f32_bytes(&[3.0, f32::MIN_POSITIVE]));
+    let f = parse(b.build()).unwrap();
+    assert_eq!(f.tensor("b").unwrap().offset, 14);
+    let mut borrowed = 0;
+    for name in ["a", "b"] {
+        let t = f.tensor(name).unwrap();
+        let aligned = (f.tensor_data(t).as_ptr() as usize).is_multiple_of(4);
+        match f.tensor_f32_in_place(t) {
+            Some(x) => {
+                assert!(aligned && cfg!(target_endian = "little"), "{name}");
+                assert_eq!(x.as_ptr().cast::<u8>(), f.tensor_data(t).as_ptr());
+                assert_eq!(x, f.tensor_f32(name).unwrap().as_slice());
+                borrowed += 1;
+            }
+            None => assert!(!aligned || cfg!(target_endian = "big"), "{name}"),
+        }
+    }
+    assert!(borrowed <= 1);
+    // Not F32.
+    assert!(f.tensor_f32_in_place(f.tensor("h").unwrap()).is_none());
+    let v = parse(tiny_valid().build()).unwrap();
+    assert!(v
+        .tensor_f32_in_place(v.tensor("embd.weight").unwrap())
+        .is_none());
+    // An info whose data is not in this file, or whose length does not match its type.
+    let mut far = f.tensor("a").unwrap().clone();
+    far.offset = 1 << 40;
+    assert!(f.tensor_f32_in_place(&far).is_none());
+    let mut short = f.tensor("a").unwrap().clone();
+    short.n_elements = 2;
+    assert!(f.tensor_f32_in_place(&short).is_none());
 }

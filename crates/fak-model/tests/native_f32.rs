@@ -1,0 +1,124 @@
+//! Native weights on an F32 GGUF: the matrices are read in place from the memory map
+//! (no `f32` copy) and give the exact path's bits.
+//!
+//! Fixtures: `testdata/tiny-gguf/*.gguf`, the tiny Llama models of `testdata/tiny/`
+//! written by gguf-py as llama.cpp's converter writes an F32 file (Q/K rows permuted
+//! for interleaved RoPE), each checked by transformers' GGUF loader to load back to
+//! exactly the safetensors model's parameters (`oracle-export/export_oracle.py
+//! tiny-gguf`, oracle-export/README.md). The witness for the bits is the exact path on
+//! the HF-written safetensors, which `tests/tiny_oracle.rs` proves against HF.
+
+mod common;
+use common::*;
+use fak_model::{Model, WeightMode};
+use fak_tensor::Threads;
+use fak_weights::GgufFile;
+use std::path::PathBuf;
+
+/// A prompt of the tiny vocabulary (256), long enough for the multi-token kernels.
+const IDS: [u32; 12] = [17, 200, 3, 255, 0, 91, 42, 128, 7, 64, 199, 33];
+
+/// How each run splits [`IDS`]: one prefill, token-by-token decode, mixed chunks.
+const CHUNKS: [&[usize]; 3] = [&[12], &[1; 12], &[5, 1, 4, 2]];
+
+fn gguf(file: &str) -> PathBuf {
+    testdata().join("tiny-gguf").join(file)
+}
+
+/// Bytes of the RMSNorm gains of a Llama model (the only weights not in a matrix).
+fn norm_bytes(m: &Model) -> usize {
+    let c = m.config();
+    4 * (2 * c.num_hidden_layers + 1) * c.hidden_size
+}
+
+/// Every run of `m` over [`IDS`] gives the bits of the exact path on the safetensors
+/// model the GGUF was made from.
+fn assert_same_bits_as_safetensors(m: &Model, tiny: &str, label: &str) {
+    let st = Model::load(&testdata().join("tiny").join(tiny)).unwrap();
+    let want = run_in_chunks(&st, &IDS, &[IDS.len()]);
+    for chunks in CHUNKS {
+        let got = run_in_chunks(m, &IDS, chunks);
+        let max = want
+            .iter()
+            .zip(&got)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(
+            same_bits(&want, &got),
+            "{label}, chunks {chunks:?}: logits differ from the safetensors exact path (max|Δ| {max:e})"
+        );
+    }
+    // The head on its own, as a session's logits call it.
+    let c = m.config();
+    let normed: Vec<f32> = (0..2 * c.hidden_size)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    assert!(
+        same_bits(
+            &st.logits_from_normed(&normed),
+            &m.logits_from_normed(&normed)
+        ),
+        "{label}: logits_from_normed differs"
+    );
+}
+
+/// Native mode borrows every matrix of an aligned F32 file from the map: it owns only
+/// the norms, reads the same bytes per token as the exact path, and its logits
+/// (prefill, decode, mixed; 1 and 2 threads) are the exact path's bits, the llama Q/K
+/// row order undone on the products' outputs.
+fn native_borrows_and_matches(file: &str, tiny: &str, matrices: usize) {
+    let path = gguf(file);
+    let exact = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut native = Model::load_with(&path, WeightMode::Native).unwrap();
+    assert!(native.quantized_types().is_empty());
+    assert_eq!(native.mapped_f32_matrices(), matrices, "{file}");
+    assert_eq!(exact.mapped_f32_matrices(), 0);
+    // The f32 copy is gone: the model owns the norms and nothing else ...
+    let matrix_bytes = exact.owned_weight_bytes() - norm_bytes(&exact);
+    assert_eq!(native.owned_weight_bytes(), norm_bytes(&native), "{file}");
+    assert!(native.owned_weight_bytes() * 50 < matrix_bytes);
+    // ... while it still reads every weight once per token.
+    assert_eq!(native.weight_bytes(), exact.weight_bytes());
+    println!(
+        "{file}: native owns {} B of weights (exact {} B), {matrices} matrices read from the map",
+        native.owned_weight_bytes(),
+        exact.owned_weight_bytes()
+    );
+    assert_same_bits_as_safetensors(&exact, tiny, &format!("{file} exact"));
+    for th in [1, 2] {
+        native.set_threads(Threads::new(th));
+        assert_same_bits_as_safetensors(&native, tiny, &format!("{file} native, {th} threads"));
+    }
+}
+
+#[test]
+fn native_f32_gguf_untied_is_read_in_place_with_exact_bits() {
+    // 3 layers × 7 matrices, the embedding and the untied lm_head.
+    native_borrows_and_matches("llama-untied.f32.gguf", "llama-untied", 3 * 7 + 2);
+}
+
+#[test]
+fn native_f32_gguf_tied_is_read_in_place_with_exact_bits() {
+    // 2 layers × 7 matrices and the tied embedding (also the head).
+    native_borrows_and_matches("llama-tied.f32.gguf", "llama-tied", 2 * 7 + 1);
+}
+
+/// A file whose F32 data is not 4-byte aligned (`general.alignment` 2, data section at
+/// 2 mod 4) cannot be read as `&[f32]` in place: native mode copies it as the exact path
+/// does, without an error or a panic, and gives the same bits.
+#[test]
+fn native_f32_gguf_misaligned_is_copied_with_exact_bits() {
+    let path = gguf("llama-tied.f32.align2.gguf");
+    let g = GgufFile::open(&path).unwrap();
+    assert_eq!(g.alignment(), 2);
+    for t in g.tensors() {
+        // A mapped file starts on a page boundary, so the data's address is 2 mod 4.
+        assert_eq!((g.data_start() + t.offset) % 4, 2, "{}", t.name);
+        assert!(g.tensor_f32_in_place(t).is_none(), "{}", t.name);
+    }
+    let exact = Model::load(&path).unwrap();
+    let native = Model::load_with(&path, WeightMode::Native).unwrap();
+    assert_eq!(native.mapped_f32_matrices(), 0);
+    assert_eq!(native.owned_weight_bytes(), exact.owned_weight_bytes());
+    assert_same_bits_as_safetensors(&native, "llama-tied", "misaligned native");
+}
