@@ -139,7 +139,8 @@ pub fn add_assign(acc: &mut [f32], x: &[f32]) {
 /// Attention's weighted sum of value rows: `out[i] = Σ_j p[j] · rows[j * stride + i]`,
 /// `j` ascending from `out[i] = +0.0`, each step a rounded multiply then a rounded add
 /// (no fused multiply-add). The order is per element, so every vector width gives the
-/// same bits; the AVX2 kernel keeps up to 64 outputs in registers across all rows.
+/// same bits; the kernels keep up to 64 outputs in registers across all rows
+/// ([`weighted_rows_accumulate`]).
 ///
 /// Shapes: `p` is `[n]`, `rows` holds `n` rows of at least `out.len()` elements at
 /// `stride`.
@@ -148,30 +149,8 @@ pub fn add_assign(acc: &mut [f32], x: &[f32]) {
 /// If `stride < out.len()` or `rows` is shorter than `(n - 1) * stride + out.len()` (a
 /// programming error, not bad input).
 pub fn weighted_rows_sum(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-    let (n, len) = (p.len(), out.len());
     out.fill(0.0);
-    if n == 0 {
-        return;
-    }
-    assert!(stride >= len, "weighted_rows_sum: stride {stride} < {len}");
-    assert!(
-        rows.len() >= (n - 1) * stride + len,
-        "weighted_rows_sum: {} elements for {n} rows at stride {stride}",
-        rows.len()
-    );
-    #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
-        // SAFETY: AVX-512F was detected; the bounds were checked above.
-        unsafe { weighted_rows_sum_512(p, rows, stride, out) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx2_fma() {
-        // SAFETY: AVX2 was detected; the bounds were checked above.
-        unsafe { weighted_rows_sum_avx2(p, rows, stride, out) };
-        return;
-    }
-    weighted_rows_sum_ref(p, rows, stride, out);
+    weighted_rows_accumulate([p], rows, stride, [out]);
 }
 
 /// [`weighted_rows_sum`] without the zeroing, for `Q` sums over the same rows:
@@ -227,6 +206,12 @@ pub fn weighted_rows_accumulate<const Q: usize>(
         return;
     }
     for (pq, oq) in p.iter().zip(out.iter_mut()) {
+        #[cfg(target_arch = "x86_64")]
+        if crate::dot::has_avx2_fma() {
+            // SAFETY: AVX2 was detected; the bounds were checked above.
+            unsafe { weighted_rows_accumulate_avx2(pq, rows, stride, oq) };
+            continue;
+        }
         weighted_rows_sum_ref(pq, rows, stride, oq);
     }
 }
@@ -280,46 +265,15 @@ fn weighted_rows_sum_ref(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]
     }
 }
 
-/// [`weighted_rows_sum_avx2`] with 512-bit registers for the outputs in whole groups
-/// of 16 (each output's operations unchanged: one rounded multiply and one rounded add
-/// per row, ascending), the rest through [`weighted_rows_sum_avx2`].
+/// [`weighted_rows_accumulate`] for one sum with AVX2 registers (8 outputs each, up to
+/// 64 kept across the rows).
 ///
 /// # Safety
-/// AVX2, FMA and AVX-512F available; as [`weighted_rows_sum_avx2`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,avx512f")]
-unsafe fn weighted_rows_sum_512(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    const W: usize = 8; // registers of 16 outputs kept across the rows
-    let len = out.len();
-    let rp = rows.as_ptr();
-    let mut c = 0;
-    while c + 16 <= len {
-        let k = ((len - c) / 16).min(W);
-        let mut acc = [_mm512_setzero_ps(); W];
-        for (j, &pj) in p.iter().enumerate() {
-            let pv = _mm512_set1_ps(pj);
-            let base = rp.add(j * stride + c);
-            for (r, a) in acc.iter_mut().enumerate().take(k) {
-                *a = _mm512_add_ps(*a, _mm512_mul_ps(pv, _mm512_loadu_ps(base.add(16 * r))));
-            }
-        }
-        for (r, a) in acc.iter().enumerate().take(k) {
-            _mm512_storeu_ps(out.as_mut_ptr().add(c + 16 * r), *a);
-        }
-        c += 16 * k;
-    }
-    if c < len {
-        weighted_rows_sum_avx2(p, &rows[c..], stride, &mut out[c..]);
-    }
-}
-
-/// # Safety
 /// AVX2 available; `stride >= out.len()`, `rows.len() >= (p.len() - 1) * stride +
-/// out.len()`, `p` not empty, `out` zeroed.
+/// out.len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn weighted_rows_sum_avx2(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+unsafe fn weighted_rows_accumulate_avx2(p: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
     use std::arch::x86_64::*;
     const W: usize = 8; // registers of 8 outputs kept across the rows
     let len = out.len();
@@ -328,6 +282,9 @@ unsafe fn weighted_rows_sum_avx2(p: &[f32], rows: &[f32], stride: usize, out: &m
     while c + 8 <= len {
         let k = ((len - c) / 8).min(W);
         let mut acc = [_mm256_setzero_ps(); W];
+        for (r, a) in acc.iter_mut().enumerate().take(k) {
+            *a = _mm256_loadu_ps(out.as_ptr().add(c + 8 * r));
+        }
         for (j, &pj) in p.iter().enumerate() {
             let pv = _mm256_set1_ps(pj);
             let base = rp.add(j * stride + c);
@@ -423,6 +380,14 @@ mod tests {
             let same =
                 |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
             assert!(same(&got, &want), "len={len} stride={stride} n={n}");
+            // The AVX2 kernel too (the machine may have taken the 512-bit one above).
+            #[cfg(target_arch = "x86_64")]
+            if crate::dot::has_avx2_fma() && n > 0 {
+                let mut got = vec![0f32; len];
+                // SAFETY: AVX2 was detected; the shapes are those checked above.
+                unsafe { weighted_rows_accumulate_avx2(&p, &rows, stride, &mut got) };
+                assert!(same(&got, &want), "avx2: len={len} stride={stride} n={n}");
+            }
             // The same sum in three consecutive ranges of rows, four sums at a time
             // (the other three over other weights), equals it bit for bit.
             let ps: Vec<Vec<f32>> = (0..3)
