@@ -154,6 +154,33 @@ impl WeightSource {
         }
     }
 
+    /// A GGUF file's tensor `name` (the file and the tensor's index) after checking its
+    /// shape is `expected`; `None` for safetensors.
+    ///
+    /// # Errors
+    /// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`].
+    fn gguf_tensor(
+        &self,
+        name: &str,
+        expected: [usize; 2],
+    ) -> Result<Option<(&Arc<GgufFile>, usize)>, ModelError> {
+        let WeightSource::Gguf { file, by_hf } = self else {
+            return Ok(None);
+        };
+        let i = *by_hf
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
+        let found = file.tensors()[i].shape_hf();
+        if found != expected {
+            return Err(ModelError::ShapeMismatch {
+                name: name.to_string(),
+                expected: expected.to_vec(),
+                found,
+            });
+        }
+        Ok(Some((file, i)))
+    }
+
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
     /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
     /// Q/K row permutation (if any) can be undone on the output; `None` for every
@@ -169,21 +196,10 @@ impl WeightSource {
         expected: [usize; 2],
         cfg: &Config,
     ) -> Result<Option<QuantMatrix>, ModelError> {
-        let WeightSource::Gguf { file, by_hf } = self else {
+        let Some((file, i)) = self.gguf_tensor(name, expected)? else {
             return Ok(None);
         };
-        let i = *by_hf
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let t = &file.tensors()[i];
-        let found = t.shape_hf();
-        if found != expected {
-            return Err(ModelError::ShapeMismatch {
-                name: name.to_string(),
-                expected: expected.to_vec(),
-                found,
-            });
-        }
         let ty = match t.ggml_type {
             GgmlType::Q4_0 => QType::Q4_0,
             GgmlType::Q4_1 => QType::Q4_1,
@@ -232,21 +248,10 @@ impl WeightSource {
         expected: [usize; 2],
         cfg: &Config,
     ) -> Result<Option<MappedF32>, ModelError> {
-        let WeightSource::Gguf { file, by_hf } = self else {
+        let Some((file, i)) = self.gguf_tensor(name, expected)? else {
             return Ok(None);
         };
-        let i = *by_hf
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
         let t = &file.tensors()[i];
-        let found = t.shape_hf();
-        if found != expected {
-            return Err(ModelError::ShapeMismatch {
-                name: name.to_string(),
-                expected: expected.to_vec(),
-                found,
-            });
-        }
         let [rows, cols] = expected;
         match file.tensor_f32_in_place(t) {
             Some(w) if Some(w.len()) == rows.checked_mul(cols) => {}

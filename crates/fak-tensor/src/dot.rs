@@ -121,11 +121,13 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
         let mut j = 0;
         if has_avx512_f32() {
             while j + 8 <= n {
+                let mut o = [[0f32; 8]; 1];
                 // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows j..j+8 lie inside
-                // `rows` (checked above) and `out` has room for 8 results from `j`.
+                // `rows` (checked above).
                 unsafe {
-                    avx2::dot_rows_strided_512::<4>(&rows[j * stride..], stride, x, &mut out[j..])
+                    avx2::dot_rows_strided_512::<4, 1>(&rows[j * stride..], stride, [x], &mut o)
                 };
+                out[j..j + 8].copy_from_slice(&o[0]);
                 j += 8;
             }
         }
@@ -182,9 +184,7 @@ pub fn dot_strided_multi<const Q: usize>(
             let mut o = [[0f32; 8]; Q];
             // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows j..j+8 lie inside
             // `rows` (checked above).
-            unsafe {
-                avx2::dot_rows_strided_512_multi::<4, Q>(&rows[j * stride..], stride, x, &mut o)
-            };
+            unsafe { avx2::dot_rows_strided_512::<4, Q>(&rows[j * stride..], stride, x, &mut o) };
             for (oq, r) in out.iter_mut().zip(&o) {
                 oq[j..j + 8].copy_from_slice(r);
             }
@@ -283,59 +283,19 @@ pub(crate) mod avx2 {
         }
     }
 
-    /// [`dot_rows_strided`] for `2P` rows with 512-bit registers: one register holds
-    /// the eight lane accumulators of two rows (rows `2p`, `2p + 1` in its low and high
-    /// halves) against `x` in both halves, so one fused multiply-add serves both. Each
+    /// [`dot_rows_strided`] for `2P` rows and `Q` queries with 512-bit registers: one
+    /// register holds the eight lane accumulators of two rows (rows `2p`, `2p + 1` in
+    /// its low and high halves) against a query in both halves, so one fused
+    /// multiply-add serves both, and each row pair is loaded once for every query. Each
     /// lane performs exactly [`dot_rows_strided`]'s operations in its order, and each
-    /// row is reduced by the same [`hsum`] and [`tail`]: the same bits.
+    /// (row, query) is reduced by the same [`hsum`] and [`tail`]: the same bits.
+    /// `out[q][r]` is row `r` times query `q`.
     ///
     /// # Safety
-    /// The CPU must support AVX2, FMA and AVX-512F/DQ; `stride >= x.len()`,
-    /// `w.len() >= (2P - 1) * stride + x.len()`, `out.len() >= 2P`.
+    /// The CPU must support AVX2, FMA and AVX-512F/DQ; `2P <= 8`; every query of one
+    /// length `len`, `stride >= len`, `w.len() >= (2P - 1) * stride + len`.
     #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
-    pub unsafe fn dot_rows_strided_512<const P: usize>(
-        w: &[f32],
-        stride: usize,
-        x: &[f32],
-        out: &mut [f32],
-    ) {
-        let len = x.len();
-        debug_assert!(stride >= len && w.len() >= (2 * P - 1) * stride + len);
-        debug_assert!(out.len() >= 2 * P);
-        let n8 = len / LANES * LANES;
-        let mut acc = [_mm512_setzero_ps(); P];
-        let wp = w.as_ptr();
-        let xp = x.as_ptr();
-        let mut i = 0;
-        while i < n8 {
-            let xv = _mm512_broadcast_f32x8(_mm256_loadu_ps(xp.add(i)));
-            for (p, a) in acc.iter_mut().enumerate() {
-                let lo = _mm256_loadu_ps(wp.add(2 * p * stride + i));
-                let hi = _mm256_loadu_ps(wp.add((2 * p + 1) * stride + i));
-                let wv = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
-                *a = _mm512_fmadd_ps(wv, xv, *a);
-            }
-            i += LANES;
-        }
-        for (p, a) in acc.iter().enumerate() {
-            let halves = [_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a)];
-            for (h, v) in halves.into_iter().enumerate() {
-                let r = 2 * p + h;
-                let row = &w[r * stride..r * stride + len];
-                out[r] = tail(row, x, n8, hsum(v));
-            }
-        }
-    }
-
-    /// [`dot_rows_strided_512`] for `Q` queries at once: each row pair is loaded once
-    /// and serves every query; each (row, query) has exactly the operations of
-    /// [`dot_rows_strided_512`] in its order: the same bits. `out[q][r]` is row `r`
-    /// times query `q`.
-    ///
-    /// # Safety
-    /// As [`dot_rows_strided_512`] for every query; all queries of one length.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
-    pub unsafe fn dot_rows_strided_512_multi<const P: usize, const Q: usize>(
+    pub unsafe fn dot_rows_strided_512<const P: usize, const Q: usize>(
         w: &[f32],
         stride: usize,
         x: [&[f32]; Q],
