@@ -190,8 +190,12 @@ pub fn dot_strided_multi<const Q: usize>(
             }
             j += 8;
         }
-        for (oq, xq) in out.iter_mut().zip(x) {
-            dot_strided(&rows[j * stride..], stride, xq, &mut oq[j..]);
+        // Rows j.. only if any are left: with `rows` as short as the contract allows,
+        // `j * stride` lies past its end when `n` is a multiple of 8 and `stride > len`.
+        if j < n {
+            for (oq, xq) in out.iter_mut().zip(x) {
+                dot_strided(&rows[j * stride..], stride, xq, &mut oq[j..]);
+            }
         }
         return;
     }
@@ -458,8 +462,14 @@ mod tests {
             (9, 9, 8),
             (7, 30, 3),
             (64, 64, 0),
+            // Rows no longer than the contract asks ((n - 1) * stride + len), n a
+            // multiple of 8 with stride > len: nothing may be sliced past the last row.
+            (7, 30, 8),
+            (64, 80, 16),
         ] {
-            let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| lcg(&mut s)).collect();
+            let rows: Vec<f32> = (0..(n.max(1) - 1) * stride + len)
+                .map(|_| lcg(&mut s))
+                .collect();
             let x: Vec<f32> = (0..len).map(|_| lcg(&mut s) * 2.0).collect();
             let mut got = vec![f32::NAN; n];
             dot_strided(&rows, stride, &x, &mut got);
@@ -482,8 +492,14 @@ mod tests {
             (9, 9, 8),
             (7, 30, 3),
             (64, 64, 0),
+            // Rows no longer than the contract asks ((n - 1) * stride + len), n a
+            // multiple of 8 with stride > len: nothing may be sliced past the last row.
+            (7, 30, 8),
+            (64, 80, 16),
         ] {
-            let rows: Vec<f32> = (0..stride * n.max(1)).map(|_| lcg(&mut s)).collect();
+            let rows: Vec<f32> = (0..(n.max(1) - 1) * stride + len)
+                .map(|_| lcg(&mut s))
+                .collect();
             let xs: Vec<Vec<f32>> = (0..4)
                 .map(|_| (0..len).map(|_| lcg(&mut s) * 2.0).collect())
                 .collect();
