@@ -1527,6 +1527,8 @@ where
             (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
         let wide = isa >= TileIsa::Vnni512;
         let zmm = isa == TileIsa::Zmm;
+        // The token-transposed form needs AVX2 and F16C (this function's contract); its
+        // tiles, which need AVX-512 and AVX512-VNNI, run only when `zmm`.
         let tt = if zmm {
             transposed::Acts::new::<K>(&a)
         } else {
