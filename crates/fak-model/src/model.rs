@@ -355,6 +355,40 @@ fn linear_group(
     Ok(())
 }
 
+/// `gate[i] = act(gate[i]) · up[i]` (SwiGLU's `silu`, GeGLU's tanh GELU) over `[n, ff]`
+/// rows. A many-token input is split by token rows between the threads; each element
+/// is the same scalar function whichever thread computes it, so the bits do not depend
+/// on the thread count. (Serial, this was ~6% of a 2-thread prefill.)
+fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
+    let apply = |g: &mut [f32], u: &[f32]| match act {
+        Activation::Silu => g
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, &u)| *g = silu(*g) * u),
+        Activation::GeluTanh => g
+            .iter_mut()
+            .zip(u)
+            .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
+    };
+    let n = gate.len() / ff.max(1);
+    // Tokens per chunk: a few chunks per thread, so a late thread holds up little.
+    const MIN_TOKENS: usize = 8;
+    if n < 2 * MIN_TOKENS || th.get() <= 1 {
+        apply(gate, up);
+        return;
+    }
+    let per = n.div_ceil(4 * th.get()).max(MIN_TOKENS) * ff;
+    let parts: Vec<std::sync::Mutex<&mut [f32]>> =
+        gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
+    parallel_chunks(parts.len(), th, &|i| {
+        let mut g = parts[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let u = &up[i * per..i * per + g.len()];
+        apply(&mut g, u);
+    });
+}
+
 /// The rows of a `[entries, kvd]` cache slice from entry `j` on (empty past the end,
 /// where no row is read).
 fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
@@ -1149,16 +1183,7 @@ impl Model {
                 &mut xq,
                 th,
             )?;
-            match c.hidden_act {
-                Activation::Silu => gate
-                    .iter_mut()
-                    .zip(&up)
-                    .for_each(|(g, &u)| *g = silu(*g) * u),
-                Activation::GeluTanh => gate
-                    .iter_mut()
-                    .zip(&up)
-                    .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
-            }
+            gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
             linear(
                 &w.down_proj,
                 nw.down.as_ref(),
