@@ -50,6 +50,32 @@ fn time(repeats: usize, mut f: impl FnMut(usize)) -> f64 {
 
 const STREAM_BYTES: usize = 64 << 20;
 
+/// GB/s of a plain read of [`STREAM_BYTES`] (a wrapping sum of `u64` words, which the
+/// compiler vectorizes) on 1 and on 2 threads, each thread summing one contiguous half:
+/// the memory's own rate, the ceiling for a decode step that reads every weight once.
+/// Median of `repeats` passes.
+fn memory_read_gbs(repeats: usize) -> [f64; 2] {
+    let words: Vec<u64> = (0..STREAM_BYTES / 8).map(|i| i as u64).collect();
+    let sum = |w: &[u64]| w.iter().fold(0u64, |a, &b| a.wrapping_add(b));
+    let mut rate = |threads: usize| {
+        let s = time(repeats, |_| {
+            let part = words.len().div_ceil(threads);
+            let total = std::thread::scope(|sc| {
+                let hs: Vec<_> = words
+                    .chunks(part)
+                    .map(|c| sc.spawn(move || sum(c)))
+                    .collect();
+                hs.into_iter()
+                    .map(|h| h.join().expect("a summing thread"))
+                    .fold(0u64, u64::wrapping_add)
+            });
+            black_box(total);
+        });
+        STREAM_BYTES as f64 / s / 1e9
+    };
+    [rate(1), rate(2)]
+}
+
 fn main() {
     let repeats: usize = std::env::args()
         .nth(1)
@@ -122,10 +148,25 @@ fn main() {
         );
     }
     // Thread scaling of the pooled product in the streamed case: the same matrices on
-    // 1 and 2 threads of the shared pool (as decode runs them).
+    // 1 and 2 threads of the shared pool (as decode runs them). [1536, 576] is an MLP
+    // matrix; [49152, 576] is SmolLM2's output head (30 MB in Q8_0).
     println!("stream, pooled (`matvec_threads`), GB/s: 1 thread | 2 threads | ratio");
-    for ty in [QType::Q4_1, QType::Q8_0] {
-        let (rows, cols) = (1536, 576);
+    let plain = memory_read_gbs(repeats);
+    println!(
+        "{:<5} {:>11} {:>9.2} | {:>9.2} | {:>5.2}   (a plain sum over {} MiB: the memory's rate)",
+        "-",
+        "-",
+        plain[0],
+        plain[1],
+        plain[1] / plain[0],
+        STREAM_BYTES >> 20
+    );
+    for (ty, rows, cols) in [
+        (QType::Q4_1, 1536, 576),
+        (QType::Q8_0, 1536, 576),
+        (QType::Q4_1, 49152, 576),
+        (QType::Q8_0, 49152, 576),
+    ] {
         let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
         let copies = STREAM_BYTES.div_ceil(bytes);
         let w: Vec<u8> = (0..bytes * copies).map(|_| (r.next() >> 8) as u8).collect();
@@ -144,8 +185,9 @@ fn main() {
         };
         let (one, two) = (run(1), run(2));
         println!(
-            "{:<5} {one:>9.2} | {two:>9.2} | {:>5.2}",
+            "{:<5} {:>11} {one:>9.2} | {two:>9.2} | {:>5.2}",
             ty.name(),
+            format!("{rows}x{cols}"),
             two / one
         );
     }
