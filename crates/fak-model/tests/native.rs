@@ -43,16 +43,38 @@ fn native_decode_equals_prefill_bitwise() {
     assert!(same_bits(&full, &mixed), "prefill != chunked prefill");
 }
 
+/// [`PROMPT`] four times over: 48 tokens, enough for the many-token paths (the
+/// 16-token prefill tiles, activations quantized and the gated activation split between
+/// threads, full 4-token attention blocks).
+fn long_prompt() -> Vec<u32> {
+    PROMPT.repeat(4)
+}
+
+#[test]
+fn native_long_prefill_equals_decode_bitwise() {
+    let Some(m) = native() else { return };
+    let ids = long_prompt();
+    let full = run_in_chunks(m, &ids, &[ids.len()]);
+    let steps = run_in_chunks(m, &ids, &vec![1; ids.len()]);
+    let mixed = run_in_chunks(m, &ids, &[17, 1, 30]);
+    assert!(same_bits(&full, &steps), "prefill != token-by-token decode");
+    assert!(same_bits(&full, &mixed), "prefill != chunked prefill");
+}
+
 #[test]
 fn native_is_bit_identical_for_any_thread_count() {
     let Some(p) = smollm2_path() else { return };
     let mut m = Model::load_with(&p, WeightMode::Native).unwrap();
+    let long = long_prompt();
     m.set_threads(Threads::new(1));
     let one = run_in_chunks(&m, &PROMPT, &[7, 5]);
+    let one_long = run_in_chunks(&m, &long, &[long.len()]);
     for th in [2usize, 3] {
         m.set_threads(Threads::new(th));
         let got = run_in_chunks(&m, &PROMPT, &[7, 5]);
         assert!(same_bits(&one, &got), "{th} threads differ from 1");
+        let got = run_in_chunks(&m, &long, &[long.len()]);
+        assert!(same_bits(&one_long, &got), "{th} threads differ from 1 (48 tokens)");
     }
 }
 
