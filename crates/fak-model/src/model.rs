@@ -16,7 +16,8 @@ use fak_tensor::quant::{
 };
 use fak_tensor::{
     add_assign, dot_strided, dot_strided_multi, gelu_tanh, matmul, parallel_chunks, rms_norm,
-    rope_rotate_half, silu, softmax_in_place, weighted_rows_accumulate, RopeTable, Threads,
+    rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, RopeTable,
+    Threads,
 };
 use std::path::Path;
 
@@ -361,10 +362,7 @@ fn linear_group(
 /// on the thread count. (Serial, this was ~6% of a 2-thread prefill.)
 fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
     let apply = |g: &mut [f32], u: &[f32]| match act {
-        Activation::Silu => g
-            .iter_mut()
-            .zip(u)
-            .for_each(|(g, &u)| *g = silu(*g) * u),
+        Activation::Silu => fak_tensor::exp::silu_mul_in_place(g, u),
         Activation::GeluTanh => g
             .iter_mut()
             .zip(u)
@@ -1124,7 +1122,11 @@ impl Model {
                 }
                 for sc in scores.iter_mut() {
                     sc.iter_mut().for_each(|s| *s *= scale);
-                    softmax_in_place(sc);
+                }
+                // A full block's four rows side by side (the same bits as one by one).
+                match &mut scores[..] {
+                    [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
+                    rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
                 }
                 // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
                 // range, the shared range (four tokens at a time), the keys after it.

@@ -74,7 +74,10 @@ fn native_is_bit_identical_for_any_thread_count() {
         let got = run_in_chunks(&m, &PROMPT, &[7, 5]);
         assert!(same_bits(&one, &got), "{th} threads differ from 1");
         let got = run_in_chunks(&m, &long, &[long.len()]);
-        assert!(same_bits(&one_long, &got), "{th} threads differ from 1 (48 tokens)");
+        assert!(
+            same_bits(&one_long, &got),
+            "{th} threads differ from 1 (48 tokens)"
+        );
     }
 }
 

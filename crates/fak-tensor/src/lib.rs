@@ -23,6 +23,7 @@
 //! `nn.Linear.weight` is `[out_features, in_features]`; activations are `[tokens, dim]`.
 
 pub mod dot;
+pub mod exp;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
@@ -32,5 +33,5 @@ pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
 pub use matmul::{matmul, matmul_ref, parallel_chunks, Threads};
 pub use ops::{
     add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place,
-    weighted_rows_accumulate, weighted_rows_sum, RopeTable,
+    softmax_rows_in_place, weighted_rows_accumulate, weighted_rows_sum, RopeTable,
 };

@@ -90,21 +90,59 @@ pub fn rope_rotate_half(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 /// Softmax of a row in place: `x[i] = exp(x[i] - max) / Σ exp(x[j] - max)`, summed in
 /// ascending `j`. An empty row is left empty; a row of `-inf` becomes NaN as in torch.
 pub fn softmax_in_place(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    // The exponentials first, then their sum in its own loop: the same values summed
-    // in the same order, but the running sum no longer waits in memory across each
-    // `expf` call (a caller-saved register spilled around the call), so the calls
-    // overlap and the sum's chain is one add per element.
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
+    softmax_rows_in_place([x]);
+}
+
+/// [`softmax_in_place`] of `N` rows (of any lengths) at once, each row's values exactly
+/// those of [`softmax_in_place`] on it alone.
+///
+/// The sum of a row is a chain of dependent adds in ascending order (the order is part
+/// of the result); summing `N` rows side by side runs `N` chains at a time. The
+/// exponentials are [`crate::exp::exp_in_place`] (the bits of `f32::exp`), and the
+/// maximum is taken eight lanes at a time: a maximum does not depend on the order it is
+/// taken in, except which zero of `±0` it returns, and `x − (+0)` and `x − (−0)` have
+/// the same exponential.
+pub fn softmax_rows_in_place<const N: usize>(mut rows: [&mut [f32]; N]) {
+    for x in rows.iter_mut() {
+        let max = row_max(x);
+        for v in x.iter_mut() {
+            *v -= max;
+        }
+        crate::exp::exp_in_place(x);
     }
-    let mut sum = 0f32;
-    for v in x.iter() {
-        sum += *v;
+    let common = rows.iter().map(|r| r.len()).min().unwrap_or(0);
+    let mut sums = [0f32; N];
+    for j in 0..common {
+        for (s, r) in sums.iter_mut().zip(rows.iter()) {
+            *s += r[j];
+        }
     }
-    for v in x.iter_mut() {
-        *v /= sum;
+    for (s, x) in sums.iter_mut().zip(rows.iter_mut()) {
+        for v in x[common..].iter() {
+            *s += *v;
+        }
+        let sum = *s;
+        for v in x.iter_mut() {
+            *v /= sum;
+        }
     }
+}
+
+/// The largest element (`-inf` for an empty row; NaN elements are skipped, as
+/// `f32::max` skips them, unless every element is NaN), eight lanes at a time.
+fn row_max(x: &[f32]) -> f32 {
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for (l, &v) in lanes.iter_mut().zip(c) {
+            *l = l.max(v);
+        }
+    }
+    let tail = chunks.remainder().iter().copied();
+    lanes
+        .into_iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, f32::max)
 }
 
 /// SiLU (swish) as torch computes it: `x / (1 + exp(-x))`.
