@@ -15,9 +15,9 @@ use fak_tensor::quant::{
     QuantError, QuantizedActs,
 };
 use fak_tensor::{
-    add_assign, dot_strided, dot_strided_multi, gelu_tanh, matmul, parallel_chunks, rms_norm,
-    rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, RopeTable,
-    Threads,
+    add_assign, dot_strided, dot_strided_multi, gelu_tanh, matmul, matmul_group, parallel_chunks,
+    rms_norm, rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate,
+    Linear, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -230,6 +230,21 @@ fn linear(
     linear_shared(w, q, rows, &mut SharedActs::new(x, cols, n, th), out, th)
 }
 
+/// The values of a mapped F32 matrix used as `[rows, cols]`, or an error when its
+/// shape is another.
+fn mapped_f32_as(m: &MappedF32, rows: usize, cols: usize) -> Result<&[f32], ModelError> {
+    let w = m.as_f32();
+    if m.rows != rows || m.cols != cols || w.len() != rows * cols {
+        return Err(ModelError::Unsupported(format!(
+            "a mapped [{}, {}] f32 matrix ({} values) used as [{rows}, {cols}]",
+            m.rows,
+            m.cols,
+            w.len()
+        )));
+    }
+    Ok(w)
+}
+
 /// [`linear`] reading its input from `x`, whose quantized rows other products of the
 /// same input reuse.
 fn linear_shared(
@@ -248,15 +263,7 @@ fn linear_shared(
         }
         Some(NativeMatrix::F32(m)) => {
             // The same kernel on the same values as the copied form: the same bits.
-            let w = m.as_f32();
-            if m.rows != rows || m.cols != cols || w.len() != rows * cols {
-                return Err(ModelError::Unsupported(format!(
-                    "a mapped [{}, {}] f32 matrix ({} values) used as [{rows}, {cols}]",
-                    m.rows,
-                    m.cols,
-                    w.len()
-                )));
-            }
+            let w = mapped_f32_as(m, rows, cols)?;
             matmul(w, rows, cols, x.x, n, out, th);
             if let Some(order) = &m.row_order {
                 rows_to_hf_order_in_place(&mut out[..n * rows], order, rows);
@@ -301,6 +308,35 @@ fn linear_group(
     let all_native = items
         .iter()
         .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_some());
+    let all_f32 = items
+        .iter()
+        .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_none());
+    if x.n > 1 && all_f32 {
+        // f32 weights (exact mode, or an F32 file read in place): one hand-off for the
+        // group, each thread claiming chunks of tokens ([`matmul_group`]).
+        let (cols, n) = (x.cols, x.n);
+        let mut products = Vec::with_capacity(items.len());
+        for (w, q, rows, out) in items.iter_mut() {
+            let w = match q {
+                Some(NativeMatrix::F32(m)) => mapped_f32_as(m, *rows, cols)?,
+                _ => w,
+            };
+            products.push(Linear {
+                w,
+                rows: *rows,
+                out: &mut out[..n * *rows],
+            });
+        }
+        matmul_group(&mut products, cols, x.x, n, th);
+        for (_, q, rows, out) in items.iter_mut() {
+            if let Some(NativeMatrix::F32(m)) = q {
+                if let Some(order) = &m.row_order {
+                    rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows);
+                }
+            }
+        }
+        return Ok(());
+    }
     if x.n != 1 || !all_native || th.get() <= 1 {
         for (w, q, rows, out) in items.iter_mut() {
             linear_shared(w, *q, *rows, x, out, th)?;

@@ -57,7 +57,7 @@ const STREAM_BYTES: usize = 64 << 20;
 fn memory_read_gbs(repeats: usize) -> [f64; 2] {
     let words: Vec<u64> = (0..STREAM_BYTES / 8).map(|i| i as u64).collect();
     let sum = |w: &[u64]| w.iter().fold(0u64, |a, &b| a.wrapping_add(b));
-    let mut rate = |threads: usize| {
+    let rate = |threads: usize| {
         let s = time(repeats, |_| {
             let part = words.len().div_ceil(threads);
             let total = std::thread::scope(|sc| {

@@ -30,7 +30,7 @@ pub mod pool;
 pub mod quant;
 
 pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
-pub use matmul::{matmul, matmul_ref, parallel_chunks, Threads};
+pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};
 pub use ops::{
     add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place,
     softmax_rows_in_place, weighted_rows_accumulate, weighted_rows_sum, RopeTable,
