@@ -327,6 +327,12 @@ pub(crate) mod avx2 {
             i += LANES;
         }
         for (q, qacc) in acc.iter().enumerate() {
+            if P == 4 && n8 == len {
+                // Eight rows' lane sums reduced side by side, no tail.
+                let a = [qacc[0], qacc[1], qacc[2], qacc[3 % P]];
+                _mm256_storeu_ps(out[q].as_mut_ptr(), reduce_8_rows(a));
+                continue;
+            }
             for (p, a) in qacc.iter().enumerate() {
                 let halves = [_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a)];
                 for (h, v) in halves.into_iter().enumerate() {
@@ -336,6 +342,36 @@ pub(crate) mod avx2 {
                 }
             }
         }
+    }
+
+    /// [`reduce_lanes`] of eight rows at once: `a[p]` holds the eight lane sums of
+    /// rows `2p` (low half) and `2p + 1` (high half); the result's element `r` is row
+    /// `r`'s `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`. The same adds of the same
+    /// values as the scalar tree, each row in its own lanes, rearranged between the
+    /// steps by shuffles (exact), so the same bits; a dot of 64 elements is four
+    /// fused multiply-adds per row pair, and reducing each row through memory and
+    /// scalar adds had cost several times that.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
+    fn reduce_8_rows(a: [__m512; 4]) -> __m256 {
+        // Quarters of a[p]: (row 2p: l0-3, l4-7, row 2p+1: l0-3, l4-7).
+        // s = [l0+l4, l1+l5, l2+l6, l3+l7], one row per quarter: rows 0-3, then 4-7.
+        let lo01 = _mm512_shuffle_f32x4::<0b10_00_10_00>(a[0], a[1]);
+        let hi01 = _mm512_shuffle_f32x4::<0b11_01_11_01>(a[0], a[1]);
+        let lo23 = _mm512_shuffle_f32x4::<0b10_00_10_00>(a[2], a[3]);
+        let hi23 = _mm512_shuffle_f32x4::<0b11_01_11_01>(a[2], a[3]);
+        let s03 = _mm512_add_ps(lo01, hi01);
+        let s47 = _mm512_add_ps(lo23, hi23);
+        // t = [s0+s2, s1+s3]: quarter k holds (t0, t1) of row k, then of row k + 4.
+        let e = _mm512_shuffle_ps::<0b01_00_01_00>(s03, s47);
+        let f = _mm512_shuffle_ps::<0b11_10_11_10>(s03, s47);
+        let t = _mm512_add_ps(e, f);
+        // t0 + t1: quarter k holds row k, row k + 4 (then the same again).
+        let g = _mm512_shuffle_ps::<0b10_00_10_00>(t, t);
+        let h = _mm512_shuffle_ps::<0b11_01_11_01>(t, t);
+        let r = _mm512_add_ps(g, h);
+        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 0, 0, 0, 0, 0, 0, 0, 0);
+        _mm512_castps512_ps256(_mm512_permutexvar_ps(order, r))
     }
 
     /// [`dot_tile`] for `R` rows × `2P` tokens with 512-bit registers: one register
