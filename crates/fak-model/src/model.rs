@@ -423,6 +423,20 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
     });
 }
 
+/// The `c`-th chunk claimed of `n` taken alternately from the front and the back
+/// (`0, n−1, 1, n−2, …`; a permutation of `0..n`). Two threads claiming in turn then
+/// work from opposite ends, each on consecutive query heads: in a decode step one
+/// thread takes heads 0-4 and the other 8-5, so each KV head's rows are read from
+/// memory by one thread (two for the head they share) instead of by both, and the
+/// second and third query heads of a group find them in the core's cache.
+fn front_back(c: usize, n: usize) -> usize {
+    if c % 2 == 0 {
+        c / 2
+    } else {
+        n - 1 - c / 2
+    }
+}
+
 /// The rows of a `[entries, kvd]` cache slice from entry `j` on (empty past the end,
 /// where no row is read).
 fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
@@ -1095,6 +1109,7 @@ impl Model {
                 .collect();
             let blocks = n.div_ceil(QB);
             parallel_chunks(blocks * nh, th, &|c| {
+                let c = front_back(c, blocks * nh);
                 let (tb, hq) = (c / nh, c % nh);
                 let g = hq / group;
                 let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
