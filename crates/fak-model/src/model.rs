@@ -430,7 +430,7 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
 /// memory by one thread (two for the head they share) instead of by both, and the
 /// second and third query heads of a group find them in the core's cache.
 fn front_back(c: usize, n: usize) -> usize {
-    if c % 2 == 0 {
+    if c.is_multiple_of(2) {
         c / 2
     } else {
         n - 1 - c / 2

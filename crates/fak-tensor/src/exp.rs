@@ -241,7 +241,7 @@ mod tests {
                             for (i, v) in buf.iter().enumerate() {
                                 let x = f32::from_bits((b + i as u64) as u32);
                                 let want = x.exp();
-                                if !same(*v, want) && !(v.is_nan() && want.is_nan()) {
+                                if !(same(*v, want) || v.is_nan() && want.is_nan()) {
                                     return Some(x.to_bits());
                                 }
                             }
@@ -253,7 +253,7 @@ mod tests {
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
         });
-        for b in bad.into_iter().flatten() {
+        if let Some(b) = bad.into_iter().flatten().next() {
             let x = f32::from_bits(b);
             let mut v = [x];
             exp_in_place(&mut v);

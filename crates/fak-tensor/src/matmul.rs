@@ -169,7 +169,7 @@ const GROUP_MIN_TOKENS: usize = 32;
 /// [`matmul_ref`]).
 ///
 /// A many-token input (a prefill) is cut into chunks of consecutive tokens, at least
-/// [`GROUP_MIN_TOKENS`] each and about four per thread; a thread claims a chunk and
+/// 32 (`GROUP_MIN_TOKENS`) each and about four per thread; a thread claims a chunk and
 /// computes every row of every product for its tokens, writing its own contiguous
 /// rows of each output. Claiming evens out a thread that starts late or runs slowly,
 /// where a fixed split into one row range per thread leaves the others waiting for it
