@@ -94,8 +94,10 @@ fn peak_rss_mb() -> Option<f64> {
 }
 
 pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
-    if args.prompt_tokens == 0 || args.repeats == 0 {
-        return Err(fail("--prompt-tokens and --repeats must be at least 1"));
+    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeats == 0 {
+        return Err(fail(
+            "--prompt-tokens, --gen-tokens and --repeats must be at least 1",
+        ));
     }
     let path = resolve_or_pull(&args.model)?;
     let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
@@ -177,10 +179,14 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
         )?;
         outln!("threads          {threads}")?;
         outln!(
-            "prompt           {} tokens, then {} decode steps; medians of {} repeats after 1 warm-up",
+            "prompt           {} tokens, then {} decode steps; {} after 1 warm-up",
             args.prompt_tokens,
             args.gen_tokens,
-            args.repeats
+            if args.repeats == 1 {
+                "one timed repeat".to_string()
+            } else {
+                format!("medians of {} repeats", args.repeats)
+            }
         )?;
         outln!("prefill          {prefill_tps:.1} tokens/s")?;
         outln!("decode           {decode_tps:.1} tokens/s")?;

@@ -15,19 +15,19 @@ use std::time::Instant;
 #[derive(clap::Args, Clone, Debug)]
 pub(crate) struct SamplingArgs {
     /// Softmax temperature; 0 is greedy (the default: deterministic).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     temperature: f32,
     /// Keep only the K most likely tokens (0: off).
     #[arg(long, default_value_t = 0)]
     top_k: usize,
     /// Nucleus sampling mass in (0, 1] (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
     /// Drop tokens below MIN_P times the top probability (0: off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     min_p: f32,
     /// Repetition penalty (1: off).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     repetition_penalty: f32,
     /// Seed of the sampler; the same seed gives the same text.
     #[arg(long, default_value_t = 0)]

@@ -147,3 +147,35 @@ fn run_takes_prompt_ids_and_a_weight_mode() {
         assert_eq!(v["completion_ids"].as_array().unwrap().len(), 3);
     }
 }
+
+#[test]
+fn bench_refuses_zero_decode_steps() {
+    let out = fak()
+        .args(["bench", "--model", &tiny(), "--gen-tokens", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--gen-tokens"), "{err}");
+}
+
+/// A negative number after a sampling flag is read as its value (and refused by the
+/// sampler with a clear message), not taken for an unknown flag.
+#[test]
+fn run_reads_a_negative_temperature_as_its_value() {
+    let out = fak()
+        .args([
+            "run",
+            "--model",
+            &tiny(),
+            "--temperature",
+            "-1",
+            "--prompt-ids",
+            "1,2,3",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("temperature -1 must be"), "{err}");
+}
