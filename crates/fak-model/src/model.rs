@@ -172,7 +172,7 @@ impl<'a> SharedActs<'a> {
                 // rows between threads changes no bit.
                 let rows: Vec<&[f32]> = self.x.chunks_exact(self.cols).collect();
                 let acts = if rows.len() >= 16 && self.th.get() > 1 {
-                    let per = rows.len().div_ceil(4 * self.th.get()).max(1);
+                    let per = rows.len().div_ceil(self.th.get().saturating_mul(4)).max(1);
                     let parts: Vec<std::sync::Mutex<Vec<Result<QuantizedActs, QuantError>>>> =
                         rows.chunks(per).map(|_| Default::default()).collect();
                     parallel_chunks(parts.len(), self.th, &|c| {
@@ -411,7 +411,7 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
         apply(gate, up);
         return;
     }
-    let per = n.div_ceil(4 * th.get()).max(MIN_TOKENS) * ff;
+    let per = n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS) * ff;
     let parts: Vec<std::sync::Mutex<&mut [f32]>> =
         gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
     parallel_chunks(parts.len(), th, &|i| {

@@ -81,6 +81,24 @@ fn native_is_bit_identical_for_any_thread_count() {
     }
 }
 
+/// A thread count so large that four times it overflows (`Threads` takes any count and
+/// caps it per product) runs, on both paths, with the bits of one thread.
+#[test]
+fn a_huge_thread_count_is_the_bits_of_one_thread() {
+    let Some(p) = smollm2_path() else { return };
+    let long = long_prompt();
+    for mode in [WeightMode::Native, WeightMode::Exact] {
+        let mut m = Model::load_with(&p, mode).unwrap();
+        m.set_threads(Threads::new(1));
+        let one = run_in_chunks(&m, &long, &[long.len()]);
+        for th in [1usize << 62, usize::MAX] {
+            m.set_threads(Threads::new(th));
+            let got = run_in_chunks(&m, &long, &[long.len()]);
+            assert!(same_bits(&one, &got), "{mode:?}, {th} threads");
+        }
+    }
+}
+
 #[test]
 fn native_on_f32_weights_is_the_exact_path() {
     // A safetensors model has no block-format matrices: native mode keeps every

@@ -202,9 +202,14 @@ pub fn matmul_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], n: usize, 
     let ws: Vec<(&[f32], usize)> = items.iter().map(|it| (it.w, it.rows)).collect();
     // slots[c][i]: chunk c's rows of item i's output.
     let mut slots: Vec<Vec<Mutex<&mut [f32]>>> = (0..chunks).map(|_| Vec::new()).collect();
+    // Every chunk gets a slot of every item (empty for a product of zero rows), so
+    // `slots[c]` lines up with `ws`.
     for it in items.iter_mut() {
-        for (c, o) in it.out[..n * it.rows].chunks_mut(per * it.rows).enumerate() {
-            slots[c].push(Mutex::new(o));
+        let mut rest = &mut it.out[..n * it.rows];
+        for slot in slots.iter_mut() {
+            let (mine, tail) = rest.split_at_mut((per * it.rows).min(rest.len()));
+            rest = tail;
+            slot.push(Mutex::new(mine));
         }
     }
     parallel_chunks(chunks, threads, &|c| {
@@ -498,6 +503,35 @@ mod tests {
                     let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "product {i}, n={n}, threads={th}");
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_group_with_an_empty_product_equals_reference() {
+        // A product of zero rows in a group large enough to be split between threads:
+        // the other products still get the reference's bits (and nothing panics).
+        let (cols, n) = (64, 100);
+        let shapes = [200usize, 0, 67];
+        let ws: Vec<Vec<f32>> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, &r)| data(r * cols, 20 + i as u64))
+            .collect();
+        let x = data(n * cols, 4);
+        for th in [1usize, 2, 3] {
+            let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
+            let mut items: Vec<Linear<'_>> = shapes
+                .iter()
+                .zip(&ws)
+                .zip(outs.iter_mut())
+                .map(|((&rows, w), out)| Linear { w, rows, out })
+                .collect();
+            matmul_group(&mut items, cols, &x, n, Threads::new(th));
+            for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
+                let mut want = vec![0f32; n * rows];
+                matmul_ref(w, rows, cols, &x, n, &mut want);
+                assert_same_bits(got, &want, &format!("rows={rows}, threads={th}"));
             }
         }
     }
