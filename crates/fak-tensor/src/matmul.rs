@@ -467,58 +467,15 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn matmul_group_equals_reference_for_any_batch_and_threads() {
-        // Three products of one input, token counts around the chunk length (and one
-        // chunk's worth of remainder), 1-3 threads: every output the reference's bits.
-        let cols = 72;
-        let shapes = [13usize, 67, 200];
+    /// [`matmul_group`] of products with `shapes` rows on `n` tokens, on 1-3 threads:
+    /// every output must be [`matmul_ref`]'s bits (and nothing may panic).
+    fn assert_group_is_reference(shapes: &[usize], cols: usize, n: usize, seed: u64) {
         let ws: Vec<Vec<f32>> = shapes
             .iter()
             .enumerate()
-            .map(|(i, &r)| data(r * cols, 10 + i as u64))
+            .map(|(i, &r)| data(r * cols, seed + i as u64))
             .collect();
-        let x = data(131 * cols, 3);
-        for n in [2usize, 31, 33, 64, 65, 100, 131] {
-            let want: Vec<Vec<f32>> = shapes
-                .iter()
-                .zip(&ws)
-                .map(|(&rows, w)| {
-                    let mut o = vec![0f32; n * rows];
-                    matmul_ref(w, rows, cols, &x, n, &mut o);
-                    o
-                })
-                .collect();
-            for th in [1usize, 2, 3] {
-                let mut outs: Vec<Vec<f32>> =
-                    shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
-                let mut items: Vec<Linear<'_>> = shapes
-                    .iter()
-                    .zip(&ws)
-                    .zip(outs.iter_mut())
-                    .map(|((&rows, w), out)| Linear { w, rows, out })
-                    .collect();
-                matmul_group(&mut items, cols, &x, n, Threads::new(th));
-                for (i, (g, w)) in outs.iter().zip(&want).enumerate() {
-                    let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "product {i}, n={n}, threads={th}");
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn matmul_group_with_an_empty_product_equals_reference() {
-        // A product of zero rows in a group large enough to be split between threads:
-        // the other products still get the reference's bits (and nothing panics).
-        let (cols, n) = (64, 100);
-        let shapes = [200usize, 0, 67];
-        let ws: Vec<Vec<f32>> = shapes
-            .iter()
-            .enumerate()
-            .map(|(i, &r)| data(r * cols, 20 + i as u64))
-            .collect();
-        let x = data(n * cols, 4);
+        let x = data(n * cols, seed + 100);
         for th in [1usize, 2, 3] {
             let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
             let mut items: Vec<Linear<'_>> = shapes
@@ -531,9 +488,24 @@ mod tests {
             for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
                 let mut want = vec![0f32; n * rows];
                 matmul_ref(w, rows, cols, &x, n, &mut want);
-                assert_same_bits(got, &want, &format!("rows={rows}, threads={th}"));
+                assert_same_bits(got, &want, &format!("rows={rows}, n={n}, threads={th}"));
             }
         }
+    }
+
+    #[test]
+    fn matmul_group_equals_reference_for_any_batch_and_threads() {
+        // Three products of one input, token counts around the chunk length (and one
+        // chunk's worth of remainder).
+        for n in [2usize, 31, 33, 64, 65, 100, 131] {
+            assert_group_is_reference(&[13, 67, 200], 72, n, 10);
+        }
+    }
+
+    #[test]
+    fn matmul_group_with_an_empty_product_equals_reference() {
+        // A product of zero rows in a group large enough to be split between threads.
+        assert_group_is_reference(&[200, 0, 67], 64, 100, 20);
     }
 
     #[test]
