@@ -292,14 +292,15 @@ fn linear_shared(
     Ok(())
 }
 
-/// Several products of one input (`[out rows, weights, quantized matrix]` each): q, k
-/// and v, or gate and up. A one-token input with every matrix quantized runs as one
-/// [`matvec_many`] (one hand-off to the threads instead of one per product); anything
-/// else runs [`linear_shared`] per product. Either way each output is the same bits.
 /// One product of a [`linear_group`]: exact weights, the matrix in the map if held,
 /// output rows, output.
 type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32]);
 
+/// Several products of one input: q, k and v, or gate and up. A one-token input with
+/// every matrix quantized runs as one [`matvec_many`], and a many-token input with
+/// every matrix `f32` (exact mode, or an F32 file read in place) as one
+/// [`matmul_group`]: one hand-off to the threads instead of one per product. Anything
+/// else runs [`linear_shared`] per product. Either way each output is the same bits.
 fn linear_group(
     items: &mut [GroupItem<'_>],
     x: &mut SharedActs<'_>,
