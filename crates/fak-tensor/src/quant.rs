@@ -800,12 +800,11 @@ pub fn has_avx_vnni() -> bool {
     }
 }
 
-/// Whether the 512-bit kernels run (Q4_1, Q5_0 and Q5_1: two rows per register in a
-/// matvec, two tokens per register in a multi-token tile): AVX-512F/BW/DQ/VL and
+/// Whether the 512-bit kernels run (Q4_0, Q4_1, Q5_0 and Q5_1: two rows per register
+/// in a matvec; the 32-element types' multi-token tiles): AVX-512F/BW/DQ/VL and
 /// AVX512-VNNI detected at run time, and neither `FAK_NO_AVX512=1` nor `FAK_NO_VNNI=1`
 /// set. They give the same bits as the 256-bit kernels (tests compare all three with
-/// the reference). Q4_0 stays on the 256-bit kernels: its 512-bit form measured ~7%
-/// slower in `qdot_bench` (cause not found).
+/// the reference).
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -1093,6 +1092,7 @@ fn matvec_isa(
         // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
         // `w.len() == rb * out.len()`.
         let done = match (ty, act) {
+            (QType::Q4_0, A::Q8_0(a)) if zmm => unsafe { rows4_512::<avx2::Q4_0>(w, rb, a, out) },
             (QType::Q4_1, A::Q8_1(a)) if zmm => unsafe { rows4_512::<avx2::Q4_1>(w, rb, a, out) },
             (QType::Q5_0, A::Q8_0(a)) if zmm => unsafe { rows4_512::<avx2::Q5_0>(w, rb, a, out) },
             (QType::Q5_1, A::Q8_1(a)) if zmm => unsafe { rows4_512::<avx2::Q5_1>(w, rb, a, out) },
