@@ -436,6 +436,16 @@ pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<BlockQ8_0>, QuantError> {
         .collect())
 }
 
+/// `Σ qs` of one 32-quant block, exactly (AVX2: one `vpsadbw` over `qs + 128`).
+fn sum_quants(qs: &[i8; QK]) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 was detected; `qs` is 32 bytes.
+        return unsafe { avx2::sum_quants(qs) };
+    }
+    qs.iter().map(|&q| q as i32).sum()
+}
+
 /// Quantize activations to Q8_1 (ggml `quantize_row_q8_1_ref`): as
 /// [`quantize_q8_0`], plus `s = f16((Σ qs) as f32 · d)` with the unrounded `f32` `d`.
 ///
@@ -446,7 +456,7 @@ pub fn quantize_q8_1(x: &[f32]) -> Result<Vec<BlockQ8_1>, QuantError> {
     Ok(x.chunks_exact(QK)
         .map(|c| {
             let (d, qs) = q8_block(c);
-            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+            let sum = sum_quants(&qs);
             BlockQ8_1 {
                 d: f32_to_f16(d),
                 s: f32_to_f16(sum as f32 * d),

@@ -1221,6 +1221,20 @@ pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     hsum(acc)
 }
 
+/// `Σ qs` of 32 signed quants, exactly: `vpsadbw` sums the unsigned bytes `q + 128` in
+/// four groups of eight (each at most 2,040, no overflow), less `32 · 128`.
+///
+/// # Safety
+/// AVX2 (the caller has it enabled).
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn sum_quants(qs: &[i8; 32]) -> i32 {
+    let v = _mm256_xor_si256(load32(qs.as_ptr().cast()), _mm256_set1_epi8(-128));
+    let s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+    let s = _mm_add_epi64(_mm256_castsi256_si128(s), _mm256_extracti128_si256::<1>(s));
+    let s = _mm_add_epi64(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(s) - 32 * 128
+}
+
 /// One block of the Q8_0/Q8_1 activation quantizer (`quant::q8_block`'s arithmetic,
 /// vectorized): `d = amax / 127`, `id = 1 / d`, `qs = roundf(x * id)` with ties away
 /// from zero. `None` (the caller runs the scalar code) when an element is not finite

@@ -396,6 +396,23 @@ fn q8_1_sum_uses_unrounded_scale() {
 }
 
 #[test]
+fn block_quant_sums_are_exact() {
+    // The vector sum against the scalar one: random blocks, and the extremes (all -128,
+    // all 127, alternating), where a wrong bias or a lost group would show.
+    let mut r = Rng(5);
+    let mut blocks: Vec<[i8; 32]> = (0..200)
+        .map(|_| std::array::from_fn(|_| (r.next() >> 8) as u8 as i8))
+        .collect();
+    blocks.push([-128; 32]);
+    blocks.push([127; 32]);
+    blocks.push(std::array::from_fn(|i| if i % 2 == 0 { -128 } else { 127 }));
+    for qs in &blocks {
+        let want: i32 = qs.iter().map(|&q| q as i32).sum();
+        assert_eq!(super::sum_quants(qs), want, "{qs:?}");
+    }
+}
+
+#[test]
 fn q8_k_by_hand() {
     // max = -127 (largest magnitude, negative): iscale = 1, d = 1; nearest_int rounds
     // ties to even: 2.5 -> 2, 3.5 -> 4, -0.5 -> -0.
