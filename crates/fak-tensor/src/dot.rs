@@ -327,9 +327,8 @@ pub(crate) mod avx2 {
             i += LANES;
         }
         for (q, qacc) in acc.iter().enumerate() {
-            if P == 4 && n8 == len {
-                // Eight rows' lane sums reduced side by side, no tail.
-                let a = [qacc[0], qacc[1], qacc[2], qacc[3 % P]];
+            // Eight rows (four pairs) with no tail: their lane sums reduced side by side.
+            if let (Ok(a), true) = (<[__m512; 4]>::try_from(&qacc[..]), n8 == len) {
                 _mm256_storeu_ps(out[q].as_mut_ptr(), reduce_8_rows(a));
                 continue;
             }
