@@ -489,22 +489,31 @@ mod tests {
         }
     }
 
-    #[test]
-    fn strided_dots_equal_single_dots_bitwise() {
-        let mut s = 13u64;
-        for (len, stride, n) in [
-            (64usize, 192usize, 21usize),
+    /// Strided-dot shapes `(len, stride, rows)`, the first with the row count given.
+    /// The last two have rows no longer than the contract asks (`(n - 1) * stride +
+    /// len`), `n` a multiple of 8 with `stride > len`: nothing may be sliced past the
+    /// last row.
+    fn strided_cases(first_rows: usize) -> [(usize, usize, usize); 6] {
+        [
+            (64, 192, first_rows),
             (9, 9, 8),
             (7, 30, 3),
             (64, 64, 0),
-            // Rows no longer than the contract asks ((n - 1) * stride + len), n a
-            // multiple of 8 with stride > len: nothing may be sliced past the last row.
             (7, 30, 8),
             (64, 80, 16),
-        ] {
-            let rows: Vec<f32> = (0..(n.max(1) - 1) * stride + len)
-                .map(|_| lcg(&mut s))
-                .collect();
+        ]
+    }
+
+    /// `n` rows of `len` at `stride`, exactly as long as the contract asks.
+    fn strided_rows(len: usize, stride: usize, n: usize, s: &mut u64) -> Vec<f32> {
+        (0..(n.max(1) - 1) * stride + len).map(|_| lcg(s)).collect()
+    }
+
+    #[test]
+    fn strided_dots_equal_single_dots_bitwise() {
+        let mut s = 13u64;
+        for (len, stride, n) in strided_cases(21) {
+            let rows = strided_rows(len, stride, n, &mut s);
             let x: Vec<f32> = (0..len).map(|_| lcg(&mut s) * 2.0).collect();
             let mut got = vec![f32::NAN; n];
             dot_strided(&rows, stride, &x, &mut got);
@@ -522,19 +531,8 @@ mod tests {
     #[test]
     fn multi_query_strided_dots_equal_single_dots_bitwise() {
         let mut s = 17u64;
-        for (len, stride, n) in [
-            (64usize, 192usize, 37usize),
-            (9, 9, 8),
-            (7, 30, 3),
-            (64, 64, 0),
-            // Rows no longer than the contract asks ((n - 1) * stride + len), n a
-            // multiple of 8 with stride > len: nothing may be sliced past the last row.
-            (7, 30, 8),
-            (64, 80, 16),
-        ] {
-            let rows: Vec<f32> = (0..(n.max(1) - 1) * stride + len)
-                .map(|_| lcg(&mut s))
-                .collect();
+        for (len, stride, n) in strided_cases(37) {
+            let rows = strided_rows(len, stride, n, &mut s);
             let xs: Vec<Vec<f32>> = (0..4)
                 .map(|_| (0..len).map(|_| lcg(&mut s) * 2.0).collect())
                 .collect();
