@@ -18,6 +18,7 @@
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
 
+mod attention;
 pub mod catalog;
 pub mod chat;
 mod config;

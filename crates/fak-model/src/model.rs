@@ -7,6 +7,7 @@
 //! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
 //! does not depend on how many tokens share its forward pass or on the thread count.
 
+use crate::attention::{decode_attention, DecodeShape};
 use crate::kv::{window_start, KvStore};
 use crate::source::{MappedF32, QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
@@ -1038,6 +1039,7 @@ impl Model {
         let mut cos = vec![0f32; n * half];
         let mut sin = vec![0f32; n * half];
         let scale = c.attention_scale;
+        let mut scores = Vec::new();
 
         for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
             for (t, &p) in positions.iter().enumerate() {
@@ -1103,121 +1105,133 @@ impl Model {
             // keys they all see; each (token, key) still gets exactly the canonical dot
             // and each output the ascending sum, so the bits are those of one token at
             // a time (decode == prefill).
-            const QB: usize = 4;
-            let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
-                .chunks_exact_mut(hd)
-                .map(std::sync::Mutex::new)
-                .collect();
-            let blocks = n.div_ceil(QB);
-            parallel_chunks(blocks * nh, th, &|c| {
-                let c = front_back(c, blocks * nh);
-                let (tb, hq) = (c / nh, c % nh);
-                let g = hq / group;
-                let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
-                let tokens = tb * QB..((tb + 1) * QB).min(n);
-                // Token t attends to entries start..=end (end: its own entry).
-                let ranges: Vec<(usize, usize)> = tokens
-                    .clone()
-                    .map(|t| {
-                        let end = m - n + t;
-                        (window_start(pos, end, window), end)
-                    })
+            if n == 1 {
+                let shape = DecodeShape {
+                    heads: nh,
+                    group,
+                    head_dim: hd,
+                    kv_dim: kvd,
+                    scale,
+                };
+                let first = window_start(pos, m - 1, window);
+                decode_attention(shape, &q, keys, vals, first, m, &mut scores, &mut attn, th);
+            } else {
+                const QB: usize = 4;
+                let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
+                    .chunks_exact_mut(hd)
+                    .map(std::sync::Mutex::new)
                     .collect();
-                let qs: Vec<&[f32]> = tokens
-                    .clone()
-                    .map(|t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
-                    .collect();
-                let mut scores: Vec<Vec<f32>> =
-                    ranges.iter().map(|&(s, e)| vec![0f32; e + 1 - s]).collect();
-                let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = tokens
-                    .clone()
-                    .map(|t| {
-                        outs[t * nh + hq]
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    })
-                    .collect();
-                // The keys every token of a full block sees: [lo, hi].
-                let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
-                let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
-                let shared = ranges.len() == QB && lo <= hi;
-                // q · k_j for every key each token sees (each one canonical dot).
-                for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
-                    if shared {
-                        dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
-                        dot_strided(
-                            rows_from(kvd, k_at, hi + 1),
-                            kvd,
-                            qs[i],
-                            &mut sc[hi + 1 - s..],
-                        );
-                    } else {
-                        dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+                let blocks = n.div_ceil(QB);
+                parallel_chunks(blocks * nh, th, &|c| {
+                    let c = front_back(c, blocks * nh);
+                    let (tb, hq) = (c / nh, c % nh);
+                    let g = hq / group;
+                    let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
+                    let tokens = tb * QB..((tb + 1) * QB).min(n);
+                    // Token t attends to entries start..=end (end: its own entry).
+                    let ranges: Vec<(usize, usize)> = tokens
+                        .clone()
+                        .map(|t| {
+                            let end = m - n + t;
+                            (window_start(pos, end, window), end)
+                        })
+                        .collect();
+                    let qs: Vec<&[f32]> = tokens
+                        .clone()
+                        .map(|t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
+                        .collect();
+                    let mut scores: Vec<Vec<f32>> =
+                        ranges.iter().map(|&(s, e)| vec![0f32; e + 1 - s]).collect();
+                    let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = tokens
+                        .clone()
+                        .map(|t| {
+                            outs[t * nh + hq]
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        })
+                        .collect();
+                    // The keys every token of a full block sees: [lo, hi].
+                    let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
+                    let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+                    let shared = ranges.len() == QB && lo <= hi;
+                    // q · k_j for every key each token sees (each one canonical dot).
+                    for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+                        if shared {
+                            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
+                            dot_strided(
+                                rows_from(kvd, k_at, hi + 1),
+                                kvd,
+                                qs[i],
+                                &mut sc[hi + 1 - s..],
+                            );
+                        } else {
+                            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+                        }
                     }
-                }
-                if shared {
-                    let [s0, s1, s2, s3] = &mut scores[..] else {
-                        unreachable!("a full block has QB tokens")
-                    };
-                    let r = &ranges;
-                    dot_strided_multi(
-                        rows_from(kvd, k_at, lo),
-                        kvd,
-                        [qs[0], qs[1], qs[2], qs[3]],
-                        [
-                            &mut s0[lo - r[0].0..hi + 1 - r[0].0],
-                            &mut s1[lo - r[1].0..hi + 1 - r[1].0],
-                            &mut s2[lo - r[2].0..hi + 1 - r[2].0],
-                            &mut s3[lo - r[3].0..hi + 1 - r[3].0],
-                        ],
-                    );
-                }
-                for sc in scores.iter_mut() {
-                    sc.iter_mut().for_each(|s| *s *= scale);
-                }
-                // A full block's four rows side by side (the same bits as one by one).
-                match &mut scores[..] {
-                    [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
-                    rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
-                }
-                // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
-                // range, the shared range (four tokens at a time), the keys after it.
-                for o in out.iter_mut() {
-                    o.fill(0.0);
-                }
-                for ((&(s, e), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
-                    let head = if shared { lo - s } else { e + 1 - s };
-                    weighted_rows_accumulate(
-                        [&sc[..head]],
-                        rows_from(kvd, v_at, s),
-                        kvd,
-                        [&mut o[..]],
-                    );
-                }
-                if shared {
-                    let r = &ranges;
-                    let p: [&[f32]; QB] =
-                        std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
-                    let [o0, o1, o2, o3] = &mut out[..] else {
-                        unreachable!("a full block has QB tokens")
-                    };
-                    weighted_rows_accumulate(
-                        p,
-                        rows_from(kvd, v_at, lo),
-                        kvd,
-                        [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
-                    );
-                    for ((&(s, _), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                    if shared {
+                        let [s0, s1, s2, s3] = &mut scores[..] else {
+                            unreachable!("a full block has QB tokens")
+                        };
+                        let r = &ranges;
+                        dot_strided_multi(
+                            rows_from(kvd, k_at, lo),
+                            kvd,
+                            [qs[0], qs[1], qs[2], qs[3]],
+                            [
+                                &mut s0[lo - r[0].0..hi + 1 - r[0].0],
+                                &mut s1[lo - r[1].0..hi + 1 - r[1].0],
+                                &mut s2[lo - r[2].0..hi + 1 - r[2].0],
+                                &mut s3[lo - r[3].0..hi + 1 - r[3].0],
+                            ],
+                        );
+                    }
+                    for sc in scores.iter_mut() {
+                        sc.iter_mut().for_each(|s| *s *= scale);
+                    }
+                    // A full block's four rows side by side (the same bits as one by one).
+                    match &mut scores[..] {
+                        [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
+                        rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
+                    }
+                    // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
+                    // range, the shared range (four tokens at a time), the keys after it.
+                    for o in out.iter_mut() {
+                        o.fill(0.0);
+                    }
+                    for ((&(s, e), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                        let head = if shared { lo - s } else { e + 1 - s };
                         weighted_rows_accumulate(
-                            [&sc[hi + 1 - s..]],
-                            rows_from(kvd, v_at, hi + 1),
+                            [&sc[..head]],
+                            rows_from(kvd, v_at, s),
                             kvd,
                             [&mut o[..]],
                         );
                     }
-                }
-            });
-            drop(outs);
+                    if shared {
+                        let r = &ranges;
+                        let p: [&[f32]; QB] =
+                            std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
+                        let [o0, o1, o2, o3] = &mut out[..] else {
+                            unreachable!("a full block has QB tokens")
+                        };
+                        weighted_rows_accumulate(
+                            p,
+                            rows_from(kvd, v_at, lo),
+                            kvd,
+                            [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
+                        );
+                        for ((&(s, _), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                            weighted_rows_accumulate(
+                                [&sc[hi + 1 - s..]],
+                                rows_from(kvd, v_at, hi + 1),
+                                kvd,
+                                [&mut o[..]],
+                            );
+                        }
+                    }
+                });
+                drop(outs);
+            }
             linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;
             if let Some(g) = &w.attn_out_norm {
                 norm_rows(&mut proj, g, c, h);
