@@ -155,3 +155,91 @@ fn sums_for_heads(ps: &[&[f32]], rows: &[f32], stride: usize, outs: &mut [&mut [
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fak_tensor::{dot, weighted_rows_sum};
+
+    /// One query head at a time with the single-head kernels.
+    fn per_head(s: DecodeShape, q: &[f32], k: &[f32], v: &[f32], first: usize) -> Vec<f32> {
+        let (hd, kvd) = (s.head_dim, s.kv_dim);
+        let entries = k.len() / kvd;
+        let mut out = vec![0f32; s.heads * hd];
+        for h in 0..s.heads {
+            let g = h / s.group;
+            let qh = &q[h * hd..(h + 1) * hd];
+            let mut sc: Vec<f32> = (first..entries)
+                .map(|j| dot(&k[j * kvd + g * hd..j * kvd + (g + 1) * hd], qh) * s.scale)
+                .collect();
+            softmax_in_place(&mut sc);
+            let rows = &v[first * kvd + g * hd..];
+            weighted_rows_sum(&sc, rows, kvd, &mut out[h * hd..(h + 1) * hd]);
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_decode_attention_equals_one_head_at_a_time_bitwise() {
+        let mut seed = 0x2545_f491_u64;
+        let mut r = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        };
+        // (heads, kv heads, head_dim): groups of 1, 2, 3, 4, 5 and 7; head sizes off
+        // the 8- and 16-element grids too.
+        for (heads, kv_heads, hd) in [
+            (9, 3, 64),
+            (4, 1, 32),
+            (8, 4, 16),
+            (5, 1, 24),
+            (14, 2, 20),
+            (6, 6, 8),
+        ] {
+            let kvd = kv_heads * hd;
+            let s = DecodeShape {
+                heads,
+                group: heads / kv_heads,
+                head_dim: hd,
+                kv_dim: kvd,
+                scale: 0.125,
+            };
+            for (entries, first) in [
+                (1, 0),
+                (7, 0),
+                (9, 3),
+                (64, 0),
+                (133, 0),
+                (133, 70),
+                (300, 299),
+            ] {
+                let q: Vec<f32> = (0..heads * hd).map(|_| r()).collect();
+                let k: Vec<f32> = (0..entries * kvd).map(|_| r()).collect();
+                let v: Vec<f32> = (0..entries * kvd).map(|_| r()).collect();
+                let want = per_head(s, &q, &k, &v, first);
+                for threads in [1, 2, 3] {
+                    let mut out = vec![f32::NAN; heads * hd];
+                    let mut scratch = Vec::new();
+                    decode_attention(
+                        s,
+                        &q,
+                        &k,
+                        &v,
+                        first,
+                        entries,
+                        &mut scratch,
+                        &mut out,
+                        Threads::new(threads),
+                    );
+                    let same = out
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "heads {heads}/{kv_heads} × {hd}, entries {first}..{entries}, {threads} threads");
+                }
+            }
+        }
+    }
+}
