@@ -12,12 +12,13 @@
 //!
 //! Every value is computed by the same kernels in the same order as one query head at
 //! a time: each key's score is [`fak_tensor::dot`]'s bits whichever of the
-//! multi-query kernels computes it, a row's softmax is [`softmax_in_place`], and each
+//! multi-query kernels computes it, a row's softmax is [`softmax_in_place`]'s (the
+//! group's rows side by side, [`softmax_rows_in_place`]), and each
 //! output element is the ascending sum of [`weighted_rows_accumulate`], which the number
 //! of sums sharing a row load does not change. So the result is bit-identical to the
 //! per-head path a prefill takes, for any thread count (decode == prefill).
 
-use fak_tensor::ops::{softmax_in_place, weighted_rows_accumulate};
+use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 use std::sync::{Mutex, PoisonError};
 
@@ -98,14 +99,29 @@ pub(crate) fn decode_attention(
         dots_for_heads(&keys[at..], kvd, &qs, &mut sc);
         for row in sc.iter_mut() {
             row.iter_mut().for_each(|x| *x *= s.scale);
-            softmax_in_place(row);
         }
+        softmax_for_heads(&mut sc);
         for row in o.iter_mut() {
             row.fill(0.0);
         }
         let ps: Vec<&[f32]> = sc.iter().map(|r| &**r).collect();
         sums_for_heads(&ps, &values[at..], kvd, &mut o);
     });
+}
+
+/// [`softmax_in_place`] of every row, up to four side by side
+/// ([`softmax_rows_in_place`]: each row's sum is a chain of dependent adds in ascending
+/// order, and side by side the chains of the group's heads overlap; the same bits).
+fn softmax_for_heads(rows: &mut [&mut [f32]]) {
+    for r in rows.chunks_mut(4) {
+        match r {
+            [a, b, c, d] => softmax_rows_in_place([&mut **a, &mut **b, &mut **c, &mut **d]),
+            [a, b, c] => softmax_rows_in_place([&mut **a, &mut **b, &mut **c]),
+            [a, b] => softmax_rows_in_place([&mut **a, &mut **b]),
+            [a] => softmax_in_place(a),
+            _ => unreachable!("chunks of one to four rows"),
+        }
+    }
 }
 
 /// [`dot_strided_multi`] for any number of queries, up to four at a time.
