@@ -102,8 +102,8 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let path = resolve_or_pull(&args.model)?;
     let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let c = model.config();
-    let total = args.prompt_tokens + args.gen_tokens;
-    if total > c.max_position_embeddings {
+    let total = args.prompt_tokens.checked_add(args.gen_tokens);
+    if total.is_none_or(|t| t > c.max_position_embeddings) {
         return Err(fail(format!(
             "{} prompt + {} generated tokens exceed the context length {}",
             args.prompt_tokens, args.gen_tokens, c.max_position_embeddings

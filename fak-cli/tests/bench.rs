@@ -159,6 +159,40 @@ fn bench_refuses_zero_decode_steps() {
     assert!(err.contains("--gen-tokens"), "{err}");
 }
 
+/// Token counts whose sum overflows are refused as over the context, with the counts
+/// as given, not wrapped into a small sum (a panic on allocation) or a wrong limit.
+#[test]
+fn bench_refuses_token_counts_whose_sum_overflows() {
+    let max = u64::MAX.to_string();
+    for (p, g) in [
+        (max.as_str(), "1"),
+        ("100", max.as_str()),
+        ("1", max.as_str()),
+    ] {
+        let out = fak()
+            .args([
+                "bench",
+                "--model",
+                &tiny(),
+                "--prompt-tokens",
+                p,
+                "--gen-tokens",
+                g,
+            ])
+            .args(["--repeats", "1"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{p} + {g}: {err}");
+        assert!(
+            err.contains(&format!(
+                "{p} prompt + {g} generated tokens exceed the context length 256"
+            )),
+            "{p} + {g}: {err}"
+        );
+    }
+}
+
 /// A negative number after a sampling flag is read as its value (and refused by the
 /// sampler with a clear message), not taken for an unknown flag.
 #[test]
