@@ -51,7 +51,10 @@ pub struct KvCache {
 impl KvCache {
     /// An empty cache shaped for `config`, holding at most `capacity` tokens, with its
     /// buffers reserved up front (the pages are touched only as entries arrive).
+    /// `capacity` is capped at the model's context length, past which no entry can be
+    /// added (so a huge request reserves no more than the context needs).
     pub fn new(config: &Config, capacity: usize) -> Self {
+        let capacity = capacity.min(config.max_position_embeddings);
         let kv_dim = config.kv_dim();
         let n = config.num_hidden_layers;
         let buf = || {
@@ -225,7 +228,9 @@ impl KvCache {
 
     /// Drops the `n` oldest entries *without* renumbering anyone: for the bounded mode of
     /// sliding-window models, where entries older than every layer's window can never be
-    /// attended again, so dropping them changes no output.
+    /// attended again, so dropping them changes no output. The cache does not know the
+    /// model's windows, so that is the caller's to ensure; [`crate::Session::drop_oldest`]
+    /// checks it.
     ///
     /// # Errors
     /// [`KvError::SpanOutOfRange`] if `n > len`.

@@ -21,6 +21,20 @@ pub enum SessionError {
     /// A prefix session belongs to another model.
     #[error("the prefix session was filled by a different model")]
     ModelMismatch,
+    /// `drop_oldest` would drop an entry that a layer can still attend to (a global
+    /// layer reaches every entry; a sliding layer the `window - 1` positions before the
+    /// next query's), which would change the outputs; nothing was dropped.
+    #[error("dropping the {n} oldest entries would remove position {position}, which {reach} can still attend to from position {next}")]
+    StillInWindow {
+        /// Entries asked to be dropped.
+        n: usize,
+        /// The newest position among them.
+        position: u32,
+        /// The next query's position.
+        next: u32,
+        /// Which layer reaches it: "layer L (global)" or "layer L (window W)".
+        reach: String,
+    },
     /// The forward pass produced NaN logits (a corrupt weight, e.g. a NaN scale); the
     /// tokens were rolled back out of the cache.
     #[error("the model produced NaN logits (a corrupt weight?); nothing was kept")]
@@ -224,11 +238,35 @@ impl Session {
     }
 
     /// Drops the `n` oldest tokens without renumbering (bounded mode of sliding-window
-    /// models; see [`KvCache::drop_oldest`]).
+    /// models; see [`KvCache::drop_oldest`]): only entries that no layer can attend to
+    /// again, so no output changes. Every layer must have a sliding window, and the
+    /// dropped positions must lie before every window of the next query (position `p`
+    /// with window `w` reaches positions `>= p - w + 1`; later queries reach less).
     ///
     /// # Errors
-    /// [`SessionError::Kv`] if `n > len`.
+    /// [`SessionError::Kv`] if `n > len`; [`SessionError::StillInWindow`] if a layer could
+    /// still attend to a dropped entry. The session is unchanged on error.
     pub fn drop_oldest(&mut self, n: usize) -> Result<(), SessionError> {
+        if n > 0 && n <= self.cache.len() {
+            let next = self.cache.next_position();
+            let position = self.cache.positions()[n - 1];
+            let windows = &self.model.config().sliding_window;
+            let reached = windows.iter().enumerate().find_map(|(l, w)| match w {
+                None => Some(format!("layer {l} (global)")),
+                Some(w) => {
+                    let lo = i64::from(next) - (*w).max(1) as i64 + 1;
+                    (i64::from(position) >= lo).then(|| format!("layer {l} (window {w})"))
+                }
+            });
+            if let Some(reach) = reached {
+                return Err(SessionError::StillInWindow {
+                    n,
+                    position,
+                    next,
+                    reach,
+                });
+            }
+        }
         self.cache.drop_oldest(n)?;
         self.ids.drain(..n);
         Ok(())

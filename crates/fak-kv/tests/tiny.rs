@@ -344,3 +344,50 @@ fn session_generate_past_the_context_is_an_error() {
     );
     assert_eq!(s.len(), 256);
 }
+
+/// A session asked for more room than the context holds gets the context's room (no
+/// overflowing reservation), and runs as usual.
+#[test]
+fn a_capacity_past_the_context_is_capped_at_it() {
+    let model = Arc::new(tiny("llama-tied"));
+    let ctx = model.config().max_position_embeddings;
+    let mut s = Session::with_capacity(Arc::clone(&model), usize::MAX);
+    assert_eq!(s.cache().capacity(), ctx);
+    let a = s.prefill(&[1, 2, 3]).unwrap();
+    let mut t = Session::new(model);
+    assert!(bits_eq(&a, &t.prefill(&[1, 2, 3]).unwrap()));
+}
+
+/// `drop_oldest` refuses to drop an entry some layer can still attend to (a global layer
+/// reaches every entry, a sliding one its window), leaving the session unchanged; an
+/// entry past every window goes, and the outputs stay those of a session that kept it.
+#[test]
+fn drop_oldest_refuses_entries_a_layer_can_still_reach() {
+    let ids: Vec<u32> = (0..12u32).map(|i| (i * 37 + 5) % 256).collect();
+    // The tiny Gemma 3: windows [4, 4, None].
+    let mut s = Session::new(Arc::new(tiny("gemma3")));
+    s.prefill(&ids).unwrap();
+    let before = s.cache().clone();
+    let e = s.drop_oldest(1).unwrap_err();
+    assert!(
+        matches!(&e, SessionError::StillInWindow { n: 1, position: 0, next: 12, reach } if reach.contains("global")),
+        "{e}"
+    );
+    assert_eq!(s.cache(), &before, "a refused drop changed the cache");
+    // Every layer windowed (4): the next query (position 12) reaches positions 9..=12.
+    let mut m = tiny("gemma3");
+    let layers = m.config().num_hidden_layers;
+    m.set_sliding_windows(vec![Some(4); layers]).unwrap();
+    let m = Arc::new(m);
+    let mut s = Session::new(Arc::clone(&m));
+    s.prefill(&ids).unwrap();
+    let e = s.drop_oldest(10).unwrap_err();
+    assert!(
+        matches!(&e, SessionError::StillInWindow { position: 9, .. }),
+        "{e}"
+    );
+    s.drop_oldest(9).unwrap();
+    let mut kept = Session::new(m);
+    kept.prefill(&ids).unwrap();
+    assert!(bits_eq(&s.step(7).unwrap(), &kept.step(7).unwrap()));
+}
