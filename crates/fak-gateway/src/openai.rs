@@ -8,8 +8,10 @@
 //! and `tool_choice` (`none`, `auto`, `required`, or a named function), assistant
 //! `tool_calls` and `tool` results in the history, `logprobs` and `top_logprobs`.
 //! Legacy `/v1/completions` takes `logprobs: N`. Not yet: `response_format` other than
-//! `text`, and on `/v1/completions` `echo` and `suffix`: each is a 400 naming the field,
-//! never silently ignored.
+//! `text`; `logit_bias`, `frequency_penalty`, `presence_penalty` and `best_of` other than
+//! their neutral values (empty, 0, 1); the deprecated `functions` / `function_call`; and
+//! on `/v1/completions` `echo` and `suffix`: each is a 400 naming the field, never
+//! silently ignored.
 //!
 //! **Logprobs.** `logprobs: true` (with `top_logprobs` 0..=20, default 0; outside that
 //! range, or `top_logprobs` without `logprobs: true`, is a 400) returns
@@ -120,6 +122,52 @@ struct ChatRequest {
     logprobs: Option<bool>,
     top_logprobs: Option<Value>,
     response_format: Option<Value>,
+    #[serde(flatten)]
+    inert: Inert,
+    functions: Option<Value>,
+    function_call: Option<Value>,
+}
+
+/// Sampling controls fak does not implement. Each is accepted only at the value that
+/// changes nothing (`null`, a penalty of 0, an empty `logit_bias`, `best_of` 1: what a
+/// client sends when it spells out OpenAI's defaults); any other value is a 400 naming
+/// the field ([`Inert::check`]), never a reply sampled as if it were absent.
+#[derive(Deserialize)]
+struct Inert {
+    logit_bias: Option<Value>,
+    frequency_penalty: Option<Value>,
+    presence_penalty: Option<Value>,
+    best_of: Option<Value>,
+}
+
+/// Whether a field's value is the one that changes nothing.
+type Neutral<'a> = &'a dyn Fn(&Value) -> bool;
+
+impl Inert {
+    fn check(&self) -> Result<(), ApiError> {
+        let empty = |v: &Value| v.as_object().is_some_and(|m| m.is_empty());
+        let zero = |v: &Value| v.as_f64() == Some(0.0);
+        let one = |v: &Value| v.as_u64() == Some(1);
+        let fields: [(&str, &Option<Value>, Neutral); 4] = [
+            ("logit_bias", &self.logit_bias, &empty),
+            ("frequency_penalty", &self.frequency_penalty, &zero),
+            ("presence_penalty", &self.presence_penalty, &zero),
+            ("best_of", &self.best_of, &one),
+        ];
+        for (name, v, neutral) in fields {
+            match v {
+                None | Some(Value::Null) => {}
+                Some(v) if neutral(v) => {}
+                Some(v) => {
+                    return Err(ApiError::bad_request(format!(
+                        "`{name}` is not supported yet (only its neutral value; got {v})"
+                    ))
+                    .with_flavor(F))
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 #[derive(Deserialize)]
@@ -144,6 +192,8 @@ struct CompletionRequest {
     echo: Option<bool>,
     logprobs: Option<Value>,
     suffix: Option<String>,
+    #[serde(flatten)]
+    inert: Inert,
 }
 
 /// A count field in 0..=[`MAX_TOP_LOGPROBS`] (`null` is `None`).
@@ -434,6 +484,18 @@ pub(crate) async fn chat_completions(
     check_n(r.n)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.as_ref())?;
+    r.inert.check()?;
+    for (name, v) in [
+        ("functions", &r.functions),
+        ("function_call", &r.function_call),
+    ] {
+        if v.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(ApiError::bad_request(format!(
+                "`{name}` (the deprecated function-calling form) is not supported; use `tools` and `tool_choice`"
+            ))
+            .with_flavor(F));
+        }
+    }
     match &r.response_format {
         None | Some(Value::Null) => {}
         Some(rf) => {
@@ -754,6 +816,7 @@ pub(crate) async fn completions(
 ) -> Result<Response, ApiError> {
     let r: CompletionRequest = parse_body(&s, body, F)?;
     check_n(r.n)?;
+    r.inert.check()?;
     if r.echo == Some(true) {
         return Err(unsupported("echo"));
     }

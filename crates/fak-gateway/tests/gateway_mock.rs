@@ -319,6 +319,44 @@ fn openai_errors_have_their_status_and_shape() {
     assert_openai_error(&r, 400, "invalid_request_error", "max_tokens");
 }
 
+/// Sampling controls fak does not implement are refused unless they hold the value
+/// that changes nothing (what a client sends when it spells out OpenAI's defaults).
+#[test]
+fn unimplemented_sampling_controls_are_refused_unless_neutral() {
+    let srv = mock_server();
+    let a = srv.addr;
+    for (p, base) in [
+        ("/v1/chat/completions", chat("x")),
+        ("/v1/completions", json!({"model": "mock", "prompt": "x"})),
+    ] {
+        for (field, neutral, active) in [
+            ("logit_bias", json!({}), json!({"19556": -100})),
+            ("frequency_penalty", json!(0), json!(2)),
+            ("presence_penalty", json!(0.0), json!(-3)),
+        ] {
+            let mut b = base.clone();
+            b[field] = neutral.clone();
+            let r = post(a, p, &b);
+            assert_eq!(r.status, 200, "{p} {field} = {neutral}: {}", r.body);
+            b[field] = Value::Null;
+            assert_eq!(post(a, p, &b).status, 200, "{p} {field} = null");
+            b[field] = active.clone();
+            assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", field);
+        }
+    }
+    let mut b = json!({"model": "mock", "prompt": "x", "best_of": 1});
+    assert_eq!(post(a, "/v1/completions", &b).status, 200);
+    b["best_of"] = json!(3);
+    let r = post(a, "/v1/completions", &b);
+    assert_openai_error(&r, 400, "invalid_request_error", "best_of");
+    for field in ["functions", "function_call"] {
+        let mut b = chat("x");
+        b[field] = json!([{"name": "f", "parameters": {}}]);
+        let r = post(a, "/v1/chat/completions", &b);
+        assert_openai_error(&r, 400, "invalid_request_error", "tools");
+    }
+}
+
 #[test]
 fn anthropic_errors_have_their_status_and_shape() {
     let srv = mock_server();
