@@ -243,12 +243,13 @@ pub enum EngineError {
     #[error("{0}")]
     InvalidRequest(String),
     /// The prompt plus `max_tokens` do not fit the context window (400).
-    #[error("the prompt has {prompt_tokens} tokens and max_tokens is {max_tokens}: together {} exceed the context window of {context} tokens", prompt_tokens + max_tokens)]
+    #[error("{}", overflow_message(*prompt_tokens, *max_tokens, *context))]
     ContextOverflow {
         /// Prompt tokens after templating.
         prompt_tokens: usize,
-        /// Tokens requested (or, when none were, the minimum of 1).
-        max_tokens: usize,
+        /// Tokens requested (`None`: the request set no limit, and the prompt leaves no
+        /// room for even one).
+        max_tokens: Option<usize>,
         /// The model's context length in tokens.
         context: usize,
     },
@@ -645,6 +646,20 @@ pub fn check_model(requested: Option<&str>, served: &[ModelInfo]) -> Result<(), 
     }
 }
 
+/// [`EngineError::ContextOverflow`]'s message: a limit the client set is named, one it
+/// did not set is not.
+fn overflow_message(prompt_tokens: usize, max_tokens: Option<usize>, context: usize) -> String {
+    match max_tokens {
+        Some(m) => format!(
+            "the prompt has {prompt_tokens} tokens and max_tokens is {m}: together {} exceed the context window of {context} tokens",
+            prompt_tokens.saturating_add(m)
+        ),
+        None => format!(
+            "the prompt has {prompt_tokens} tokens, which leaves no room for a reply in the context window of {context} tokens"
+        ),
+    }
+}
+
 /// Resolves `max_tokens` against the context: `None` becomes the room left.
 ///
 /// # Errors
@@ -660,11 +675,10 @@ pub fn budget(
             "max_tokens must be at least 1".into(),
         ));
     }
-    let want = max_tokens.unwrap_or(1);
-    if prompt_tokens.saturating_add(want) > context {
+    if prompt_tokens.saturating_add(max_tokens.unwrap_or(1)) > context {
         return Err(EngineError::ContextOverflow {
             prompt_tokens,
-            max_tokens: want,
+            max_tokens,
             context,
         });
     }
@@ -683,7 +697,7 @@ mod tests {
             budget(10, Some(91), 100),
             Err(EngineError::ContextOverflow {
                 prompt_tokens: 10,
-                max_tokens: 91,
+                max_tokens: Some(91),
                 context: 100
             })
         );
@@ -698,6 +712,12 @@ mod tests {
         let msg = budget(10, Some(91), 100).unwrap_err().to_string();
         assert!(
             msg.contains("10") && msg.contains("91") && msg.contains("100"),
+            "{msg}"
+        );
+        // A limit the request did not set is not named as if it had.
+        let msg = budget(100, None, 100).unwrap_err().to_string();
+        assert!(
+            !msg.contains("max_tokens") && msg.contains("100 tokens") && msg.contains("no room"),
             "{msg}"
         );
     }
