@@ -20,7 +20,7 @@
 //! product.
 //!
 //! Element-wise functions keep torch's operation order per element; the one library
-//! function they call, `expf` (softmax, SiLU), is computed eight at a time by
+//! function they call, `expf` (softmax, SiLU), is computed eight or sixteen at a time by
 //! [`exp::exp_in_place`] with exactly the bits of the platform's `f32::exp` (checked on
 //! all 2³² inputs), so vectorizing it changed no result.
 //!
