@@ -1343,7 +1343,9 @@ fn chunked(
 /// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
 /// blocks are prepared once and every 16 tokens run as the token-transposed tiles
 /// (one register holds one canonical lane of 16 tokens), the rest as 4-token tiles.
-/// The other types run [`matvec`] per token. Rows are split between the pool's
+/// The K-quants (Q4_K, Q5_K, Q6_K) run four tokens at a time against each row with
+/// AVX2, each super-block unpacked once for the four (`avx2::k_tokens`; each result the
+/// one-token kernel's bits). Without AVX2 every type runs [`matvec`] per token. Rows are split between the pool's
 /// threads as in [`matvec_threads`].
 ///
 /// # Errors
@@ -1438,10 +1440,48 @@ fn matmul_rows(
         unsafe { tile.run(w, rb, out) };
         return Ok(());
     }
+    #[cfg(target_arch = "x86_64")]
+    if let (Some(kind), true, true) = (k_quant(ty), has_avx2_f16c(), m > 0) {
+        let blocks: Vec<&[BlockQ8K]> = acts
+            .iter()
+            .filter_map(|a| match a {
+                QuantizedActs::Q8K(b) => Some(&b[..]),
+                _ => None,
+            })
+            .collect();
+        if blocks.len() == acts.len() {
+            // SAFETY: AVX2 and F16C were detected; the caller checked that `w` is `m`
+            // rows of `rb` bytes, every activation row `rb / ty.block_bytes()` blocks of
+            // the kind `ty` pairs with (Q8_K, re-checked above), and `out` is
+            // `acts.len() * m` long.
+            unsafe { avx2::k_tokens(w, rb, &blocks, kind, out) };
+            return Ok(());
+        }
+    }
     for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
         matvec_with(ty, w, a, &mut o[..m], true)?;
     }
     Ok(())
+}
+
+/// The multi-token K-quant kernel's form of `ty` (`None`: not a K-quant).
+#[cfg(target_arch = "x86_64")]
+fn k_quant(ty: QType) -> Option<avx2::KQuant> {
+    use avx2::KQuant;
+    match ty {
+        QType::Q4K => Some(KQuant::Q45 {
+            bytes: 144,
+            qs_at: 16,
+            qh_at: None,
+        }),
+        QType::Q5K => Some(KQuant::Q45 {
+            bytes: 176,
+            qs_at: 48,
+            qh_at: Some(16),
+        }),
+        QType::Q6K => Some(KQuant::Q6),
+        _ => None,
+    }
 }
 
 /// [`matmul_rows`] with the tile kernels of `isa` (or the best the CPU has below it),

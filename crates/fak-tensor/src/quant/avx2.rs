@@ -1221,6 +1221,182 @@ pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
     hsum(acc)
 }
 
+/// [`dot_k45`] of one weight row with `T` tokens' activations: each super-block's quants
+/// and scales are unpacked once for the `T` tokens (a prefill reads every weight row for
+/// many tokens). Every token gets exactly [`dot_k45`]'s operations in its order (the
+/// same integer lane sums, `d = ad · wd` and `dmin = ad · wmin` rounded once,
+/// [`accumulate`], the minimum sum, [`hsum`]), so each result is the same bits.
+///
+/// # Safety
+/// As [`dot_k45`], for every `a[t]`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn dot_k45_tokens<const T: usize>(
+    w: &[u8],
+    a: [&[BlockQ8K]; T],
+    bytes: usize,
+    qs_at: usize,
+    qh_at: Option<usize>,
+) -> [f32; T] {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let mut summ = [0f32; T];
+    let m4 = _mm256_set1_epi8(0x0f);
+    let sixteen = _mm256_set1_epi8(0x10);
+    for (b, wb) in w.chunks_exact(bytes).enumerate() {
+        let (sc, mn) = k4_scale_min(&wb[4..16]);
+        let qh = match qh_at {
+            Some(at) => load32(wb[at..].as_ptr()),
+            None => _mm256_setzero_si256(),
+        };
+        let mut q = [[_mm256_setzero_si256(); 2]; 4];
+        for (c, qc) in q.iter_mut().enumerate() {
+            let raw = load32(wb[qs_at + 32 * c..].as_ptr());
+            let mut q0 = _mm256_and_si256(raw, m4);
+            let mut q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+            if qh_at.is_some() {
+                let b0 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
+                let b1 = _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8);
+                let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0);
+                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
+                q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
+                q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
+            }
+            *qc = [q0, q1];
+        }
+        let (wd, wmin) = (f16_at(wb, 0), f16_at(wb, 2));
+        for t in 0..T {
+            let ab = &a[t][b];
+            let aq = ab.qs.as_ptr() as *const u8;
+            let mut sumi = _mm256_setzero_si256();
+            for (c, qc) in q.iter().enumerate() {
+                let p0 = _mm256_madd_epi16(
+                    pairs(qc[0], load32(aq.add(64 * c))),
+                    _mm256_set1_epi16(sc[2 * c] as i16),
+                );
+                let p1 = _mm256_madd_epi16(
+                    pairs(qc[1], load32(aq.add(64 * c + 32))),
+                    _mm256_set1_epi16(sc[2 * c + 1] as i16),
+                );
+                sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
+            }
+            acc[t] = accumulate(acc[t], ab.d * wd, sumi);
+            summ[t] += ab.d * wmin * k_mins(&mn, &ab.bsums) as f32;
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]) - summ[t])
+}
+
+/// [`dot_q6_k_q8_k`] of one weight row with `T` tokens' activations, each super-block's
+/// quants unpacked once for the `T` tokens; every token's operations exactly
+/// [`dot_q6_k_q8_k`]'s, so each result is the same bits.
+///
+/// # Safety
+/// As [`dot_q6_k_q8_k`], for every `a[t]`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32; T] {
+    let mut acc = [_mm256_setzero_ps(); T];
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    for (b, wb) in w.chunks_exact(210).enumerate() {
+        let mut q = [_mm256_setzero_si256(); 8];
+        let mut scales = [_mm256_setzero_si256(); 8];
+        for c in 0..8 {
+            let (half, j) = (c / 4, c % 4);
+            let ql = load32(wb[64 * half + 32 * (j % 2)..].as_ptr());
+            let lo = if j < 2 {
+                _mm256_and_si256(ql, m4)
+            } else {
+                _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
+            };
+            let qh = load32(wb[128 + 32 * half..].as_ptr());
+            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
+            q[c] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            let s0 = (wb[192 + 2 * c] as i8) as i16;
+            let s1 = (wb[192 + 2 * c + 1] as i8) as i16;
+            scales[c] = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
+        }
+        let wd = f16_at(wb, 208);
+        for t in 0..T {
+            let ab = &a[t][b];
+            let aq = ab.qs.as_ptr() as *const u8;
+            let mut sumi = _mm256_setzero_si256();
+            for c in 0..8 {
+                let p = pairs_off(q[c], load32(aq.add(32 * c)), 32);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales[c]));
+            }
+            acc[t] = accumulate(acc[t], ab.d * wd, sumi);
+        }
+    }
+    std::array::from_fn(|t| hsum(acc[t]))
+}
+
+/// A K-quant product of `rows` weight rows (`rb` bytes each, type `bytes`/`qs_at`/`qh_at`
+/// as [`dot_k45`], or Q6_K when `q6`) with `acts.len()` tokens, into `out` laid out
+/// `[tokens, rows]`: four tokens at a time against every row ([`dot_k45_tokens`],
+/// [`dot_q6_k_tokens`]), the rest one by one; each result the bits of the one-token dot.
+///
+/// # Safety
+/// AVX2 and F16C; `w.len() == rows * rb`, every `acts[t]` of `rb / bytes` blocks,
+/// `out.len() == acts.len() * rows`.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn k_tokens(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[BlockQ8K]],
+    kind: KQuant,
+    out: &mut [f32],
+) {
+    let rows = w.len() / rb;
+    let mut t = 0;
+    while t < acts.len() {
+        let take = (acts.len() - t).min(4);
+        for (r, wr) in w.chunks_exact(rb).enumerate() {
+            if take == 4 {
+                let a4 = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
+                let res = match kind {
+                    KQuant::Q6 => dot_q6_k_tokens::<4>(wr, a4),
+                    KQuant::Q45 {
+                        bytes,
+                        qs_at,
+                        qh_at,
+                    } => dot_k45_tokens::<4>(wr, a4, bytes, qs_at, qh_at),
+                };
+                for (i, v) in res.into_iter().enumerate() {
+                    out[(t + i) * rows + r] = v;
+                }
+            } else {
+                for i in 0..take {
+                    let a1 = [acts[t + i]];
+                    let [v] = match kind {
+                        KQuant::Q6 => dot_q6_k_tokens::<1>(wr, a1),
+                        KQuant::Q45 {
+                            bytes,
+                            qs_at,
+                            qh_at,
+                        } => dot_k45_tokens::<1>(wr, a1, bytes, qs_at, qh_at),
+                    };
+                    out[(t + i) * rows + r] = v;
+                }
+            }
+        }
+        t += take;
+    }
+}
+
+/// Which K-quant [`k_tokens`] runs.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum KQuant {
+    /// Q4_K or Q5_K: super-block bytes, where the 4-bit quants start, Q5_K's fifth bits.
+    Q45 {
+        bytes: usize,
+        qs_at: usize,
+        qh_at: Option<usize>,
+    },
+    /// Q6_K.
+    Q6,
+}
+
 /// `Σ qs` of 32 signed quants, exactly: `vpsadbw` sums the unsigned bytes `q + 128` in
 /// four groups of eight (each at most 2,040, no overflow), less `32 · 128`.
 ///
