@@ -1343,9 +1343,10 @@ fn chunked(
 /// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
 /// blocks are prepared once and every 16 tokens run as the token-transposed tiles
 /// (one register holds one canonical lane of 16 tokens), the rest as 4-token tiles.
-/// The K-quants (Q4_K, Q5_K, Q6_K) run four tokens at a time against each row with
-/// AVX2, each super-block unpacked once for the four (`avx2::k_tokens`; each result the
-/// one-token kernel's bits). Without AVX2 every type runs [`matvec`] per token. Rows are split between the pool's
+/// The K-quants (Q4_K, Q5_K, Q6_K) run several tokens at a time against each row, each
+/// super-block unpacked once for them: four with AVX2, eight where AVX-512VL gives 32
+/// vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`; each result the one-token
+/// kernel's bits). Without AVX2 every type runs [`matvec`] per token. Rows are split between the pool's
 /// threads as in [`matvec_threads`].
 ///
 /// # Errors
@@ -1454,7 +1455,12 @@ fn matmul_rows(
             // rows of `rb` bytes, every activation row `rb / ty.block_bytes()` blocks of
             // the kind `ty` pairs with (Q8_K, re-checked above), and `out` is
             // `acts.len() * m` long.
-            unsafe { avx2::k_tokens(w, rb, &blocks, kind, out) };
+            if has_avx512_bw_vl() {
+                // SAFETY: as below, and AVX-512F/BW/VL were detected.
+                unsafe { avx2::k_tokens_wide(w, rb, &blocks, kind, out) };
+            } else {
+                unsafe { avx2::k_tokens(w, rb, &blocks, kind, out) };
+            }
             return Ok(());
         }
     }

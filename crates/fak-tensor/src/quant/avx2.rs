@@ -1347,20 +1347,49 @@ pub(super) unsafe fn k_tokens(
     kind: KQuant,
     out: &mut [f32],
 ) {
+    k_tokens_by::<4>(w, rb, acts, kind, out)
+}
+
+/// [`k_tokens`] eight tokens at a time, in code compiled with AVX-512VL too, whose 32
+/// vector registers hold a super-block's unpacked quants and eight tokens' sums.
+///
+/// # Safety
+/// As [`k_tokens`], and AVX-512F/BW/VL.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn k_tokens_wide(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[BlockQ8K]],
+    kind: KQuant,
+    out: &mut [f32],
+) {
+    k_tokens_by::<8>(w, rb, acts, kind, out)
+}
+
+/// [`k_tokens`] with `B` tokens at a time.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn k_tokens_by<const B: usize>(
+    w: &[u8],
+    rb: usize,
+    acts: &[&[BlockQ8K]],
+    kind: KQuant,
+    out: &mut [f32],
+) {
     let rows = w.len() / rb;
     let mut t = 0;
     while t < acts.len() {
-        let take = (acts.len() - t).min(4);
+        let take = (acts.len() - t).min(B);
         for (r, wr) in w.chunks_exact(rb).enumerate() {
-            if take == 4 {
-                let a4 = [acts[t], acts[t + 1], acts[t + 2], acts[t + 3]];
+            if take == B {
+                let ab: [&[BlockQ8K]; B] = std::array::from_fn(|i| acts[t + i]);
                 let res = match kind {
-                    KQuant::Q6 => dot_q6_k_tokens::<4>(wr, a4),
+                    KQuant::Q6 => dot_q6_k_tokens::<B>(wr, ab),
                     KQuant::Q45 {
                         bytes,
                         qs_at,
                         qh_at,
-                    } => dot_k45_tokens::<4>(wr, a4, bytes, qs_at, qh_at),
+                    } => dot_k45_tokens::<B>(wr, ab, bytes, qs_at, qh_at),
                 };
                 for (i, v) in res.into_iter().enumerate() {
                     out[(t + i) * rows + r] = v;

@@ -361,6 +361,50 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
     assert!(matmul_threads(QType::Q4_0, &w, &[a], &mut [0.0; 2], th).is_err());
 }
 
+/// The multi-token K-quant kernels, both widths (four tokens with AVX2, eight with the
+/// 32 registers of AVX-512VL), give every (row, token) the reference's bits for token
+/// counts around both block sizes.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn k_quant_token_blocks_are_the_one_token_dot_bitwise() {
+    if !has_avx2_f16c() {
+        return;
+    }
+    let mut r = Rng(43);
+    for ty in [QType::Q4K, QType::Q5K, QType::Q6K] {
+        let kind = k_quant(ty).unwrap();
+        let nb = 1024 / ty.block_elems();
+        let rows = 7;
+        let rb = nb * ty.block_bytes();
+        let w = weights(&mut r, ty, rows * nb, false);
+        for n in 1..=17 {
+            let acts: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
+            let mut want = vec![0f32; n * rows];
+            for (a, o) in acts.iter().zip(want.chunks_exact_mut(rows)) {
+                matvec_ref(ty, &w, a, o).unwrap();
+            }
+            let blocks: Vec<&[BlockQ8K]> = acts
+                .iter()
+                .map(|a| match a {
+                    QuantizedActs::Q8K(b) => &b[..],
+                    _ => unreachable!("K-quant activations are Q8_K"),
+                })
+                .collect();
+            let mut got = vec![f32::NAN; n * rows];
+            // SAFETY: AVX2 and F16C were detected; the shapes match.
+            unsafe { avx2::k_tokens(&w, rb, &blocks, kind, &mut got) };
+            let same = |g: &[f32]| g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same(&got), "{ty}, {n} tokens, 4 at a time");
+            if has_avx512_bw_vl() {
+                got.fill(f32::NAN);
+                // SAFETY: as above, and AVX-512F/BW/VL were detected.
+                unsafe { avx2::k_tokens_wide(&w, rb, &blocks, kind, &mut got) };
+                assert!(same(&got), "{ty}, {n} tokens, 8 at a time");
+            }
+        }
+    }
+}
+
 // ------------------------------------------------------------------ quantizers
 
 #[test]
