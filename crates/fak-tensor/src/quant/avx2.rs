@@ -1109,71 +1109,14 @@ pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
     one::<Q8_0>(w, a)
 }
 
-/// Q4_K and Q5_K share everything but the quant unpacking: the 4-bit quants start at
-/// byte `qs_at` of a block of `bytes`, and Q5_K's fifth bits are the 32 bytes at
-/// `qh_at` (bit `g` of byte `lane` for group `g`).
-///
-/// # Safety
-/// AVX2 and F16C; `w.len() == bytes * a.len()`; `qs_at + 128 <= bytes`, `qh_at + 32 <= bytes`.
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn dot_k45(
-    w: &[u8],
-    a: &[BlockQ8K],
-    bytes: usize,
-    qs_at: usize,
-    qh_at: Option<usize>,
-) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let mut summ = 0f32;
-    let m4 = _mm256_set1_epi8(0x0f);
-    let sixteen = _mm256_set1_epi8(0x10);
-    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
-        let (sc, mn) = k4_scale_min(&wb[4..16]);
-        let aq = ab.qs.as_ptr() as *const u8;
-        let qh = match qh_at {
-            Some(at) => load32(wb[at..].as_ptr()),
-            None => _mm256_setzero_si256(),
-        };
-        let mut sumi = _mm256_setzero_si256();
-        for c in 0..4 {
-            // Groups 2c (low nibbles) and 2c + 1 (high nibbles) of qs[32c .. 32c + 32].
-            let raw = load32(wb[qs_at + 32 * c..].as_ptr());
-            let mut q0 = _mm256_and_si256(raw, m4);
-            let mut q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if qh_at.is_some() {
-                let b0 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
-                let b1 = _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8);
-                let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0);
-                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
-                q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
-                q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
-            }
-            let p0 = _mm256_madd_epi16(
-                pairs(q0, load32(aq.add(64 * c))),
-                _mm256_set1_epi16(sc[2 * c] as i16),
-            );
-            let p1 = _mm256_madd_epi16(
-                pairs(q1, load32(aq.add(64 * c + 32))),
-                _mm256_set1_epi16(sc[2 * c + 1] as i16),
-            );
-            sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
-        }
-        let d = ab.d * f16_at(wb, 0);
-        let dmin = ab.d * f16_at(wb, 2);
-        acc = accumulate(acc, d, sumi);
-        summ += dmin * k_mins(&mn, &ab.bsums) as f32;
-    }
-    hsum(acc) - summ
-}
-
 /// See `vec_dot_q4_k_q8_k_ref`.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() == 144 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    dot_k45(w, a, 144, 16, None)
+    let [v] = dot_k45_tokens::<1>(w, [a], 144, 16, None);
+    v
 }
 
 /// See `vec_dot_q5_k_q8_k_ref`.
@@ -1182,7 +1125,8 @@ pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// AVX2 and F16C; `w.len() == 176 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    dot_k45(w, a, 176, 48, Some(16))
+    let [v] = dot_k45_tokens::<1>(w, [a], 176, 48, Some(16));
+    v
 }
 
 /// See `vec_dot_q6_k_q8_k_ref`.
@@ -1191,44 +1135,23 @@ pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// AVX2 and F16C; `w.len() == 210 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let mut acc = _mm256_setzero_ps();
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(0x03);
-    for (wb, ab) in w.chunks_exact(210).zip(a) {
-        let aq = ab.qs.as_ptr() as *const u8;
-        let mut sumi = _mm256_setzero_si256();
-        for c in 0..8 {
-            let (half, j) = (c / 4, c % 4);
-            // Chunk c = elements 32c..32c+32: low nibbles (j < 2) or high nibbles of
-            // ql[64 half + 32 (j % 2) ..], bits 2j, 2j+1 of qh[32 half ..].
-            let ql = load32(wb[64 * half + 32 * (j % 2)..].as_ptr());
-            let lo = if j < 2 {
-                _mm256_and_si256(ql, m4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
-            };
-            let qh = load32(wb[128 + 32 * half..].as_ptr());
-            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
-            let q = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-            let p = pairs_off(q, load32(aq.add(32 * c)), 32);
-            let s0 = (wb[192 + 2 * c] as i8) as i16;
-            let s1 = (wb[192 + 2 * c + 1] as i8) as i16;
-            let scales = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
-        }
-        acc = accumulate(acc, ab.d * f16_at(wb, 208), sumi);
-    }
-    hsum(acc)
+    let [v] = dot_q6_k_tokens::<1>(w, [a]);
+    v
 }
 
-/// [`dot_k45`] of one weight row with `T` tokens' activations: each super-block's quants
-/// and scales are unpacked once for the `T` tokens (a prefill reads every weight row for
-/// many tokens). Every token gets exactly [`dot_k45`]'s operations in its order (the
-/// same integer lane sums, `d = ad · wd` and `dmin = ad · wmin` rounded once,
-/// [`accumulate`], the minimum sum, [`hsum`]), so each result is the same bits.
+/// Q4_K or Q5_K (they share everything but the quant unpacking: the 4-bit quants start
+/// at byte `qs_at` of a block of `bytes`, and Q5_K's fifth bits are the 32 bytes at
+/// `qh_at`, bit `g` of byte `lane` for group `g`) of one weight row with `T` tokens'
+/// activations, in the canonical order of `vec_dot_q4_k_q8_k_ref`. Each super-block's
+/// quants and scales are unpacked once for the `T` tokens (a prefill reads every weight
+/// row for many tokens); every token gets the same operations in the same order (the
+/// integer lane sums, `d = ad · wd` and `dmin = ad · wmin` rounded once, [`accumulate`],
+/// the minimum sum, [`hsum`]), so each result is the bits of `T = 1` (the one-token
+/// kernels [`dot_q4_k_q8_k`], [`dot_q5_k_q8_k`]).
 ///
 /// # Safety
-/// As [`dot_k45`], for every `a[t]`.
+/// AVX2 and F16C; `w.len() == bytes * a[t].len()` for every `t`; `qs_at + 128 <= bytes`,
+/// `qh_at + 32 <= bytes`.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn dot_k45_tokens<const T: usize>(
@@ -1286,12 +1209,12 @@ unsafe fn dot_k45_tokens<const T: usize>(
     std::array::from_fn(|t| hsum(acc[t]) - summ[t])
 }
 
-/// [`dot_q6_k_q8_k`] of one weight row with `T` tokens' activations, each super-block's
-/// quants unpacked once for the `T` tokens; every token's operations exactly
-/// [`dot_q6_k_q8_k`]'s, so each result is the same bits.
+/// Q6_K (`vec_dot_q6_k_q8_k_ref`'s order) of one weight row with `T` tokens'
+/// activations, each super-block's quants unpacked once for the `T` tokens; every
+/// token's operations the same as with `T = 1` ([`dot_q6_k_q8_k`]), so the same bits.
 ///
 /// # Safety
-/// As [`dot_q6_k_q8_k`], for every `a[t]`.
+/// AVX2 and F16C; `w.len() == 210 * a[t].len()` for every `t`.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32; T] {
@@ -1300,8 +1223,7 @@ unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32
     let m2 = _mm256_set1_epi8(0x03);
     for (b, wb) in w.chunks_exact(210).enumerate() {
         let mut q = [_mm256_setzero_si256(); 8];
-        let mut scales = [_mm256_setzero_si256(); 8];
-        for c in 0..8 {
+        for (c, qc) in q.iter_mut().enumerate() {
             let (half, j) = (c / 4, c % 4);
             let ql = load32(wb[64 * half + 32 * (j % 2)..].as_ptr());
             let lo = if j < 2 {
@@ -1311,11 +1233,20 @@ unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32
             };
             let qh = load32(wb[128 + 32 * half..].as_ptr());
             let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
-            q[c] = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+            *qc = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+        }
+        // The sub-block scales as `madd` multipliers: kept in registers for several
+        // tokens, made where used for one (there the registers hold the quants).
+        let scale = |c: usize| {
             let s0 = (wb[192 + 2 * c] as i8) as i16;
             let s1 = (wb[192 + 2 * c + 1] as i8) as i16;
-            scales[c] = _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0));
-        }
+            _mm256_set_m128i(_mm_set1_epi16(s1), _mm_set1_epi16(s0))
+        };
+        let kept: [__m256i; 8] = if T > 1 {
+            std::array::from_fn(scale)
+        } else {
+            [_mm256_setzero_si256(); 8]
+        };
         let wd = f16_at(wb, 208);
         for t in 0..T {
             let ab = &a[t][b];
@@ -1323,7 +1254,8 @@ unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32
             let mut sumi = _mm256_setzero_si256();
             for c in 0..8 {
                 let p = pairs_off(q[c], load32(aq.add(32 * c)), 32);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales[c]));
+                let scales = if T > 1 { kept[c] } else { scale(c) };
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, scales));
             }
             acc[t] = accumulate(acc[t], ab.d * wd, sumi);
         }
@@ -1331,10 +1263,10 @@ unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32
     std::array::from_fn(|t| hsum(acc[t]))
 }
 
-/// A K-quant product of `rows` weight rows (`rb` bytes each, type `bytes`/`qs_at`/`qh_at`
-/// as [`dot_k45`], or Q6_K when `q6`) with `acts.len()` tokens, into `out` laid out
-/// `[tokens, rows]`: four tokens at a time against every row ([`dot_k45_tokens`],
-/// [`dot_q6_k_tokens`]), the rest one by one; each result the bits of the one-token dot.
+/// A K-quant product of `rows` weight rows (`rb` bytes each, of the type `kind`) with
+/// `acts.len()` tokens, into `out` laid out `[tokens, rows]`: four tokens at a time
+/// against every row ([`dot_k45_tokens`], [`dot_q6_k_tokens`]), the rest one by one;
+/// each result the bits of the one-token dot.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() == rows * rb`, every `acts[t]` of `rb / bytes` blocks,
@@ -1416,7 +1348,8 @@ unsafe fn k_tokens_by<const B: usize>(
 /// Which K-quant [`k_tokens`] runs.
 #[derive(Clone, Copy, Debug)]
 pub(super) enum KQuant {
-    /// Q4_K or Q5_K: super-block bytes, where the 4-bit quants start, Q5_K's fifth bits.
+    /// Q4_K or Q5_K: super-block bytes, where the 4-bit quants start, Q5_K's fifth bits
+    /// ([`dot_k45_tokens`]).
     Q45 {
         bytes: usize,
         qs_at: usize,
