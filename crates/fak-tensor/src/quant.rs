@@ -1475,16 +1475,8 @@ fn matmul_rows(
 fn k_quant(ty: QType) -> Option<avx2::KQuant> {
     use avx2::KQuant;
     match ty {
-        QType::Q4K => Some(KQuant::Q45 {
-            bytes: 144,
-            qs_at: 16,
-            qh_at: None,
-        }),
-        QType::Q5K => Some(KQuant::Q45 {
-            bytes: 176,
-            qs_at: 48,
-            qh_at: Some(16),
-        }),
+        QType::Q4K => Some(KQuant::Q4),
+        QType::Q5K => Some(KQuant::Q5),
         QType::Q6K => Some(KQuant::Q6),
         _ => None,
     }

@@ -1115,7 +1115,7 @@ pub(super) unsafe fn dot_q8_0_q8_0(w: &[u8], a: &[BlockQ8_0]) -> f32 {
 /// AVX2 and F16C; `w.len() == 144 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let [v] = dot_k45_tokens::<1>(w, [a], 144, 16, None);
+    let [v] = k_tokens_one(w, a, KQuant::Q4);
     v
 }
 
@@ -1125,7 +1125,7 @@ pub(super) unsafe fn dot_q4_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// AVX2 and F16C; `w.len() == 176 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let [v] = dot_k45_tokens::<1>(w, [a], 176, 48, Some(16));
+    let [v] = k_tokens_one(w, a, KQuant::Q5);
     v
 }
 
@@ -1135,7 +1135,7 @@ pub(super) unsafe fn dot_q5_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
 /// AVX2 and F16C; `w.len() == 210 * a.len()`.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn dot_q6_k_q8_k(w: &[u8], a: &[BlockQ8K]) -> f32 {
-    let [v] = dot_q6_k_tokens::<1>(w, [a]);
+    let [v] = k_tokens_one(w, a, KQuant::Q6);
     v
 }
 
@@ -1328,20 +1328,29 @@ unsafe fn k_tokens_by<const B: usize>(
                 }
             } else {
                 for i in 0..take {
-                    let a1 = [acts[t + i]];
-                    let [v] = match kind {
-                        KQuant::Q6 => dot_q6_k_tokens::<1>(wr, a1),
-                        KQuant::Q45 {
-                            bytes,
-                            qs_at,
-                            qh_at,
-                        } => dot_k45_tokens::<1>(wr, a1, bytes, qs_at, qh_at),
-                    };
+                    let [v] = k_tokens_one(wr, acts[t + i], kind);
                     out[(t + i) * rows + r] = v;
                 }
             }
         }
         t += take;
+    }
+}
+
+/// One token's K-quant dot with `kind`'s kernel.
+///
+/// # Safety
+/// As [`dot_k45_tokens`] / [`dot_q6_k_tokens`] with `T = 1`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn k_tokens_one(w: &[u8], a: &[BlockQ8K], kind: KQuant) -> [f32; 1] {
+    match kind {
+        KQuant::Q6 => dot_q6_k_tokens::<1>(w, [a]),
+        KQuant::Q45 {
+            bytes,
+            qs_at,
+            qh_at,
+        } => dot_k45_tokens::<1>(w, [a], bytes, qs_at, qh_at),
     }
 }
 
@@ -1357,6 +1366,21 @@ pub(super) enum KQuant {
     },
     /// Q6_K.
     Q6,
+}
+
+impl KQuant {
+    /// Q4_K: 144-byte super-blocks, the quants from byte 16.
+    pub(super) const Q4: KQuant = KQuant::Q45 {
+        bytes: 144,
+        qs_at: 16,
+        qh_at: None,
+    };
+    /// Q5_K: 176-byte super-blocks, the fifth bits at byte 16, the quants from byte 48.
+    pub(super) const Q5: KQuant = KQuant::Q45 {
+        bytes: 176,
+        qs_at: 48,
+        qh_at: Some(16),
+    };
 }
 
 /// `Σ qs` of 32 signed quants, exactly: `vpsadbw` sums the unsigned bytes `q + 128` in
