@@ -63,6 +63,8 @@ use std::fmt;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod transposed;
+#[cfg(target_arch = "x86_64")]
+mod transposed_k;
 
 /// Elements per block of the 32-element types (Q4_0 … Q8_1).
 pub const QK: usize = 32;
@@ -1441,29 +1443,6 @@ fn matmul_rows(
         unsafe { tile.run(w, rb, out) };
         return Ok(());
     }
-    #[cfg(target_arch = "x86_64")]
-    if let (Some(kind), true, true) = (k_quant(ty), has_avx2_f16c(), m > 0) {
-        let blocks: Vec<&[BlockQ8K]> = acts
-            .iter()
-            .filter_map(|a| match a {
-                QuantizedActs::Q8K(b) => Some(&b[..]),
-                _ => None,
-            })
-            .collect();
-        if blocks.len() == acts.len() {
-            // SAFETY: AVX2 and F16C were detected; the caller checked that `w` is `m`
-            // rows of `rb` bytes, every activation row `rb / ty.block_bytes()` blocks of
-            // the kind `ty` pairs with (Q8_K, re-checked above), and `out` is
-            // `acts.len() * m` long.
-            if has_avx512_bw_vl() {
-                // SAFETY: as below, and AVX-512F/BW/VL were detected.
-                unsafe { avx2::k_tokens_wide(w, rb, &blocks, kind, out) };
-            } else {
-                unsafe { avx2::k_tokens(w, rb, &blocks, kind, out) };
-            }
-            return Ok(());
-        }
-    }
     for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
         matvec_with(ty, w, a, &mut o[..m], true)?;
     }
@@ -1539,6 +1518,9 @@ enum TileActs<'a> {
     Q5_1(Tiled<'a, avx2::Q5_1>),
     #[cfg(target_arch = "x86_64")]
     Q8_0(Tiled<'a, avx2::Q8_0>),
+    /// Q4_K, Q5_K, Q6_K.
+    #[cfg(target_arch = "x86_64")]
+    K(KTiled<'a>),
     /// (No tiles elsewhere.)
     #[cfg(not(target_arch = "x86_64"))]
     #[allow(dead_code)]
@@ -1593,6 +1575,19 @@ where
     }
 }
 
+/// [`TileActs`] of a K-quant: every token's Q8_K blocks and, with [`TileIsa::Zmm`] and
+/// 16 tokens or more, the first multiple of 16 in the form of the token-transposed
+/// tiles ([`transposed_k`]); the rest run several tokens at a time against each row
+/// ([`avx2::k_tokens`], or [`avx2::k_tokens_wide`] when `wide`).
+#[cfg(target_arch = "x86_64")]
+struct KTiled<'a> {
+    kind: avx2::KQuant,
+    a: Vec<&'a [BlockQ8K]>,
+    /// AVX-512F/BW/VL ([`has_avx512_bw_vl`]).
+    wide: bool,
+    tt: Option<transposed_k::Acts>,
+}
+
 impl<'a> TileActs<'a> {
     /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, a
     /// type other than the 32-element ones, or activations of another kind).
@@ -1624,7 +1619,26 @@ impl<'a> TileActs<'a> {
                 QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, isa) })),
                 QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, isa) })),
                 QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, isa) })),
-                _ => None,
+                QType::Q4K | QType::Q5K | QType::Q6K => {
+                    let a: Vec<&[BlockQ8K]> = acts
+                        .iter()
+                        .map(|q| match q {
+                            QuantizedActs::Q8K(v) => Some(&v[..]),
+                            _ => None,
+                        })
+                        .collect::<Option<_>>()?;
+                    let tt = if isa == TileIsa::Zmm {
+                        transposed_k::Acts::new(&a)
+                    } else {
+                        None
+                    };
+                    Some(TileActs::K(KTiled {
+                        kind: k_quant(ty)?,
+                        a,
+                        wide: has_avx512_bw_vl(),
+                        tt,
+                    }))
+                }
             };
         }
         let _ = (ty, acts, isa);
@@ -1655,6 +1669,24 @@ impl<'a> TileActs<'a> {
             TileActs::Q5_1(t) => tiles_any(w, rb, t, out),
             #[cfg(target_arch = "x86_64")]
             TileActs::Q8_0(t) => tiles_any(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::K(t) => {
+                let m = w.len() / rb;
+                let t0 = match &t.tt {
+                    Some(tt) => {
+                        transposed_k::tiles(w, rb, t.kind, tt, out);
+                        tt.tokens()
+                    }
+                    None => 0,
+                };
+                let (rest, out) = (&t.a[t0..], &mut out[t0 * m..]);
+                if rest.is_empty() {
+                } else if t.wide {
+                    avx2::k_tokens_wide(w, rb, rest, t.kind, out);
+                } else {
+                    avx2::k_tokens(w, rb, rest, t.kind, out);
+                }
+            }
             #[cfg(not(target_arch = "x86_64"))]
             TileActs::Never(never, _) => match *never {},
         }

@@ -1163,41 +1163,21 @@ unsafe fn dot_k45_tokens<const T: usize>(
 ) -> [f32; T] {
     let mut acc = [_mm256_setzero_ps(); T];
     let mut summ = [0f32; T];
-    let m4 = _mm256_set1_epi8(0x0f);
-    let sixteen = _mm256_set1_epi8(0x10);
     for (b, wb) in w.chunks_exact(bytes).enumerate() {
         let (sc, mn) = k4_scale_min(&wb[4..16]);
-        let qh = match qh_at {
-            Some(at) => load32(wb[at..].as_ptr()),
-            None => _mm256_setzero_si256(),
-        };
-        let mut q = [[_mm256_setzero_si256(); 2]; 4];
-        for (c, qc) in q.iter_mut().enumerate() {
-            let raw = load32(wb[qs_at + 32 * c..].as_ptr());
-            let mut q0 = _mm256_and_si256(raw, m4);
-            let mut q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-            if qh_at.is_some() {
-                let b0 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
-                let b1 = _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8);
-                let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0);
-                let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
-                q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
-                q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
-            }
-            *qc = [q0, q1];
-        }
+        let q = unpack_k45(wb, qs_at, qh_at);
         let (wd, wmin) = (f16_at(wb, 0), f16_at(wb, 2));
         for t in 0..T {
             let ab = &a[t][b];
             let aq = ab.qs.as_ptr() as *const u8;
             let mut sumi = _mm256_setzero_si256();
-            for (c, qc) in q.iter().enumerate() {
+            for c in 0..4 {
                 let p0 = _mm256_madd_epi16(
-                    pairs(qc[0], load32(aq.add(64 * c))),
+                    pairs(q[2 * c], load32(aq.add(64 * c))),
                     _mm256_set1_epi16(sc[2 * c] as i16),
                 );
                 let p1 = _mm256_madd_epi16(
-                    pairs(qc[1], load32(aq.add(64 * c + 32))),
+                    pairs(q[2 * c + 1], load32(aq.add(64 * c + 32))),
                     _mm256_set1_epi16(sc[2 * c + 1] as i16),
                 );
                 sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(p0, p1));
@@ -1219,22 +1199,8 @@ unsafe fn dot_k45_tokens<const T: usize>(
 #[inline]
 unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32; T] {
     let mut acc = [_mm256_setzero_ps(); T];
-    let m4 = _mm256_set1_epi8(0x0f);
-    let m2 = _mm256_set1_epi8(0x03);
     for (b, wb) in w.chunks_exact(210).enumerate() {
-        let mut q = [_mm256_setzero_si256(); 8];
-        for (c, qc) in q.iter_mut().enumerate() {
-            let (half, j) = (c / 4, c % 4);
-            let ql = load32(wb[64 * half + 32 * (j % 2)..].as_ptr());
-            let lo = if j < 2 {
-                _mm256_and_si256(ql, m4)
-            } else {
-                _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
-            };
-            let qh = load32(wb[128 + 32 * half..].as_ptr());
-            let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
-            *qc = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
-        }
+        let q = unpack_q6_k(wb);
         // The sub-block scales as `madd` multipliers: kept in registers for several
         // tokens, made where used for one (there the registers hold the quants).
         let scale = |c: usize| {
@@ -1261,6 +1227,69 @@ unsafe fn dot_q6_k_tokens<const T: usize>(w: &[u8], a: [&[BlockQ8K]; T]) -> [f32
         }
     }
     std::array::from_fn(|t| hsum(acc[t]))
+}
+
+/// The 256 quants of one Q4_K/Q5_K super-block `wb` as unsigned bytes in element
+/// order: register `g` holds elements `32g..32g + 32` (group `g`, the nibble `g % 2` of
+/// the 32 bytes at `qs_at + 32 (g / 2)`, and for Q5_K bit `g` of the 32 bytes at
+/// `qh_at` as bit 4; `vec_dot_q4_k_q8_k_ref`, `vec_dot_q5_k_q8_k_ref`).
+///
+/// # Safety
+/// AVX2 and F16C; `qs_at + 128 <= wb.len()`, `qh_at + 32 <= wb.len()`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) unsafe fn unpack_k45(wb: &[u8], qs_at: usize, qh_at: Option<usize>) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let sixteen = _mm256_set1_epi8(0x10);
+    let qh = match qh_at {
+        Some(at) => load32(wb[at..at + 32].as_ptr()),
+        None => _mm256_setzero_si256(),
+    };
+    let mut q = [_mm256_setzero_si256(); 8];
+    for c in 0..4 {
+        let raw = load32(wb[qs_at + 32 * c..qs_at + 32 * c + 32].as_ptr());
+        let mut q0 = _mm256_and_si256(raw, m4);
+        let mut q1 = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+        if qh_at.is_some() {
+            let b0 = _mm256_set1_epi8((1u8 << (2 * c)) as i8);
+            let b1 = _mm256_set1_epi8((1u8 << (2 * c + 1)) as i8);
+            let h0 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b0), b0);
+            let h1 = _mm256_cmpeq_epi8(_mm256_and_si256(qh, b1), b1);
+            q0 = _mm256_or_si256(q0, _mm256_and_si256(h0, sixteen));
+            q1 = _mm256_or_si256(q1, _mm256_and_si256(h1, sixteen));
+        }
+        q[2 * c] = q0;
+        q[2 * c + 1] = q1;
+    }
+    q
+}
+
+/// The 256 quants of one Q6_K super-block `wb` (210 bytes) as unsigned bytes in
+/// element order, the offset 32 not yet removed: register `c` holds elements
+/// `32c..32c + 32` (`vec_dot_q6_k_q8_k_ref`'s unpacking).
+///
+/// # Safety
+/// AVX2 and F16C; `wb.len() >= 192`.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+pub(super) unsafe fn unpack_q6_k(wb: &[u8]) -> [__m256i; 8] {
+    let m4 = _mm256_set1_epi8(0x0f);
+    let m2 = _mm256_set1_epi8(0x03);
+    let mut q = [_mm256_setzero_si256(); 8];
+    for (c, qc) in q.iter_mut().enumerate() {
+        let (half, j) = (c / 4, c % 4);
+        let at = 64 * half + 32 * (j % 2);
+        let ql = load32(wb[at..at + 32].as_ptr());
+        let lo = if j < 2 {
+            _mm256_and_si256(ql, m4)
+        } else {
+            _mm256_and_si256(_mm256_srli_epi16(ql, 4), m4)
+        };
+        let qh = load32(wb[128 + 32 * half..160 + 32 * half].as_ptr());
+        let hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * j as i32)), m2);
+        *qc = _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));
+    }
+    q
 }
 
 /// A K-quant product of `rows` weight rows (`rb` bytes each, of the type `kind`) with

@@ -599,17 +599,11 @@ const TILE_ISAS: [super::TileIsa; 4] = [
 #[test]
 fn every_multi_token_tile_kernel_gives_the_reference_bits() {
     // 9 rows and 37 tokens: full TILE_R × TILE_T tiles (2 × 4), the 512-bit 4-row ×
-    // 4-token tiles, Q8_0's token-transposed 2-row × 16-token tiles (two groups), the
-    // 1-row / 1-token edges and the tokens after the full tiles; random and extreme
-    // blocks.
+    // 4-token tiles, the token-transposed 2-row × 16-token tiles (two groups; for the
+    // K-quants too), the 1-row / 1-token edges and the tokens after the full tiles (the
+    // K-quants' 4- and 8-token kernels); random and extreme blocks.
     let mut r = Rng(53);
-    for ty in [
-        QType::Q4_0,
-        QType::Q4_1,
-        QType::Q5_0,
-        QType::Q5_1,
-        QType::Q8_0,
-    ] {
+    for ty in QType::ALL {
         for extreme in [false, true] {
             let (rows, nb, n) = (9, 3, 37);
             let w = weights(&mut r, ty, rows * nb, extreme);
