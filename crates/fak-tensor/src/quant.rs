@@ -482,33 +482,50 @@ pub fn quantize_q8_k(x: &[f32]) -> Result<Vec<BlockQ8K>, QuantError> {
     check_multiple(x.len(), QK_K)?;
     Ok(x.chunks_exact(QK_K)
         .map(|c| {
-            let (mut max, mut amax) = (0f32, 0f32);
-            for &v in c {
-                if v.abs() > amax {
-                    amax = v.abs();
-                    max = v;
+            #[cfg(target_arch = "x86_64")]
+            if has_avx2_f16c() {
+                // SAFETY: AVX2 and F16C were detected.
+                if let Some(b) = c
+                    .try_into()
+                    .ok()
+                    .and_then(|c| unsafe { avx2::q8k_block(c) })
+                {
+                    return b;
                 }
             }
-            let mut b = BlockQ8K {
-                d: 0.0,
-                qs: [0; QK_K],
-                bsums: [0; QK_K / 16],
-            };
-            if amax == 0.0 {
-                return b;
-            }
-            let iscale = -127.0 / max;
-            for (q, &v) in b.qs.iter_mut().zip(c) {
-                let n = (iscale * v).round_ties_even() as i32;
-                *q = n.clamp(-128, 127) as i8;
-            }
-            for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
-                *s = g.iter().map(|&q| q as i16).sum();
-            }
-            b.d = 1.0 / iscale;
-            b
+            q8k_block_ref(c)
         })
         .collect())
+}
+
+/// Scalar block of [`quantize_q8_k`] (the reference the vector form is tested
+/// against).
+fn q8k_block_ref(c: &[f32]) -> BlockQ8K {
+    let (mut max, mut amax) = (0f32, 0f32);
+    for &v in c {
+        if v.abs() > amax {
+            amax = v.abs();
+            max = v;
+        }
+    }
+    let mut b = BlockQ8K {
+        d: 0.0,
+        qs: [0; QK_K],
+        bsums: [0; QK_K / 16],
+    };
+    if amax == 0.0 {
+        return b;
+    }
+    let iscale = -127.0 / max;
+    for (q, &v) in b.qs.iter_mut().zip(c) {
+        let n = (iscale * v).round_ties_even() as i32;
+        *q = n.clamp(-128, 127) as i8;
+    }
+    for (s, g) in b.bsums.iter_mut().zip(b.qs.chunks_exact(16)) {
+        *s = g.iter().map(|&q| q as i16).sum();
+    }
+    b.d = 1.0 / iscale;
+    b
 }
 
 // ---------------------------------------------------------------------------------

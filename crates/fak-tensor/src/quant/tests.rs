@@ -755,6 +755,64 @@ fn vector_activation_quantizer_matches_the_scalar_one() {
     }
 }
 
+#[test]
+fn vector_q8_k_quantizer_matches_the_scalar_one() {
+    // Random blocks of several magnitudes; blocks whose largest element is −127 (so
+    // `iscale` is 1 and `x` lands exactly on halves, where ties go to even) and
+    // next to them; the largest magnitude twice with both signs (the first one is
+    // `max`); a largest element so small that `−127 / max` overflows; zero,
+    // subnormal and non-finite blocks (the last two kinds fall back to the scalar
+    // code and must agree too).
+    let mut r = Rng(61);
+    let mut blocks: Vec<Vec<f32>> = Vec::new();
+    for scale in [1e-30f32, 1e-6, 1.0, 3.7, 1e4, 1e30] {
+        for _ in 0..300 {
+            blocks.push((0..QK_K).map(|_| r.unit() * scale).collect());
+        }
+    }
+    for sign in [1f32, -1.0] {
+        let mut b: Vec<f32> = (0..QK_K).map(|i| ((i % 254) as f32 - 126.5) * sign).collect();
+        b[3] = -127.0 * sign;
+        blocks.push(b.iter().map(|v| f32::from_bits(v.to_bits() + 1)).collect());
+        blocks.push(b.iter().map(|v| f32::from_bits(v.to_bits().wrapping_sub(1))).collect());
+        blocks.push(b);
+        let mut two: Vec<f32> = (0..QK_K).map(|_| r.unit() * sign).collect();
+        two[41] = 5.0 * sign;
+        two[44] = -5.0 * sign;
+        two[200] = -5.0 * sign;
+        blocks.push(two);
+    }
+    blocks.push((0..QK_K).map(|i| if i == 9 { 1e-39 } else { 0.0 }).collect());
+    blocks.push(vec![0.0; QK_K]);
+    blocks.push((0..QK_K).map(|i| if i == 5 { -0.0 } else { 0.0 }).collect());
+    blocks.push((0..QK_K).map(|i| (i as f32 - 128.0) * 1e-40).collect());
+    for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX] {
+        blocks.push((0..QK_K).map(|i| if i == 7 { bad } else { i as f32 }).collect());
+    }
+    let mut vector = 0;
+    for b in &blocks {
+        let got = quantize_q8_k(b).unwrap();
+        let want = super::q8k_block_ref(b);
+        assert!(
+            got[0].d.to_bits() == want.d.to_bits()
+                && got[0].qs == want.qs
+                && got[0].bsums == want.bsums,
+            "{b:?}: {:?} vs {want:?}",
+            got[0]
+        );
+        #[cfg(target_arch = "x86_64")]
+        if super::has_avx2_f16c() {
+            let c: &[f32; QK_K] = b[..].try_into().unwrap();
+            // SAFETY: AVX2 and F16C were detected.
+            vector += usize::from(unsafe { super::avx2::q8k_block(c) }.is_some());
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if super::has_avx2_f16c() {
+        assert!(vector > 1_800, "the vector form ran for {vector} blocks");
+    }
+}
+
 /// Q8_0 quants drawn from the extremes (−128, −127, −1, 0, 1, 127) or, for a whole
 /// block, one constant: the largest lane magnitudes `vpdpbusd` must carry exactly.
 fn extreme_q8(r: &mut Rng) -> [i8; QK] {
