@@ -16,9 +16,9 @@ use fak_tensor::quant::{
     QuantError, QuantizedActs,
 };
 use fak_tensor::{
-    add_assign, dot_strided, dot_strided_multi, gelu_tanh, matmul, matmul_group, parallel_chunks,
-    rms_norm, rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate,
-    Linear, RopeTable, Threads,
+    add_assign, dot_strided, dot_strided_multi, matmul, matmul_group, parallel_chunks, rms_norm,
+    rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, Linear,
+    RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -401,10 +401,7 @@ fn linear_group(
 fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
     let apply = |g: &mut [f32], u: &[f32]| match act {
         Activation::Silu => fak_tensor::exp::silu_mul_in_place(g, u),
-        Activation::GeluTanh => g
-            .iter_mut()
-            .zip(u)
-            .for_each(|(g, &u)| *g = gelu_tanh(*g) * u),
+        Activation::GeluTanh => fak_tensor::tanh::gelu_tanh_mul_in_place(g, u),
     };
     let n = gate.len() / ff.max(1);
     // Tokens per chunk: a few chunks per thread, so a late thread holds up little.

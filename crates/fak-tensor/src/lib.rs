@@ -33,6 +33,7 @@ pub mod matmul;
 pub mod ops;
 pub mod pool;
 pub mod quant;
+pub mod tanh;
 
 pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
 pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};

@@ -151,15 +151,19 @@ pub fn silu(x: f32) -> f32 {
     x / (1.0 + (-x).exp())
 }
 
+/// `β = √(2/π)` of [`gelu_tanh`], as torch forms it (`√2 · (2/√π) · 0.5`, rounded to `f32`).
+pub(crate) const GELU_BETA: f32 =
+    (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
+/// `κ` of [`gelu_tanh`].
+pub(crate) const GELU_KAPPA: f32 = 0.044715;
+
 /// GELU with the tanh approximation as torch computes it (`gelu(approximate="tanh")`,
 /// HF `gelu_pytorch_tanh`): `0.5·x·(1 + tanh(β·(x + κ·x³)))`, `β = √2·(2/√π)·0.5`,
 /// `κ = 0.044715`, in that operation order.
 #[inline]
 pub fn gelu_tanh(x: f32) -> f32 {
-    const BETA: f32 = (std::f64::consts::SQRT_2 * std::f64::consts::FRAC_2_SQRT_PI * 0.5) as f32;
-    const KAPPA: f32 = 0.044715;
     let cube = x * x * x;
-    let inner = BETA * (x + KAPPA * cube);
+    let inner = GELU_BETA * (x + GELU_KAPPA * cube);
     0.5 * x * (1.0 + inner.tanh())
 }
 

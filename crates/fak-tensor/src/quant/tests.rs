@@ -771,10 +771,16 @@ fn vector_q8_k_quantizer_matches_the_scalar_one() {
         }
     }
     for sign in [1f32, -1.0] {
-        let mut b: Vec<f32> = (0..QK_K).map(|i| ((i % 254) as f32 - 126.5) * sign).collect();
+        let mut b: Vec<f32> = (0..QK_K)
+            .map(|i| ((i % 254) as f32 - 126.5) * sign)
+            .collect();
         b[3] = -127.0 * sign;
         blocks.push(b.iter().map(|v| f32::from_bits(v.to_bits() + 1)).collect());
-        blocks.push(b.iter().map(|v| f32::from_bits(v.to_bits().wrapping_sub(1))).collect());
+        blocks.push(
+            b.iter()
+                .map(|v| f32::from_bits(v.to_bits().wrapping_sub(1)))
+                .collect(),
+        );
         blocks.push(b);
         let mut two: Vec<f32> = (0..QK_K).map(|_| r.unit() * sign).collect();
         two[41] = 5.0 * sign;
@@ -782,12 +788,20 @@ fn vector_q8_k_quantizer_matches_the_scalar_one() {
         two[200] = -5.0 * sign;
         blocks.push(two);
     }
-    blocks.push((0..QK_K).map(|i| if i == 9 { 1e-39 } else { 0.0 }).collect());
+    blocks.push(
+        (0..QK_K)
+            .map(|i| if i == 9 { 1e-39 } else { 0.0 })
+            .collect(),
+    );
     blocks.push(vec![0.0; QK_K]);
     blocks.push((0..QK_K).map(|i| if i == 5 { -0.0 } else { 0.0 }).collect());
     blocks.push((0..QK_K).map(|i| (i as f32 - 128.0) * 1e-40).collect());
     for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX] {
-        blocks.push((0..QK_K).map(|i| if i == 7 { bad } else { i as f32 }).collect());
+        blocks.push(
+            (0..QK_K)
+                .map(|i| if i == 7 { bad } else { i as f32 })
+                .collect(),
+        );
     }
     let mut vector = 0;
     for b in &blocks {
