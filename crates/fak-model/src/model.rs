@@ -1033,19 +1033,33 @@ impl Model {
         let mut gate = vec![0f32; n * ff];
         let mut up = vec![0f32; n * ff];
         let half = hd / 2;
-        let mut cos = vec![0f32; n * half];
-        let mut sin = vec![0f32; n * half];
+        // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
+        // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
+        let mut rope_rows: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
         let scale = c.attention_scale;
         let mut scores = Vec::new();
 
         for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
-            for (t, &p) in positions.iter().enumerate() {
-                self.rope[l].cos_sin(
-                    p,
-                    &mut cos[t * half..(t + 1) * half],
-                    &mut sin[t * half..(t + 1) * half],
-                );
-            }
+            let slot = match rope_rows
+                .iter()
+                .position(|r| self.rope[r.0] == self.rope[l])
+            {
+                Some(i) => i,
+                None => {
+                    let mut cos = vec![0f32; n * half];
+                    let mut sin = vec![0f32; n * half];
+                    for (t, &p) in positions.iter().enumerate() {
+                        self.rope[l].cos_sin(
+                            p,
+                            &mut cos[t * half..(t + 1) * half],
+                            &mut sin[t * half..(t + 1) * half],
+                        );
+                    }
+                    rope_rows.push((l, cos, sin));
+                    rope_rows.len() - 1
+                }
+            };
+            let (_, cos, sin) = &rope_rows[slot];
             // Self-attention.
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);

@@ -35,7 +35,7 @@ pub fn rms_norm(x: &[f32], weight: &[f32], weight_offset: f32, eps: f32, out: &m
 /// Rotary position embedding tables (Su et al. 2021, RoFormer), computed as HF's default
 /// rope init does: `inv_freq[i] = 1 / base^(2i/d)` in `f32`, `freq = pos * inv_freq[i]`
 /// as an `f32` product, then `cos`/`sin` of that `f32` angle.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct RopeTable {
     inv_freq: Vec<f32>,
 }
