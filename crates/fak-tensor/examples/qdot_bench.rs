@@ -191,6 +191,31 @@ fn main() {
             two / one
         );
     }
+    // The f32 product (`matmul` with one token, as the F32 file's decode runs it) on
+    // the same shapes.
+    for (rows, cols) in [(1536, 576), (49152, 576)] {
+        let elems = rows * cols;
+        let copies = (STREAM_BYTES / 4).div_ceil(elems);
+        let w: Vec<f32> = (0..elems * copies).map(|_| r.unit()).collect();
+        let x: Vec<f32> = (0..cols).map(|_| r.unit()).collect();
+        let mut out = vec![0f32; rows];
+        let mut run = |threads: usize| {
+            let s = time(repeats * 10, |i| {
+                let c = i % copies;
+                let m = &w[c * elems..(c + 1) * elems];
+                matmul(m, rows, cols, &x, 1, &mut out, Threads::new(threads));
+                black_box(&out);
+            });
+            (elems * 4) as f64 / s / 1e9
+        };
+        let (one, two) = (run(1), run(2));
+        println!(
+            "{:<5} {:>11} {one:>9.2} | {two:>9.2} | {:>5.2}",
+            "F32",
+            format!("{rows}x{cols}"),
+            two / one
+        );
+    }
     // Prefill: the multi-token tiles, 64 tokens at once on one thread, against the
     // scalar reference per token; the weights stay in cache (as a 32 KB chunk of a
     // pooled product does), so GB/s counts every token's pass over the weights.
