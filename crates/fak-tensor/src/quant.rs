@@ -391,19 +391,8 @@ fn c_amax(x: &[f32]) -> f32 {
 }
 
 /// Shared body of the Q8_0/Q8_1 quantizers: `(d, qs)` with `d = amax / 127`,
-/// `qs = roundf(x / d)` (ties away from zero), `qs = 0` when `d == 0`.
-fn q8_block(x: &[f32]) -> (f32, [i8; QK]) {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() {
-        // SAFETY: AVX2 and F16C were detected; `x` is one 32-element block.
-        if let Some(b) = unsafe { avx2::q8_block(x) } {
-            return b;
-        }
-    }
-    q8_block_ref(x)
-}
-
-/// Scalar [`q8_block`] (the reference the vector form is tested against).
+/// `qs = roundf(x / d)` (ties away from zero), `qs = 0` when `d == 0`. The vector
+/// quantizers (`avx2::quantize_q8_0`, `avx2::quantize_q8_1`) are tested against it.
 fn q8_block_ref(x: &[f32]) -> (f32, [i8; QK]) {
     let d = c_amax(x) / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -427,25 +416,20 @@ fn q8_block_ref(x: &[f32]) -> (f32, [i8; QK]) {
 /// [`QuantError::NotBlockMultiple`] when `n % 32 != 0`.
 pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<BlockQ8_0>, QuantError> {
     check_multiple(x.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C were detected.
+        return Ok(unsafe { avx2::quantize_q8_0(x) });
+    }
     Ok(x.chunks_exact(QK)
         .map(|c| {
-            let (d, qs) = q8_block(c);
+            let (d, qs) = q8_block_ref(c);
             BlockQ8_0 {
                 d: f32_to_f16(d),
                 qs,
             }
         })
         .collect())
-}
-
-/// `Σ qs` of one 32-quant block, exactly (AVX2: one `vpsadbw` over `qs + 128`).
-fn sum_quants(qs: &[i8; QK]) -> i32 {
-    #[cfg(target_arch = "x86_64")]
-    if has_avx2_f16c() {
-        // SAFETY: AVX2 was detected; `qs` is 32 bytes.
-        return unsafe { avx2::sum_quants(qs) };
-    }
-    qs.iter().map(|&q| q as i32).sum()
 }
 
 /// Quantize activations to Q8_1 (ggml `quantize_row_q8_1_ref`): as
@@ -455,10 +439,15 @@ fn sum_quants(qs: &[i8; QK]) -> i32 {
 /// [`QuantError::NotBlockMultiple`] when `x.len() % 32 != 0`.
 pub fn quantize_q8_1(x: &[f32]) -> Result<Vec<BlockQ8_1>, QuantError> {
     check_multiple(x.len(), QK)?;
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C were detected.
+        return Ok(unsafe { avx2::quantize_q8_1(x) });
+    }
     Ok(x.chunks_exact(QK)
         .map(|c| {
-            let (d, qs) = q8_block(c);
-            let sum = sum_quants(&qs);
+            let (d, qs) = q8_block_ref(c);
+            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
             BlockQ8_1 {
                 d: f32_to_f16(d),
                 s: f32_to_f16(sum as f32 * d),

@@ -1418,6 +1418,7 @@ impl KQuant {
 /// # Safety
 /// AVX2 (the caller has it enabled).
 #[target_feature(enable = "avx2")]
+#[inline]
 pub(super) unsafe fn sum_quants(qs: &[i8; 32]) -> i32 {
     let v = _mm256_xor_si256(load32(qs.as_ptr().cast()), _mm256_set1_epi8(-128));
     let s = _mm256_sad_epu8(v, _mm256_setzero_si256());
@@ -1440,6 +1441,7 @@ pub(super) unsafe fn sum_quants(qs: &[i8; 32]) -> i32 {
 /// # Safety
 /// AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
+#[inline]
 pub(super) unsafe fn q8_block(x: &[f32]) -> Option<(f32, [i8; 32])> {
     debug_assert_eq!(x.len(), 32);
     let p = x.as_ptr();
@@ -1495,6 +1497,45 @@ pub(super) unsafe fn q8_block(x: &[f32]) -> Option<(f32, [i8; 32])> {
     Some((d, qs))
 }
 
+/// `quant::quantize_q8_0` (same bits): each block by [`q8_block`], or the scalar
+/// `quant::q8_block_ref` where it declines; in one function with AVX2 enabled, so the
+/// block kernels inline.
+///
+/// # Safety
+/// AVX2 and F16C; `x.len()` a multiple of 32 (a shorter tail is ignored).
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn quantize_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
+    let mut out = Vec::with_capacity(x.len() / 32);
+    for c in x.chunks_exact(32) {
+        let (d, qs) = q8_block(c).unwrap_or_else(|| super::q8_block_ref(c));
+        out.push(BlockQ8_0 {
+            d: super::f32_to_f16(d),
+            qs,
+        });
+    }
+    out
+}
+
+/// `quant::quantize_q8_1` (same bits): as [`quantize_q8_0`], and `s` from
+/// [`sum_quants`].
+///
+/// # Safety
+/// As [`quantize_q8_0`].
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn quantize_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
+    let mut out = Vec::with_capacity(x.len() / 32);
+    for c in x.chunks_exact(32) {
+        let (d, qs) = q8_block(c).unwrap_or_else(|| super::q8_block_ref(c));
+        let sum = sum_quants(&qs);
+        out.push(BlockQ8_1 {
+            d: super::f32_to_f16(d),
+            s: super::f32_to_f16(sum as f32 * d),
+            qs,
+        });
+    }
+    out
+}
+
 /// One block of the Q8_K activation quantizer (`quant::quantize_q8_k`'s arithmetic,
 /// the same bits) eight elements at a time, or `None` for a block the scalar code
 /// must take: an element that is not finite, or a largest element so small that
@@ -1510,7 +1551,12 @@ pub(super) unsafe fn q8_block(x: &[f32]) -> Option<(f32, [i8; 32])> {
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn q8k_block(x: &[f32; 256]) -> Option<BlockQ8K> {
     let p = x.as_ptr();
-    let v: [__m256; 32] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(8 * i)));
+    // Loops rather than closures: a closure does not inherit this function's target
+    // features, and these were not inlined.
+    let mut v = [_mm256_setzero_ps(); 32];
+    for (i, r) in v.iter_mut().enumerate() {
+        *r = _mm256_loadu_ps(p.add(8 * i));
+    }
     let abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fff_ffff));
     let inf = _mm256_set1_epi32(0x7f80_0000);
     let mut finite = _mm256_set1_epi32(-1);
@@ -1536,24 +1582,29 @@ pub(super) unsafe fn q8k_block(x: &[f32; 256]) -> Option<BlockQ8K> {
         return Some(b);
     }
     let target = _mm256_set1_ps(amax);
-    let first = v.iter().enumerate().find_map(|(i, &r)| {
+    let mut first = None;
+    for (i, &r) in v.iter().enumerate() {
         let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(
             _mm256_and_ps(r, abs_mask),
             target,
         ));
-        (eq != 0).then(|| 8 * i + eq.trailing_zeros() as usize)
-    })?;
-    let iscale = -127.0 / x[first];
+        if eq != 0 {
+            first = Some(8 * i + eq.trailing_zeros() as usize);
+            break;
+        }
+    }
+    let iscale = -127.0 / x[first?];
     if !iscale.is_finite() {
         return None;
     }
     let sv = _mm256_set1_ps(iscale);
-    let q: [__m256i; 32] = v.map(|r| {
+    let mut q = [_mm256_setzero_si256(); 32];
+    for (q, &r) in q.iter_mut().zip(&v) {
         let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
             _mm256_mul_ps(sv, r),
         );
-        _mm256_cvtps_epi32(n)
-    });
+        *q = _mm256_cvtps_epi32(n);
+    }
     let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let bias = _mm256_set1_epi8(-128);
     for c in 0..8 {

@@ -450,9 +450,13 @@ fn block_quant_sums_are_exact() {
     blocks.push([-128; 32]);
     blocks.push([127; 32]);
     blocks.push(std::array::from_fn(|i| if i % 2 == 0 { -128 } else { 127 }));
-    for qs in &blocks {
-        let want: i32 = qs.iter().map(|&q| q as i32).sum();
-        assert_eq!(super::sum_quants(qs), want, "{qs:?}");
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2_f16c() {
+        for qs in &blocks {
+            let want: i32 = qs.iter().map(|&q| q as i32).sum();
+            // SAFETY: AVX2 was detected.
+            assert_eq!(unsafe { super::avx2::sum_quants(qs) }, want, "{qs:?}");
+        }
     }
 }
 
@@ -737,17 +741,32 @@ fn vector_activation_quantizer_matches_the_scalar_one() {
     }
     let mut vector = 0;
     for b in &blocks {
-        let (d, qs) = super::q8_block(b);
         let (dr, qr) = super::q8_block_ref(b);
-        assert!(
-            d.to_bits() == dr.to_bits() && qs == qr,
-            "{b:?}: {d} {qs:?} vs {dr} {qr:?}"
-        );
         #[cfg(target_arch = "x86_64")]
         if super::has_avx2_f16c() {
             // SAFETY: AVX2 and F16C were detected.
-            vector += usize::from(unsafe { super::avx2::q8_block(b) }.is_some());
+            if let Some((d, qs)) = unsafe { super::avx2::q8_block(b) } {
+                assert!(
+                    d.to_bits() == dr.to_bits() && qs == qr,
+                    "{b:?}: {d} {qs:?} vs {dr} {qr:?}"
+                );
+                vector += 1;
+            }
         }
+        // The row quantizers (the vector ones where they run) against the reference.
+        let d = f32_to_f16(dr);
+        let sum: i32 = qr.iter().map(|&q| q as i32).sum();
+        assert_eq!(
+            quantize_q8_0(b).unwrap(),
+            [BlockQ8_0 { d, qs: qr }],
+            "{b:?}"
+        );
+        let s = f32_to_f16(sum as f32 * dr);
+        assert_eq!(
+            quantize_q8_1(b).unwrap(),
+            [BlockQ8_1 { d, s, qs: qr }],
+            "{b:?}"
+        );
     }
     #[cfg(target_arch = "x86_64")]
     if super::has_avx2_f16c() {
