@@ -1404,29 +1404,36 @@ pub fn matmul_threads(
     };
     let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
     let chunks = rows.div_ceil(per);
-    let blocks: Vec<Mutex<Vec<f32>>> = (0..chunks).map(|_| Mutex::new(Vec::new())).collect();
+    // slots[c][t]: chunk c's rows of token t's output, which the chunk's job fills
+    // (in parallel, while its results are in the core's cache).
+    let mut slots: Vec<Vec<&mut [f32]>> = (0..chunks).map(|_| Vec::with_capacity(n)).collect();
+    for row in out.chunks_mut(rows) {
+        for (c, part) in row.chunks_mut(per).enumerate() {
+            slots[c].push(part);
+        }
+    }
+    let slots: Vec<Mutex<Vec<&mut [f32]>>> = slots.into_iter().map(Mutex::new).collect();
     let error = Mutex::new(None);
     pool.run_chunks(chunks, &|c| {
         let r = c * per..((c + 1) * per).min(rows);
-        let mut buf = vec![0f32; n * r.len()];
+        let m = r.len();
+        let mut buf = vec![0f32; n * m];
         let wc = &w[r.start * rb..r.end * rb];
+        // Cannot fail after `check_matvec` (so `out` is untouched on every error).
         match matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut buf) {
-            Ok(()) => *blocks[c].lock().unwrap_or_else(PoisonError::into_inner) = buf,
+            Ok(()) => {
+                let mut slot = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
+                for (o, b) in slot.iter_mut().zip(buf.chunks_exact(m)) {
+                    o.copy_from_slice(b);
+                }
+            }
             Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
         }
     });
-    if let Some(e) = error.into_inner().unwrap_or_else(PoisonError::into_inner) {
-        return Err(e);
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
     }
-    for (c, buf) in blocks.into_iter().enumerate() {
-        let buf = buf.into_inner().unwrap_or_else(PoisonError::into_inner);
-        let r = c * per..((c + 1) * per).min(rows);
-        let m = r.len();
-        for t in 0..n {
-            out[t * rows + r.start..t * rows + r.end].copy_from_slice(&buf[t * m..(t + 1) * m]);
-        }
-    }
-    Ok(())
 }
 
 /// The rows of `w` (each `rb` bytes) times every activation row, on the calling
