@@ -16,13 +16,14 @@
 //! The 512-bit kernels (chosen at run time when the CPU has AVX-512, off with
 //! `FAK_NO_AVX512=1`) keep the order too: a 512-bit register holds the eight lanes of
 //! two rows or of two tokens side by side, or (the quantized prefill tiles of
-//! `quant::transposed`) one lane of sixteen tokens, never sixteen lanes of one dot
-//! product.
+//! `quant::transposed` and, for the K-quants, `quant::transposed_k`) one lane of
+//! sixteen tokens, never sixteen lanes of one dot product.
 //!
-//! Element-wise functions keep torch's operation order per element; the one library
-//! function they call, `expf` (softmax, SiLU), is computed eight or sixteen at a time by
-//! [`exp::exp_in_place`] with exactly the bits of the platform's `f32::exp` (checked on
-//! all 2³² inputs), so vectorizing it changed no result.
+//! Element-wise functions keep torch's operation order per element; the two library
+//! functions they call are computed eight or sixteen at a time with exactly the bits of
+//! the platform's own (each checked on all 2³² inputs), so vectorizing them changed no
+//! result: `expf` (softmax, SiLU) by [`exp::exp_in_place`], and `tanhf` (Gemma's GELU)
+//! by [`tanh::tanh_in_place`] and [`tanh::gelu_tanh_mul_in_place`].
 //!
 //! Layout conventions: matrices are row-major `[rows, cols]` `f32` slices, as torch's
 //! `nn.Linear.weight` is `[out_features, in_features]`; activations are `[tokens, dim]`.

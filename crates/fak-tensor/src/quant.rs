@@ -1351,10 +1351,13 @@ fn chunked(
 /// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
 /// blocks are prepared once and every 16 tokens run as the token-transposed tiles
 /// (one register holds one canonical lane of 16 tokens), the rest as 4-token tiles.
-/// The K-quants (Q4_K, Q5_K, Q6_K) run several tokens at a time against each row, each
-/// super-block unpacked once for them: four with AVX2, eight where AVX-512VL gives 32
-/// vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`; each result the one-token
-/// kernel's bits). Without AVX2 every type runs [`matvec`] per token. Rows are split between the pool's
+/// The K-quants (Q4_K, Q5_K, Q6_K) run every 16 tokens as token-transposed tiles too
+/// with AVX-512 and AVX512-VNNI (`transposed_k`: `vpmaddubsw` and `vpdpwssd` form a
+/// lane's scaled integer sum for 16 tokens), and the rest several tokens at a time
+/// against each row, each super-block unpacked once for them: four with AVX2, eight
+/// where AVX-512VL gives 32 vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`;
+/// each result the one-token kernel's bits). Without AVX2 every type runs [`matvec`]
+/// per token. Rows are split between the pool's
 /// threads as in [`matvec_threads`].
 ///
 /// # Errors
