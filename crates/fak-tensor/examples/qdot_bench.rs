@@ -166,6 +166,7 @@ fn main() {
         (QType::Q8_0, 1536, 576),
         (QType::Q4_1, 49152, 576),
         (QType::Q8_0, 49152, 576),
+        (QType::Q8_0, 262144, 640),
     ] {
         let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
         let copies = STREAM_BYTES.div_ceil(bytes);

@@ -509,6 +509,13 @@ impl Block32 for Q5_0 {
     unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
         Self::unpack(wb)
     }
+    /// As [`Block32::unpack`], the fifth bits placed by one masked move.
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> __m256i {
+        let qh = u32::from_le_bytes([wb[2], wb[3], wb[4], wb[5]]);
+        let high = _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(wb[6..22].as_ptr()), high)
+    }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
         let aq = load32(a.qs.as_ptr() as *const u8);
@@ -547,6 +554,13 @@ impl Block32 for Q5_1 {
     #[inline(always)]
     unsafe fn unpack_vnni(wb: &[u8]) -> __m256i {
         Self::unpack(wb)
+    }
+    /// As [`Block32::unpack`], the fifth bits placed by one masked move.
+    #[inline(always)]
+    unsafe fn unpack_vnni512(wb: &[u8]) -> __m256i {
+        let qh = u32::from_le_bytes([wb[4], wb[5], wb[6], wb[7]]);
+        let high = _mm256_maskz_mov_epi8(qh, _mm256_set1_epi8(0x10));
+        _mm256_or_si256(nibbles(wb[8..24].as_ptr()), high)
     }
     #[inline(always)]
     unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
