@@ -1403,12 +1403,12 @@ pub fn matmul_threads(
     // The tokens' tile forms once for the whole product, not once per chunk.
     let tile = TileActs::new(ty, acts, TileIsa::Zmm);
     let Some(pool) = guard.as_deref_mut() else {
-        return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
+        let mut by_token: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
+        return matmul_rows(ty, w, rb, acts, tile.as_ref(), &mut by_token);
     };
     let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
     let chunks = rows.div_ceil(per);
-    // slots[c][t]: chunk c's rows of token t's output, which the chunk's job fills
-    // (in parallel, while its results are in the core's cache).
+    // slots[c][t]: chunk c's rows of token t's output, which the chunk's kernels write.
     let mut slots: Vec<Vec<&mut [f32]>> = (0..chunks).map(|_| Vec::with_capacity(n)).collect();
     for row in out.chunks_mut(rows) {
         for (c, part) in row.chunks_mut(per).enumerate() {
@@ -1419,18 +1419,11 @@ pub fn matmul_threads(
     let error = Mutex::new(None);
     pool.run_chunks(chunks, &|c| {
         let r = c * per..((c + 1) * per).min(rows);
-        let m = r.len();
-        let mut buf = vec![0f32; n * m];
         let wc = &w[r.start * rb..r.end * rb];
+        let mut slot = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
         // Cannot fail after `check_matvec` (so `out` is untouched on every error).
-        match matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut buf) {
-            Ok(()) => {
-                let mut slot = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
-                for (o, b) in slot.iter_mut().zip(buf.chunks_exact(m)) {
-                    o.copy_from_slice(b);
-                }
-            }
-            Err(e) => *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e),
+        if let Err(e) = matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut slot) {
+            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
         }
     });
     match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
@@ -1440,7 +1433,7 @@ pub fn matmul_threads(
 }
 
 /// The rows of `w` (each `rb` bytes) times every activation row, on the calling
-/// thread, into `out` laid out `[n, rows of w]`: through the AVX2 tiles with `tile`
+/// thread, into `out` (per activation row, one slice of `w`'s row count): through the AVX2 tiles with `tile`
 /// (the activation rows prepared by [`TileActs::new`] from these `acts`), else
 /// [`matvec`] per token. Shapes were checked by the caller.
 fn matmul_rows(
@@ -1449,17 +1442,17 @@ fn matmul_rows(
     rb: usize,
     acts: &[QuantizedActs],
     tile: Option<&TileActs<'_>>,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) -> Result<(), QuantError> {
     let m = w.len().checked_div(rb).unwrap_or(0);
     if let (Some(tile), true) = (tile, m > 0) {
         // SAFETY: `tile` holds `acts`, which the caller checked are `rb / ty.block_bytes()`
         // blocks each, of the kind `ty` pairs with (`TileActs::new` re-checked the kind
-        // and the type); `w.len() == m * rb` and `out.len() == acts.len() * m`.
+        // and the type); `w.len() == m * rb` and `out` holds `acts.len()` slices of `m`.
         unsafe { tile.run(w, rb, out) };
         return Ok(());
     }
-    for (a, o) in acts.iter().zip(out.chunks_exact_mut(m.max(1))) {
+    for (a, o) in acts.iter().zip(out.iter_mut()) {
         matvec_with(ty, w, a, &mut o[..m], true)?;
     }
     Ok(())
@@ -1489,7 +1482,9 @@ fn matmul_rows_isa(
     isa: TileIsa,
 ) -> Result<(), QuantError> {
     let tile = TileActs::new(ty, acts, isa);
-    matmul_rows(ty, w, rb, acts, tile.as_ref(), out)
+    let m = w.len() / rb;
+    let mut by_token: Vec<&mut [f32]> = out.chunks_mut(m).collect();
+    matmul_rows(ty, w, rb, acts, tile.as_ref(), &mut by_token)
 }
 
 /// Which lane sums the multi-token tiles compute (all give the same bits).
@@ -1661,12 +1656,12 @@ impl<'a> TileActs<'a> {
         None
     }
 
-    /// `out[t * m + r] = dot(row r of w, token t)` through the tiles.
+    /// `out[t][r] = dot(row r of w, token t)` through the tiles.
     ///
     /// # Safety
     /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
-    /// multiple of `rb`; `out.len() == tokens * w.len() / rb`.
-    unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [f32]) {
+    /// multiple of `rb`; `out` holds one slice of `w.len() / rb` outputs per token.
+    unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [&mut [f32]]) {
         // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
         // (and AVX-VNNI when it holds the VNNI form, AVX-512BW and AVX-512VL too when
         // `wide`, AVX-512F/DQ and AVX512-VNNI too when `zmm`); the shapes are this
@@ -1687,7 +1682,6 @@ impl<'a> TileActs<'a> {
             TileActs::Q8_0(t) => tiles_any(w, rb, t, out),
             #[cfg(target_arch = "x86_64")]
             TileActs::K(t) => {
-                let m = w.len() / rb;
                 let t0 = match &t.tt {
                     Some(tt) => {
                         transposed_k::tiles(w, rb, t.kind, tt, out);
@@ -1695,7 +1689,7 @@ impl<'a> TileActs<'a> {
                     }
                     None => 0,
                 };
-                let (rest, out) = (&t.a[t0..], &mut out[t0 * m..]);
+                let (rest, out) = (&t.a[t0..], &mut out[t0..]);
                 if rest.is_empty() {
                 } else if t.wide {
                     avx2::k_tokens_wide(w, rb, rest, t.kind, out);
@@ -1719,7 +1713,7 @@ unsafe fn tiles_transposed<K: avx2::Block32>(
     w: &[u8],
     rb: usize,
     p: &Tiled<'_, K>,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) -> usize
 where
     K::Act: avx2::ActBlock,
@@ -1739,7 +1733,7 @@ where
 /// # Safety
 /// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn tiles_any<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [f32])
+unsafe fn tiles_any<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [&mut [f32]])
 where
     K::Act: avx2::ActBlock,
 {
@@ -1766,7 +1760,7 @@ unsafe fn tiles<K: avx2::Block32>(
     w: &[u8],
     rb: usize,
     p: &Tiled<'_, K>,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
     t0: usize,
 ) {
     let (a, sc) = (&p.a, &p.sc);
@@ -1794,7 +1788,7 @@ unsafe fn tiles<K: avx2::Block32>(
                         avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);
                     }
                     for (j, oj) in o.iter().enumerate() {
-                        out[(t + j) * m + r..(t + j) * m + r + $r].copy_from_slice(oj);
+                        out[t + j][r..r + $r].copy_from_slice(oj);
                     }
                 }};
             }
@@ -1822,7 +1816,7 @@ unsafe fn tiles_512<K: avx2::Tile512>(
     w: &[u8],
     rb: usize,
     p: &Tiled<'_, K>,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
     t0: usize,
 ) where
     K::Act: avx2::ActBlock,
@@ -1850,7 +1844,7 @@ unsafe fn tiles_512<K: avx2::Tile512>(
                     for (p, op) in o.iter().enumerate() {
                         for (h, oh) in op.iter().enumerate() {
                             let tj = t + 2 * p + h;
-                            out[tj * m + r..tj * m + r + $r].copy_from_slice(oh);
+                            out[tj][r..r + $r].copy_from_slice(oh);
                         }
                     }
                 }};

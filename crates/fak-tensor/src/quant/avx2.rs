@@ -1307,20 +1307,20 @@ pub(super) unsafe fn unpack_q6_k(wb: &[u8]) -> [__m256i; 8] {
 }
 
 /// A K-quant product of `rows` weight rows (`rb` bytes each, of the type `kind`) with
-/// `acts.len()` tokens, into `out` laid out `[tokens, rows]`: four tokens at a time
-/// against every row ([`dot_k45_tokens`], [`dot_q6_k_tokens`]), the rest one by one;
-/// each result the bits of the one-token dot.
+/// `acts.len()` tokens, into `out[t][r]` (one slice of `rows` per token): four tokens
+/// at a time against every row ([`dot_k45_tokens`], [`dot_q6_k_tokens`]), the rest one
+/// by one; each result the bits of the one-token dot.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() == rows * rb`, every `acts[t]` of `rb / bytes` blocks,
-/// `out.len() == acts.len() * rows`.
+/// `out` holds at least `acts.len()` slices of at least `rows` outputs.
 #[target_feature(enable = "avx2,f16c")]
 pub(super) unsafe fn k_tokens(
     w: &[u8],
     rb: usize,
     acts: &[&[BlockQ8K]],
     kind: KQuant,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
     k_tokens_by::<4>(w, rb, acts, kind, out)
 }
@@ -1336,7 +1336,7 @@ pub(super) unsafe fn k_tokens_wide(
     rb: usize,
     acts: &[&[BlockQ8K]],
     kind: KQuant,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
     k_tokens_by::<8>(w, rb, acts, kind, out)
 }
@@ -1349,9 +1349,8 @@ unsafe fn k_tokens_by<const B: usize>(
     rb: usize,
     acts: &[&[BlockQ8K]],
     kind: KQuant,
-    out: &mut [f32],
+    out: &mut [&mut [f32]],
 ) {
-    let rows = w.len() / rb;
     let mut t = 0;
     while t < acts.len() {
         let take = (acts.len() - t).min(B);
@@ -1367,12 +1366,12 @@ unsafe fn k_tokens_by<const B: usize>(
                     } => dot_k45_tokens::<B>(wr, ab, bytes, qs_at, qh_at),
                 };
                 for (i, v) in res.into_iter().enumerate() {
-                    out[(t + i) * rows + r] = v;
+                    out[t + i][r] = v;
                 }
             } else {
                 for i in 0..take {
                     let [v] = k_tokens_one(wr, acts[t + i], kind);
-                    out[(t + i) * rows + r] = v;
+                    out[t + i][r] = v;
                 }
             }
         }

@@ -326,14 +326,15 @@ fn threaded_matvec_is_bit_identical_for_any_thread_count() {
 
 #[test]
 fn multi_token_matmul_is_matvec_per_token_bitwise() {
-    // Every type, token counts that exercise the 2-token tiles and the odd edge, rows
-    // that leave a 4-row remainder, 1 to 3 threads, big enough to really split.
+    // Every type, token counts that exercise the 2-token tiles, the odd edge and the
+    // token-transposed tiles (16 and 32 tokens, and the tokens after them), rows that
+    // leave a 4-row remainder, 1 to 3 threads, big enough to really split.
     let mut r = Rng(41);
     for ty in QType::ALL {
         let nb = 2048 / ty.block_elems();
         let rows = 39;
         let w = weights(&mut r, ty, rows * nb, false);
-        for n in [1usize, 2, 3, 5] {
+        for n in [1usize, 2, 3, 5, 17, 35] {
             let acts: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
             let mut want = vec![0f32; n * rows];
             for (a, o) in acts.iter().zip(want.chunks_exact_mut(rows)) {
@@ -391,14 +392,16 @@ fn k_quant_token_blocks_are_the_one_token_dot_bitwise() {
                 })
                 .collect();
             let mut got = vec![f32::NAN; n * rows];
+            let mut by_token: Vec<&mut [f32]> = got.chunks_mut(rows).collect();
             // SAFETY: AVX2 and F16C were detected; the shapes match.
-            unsafe { avx2::k_tokens(&w, rb, &blocks, kind, &mut got) };
+            unsafe { avx2::k_tokens(&w, rb, &blocks, kind, &mut by_token) };
             let same = |g: &[f32]| g.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same(&got), "{ty}, {n} tokens, 4 at a time");
             if has_avx512_bw_vl() {
                 got.fill(f32::NAN);
+                let mut by_token: Vec<&mut [f32]> = got.chunks_mut(rows).collect();
                 // SAFETY: as above, and AVX-512F/BW/VL were detected.
-                unsafe { avx2::k_tokens_wide(&w, rb, &blocks, kind, &mut got) };
+                unsafe { avx2::k_tokens_wide(&w, rb, &blocks, kind, &mut by_token) };
                 assert!(same(&got), "{ty}, {n} tokens, 8 at a time");
             }
         }

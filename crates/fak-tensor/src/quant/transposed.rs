@@ -200,16 +200,16 @@ unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
     }
 }
 
-/// `out[t * m + r] = dot(row r of w, token t)` for the `m = w.len() / rb` rows of `K`
-/// blocks in `w` and the first [`Acts::tokens`] tokens (`out`'s rows of later tokens
+/// `out[t][r] = dot(row r of w, token t)` for the `m = w.len() / rb` rows of `K`
+/// blocks in `w` and the first [`Acts::tokens`] tokens (`out`'s slices of later tokens
 /// are untouched).
 ///
 /// # Safety
 /// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI; `acts` was made by
 /// [`Acts::new`] for `K`; `rb == K::BYTES * acts.nb`, `w.len()` a multiple of `rb`,
-/// `out.len() >= acts.tokens() * m`.
+/// `out` holds at least [`Acts::tokens`] slices of at least `m` outputs.
 #[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &mut [f32]) {
+pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &mut [&mut [f32]]) {
     let nb = acts.nb;
     debug_assert!(rb == K::BYTES * nb && w.len().is_multiple_of(rb));
     let m = w.len() / rb;
@@ -228,7 +228,7 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
                     }
                     for (j, orow) in o.iter().enumerate() {
                         for (t, &v) in orow.iter().enumerate() {
-                            out[(g * TOKENS + t) * m + r + j] = v;
+                            out[g * TOKENS + t][r + j] = v;
                         }
                     }
                     $r

@@ -262,15 +262,16 @@ unsafe fn rows_tokens<const R: usize, const MIN: bool>(
     }
 }
 
-/// `out[t * m + r] = dot(row r of w, token t)` for the `m = w.len() / rb` rows of
-/// `kind` super-blocks in `w` and the first [`Acts::tokens`] tokens (`out`'s rows of
-/// later tokens are untouched).
+/// `out[t][r] = dot(row r of w, token t)` for the `m = w.len() / rb` rows of `kind`
+/// super-blocks in `w` and the first [`Acts::tokens`] tokens (`out`'s slices of later
+/// tokens are untouched).
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI; `rb` is `acts.nb` super-blocks of
-/// `kind`, `w.len()` a multiple of `rb`, `out.len() >= acts.tokens() * m`.
+/// `kind`, `w.len()` a multiple of `rb`, `out` holds at least [`Acts::tokens`] slices
+/// of at least `m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: &mut [f32]) {
+pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: &mut [&mut [f32]]) {
     let nb = acts.nb;
     debug_assert!(nb > 0 && rb.is_multiple_of(nb) && w.len().is_multiple_of(rb));
     let m = w.len() / rb;
@@ -290,7 +291,7 @@ pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: 
                     }
                     for (j, orow) in o.iter().enumerate() {
                         for (t, &v) in orow.iter().enumerate() {
-                            out[(g * TOKENS + t) * m + r + j] = v;
+                            out[g * TOKENS + t][r + j] = v;
                         }
                     }
                     $r
