@@ -1444,8 +1444,10 @@ fn matmul_rows(
     tile: Option<&TileActs<'_>>,
     out: &mut [&mut [f32]],
 ) -> Result<(), QuantError> {
-    let m = w.len().checked_div(rb).unwrap_or(0);
-    if let (Some(tile), true) = (tile, m > 0) {
+    // The row count from the output: with zero-length rows (`rb == 0`) every output is
+    // the empty sum, which `matvec` writes.
+    let m = out.first().map_or(0, |o| o.len());
+    if let (Some(tile), true) = (tile, m > 0 && rb > 0) {
         // SAFETY: `tile` holds `acts`, which the caller checked are `rb / ty.block_bytes()`
         // blocks each, of the kind `ty` pairs with (`TileActs::new` re-checked the kind
         // and the type); `w.len() == m * rb` and `out` holds `acts.len()` slices of `m`.

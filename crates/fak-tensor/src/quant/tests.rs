@@ -351,6 +351,23 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
             }
         }
     }
+    // Rows of zero blocks: every output is the empty sum, +0.0, as `matvec_ref` gives
+    // (the multi-token product used to leave `out` unwritten).
+    for ty in QType::ALL {
+        for n in [1usize, 3, 17] {
+            let xs: Vec<QuantizedActs> = (0..n)
+                .map(|_| quantize_activation(ty, &[]).unwrap())
+                .collect();
+            let mut want = vec![f32::NAN; 3];
+            matvec_ref(ty, &[], &xs[0], &mut want).unwrap();
+            assert!(want.iter().all(|v| v.to_bits() == 0), "{ty}: {want:?}");
+            for th in [1usize, 2] {
+                let mut got = vec![f32::NAN; 3 * n];
+                matmul_threads(ty, &[], &xs, &mut got, crate::Threads::new(th)).unwrap();
+                assert!(got.iter().all(|v| v.to_bits() == 0), "{ty}, {n}: {got:?}");
+            }
+        }
+    }
     // Bad shapes are errors, not panics.
     let a = acts(&mut r, QType::Q4_1, 2, false);
     let b = acts(&mut r, QType::Q4_1, 1, false);
