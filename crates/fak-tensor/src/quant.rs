@@ -1411,10 +1411,8 @@ pub fn matmul_threads(
     let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
     let chunks = rows.div_ceil(per);
     // slots[c][t]: chunk c's rows of token t's output. The chunk's kernels write a
-    // buffer of its own, `[n, m]`, copied into them after: the token-transposed tiles
-    // write 16 tokens' rows at a time, and straight into the output those are `rows`
-    // apart, a power of two for many models (Gemma 3's 2,048: 8 KB), so 16 lines in
-    // one L1 set (Gemma 3's 2-thread prefill was 12% slower that way).
+    // buffer of its own, `[n, m]`, copied into them after (written straight into the
+    // output, Gemma 3's 2-thread prefill was 12% slower; the cause is not pinned down).
     let mut slots: Vec<Vec<&mut [f32]>> = (0..chunks).map(|_| Vec::with_capacity(n)).collect();
     for row in out.chunks_mut(rows) {
         for (c, part) in row.chunks_mut(per).enumerate() {
