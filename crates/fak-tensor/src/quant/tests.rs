@@ -794,6 +794,49 @@ fn vector_activation_quantizer_matches_the_scalar_one() {
     }
 }
 
+/// Every non-NaN `f32` through `f32_to_f16` against the F16C instruction (`vcvtps2ph`,
+/// round to nearest even), the rounding the software conversion states it follows. On
+/// two threads.
+#[cfg(target_arch = "x86_64")]
+#[test]
+fn f16c_rounds_as_f32_to_f16() {
+    use std::arch::x86_64::*;
+    if !has_avx2_f16c() {
+        return;
+    }
+    /// # Safety
+    /// F16C.
+    #[target_feature(enable = "f16c")]
+    unsafe fn f2h(x: f32) -> u16 {
+        _mm_extract_epi16::<0>(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(x))) as u16
+    }
+    let halves: [(u64, u64); 2] = [(0, 1 << 31), (1 << 31, 1 << 32)];
+    let bad: Vec<Option<u32>> = std::thread::scope(|s| {
+        let hs: Vec<_> = halves
+            .iter()
+            .map(|&(lo, hi)| {
+                s.spawn(move || {
+                    (lo..hi).map(|b| b as u32).find(|&b| {
+                        let x = f32::from_bits(b);
+                        // SAFETY: AVX2 and F16C were detected.
+                        !x.is_nan() && f32_to_f16(x) != unsafe { f2h(x) }
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    if let Some(b) = bad.into_iter().flatten().next() {
+        let x = f32::from_bits(b);
+        // SAFETY: as above.
+        let hw = unsafe { f2h(x) };
+        panic!(
+            "{x:e} ({b:#010x}): f32_to_f16 {:#06x}, vcvtps2ph {hw:#06x}",
+            f32_to_f16(x)
+        );
+    }
+}
+
 #[test]
 fn vector_q8_k_quantizer_matches_the_scalar_one() {
     // Random blocks of several magnitudes; blocks whose largest element is −127 (so
