@@ -376,39 +376,13 @@ mod tests {
     /// platform's `f32::exp` (the oracle), on two threads.
     #[test]
     fn exp_matches_libm_for_every_f32() {
-        let halves: Vec<(u64, u64)> = vec![(0, 1 << 31), (1 << 31, 1 << 32)];
-        let bad: Vec<Option<(&str, u32)>> = std::thread::scope(|s| {
-            let hs: Vec<_> = halves
-                .iter()
-                .map(|&(lo, hi)| {
-                    s.spawn(move || {
-                        let mut buf = vec![0f32; 1 << 16];
-                        let mut want = vec![0f32; 1 << 16];
-                        let mut b = lo;
-                        while b < hi {
-                            for (i, w) in want.iter_mut().enumerate() {
-                                *w = f32::from_bits((b + i as u64) as u32).exp();
-                            }
-                            for (name, exp, _) in kernels().into_iter().skip(1) {
-                                for (i, v) in buf.iter_mut().enumerate() {
-                                    *v = f32::from_bits((b + i as u64) as u32);
-                                }
-                                exp(&mut buf);
-                                for (i, (v, w)) in buf.iter().zip(&want).enumerate() {
-                                    if !(same(*v, *w) || v.is_nan() && w.is_nan()) {
-                                        return Some((name, (b + i as u64) as u32));
-                                    }
-                                }
-                            }
-                            b += buf.len() as u64;
-                        }
-                        None
-                    })
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        if let Some((name, b)) = bad.into_iter().flatten().next() {
+        let vector: Vec<crate::test_util::NamedKernel> = kernels()
+            .into_iter()
+            .skip(1)
+            .map(|(n, e, _)| (n, e))
+            .collect();
+        let bad = crate::test_util::first_mismatch_over_every_f32(&vector, f32::exp);
+        if let Some((name, b)) = bad {
             let x = f32::from_bits(b);
             panic!(
                 "{name}: exp({x:e}) (bits {b:#010x}) differs from f32::exp's {:e}",

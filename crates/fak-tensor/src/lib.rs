@@ -42,3 +42,55 @@ pub use ops::{
     add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place,
     softmax_rows_in_place, weighted_rows_accumulate, weighted_rows_sum, RopeTable,
 };
+
+/// Test helpers shared by the modules' tests.
+#[cfg(test)]
+pub(crate) mod test_util {
+    /// A kernel applied in place, with its name.
+    pub(crate) type NamedKernel = (&'static str, fn(&mut [f32]));
+
+    /// The first of the 2³² `f32` bit patterns on which one of `kernels` (each applied
+    /// in place to 65,536 consecutive patterns) differs from `oracle` (a NaN matching
+    /// any NaN), with the kernel's name; on two threads, one per half of the patterns.
+    pub(crate) fn first_mismatch_over_every_f32(
+        kernels: &[NamedKernel],
+        oracle: fn(f32) -> f32,
+    ) -> Option<(&'static str, u32)> {
+        let halves: [(u64, u64); 2] = [(0, 1 << 31), (1 << 31, 1 << 32)];
+        std::thread::scope(|s| {
+            let hs: Vec<_> = halves
+                .iter()
+                .map(|&(lo, hi)| {
+                    s.spawn(move || {
+                        let mut buf = vec![0f32; 1 << 16];
+                        let mut want = vec![0f32; 1 << 16];
+                        let mut b = lo;
+                        while b < hi {
+                            for (i, w) in want.iter_mut().enumerate() {
+                                *w = oracle(f32::from_bits((b + i as u64) as u32));
+                            }
+                            for &(name, kernel) in kernels {
+                                for (i, v) in buf.iter_mut().enumerate() {
+                                    *v = f32::from_bits((b + i as u64) as u32);
+                                }
+                                kernel(&mut buf);
+                                for (i, (v, w)) in buf.iter().zip(&want).enumerate() {
+                                    let same =
+                                        v.to_bits() == w.to_bits() || v.is_nan() && w.is_nan();
+                                    if !same {
+                                        return Some((name, (b + i as u64) as u32));
+                                    }
+                                }
+                            }
+                            b += buf.len() as u64;
+                        }
+                        None
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .filter_map(|h| h.join().expect("a checking thread"))
+                .next()
+        })
+    }
+}

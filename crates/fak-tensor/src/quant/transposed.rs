@@ -37,7 +37,7 @@ pub(super) const TOKENS: usize = 16;
 
 /// Rows per tile: the sixteen accumulators of two rows and the activation register fit
 /// the 32 vector registers.
-const ROWS: usize = 2;
+pub(super) const ROWS: usize = 2;
 
 /// One weight block prepared for the tile: the 32 quants as signed bytes, offset
 /// removed, in canonical lane order ([`Block32::signed_quants`]; lane `m`'s four bytes
@@ -184,19 +184,48 @@ unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
         }
     }
     for r in 0..R {
-        let l = &acc[r];
-        let s = [
-            _mm512_add_ps(l[0], l[4]),
-            _mm512_add_ps(l[1], l[5]),
-            _mm512_add_ps(l[2], l[6]),
-            _mm512_add_ps(l[3], l[7]),
-        ];
-        let t = [_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])];
-        let mut v = _mm512_add_ps(t[0], t[1]);
+        let mut v = tree(acc[r]);
         if HAS_MIN {
             v = _mm512_add_ps(v, summ[r]);
         }
         _mm512_storeu_ps(out[r].as_mut_ptr(), v);
+    }
+}
+
+/// The canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` of eight lane
+/// registers, for sixteen tokens at once.
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(super) fn tree(l: [__m512; 8]) -> __m512 {
+    let s = [
+        _mm512_add_ps(l[0], l[4]),
+        _mm512_add_ps(l[1], l[5]),
+        _mm512_add_ps(l[2], l[6]),
+        _mm512_add_ps(l[3], l[7]),
+    ];
+    _mm512_add_ps(_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3]))
+}
+
+/// Every row tile of one 16-token group over `m` rows: `run(r, o)` fills `o` (`ROWS`
+/// rows, or one at the end) with rows `r..` times the group's tokens, `o[j][t]`, which
+/// goes to `out[t][r + j]`.
+#[inline(always)]
+pub(super) fn each_row_tile(
+    m: usize,
+    out: &mut [&mut [f32]],
+    mut run: impl FnMut(usize, &mut [[f32; TOKENS]]),
+) {
+    let mut r = 0;
+    while r < m {
+        let take = if m - r >= ROWS { ROWS } else { 1 };
+        let mut o = [[0f32; TOKENS]; ROWS];
+        run(r, &mut o[..take]);
+        for (j, orow) in o[..take].iter().enumerate() {
+            for (t, &v) in orow.iter().enumerate() {
+                out[t][r + j] = v;
+            }
+        }
+        r += take;
     }
 }
 
@@ -216,25 +245,20 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
     let wp = prepare::<K>(w);
     for g in 0..acts.groups {
         let ga = &acts.blocks[g * nb..(g + 1) * nb];
-        let mut r = 0;
-        while r < m {
-            macro_rules! tile {
-                ($r:expr) => {{
-                    let mut o = [[0f32; TOKENS]; $r];
-                    if K::HAS_MIN {
-                        rows_tokens::<$r, true>(&wp[r * nb..], nb, ga, &mut o);
-                    } else {
-                        rows_tokens::<$r, false>(&wp[r * nb..], nb, ga, &mut o);
-                    }
-                    for (j, orow) in o.iter().enumerate() {
-                        for (t, &v) in orow.iter().enumerate() {
-                            out[g * TOKENS + t][r + j] = v;
-                        }
-                    }
-                    $r
-                }};
+        each_row_tile(m, &mut out[g * TOKENS..], |r, o| {
+            let wr = &wp[r * nb..];
+            // SAFETY (both): this function's features; `wr` holds the tile's rows.
+            if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
+                match K::HAS_MIN {
+                    true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
+                }
+            } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
+                match K::HAS_MIN {
+                    true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
+                }
             }
-            r += if m - r >= ROWS { tile!(ROWS) } else { tile!(1) };
-        }
+        });
     }
 }

@@ -35,15 +35,9 @@
 //! bsum_{2g+1}`, exact for any `bsums` (`|M| ≤ 8 · 63 · 2 · 32768 < 2^25`).
 
 use super::avx2::{unpack_k45, unpack_q6_k, KQuant};
+use super::transposed::{each_row_tile, tree, ROWS, TOKENS};
 use super::{k4_scale_min, BlockQ8K};
 use std::arch::x86_64::*;
-
-/// Tokens per tile: the `i32` lanes of a 512-bit register.
-const TOKENS: usize = 16;
-
-/// Rows per tile: two rows' sixteen lane accumulators, their minimum sums and the
-/// activation register fit the 32 vector registers.
-const ROWS: usize = 2;
 
 /// One weight super-block prepared for the tile.
 #[repr(C, align(64))]
@@ -246,15 +240,7 @@ unsafe fn rows_tokens<const R: usize, const MIN: bool>(
         }
     }
     for r in 0..R {
-        let l: [__m512; 8] = std::array::from_fn(|m| acc[m][r]);
-        let s = [
-            _mm512_add_ps(l[0], l[4]),
-            _mm512_add_ps(l[1], l[5]),
-            _mm512_add_ps(l[2], l[6]),
-            _mm512_add_ps(l[3], l[7]),
-        ];
-        let t = [_mm512_add_ps(s[0], s[2]), _mm512_add_ps(s[1], s[3])];
-        let mut v = _mm512_add_ps(t[0], t[1]);
+        let mut v = tree(std::array::from_fn(|m| acc[m][r]));
         if MIN {
             v = _mm512_sub_ps(v, summ[r]);
         }
@@ -279,25 +265,20 @@ pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: 
     let min = matches!(kind, KQuant::Q45 { .. });
     for g in 0..acts.groups {
         let ga = &acts.blocks[g * nb..(g + 1) * nb];
-        let mut r = 0;
-        while r < m {
-            macro_rules! tile {
-                ($r:expr) => {{
-                    let mut o = [[0f32; TOKENS]; $r];
-                    if min {
-                        rows_tokens::<$r, true>(&wp[r * nb..], nb, ga, &mut o);
-                    } else {
-                        rows_tokens::<$r, false>(&wp[r * nb..], nb, ga, &mut o);
-                    }
-                    for (j, orow) in o.iter().enumerate() {
-                        for (t, &v) in orow.iter().enumerate() {
-                            out[g * TOKENS + t][r + j] = v;
-                        }
-                    }
-                    $r
-                }};
+        each_row_tile(m, &mut out[g * TOKENS..], |r, o| {
+            let wr = &wp[r * nb..];
+            // SAFETY (both): this function's features; `wr` holds the tile's rows.
+            if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
+                match min {
+                    true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
+                }
+            } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
+                match min {
+                    true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
+                }
             }
-            r += if m - r >= ROWS { tile!(ROWS) } else { tile!(1) };
-        }
+        });
     }
 }
