@@ -1357,8 +1357,7 @@ fn chunked(
 /// against each row, each super-block unpacked once for them: four with AVX2, eight
 /// where AVX-512VL gives 32 vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`;
 /// each result the one-token kernel's bits). Without AVX2 every type runs [`matvec`]
-/// per token. Rows are split between the pool's
-/// threads as in [`matvec_threads`].
+/// per token. Rows are split between the pool's threads as in [`matvec_threads`].
 ///
 /// # Errors
 /// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]
@@ -1529,9 +1528,10 @@ impl TileIsa {
     }
 }
 
-/// A multi-token product's activation rows in the forms the AVX2 tiles of a
-/// 32-element type read (scales widened, and the AVX-VNNI form when used), prepared
-/// once per product rather than once per chunk of rows.
+/// A multi-token product's activation rows in the forms the tiles of its weight type
+/// read (for the 32-element types scales widened and the AVX-VNNI form when used; the
+/// token-transposed forms with AVX-512), prepared once per product rather than once
+/// per chunk of rows.
 enum TileActs<'a> {
     #[cfg(target_arch = "x86_64")]
     Q4_0(Tiled<'a, avx2::Q4_0>),
@@ -1614,8 +1614,8 @@ struct KTiled<'a> {
 }
 
 impl<'a> TileActs<'a> {
-    /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, a
-    /// type other than the 32-element ones, or activations of another kind).
+    /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, or
+    /// activations of another kind than `ty` pairs with).
     fn new(ty: QType, acts: &'a [QuantizedActs], isa: TileIsa) -> Option<Self> {
         #[cfg(target_arch = "x86_64")]
         if has_avx2_f16c() {
@@ -1704,8 +1704,7 @@ impl<'a> TileActs<'a> {
                     None => 0,
                 };
                 let (rest, out) = (&t.a[t0..], &mut out[t0..]);
-                if rest.is_empty() {
-                } else if t.wide {
+                if t.wide {
                     avx2::k_tokens_wide(w, rb, rest, t.kind, out);
                 } else {
                     avx2::k_tokens(w, rb, rest, t.kind, out);
