@@ -36,7 +36,7 @@
 
 use super::avx2::{unpack_k45, unpack_q6_k, KQuant};
 use super::transposed::{each_row_tile, tree, ROWS, TOKENS};
-use super::{k4_scale_min, BlockQ8K};
+use super::{f16_at, k4_scale_min, BlockQ8K};
 use std::arch::x86_64::*;
 
 /// One weight super-block prepared for the tile.
@@ -151,8 +151,8 @@ unsafe fn prepare(w: &[u8], kind: KQuant) -> Vec<WBlock> {
                     blk.sc[2 * g + 1] = pair(sc[g] as i16);
                     blk.mn[g] = pair(mn[g] as i16);
                 }
-                blk.d = f16(wb, 0);
-                blk.dmin = f16(wb, 2);
+                blk.d = f16_at(wb, 0);
+                blk.dmin = f16_at(wb, 2);
                 let q = unpack_k45(wb, qs_at, qh_at);
                 (q, std::array::from_fn(|g| _mm256_set1_epi16(sc[g] as i16)))
             }
@@ -161,7 +161,7 @@ unsafe fn prepare(w: &[u8], kind: KQuant) -> Vec<WBlock> {
                 for j in 0..16 {
                     blk.sc[j] = pair(s(j));
                 }
-                blk.d = f16(wb, 208);
+                blk.d = f16_at(wb, 208);
                 let thirty_two = _mm256_set1_epi8(32);
                 let q = unpack_q6_k(wb).map(|v| _mm256_sub_epi8(v, thirty_two));
                 let scales = std::array::from_fn(|c| {
@@ -183,11 +183,6 @@ unsafe fn prepare(w: &[u8], kind: KQuant) -> Vec<WBlock> {
         out.push(blk);
     }
     out
-}
-
-/// The little-endian f16 at `wb[at..at + 2]`, widened exactly.
-fn f16(wb: &[u8], at: usize) -> f32 {
-    super::f16_to_f32(u16::from_le_bytes([wb[at], wb[at + 1]]))
 }
 
 /// `R` rows (`wp[r * nb..(r + 1) * nb]`) times the sixteen tokens of `ga` (`nb`
