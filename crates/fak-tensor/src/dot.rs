@@ -149,6 +149,25 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
     }
 }
 
+/// Asks for rows `r` of `rows` (`len` elements each at `stride`) to be brought into the
+/// cache ahead of their use. A prefetch never faults, so rows past the end of `rows`
+/// are harmless; the addresses are formed with wrapping arithmetic and never read.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn prefetch_rows(rows: &[f32], stride: usize, len: usize, r: std::ops::Range<usize>) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    for row in r {
+        let at = rows.as_ptr().wrapping_add(row * stride) as *const i8;
+        let mut b = 0;
+        while b < 4 * len {
+            // SAFETY: `prefetcht0` is SSE (every x86_64 CPU) and never faults or reads
+            // into the program, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(b)) };
+            b += 64;
+        }
+    }
+}
+
 /// [`dot_strided`] for `Q` queries against the same rows:
 /// `out[q][j] = dot(&rows[j * stride..j * stride + len], x[q])`, each bit-identical to
 /// [`dot`]. With AVX-512 a register holds two rows' lanes and every row pair is loaded
@@ -182,6 +201,12 @@ pub fn dot_strided_multi<const Q: usize>(
         let mut j = 0;
         while j + 8 <= n {
             let mut o = [[0f32; 8]; Q];
+            prefetch_rows(
+                rows,
+                stride,
+                len,
+                j + crate::ops::PREFETCH_ROWS..j + crate::ops::PREFETCH_ROWS + 8,
+            );
             // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows j..j+8 lie inside
             // `rows` (checked above).
             unsafe { avx2::dot_rows_strided_512::<4, Q>(&rows[j * stride..], stride, x, &mut o) };

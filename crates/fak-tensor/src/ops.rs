@@ -263,6 +263,15 @@ pub fn weighted_rows_accumulate<const Q: usize>(
 ///
 /// # Safety
 /// AVX-512F; `c + 16 K <= out[q].len()`, and the bounds of [`weighted_rows_accumulate`].
+/// How many rows ahead the decode attention kernels ([`weighted_rows_accumulate`]'s
+/// and [`crate::dot_strided_multi`]'s 512-bit loops) prefetch the K and V rows they
+/// are about to read: a row of one KV head is a few cache lines in every `kv_dim`-wide
+/// cache entry, a strided pattern the hardware prefetchers follow only part of the way.
+/// SmolLM2-135M Q4_1 decode, alternating runs: 1,536-token prompt, 1 thread 123.9
+/// against 116.0 tokens/s (medians of 5); 512-token prompt, 1 thread 181.3 against
+/// 176.4 and 2 threads 254.6 against 251.5 (medians of 6). Twelve rows ahead was level.
+pub(crate) const PREFETCH_ROWS: usize = 32;
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
@@ -282,6 +291,11 @@ unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
     }
     for j in 0..p[0].len() {
         let base = rp.add(j * stride);
+        // A prefetch never faults: rows past the end are harmless.
+        let ahead = base.wrapping_add(PREFETCH_ROWS * stride) as *const i8;
+        for r in 0..K {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * r));
+        }
         let v: [__m512; K] = std::array::from_fn(|r| _mm512_loadu_ps(base.add(16 * r)));
         for (aq, pq) in acc.iter_mut().zip(&p) {
             let pv = _mm512_set1_ps(*pq.get_unchecked(j));
