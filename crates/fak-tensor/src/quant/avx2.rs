@@ -784,13 +784,58 @@ pub(super) trait Tile512: Block32<VW = __m256i> {
     /// # Safety
     /// AVX2 and AVX-VNNI (the caller has them enabled).
     unsafe fn vbase(a: &Self::VAct) -> __m256i;
+    /// Two weight blocks' [`Block32::unpack_vnni512`] side by side, `wa`'s in the low
+    /// half: the same bytes, with fewer instructions where the format allows.
+    ///
+    /// # Safety
+    /// AVX2, F16C, AVX-VNNI, AVX-512F/BW/VL (the caller has them enabled); `wa` and
+    /// `wb` are whole weight blocks.
+    #[inline(always)]
+    unsafe fn unpack_pair512(wa: &[u8], wb: &[u8]) -> __m512i {
+        _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(Self::unpack_vnni512(wa)),
+            Self::unpack_vnni512(wb),
+        )
+    }
+}
+
+/// [`nibbles`] of two 16-byte `qs` side by side (`qa`'s in the low half): each loaded
+/// into both 128-bit lanes of its half, the upper lane of each shifted right by 4 bits
+/// (per 16-bit word, as [`nibbles`] does), then masked to the low nibble.
+///
+/// # Safety
+/// AVX-512F/BW; `qa` and `qb` valid for reading 16 bytes.
+#[target_feature(enable = "avx2,avx512f,avx512bw")]
+#[inline]
+unsafe fn nibbles_pair512(qa: *const u8, qb: *const u8) -> __m512i {
+    let a = _mm256_broadcastsi128_si256(_mm_loadu_si128(qa as *const __m128i));
+    let b = _mm256_broadcastsi128_si256(_mm_loadu_si128(qb as *const __m128i));
+    let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b);
+    // 4 in the 16-bit words of lanes 1 and 3 (words 8..16 and 24..32), else 0.
+    let shifts = _mm512_maskz_mov_epi16(0xff00_ff00, _mm512_set1_epi16(4));
+    _mm512_and_si512(_mm512_srlv_epi16(both, shifts), _mm512_set1_epi8(0x0f))
 }
 
 /// [`Tile512`] for a type whose VNNI activation form is its plain block, with the
 /// weight offset (if any) taken off through the `vpdpbusd` start value.
 macro_rules! tile512_plain {
     ($t:ty, $act:ty, $off:expr) => {
+        tile512_plain!($t, $act, $off, None);
+    };
+    ($t:ty, $act:ty, $off:expr, $nibbles_at:expr) => {
         impl Tile512 for $t {
+            #[inline(always)]
+            unsafe fn unpack_pair512(wa: &[u8], wb: &[u8]) -> __m512i {
+                let at: Option<usize> = $nibbles_at;
+                match at {
+                    // The quants are the 16 bytes from `at`, as `unpack_vnni` reads them.
+                    Some(at) => nibbles_pair512(wa[at..at + 16].as_ptr(), wb[at..at + 16].as_ptr()),
+                    None => _mm512_inserti64x4::<1>(
+                        _mm512_castsi256_si512(Self::unpack_vnni512(wa)),
+                        Self::unpack_vnni512(wb),
+                    ),
+                }
+            }
             #[inline(always)]
             unsafe fn vqs(a: &$act) -> __m256i {
                 load32(a.qs_ptr())
@@ -810,8 +855,8 @@ macro_rules! tile512_plain {
     };
 }
 
-tile512_plain!(Q4_0, BlockQ8_0, Some(8));
-tile512_plain!(Q4_1, BlockQ8_1, None);
+tile512_plain!(Q4_0, BlockQ8_0, Some(8), Some(2));
+tile512_plain!(Q4_1, BlockQ8_1, None, Some(4));
 tile512_plain!(Q5_1, BlockQ8_1, None);
 tile512_plain!(Q5_0, BlockQ8_0, Some(16));
 
@@ -834,6 +879,15 @@ impl Tile512 for Q8_0 {
 /// each row's eight lanes are reduced by the same [`hsum`], so the results are the same
 /// bits as [`rows`] (and as the scalar reference).
 ///
+/// A row pair's two f16 scale words are widened by one instruction and multiplied by
+/// the activation's `[ad, as, ad, as]` by one more, and the two rows' min sums (Q4_1,
+/// Q5_1) run in two lanes of one register, each lane the scalar code's rounded product
+/// and rounded add in the same order; Q4_0 and Q4_1 unpack both rows' nibbles at once
+/// ([`Tile512::unpack_pair512`]). Against the per-row scalar scales and separate
+/// unpacking: `qdot_bench` Q4_1 in cache 28.3 → 34.5 GB/s, Q5_1 26.7 → 30.2, Q4_0 26.6
+/// → 31.3; SmolLM2 Q4_1 decode (8 alternating pairs) 1 thread 190.1 → 206.0 tokens/s,
+/// 2 threads 261.5 → 272.9.
+///
 /// `a` is the activation row in its VNNI form ([`vnni_acts`]).
 ///
 /// # Safety
@@ -848,12 +902,14 @@ pub(super) unsafe fn rows_pairs_512<K: Tile512>(
 ) {
     debug_assert!(w.len() >= 4 * row_bytes && out.len() >= 4 && sc.len() == a.len());
     let mut acc = [_mm512_setzero_ps(); 2];
-    let mut summ = [0f32; 4];
-    // Lanes 0..8 take element 0 of a two-scale vector, lanes 8..16 element 1.
-    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    // Per pair: lanes 1 and 3 are the two rows' running `summ` (lanes 0 and 2 unused).
+    let mut summ = [_mm_setzero_ps(); 2];
+    // Lanes 0..8 take element 0 of a scale vector (row a's `d`), lanes 8..16 element 2
+    // (row b's).
+    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     let next = w.as_ptr().wrapping_add((4 * row_bytes).max(PREFETCH_BYTES));
     let step = 4 * K::BYTES;
-    for ((b, ab), &[ad, as_]) in a.iter().enumerate().zip(sc) {
+    for ((b, ab), sc2) in a.iter().enumerate().zip(sc) {
         let p = next.wrapping_add(b * step);
         _mm_prefetch::<_MM_HINT_NTA>(p as *const i8);
         _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(64) as *const i8);
@@ -862,37 +918,40 @@ pub(super) unsafe fn rows_pairs_512<K: Tile512>(
         }
         let aq = _mm512_broadcast_i64x4(K::vqs(ab));
         let base = _mm512_broadcast_i64x4(K::vbase(ab));
-        for (pair, acc) in acc.iter_mut().enumerate() {
-            let (ra, rb) = (2 * pair, 2 * pair + 1);
-            let at_a = ra * row_bytes + b * K::BYTES;
-            let at_b = rb * row_bytes + b * K::BYTES;
+        // `[ad, as, ad, as]`.
+        let act = _mm_castpd_ps(_mm_loaddup_pd(sc2.as_ptr() as *const f64));
+        for ((pair, acc), summ) in acc.iter_mut().enumerate().zip(&mut summ) {
+            let at_a = 2 * pair * row_bytes + b * K::BYTES;
+            let at_b = at_a + row_bytes;
             let (wa, wb) = (&w[at_a..at_a + K::BYTES], &w[at_b..at_b + K::BYTES]);
-            let (da, ma) = K::wscales(wa);
-            let (db, mb) = K::wscales(wb);
-            let wq = _mm512_inserti64x4::<1>(
-                _mm512_castsi256_si512(K::unpack_vnni512(wa)),
-                K::unpack_vnni512(wb),
-            );
+            let wq = K::unpack_pair512(wa, wb);
             // Exact: the base and every product sum fit `i32` (as `lanes_vnni`).
             let l = _mm512_dpbusd_epi32(base, wq, aq);
-            let d2 = _mm_unpacklo_ps(_mm_set_ss(da * ad), _mm_set_ss(db * ad));
-            let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(d2));
+            // `[da, ma, db, mb]` widened from f16 at once (`m` is the next block bytes,
+            // unused, for the types without a minimum), times `[ad, as, ad, as]`: each
+            // lane the one rounded product the scalar code forms.
+            let sa = u32::from_le_bytes([wa[0], wa[1], wa[2], wa[3]]);
+            let sb = u32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]);
+            let h = _mm_unpacklo_epi32(_mm_cvtsi32_si128(sa as i32), _mm_cvtsi32_si128(sb as i32));
+            let prod = _mm_mul_ps(_mm_cvtph_ps(h), act);
+            let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(prod));
             *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
             if K::HAS_MIN {
-                summ[ra] += ma * as_;
-                summ[rb] += mb * as_;
+                *summ = _mm_add_ps(*summ, prod);
             }
         }
     }
-    for (pair, acc) in acc.iter().enumerate() {
+    for ((pair, acc), summ) in acc.iter().enumerate().zip(&summ) {
         let halves = [
             _mm512_castps512_ps256(*acc),
             _mm512_extractf32x8_ps::<1>(*acc),
         ];
+        let mut m = [0f32; 4];
+        _mm_storeu_ps(m.as_mut_ptr(), *summ);
         for (h, v) in halves.into_iter().enumerate() {
             let r = 2 * pair + h;
             out[r] = if K::HAS_MIN {
-                hsum(v) + summ[r]
+                hsum(v) + m[2 * h + 1]
             } else {
                 hsum(v)
             };
