@@ -258,11 +258,6 @@ pub fn weighted_rows_accumulate<const Q: usize>(
     }
 }
 
-/// Outputs `c..c + 16 K` of [`weighted_rows_accumulate`], in `K` registers per sum,
-/// each row's `16 K` values loaded once for the `Q` sums.
-///
-/// # Safety
-/// AVX-512F; `c + 16 K <= out[q].len()`, and the bounds of [`weighted_rows_accumulate`].
 /// How many rows ahead the decode attention kernels ([`weighted_rows_accumulate`]'s
 /// and [`crate::dot_strided_multi`]'s 512-bit loops) prefetch the K and V rows they
 /// are about to read: a row of one KV head is a few cache lines in every `kv_dim`-wide
@@ -272,6 +267,11 @@ pub fn weighted_rows_accumulate<const Q: usize>(
 /// 176.4 and 2 threads 254.6 against 251.5 (medians of 6). Twelve rows ahead was level.
 pub(crate) const PREFETCH_ROWS: usize = 32;
 
+/// Outputs `c..c + 16 K` of [`weighted_rows_accumulate`], in `K` registers per sum,
+/// each row's `16 K` values loaded once for the `Q` sums.
+///
+/// # Safety
+/// AVX-512F; `c + 16 K <= out[q].len()`, and the bounds of [`weighted_rows_accumulate`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,avx512f")]
 unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
