@@ -265,6 +265,7 @@ pub fn weighted_rows_accumulate<const Q: usize>(
 /// SmolLM2-135M Q4_1 decode, alternating runs: 1,536-token prompt, 1 thread 123.9
 /// against 116.0 tokens/s (medians of 5); 512-token prompt, 1 thread 181.3 against
 /// 176.4 and 2 threads 254.6 against 251.5 (medians of 6). Twelve rows ahead was level.
+#[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_ROWS: usize = 32;
 
 /// Outputs `c..c + 16 K` of [`weighted_rows_accumulate`], in `K` registers per sum,
