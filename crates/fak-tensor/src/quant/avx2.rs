@@ -792,11 +792,20 @@ pub(super) trait Tile512: Block32<VW = __m256i> {
     /// `wb` are whole weight blocks.
     #[inline(always)]
     unsafe fn unpack_pair512(wa: &[u8], wb: &[u8]) -> __m512i {
-        _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(Self::unpack_vnni512(wa)),
-            Self::unpack_vnni512(wb),
-        )
+        unpack_pair_inserted::<Self>(wa, wb)
     }
+}
+
+/// [`Tile512::unpack_pair512`] by two [`Block32::unpack_vnni512`] and one insert.
+///
+/// # Safety
+/// As [`Tile512::unpack_pair512`].
+#[inline(always)]
+unsafe fn unpack_pair_inserted<K: Tile512 + ?Sized>(wa: &[u8], wb: &[u8]) -> __m512i {
+    _mm512_inserti64x4::<1>(
+        _mm512_castsi256_si512(K::unpack_vnni512(wa)),
+        K::unpack_vnni512(wb),
+    )
 }
 
 /// [`nibbles`] of two 16-byte `qs` side by side (`qa`'s in the low half): each loaded
@@ -830,10 +839,7 @@ macro_rules! tile512_plain {
                 match at {
                     // The quants are the 16 bytes from `at`, as `unpack_vnni` reads them.
                     Some(at) => nibbles_pair512(wa[at..at + 16].as_ptr(), wb[at..at + 16].as_ptr()),
-                    None => _mm512_inserti64x4::<1>(
-                        _mm512_castsi256_si512(Self::unpack_vnni512(wa)),
-                        Self::unpack_vnni512(wb),
-                    ),
+                    None => unpack_pair_inserted::<Self>(wa, wb),
                 }
             }
             #[inline(always)]
