@@ -1202,21 +1202,30 @@ where
     true
 }
 
-/// Output rows per chunk of a pooled product: a multiple of 4 (the row-group kernel's
-/// width) covering about `chunk_bytes` of weights ([`MATVEC_CHUNK_BYTES`] or
-/// [`MATMUL_CHUNK_BYTES`]), so that a product is split into several chunks and a slow
+/// Output rows per chunk of a pooled multi-token product: a multiple of 4 (the
+/// row-group kernel's width) covering about `chunk_bytes` of weights
+/// ([`MATMUL_CHUNK_BYTES`]), so that a product is split into several chunks and a slow
 /// thread holds up little.
 fn chunk_rows(row_bytes: usize, chunk_bytes: usize) -> usize {
     (chunk_bytes / row_bytes.max(1)).div_ceil(4).max(1) * 4
 }
 
-/// Weight bytes per chunk of a pooled matrix-vector product (decode). Every chunk
-/// costs a claim on a counter both threads write, and each claimed chunk starts a new
-/// memory stream that the prefetchers must pick up again; with 32 KB chunks that was a
-/// third of a two-thread decode step on this project's 2-core test machine
-/// (SmolLM2-135M Q4_1, 512-token context: ~130 decode tokens/s with 32 KB chunks,
-/// ~175 with 128 KB). A SmolLM2 q_proj is two chunks, gate plus up nine.
-const MATVEC_CHUNK_BYTES: usize = 128 * 1024;
+/// Output rows per range of a pooled matrix-vector product (decode) split among
+/// `parts` threads: one contiguous range per thread, a multiple of 4 rows (the
+/// row-group kernel's width), the last range the shortest.
+///
+/// One long range per thread, rather than many small chunks claimed in turn, because a
+/// one-token product is bound by streaming its weights from memory: each chunk is a
+/// claim on a counter both threads write and a new stream for the prefetchers to pick
+/// up, and chunks claimed alternately leave each thread's reads jumping over the
+/// other's. On this project's 2-core test machine, 128 KB chunks against one range per
+/// thread (2 threads, 512-token prompt, 128 decode steps, alternating runs): SmolLM2
+/// Q4_1 decode ~254 → ~263 tokens/s, its Q8_0 file ~186 → ~214, Gemma 3 Q4_K_M (whose
+/// 262,144-row head was ~1,300 chunks) ~122 → ~156. The claims still hand a range to
+/// whichever thread is free, so a late thread delays a product by at most one range.
+fn matvec_range_rows(rows: usize, parts: usize) -> usize {
+    rows.div_ceil(parts.max(1)).div_ceil(4).max(1) * 4
+}
 
 /// Weight bytes per chunk of a pooled multi-token product (prefill). Each chunk's
 /// weights are read once for all tokens, so the work per byte is many times a
@@ -1224,10 +1233,10 @@ const MATVEC_CHUNK_BYTES: usize = 128 * 1024;
 /// here).
 const MATMUL_CHUNK_BYTES: usize = 32 * 1024;
 
-/// [`matvec`] with the output rows split into chunks (a multiple of 4 rows, about 128 KB
-/// of weights each), claimed by the pool's threads ([`crate::pool::Pool::run_chunks`]).
-/// Each row is the same single-row kernel as in [`matvec`], so the result is
-/// bit-identical to [`matvec`] for any thread count.
+/// [`matvec`] with the output rows split into one contiguous range per thread of the
+/// pool (a multiple of 4 rows each, see [`matvec_range_rows`]), claimed by the pool's
+/// threads ([`crate::pool::Pool::run_chunks`]). Each row is the same single-row kernel
+/// as in [`matvec`], so the result is bit-identical to [`matvec`] for any thread count.
 ///
 /// # Errors
 /// As [`matvec`]; `out` is untouched on error.
@@ -1238,7 +1247,8 @@ pub fn matvec_pool(
     act: &QuantizedActs,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    chunked(&mut [Matvec { ty, w, act, out }], &mut |n, job| {
+    let parts = pool.threads();
+    chunked(&mut [Matvec { ty, w, act, out }], parts, &mut |n, job| {
         pool.run_chunks(n, job)
     })
 }
@@ -1285,16 +1295,18 @@ pub struct Matvec<'a> {
 }
 
 /// Several [`matvec`]s in one hand-off to up to `threads` threads of the process-wide
-/// pool: every product's rows are cut into chunks (as in [`matvec_pool`]) and all the
-/// chunks are claimed from one list, so products that read the same input (q, k and v;
-/// gate and up) cost one synchronisation instead of one each. Each row is the same
+/// pool: every product's rows are cut into one range per thread (as in
+/// [`matvec_pool`]) and all the ranges are claimed from one list, so products that read
+/// the same input (q, k and v; gate and up) cost one synchronisation instead of one
+/// each. Each row is the same
 /// single-row kernel as in [`matvec`]: the same bits for any thread count.
 ///
 /// # Errors
 /// As [`matvec`], for the first product that fails its shape check; no output is
 /// written then.
 pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Result<(), QuantError> {
-    chunked(products, &mut |n, job| {
+    let parts = threads.get().min(crate::matmul::max_useful_threads());
+    chunked(products, parts, &mut |n, job| {
         crate::matmul::parallel_chunks(n, threads, job)
     })
 }
@@ -1302,10 +1314,13 @@ pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Resu
 /// A job over chunk indices, as [`crate::pool::Pool::run_chunks`] takes it.
 type ChunkJob<'a> = &'a (dyn Fn(usize) + Sync);
 
-/// The products' rows cut into chunks of [`chunk_rows`], every chunk computed by `run`
-/// (which calls the job once per chunk index, on whichever threads it has).
+/// Each product's rows cut into `parts` ranges ([`matvec_range_rows`]), every range
+/// computed by `run` (which calls the job once per range index, on whichever threads
+/// it has). The ranges are listed product by product, so the threads take a product's
+/// ranges together before the next product's.
 fn chunked(
     products: &mut [Matvec<'_>],
+    parts: usize,
     run: &mut dyn FnMut(usize, ChunkJob<'_>),
 ) -> Result<(), QuantError> {
     use std::sync::{Mutex, PoisonError};
@@ -1315,10 +1330,10 @@ fn chunked(
     }
     let inputs: Vec<(QType, &[u8], &QuantizedActs)> =
         products.iter().map(|p| (p.ty, p.w, p.act)).collect();
-    // (product, first row, output rows) per chunk.
+    // (product, first row, output rows) per range.
     let mut slots: Vec<(usize, usize, Mutex<&mut [f32]>)> = Vec::new();
-    for (i, (p, &rb)) in products.iter_mut().zip(&rbs).enumerate() {
-        let per = chunk_rows(rb, MATVEC_CHUNK_BYTES);
+    for (i, p) in products.iter_mut().enumerate() {
+        let per = matvec_range_rows(p.out.len(), parts);
         for (c, o) in p.out.chunks_mut(per).enumerate() {
             slots.push((i, c * per, Mutex::new(o)));
         }

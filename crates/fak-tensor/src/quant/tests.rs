@@ -648,24 +648,22 @@ fn every_multi_token_tile_kernel_gives_the_reference_bits() {
 }
 
 #[test]
-fn pooled_matvec_in_many_chunks_is_bit_identical() {
-    // 2,048-element rows (1.1-2.2 KB): 60-116-row chunks, so 509 rows make 5 to 9
-    // chunks, an unequal count per thread, the last one short.
+fn pooled_matvec_in_ranges_is_bit_identical() {
+    // 509 rows: one range per thread, a multiple of 4 rows each, the last one short
+    // (1 to 6 threads, 4 rows for each of 200 threads, more threads than ranges).
     let mut r = Rng(43);
-    let mut pools: Vec<crate::pool::Pool> = (1..=4).map(crate::pool::Pool::new).collect();
+    let mut pools: Vec<crate::pool::Pool> = (1..=6).map(crate::pool::Pool::new).collect();
+    pools.push(crate::pool::Pool::new(200));
     for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K] {
         let nb = 2048 / ty.block_elems();
         let rows = 509;
         let w = weights(&mut r, ty, rows * nb, false);
         let a = acts(&mut r, ty, nb, false);
-        let per = super::chunk_rows(w.len() / rows, super::MATVEC_CHUNK_BYTES);
-        assert!(
-            per < rows / 4 && rows % per != 0,
-            "{ty}: several chunks, the last short"
-        );
         let mut want = vec![0f32; rows];
         matvec_ref(ty, &w, &a, &mut want).unwrap();
         for pool in &mut pools {
+            let per = super::matvec_range_rows(rows, pool.threads());
+            assert!(per % 4 == 0 && per * pool.threads() >= rows && rows % per != 0);
             let mut got = vec![f32::NAN; rows];
             matvec_pool(pool, ty, &w, &a, &mut got).unwrap();
             let ok = got
