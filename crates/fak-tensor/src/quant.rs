@@ -1234,8 +1234,10 @@ fn matvec_range_rows(rows: usize, parts: usize) -> usize {
 const MATMUL_CHUNK_BYTES: usize = 32 * 1024;
 
 /// [`matvec`] with the output rows split into one contiguous range per thread of the
-/// pool (a multiple of 4 rows each, see [`matvec_range_rows`]), claimed by the pool's
-/// threads ([`crate::pool::Pool::run_chunks`]). Each row is the same single-row kernel
+/// pool (a multiple of 4 rows each, the last the shortest), claimed by the pool's
+/// threads ([`crate::pool::Pool::run_chunks`]). One long range per thread rather than
+/// many small chunks: a one-token product streams its weights from memory, and every
+/// chunk would cost a claim and restart the prefetchers' stream. Each row is the same single-row kernel
 /// as in [`matvec`], so the result is bit-identical to [`matvec`] for any thread count.
 ///
 /// # Errors

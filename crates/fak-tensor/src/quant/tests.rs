@@ -663,7 +663,9 @@ fn pooled_matvec_in_ranges_is_bit_identical() {
         matvec_ref(ty, &w, &a, &mut want).unwrap();
         for pool in &mut pools {
             let per = super::matvec_range_rows(rows, pool.threads());
-            assert!(per % 4 == 0 && per * pool.threads() >= rows && rows % per != 0);
+            assert!(
+                per.is_multiple_of(4) && per * pool.threads() >= rows && !rows.is_multiple_of(per)
+            );
             let mut got = vec![f32::NAN; rows];
             matvec_pool(pool, ty, &w, &a, &mut got).unwrap();
             let ok = got
