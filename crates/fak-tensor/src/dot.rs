@@ -198,23 +198,10 @@ pub fn dot_strided_multi<const Q: usize>(
             "dot_strided_multi: {} elements for {n} rows at stride {stride}",
             rows.len()
         );
-        let mut j = 0;
-        while j + 8 <= n {
-            let mut o = [[0f32; 8]; Q];
-            prefetch_rows(
-                rows,
-                stride,
-                len,
-                j + crate::ops::PREFETCH_ROWS..j + crate::ops::PREFETCH_ROWS + 8,
-            );
-            // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows j..j+8 lie inside
-            // `rows` (checked above).
-            unsafe { avx2::dot_rows_strided_512::<4, Q>(&rows[j * stride..], stride, x, &mut o) };
-            for (oq, r) in out.iter_mut().zip(&o) {
-                oq[j..j + 8].copy_from_slice(r);
-            }
-            j += 8;
-        }
+        let j = n / 8 * 8;
+        // SAFETY: AVX2, FMA and AVX-512F/DQ were detected; rows 0..j lie inside `rows`
+        // (checked above) and every output holds `n >= j` elements.
+        unsafe { avx2::dot_strided_multi_512(rows, stride, x, &mut out, j) };
         // Rows j.. only if any are left: with `rows` as short as the contract allows,
         // `j * stride` lies past its end when `n` is a multiple of 8 and `stride > len`.
         if j < n {
@@ -365,6 +352,41 @@ pub(crate) mod avx2 {
                     out[q][r] = tail(row, x[q], n8, hsum(v));
                 }
             }
+        }
+    }
+
+    /// [`dot_rows_strided_512`] over rows `0..n` in blocks of eight (`n` a multiple of
+    /// 8), each block's rows [`crate::ops::PREFETCH_ROWS`] ahead prefetched first:
+    /// `out[q][j] = dot(rows[j * stride..][..len], x[q])`, the same bits as one row at a
+    /// time. One call for the whole run, so the blocks' kernel inlines into the loop.
+    ///
+    /// # Safety
+    /// As [`dot_rows_strided_512`] for every block: `rows.len() >= (n - 1) * stride +
+    /// len` when `n > 0`, and every `out[q]` holds at least `n` elements.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
+    pub unsafe fn dot_strided_multi_512<const Q: usize>(
+        rows: &[f32],
+        stride: usize,
+        x: [&[f32]; Q],
+        out: &mut [&mut [f32]; Q],
+        n: usize,
+    ) {
+        let len = x[0].len();
+        debug_assert!(n.is_multiple_of(8) && out.iter().all(|o| o.len() >= n));
+        let mut j = 0;
+        while j < n {
+            let mut o = [[0f32; 8]; Q];
+            super::prefetch_rows(
+                rows,
+                stride,
+                len,
+                j + crate::ops::PREFETCH_ROWS..j + crate::ops::PREFETCH_ROWS + 8,
+            );
+            dot_rows_strided_512::<4, Q>(rows.get_unchecked(j * stride..), stride, x, &mut o);
+            for (oq, r) in out.iter_mut().zip(&o) {
+                oq.get_unchecked_mut(j..j + 8).copy_from_slice(r);
+            }
+            j += 8;
         }
     }
 
