@@ -142,9 +142,8 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for &(a, b, off) in &runs {
-                let mut outs: Vec<&mut [f32]> =
-                    sc[a..b].iter_mut().map(|r| &mut r[j0..j1]).collect();
-                dots_for_heads(&keys[(first + j0) * kvd + off..], kvd, &qs[a..b], &mut outs);
+                let rows = &keys[(first + j0) * kvd + off..];
+                dots_for_heads(rows, kvd, &qs[a..b], &mut sc[a..b], j0..j1);
             }
             j0 = j1;
         }
@@ -159,8 +158,8 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for &(a, b, off) in &runs {
-                let ps: Vec<&[f32]> = sc[a..b].iter().map(|r| &r[j0..j1]).collect();
-                sums_for_heads(&ps, &values[(first + j0) * kvd + off..], kvd, &mut o[a..b]);
+                let rows = &values[(first + j0) * kvd + off..];
+                sums_for_heads(&sc[a..b], j0..j1, rows, kvd, &mut o[a..b]);
             }
             j0 = j1;
         }
@@ -182,49 +181,70 @@ fn softmax_for_heads(rows: &mut [&mut [f32]]) {
     }
 }
 
-/// [`dot_strided_multi`] for any number of queries, up to four at a time.
-fn dots_for_heads(rows: &[f32], stride: usize, qs: &[&[f32]], outs: &mut [&mut [f32]]) {
-    for (q, o) in qs.chunks(4).zip(outs.chunks_mut(4)) {
+/// [`dot_strided_multi`] for any number of queries, up to four at a time: the dots of
+/// `rows` (the keys `keys` of the score rows, from its first row) against `qs[i]` go to
+/// `scores[i][keys]`. No list is built per call (a decode step makes these calls for
+/// every block of keys of every layer).
+fn dots_for_heads(
+    rows: &[f32],
+    stride: usize,
+    qs: &[&[f32]],
+    scores: &mut [&mut [f32]],
+    keys: std::ops::Range<usize>,
+) {
+    let k = || keys.clone();
+    for (q, o) in qs.chunks(4).zip(scores.chunks_mut(4)) {
         match (q, o) {
             ([a, b, c, d], [oa, ob, oc, od]) => dot_strided_multi(
                 rows,
                 stride,
                 [*a, *b, *c, *d],
-                [&mut **oa, &mut **ob, &mut **oc, &mut **od],
+                [&mut oa[k()], &mut ob[k()], &mut oc[k()], &mut od[k()]],
             ),
             ([a, b, c], [oa, ob, oc]) => dot_strided_multi(
                 rows,
                 stride,
                 [*a, *b, *c],
-                [&mut **oa, &mut **ob, &mut **oc],
+                [&mut oa[k()], &mut ob[k()], &mut oc[k()]],
             ),
-            ([a, b], [oa, ob]) => dot_strided_multi(rows, stride, [*a, *b], [&mut **oa, &mut **ob]),
-            ([a], [oa]) => dot_strided_multi(rows, stride, [*a], [&mut **oa]),
+            ([a, b], [oa, ob]) => {
+                dot_strided_multi(rows, stride, [*a, *b], [&mut oa[k()], &mut ob[k()]])
+            }
+            ([a], [oa]) => dot_strided_multi(rows, stride, [*a], [&mut oa[k()]]),
             _ => unreachable!("queries and outputs come in equal chunks"),
         }
     }
 }
 
-/// [`weighted_rows_accumulate`] for any number of sums, up to four at a time.
-fn sums_for_heads(ps: &[&[f32]], rows: &[f32], stride: usize, outs: &mut [&mut [f32]]) {
+/// [`weighted_rows_accumulate`] for any number of sums, up to four at a time: `outs[i]
+/// += Σ_j ps[i][keys][j] · rows[j]` (`rows` starting at the first key of `keys`). No
+/// list is built per call, as in [`dots_for_heads`].
+fn sums_for_heads(
+    ps: &[&mut [f32]],
+    keys: std::ops::Range<usize>,
+    rows: &[f32],
+    stride: usize,
+    outs: &mut [&mut [f32]],
+) {
+    let k = || keys.clone();
     for (p, o) in ps.chunks(4).zip(outs.chunks_mut(4)) {
         match (p, o) {
             ([a, b, c, d], [oa, ob, oc, od]) => weighted_rows_accumulate(
-                [*a, *b, *c, *d],
+                [&a[k()], &b[k()], &c[k()], &d[k()]],
                 rows,
                 stride,
                 [&mut **oa, &mut **ob, &mut **oc, &mut **od],
             ),
             ([a, b, c], [oa, ob, oc]) => weighted_rows_accumulate(
-                [*a, *b, *c],
+                [&a[k()], &b[k()], &c[k()]],
                 rows,
                 stride,
                 [&mut **oa, &mut **ob, &mut **oc],
             ),
             ([a, b], [oa, ob]) => {
-                weighted_rows_accumulate([*a, *b], rows, stride, [&mut **oa, &mut **ob])
+                weighted_rows_accumulate([&a[k()], &b[k()]], rows, stride, [&mut **oa, &mut **ob])
             }
-            ([a], [oa]) => weighted_rows_accumulate([*a], rows, stride, [&mut **oa]),
+            ([a], [oa]) => weighted_rows_accumulate([&a[k()]], rows, stride, [&mut **oa]),
             _ => unreachable!("weights and outputs come in equal chunks"),
         }
     }
