@@ -1151,14 +1151,22 @@ unsafe fn rows4<K: avx2::Block32>(
 where
     K::Act: avx2::ActBlock,
 {
-    let sc = avx2::act_scales(a);
+    let (mut stack, heap);
+    let sc: &[[f32; 2]] = if a.len() <= STACK_SCALES {
+        stack = [[0f32; 2]; STACK_SCALES];
+        avx2::act_scales_into(a, &mut stack[..a.len()]);
+        &stack[..a.len()]
+    } else {
+        heap = avx2::act_scales(a);
+        &heap
+    };
     let va = (vnni && K::VNNI_ROWS).then(|| avx2::vnni_acts::<K>(a));
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
         match &va {
-            Some(va) => avx2::rows_vnni::<K, 4>(wc, rb, va, &sc, o),
-            None => avx2::rows::<K, 4>(wc, rb, a, &sc, o),
+            Some(va) => avx2::rows_vnni::<K, 4>(wc, rb, va, sc, o),
+            None => avx2::rows::<K, 4>(wc, rb, a, sc, o),
         }
     }
     let rest = outs.into_remainder();
@@ -1167,12 +1175,16 @@ where
         .zip(ws.remainder().chunks_exact(rb))
     {
         match &va {
-            Some(va) => avx2::rows_vnni::<K, 1>(wr, rb, va, &sc, o),
-            None => avx2::rows::<K, 1>(wr, rb, a, &sc, o),
+            Some(va) => avx2::rows_vnni::<K, 1>(wr, rb, va, sc, o),
+            None => avx2::rows::<K, 1>(wr, rb, a, sc, o),
         }
     }
     true
 }
+
+/// Activation blocks whose widened scales a one-token product keeps on its stack
+/// (1 KB); longer rows (more than 4,096 elements in 32-element blocks) allocate them.
+const STACK_SCALES: usize = 128;
 
 /// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
 /// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
@@ -1185,19 +1197,27 @@ unsafe fn rows4_512<K: avx2::Tile512>(w: &[u8], rb: usize, a: &[K::Act], out: &m
 where
     K::Act: avx2::ActBlock,
 {
-    let sc = avx2::act_scales(a);
+    let (mut stack, heap);
+    let sc: &[[f32; 2]] = if a.len() <= STACK_SCALES {
+        stack = [[0f32; 2]; STACK_SCALES];
+        avx2::act_scales_into(a, &mut stack[..a.len()]);
+        &stack[..a.len()]
+    } else {
+        heap = avx2::act_scales(a);
+        &heap
+    };
     let va = avx2::vnni_acts::<K>(a);
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        avx2::rows_pairs_512::<K>(wc, rb, &va, &sc, o);
+        avx2::rows_pairs_512::<K>(wc, rb, &va, sc, o);
     }
     let rest = outs.into_remainder();
     for (o, wr) in rest
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        avx2::rows_vnni::<K, 1>(wr, rb, &va, &sc, o);
+        avx2::rows_vnni::<K, 1>(wr, rb, &va, sc, o);
     }
     true
 }

@@ -332,6 +332,20 @@ pub(super) unsafe fn act_scales<A: ActBlock>(a: &[A]) -> Vec<[f32; 2]> {
     a.iter().map(|b| b.scales()).collect()
 }
 
+/// [`act_scales`] written into `out` (`out.len() == a.len()`), for a caller that keeps
+/// them on its stack: a decode step runs hundreds of products, and each would
+/// otherwise allocate its scales.
+///
+/// # Safety
+/// AVX2 and F16C.
+#[target_feature(enable = "avx2,f16c")]
+pub(super) unsafe fn act_scales_into<A: ActBlock>(a: &[A], out: &mut [[f32; 2]]) {
+    debug_assert_eq!(a.len(), out.len());
+    for (o, b) in out.iter_mut().zip(a) {
+        *o = b.scales();
+    }
+}
+
 /// [`Block32::vnni_acts`] of `a`, computed once per product.
 ///
 /// # Safety

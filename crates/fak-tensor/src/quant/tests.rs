@@ -250,18 +250,22 @@ fn length_and_kind_errors_are_returned_not_panics() {
 #[test]
 fn matvec_is_rowwise_vec_dot() {
     let mut r = Rng(9);
-    for ty in QType::ALL {
-        let (rows, nb) = (13, 3);
-        let w = weights(&mut r, ty, rows * nb, false);
-        let a = acts(&mut r, ty, nb, false);
-        let mut fast = vec![0f32; rows];
-        let mut slow = vec![0f32; rows];
-        matvec(ty, &w, &a, &mut fast).unwrap();
-        matvec_ref(ty, &w, &a, &mut slow).unwrap();
-        for (i, row) in w.chunks_exact(nb * ty.block_bytes()).enumerate() {
-            let want = vec_dot_ref(ty, row, &a).unwrap();
-            assert_eq!(fast[i].to_bits(), want.to_bits(), "{ty} row {i}");
-            assert_eq!(slow[i].to_bits(), want.to_bits(), "{ty} row {i}");
+    // 128 activation blocks are the most a product keeps its widened scales for on the
+    // stack (`STACK_SCALES`); 129 take the allocating path.
+    assert_eq!(super::STACK_SCALES, 128);
+    for (rows, nb) in [(13, 3), (5, 128), (5, 129)] {
+        for ty in QType::ALL {
+            let w = weights(&mut r, ty, rows * nb, false);
+            let a = acts(&mut r, ty, nb, false);
+            let mut fast = vec![0f32; rows];
+            let mut slow = vec![0f32; rows];
+            matvec(ty, &w, &a, &mut fast).unwrap();
+            matvec_ref(ty, &w, &a, &mut slow).unwrap();
+            for (i, row) in w.chunks_exact(nb * ty.block_bytes()).enumerate() {
+                let want = vec_dot_ref(ty, row, &a).unwrap();
+                assert_eq!(fast[i].to_bits(), want.to_bits(), "{ty} nb {nb} row {i}");
+                assert_eq!(slow[i].to_bits(), want.to_bits(), "{ty} nb {nb} row {i}");
+            }
         }
     }
 }
