@@ -29,7 +29,7 @@ pub(crate) struct BenchArgs {
     /// Decode steps per repeat.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
-    /// Timed repeats (after one warm-up); the figures are their medians.
+    /// Timed repeats (after one warm-up, at most 10,000); the figures are their medians.
     #[arg(long, default_value_t = 5)]
     repeats: usize,
     /// Weights: `native` (quantized matrices, the fast path) or `exact` (f32).
@@ -39,6 +39,10 @@ pub(crate) struct BenchArgs {
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
 }
+
+/// Most timed repeats `fak bench` takes: medians settle long before, and the samples
+/// are kept in memory (a count near `usize::MAX` used to abort on their allocation).
+const MAX_REPEATS: usize = 10_000;
 
 /// One repeat's timings, in seconds.
 struct Sample {
@@ -98,6 +102,12 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
         return Err(fail(
             "--prompt-tokens, --gen-tokens and --repeats must be at least 1",
         ));
+    }
+    if args.repeats > MAX_REPEATS {
+        return Err(fail(format!(
+            "--repeats {} is more than {MAX_REPEATS}",
+            args.repeats
+        )));
     }
     let path = resolve_or_pull(&args.model)?;
     let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);

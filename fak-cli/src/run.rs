@@ -144,6 +144,11 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
         }
         (None, None) => unreachable!("checked above"),
     };
+    if prompt_ids.is_empty() {
+        return Err(fail(
+            "the prompt encodes to no tokens, so there is nothing to continue from",
+        ));
+    }
     let stop_ids = if args.ignore_eos {
         Vec::new()
     } else if args.raw || args.prompt_ids.is_some() {

@@ -159,6 +159,25 @@ fn bench_refuses_zero_decode_steps() {
     assert!(err.contains("--gen-tokens"), "{err}");
 }
 
+/// A repeat count past the limit is refused before anything is loaded or allocated (a
+/// count near `usize::MAX` used to abort on the samples' allocation).
+#[test]
+fn bench_refuses_too_many_repeats() {
+    let max = u64::MAX.to_string();
+    for r in ["10001", "4000000000000", max.as_str()] {
+        let out = fak()
+            .args(["bench", "--model", &tiny(), "--repeats", r])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{r}: {err}");
+        assert!(
+            err.contains(&format!("--repeats {r} is more than 10000")),
+            "{r}: {err}"
+        );
+    }
+}
+
 /// Token counts whose sum overflows are refused as over the context, with the counts
 /// as given, not wrapped into a small sum (a panic on allocation) or a wrong limit.
 #[test]

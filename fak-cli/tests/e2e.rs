@@ -112,6 +112,23 @@ fn run_answers_paris() {
     assert!(text.contains("Paris"), "{text}");
 }
 
+/// A raw prompt that encodes to no tokens (SmolLM2 adds no BOS to a plain completion)
+/// is refused in the user's terms, not with the session's internal "prefill a token
+/// first".
+#[test]
+fn run_refuses_an_empty_raw_prompt() {
+    if !model_cached() {
+        return;
+    }
+    let out = fak().args(["run", "--raw", ""]).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("the prompt encodes to no tokens, so there is nothing to continue from"),
+        "{err}"
+    );
+}
+
 /// Parses a `/stats` line: (reused, prefilled, evicted, cache).
 fn stats(line: &str) -> (usize, usize, usize, usize) {
     let num = |key: &str| -> usize {
