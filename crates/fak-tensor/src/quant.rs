@@ -1151,15 +1151,8 @@ unsafe fn rows4<K: avx2::Block32>(
 where
     K::Act: avx2::ActBlock,
 {
-    let (mut stack, heap);
-    let sc: &[[f32; 2]] = if a.len() <= STACK_SCALES {
-        stack = [[0f32; 2]; STACK_SCALES];
-        avx2::act_scales_into(a, &mut stack[..a.len()]);
-        &stack[..a.len()]
-    } else {
-        heap = avx2::act_scales(a);
-        &heap
-    };
+    let scales = avx2::ActScales::new(a);
+    let sc = scales.get();
     let va = (vnni && K::VNNI_ROWS).then(|| avx2::vnni_acts::<K>(a));
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
@@ -1182,10 +1175,6 @@ where
     true
 }
 
-/// Activation blocks whose widened scales a one-token product keeps on its stack
-/// (1 KB); longer rows (more than 4,096 elements in 32-element blocks) allocate them.
-const STACK_SCALES: usize = 128;
-
 /// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
 /// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
 ///
@@ -1197,15 +1186,8 @@ unsafe fn rows4_512<K: avx2::Tile512>(w: &[u8], rb: usize, a: &[K::Act], out: &m
 where
     K::Act: avx2::ActBlock,
 {
-    let (mut stack, heap);
-    let sc: &[[f32; 2]] = if a.len() <= STACK_SCALES {
-        stack = [[0f32; 2]; STACK_SCALES];
-        avx2::act_scales_into(a, &mut stack[..a.len()]);
-        &stack[..a.len()]
-    } else {
-        heap = avx2::act_scales(a);
-        &heap
-    };
+    let scales = avx2::ActScales::new(a);
+    let sc = scales.get();
     let va = avx2::vnni_acts::<K>(a);
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);

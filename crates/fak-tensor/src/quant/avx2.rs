@@ -332,17 +332,48 @@ pub(super) unsafe fn act_scales<A: ActBlock>(a: &[A]) -> Vec<[f32; 2]> {
     a.iter().map(|b| b.scales()).collect()
 }
 
-/// [`act_scales`] written into `out` (`out.len() == a.len()`), for a caller that keeps
-/// them on its stack: a decode step runs hundreds of products, and each would
-/// otherwise allocate its scales.
-///
-/// # Safety
-/// AVX2 and F16C.
-#[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn act_scales_into<A: ActBlock>(a: &[A], out: &mut [[f32; 2]]) {
-    debug_assert_eq!(a.len(), out.len());
-    for (o, b) in out.iter_mut().zip(a) {
-        *o = b.scales();
+/// Activation blocks whose widened scales [`ActScales`] keeps inline (1 KB); longer
+/// rows (more than 4,096 elements in 32-element blocks) allocate them.
+pub(super) const STACK_SCALES: usize = 128;
+
+/// [`act_scales`] held inline for up to [`STACK_SCALES`] blocks, on the heap past
+/// that: a decode step runs hundreds of one-token products, and each would otherwise
+/// allocate its scales.
+pub(super) struct ActScales {
+    /// The scales when they fit: the first `len` entries.
+    inline: [[f32; 2]; STACK_SCALES],
+    len: usize,
+    /// The scales when they do not fit (empty, never allocated, otherwise).
+    heap: Vec<[f32; 2]>,
+}
+
+impl ActScales {
+    /// # Safety
+    /// AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn new<A: ActBlock>(a: &[A]) -> Self {
+        let mut s = ActScales {
+            inline: [[0f32; 2]; STACK_SCALES],
+            len: a.len(),
+            heap: Vec::new(),
+        };
+        if a.len() > STACK_SCALES {
+            s.heap = act_scales(a);
+        } else {
+            for (o, b) in s.inline.iter_mut().zip(a) {
+                *o = b.scales();
+            }
+        }
+        s
+    }
+
+    /// One `[d, s]` pair per activation block.
+    pub(super) fn get(&self) -> &[[f32; 2]] {
+        if self.len > STACK_SCALES {
+            &self.heap
+        } else {
+            &self.inline[..self.len]
+        }
     }
 }
 
