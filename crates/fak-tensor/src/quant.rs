@@ -1239,8 +1239,9 @@ const MATMUL_CHUNK_BYTES: usize = 32 * 1024;
 /// pool (a multiple of 4 rows each, the last the shortest), claimed by the pool's
 /// threads ([`crate::pool::Pool::run_chunks`]). One long range per thread rather than
 /// many small chunks: a one-token product streams its weights from memory, and every
-/// chunk would cost a claim and restart the prefetchers' stream. Each row is the same single-row kernel
-/// as in [`matvec`], so the result is bit-identical to [`matvec`] for any thread count.
+/// chunk would cost a claim and restart the prefetchers' stream. Each row is the same
+/// single-row kernel as in [`matvec`], so the result is bit-identical to [`matvec`] for
+/// any thread count.
 ///
 /// # Errors
 /// As [`matvec`]; `out` is untouched on error.
@@ -1302,8 +1303,8 @@ pub struct Matvec<'a> {
 /// pool: every product's rows are cut into one range per thread (as in
 /// [`matvec_pool`]) and all the ranges are claimed from one list, so products that read
 /// the same input (q, k and v; gate and up) cost one synchronisation instead of one
-/// each. Each row is the same
-/// single-row kernel as in [`matvec`]: the same bits for any thread count.
+/// each. Each row is the same single-row kernel as in [`matvec`]: the same bits for any
+/// thread count.
 ///
 /// # Errors
 /// As [`matvec`], for the first product that fails its shape check; no output is
