@@ -5,7 +5,7 @@
 //! threads share the work: each (row, token) pair is always reduced in the same order.
 
 use crate::dot::{dot_ref, has_avx2_fma};
-use crate::pool::Pool;
+use crate::pool::{Disjoint, Pool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
@@ -300,28 +300,21 @@ fn matvec_on(
     pool: Option<&mut Pool>,
 ) {
     check_shapes(w, rows, cols, x, 1, out);
-    // Contiguous row ranges, a multiple of 8 rows each where possible.
-    let per = rows.div_ceil(ranges.max(1)).div_ceil(8) * 8;
-    let ranges: Vec<(usize, usize)> = (0..rows)
-        .step_by(per.max(1))
-        .map(|r0| (r0, (r0 + per).min(rows)))
-        .collect();
+    // Contiguous row ranges, a multiple of 8 rows each where possible; range `i` is
+    // rows `i * per ..` and goes to part `i mod parts`. Nothing is allocated: each
+    // range's output rows are handed to its part as a `Disjoint` part.
+    let per = (rows.div_ceil(ranges.max(1)).div_ceil(8) * 8).max(1);
+    let count = rows.div_ceil(per);
     let parts = pool.as_ref().map_or(1, |p| p.threads());
-    // Each range owns its own sub-slice of the output row; the mutex only hands the
-    // slice to whichever thread computes the range.
-    let mut rest = &mut out[..rows];
-    let mut slots = Vec::with_capacity(ranges.len());
-    for &(r0, r1) in &ranges {
-        let (mine, tail) = rest.split_at_mut(r1 - r0);
-        rest = tail;
-        slots.push(Mutex::new(mine));
-    }
+    let outs = Disjoint::new(&mut out[..rows]);
     let job = |part: usize| {
-        for i in (part..ranges.len()).step_by(parts) {
-            let (r0, r1) = ranges[i];
-            let mut mine = slots[i].lock().unwrap_or_else(PoisonError::into_inner);
+        for i in (part..count).step_by(parts) {
+            let (r0, r1) = (i * per, ((i + 1) * per).min(rows));
+            // SAFETY: the job is called once per part, range `i` is visited only by
+            // part `i mod parts`, and the ranges are disjoint.
+            let mine = unsafe { outs.part(r0..r1) };
             let m = r1 - r0;
-            matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, 1, &mut mine, m);
+            matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, 1, mine, m);
         }
     };
     run_parts(pool, &job);

@@ -10,6 +10,10 @@
 //! single-row kernel whichever thread claims its chunk, so results are bit-identical
 //! for any thread count and any schedule (tests check 1, 2, 3 and more).
 //!
+//! A chunk writes its own output rows through a [`Disjoint`]: one exclusively borrowed
+//! slice whose parts the chunks take by index, with no per-job list of locked slices, so
+//! a decode step's products and attention allocate nothing.
+//!
 //! Claiming instead of assigning is what keeps a busy machine from stalling a
 //! product: a worker that the OS has not scheduled yet simply claims nothing, and the
 //! caller computes the chunks itself instead of waiting for it.
@@ -45,6 +49,70 @@ pub fn part_range(len: usize, parts: usize, i: usize) -> Range<usize> {
     let (base, extra) = (len / parts, len % parts);
     let start = i * base + i.min(extra);
     start..start + base + usize::from(i < extra)
+}
+
+/// A mutable slice whose pairwise disjoint parts are written by the calls of one
+/// chunked job ([`Pool::run_chunks`], [`crate::parallel_chunks`]): each call takes the
+/// part its chunk index names, with no lock and no list of the parts built per job (a
+/// decode step hands out tens of such jobs, and the issue this serves asks for no
+/// allocation per token).
+///
+/// It holds the slice's exclusive borrow for `'a`, so nothing else reads or writes the
+/// slice while parts are handed out.
+pub struct Disjoint<'a, T> {
+    ptr: *mut T,
+    len: usize,
+    _borrow: std::marker::PhantomData<&'a mut [T]>,
+}
+
+// SAFETY: a `Disjoint` is a `&mut [T]` handed to several threads one disjoint part
+// each (`part`'s contract), which is what sending `&mut [T]`'s parts would be: sound
+// when `T: Send`.
+unsafe impl<T: Send> Send for Disjoint<'_, T> {}
+// SAFETY: as for `Send`; shared use only hands out parts under `part`'s contract.
+unsafe impl<T: Send> Sync for Disjoint<'_, T> {}
+
+impl<'a, T> Disjoint<'a, T> {
+    /// Takes `slice`'s exclusive borrow for the parts to be handed out.
+    pub fn new(slice: &'a mut [T]) -> Self {
+        Disjoint {
+            ptr: slice.as_mut_ptr(),
+            len: slice.len(),
+            _borrow: std::marker::PhantomData,
+        }
+    }
+
+    /// Elements of the whole slice.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the slice is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The elements `range` of the slice.
+    ///
+    /// # Safety
+    /// While the returned slice is alive, no other slice returned by this `Disjoint`
+    /// may overlap it. A job whose chunk `c` takes a range that is a function of `c`,
+    /// disjoint from every other chunk's, meets this: the pool calls each chunk index
+    /// exactly once.
+    ///
+    /// # Panics
+    /// If `range` is not within `0..len()` (checked before any access).
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn part(&self, range: Range<usize>) -> &mut [T] {
+        assert!(
+            range.start <= range.end && range.end <= self.len,
+            "part {range:?} of a slice of {}",
+            self.len
+        );
+        // SAFETY: in bounds (checked above) of the slice borrowed exclusively for 'a;
+        // no other live part overlaps it (the caller's contract).
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.add(range.start), range.len()) }
+    }
 }
 
 /// A job as the workers see it: the caller's closure with its lifetime erased, and

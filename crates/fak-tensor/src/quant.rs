@@ -415,21 +415,33 @@ fn q8_block_ref(x: &[f32]) -> (f32, [i8; QK]) {
 /// # Errors
 /// [`QuantError::NotBlockMultiple`] when `n % 32 != 0`.
 pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<BlockQ8_0>, QuantError> {
+    let mut out = Vec::new();
+    quantize_q8_0_into(x, &mut out)?;
+    Ok(out)
+}
+
+/// [`quantize_q8_0`] into `out` (cleared first; its capacity is reused, so a caller
+/// that keeps `out` allocates nothing once it has grown to `x.len() / 32` blocks).
+///
+/// # Errors
+/// As [`quantize_q8_0`]; `out` is untouched on error.
+pub fn quantize_q8_0_into(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), QuantError> {
     check_multiple(x.len(), QK)?;
+    out.clear();
     #[cfg(target_arch = "x86_64")]
     if has_avx2_f16c() {
         // SAFETY: AVX2 and F16C were detected.
-        return Ok(unsafe { avx2::quantize_q8_0(x) });
+        unsafe { avx2::quantize_q8_0(x, out) };
+        return Ok(());
     }
-    Ok(x.chunks_exact(QK)
-        .map(|c| {
-            let (d, qs) = q8_block_ref(c);
-            BlockQ8_0 {
-                d: f32_to_f16(d),
-                qs,
-            }
-        })
-        .collect())
+    out.extend(x.chunks_exact(QK).map(|c| {
+        let (d, qs) = q8_block_ref(c);
+        BlockQ8_0 {
+            d: f32_to_f16(d),
+            qs,
+        }
+    }));
+    Ok(())
 }
 
 /// Quantize activations to Q8_1 (ggml `quantize_row_q8_1_ref`): as
@@ -438,23 +450,35 @@ pub fn quantize_q8_0(x: &[f32]) -> Result<Vec<BlockQ8_0>, QuantError> {
 /// # Errors
 /// [`QuantError::NotBlockMultiple`] when `x.len() % 32 != 0`.
 pub fn quantize_q8_1(x: &[f32]) -> Result<Vec<BlockQ8_1>, QuantError> {
+    let mut out = Vec::new();
+    quantize_q8_1_into(x, &mut out)?;
+    Ok(out)
+}
+
+/// [`quantize_q8_1`] into `out` (cleared first, capacity reused, as
+/// [`quantize_q8_0_into`]).
+///
+/// # Errors
+/// As [`quantize_q8_1`]; `out` is untouched on error.
+pub fn quantize_q8_1_into(x: &[f32], out: &mut Vec<BlockQ8_1>) -> Result<(), QuantError> {
     check_multiple(x.len(), QK)?;
+    out.clear();
     #[cfg(target_arch = "x86_64")]
     if has_avx2_f16c() {
         // SAFETY: AVX2 and F16C were detected.
-        return Ok(unsafe { avx2::quantize_q8_1(x) });
+        unsafe { avx2::quantize_q8_1(x, out) };
+        return Ok(());
     }
-    Ok(x.chunks_exact(QK)
-        .map(|c| {
-            let (d, qs) = q8_block_ref(c);
-            let sum: i32 = qs.iter().map(|&q| q as i32).sum();
-            BlockQ8_1 {
-                d: f32_to_f16(d),
-                s: f32_to_f16(sum as f32 * d),
-                qs,
-            }
-        })
-        .collect())
+    out.extend(x.chunks_exact(QK).map(|c| {
+        let (d, qs) = q8_block_ref(c);
+        let sum: i32 = qs.iter().map(|&q| q as i32).sum();
+        BlockQ8_1 {
+            d: f32_to_f16(d),
+            s: f32_to_f16(sum as f32 * d),
+            qs,
+        }
+    }));
+    Ok(())
 }
 
 /// Quantize activations to Q8_K (ggml `quantize_row_q8_K_ref`): per 256 elements,
@@ -468,23 +492,34 @@ pub fn quantize_q8_1(x: &[f32]) -> Result<Vec<BlockQ8_1>, QuantError> {
 /// # Errors
 /// [`QuantError::NotBlockMultiple`] when `n % 256 != 0`.
 pub fn quantize_q8_k(x: &[f32]) -> Result<Vec<BlockQ8K>, QuantError> {
+    let mut out = Vec::new();
+    quantize_q8_k_into(x, &mut out)?;
+    Ok(out)
+}
+
+/// [`quantize_q8_k`] into `out` (cleared first, capacity reused, as
+/// [`quantize_q8_0_into`]).
+///
+/// # Errors
+/// As [`quantize_q8_k`]; `out` is untouched on error.
+pub fn quantize_q8_k_into(x: &[f32], out: &mut Vec<BlockQ8K>) -> Result<(), QuantError> {
     check_multiple(x.len(), QK_K)?;
-    Ok(x.chunks_exact(QK_K)
-        .map(|c| {
-            #[cfg(target_arch = "x86_64")]
-            if has_avx2_f16c() {
-                // SAFETY: AVX2 and F16C were detected.
-                if let Some(b) = c
-                    .try_into()
-                    .ok()
-                    .and_then(|c| unsafe { avx2::q8k_block(c) })
-                {
-                    return b;
-                }
+    out.clear();
+    out.extend(x.chunks_exact(QK_K).map(|c| {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            // SAFETY: AVX2 and F16C were detected.
+            if let Some(b) = c
+                .try_into()
+                .ok()
+                .and_then(|c| unsafe { avx2::q8k_block(c) })
+            {
+                return b;
             }
-            q8k_block_ref(c)
-        })
-        .collect())
+        }
+        q8k_block_ref(c)
+    }));
+    Ok(())
 }
 
 /// Scalar block of [`quantize_q8_k`] (the reference the vector form is tested
@@ -971,6 +1006,29 @@ pub fn quantize_activation(ty: QType, x: &[f32]) -> Result<QuantizedActs, QuantE
     })
 }
 
+/// [`quantize_activation`] into `out`, the same blocks: when `out` already holds the
+/// kind `ty` needs, its buffer is reused (no allocation once it has grown to the row's
+/// blocks), else it is replaced.
+///
+/// # Errors
+/// As [`quantize_activation`]; `out` is untouched on error.
+pub fn quantize_activation_into(
+    ty: QType,
+    x: &[f32],
+    out: &mut QuantizedActs,
+) -> Result<(), QuantError> {
+    use QuantizedActs as A;
+    match (ty.act_kind(), out) {
+        (ActKind::Q8_0, A::Q8_0(v)) => quantize_q8_0_into(x, v),
+        (ActKind::Q8_1, A::Q8_1(v)) => quantize_q8_1_into(x, v),
+        (ActKind::Q8K, A::Q8K(v)) => quantize_q8_k_into(x, v),
+        (_, out) => {
+            *out = quantize_activation(ty, x)?;
+            Ok(())
+        }
+    }
+}
+
 /// One row of `ty` weights (`w`, raw GGUF bytes) times `act`, fast kernel when
 /// `simd` and the CPU allows, else the scalar reference (identical results).
 fn dot_any(ty: QType, w: &[u8], act: &QuantizedActs, simd: bool) -> Result<f32, QuantError> {
@@ -1319,40 +1377,78 @@ pub fn matvec_many(products: &mut [Matvec<'_>], threads: crate::Threads) -> Resu
 /// A job over chunk indices, as [`crate::pool::Pool::run_chunks`] takes it.
 type ChunkJob<'a> = &'a (dyn Fn(usize) + Sync);
 
+/// Products per hand-off in [`chunked`]: its per-product state lives on the stack, so
+/// no list is allocated per call (a decode step makes tens of these calls). q, k and v
+/// are three; a longer list runs as several hand-offs.
+const CHUNKED_PRODUCTS: usize = 4;
+
 /// Each product's rows cut into `parts` ranges ([`matvec_range_rows`]), every range
 /// computed by `run` (which calls the job once per range index, on whichever threads
-/// it has). The ranges are listed product by product, so the threads take a product's
-/// ranges together before the next product's.
+/// it has). The ranges are numbered product by product, so the threads take a
+/// product's ranges together before the next product's. Nothing is allocated: a range's
+/// product and rows follow from its index, and its output rows are handed out as
+/// [`crate::pool::Disjoint`] parts.
 fn chunked(
     products: &mut [Matvec<'_>],
     parts: usize,
     run: &mut dyn FnMut(usize, ChunkJob<'_>),
 ) -> Result<(), QuantError> {
+    use crate::pool::Disjoint;
     use std::sync::{Mutex, PoisonError};
-    let mut rbs = Vec::with_capacity(products.len());
-    for p in products.iter() {
-        rbs.push(check_matvec(p.ty, p.w, p.act, p.out.len())?);
+    let mut rbs = [0usize; CHUNKED_PRODUCTS];
+    for (p, rb) in products.iter().zip(rbs.iter_mut()) {
+        *rb = check_matvec(p.ty, p.w, p.act, p.out.len())?;
     }
-    let inputs: Vec<(QType, &[u8], &QuantizedActs)> =
-        products.iter().map(|p| (p.ty, p.w, p.act)).collect();
-    // (product, first row, output rows) per range.
-    let mut slots: Vec<(usize, usize, Mutex<&mut [f32]>)> = Vec::new();
-    for (i, p) in products.iter_mut().enumerate() {
-        let per = matvec_range_rows(p.out.len(), parts);
-        for (c, o) in p.out.chunks_mut(per).enumerate() {
-            slots.push((i, c * per, Mutex::new(o)));
+    if products.len() > CHUNKED_PRODUCTS {
+        // Every shape is checked before any output is written.
+        for p in &products[CHUNKED_PRODUCTS..] {
+            check_matvec(p.ty, p.w, p.act, p.out.len())?;
         }
+        let (head, tail) = products.split_at_mut(CHUNKED_PRODUCTS);
+        chunked(head, parts, run)?;
+        return chunked(tail, parts, run);
+    }
+    // Per product: the inputs, the output handed out in parts, rows per range, ranges.
+    type Slot<'s> = (
+        QType,
+        &'s [u8],
+        &'s QuantizedActs,
+        Disjoint<'s, f32>,
+        usize,
+        usize,
+    );
+    let mut slots: [Option<Slot<'_>>; CHUNKED_PRODUCTS] = Default::default();
+    let mut total = 0;
+    for (p, slot) in products.iter_mut().zip(slots.iter_mut()) {
+        let rows = p.out.len();
+        let per = matvec_range_rows(rows, parts);
+        let ranges = rows.div_ceil(per);
+        total += ranges;
+        *slot = Some((p.ty, p.w, p.act, Disjoint::new(&mut *p.out), per, ranges));
     }
     let error = Mutex::new(None);
-    run(slots.len(), &|c| {
-        let (i, r0, ref slot) = slots[c];
-        let (ty, w, act) = inputs[i];
-        let rb = rbs[i];
-        let mut o = slot.lock().unwrap_or_else(PoisonError::into_inner);
-        let rows = o.len();
-        // Cannot fail after `check_matvec`; kept as an error rather than a panic.
-        if let Err(e) = matvec_with(ty, &w[r0 * rb..(r0 + rows) * rb], act, &mut o, true) {
-            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+    run(total, &|c| {
+        // Range `c`'s product and its first range index.
+        let mut first = 0;
+        for (&rb, slot) in rbs.iter().zip(&slots) {
+            let Some((ty, w, act, out, per, ranges)) = slot else {
+                return;
+            };
+            if c >= first + ranges {
+                first += ranges;
+                continue;
+            }
+            let r0 = (c - first) * per;
+            let r1 = (r0 + per).min(out.len());
+            // SAFETY: the pool calls each index once, and index `c` is the only one
+            // naming rows `r0..r1` of this product (the ranges of a product are
+            // consecutive and disjoint).
+            let o = unsafe { out.part(r0..r1) };
+            // Cannot fail after `check_matvec`; kept as an error rather than a panic.
+            if let Err(e) = matvec_with(*ty, &w[r0 * rb..r1 * rb], act, o, true) {
+                *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            }
+            return;
         }
     });
     match error.into_inner().unwrap_or_else(PoisonError::into_inner) {

@@ -1638,15 +1638,15 @@ pub(super) unsafe fn q8_block(x: &[f32]) -> Option<(f32, [i8; 32])> {
     Some((d, qs))
 }
 
-/// `quant::quantize_q8_0` (same bits): each block by [`q8_block`], or the scalar
-/// `quant::q8_block_ref` where it declines; in one function with AVX2 enabled, so the
-/// block kernels inline.
+/// `quant::quantize_q8_0` (same bits), appending to `out`: each block by
+/// [`q8_block`], or the scalar `quant::q8_block_ref` where it declines; in one function
+/// with AVX2 enabled, so the block kernels inline.
 ///
 /// # Safety
 /// AVX2 and F16C; `x.len()` a multiple of 32 (a shorter tail is ignored).
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn quantize_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
-    let mut out = Vec::with_capacity(x.len() / 32);
+pub(super) unsafe fn quantize_q8_0(x: &[f32], out: &mut Vec<BlockQ8_0>) {
+    out.reserve(x.len() / 32);
     for c in x.chunks_exact(32) {
         let (d, qs) = q8_block(c).unwrap_or_else(|| super::q8_block_ref(c));
         out.push(BlockQ8_0 {
@@ -1654,17 +1654,16 @@ pub(super) unsafe fn quantize_q8_0(x: &[f32]) -> Vec<BlockQ8_0> {
             qs,
         });
     }
-    out
 }
 
-/// `quant::quantize_q8_1` (same bits): as [`quantize_q8_0`], and `s` from
+/// `quant::quantize_q8_1` (same bits), appending to `out`: as [`quantize_q8_0`], and `s` from
 /// [`sum_quants`].
 ///
 /// # Safety
 /// As [`quantize_q8_0`].
 #[target_feature(enable = "avx2,f16c")]
-pub(super) unsafe fn quantize_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
-    let mut out = Vec::with_capacity(x.len() / 32);
+pub(super) unsafe fn quantize_q8_1(x: &[f32], out: &mut Vec<BlockQ8_1>) {
+    out.reserve(x.len() / 32);
     for c in x.chunks_exact(32) {
         let (d, qs) = q8_block(c).unwrap_or_else(|| super::q8_block_ref(c));
         let sum = sum_quants(&qs);
@@ -1674,7 +1673,6 @@ pub(super) unsafe fn quantize_q8_1(x: &[f32]) -> Vec<BlockQ8_1> {
             qs,
         });
     }
-    out
 }
 
 /// One block of the Q8_K activation quantizer (`quant::quantize_q8_k`'s arithmetic,
