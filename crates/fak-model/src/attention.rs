@@ -23,8 +23,8 @@
 //! per-head path a prefill takes, for any thread count (decode == prefill).
 
 use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
+use fak_tensor::pool::Disjoint;
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
-use std::sync::{Mutex, PoisonError};
 
 /// Keys per block when a chunk holds several KV heads: each block's dots (and then its
 /// `Σ p·v`) are done for all of them before the next block, so the cache entries of a
@@ -57,7 +57,9 @@ pub(crate) struct DecodeShape {
 ///
 /// `q` is the token's `[heads × head_dim]` query (RoPE applied); `keys` and `values`
 /// are the layer's `[entries, kv_dim]` cache (RoPE applied to the keys); `scores` is
-/// scratch, resized here; `out` receives `[heads × head_dim]`.
+/// scratch, resized here to `heads × (entries − first)` (no allocation when its
+/// capacity already holds that); `out` receives `[heads × head_dim]`. Nothing else is
+/// allocated.
 ///
 /// # Panics
 /// If the slices are shorter than the shape says, or `first > entries` (a programming
@@ -106,145 +108,151 @@ pub(crate) fn decode_attention(
     };
     scores.clear();
     scores.resize(s.heads * len, 0.0);
-    let rows: Vec<Mutex<(&mut [f32], &mut [f32])>> = scores
-        .chunks_exact_mut(len)
-        .zip(out.chunks_exact_mut(hd))
-        .map(Mutex::new)
-        .collect();
+    // A chunk's heads are consecutive, so its score rows and outputs are one
+    // consecutive part of each buffer, handed out without a list or a lock.
+    let all_scores = Disjoint::new(&mut scores[..]);
+    let all_out = Disjoint::new(out);
     parallel_chunks(chunks, th, &|c| {
         let heads = chunk_heads(c);
-        let mut guards: Vec<_> = rows[heads.clone()]
-            .iter()
-            .map(|r| r.lock().unwrap_or_else(PoisonError::into_inner))
-            .collect();
-        let (mut sc, mut o): (Vec<&mut [f32]>, Vec<&mut [f32]>) = guards
-            .iter_mut()
-            .map(|g| {
-                let (sc, o) = &mut **g;
-                (&mut **sc, &mut **o)
-            })
-            .unzip();
-        let qs: Vec<&[f32]> = heads.clone().map(|h| &q[h * hd..(h + 1) * hd]).collect();
-        // The runs of heads that share a KV head, with that KV head's offset in a row.
-        let runs: Vec<(usize, usize, usize)> = (0..heads.len())
-            .step_by(per)
-            .map(|i| {
-                (
-                    i,
-                    (i + per).min(heads.len()),
-                    ((heads.start + i) / s.group) * hd,
-                )
-            })
-            .collect();
+        let (h0, nc) = (heads.start, heads.len());
+        // SAFETY: the pool calls each chunk index once, and chunk `c` alone holds the
+        // heads `heads` (the chunks' head runs are disjoint), so these parts overlap no
+        // other chunk's.
+        let (sc, o) = unsafe {
+            (
+                all_scores.part(h0 * len..heads.end * len),
+                all_out.part(h0 * hd..heads.end * hd),
+            )
+        };
+        let qs = &q[h0 * hd..heads.end * hd];
+        // The runs of the chunk's heads that share a KV head (`a..b` within the
+        // chunk), with that KV head's offset in a cache entry.
+        let runs = || {
+            (0..nc)
+                .step_by(per)
+                .map(move |a| (a, (a + per).min(nc), ((h0 + a) / s.group) * hd))
+        };
         // The keys in blocks, every run's dots for a block before the next block, so a
         // block's whole cache entries are read once for all the chunk's KV heads.
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
-            for &(a, b, off) in &runs {
+            for (a, b, off) in runs() {
                 let rows = &keys[(first + j0) * kvd + off..];
-                dots_for_heads(rows, kvd, &qs[a..b], &mut sc[a..b], j0..j1);
+                let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
+                dots_for_heads(rows, kvd, q, hd, sc, len, j0..j1);
             }
             j0 = j1;
         }
-        for row in sc.iter_mut() {
-            row.iter_mut().for_each(|x| *x *= s.scale);
-        }
-        softmax_for_heads(&mut sc);
-        for row in o.iter_mut() {
-            row.fill(0.0);
-        }
+        sc.iter_mut().for_each(|x| *x *= s.scale);
+        softmax_for_heads(sc, len);
+        o.fill(0.0);
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
-            for &(a, b, off) in &runs {
+            for (a, b, off) in runs() {
                 let rows = &values[(first + j0) * kvd + off..];
-                sums_for_heads(&sc[a..b], j0..j1, rows, kvd, &mut o[a..b]);
+                let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
+                sums_for_heads(p, len, j0..j1, rows, kvd, o, hd);
             }
             j0 = j1;
         }
     });
 }
 
-/// [`softmax_in_place`] of every row, up to four side by side
+/// The first `N` rows of `len` elements of `s`.
+///
+/// # Panics
+/// If `s` holds fewer than `N` rows or `len` is 0.
+fn rows<const N: usize>(s: &[f32], len: usize) -> [&[f32]; N] {
+    let mut it = s.chunks_exact(len);
+    std::array::from_fn(|_| it.next().expect("N whole rows"))
+}
+
+/// [`rows`], mutable.
+fn rows_mut<const N: usize>(s: &mut [f32], len: usize) -> [&mut [f32]; N] {
+    let mut it = s.chunks_exact_mut(len);
+    std::array::from_fn(|_| it.next().expect("N whole rows"))
+}
+
+/// [`softmax_in_place`] of every `len`-element row of `rows`, up to four side by side
 /// ([`softmax_rows_in_place`]: each row's sum is a chain of dependent adds in ascending
 /// order, and side by side the chains of the group's heads overlap; the same bits).
-fn softmax_for_heads(rows: &mut [&mut [f32]]) {
-    for r in rows.chunks_mut(4) {
-        match r {
-            [a, b, c, d] => softmax_rows_in_place([&mut **a, &mut **b, &mut **c, &mut **d]),
-            [a, b, c] => softmax_rows_in_place([&mut **a, &mut **b, &mut **c]),
-            [a, b] => softmax_rows_in_place([&mut **a, &mut **b]),
-            [a] => softmax_in_place(a),
+fn softmax_for_heads(rows: &mut [f32], len: usize) {
+    for r in rows.chunks_mut(4 * len) {
+        match r.len() / len {
+            4 => softmax_rows_in_place(rows_mut::<4>(r, len)),
+            3 => softmax_rows_in_place(rows_mut::<3>(r, len)),
+            2 => softmax_rows_in_place(rows_mut::<2>(r, len)),
+            1 => softmax_in_place(r),
             _ => unreachable!("chunks of one to four rows"),
         }
     }
 }
 
 /// [`dot_strided_multi`] for any number of queries, up to four at a time: the dots of
-/// `rows` (the keys `keys` of the score rows, from its first row) against `qs[i]` go to
-/// `scores[i][keys]`. No list is built per call (a decode step makes these calls for
-/// every block of keys of every layer).
+/// `rows` (the cache entries of the keys `keys`, from the first of them) against the
+/// `hd`-element query `i` of `qs` go to `scores[i * len..][keys]`. Nothing is allocated
+/// (a decode step makes these calls for every block of keys of every layer).
 fn dots_for_heads(
     rows: &[f32],
     stride: usize,
-    qs: &[&[f32]],
-    scores: &mut [&mut [f32]],
+    qs: &[f32],
+    hd: usize,
+    scores: &mut [f32],
+    len: usize,
     keys: std::ops::Range<usize>,
 ) {
-    let k = || keys.clone();
-    for (q, o) in qs.chunks(4).zip(scores.chunks_mut(4)) {
-        match (q, o) {
-            ([a, b, c, d], [oa, ob, oc, od]) => dot_strided_multi(
-                rows,
-                stride,
-                [*a, *b, *c, *d],
-                [&mut oa[k()], &mut ob[k()], &mut oc[k()], &mut od[k()]],
-            ),
-            ([a, b, c], [oa, ob, oc]) => dot_strided_multi(
-                rows,
-                stride,
-                [*a, *b, *c],
-                [&mut oa[k()], &mut ob[k()], &mut oc[k()]],
-            ),
-            ([a, b], [oa, ob]) => {
-                dot_strided_multi(rows, stride, [*a, *b], [&mut oa[k()], &mut ob[k()]])
-            }
-            ([a], [oa]) => dot_strided_multi(rows, stride, [*a], [&mut oa[k()]]),
+    fn go<const N: usize>(
+        rows: &[f32],
+        stride: usize,
+        (q, hd): (&[f32], usize),
+        (o, len): (&mut [f32], usize),
+        keys: &std::ops::Range<usize>,
+    ) {
+        let out = rows_mut::<N>(o, len).map(|o| &mut o[keys.clone()]);
+        dot_strided_multi(rows, stride, self::rows::<N>(q, hd), out);
+    }
+    for (q, o) in qs.chunks(4 * hd).zip(scores.chunks_mut(4 * len)) {
+        match q.len() / hd {
+            4 => go::<4>(rows, stride, (q, hd), (o, len), &keys),
+            3 => go::<3>(rows, stride, (q, hd), (o, len), &keys),
+            2 => go::<2>(rows, stride, (q, hd), (o, len), &keys),
+            1 => go::<1>(rows, stride, (q, hd), (o, len), &keys),
             _ => unreachable!("queries and outputs come in equal chunks"),
         }
     }
 }
 
-/// [`weighted_rows_accumulate`] for any number of sums, up to four at a time: `outs[i]
-/// += Σ_j ps[i][keys][j] · rows[j]` (`rows` starting at the first key of `keys`). No
-/// list is built per call, as in [`dots_for_heads`].
+/// [`weighted_rows_accumulate`] for any number of sums, up to four at a time: the
+/// `hd`-element output `i` of `outs` `+= Σ_j ps[i * len..][keys][j] · rows[j]` (`rows`
+/// starting at the cache entry of the first key of `keys`). Nothing is allocated, as in
+/// [`dots_for_heads`].
 fn sums_for_heads(
-    ps: &[&mut [f32]],
+    ps: &[f32],
+    len: usize,
     keys: std::ops::Range<usize>,
     rows: &[f32],
     stride: usize,
-    outs: &mut [&mut [f32]],
+    outs: &mut [f32],
+    hd: usize,
 ) {
-    let k = || keys.clone();
-    for (p, o) in ps.chunks(4).zip(outs.chunks_mut(4)) {
-        match (p, o) {
-            ([a, b, c, d], [oa, ob, oc, od]) => weighted_rows_accumulate(
-                [&a[k()], &b[k()], &c[k()], &d[k()]],
-                rows,
-                stride,
-                [&mut **oa, &mut **ob, &mut **oc, &mut **od],
-            ),
-            ([a, b, c], [oa, ob, oc]) => weighted_rows_accumulate(
-                [&a[k()], &b[k()], &c[k()]],
-                rows,
-                stride,
-                [&mut **oa, &mut **ob, &mut **oc],
-            ),
-            ([a, b], [oa, ob]) => {
-                weighted_rows_accumulate([&a[k()], &b[k()]], rows, stride, [&mut **oa, &mut **ob])
-            }
-            ([a], [oa]) => weighted_rows_accumulate([&a[k()]], rows, stride, [&mut **oa]),
+    fn go<const N: usize>(
+        (p, len): (&[f32], usize),
+        keys: &std::ops::Range<usize>,
+        rows: &[f32],
+        stride: usize,
+        (o, hd): (&mut [f32], usize),
+    ) {
+        let p = self::rows::<N>(p, len).map(|p| &p[keys.clone()]);
+        weighted_rows_accumulate(p, rows, stride, rows_mut::<N>(o, hd));
+    }
+    for (p, o) in ps.chunks(4 * len).zip(outs.chunks_mut(4 * hd)) {
+        match p.len() / len {
+            4 => go::<4>((p, len), &keys, rows, stride, (o, hd)),
+            3 => go::<3>((p, len), &keys, rows, stride, (o, hd)),
+            2 => go::<2>((p, len), &keys, rows, stride, (o, hd)),
+            1 => go::<1>((p, len), &keys, rows, stride, (o, hd)),
             _ => unreachable!("weights and outputs come in equal chunks"),
         }
     }

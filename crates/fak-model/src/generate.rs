@@ -3,7 +3,7 @@
 //! model's own proofs and the CLI's token-id mode.)
 
 use crate::kv::{KvStore, VecKvCache};
-use crate::{LogitsWanted, Model, ModelError};
+use crate::{ForwardScratch, LogitsWanted, Model, ModelError};
 use std::time::Instant;
 
 /// Result of [`generate_greedy`], with timings in seconds.
@@ -78,6 +78,8 @@ pub fn generate_greedy(
     let t1 = Instant::now();
     let mut out = Vec::new();
     let mut steps = 0;
+    // Kept between the decode steps, which then allocate nothing.
+    let mut scratch = ForwardScratch::new();
     let mut stop = StopReason::MaxTokens;
     while out.len() < max_new_tokens {
         let next = argmax(&logits);
@@ -90,7 +92,16 @@ pub fn generate_greedy(
             break;
         }
         let pos = kv.len() as u32;
-        logits = model.forward(&[next], &[pos], &mut kv, LogitsWanted::Last, None)?;
+        let want = LogitsWanted::Last;
+        model.forward_into(
+            &[next],
+            &[pos],
+            &mut kv,
+            want,
+            None,
+            &mut scratch,
+            &mut logits,
+        )?;
         steps += 1;
     }
     Ok(Generation {

@@ -11,7 +11,9 @@
 //!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
 //!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
 //!   (F32, read in place).
-//! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`].
+//! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`];
+//!   [`Model::forward_into`] works in a caller's [`ForwardScratch`] and logits buffer,
+//!   so a decode step allocates nothing.
 //! - `attention` (private): a decode step's attention by GQA group, bit-identical to
 //!   the per-head path a prefill takes.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
@@ -37,6 +39,6 @@ pub use config::{Activation, Config, Family};
 pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
-pub use model::{ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode};
+pub use model::{ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode};
 pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

@@ -11,8 +11,9 @@ use crate::attention::{decode_attention, DecodeShape};
 use crate::kv::{window_start, KvStore};
 use crate::source::{MappedF32, QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
+use fak_tensor::pool::Disjoint;
 use fak_tensor::quant::{
-    matmul_threads, matvec_many, matvec_threads, quantize_activation, ActKind, Matvec, QType,
+    matmul_threads, matvec_many, matvec_threads, quantize_activation_into, ActKind, Matvec, QType,
     QuantError, QuantizedActs,
 };
 use fak_tensor::{
@@ -22,12 +23,12 @@ use fak_tensor::{
 };
 use std::path::Path;
 
-/// RMSNorm of every `[h]` row of `rows`, in place.
-fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize) {
-    let mut tmp = vec![0f32; h];
+/// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
+fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize, tmp: &mut Vec<f32>) {
+    tmp.resize(h, 0.0);
     for row in rows.chunks_exact_mut(h) {
-        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, &mut tmp);
-        row.copy_from_slice(&tmp);
+        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, tmp);
+        row.copy_from_slice(tmp);
     }
 }
 
@@ -129,9 +130,10 @@ fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: us
 }
 
 /// [`rows_in_hf_order`] in place: `out` holds every token's `rows` outputs in the
-/// file's row order and is left in HF's, one token's row copied aside at a time.
-fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize) {
-    let mut file_row = vec![0f32; rows];
+/// file's row order and is left in HF's, one token's row copied aside at a time into
+/// `file_row` (scratch, resized to `rows`).
+fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize, file_row: &mut Vec<f32>) {
+    file_row.resize(rows, 0.0);
     for ot in out.chunks_exact_mut(rows) {
         file_row.copy_from_slice(ot);
         for (o, &src) in ot.iter_mut().zip(order) {
@@ -140,83 +142,128 @@ fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize) {
     }
 }
 
+/// The buffers of the matrix products, kept between forward passes
+/// ([`ForwardScratch`]): each activation kind's quantized rows, and outputs computed in
+/// the file's row order before they are put in HF's.
+#[derive(Default)]
+struct ProductScratch {
+    /// Quantized rows per activation kind; the first `fresh` hold the current input,
+    /// the rest are buffers kept for reuse.
+    made: Vec<(ActKind, Vec<QuantizedActs>)>,
+    fresh: usize,
+    /// Outputs in the file's row order, one buffer per product of a group.
+    file_order: Vec<Vec<f32>>,
+}
+
+/// The rows quantized for `kind` among `made` (a [`ProductScratch`]'s current ones).
+fn acts_of(made: &[(ActKind, Vec<QuantizedActs>)], kind: ActKind) -> Option<&[QuantizedActs]> {
+    made.iter().find(|(k, _)| *k == kind).map(|(_, a)| &a[..])
+}
+
+impl ProductScratch {
+    /// The `i`-th file-order buffer, `len` long.
+    fn file_order(&mut self, i: usize, len: usize) -> &mut Vec<f32> {
+        if self.file_order.len() <= i {
+            self.file_order.resize_with(i + 1, Vec::new);
+        }
+        let b = &mut self.file_order[i];
+        b.resize(len, 0.0);
+        b
+    }
+}
+
 /// The quantized forms of one input (`n` rows of `cols`), made once per activation
 /// kind and shared by every product that reads that input (q/k/v, gate/up): the
 /// same function of the same row gives the same blocks, so sharing changes no bit.
+/// The blocks are written into `scratch`'s buffers, so once they have grown a
+/// one-token input allocates nothing.
 struct SharedActs<'a> {
     x: &'a [f32],
     cols: usize,
     n: usize,
     /// Threads the rows of a many-token input are quantized on.
     th: Threads,
-    made: Vec<(ActKind, Vec<QuantizedActs>)>,
+    scratch: &'a mut ProductScratch,
 }
 
 impl<'a> SharedActs<'a> {
-    fn new(x: &'a [f32], cols: usize, n: usize, th: Threads) -> Self {
+    fn new(
+        x: &'a [f32],
+        cols: usize,
+        n: usize,
+        th: Threads,
+        scratch: &'a mut ProductScratch,
+    ) -> Self {
+        scratch.fresh = 0;
         SharedActs {
             x: &x[..n * cols],
             cols,
             n,
             th,
-            made: Vec::new(),
+            scratch,
         }
     }
 
     /// The rows quantized for `ty` weights (quantized on first use).
     fn for_type(&mut self, ty: QType) -> Result<&[QuantizedActs], QuantError> {
         let kind = ty.act_kind();
-        let at = match self.made.iter().position(|(k, _)| *k == kind) {
-            Some(i) => i,
+        let sc = &mut *self.scratch;
+        if let Some(i) = sc.made[..sc.fresh].iter().position(|(k, _)| *k == kind) {
+            return Ok(&sc.made[i].1);
+        }
+        // A kept buffer of this kind if there is one, else a new one, moved to `fresh`.
+        let at = sc.fresh;
+        match sc.made[at..].iter().position(|(k, _)| *k == kind) {
+            Some(i) => sc.made.swap(at, at + i),
             None => {
-                // Each row on its own (a pure function of the row), so splitting the
-                // rows between threads changes no bit.
-                let rows: Vec<&[f32]> = self.x.chunks_exact(self.cols).collect();
-                let acts = if rows.len() >= 16 && self.th.get() > 1 {
-                    let per = rows.len().div_ceil(self.th.get().saturating_mul(4)).max(1);
-                    let parts: Vec<std::sync::Mutex<Vec<Result<QuantizedActs, QuantError>>>> =
-                        rows.chunks(per).map(|_| Default::default()).collect();
-                    parallel_chunks(parts.len(), self.th, &|c| {
-                        let end = ((c + 1) * per).min(rows.len());
-                        let made = rows[c * per..end]
-                            .iter()
-                            .map(|xt| quantize_activation(ty, xt))
-                            .collect();
-                        *parts[c]
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = made;
-                    });
-                    parts
-                        .into_iter()
-                        .flat_map(|m| {
-                            m.into_inner()
-                                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        })
-                        .collect::<Result<Vec<_>, _>>()?
-                } else {
-                    rows.iter()
-                        .map(|xt| quantize_activation(ty, xt))
-                        .collect::<Result<Vec<_>, _>>()?
-                };
-                self.made.push((kind, acts));
-                self.made.len() - 1
+                sc.made.push((kind, Vec::new()));
+                let last = sc.made.len() - 1;
+                sc.made.swap(at, last);
             }
-        };
-        Ok(&self.made[at].1)
-    }
-
-    /// The rows already quantized for `kind`, if [`SharedActs::for_type`] made them.
-    fn get(&self, kind: ActKind) -> Option<&[QuantizedActs]> {
-        self.made
-            .iter()
-            .find(|(k, _)| *k == kind)
-            .map(|(_, a)| &a[..])
+        }
+        let acts = &mut sc.made[at].1;
+        acts.truncate(self.n);
+        acts.resize_with(self.n, || QuantizedActs::Q8_0(Vec::new()));
+        // Each row on its own (a pure function of the row), so splitting the rows
+        // between threads changes no bit.
+        let (x, cols) = (self.x, self.cols);
+        if self.n >= 16 && self.th.get() > 1 {
+            let per = self.n.div_ceil(self.th.get().saturating_mul(4)).max(1);
+            let error = std::sync::Mutex::new(None);
+            let rows = Disjoint::new(&mut acts[..]);
+            parallel_chunks(self.n.div_ceil(per), self.th, &|c| {
+                let r = c * per..((c + 1) * per).min(rows.len());
+                let x = &x[r.start * cols..r.end * cols];
+                // SAFETY: the pool calls each chunk index once, and chunk `c` alone
+                // holds rows `r` (consecutive, disjoint ranges).
+                let part = unsafe { rows.part(r) };
+                for (a, xt) in part.iter_mut().zip(x.chunks_exact(cols)) {
+                    if let Err(e) = quantize_activation_into(ty, xt, a) {
+                        *error
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
+                    }
+                }
+            });
+            if let Some(e) = error
+                .into_inner()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+            {
+                return Err(e);
+            }
+        } else {
+            for (a, xt) in acts.iter_mut().zip(x.chunks_exact(cols)) {
+                quantize_activation_into(ty, xt, a)?;
+            }
+        }
+        sc.fresh += 1;
+        Ok(&sc.made[at].1)
     }
 }
 
 /// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): over the matrix in
 /// the map when `q` holds one (the quantized product, or [`matmul`] over mapped F32),
-/// else the exact `f32` [`matmul`] over `w`.
+/// else the exact `f32` [`matmul`] over `w`. `scratch` holds the quantized input.
 #[allow(clippy::too_many_arguments)]
 fn linear(
     w: &[f32],
@@ -227,8 +274,10 @@ fn linear(
     n: usize,
     out: &mut [f32],
     th: Threads,
+    scratch: &mut ProductScratch,
 ) -> Result<(), ModelError> {
-    linear_shared(w, q, rows, &mut SharedActs::new(x, cols, n, th), out, th)
+    let mut x = SharedActs::new(x, cols, n, th, scratch);
+    linear_shared(w, q, rows, &mut x, out, th)
 }
 
 /// The values of a mapped F32 matrix used as `[rows, cols]`, or an error when its
@@ -267,7 +316,8 @@ fn linear_shared(
             let w = mapped_f32_as(m, rows, cols)?;
             matmul(w, rows, cols, x.x, n, out, th);
             if let Some(order) = &m.row_order {
-                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows);
+                let tmp = x.scratch.file_order(0, rows);
+                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows, tmp);
             }
             return Ok(());
         }
@@ -275,21 +325,33 @@ fn linear_shared(
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
     let out = &mut out[..n * rows];
-    let acts = x.for_type(q.ty).map_err(qerr)?;
     let Some(order) = &q.row_order else {
+        let acts = x.for_type(q.ty).map_err(qerr)?;
         if n == 1 {
             return matvec_threads(q.ty, q.bytes(), &acts[0], out, th).map_err(qerr);
         }
         return matmul_threads(q.ty, q.bytes(), acts, out, th).map_err(qerr);
     };
     // Rows in the file's order, then each token's outputs put back in HF's order.
-    let mut file_order = vec![0f32; n * rows];
-    if n == 1 {
-        matvec_threads(q.ty, q.bytes(), &acts[0], &mut file_order, th).map_err(qerr)?;
-    } else {
-        matmul_threads(q.ty, q.bytes(), acts, &mut file_order, th).map_err(qerr)?;
+    x.for_type(q.ty).map_err(qerr)?;
+    let ProductScratch {
+        made,
+        fresh,
+        file_order,
+    } = &mut *x.scratch;
+    let acts = acts_of(&made[..*fresh], q.ty.act_kind())
+        .ok_or_else(|| ModelError::Unsupported("activation not quantized".into()))?;
+    if file_order.is_empty() {
+        file_order.push(Vec::new());
     }
-    rows_in_hf_order(out, &file_order, order, rows);
+    let file_order = &mut file_order[0];
+    file_order.resize(n * rows, 0.0);
+    if n == 1 {
+        matvec_threads(q.ty, q.bytes(), &acts[0], file_order, th).map_err(qerr)?;
+    } else {
+        matmul_threads(q.ty, q.bytes(), acts, file_order, th).map_err(qerr)?;
+    }
+    rows_in_hf_order(out, file_order, order, rows);
     Ok(())
 }
 
@@ -302,8 +364,8 @@ type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32])
 /// every matrix `f32` (exact mode, or an F32 file read in place) as one
 /// [`matmul_group`]: one hand-off to the threads instead of one per product. Anything
 /// else runs [`linear_shared`] per product. Either way each output is the same bits.
-fn linear_group(
-    items: &mut [GroupItem<'_>],
+fn linear_group<const N: usize>(
+    items: &mut [GroupItem<'_>; N],
     x: &mut SharedActs<'_>,
     th: Threads,
 ) -> Result<(), ModelError> {
@@ -333,7 +395,8 @@ fn linear_group(
         for (_, q, rows, out) in items.iter_mut() {
             if let Some(NativeMatrix::F32(m)) = q {
                 if let Some(order) = &m.row_order {
-                    rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows);
+                    let tmp = x.scratch.file_order(0, *rows);
+                    rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows, tmp);
                 }
             }
         }
@@ -346,48 +409,53 @@ fn linear_group(
         return Ok(());
     }
     let qerr = |e| ModelError::Unsupported(format!("quantized product: {e}"));
-    for (_, q, _, _) in items.iter() {
-        if let Some(q) = q.and_then(NativeMatrix::quant) {
-            x.for_type(q.ty).map_err(qerr)?;
-        }
+    let mut quant = [None; N];
+    for ((_, q, _, _), slot) in items.iter().zip(quant.iter_mut()) {
+        let q = q
+            .and_then(NativeMatrix::quant)
+            .ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
+        x.for_type(q.ty).map_err(qerr)?;
+        *slot = Some(q);
     }
-    // Outputs in the file's row order where the matrix has one, put back after.
-    let mut file_order: Vec<Vec<f32>> = items
-        .iter()
-        .map(|(_, q, rows, _)| {
-            match q
-                .and_then(NativeMatrix::quant)
-                .and_then(|q| q.row_order.as_ref())
-            {
-                Some(_) => vec![0f32; *rows],
-                None => Vec::new(),
-            }
-        })
-        .collect();
+    // Outputs in the file's row order where the matrix has one, put back after: each
+    // product's buffer in the scratch, so nothing is allocated once they have grown.
+    for (i, (q, (_, _, rows, _))) in quant.iter().zip(items.iter()).enumerate() {
+        let len = if q.is_some_and(|q| q.row_order.is_some()) {
+            *rows
+        } else {
+            0
+        };
+        x.scratch.file_order(i, len);
+    }
     {
-        let mut products = Vec::with_capacity(items.len());
-        for ((_, q, rows, out), fo) in items.iter_mut().zip(file_order.iter_mut()) {
-            let q = q
-                .and_then(NativeMatrix::quant)
-                .ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
-            let act = &x.get(q.ty.act_kind()).ok_or_else(|| {
-                ModelError::Unsupported(format!("no {:?} activation", q.ty.act_kind()))
-            })?[0];
-            let out: &mut [f32] = if fo.is_empty() { &mut out[..*rows] } else { fo };
-            products.push(Matvec {
+        let ProductScratch {
+            made,
+            fresh,
+            file_order,
+        } = &mut *x.scratch;
+        let made = &made[..*fresh];
+        let mut slots = items.iter_mut().zip(file_order.iter_mut()).zip(&quant);
+        let mut products: [Matvec<'_>; N] = std::array::from_fn(|_| {
+            let (((_, _, rows, out), fo), q) = slots.next().expect("N items");
+            let q = q.expect("checked above");
+            let act = &acts_of(made, q.ty.act_kind()).expect("quantized above")[0];
+            let out: &mut [f32] = if fo.is_empty() {
+                &mut out[..*rows]
+            } else {
+                &mut fo[..]
+            };
+            Matvec {
                 ty: q.ty,
                 w: q.bytes(),
                 act,
                 out,
-            });
-        }
+            }
+        });
         matvec_many(&mut products, th).map_err(qerr)?;
     }
-    for ((_, q, _, out), fo) in items.iter_mut().zip(&file_order) {
-        if let Some(order) = q
-            .and_then(NativeMatrix::quant)
-            .and_then(|q| q.row_order.as_ref())
-        {
+    for (i, ((_, _, _, out), q)) in items.iter_mut().zip(&quant).enumerate() {
+        if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
+            let fo = &x.scratch.file_order[i];
             rows_in_hf_order(&mut out[..order.len()], fo, order, order.len());
         }
     }
@@ -498,6 +566,99 @@ pub struct ForwardTrace {
     pub layers: Vec<Vec<f32>>,
     /// Output of the final `norm`.
     pub final_norm: Vec<f32>,
+}
+
+/// The buffers a forward pass works in, kept by the caller between passes
+/// ([`Model::forward_into`]; a session keeps one per conversation), so that a decode
+/// step allocates nothing once they have grown: the residual stream, the
+/// normed input, q/k/v and the unrotated k, the attention output and scores, the MLP's
+/// gate and up, the RoPE rows, each product's quantized input and its outputs in the
+/// file's row order.
+///
+/// After a pass of more than one token (a prefill) the buffers are released, so a
+/// conversation does not keep a long prompt's activations (tens of MB for a few
+/// thousand tokens); the next decode step grows them again to one token's size, once.
+/// The attention scores (`heads × entries`) grow as a `Vec` does, to twice their size
+/// when full, so a growing context regrows them only each time it doubles.
+///
+/// It holds no state that changes a result: any scratch, new or used, gives the same
+/// bits. `Clone` gives a new, empty one.
+#[derive(Default)]
+pub struct ForwardScratch {
+    x: Vec<f32>,
+    xn: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    k_raw: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    proj: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    /// A head's or a row's RMSNorm output before it is copied back.
+    norm: Vec<f32>,
+    /// Per distinct RoPE table used by this pass: (first layer using it, cos rows, sin
+    /// rows); entries past `rope_used` are kept buffers.
+    rope: Vec<(usize, Vec<f32>, Vec<f32>)>,
+    rope_used: usize,
+    /// Decode attention's `[heads, entries]` scores.
+    scores: Vec<f32>,
+    products: ProductScratch,
+}
+
+impl ForwardScratch {
+    /// An empty scratch (nothing allocated until a pass uses it).
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Bytes held by the buffers (their capacity; the quantized inputs by length).
+    pub fn bytes(&self) -> usize {
+        let f = |v: &Vec<f32>| 4 * v.capacity();
+        let p = &self.products;
+        [
+            &self.x,
+            &self.xn,
+            &self.q,
+            &self.k,
+            &self.k_raw,
+            &self.v,
+            &self.attn,
+            &self.proj,
+            &self.gate,
+            &self.up,
+            &self.norm,
+            &self.scores,
+        ]
+        .into_iter()
+        .map(f)
+        .sum::<usize>()
+            + self.rope.iter().map(|(_, c, s)| f(c) + f(s)).sum::<usize>()
+            + p.file_order.iter().map(f).sum::<usize>()
+            + p.made
+                .iter()
+                .flat_map(|(_, rows)| rows)
+                .map(|a| match a {
+                    QuantizedActs::Q8_0(b) => std::mem::size_of_val(&b[..]),
+                    QuantizedActs::Q8_1(b) => std::mem::size_of_val(&b[..]),
+                    QuantizedActs::Q8K(b) => std::mem::size_of_val(&b[..]),
+                })
+                .sum::<usize>()
+    }
+}
+
+impl Clone for ForwardScratch {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl std::fmt::Debug for ForwardScratch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ForwardScratch")
+            .field("bytes", &self.bytes())
+            .finish()
+    }
 }
 
 /// A loaded model: config, weights, RoPE tables and the thread count its products use.
@@ -929,6 +1090,7 @@ impl Model {
             n,
             &mut logits,
             self.threads,
+            &mut ProductScratch::default(),
         );
         if let Err(e) = r {
             // Shapes and types were checked at load; no input reaches this.
@@ -954,8 +1116,52 @@ impl Model {
         positions: &[u32],
         kv: &mut dyn KvStore,
         want: LogitsWanted,
-        mut trace: Option<&mut ForwardTrace>,
+        trace: Option<&mut ForwardTrace>,
     ) -> Result<Vec<f32>, ModelError> {
+        let mut logits = Vec::new();
+        let mut scratch = ForwardScratch::new();
+        self.forward_into(ids, positions, kv, want, trace, &mut scratch, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] working in the caller's `scratch` and writing the logits into
+    /// `logits` (resized to `[rows, vocab]`; emptied for [`LogitsWanted::None`]), the same
+    /// bits. With a scratch kept between steps and a `logits` buffer that already holds
+    /// a vocabulary row, a decode step (one token, `trace` `None`) allocates nothing:
+    /// a test counts the heap allocations of such steps and asserts there are none.
+    ///
+    /// # Errors
+    /// As [`Model::forward`]; on error `kv` is unchanged and `logits` unspecified.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let r = self.forward_in(ids, positions, kv, want, trace, scratch, logits);
+        if ids.len() > 1 {
+            // A prefill's buffers are released rather than kept for the conversation.
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        mut trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = ids.len();
         if n == 0 {
@@ -1004,8 +1210,38 @@ impl Model {
         let (qd, kvd, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
         let group = nh / nkv;
         let th = self.threads;
+        let ForwardScratch {
+            x,
+            xn,
+            q,
+            k,
+            k_raw,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            norm,
+            rope: rope_rows,
+            rope_used,
+            scores,
+            products,
+        } = scratch;
+        for (b, len) in [
+            (&mut *x, n * h),
+            (&mut *xn, n * h),
+            (&mut *q, n * qd),
+            (&mut *k, n * kvd),
+            (&mut *v, n * kvd),
+            (&mut *attn, n * qd),
+            (&mut *proj, n * h),
+            (&mut *gate, n * ff),
+            (&mut *up, n * ff),
+        ] {
+            b.clear();
+            b.resize(len, 0.0);
+        }
 
-        let mut x = vec![0f32; n * h];
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
             match &self.embed_native {
                 Some(NativeMatrix::Quant(e)) => e.dequantize_row(id as usize, row)?,
@@ -1024,30 +1260,26 @@ impl Model {
         }
 
         kv.append_positions(positions);
-        let mut xn = vec![0f32; n * h];
-        let mut q = vec![0f32; n * qd];
-        let mut k = vec![0f32; n * kvd];
-        let mut v = vec![0f32; n * kvd];
-        let mut attn = vec![0f32; n * qd];
-        let mut proj = vec![0f32; n * h];
-        let mut gate = vec![0f32; n * ff];
-        let mut up = vec![0f32; n * ff];
         let half = hd / 2;
         // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
         // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
-        let mut rope_rows: Vec<(usize, Vec<f32>, Vec<f32>)> = Vec::new();
+        *rope_used = 0;
         let scale = c.attention_scale;
-        let mut scores = Vec::new();
 
         for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
-            let slot = match rope_rows
+            let slot = match rope_rows[..*rope_used]
                 .iter()
                 .position(|r| self.rope[r.0] == self.rope[l])
             {
                 Some(i) => i,
                 None => {
-                    let mut cos = vec![0f32; n * half];
-                    let mut sin = vec![0f32; n * half];
+                    if rope_rows.len() == *rope_used {
+                        rope_rows.push((l, Vec::new(), Vec::new()));
+                    }
+                    let (first, cos, sin) = &mut rope_rows[*rope_used];
+                    *first = l;
+                    cos.resize(n * half, 0.0);
+                    sin.resize(n * half, 0.0);
                     for (t, &p) in positions.iter().enumerate() {
                         self.rope[l].cos_sin(
                             p,
@@ -1055,8 +1287,8 @@ impl Model {
                             &mut sin[t * half..(t + 1) * half],
                         );
                     }
-                    rope_rows.push((l, cos, sin));
-                    rope_rows.len() - 1
+                    *rope_used += 1;
+                    *rope_used - 1
                 }
             };
             let (_, cos, sin) = &rope_rows[slot];
@@ -1065,33 +1297,34 @@ impl Model {
                 rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
             // q, k and v read one input: it is quantized once for the three.
-            let mut xq = SharedActs::new(&xn, h, n, th);
+            let mut xq = SharedActs::new(xn, h, n, th, products);
             linear_group(
                 &mut [
-                    (&w.q_proj, nw.q.as_ref(), qd, &mut q),
-                    (&w.k_proj, nw.k.as_ref(), kvd, &mut k),
-                    (&w.v_proj, nw.v.as_ref(), kvd, &mut v),
+                    (&w.q_proj, nw.q.as_ref(), qd, &mut q[..]),
+                    (&w.k_proj, nw.k.as_ref(), kvd, &mut k[..]),
+                    (&w.v_proj, nw.v.as_ref(), kvd, &mut v[..]),
                 ],
                 &mut xq,
                 th,
             )?;
             if let Some((bq, bk, bv)) = &w.qkv_bias {
-                for (rows, b) in [(&mut q, bq), (&mut k, bk), (&mut v, bv)] {
+                for (rows, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
                     for row in rows.chunks_exact_mut(b.len()) {
                         add_assign(row, b);
                     }
                 }
             }
             if let Some((nq, nk)) = &w.qk_norm {
-                let mut tmp = vec![0f32; hd];
-                for (rows, g) in [(&mut q, nq), (&mut k, nk)] {
+                norm.resize(hd, 0.0);
+                for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
                     for head in rows.chunks_exact_mut(hd) {
-                        rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, &mut tmp);
-                        head.copy_from_slice(&tmp);
+                        rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
+                        head.copy_from_slice(norm);
                     }
                 }
             }
-            let k_raw = k.clone();
+            k_raw.clear();
+            k_raw.extend_from_slice(k);
             for t in 0..n {
                 let (cs, sn) = (
                     &cos[t * half..(t + 1) * half],
@@ -1104,7 +1337,7 @@ impl Model {
                     rope_rotate_half(head, cs, sn);
                 }
             }
-            kv.append_layer(l, &k_raw, &k, &v);
+            kv.append_layer(l, k_raw, k, v);
             let keys = kv.keys(l);
             let vals = kv.values(l);
             let pos = kv.positions();
@@ -1125,7 +1358,7 @@ impl Model {
                     scale,
                 };
                 let first = window_start(pos, m - 1, window);
-                decode_attention(shape, &q, keys, vals, first, m, &mut scores, &mut attn, th);
+                decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
             } else {
                 const QB: usize = 4;
                 let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
@@ -1243,40 +1476,33 @@ impl Model {
                 });
                 drop(outs);
             }
-            linear(&w.o_proj, nw.o.as_ref(), h, qd, &attn, n, &mut proj, th)?;
+            let o_proj = nw.o.as_ref();
+            linear(&w.o_proj, o_proj, h, qd, attn, n, proj, th, products)?;
             if let Some(g) = &w.attn_out_norm {
-                norm_rows(&mut proj, g, c, h);
+                norm_rows(proj, g, c, h, norm);
             }
-            add_assign(&mut x, &proj);
+            add_assign(x, proj);
             // MLP (SwiGLU or GeGLU).
             for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
                 rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
             }
             // gate and up read one input: it is quantized once for the two.
-            let mut xq = SharedActs::new(&xn, h, n, th);
+            let mut xq = SharedActs::new(xn, h, n, th, products);
             linear_group(
                 &mut [
-                    (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate),
-                    (&w.up_proj, nw.up.as_ref(), ff, &mut up),
+                    (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate[..]),
+                    (&w.up_proj, nw.up.as_ref(), ff, &mut up[..]),
                 ],
                 &mut xq,
                 th,
             )?;
             gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
-            linear(
-                &w.down_proj,
-                nw.down.as_ref(),
-                h,
-                ff,
-                &gate,
-                n,
-                &mut proj,
-                th,
-            )?;
+            let down = nw.down.as_ref();
+            linear(&w.down_proj, down, h, ff, gate, n, proj, th, products)?;
             if let Some(g) = &w.mlp_out_norm {
-                norm_rows(&mut proj, g, c, h);
+                norm_rows(proj, g, c, h, norm);
             }
-            add_assign(&mut x, &proj);
+            add_assign(x, proj);
             if let Some(t) = trace.as_deref_mut() {
                 t.layers.push(x.clone());
             }
@@ -1289,23 +1515,28 @@ impl Model {
             t.final_norm = xn.clone();
         }
         let rows: &[f32] = match want {
-            LogitsWanted::None => return Ok(Vec::new()),
+            LogitsWanted::None => {
+                logits.clear();
+                return Ok(());
+            }
             LogitsWanted::Last => &xn[(n - 1) * h..],
-            LogitsWanted::All => &xn,
+            LogitsWanted::All => xn,
         };
         let nr = rows.len() / h;
         let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
-        let mut logits = vec![0f32; nr * c.vocab_size];
+        logits.clear();
+        logits.resize(nr * c.vocab_size, 0.0);
+        let head_native = self.head_native();
         linear(
             head,
-            self.head_native(),
+            head_native,
             c.vocab_size,
             h,
             rows,
             nr,
-            &mut logits,
+            logits,
             th,
-        )?;
-        Ok(logits)
+            products,
+        )
     }
 }
