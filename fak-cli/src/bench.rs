@@ -66,8 +66,7 @@ fn one_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Sample, 
     let prefill_s = t0.elapsed().as_secs_f64();
     let t1 = Instant::now();
     for _ in 0..gen {
-        let logits = s.step(next)?;
-        next = argmax(&logits);
+        next = argmax(s.decode(next)?);
     }
     Ok(Sample {
         prefill_s,

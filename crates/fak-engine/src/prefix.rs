@@ -427,7 +427,9 @@ impl PrefixCache {
     ///
     /// `ledger` says where the session's tool results sit; a session holding revoked
     /// content is cut before it first (see [`PrefixCache::revoke`]).
-    pub fn insert(&mut self, session: Session, ledger: Vec<Span>) {
+    pub fn insert(&mut self, mut session: Session, ledger: Vec<Span>) {
+        // Kept to be copied, never stepped: its forward-pass buffers are not needed.
+        session.release_buffers();
         let k = Kept {
             session: Arc::new(session),
             ledger,

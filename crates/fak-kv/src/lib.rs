@@ -13,7 +13,10 @@
 //!   prefills only the suffix;
 //! - **sliding windows** are found from the stored absolute positions
 //!   ([`fak_model::window_start`]), so they stay right after an eviction, and a bounded
-//!   mode drops entries no window can reach ([`Session::drop_oldest`]).
+//!   mode drops entries no window can reach ([`Session::drop_oldest`]);
+//! - **a decode step allocates nothing** ([`Session::decode`]): the forward pass works in
+//!   buffers the session keeps, and the logits are written into a kept row
+//!   (`tests/decode_alloc.rs` counts the heap allocations of such steps: zero).
 //!
 //! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
 //! penalty, seeded), [`logprobs`] (log-softmax of the raw logits per generated token),

@@ -2,7 +2,7 @@
 //! decode steps.
 
 use crate::cache::{KvCache, KvError};
-use fak_model::{argmax, LogitsWanted, Model, ModelError};
+use fak_model::{argmax, ForwardScratch, LogitsWanted, Model, ModelError};
 use std::sync::Arc;
 
 /// Errors of session operations.
@@ -73,6 +73,23 @@ pub struct Session {
     positions_computed: u64,
     /// The token id of every cache entry, `[len]`.
     ids: Vec<u32>,
+    /// What a forward pass works in, kept so a decode step allocates nothing.
+    buffers: Buffers,
+}
+
+/// A session's forward-pass scratch and the logits buffer the next step writes into
+/// (swapped with the last logits when the step succeeds, so a failed step leaves them
+/// as they were). Holds no state: a clone is new and empty.
+#[derive(Debug, Default)]
+struct Buffers {
+    scratch: ForwardScratch,
+    spare: Vec<f32>,
+}
+
+impl Clone for Buffers {
+    fn clone(&self) -> Self {
+        Buffers::default()
+    }
 }
 
 impl Session {
@@ -86,12 +103,14 @@ impl Session {
     /// budget: `capacity * cache().bytes_per_token()` bytes).
     pub fn with_capacity(model: Arc<Model>, capacity: usize) -> Self {
         let cache = KvCache::new(model.config(), capacity);
+        let ids = Vec::with_capacity(cache.capacity());
         Session {
             model,
             cache,
             last_logits: None,
             positions_computed: 0,
-            ids: Vec::new(),
+            ids,
+            buffers: Buffers::default(),
         }
     }
 
@@ -145,14 +164,37 @@ impl Session {
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         let start = self.cache.next_position();
         let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
-        let logits =
-            self.model
-                .forward(ids, &positions, &mut self.cache, LogitsWanted::Last, None)?;
-        self.check_finite(&logits, ids.len())?;
+        self.run_last(ids, &positions)?;
+        Ok(self.last_logits.clone().unwrap_or_default())
+    }
+
+    /// Runs `ids` at `positions`, keeping the last token's logits in `last_logits`.
+    fn run_last(&mut self, ids: &[u32], positions: &[u32]) -> Result<(), SessionError> {
+        let Buffers { scratch, spare } = &mut self.buffers;
+        let mut logits = std::mem::take(spare);
+        let mut ran: Result<(), SessionError> = self
+            .model
+            .forward_into(
+                ids,
+                positions,
+                &mut self.cache,
+                LogitsWanted::Last,
+                None,
+                scratch,
+                &mut logits,
+            )
+            .map_err(Into::into);
+        if ran.is_ok() {
+            ran = self.check_finite(&logits, ids.len());
+        }
+        if let Err(e) = ran {
+            self.buffers.spare = logits;
+            return Err(e);
+        }
         self.positions_computed += ids.len() as u64;
         self.ids.extend_from_slice(ids);
-        self.last_logits = Some(logits.clone());
-        Ok(logits)
+        self.buffers.spare = self.last_logits.replace(logits).unwrap_or_default();
+        Ok(())
     }
 
     /// Like [`Session::prefill`] but returns the logits of every token, `[n, vocab]`.
@@ -191,12 +233,30 @@ impl Session {
             && (self.cache.next_position() as usize) < self.model.config().max_position_embeddings
     }
 
-    /// One decode step: runs token `id` and returns its logits `[vocab]`.
+    /// One decode step: runs token `id` and returns its logits `[vocab]` (a copy of
+    /// what [`Session::decode`] returns).
     ///
     /// # Errors
     /// As [`Session::prefill`].
     pub fn step(&mut self, id: u32) -> Result<Vec<f32>, SessionError> {
-        self.prefill(&[id])
+        self.decode(id).map(<[f32]>::to_vec)
+    }
+
+    /// One decode step without a heap allocation: runs token `id` at the next position
+    /// and returns its logits `[vocab]`, borrowed from the session (they are
+    /// [`Session::last_logits`] until the next step). The forward pass works in
+    /// buffers the session keeps ([`fak_model::ForwardScratch`]) and writes the logits
+    /// into a buffer kept from the step before, so once the buffers have grown (after
+    /// the first step that follows a prefill) a step allocates nothing; the test
+    /// `decode_steps_allocate_nothing` counts. The same bits as [`Session::prefill`]
+    /// of the one token.
+    ///
+    /// # Errors
+    /// As [`Session::prefill`]; the session is unchanged on error.
+    pub fn decode(&mut self, id: u32) -> Result<&[f32], SessionError> {
+        let position = [self.cache.next_position()];
+        self.run_last(&[id], &position)?;
+        Ok(self.last_logits.as_deref().unwrap_or(&[]))
     }
 
     /// Greedy generation from the last logits: takes the argmax token, runs it, repeats;
@@ -208,16 +268,15 @@ impl Session {
     /// [`SessionError::NoLogits`] when nothing has been prefilled since the start or the
     /// last eviction; forward-pass errors (context overflow).
     pub fn generate(&mut self, params: &GenerateParams) -> Result<Vec<u32>, SessionError> {
-        let mut logits = self.last_logits.clone().ok_or(SessionError::NoLogits)?;
+        let mut next = argmax(self.last_logits().ok_or(SessionError::NoLogits)?);
         let eos = self.model.config().eos_token_ids.clone();
         let mut out = Vec::new();
         while out.len() < params.max_new_tokens {
-            let next = argmax(&logits);
             out.push(next);
             if (params.stop_at_eos && eos.contains(&next)) || out.len() == params.max_new_tokens {
                 break;
             }
-            logits = self.step(next)?;
+            next = argmax(self.decode(next)?);
         }
         Ok(out)
     }
@@ -272,6 +331,13 @@ impl Session {
         Ok(())
     }
 
+    /// Drops the buffers the forward pass works in and the spare logits row (a session
+    /// kept only to be copied, as a server's prefix cache keeps them, does not need
+    /// them; the next step grows them again).
+    pub fn release_buffers(&mut self) {
+        self.buffers = Buffers::default();
+    }
+
     /// A new session that starts from a byte-exact copy of `prefix`'s cache and then
     /// prefills `suffix` only. Its [`Session::positions_computed`] counts the suffix
     /// alone. An empty suffix gives a plain clone (with the prefix's last logits).
@@ -285,6 +351,7 @@ impl Session {
             last_logits: prefix.last_logits.clone(),
             positions_computed: 0,
             ids: prefix.ids.clone(),
+            buffers: Buffers::default(),
         };
         if !suffix.is_empty() {
             s.prefill(suffix)?;

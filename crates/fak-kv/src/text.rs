@@ -179,14 +179,11 @@ pub fn generate_text_with_logprobs(
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<TextOutput, SessionError> {
     let t0 = Instant::now();
-    let mut logits = if new_ids.is_empty() {
-        session
-            .last_logits()
-            .map(<[f32]>::to_vec)
-            .ok_or(SessionError::NoLogits)?
+    if new_ids.is_empty() {
+        session.last_logits().ok_or(SessionError::NoLogits)?;
     } else {
-        session.prefill(new_ids)?
-    };
+        session.prefill(new_ids)?;
+    }
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut sampler = Sampler::new(params.sampling.clone());
     let mut decoder = StreamDecoder::new(true);
@@ -216,7 +213,10 @@ pub fn generate_text_with_logprobs(
             out.finish_reason = FinishReason::Cancelled;
             break;
         }
-        let next = sampler.sample(&logits, session.ids());
+        // The logits of the last token run, borrowed from the session (a decode step
+        // writes them in place, [`Session::decode`]).
+        let logits = session.last_logits().ok_or(SessionError::NoLogits)?;
+        let next = sampler.sample(logits, session.ids());
         if out.completion_ids.is_empty() {
             out.ttft_s = t0.elapsed().as_secs_f64();
         }
@@ -228,7 +228,7 @@ pub fn generate_text_with_logprobs(
         let piece = decoder.push(tokenizer, next);
         if let Some(n) = params.logprobs {
             release.pending.push_back(Pending {
-                rec: token_logprob(&logits, next, n, tokenizer),
+                rec: token_logprob(logits, next, n, tokenizer),
                 start: decoded,
                 end: None,
             });
@@ -253,7 +253,7 @@ pub fn generate_text_with_logprobs(
             // text generated so far.
             break;
         }
-        logits = session.step(next)?;
+        session.decode(next)?;
         out.decode_steps += 1;
     }
     if !stopped {
