@@ -403,6 +403,34 @@ impl std::fmt::Debug for Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn disjoint_parts_written_by_chunks_cover_the_slice() {
+        let mut v = vec![0u32; 1000];
+        {
+            let d = Disjoint::new(&mut v[..]);
+            let mut pool = Pool::new(3);
+            // 7 chunks of 150 elements (the last one 100): each writes its index + 1.
+            pool.run_chunks(7, &|c| {
+                let r = c * 150..((c + 1) * 150).min(d.len());
+                // SAFETY: chunk `c` alone names range `r`; the pool calls it once.
+                let part = unsafe { d.part(r) };
+                part.iter_mut().for_each(|x| *x = c as u32 + 1);
+            });
+        }
+        for (i, &x) in v.iter().enumerate() {
+            assert_eq!(x, (i / 150) as u32 + 1, "element {i}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "part 5..11 of a slice of 10")]
+    fn a_disjoint_part_past_the_end_panics_before_any_access() {
+        let mut v = [0u8; 10];
+        let d = Disjoint::new(&mut v[..]);
+        // SAFETY: no other part is alive.
+        let _ = unsafe { d.part(5..11) };
+    }
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]

@@ -685,10 +685,15 @@ fn pooled_matvec_in_ranges_is_bit_identical() {
 #[test]
 fn matvec_many_is_each_matvec_bitwise() {
     let mut r = Rng(47);
+    // Six products: more than one hand-off holds (`CHUNKED_PRODUCTS`), so the list is
+    // run in two.
     let shapes = [
         (QType::Q4_1, 300, 16),
         (QType::Q8_0, 77, 16),
         (QType::Q6K, 130, 2),
+        (QType::Q4_0, 64, 4),
+        (QType::Q5_1, 9, 3),
+        (QType::Q4K, 41, 1),
     ];
     let ws: Vec<Vec<u8>> = shapes
         .iter()
@@ -731,6 +736,48 @@ fn matvec_many_is_each_matvec_bitwise() {
         out: &mut bad,
     }];
     assert!(matvec_many(&mut products, crate::Threads::new(2)).is_err());
+    // ... also when it is the last of six: the first hand-off's outputs stay unwritten.
+    let mut outs: Vec<Vec<f32>> = shapes.iter().map(|s| vec![f32::NAN; s.1]).collect();
+    outs[5] = vec![f32::NAN; 40];
+    let mut products: Vec<Matvec<'_>> = shapes
+        .iter()
+        .zip(ws.iter().zip(&xs))
+        .zip(outs.iter_mut())
+        .map(|((&(ty, _, _), (w, act)), out)| Matvec { ty, w, act, out })
+        .collect();
+    assert!(matvec_many(&mut products, crate::Threads::new(2)).is_err());
+    drop(products);
+    assert!(
+        outs.iter().flatten().all(|v| v.is_nan()),
+        "an output was written"
+    );
+}
+
+#[test]
+fn quantizing_into_a_kept_buffer_gives_the_same_blocks() {
+    let mut r = Rng(53);
+    // One buffer reused across kinds and lengths: longer, shorter, another kind.
+    let mut kept = quantize_activation(QType::Q4K, &vec![1.0; 1024]).unwrap();
+    for (ty, n) in [
+        (QType::Q4_1, 96),
+        (QType::Q4_1, 32),
+        (QType::Q8_0, 256),
+        (QType::Q6K, 512),
+        (QType::Q6K, 256),
+        (QType::Q5_0, 64),
+    ] {
+        let x: Vec<f32> = (0..n).map(|_| r.unit() * 3.0).collect();
+        quantize_activation_into(ty, &x, &mut kept).unwrap();
+        assert_eq!(
+            kept,
+            quantize_activation(ty, &x).unwrap(),
+            "{ty}, {n} values"
+        );
+    }
+    // An error leaves the buffer as it was.
+    let before = kept.clone();
+    assert!(quantize_activation_into(QType::Q5_0, &[1.0; 33], &mut kept).is_err());
+    assert_eq!(kept, before);
 }
 
 #[test]
