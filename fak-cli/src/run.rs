@@ -70,17 +70,25 @@ impl SamplingArgs {
 #[derive(Clone, Debug)]
 pub(crate) struct PromptIds(pub(crate) Vec<u32>);
 
-/// `--prompt-ids 1,2,3`: comma-separated token ids (spaces allowed).
+/// `--prompt-ids 1,2,3`: comma-separated token ids (spaces around them allowed). An
+/// empty entry (`1,,2`, a trailing comma) or anything but decimal digits (`+5`, `0x10`)
+/// is an error naming it, rather than dropped or read loosely.
 pub(crate) fn parse_ids(s: &str) -> Result<PromptIds, String> {
-    let ids: Result<Vec<u32>, String> = s
-        .split(',')
-        .map(str::trim)
-        .filter(|t| !t.is_empty())
-        .map(|t| t.parse::<u32>().map_err(|e| format!("'{t}': {e}")))
-        .collect();
-    let ids = ids?;
-    if ids.is_empty() {
+    if s.trim().is_empty() {
         return Err("no token ids given".into());
+    }
+    let mut ids = Vec::new();
+    for (i, t) in s.split(',').map(str::trim).enumerate() {
+        if t.is_empty() {
+            return Err(format!("token id {} is empty (in '{s}')", i + 1));
+        }
+        if !t.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(format!("token id {} '{t}' is not a decimal number", i + 1));
+        }
+        ids.push(
+            t.parse::<u32>()
+                .map_err(|e| format!("token id {} '{t}': {e}", i + 1))?,
+        );
     }
     Ok(PromptIds(ids))
 }
@@ -222,4 +230,28 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_ids;
+
+    #[test]
+    fn prompt_ids_parse_strictly() {
+        assert_eq!(parse_ids(" 1, 9690 ,28").unwrap().0, vec![1, 9690, 28]);
+        for (bad, says) in [
+            ("", "no token ids"),
+            (" ", "no token ids"),
+            ("1,,2", "token id 2 is empty"),
+            ("1,2,", "token id 3 is empty"),
+            (",1", "token id 1 is empty"),
+            ("+5", "not a decimal number"),
+            ("1,-2", "not a decimal number"),
+            ("0x10", "not a decimal number"),
+            ("4294967296", "too large"),
+        ] {
+            let e = parse_ids(bad).map(|p| p.0).unwrap_err();
+            assert!(e.contains(says), "{bad:?}: {e}");
+        }
+    }
 }
