@@ -437,13 +437,65 @@ unsafe fn two_f16(wb: &[u8]) -> (f32, f32) {
 /// ~38 GB/s on two threads of this project's 2-core test machine (1 thread: ~17 to ~21,
 /// the in-cache speed). Larger distances gained nothing more.
 ///
-/// The prefetches are non-temporal (`_MM_HINT_NTA`): each weight is read once per
-/// token and the matrices (96.6 MB for SmolLM2 Q4_1) are three times the 32 MB L3, so
-/// keeping them there only evicts what is read again soon, the KV cache (24-29 MB of
-/// f32 K and V at a 512-640-token context). With `T0` hints, 1-thread decode at that
-/// context ran 154-166 tokens/s against 171-180 with `NTA` (3 alternating pairs; 2
-/// threads ~+3%, a 16-token context 1 thread ~+5%, 2 threads level).
+/// The hint of the prefetches is chosen per CPU ([`nta_prefetch`]).
 const PREFETCH_BYTES: usize = 8 * 1024;
+
+/// Whether the one-token kernels prefetch the weights non-temporally
+/// (`_MM_HINT_NTA`) rather than into every cache level (`_MM_HINT_T0`): on AMD CPUs,
+/// unless `FAK_PREFETCH_NTA=0` (or `=1` forces it elsewhere). A prefetch is a hint;
+/// either choice gives the same bits.
+///
+/// On the AMD Zen 5 this project was first measured on, each weight is read once per
+/// token and the matrices (96.6 MB for SmolLM2 Q4_1) are three times its 32 MB L3, so
+/// keeping them there only evicts what is read again soon, the KV cache (24-29 MB of
+/// f32 K and V at a 512-640-token context): with `T0` hints 1-thread decode at that
+/// context ran 154-166 tokens/s against 171-180 with `NTA` (3 alternating pairs; 2
+/// threads ~+3%, a 16-token context 1 thread ~+5%, 2 threads level). On an Intel Xeon
+/// (family 6 model 207, 2 vCPUs, 260 MB L3) `NTA` was the slow choice by far: SmolLM2
+/// Q4_1 decode 103-110 tokens/s on 2 threads against 149-175 with `T0`, `T1` or `T2`
+/// (3 alternating rounds of each), and 58-59 against 78-86 on 1 thread; `qdot_bench`'s
+/// pooled Q4_1 head 7.9 → 15.7 GB/s on one thread. (Intel's `prefetchnta` fills the L1
+/// only, where a line 8 KB ahead of its use is not sure to stay.)
+pub(super) fn nta_prefetch() -> bool {
+    use std::sync::OnceLock;
+    static NTA: OnceLock<bool> = OnceLock::new();
+    *NTA.get_or_init(|| match std::env::var_os("FAK_PREFETCH_NTA") {
+        Some(v) if v == "1" => true,
+        Some(v) if v == "0" => false,
+        _ => cpu_vendor() == *b"AuthenticAMD",
+    })
+}
+
+/// The CPU's vendor string (`cpuid` leaf 0: EBX, EDX, ECX).
+fn cpu_vendor() -> [u8; 12] {
+    let r = std::arch::x86_64::__cpuid(0);
+    let mut v = [0u8; 12];
+    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
+    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
+    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
+    v
+}
+
+/// Prefetches the `step` bytes (one block of every row of a group, at most 192) of
+/// weights at `p`: 64-byte lines at `p`, `p + 64` and, past 128 bytes, `p + 128`;
+/// non-temporally when `nta` ([`nta_prefetch`]). A hint only: it never faults, and
+/// past the end of the matrix it is simply wasted.
+#[inline(always)]
+unsafe fn prefetch_weights(p: *const u8, step: usize, nta: bool) {
+    if nta {
+        _mm_prefetch::<_MM_HINT_NTA>(p as *const i8);
+        _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(64) as *const i8);
+        if step > 128 {
+            _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(128) as *const i8);
+        }
+    } else {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
+        if step > 128 {
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
+        }
+    }
+}
 
 pub(super) struct Q4_0;
 pub(super) struct Q4_1;
@@ -786,14 +838,10 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     // chunk of groups every line is requested well before it is read (a hint only: a
     // prefetch never faults, and past the end of the matrix it is simply wasted).
     let next = w.as_ptr().wrapping_add((R * row_bytes).max(PREFETCH_BYTES));
+    let nta = nta_prefetch();
     let step = R * K::BYTES;
     for ((b, ab), &[ad, as_]) in a.iter().enumerate().zip(sc) {
-        let p = next.wrapping_add(b * step);
-        _mm_prefetch::<_MM_HINT_NTA>(p as *const i8);
-        _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(64) as *const i8);
-        if step > 128 {
-            _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(128) as *const i8);
-        }
+        prefetch_weights(next.wrapping_add(b * step), step, nta);
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
@@ -966,14 +1014,10 @@ pub(super) unsafe fn rows_pairs_512<K: Tile512>(
     // (row b's).
     let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
     let next = w.as_ptr().wrapping_add((4 * row_bytes).max(PREFETCH_BYTES));
+    let nta = nta_prefetch();
     let step = 4 * K::BYTES;
     for ((b, ab), sc2) in a.iter().enumerate().zip(sc) {
-        let p = next.wrapping_add(b * step);
-        _mm_prefetch::<_MM_HINT_NTA>(p as *const i8);
-        _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(64) as *const i8);
-        if step > 128 {
-            _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(128) as *const i8);
-        }
+        prefetch_weights(next.wrapping_add(b * step), step, nta);
         let aq = _mm512_broadcast_i64x4(K::vqs(ab));
         let base = _mm512_broadcast_i64x4(K::vbase(ab));
         // `[ad, as, ad, as]`.
