@@ -476,6 +476,19 @@ fn cpu_vendor() -> [u8; 12] {
     v
 }
 
+/// Prefetches (`T0`) the `len` bytes of row data that start [`PREFETCH_BYTES`] (at
+/// least `len`) past offset `at` of `w`: the one-row kernels (the K-quants') ask for the
+/// row ahead as they start each row. Only where [`nta_prefetch`] is off (not on AMD,
+/// whose hardware prefetchers this was not measured against). A hint only: past the end
+/// of `w` it is simply wasted.
+pub(super) fn prefetch_row_ahead(w: &[u8], at: usize, len: usize) {
+    let ahead = w.as_ptr().wrapping_add(at + PREFETCH_BYTES.max(len));
+    for off in (0..len).step_by(64) {
+        // SAFETY: `prefetcht0` is SSE, part of every x86_64 CPU, and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8) };
+    }
+}
+
 /// Prefetches the `step` bytes (one block of every row of a group, at most 192) of
 /// weights at `p`: 64-byte lines at `p`, `p + 64` and, past 128 bytes, `p + 128`;
 /// non-temporally when `nta` ([`nta_prefetch`]). A hint only: it never faults, and
