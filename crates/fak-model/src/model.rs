@@ -160,15 +160,20 @@ fn acts_of(made: &[(ActKind, Vec<QuantizedActs>)], kind: ActKind) -> Option<&[Qu
     made.iter().find(|(k, _)| *k == kind).map(|(_, a)| &a[..])
 }
 
+/// Buffer `i` of `bufs` (added if missing), resized to `len`.
+fn kept_buffer(bufs: &mut Vec<Vec<f32>>, i: usize, len: usize) -> &mut Vec<f32> {
+    if bufs.len() <= i {
+        bufs.resize_with(i + 1, Vec::new);
+    }
+    let b = &mut bufs[i];
+    b.resize(len, 0.0);
+    b
+}
+
 impl ProductScratch {
     /// The `i`-th file-order buffer, `len` long.
     fn file_order(&mut self, i: usize, len: usize) -> &mut Vec<f32> {
-        if self.file_order.len() <= i {
-            self.file_order.resize_with(i + 1, Vec::new);
-        }
-        let b = &mut self.file_order[i];
-        b.resize(len, 0.0);
-        b
+        kept_buffer(&mut self.file_order, i, len)
     }
 }
 
@@ -341,11 +346,7 @@ fn linear_shared(
     } = &mut *x.scratch;
     let acts = acts_of(&made[..*fresh], q.ty.act_kind())
         .ok_or_else(|| ModelError::Unsupported("activation not quantized".into()))?;
-    if file_order.is_empty() {
-        file_order.push(Vec::new());
-    }
-    let file_order = &mut file_order[0];
-    file_order.resize(n * rows, 0.0);
+    let file_order = kept_buffer(file_order, 0, n * rows);
     if n == 1 {
         matvec_threads(q.ty, q.bytes(), &acts[0], file_order, th).map_err(qerr)?;
     } else {
