@@ -420,36 +420,60 @@ pub(crate) mod avx2 {
         _mm512_castps512_ps256(_mm512_permutexvar_ps(order, r))
     }
 
+    /// The token pairs that [`dot_tile_512`] reads: for tokens `2p` and `2p + 1` of
+    /// `x` (`[n, cols]`, `n` even), `pairs[p * 2 * n8 + 2 * i..][..16]` holds elements
+    /// `i..i + 8` of token `2p` then of token `2p + 1`, for each `i` a multiple of 8
+    /// below `n8 = cols / 8 * 8` (the tail elements are read from `x` itself). `pairs` is
+    /// cleared and refilled: `n / 2 * 2 * n8` floats, a copy of the activations laid out
+    /// so that the tile loads each pair's register with one load rather than two loads
+    /// and an insert (the inserts share the port of one of an Intel core's two 512-bit
+    /// FMA units).
+    pub fn pair_tokens(x: &[f32], n: usize, cols: usize, pairs: &mut Vec<f32>) {
+        let n8 = cols / LANES * LANES;
+        pairs.clear();
+        pairs.reserve(n / 2 * 2 * n8);
+        for p in 0..n / 2 {
+            let (a, b) = (&x[2 * p * cols..][..n8], &x[(2 * p + 1) * cols..][..n8]);
+            for (ca, cb) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+                pairs.extend_from_slice(ca);
+                pairs.extend_from_slice(cb);
+            }
+        }
+    }
+
     /// [`dot_tile`] for `R` rows × `2P` tokens with 512-bit registers: one register
     /// holds a row's eight lane accumulators for two tokens (tokens `2p`, `2p + 1` in
-    /// its low and high halves), so one fused multiply-add serves both. Each lane
-    /// performs exactly [`dot_tile`]'s operations in its order, and each (row, token)
-    /// is reduced by the same [`hsum`] and [`tail`]: the same bits.
+    /// its low and high halves), so one fused multiply-add serves both. The tokens come
+    /// as [`pair_tokens`] lays them out (`pairs`, from the tile's first pair on) and as
+    /// rows of `x` (`[2P, cols]`) for the tail. Each lane performs exactly
+    /// [`dot_tile`]'s operations in its order, and each (row, token) is reduced by the
+    /// same [`hsum`] and [`tail`]: the same bits.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and AVX-512F/DQ; `w.len() >= R*cols`,
-    /// `x.len() >= 2P*cols`, `out.len() >= (2P-1)*ldo + R`.
+    /// `x.len() >= 2P*cols`, `pairs.len() >= P * 2 * (cols / 8 * 8)`,
+    /// `out.len() >= (2P-1)*ldo + R`.
     #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
     pub unsafe fn dot_tile_512<const R: usize, const P: usize>(
         w: &[f32],
+        pairs: &[f32],
         x: &[f32],
         cols: usize,
         out: &mut [f32],
         ldo: usize,
     ) {
-        debug_assert!(w.len() >= R * cols && x.len() >= 2 * P * cols);
-        debug_assert!(out.len() >= (2 * P - 1) * ldo + R);
         let n8 = cols / LANES * LANES;
+        debug_assert!(w.len() >= R * cols && x.len() >= 2 * P * cols);
+        debug_assert!(pairs.len() >= P * 2 * n8);
+        debug_assert!(out.len() >= (2 * P - 1) * ldo + R);
         let mut acc = [[_mm512_setzero_ps(); P]; R];
         let wp = w.as_ptr();
-        let xp = x.as_ptr();
+        let pp = pairs.as_ptr();
         let mut i = 0;
         while i < n8 {
             let mut xv = [_mm512_setzero_ps(); P];
             for (p, v) in xv.iter_mut().enumerate() {
-                let lo = _mm256_loadu_ps(xp.add(2 * p * cols + i));
-                let hi = _mm256_loadu_ps(xp.add((2 * p + 1) * cols + i));
-                *v = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+                *v = _mm512_loadu_ps(pp.add(p * 2 * n8 + 2 * i));
             }
             for (r, row_acc) in acc.iter_mut().enumerate() {
                 let wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wp.add(r * cols + i)));

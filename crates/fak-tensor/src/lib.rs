@@ -28,6 +28,7 @@
 //! Layout conventions: matrices are row-major `[rows, cols]` `f32` slices, as torch's
 //! `nn.Linear.weight` is `[out_features, in_features]`; activations are `[tokens, dim]`.
 
+pub mod cpu;
 pub mod dot;
 pub mod exp;
 pub mod matmul;

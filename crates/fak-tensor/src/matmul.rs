@@ -300,12 +300,18 @@ fn matvec_on(
     pool: Option<&mut Pool>,
 ) {
     check_shapes(w, rows, cols, x, 1, out);
+    let parts = pool.as_ref().map_or(1, |p| p.threads());
+    // (A chunk count over 32 bits, a matrix of 128 GiB or more, takes the ranges.)
+    let chunks = rows.div_ceil(two_ended_chunk_rows(cols));
+    if parts == 2 && ranges == 2 && !crate::cpu::tuned_for_amd() && chunks <= u32::MAX as usize {
+        matvec_two_ended(w, rows, cols, x, out, pool);
+        return;
+    }
     // Contiguous row ranges, a multiple of 8 rows each where possible; range `i` is
     // rows `i * per ..` and goes to part `i mod parts`. Nothing is allocated: each
     // range's output rows are handed to its part as a `Disjoint` part.
     let per = (rows.div_ceil(ranges.max(1)).div_ceil(8) * 8).max(1);
     let count = rows.div_ceil(per);
-    let parts = pool.as_ref().map_or(1, |p| p.threads());
     let outs = Disjoint::new(&mut out[..rows]);
     let job = |part: usize| {
         for i in (part..count).step_by(parts) {
@@ -318,6 +324,87 @@ fn matvec_on(
         }
     };
     run_parts(pool, &job);
+}
+
+/// Bytes of weights per chunk of [`matvec_two_ended`] (rounded up to 8 whole rows).
+const TWO_ENDED_CHUNK_BYTES: usize = 32 * 1024;
+
+/// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long f32
+/// rows, rounded up to a multiple of 8 rows.
+fn two_ended_chunk_rows(cols: usize) -> usize {
+    (TWO_ENDED_CHUNK_BYTES / (cols * 4).max(1))
+        .max(1)
+        .div_ceil(8)
+        * 8
+}
+
+/// [`matvec_on`] for two threads that share the rows from both ends: the rows are cut
+/// into chunks of about 32 KB (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), part 0
+/// claims chunks from the first on, part 1 from the last back, and they meet wherever
+/// the faster one has got to. Each thread still reads one region of the matrix
+/// in order (part 1's chunks one after another downwards), as with one fixed range per
+/// thread, but neither waits for the other at the end when one runs slower (a busy
+/// host's other tenants, a late wake-up). Every row is computed by the same kernel
+/// whichever thread claims it: the same bits.
+///
+/// Chosen where [`crate::cpu::tuned_for_amd`] is false. On the Intel Xeon (family 6
+/// model 207) F32 SmolLM2 decode on 2 threads went 32.7 → 35.2 tokens/s (medians of 10
+/// alternating runs, 8 of 10 faster; the chunk counts and sizes tried, 16 KB to 512 KB
+/// and 8 to 256 chunks per product, were within noise of each other, 32 KB among the
+/// best). On the AMD Zen 5, claiming 256 KB chunks in order (not from both ends) was
+/// slower than one range per thread (F32 decode ~81 against ~86 tokens/s); this form
+/// was not measured there.
+fn matvec_two_ended(
+    w: &[f32],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    out: &mut [f32],
+    pool: Option<&mut Pool>,
+) {
+    let per = two_ended_chunk_rows(cols);
+    let count = rows.div_ceil(per);
+    // `front << 32 | back`: chunks `front..back` are unclaimed (the caller checked
+    // that the count fits in 32 bits).
+    let claim = std::sync::atomic::AtomicU64::new(count as u64);
+    let outs = Disjoint::new(&mut out[..rows]);
+    let work = |i: usize| {
+        let (r0, r1) = (i * per, ((i + 1) * per).min(rows));
+        // SAFETY: chunk `i` was claimed by this call alone (`claim_from_end` moves
+        // `front` past it or `back` below it exactly once), and chunks are disjoint.
+        let mine = unsafe { outs.part(r0..r1) };
+        let m = r1 - r0;
+        matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, 1, mine, m);
+    };
+    let job = |part: usize| {
+        while let Some(i) = claim_from_end(&claim, part == 0) {
+            work(i)
+        }
+    };
+    run_parts(pool, &job);
+}
+
+/// Claims the next chunk of [`matvec_two_ended`]: `claim` holds `front << 32 | back`
+/// (chunks `front..back` unclaimed); the first unclaimed chunk when `from_front`, else
+/// the last. `None` when none is left.
+fn claim_from_end(claim: &std::sync::atomic::AtomicU64, from_front: bool) -> Option<usize> {
+    use std::sync::atomic::Ordering::SeqCst;
+    let mut v = claim.load(SeqCst);
+    loop {
+        let (front, back) = (v >> 32, v & 0xffff_ffff);
+        if front >= back {
+            return None;
+        }
+        let (next, i) = if from_front {
+            (((front + 1) << 32) | back, front)
+        } else {
+            ((front << 32) | (back - 1), back - 1)
+        };
+        match claim.compare_exchange_weak(v, next, SeqCst, SeqCst) {
+            Ok(_) => return Some(i as usize),
+            Err(now) => v = now,
+        }
+    }
 }
 
 /// `job(0..parts)` on the pool, or `job(0)` on the calling thread without one.
@@ -342,7 +429,19 @@ fn matmul_serial(
     if has_avx2_fma() {
         // SAFETY: AVX2 and FMA were detected at run time; shapes were checked by the
         // caller (`w` holds `rows*cols`, `x` holds `n*cols`, `out` holds `(n-1)*ldo+rows`).
-        unsafe { serial_avx2(w, rows, cols, x, n, out, ldo, crate::dot::has_avx512_f32()) };
+        unsafe {
+            serial_avx2(
+                w,
+                rows,
+                cols,
+                x,
+                n,
+                out,
+                ldo,
+                crate::dot::has_avx512_f32(),
+                one_token_rows(),
+            )
+        };
         return;
     }
     for t in 0..n {
@@ -353,17 +452,44 @@ fn matmul_serial(
     }
 }
 
+/// How many weight rows the one-token f32 product streams side by side (each with its
+/// own accumulator chain, each in the canonical order: the same bits): 1 where
+/// [`crate::cpu::tuned_for_amd`], else 8.
+///
+/// One row at a time keeps the weights one forward stream; its one chain of fused
+/// multiply-adds (a 576-element row is 72 dependent steps) then bounds a row's time.
+/// On the AMD Zen 5 eight rows interleaved were no faster (F32 SmolLM2 decode, 1 thread
+/// 51-52 against 53-54 tokens/s, 2 threads level). On the Intel Xeon (family 6 model
+/// 207) eight rows were faster on both: 1 thread 15.5 → 17.8 tokens/s (medians of 4
+/// alternating runs; 4 rows 18.0), 2 threads 27.5 → 31.6 (6 runs, 5 faster).
+fn one_token_rows() -> usize {
+    if crate::cpu::tuned_for_amd() {
+        1
+    } else {
+        8
+    }
+}
+
 /// Rows per cache block: the block of weights reused across all tokens of a prefill.
 #[cfg(target_arch = "x86_64")]
 const ROW_BLOCK: usize = 64;
 
-/// Tokens of one 512-bit f32 tile ([`crate::dot::avx2::dot_tile_512`]: `ZMM_R` rows ×
-/// `2 * ZMM_P` tokens).
+/// Rows and token pairs of one 512-bit f32 tile ([`crate::dot::avx2::dot_tile_512`]:
+/// `ZMM_R` rows × `2 * ZMM_P` tokens, 24 accumulator registers of the 32). Six rows
+/// load each token pair once for 6 fused multiply-adds where four rows did for 4: on
+/// the Intel Xeon (family 6 model 207) the tile in cache (`[1536, 576]` × 64 tokens,
+/// one thread, best of 200) went ~98 → ~110 GFLOP/s with the pairs laid out by
+/// [`crate::dot::avx2::pair_tokens`] (~100 with the pairs alone); on the AMD Zen 5 an
+/// earlier 6-row × 8-token tile (pairs inserted per step) was no faster than 4 rows.
+/// A block's last rows run as 4-row and then 1-row tiles.
 #[cfg(target_arch = "x86_64")]
-const ZMM_R: usize = 4;
+const ZMM_R: usize = 6;
 #[cfg(target_arch = "x86_64")]
 const ZMM_P: usize = 4;
 
+/// `side_by_side` is [`one_token_rows`]'s choice (1 or 8; any other value is taken
+/// as 1) for one token.
+///
 /// # Safety
 /// AVX2 and FMA available, and AVX-512F/DQ when `zmm`; shapes as in [`matmul_serial`].
 #[cfg(target_arch = "x86_64")]
@@ -378,8 +504,22 @@ unsafe fn serial_avx2(
     out: &mut [f32],
     ldo: usize,
     zmm: bool,
+    side_by_side: usize,
 ) {
-    use crate::dot::avx2::{dot_rows, dot_tile, dot_tile_512};
+    use crate::dot::avx2::{dot_rows, dot_tile, dot_tile_512, pair_tokens};
+    if n == 1 && side_by_side == 8 {
+        // Eight rows, eight accumulator chains (see `one_token_rows`).
+        let mut r = 0;
+        while r + 8 <= rows {
+            dot_rows::<8>(&w[r * cols..], cols, x, &mut out[r..]);
+            r += 8;
+        }
+        while r < rows {
+            dot_rows::<1>(&w[r * cols..], cols, x, &mut out[r..]);
+            r += 1;
+        }
+        return;
+    }
     if n == 1 {
         // One row at a time, so the weights are read as one forward stream. Eight rows
         // interleaved (eight independent chains, eight streams 1-6 KB long) were no
@@ -394,6 +534,12 @@ unsafe fn serial_avx2(
     }
     const R: usize = 4;
     const T: usize = 3;
+    // The token pairs of the 512-bit tiles, laid out once for every row block.
+    let mut pairs = Vec::new();
+    if zmm && n >= 2 * ZMM_P {
+        pair_tokens(x, n, cols, &mut pairs);
+    }
+    let n8 = cols / 8 * 8;
     let mut rb = 0;
     while rb < rows {
         let re = (rb + ROW_BLOCK).min(rows);
@@ -401,14 +547,19 @@ unsafe fn serial_avx2(
         // Full 512-bit tiles first (two tokens per register), the rest as below.
         while zmm && n - t >= 2 * ZMM_P {
             let xt = &x[t * cols..];
+            let pt = &pairs[t / 2 * 2 * n8..];
             let o = &mut out[t * ldo..];
             let mut r = rb;
             while r + ZMM_R <= re {
-                dot_tile_512::<ZMM_R, ZMM_P>(&w[r * cols..], xt, cols, &mut o[r..], ldo);
+                dot_tile_512::<ZMM_R, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
                 r += ZMM_R;
             }
+            while r + 4 <= re {
+                dot_tile_512::<4, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
+                r += 4;
+            }
             while r < re {
-                dot_tile_512::<1, ZMM_P>(&w[r * cols..], xt, cols, &mut o[r..], ldo);
+                dot_tile_512::<1, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
                 r += 1;
             }
             t += 2 * ZMM_P;
@@ -530,20 +681,80 @@ mod tests {
         if !crate::dot::has_avx2_fma() {
             return;
         }
-        for &(rows, cols) in &[(9usize, 64usize), (13, 20), (66, 577)] {
+        // 6-row tiles, then a block's 4-row and 1-row edge (blocks of 64 rows: 130 is
+        // two blocks and 2 rows); one token with one row or eight rows side by side.
+        for &(rows, cols) in &[(9usize, 64usize), (13, 20), (66, 577), (130, 64), (7, 5)] {
             let w = data(rows * cols, 5);
             let x = data(19 * cols, 6);
-            for n in [2usize, 8, 9, 16, 19] {
+            for n in [1usize, 2, 8, 9, 16, 19] {
                 let mut want = vec![0f32; n * rows];
                 matmul_ref(&w, rows, cols, &x, n, &mut want);
                 for zmm in [false, crate::dot::has_avx512_f32()] {
-                    let mut got = vec![f32::NAN; n * rows];
-                    // SAFETY: AVX2 and FMA were detected (AVX-512F/DQ when `zmm`); `w`,
-                    // `x` and `got` hold `rows * cols`, `n * cols` and `n * rows`.
-                    unsafe { serial_avx2(&w, rows, cols, &x, n, &mut got, rows, zmm) };
-                    assert_same_bits(&got, &want, &format!("{rows}x{cols} n={n} zmm={zmm}"));
+                    for side_by_side in [1, 8] {
+                        let mut got = vec![f32::NAN; n * rows];
+                        // SAFETY: AVX2 and FMA were detected (AVX-512F/DQ when `zmm`);
+                        // `w`, `x` and `got` hold `rows * cols`, `n * cols`, `n * rows`.
+                        unsafe {
+                            serial_avx2(&w, rows, cols, &x, n, &mut got, rows, zmm, side_by_side)
+                        };
+                        let what = format!("{rows}x{cols} n={n} zmm={zmm} rows={side_by_side}");
+                        assert_same_bits(&got, &want, &what);
+                    }
                 }
             }
+        }
+    }
+
+    #[test]
+    fn two_ended_claims_take_every_chunk_once_from_each_end() {
+        // Claims from the two ends in several interleavings: the front claims count up
+        // from 0, the back claims down from the last, and together they take each chunk
+        // exactly once.
+        for count in [0usize, 1, 2, 5, 8] {
+            for pattern in [0b0u32, 0b1, 0b01, 0b10, 0b0110, 0b1101_0011] {
+                let claim = std::sync::atomic::AtomicU64::new(count as u64);
+                let (mut fronts, mut backs) = (Vec::new(), Vec::new());
+                for step in 0.. {
+                    let from_front = (pattern >> (step % 8)) & 1 == 0;
+                    match claim_from_end(&claim, from_front) {
+                        Some(i) if from_front => fronts.push(i),
+                        Some(i) => backs.push(i),
+                        None => break,
+                    }
+                }
+                assert_eq!(fronts, (0..fronts.len()).collect::<Vec<_>>());
+                let back_want: Vec<usize> = (fronts.len()..count).rev().collect();
+                assert_eq!(backs, back_want, "count {count} pattern {pattern:b}");
+                assert_eq!(claim_from_end(&claim, true), None);
+                assert_eq!(claim_from_end(&claim, false), None);
+            }
+        }
+    }
+
+    #[test]
+    fn two_ended_one_token_product_gives_the_reference_bits() {
+        // Chunk counts odd and even, a last chunk shorter than the others, chunks of 8
+        // rows (long rows) and of more; on a pool of two and on the calling thread.
+        for &(rows, cols) in &[
+            (4000usize, 576usize),
+            (57, 1536),
+            (8, 4096),
+            (1000, 64),
+            (3, 7),
+        ] {
+            let w = data(rows * cols, 7);
+            let x = data(cols, 8);
+            let mut want = vec![0f32; rows];
+            matmul_ref(&w, rows, cols, &x, 1, &mut want);
+            let mut pool = Pool::new(2);
+            for _ in 0..3 {
+                let mut got = vec![f32::NAN; rows];
+                matvec_two_ended(&w, rows, cols, &x, &mut got, Some(&mut pool));
+                assert_same_bits(&got, &want, &format!("{rows}x{cols} on 2 threads"));
+            }
+            let mut got = vec![f32::NAN; rows];
+            matvec_two_ended(&w, rows, cols, &x, &mut got, None);
+            assert_same_bits(&got, &want, &format!("{rows}x{cols} on the caller"));
         }
     }
 

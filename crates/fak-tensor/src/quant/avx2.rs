@@ -441,8 +441,8 @@ unsafe fn two_f16(wb: &[u8]) -> (f32, f32) {
 const PREFETCH_BYTES: usize = 8 * 1024;
 
 /// Whether the one-token kernels prefetch the weights non-temporally
-/// (`_MM_HINT_NTA`) rather than into every cache level (`_MM_HINT_T0`): on AMD CPUs,
-/// unless `FAK_PREFETCH_NTA=0` (or `=1` forces it elsewhere). A prefetch is a hint;
+/// (`_MM_HINT_NTA`) rather than into every cache level (`_MM_HINT_T0`): on AMD CPUs
+/// ([`crate::cpu::tuned_for_amd`]), unless `FAK_PREFETCH_NTA=0` (or `=1` forces it elsewhere). A prefetch is a hint;
 /// either choice gives the same bits.
 ///
 /// On the AMD Zen 5 this project was first measured on, each weight is read once per
@@ -462,18 +462,8 @@ pub(super) fn nta_prefetch() -> bool {
     *NTA.get_or_init(|| match std::env::var_os("FAK_PREFETCH_NTA") {
         Some(v) if v == "1" => true,
         Some(v) if v == "0" => false,
-        _ => cpu_vendor() == *b"AuthenticAMD",
+        _ => crate::cpu::tuned_for_amd(),
     })
-}
-
-/// The CPU's vendor string (`cpuid` leaf 0: EBX, EDX, ECX).
-fn cpu_vendor() -> [u8; 12] {
-    let r = std::arch::x86_64::__cpuid(0);
-    let mut v = [0u8; 12];
-    v[..4].copy_from_slice(&r.ebx.to_le_bytes());
-    v[4..8].copy_from_slice(&r.edx.to_le_bytes());
-    v[8..].copy_from_slice(&r.ecx.to_le_bytes());
-    v
 }
 
 /// Prefetches (`T0`) the `len` bytes of row data that start [`PREFETCH_BYTES`] (at
