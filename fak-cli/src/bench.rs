@@ -124,19 +124,14 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     for _ in 0..args.repeats {
         samples.push(one_repeat(&model, &prompt, args.gen_tokens)?);
     }
-    let prefill_tps = median(
-        samples
-            .iter()
-            .map(|s| args.prompt_tokens as f64 / s.prefill_s.max(1e-12))
-            .collect(),
-    );
-    let decode_tps = median(
-        samples
-            .iter()
-            .map(|s| args.gen_tokens as f64 / s.decode_s.max(1e-12))
-            .collect(),
-    );
-    let ttft_ms = median(samples.iter().map(|s| s.prefill_s * 1e3).collect());
+    // Rates from the median times, so that prompt tokens / TTFT is the prefill rate
+    // for an even number of repeats too (the median of the rates is not the rate of
+    // the median time then).
+    let prefill_s = median(samples.iter().map(|s| s.prefill_s).collect());
+    let decode_s = median(samples.iter().map(|s| s.decode_s).collect());
+    let prefill_tps = args.prompt_tokens as f64 / prefill_s.max(1e-12);
+    let decode_tps = args.gen_tokens as f64 / decode_s.max(1e-12);
+    let ttft_ms = prefill_s * 1e3;
     let rss = peak_rss_mb();
     let kv_bytes = 3 * c.num_hidden_layers * c.kv_dim() * std::mem::size_of::<f32>()
         + std::mem::size_of::<u32>();
@@ -155,7 +150,8 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     } else {
         formats.join(", ") + ", rest f32"
     };
-    let threads = model.threads().get();
+    // The threads the products run on (a request above twice the cores is capped).
+    let threads = model.threads().used();
     if args.format == Format::Json {
         let v = json!({
             "model": path,

@@ -198,7 +198,8 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     }
     let prefill_tps = out.prefill_tokens as f64 / out.prefill_s.max(1e-9);
     let decode_tps = out.decode_steps as f64 / out.decode_s.max(1e-9);
-    let threads = model.threads().get();
+    // The threads the products run on (a request above twice the cores is capped).
+    let threads = model.threads().used();
     if args.format == Format::Json {
         let v = json!({
             "model": path,

@@ -43,7 +43,7 @@ fn bench_reports_every_figure() {
             "--gen-tokens",
             "4",
             "--repeats",
-            "3",
+            "4",
             "--weights",
             weights,
             "--format",
@@ -52,16 +52,46 @@ fn bench_reports_every_figure() {
         assert_eq!(v["weights"], weights);
         assert_eq!(v["threads"], 2);
         assert_eq!(v["prompt_tokens"], 16);
-        assert_eq!(v["samples"].as_array().unwrap().len(), 3);
+        assert_eq!(v["samples"].as_array().unwrap().len(), 4);
         for k in ["prefill_tokens_per_s", "decode_tokens_per_s", "ttft_ms"] {
             let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing"));
             assert!(x.is_finite() && x > 0.0, "{k} = {x}");
         }
+        // The prefill rate is the prompt over the TTFT, an even repeat count included.
+        let (tps, ttft) = (
+            v["prefill_tokens_per_s"].as_f64().unwrap(),
+            v["ttft_ms"].as_f64().unwrap(),
+        );
+        let rel = (tps * ttft / 1e3 / 16.0 - 1.0).abs();
+        assert!(rel < 1e-9, "prefill {tps} tokens/s against TTFT {ttft} ms");
         let rss = v["peak_rss_mb"].as_f64().unwrap();
         assert!(rss > 1.0 && rss < 100_000.0, "peak RSS {rss} MB");
         // 3 (K, K before RoPE, V) × layers × kv_dim × 4 bytes + a 4-byte position.
         assert!(v["kv_bytes_per_token"].as_u64().unwrap() > 4);
     }
+}
+
+#[test]
+fn bench_reports_the_threads_it_used() {
+    // A request beyond twice the cores runs on twice the cores, and says so.
+    let m = tiny();
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &m,
+        "--threads",
+        "1000",
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "1",
+        "--repeats",
+        "1",
+        "--format",
+        "json",
+    ]);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    assert_eq!(v["threads"].as_u64(), Some((2 * cores).min(1000) as u64));
 }
 
 /// The same figures on the real default model in native mode, where the quantized

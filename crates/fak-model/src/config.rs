@@ -467,6 +467,17 @@ impl Config {
             path: path.to_path_buf(),
             reason,
         })?;
+        // Range-checked before head_dim is derived from them, so that a zero or huge
+        // value is named as such rather than reported as a RoPE mismatch.
+        for (k, x) in [
+            ("hidden_size", hidden_size),
+            ("num_attention_heads", num_attention_heads),
+        ] {
+            check_dim(k, x).map_err(|reason| ModelError::Config {
+                path: path.to_path_buf(),
+                reason,
+            })?;
+        }
         let head_dim = match opt_u("attention.key_length")? {
             Some(d) => d,
             None => hidden_size.checked_div(num_attention_heads).unwrap_or(0),
@@ -578,11 +589,22 @@ fn check_layers(n: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Largest size fak accepts for any one dimension of a config (vocabulary, widths,
+/// heads, context), bounding every later size computation.
+const MAX_DIM: usize = 1 << 24;
+
+/// `k = x` must be in `1..=MAX_DIM`.
+fn check_dim(k: &str, x: usize) -> Result<(), String> {
+    if x == 0 || x > MAX_DIM {
+        return Err(format!("{k} = {x} is out of range"));
+    }
+    Ok(())
+}
+
 impl Config {
     /// Checks the hyper-parameters are consistent and within sane bounds, so that no
     /// later size computation can overflow or divide by zero.
     fn validate(&self) -> Result<(), String> {
-        const MAX_DIM: usize = 1 << 20;
         let dims = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -594,9 +616,7 @@ impl Config {
             ("max_position_embeddings", self.max_position_embeddings),
         ];
         for (k, x) in dims {
-            if x == 0 || x > MAX_DIM * 16 {
-                return Err(format!("{k} = {x} is out of range"));
-            }
+            check_dim(k, x)?;
         }
         if self.num_hidden_layers > 4096 || self.num_attention_heads > 4096 {
             return Err("too many layers or heads".into());

@@ -291,3 +291,57 @@ fn special_files_are_not_models() {
     let st = testdata().join("tiny/llama-tied/model.safetensors");
     assert!(matches!(Model::load(&st), Err(ModelError::InvalidInput(_))));
 }
+
+/// `testdata/tiny-gguf/llama-tied.f32.gguf` with the `u32` value of metadata key `key`
+/// (an exact key, found with its length prefix) set to `value`, in a temporary folder.
+fn tiny_gguf_with_u32(key: &str, value: u32) -> (tempfile::TempDir, std::path::PathBuf) {
+    let mut bytes = std::fs::read(testdata().join("tiny-gguf/llama-tied.f32.gguf")).unwrap();
+    let mut needle = (key.len() as u64).to_le_bytes().to_vec();
+    needle.extend_from_slice(key.as_bytes());
+    let at = bytes
+        .windows(needle.len())
+        .position(|w| w == needle.as_slice())
+        .unwrap_or_else(|| panic!("no key {key} in the fixture"));
+    let ty = at + needle.len();
+    assert_eq!(bytes[ty..ty + 4], 4u32.to_le_bytes(), "{key} is not a u32");
+    bytes[ty + 4..ty + 8].copy_from_slice(&value.to_le_bytes());
+    let d = tempfile::tempdir().unwrap();
+    let path = d.path().join("patched.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    (d, path)
+}
+
+#[test]
+fn impossible_gguf_widths_and_head_counts_are_named() {
+    // A zero or huge head count or width is reported as out of range, not as the RoPE
+    // mismatch that the head_dim derived from it would otherwise produce.
+    for (key, value, named) in [
+        (
+            "llama.attention.head_count",
+            0,
+            "num_attention_heads = 0 is out of range",
+        ),
+        (
+            "llama.attention.head_count",
+            u32::MAX,
+            "num_attention_heads = 4294967295 is out of range",
+        ),
+        (
+            "llama.embedding_length",
+            0,
+            "hidden_size = 0 is out of range",
+        ),
+        (
+            "llama.embedding_length",
+            u32::MAX,
+            "hidden_size = 4294967295 is out of range",
+        ),
+    ] {
+        let (_d, path) = tiny_gguf_with_u32(key, value);
+        let e = Model::load(&path).unwrap_err();
+        assert!(
+            matches!(e, ModelError::Config { .. }) && e.to_string().contains(named),
+            "{key}={value}: {e}"
+        );
+    }
+}

@@ -33,6 +33,11 @@ impl Threads {
     pub fn get(self) -> usize {
         self.0
     }
+    /// The most threads a product runs on with this setting:
+    /// `min(n, max_useful_threads())` (what a report should say was used).
+    pub fn used(self) -> usize {
+        self.0.min(max_useful_threads())
+    }
 }
 
 impl Default for Threads {
@@ -703,6 +708,14 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn threads_used_is_capped_at_the_useful_count() {
+        assert_eq!(Threads::new(1).used(), 1);
+        assert_eq!(Threads::new(0).used(), 1);
+        assert_eq!(Threads::new(1_000_000).used(), max_useful_threads());
+        assert_eq!(Threads::new(1_000_000).get(), 1_000_000);
     }
 
     #[test]
