@@ -3,7 +3,8 @@
 //! Each repeat runs a fresh session: a prefill of `--prompt-tokens` ids (one forward
 //! pass; its time is the TTFT, first logits included), then `--gen-tokens` greedy
 //! decode steps of one token each. One warm-up repeat is run first and discarded; the
-//! figures are medians over `--repeats`.
+//! prefill and decode times are medians over `--repeats`, and the rates are the token
+//! counts over those medians (so prompt tokens / TTFT is the prefill rate).
 
 use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
