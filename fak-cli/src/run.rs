@@ -197,7 +197,14 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Io(e));
     }
     let prefill_tps = out.prefill_tokens as f64 / out.prefill_s.max(1e-9);
-    let decode_tps = out.decode_steps as f64 / out.decode_s.max(1e-9);
+    // No first token (`--max-tokens 0`), no TTFT; no decode step (one token), no
+    // decode rate: JSON null and "n/a", not a 0 that reads as a measurement.
+    let ttft_ms = (!out.completion_ids.is_empty()).then_some(out.ttft_s * 1e3);
+    let decode_tps =
+        (out.decode_steps > 0).then(|| out.decode_steps as f64 / out.decode_s.max(1e-9));
+    let shown = |x: Option<f64>, digits: usize| {
+        x.map_or_else(|| "n/a".to_string(), |x| format!("{x:.digits$}"))
+    };
     // The threads the products run on (a request above twice the cores is capped).
     let threads = model.threads().used();
     if args.format == Format::Json {
@@ -211,7 +218,7 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
             "weights": model.weight_mode().name(),
             "timings": {
                 "load_ms": load_s * 1e3,
-                "ttft_ms": out.ttft_s * 1e3,
+                "ttft_ms": ttft_ms,
                 "prefill_ms": out.prefill_s * 1e3,
                 "decode_ms": out.decode_s * 1e3,
                 "prefill_tokens_per_s": prefill_tps,
@@ -222,11 +229,12 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     } else {
         outln!()?;
         eprintln!(
-            "[{}: {} prompt tokens, {} generated; TTFT {:.0} ms; prefill {prefill_tps:.1} tokens/s; decode {decode_tps:.1} tokens/s; {threads} thread{}]",
+            "[{}: {} prompt tokens, {} generated; TTFT {} ms; prefill {prefill_tps:.1} tokens/s; decode {} tokens/s; {threads} thread{}]",
             serde_json::to_value(out.finish_reason).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
             prompt_ids.len(),
             out.completion_ids.len(),
-            out.ttft_s * 1e3,
+            shown(ttft_ms, 0),
+            shown(decode_tps, 1),
             if threads == 1 { "" } else { "s" }
         );
     }

@@ -179,6 +179,46 @@ fn run_takes_prompt_ids_and_a_weight_mode() {
 }
 
 #[test]
+fn run_without_a_first_token_or_a_decode_step_reports_no_such_figure() {
+    // `--max-tokens 0`: a prefill but no token, so no TTFT and no decode rate;
+    // `--max-tokens 1`: a TTFT but no decode step. Null, not a 0 that reads as measured.
+    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"))
+    else {
+        return;
+    };
+    let m = path.display().to_string();
+    for (max, ttft, decode) in [("0", false, false), ("1", true, false), ("3", true, true)] {
+        let v = json_of(&[
+            "run",
+            "--model",
+            &m,
+            "--prompt-ids",
+            "504,3575,282",
+            "--max-tokens",
+            max,
+            "--ignore-eos",
+            "--format",
+            "json",
+        ]);
+        let t = &v["timings"];
+        assert!(
+            t["prefill_tokens_per_s"].as_f64().unwrap() > 0.0,
+            "{max}: {t}"
+        );
+        assert_eq!(
+            t["ttft_ms"].as_f64().is_some_and(|x| x > 0.0),
+            ttft,
+            "{max}: {t}"
+        );
+        assert_eq!(t["ttft_ms"].is_null(), !ttft, "{max}: {t}");
+        let d = &t["decode_tokens_per_s"];
+        assert_eq!(d.as_f64().is_some_and(|x| x > 0.0), decode, "{max}: {t}");
+        assert_eq!(d.is_null(), !decode, "{max}: {t}");
+    }
+}
+
+#[test]
 fn bench_refuses_zero_decode_steps() {
     let out = fak()
         .args(["bench", "--model", &tiny(), "--gen-tokens", "0"])
