@@ -58,6 +58,25 @@ impl WeightSource {
         };
         let meta = std::fs::metadata(path).map_err(io)?;
         if meta.is_dir() {
+            if !path.join("config.json").exists() {
+                // Not a safetensors model folder: say so, naming any GGUF file inside
+                // (the file itself is what to give).
+                let mut ggufs: Vec<String> = std::fs::read_dir(path)
+                    .map_err(io)?
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "gguf"))
+                    .map(|p| p.display().to_string())
+                    .collect();
+                ggufs.sort();
+                if ggufs.is_empty() {
+                    return Err(ModelError::UnknownFormat(path.to_path_buf()));
+                }
+                return Err(ModelError::InvalidInput(format!(
+                    "{}: a folder without config.json; give the GGUF file itself: {}",
+                    path.display(),
+                    ggufs.join(", ")
+                )));
+            }
             let cfg = Config::from_hf_json(&path.join("config.json"))?;
             let mut paths: Vec<PathBuf> = std::fs::read_dir(path)
                 .map_err(io)?

@@ -345,3 +345,21 @@ fn impossible_gguf_widths_and_head_counts_are_named() {
         );
     }
 }
+
+#[test]
+fn a_folder_without_config_json_is_named_as_such() {
+    // An empty folder is not a model; a folder holding a GGUF file names the file.
+    let d = tempfile::tempdir().unwrap();
+    let e = Model::load(d.path()).unwrap_err();
+    assert!(matches!(e, ModelError::UnknownFormat(_)), "{e}");
+    std::fs::copy(
+        testdata().join("tiny-gguf/llama-tied.f32.gguf"),
+        d.path().join("m.gguf"),
+    )
+    .unwrap();
+    let e = Model::load(d.path()).unwrap_err().to_string();
+    assert!(
+        e.contains("without config.json") && e.contains("m.gguf"),
+        "{e}"
+    );
+}
