@@ -307,8 +307,11 @@ fn matvec_on(
     check_shapes(w, rows, cols, x, 1, out);
     let parts = pool.as_ref().map_or(1, |p| p.threads());
     // (A chunk count over 32 bits, a matrix of 128 GiB or more, takes the ranges.)
-    let chunks = rows.div_ceil(two_ended_chunk_rows(cols));
-    if parts == 2 && ranges == 2 && !crate::cpu::tuned_for_amd() && chunks <= u32::MAX as usize {
+    if parts == 2
+        && ranges == 2
+        && !crate::cpu::tuned_for_amd()
+        && rows.div_ceil(two_ended_chunk_rows(cols)) <= u32::MAX as usize
+    {
         matvec_two_ended(w, rows, cols, x, out, pool);
         return;
     }

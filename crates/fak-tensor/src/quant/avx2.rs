@@ -442,8 +442,8 @@ const PREFETCH_BYTES: usize = 8 * 1024;
 
 /// Whether the one-token kernels prefetch the weights non-temporally
 /// (`_MM_HINT_NTA`) rather than into every cache level (`_MM_HINT_T0`): on AMD CPUs
-/// ([`crate::cpu::tuned_for_amd`]), unless `FAK_PREFETCH_NTA=0` (or `=1` forces it elsewhere). A prefetch is a hint;
-/// either choice gives the same bits.
+/// ([`crate::cpu::tuned_for_amd`]), unless `FAK_PREFETCH_NTA=0` (or `=1` forces it
+/// elsewhere). A prefetch is a hint; either choice gives the same bits.
 ///
 /// On the AMD Zen 5 this project was first measured on, each weight is read once per
 /// token and the matrices (96.6 MB for SmolLM2 Q4_1) are three times its 32 MB L3, so
