@@ -334,8 +334,13 @@ fn matvec_on(
     run_parts(pool, &job);
 }
 
-/// Bytes of weights per chunk of [`matvec_two_ended`] (rounded up to 8 whole rows).
-const TWO_ENDED_CHUNK_BYTES: usize = 32 * 1024;
+/// Bytes of weights per chunk of [`matvec_two_ended`] (rounded up to 8 whole rows):
+/// large enough that each of the eight streams [`one_token_rows`] cuts a chunk into is
+/// several rows long (8 rows of SmolLM2's 576 columns; 32 KB chunks gave runs of two
+/// rows and no gain from the streams: 31.4 against 31.6 tokens/s, 64 KB 31.6, 128 KB
+/// 35.0, 256 KB 35.1, 4 alternating rounds; over 6 more, 128 KB 37.9, 256 KB 37.3,
+/// 512 KB 36.6).
+const TWO_ENDED_CHUNK_BYTES: usize = 128 * 1024;
 
 /// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long f32
 /// rows, rounded up to a multiple of 8 rows.
@@ -347,7 +352,7 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 }
 
 /// [`matvec_on`] for two threads that share the rows from both ends: the rows are cut
-/// into chunks of about 32 KB (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), part 0
+/// into chunks of about 128 KB (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), part 0
 /// claims chunks from the first on, part 1 from the last back, and they meet wherever
 /// the faster one has got to. Each thread still reads one region of the matrix
 /// in order (part 1's chunks one after another downwards), as with one fixed range per
@@ -358,8 +363,8 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 /// Chosen where [`crate::cpu::tuned_for_amd`] is false. On the Intel Xeon (family 6
 /// model 207) F32 SmolLM2 decode on 2 threads went 32.7 → 35.2 tokens/s (medians of 10
 /// alternating runs, 8 of 10 faster; the chunk counts and sizes tried, 16 KB to 512 KB
-/// and 8 to 256 chunks per product, were within noise of each other, 32 KB among the
-/// best). On the AMD Zen 5, claiming 256 KB chunks in order (not from both ends) was
+/// and 8 to 256 chunks per product, were within noise of each other with adjacent rows
+/// side by side; with [`one_token_rows`]'s long streams 128 KB is best). On the AMD Zen 5, claiming 256 KB chunks in order (not from both ends) was
 /// slower than one range per thread (F32 decode ~81 against ~86 tokens/s); this form
 /// was not measured there.
 fn matvec_two_ended(
@@ -470,6 +475,16 @@ fn matmul_serial(
 /// 51-52 against 53-54 tokens/s, 2 threads level). On the Intel Xeon (family 6 model
 /// 207) eight rows were faster on both: 1 thread 15.5 → 17.8 tokens/s (medians of 4
 /// alternating runs; 4 rows 18.0), 2 threads 27.5 → 31.6 (6 runs, 5 faster).
+///
+/// The eight rows are not adjacent: a product's rows are cut into eight runs of
+/// `rows / 8` adjacent rows, and each step takes the next row of every run, so the
+/// weights are read as eight long forward streams, one per run. Eight adjacent rows
+/// made eight streams of one row each (2.3 KB for SmolLM2's 576 columns), interleaved
+/// within a few 4 KB pages; on the Intel Xeon the long streams took F32 decode from
+/// 33.8 to 37.9 tokens/s on 2 threads (with [`matvec_two_ended`]'s chunks at 128 KB;
+/// medians of 6 alternating runs, 6 of 6 faster) and 19.2 → 20.2 on 1 thread (4 of 4).
+/// A plain C probe of the same reads over the mapped F32 file agreed: 16.4 GB/s for
+/// adjacent rows against 18.2-21.8 for runs of 4 or more rows.
 fn one_token_rows() -> usize {
     if crate::cpu::tuned_for_amd() {
         1
@@ -514,14 +529,22 @@ unsafe fn serial_avx2(
     zmm: bool,
     side_by_side: usize,
 ) {
-    use crate::dot::avx2::{dot_rows, dot_tile, dot_tile_512, pair_tokens};
+    use crate::dot::avx2::{dot_rows, dot_rows_strided, dot_tile, dot_tile_512, pair_tokens};
     if n == 1 && side_by_side == 8 {
-        // Eight rows, eight accumulator chains (see `one_token_rows`).
-        let mut r = 0;
-        while r + 8 <= rows {
-            dot_rows::<8>(&w[r * cols..], cols, x, &mut out[r..]);
-            r += 8;
+        // Eight rows, eight accumulator chains, the rows as eight streams, each a contiguous run of `per` rows: step `s`
+        // takes row `g * per + s` of each stream `g` (see `one_token_rows`).
+        let per = rows / 8;
+        let mut o = [0f32; 8];
+        for s in 0..per {
+            // The eight rows at stride `per * cols` from row `s` end at row
+            // `7 * per + s < 8 * per <= rows`, so `w` holds them (this function's
+            // safety conditions give the CPU features).
+            dot_rows_strided::<8>(&w[s * cols..], per * cols, &x[..cols], &mut o);
+            for (g, v) in o.iter().enumerate() {
+                out[g * per + s] = *v;
+            }
         }
+        let mut r = 8 * per;
         while r < rows {
             dot_rows::<1>(&w[r * cols..], cols, x, &mut out[r..]);
             r += 1;
@@ -690,7 +713,8 @@ mod tests {
             return;
         }
         // 6-row tiles, then a block's 4-row and 1-row edge (blocks of 64 rows: 130 is
-        // two blocks and 2 rows); one token with one row or eight rows side by side.
+        // two blocks and 2 rows); one token with one row or eight rows side by side
+        // (eight runs of `rows / 8` rows, then the rest one at a time).
         for &(rows, cols) in &[(9usize, 64usize), (13, 20), (66, 577), (130, 64), (7, 5)] {
             let w = data(rows * cols, 5);
             let x = data(19 * cols, 6);
@@ -754,8 +778,8 @@ mod tests {
         for &(rows, cols) in &[
             (4000usize, 576usize),
             (57, 1536),
-            (8, 4096),
-            (1000, 64),
+            (40, 4096),
+            (3000, 64),
             (3, 7),
         ] {
             let w = data(rows * cols, 7);
