@@ -11,7 +11,7 @@
 //! Run: `cargo run --release -p fak-tensor --example qdot_bench [repeats]`
 
 use fak_tensor::quant::{self, QType};
-use fak_tensor::{matmul, Threads};
+use fak_tensor::{matmul, matmul_ref, Threads};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -266,6 +266,33 @@ fn main() {
             gbs(r1),
             gbs(s),
             r1 / s
+        );
+    }
+    // The f32 tiles (the F32 file's and the exact path's prefill), same shape and
+    // token count: weight GB/s x tokens as above, and GFLOP/s (2 per weight per token).
+    {
+        let (rows, cols) = (1536, 576);
+        let w: Vec<f32> = (0..rows * cols).map(|_| r.unit()).collect();
+        let x: Vec<f32> = (0..n * cols).map(|_| r.unit()).collect();
+        let mut out = vec![0f32; rows * n];
+        let reps = (repeats / 10).max(3);
+        let s = time(reps, |_| {
+            matmul(&w, rows, cols, &x, n, &mut out, Threads::new(1));
+            black_box(&out);
+        });
+        let r1 = time(reps, |_| {
+            matmul_ref(&w, rows, cols, &x, n, &mut out);
+            black_box(&out);
+        });
+        let gbs = |s: f64| (rows * cols * 4 * n) as f64 / s / 1e9;
+        println!(
+            "{:<5} {:>11} | {:>9.2} {:>9.2} {:>6.1}   ({:.1} GFLOP/s)",
+            "F32",
+            format!("{rows}x{cols}"),
+            gbs(r1),
+            gbs(s),
+            r1 / s,
+            (2 * rows * cols * n) as f64 / s / 1e9
         );
     }
     // f32 for comparison (the exact path's kernel), same ffn_up shape.

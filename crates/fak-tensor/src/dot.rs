@@ -484,6 +484,16 @@ pub(crate) mod avx2 {
             i += LANES;
         }
         for (r, row_acc) in acc.iter().enumerate() {
+            // Eight tokens (four pairs) with no tail: their lane sums reduced side by
+            // side, then written to their rows of `out`.
+            if let (Ok(a), true) = (<[__m512; 4]>::try_from(&row_acc[..]), n8 == cols) {
+                let mut o = [0f32; 8];
+                _mm256_storeu_ps(o.as_mut_ptr(), reduce_8_rows(a));
+                for (t, v) in o.into_iter().enumerate() {
+                    out[t * ldo + r] = v;
+                }
+                continue;
+            }
             let row = &w[r * cols..(r + 1) * cols];
             for (p, a) in row_acc.iter().enumerate() {
                 let halves = [_mm512_castps512_ps256(*a), _mm512_extractf32x8_ps::<1>(*a)];
