@@ -268,10 +268,9 @@ fn main() {
             r1 / s
         );
     }
-    // The f32 tiles (the F32 file's and the exact path's prefill), same shape and
-    // token count: weight GB/s x tokens as above, and GFLOP/s (2 per weight per token).
-    {
-        let (rows, cols) = (1536, 576);
+    // The f32 tiles (the F32 file's and the exact path's prefill), the MLP's two
+    // shapes, the same token count: weight GB/s x tokens as above, and GFLOP/s (2 per weight per token).
+    for (rows, cols) in [(1536, 576), (576, 1536)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| r.unit()).collect();
         let x: Vec<f32> = (0..n * cols).map(|_| r.unit()).collect();
         let mut out = vec![0f32; rows * n];

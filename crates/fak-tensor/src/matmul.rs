@@ -567,9 +567,11 @@ unsafe fn serial_avx2(
     const T: usize = 3;
     // The token pairs of the 512-bit tiles, laid out once for every row block.
     let mut pairs = Vec::new();
+    let mut at = 0;
     if zmm && n >= 2 * ZMM_P {
-        pair_tokens(x, n, cols, &mut pairs);
+        at = pair_tokens(x, n, cols, &mut pairs);
     }
+    let pairs = &pairs[at..];
     let n8 = cols / 8 * 8;
     let mut rb = 0;
     while rb < rows {
