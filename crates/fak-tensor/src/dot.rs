@@ -304,7 +304,8 @@ pub(crate) mod avx2 {
     /// its low and high halves) against a query in both halves, so one fused
     /// multiply-add serves both, and each row pair is loaded once for every query. Each
     /// lane performs exactly [`dot_rows_strided`]'s operations in its order, and each
-    /// (row, query) is reduced by the same [`hsum`] and [`tail`]: the same bits.
+    /// (row, query) is reduced by the same [`hsum`] and [`tail`] (eight rows with no
+    /// tail by [`reduce_8_rows`], the same tree): the same bits.
     /// `out[q][r]` is row `r` times query `q`.
     ///
     /// # Safety
@@ -459,7 +460,9 @@ pub(crate) mod avx2 {
     /// as [`pair_tokens`] lays them out (`pairs`, from the tile's first pair on) and as
     /// rows of `x` (`[2P, cols]`) for the tail. Each lane performs exactly
     /// [`dot_tile`]'s operations in its order, and each (row, token) is reduced by the
-    /// same [`hsum`] and [`tail`]: the same bits.
+    /// same [`hsum`] and [`tail`] (or, for a row's eight tokens when `P == 4` and `cols`
+    /// is a multiple of 8, by [`reduce_8_rows`], the same tree on the same values): the
+    /// same bits.
     ///
     /// # Safety
     /// The CPU must support AVX2, FMA and AVX-512F/DQ; `w.len() >= R*cols`,
@@ -579,6 +582,34 @@ mod tests {
             let a: Vec<f32> = (0..n).map(|_| lcg(&mut s) * 3.0).collect();
             let b: Vec<f32> = (0..n).map(|_| lcg(&mut s)).collect();
             assert_eq!(dot(&a, &b).to_bits(), dot_ref(&a, &b).to_bits(), "n={n}");
+        }
+    }
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn token_pairs_start_on_a_cache_line_and_interleave_each_pair() {
+        // Five tokens (the last has no pair) of 19 elements (a tail of 3 past the 16 the
+        // pairs hold); buffers of many prior capacities, so their allocations start at
+        // various offsets within a cache line.
+        let (n, cols, n8) = (5usize, 19usize, 16usize);
+        let mut s = 3u64;
+        let x: Vec<f32> = (0..n * cols).map(|_| lcg(&mut s)).collect();
+        for cap in 0..48 {
+            let mut pairs: Vec<f32> = Vec::with_capacity(cap);
+            pairs.extend((0..cap).map(|i| i as f32));
+            let o = avx2::pair_tokens(&x, n, cols, &mut pairs);
+            assert!(o < 16, "offset {o}");
+            assert_eq!(pairs[o..].as_ptr() as usize % 64, 0, "capacity {cap}");
+            assert_eq!(pairs.len(), o + n / 2 * 2 * n8, "capacity {cap}");
+            for p in 0..n / 2 {
+                for i in (0..n8).step_by(8) {
+                    for j in 0..8 {
+                        let at = o + p * 2 * n8 + 2 * i;
+                        assert_eq!(pairs[at + j], x[2 * p * cols + i + j]);
+                        assert_eq!(pairs[at + 8 + j], x[(2 * p + 1) * cols + i + j]);
+                    }
+                }
+            }
         }
     }
 

@@ -334,12 +334,12 @@ fn matvec_on(
     run_parts(pool, &job);
 }
 
-/// Bytes of weights per chunk of [`matvec_two_ended`] (rounded up to 8 whole rows):
-/// large enough that each of the eight streams [`one_token_rows`] cuts a chunk into is
-/// several rows long (8 rows of SmolLM2's 576 columns; 32 KB chunks gave runs of two
-/// rows and no gain from the streams: 31.4 against 31.6 tokens/s, 64 KB 31.6, 128 KB
-/// 35.0, 256 KB 35.1, 4 alternating rounds; over 6 more, 128 KB 37.9, 256 KB 37.3,
-/// 512 KB 36.6).
+/// Bytes of weights per chunk of [`matvec_two_ended`] (as whole rows: the rows that
+/// fit, then rounded up to a multiple of 8): large enough that each of the eight runs
+/// [`one_token_rows`] cuts a chunk into is several rows long (56 rows of SmolLM2's 576
+/// columns, runs of 7; 32 KB chunks gave runs of two rows and no gain from the runs:
+/// 31.4 against 31.6 tokens/s, 64 KB 31.6, 128 KB 35.0, 256 KB 35.1, 4 alternating
+/// rounds; over 6 more, 128 KB 37.9, 256 KB 37.3, 512 KB 36.6).
 const TWO_ENDED_CHUNK_BYTES: usize = 128 * 1024;
 
 /// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long f32
@@ -476,9 +476,11 @@ fn matmul_serial(
 /// 207) eight rows were faster on both: 1 thread 15.5 → 17.8 tokens/s (medians of 4
 /// alternating runs; 4 rows 18.0), 2 threads 27.5 → 31.6 (6 runs, 5 faster).
 ///
-/// The eight rows are not adjacent: a product's rows are cut into eight runs of
+/// The eight rows are not adjacent: the rows of each serial piece of a product (a
+/// thread's range, or a chunk of [`matvec_two_ended`]) are cut into eight runs of
 /// `rows / 8` adjacent rows, and each step takes the next row of every run, so the
-/// weights are read as eight long forward streams, one per run. Eight adjacent rows
+/// weights are read as eight long forward streams, one per run; the last `rows % 8`
+/// rows follow one at a time. Eight adjacent rows
 /// made eight streams of one row each (2.3 KB for SmolLM2's 576 columns), interleaved
 /// within a few 4 KB pages; on the Intel Xeon the long streams took F32 decode from
 /// 33.8 to 37.9 tokens/s on 2 threads (with [`matvec_two_ended`]'s chunks at 128 KB;
@@ -546,7 +548,7 @@ unsafe fn serial_avx2(
         }
         let mut r = 8 * per;
         while r < rows {
-            dot_rows::<1>(&w[r * cols..], cols, x, &mut out[r..]);
+            dot_rows::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
             r += 1;
         }
         return;
@@ -559,7 +561,7 @@ unsafe fn serial_avx2(
         // round 53 vs 60; 2 threads level, 72.5 vs 72.2); 2, 3, 4 and 6 rows, 512-bit
         // row pairs and a software prefetch were slower or level.
         for r in 0..rows {
-            dot_rows::<1>(&w[r * cols..], cols, x, &mut out[r..]);
+            dot_rows::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
         }
         return;
     }
@@ -709,15 +711,22 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn f32_tiles_with_and_without_512_bit_registers_give_the_reference_bits() {
-        // 4-row × 8-token 512-bit tiles, their 1-row edge, and the 256-bit tiles for
-        // the tokens after them; lengths with and without an 8-element tail.
+        // 6-row × 8-token 512-bit tiles, their 4-row and 1-row edges, and the 256-bit
+        // tiles for the tokens after them; lengths with and without an 8-element tail.
         if !crate::dot::has_avx2_fma() {
             return;
         }
         // 6-row tiles, then a block's 4-row and 1-row edge (blocks of 64 rows: 130 is
         // two blocks and 2 rows); one token with one row or eight rows side by side
         // (eight runs of `rows / 8` rows, then the rest one at a time).
-        for &(rows, cols) in &[(9usize, 64usize), (13, 20), (66, 577), (130, 64), (7, 5)] {
+        for &(rows, cols) in &[
+            (9usize, 64usize),
+            (13, 20),
+            (66, 577),
+            (130, 64),
+            (48, 64),
+            (7, 5),
+        ] {
             let w = data(rows * cols, 5);
             let x = data(19 * cols, 6);
             for n in [1usize, 2, 8, 9, 16, 19] {
