@@ -269,7 +269,8 @@ fn main() {
         );
     }
     // The f32 tiles (the F32 file's and the exact path's prefill), the MLP's two
-    // shapes, the same token count: weight GB/s x tokens as above, and GFLOP/s (2 per weight per token).
+    // shapes, the same token count: weight GB/s x tokens as above, and GFLOP/s (2 per
+    // weight per token).
     for (rows, cols) in [(1536, 576), (576, 1536)] {
         let w: Vec<f32> = (0..rows * cols).map(|_| r.unit()).collect();
         let x: Vec<f32> = (0..n * cols).map(|_| r.unit()).collect();

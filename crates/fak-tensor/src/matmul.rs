@@ -364,9 +364,10 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 /// model 207) F32 SmolLM2 decode on 2 threads went 32.7 → 35.2 tokens/s (medians of 10
 /// alternating runs, 8 of 10 faster; the chunk counts and sizes tried, 16 KB to 512 KB
 /// and 8 to 256 chunks per product, were within noise of each other with adjacent rows
-/// side by side; with [`one_token_rows`]'s long streams 128 KB is best). On the AMD Zen 5, claiming 256 KB chunks in order (not from both ends) was
-/// slower than one range per thread (F32 decode ~81 against ~86 tokens/s); this form
-/// was not measured there.
+/// side by side; with [`one_token_rows`]'s long streams 128 KB is best). On the AMD
+/// Zen 5, claiming 256 KB chunks in order (not from both ends) was slower than one
+/// range per thread (F32 decode ~81 against ~86 tokens/s); this form was not measured
+/// there.
 fn matvec_two_ended(
     w: &[f32],
     rows: usize,
@@ -480,13 +481,13 @@ fn matmul_serial(
 /// thread's range, or a chunk of [`matvec_two_ended`]) are cut into eight runs of
 /// `rows / 8` adjacent rows, and each step takes the next row of every run, so the
 /// weights are read as eight long forward streams, one per run; the last `rows % 8`
-/// rows follow one at a time. Eight adjacent rows
-/// made eight streams of one row each (2.3 KB for SmolLM2's 576 columns), interleaved
-/// within a few 4 KB pages; on the Intel Xeon the long streams took F32 decode from
-/// 33.8 to 37.9 tokens/s on 2 threads (with [`matvec_two_ended`]'s chunks at 128 KB;
-/// medians of 6 alternating runs, 6 of 6 faster) and 19.2 → 20.2 on 1 thread (4 of 4).
-/// A plain C probe of the same reads over the mapped F32 file agreed: 16.4 GB/s for
-/// adjacent rows against 18.2-21.8 for runs of 4 or more rows.
+/// rows follow one at a time. Eight adjacent rows made eight streams of one row each
+/// (2.3 KB for SmolLM2's 576 columns), interleaved within a few 4 KB pages; on the
+/// Intel Xeon the long streams took F32 decode from 33.8 to 37.9 tokens/s on 2 threads
+/// (with [`matvec_two_ended`]'s chunks at 128 KB; medians of 6 alternating runs, 6 of
+/// 6 faster) and 19.2 → 20.2 on 1 thread (4 of 4). A plain C probe of the same reads
+/// over the mapped F32 file agreed: 16.4 GB/s for adjacent rows against 18.2-21.8 for
+/// runs of 4 or more rows.
 fn one_token_rows() -> usize {
     if crate::cpu::tuned_for_amd() {
         1
@@ -533,8 +534,9 @@ unsafe fn serial_avx2(
 ) {
     use crate::dot::avx2::{dot_rows, dot_rows_strided, dot_tile, dot_tile_512, pair_tokens};
     if n == 1 && side_by_side == 8 {
-        // Eight rows, eight accumulator chains, the rows as eight streams, each a contiguous run of `per` rows: step `s`
-        // takes row `g * per + s` of each stream `g` (see `one_token_rows`).
+        // Eight rows, eight accumulator chains, the rows as eight streams, each a
+        // contiguous run of `per` rows: step `s` takes row `g * per + s` of each
+        // stream `g` (see `one_token_rows`).
         let per = rows / 8;
         let mut o = [0f32; 8];
         for s in 0..per {
