@@ -361,9 +361,9 @@ fn linear_shared(
 type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32]);
 
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
-/// every matrix quantized runs as one [`matvec_many`], and a many-token input with
-/// every matrix `f32` (exact mode, or an F32 file read in place) as one
-/// [`matmul_group`]: one hand-off to the threads instead of one per product. Anything
+/// every matrix quantized runs as one [`matvec_many`], and an input with every matrix
+/// `f32` (exact mode, or an F32 file read in place) as one [`matmul_group`]: one
+/// hand-off to the threads instead of one per product. Anything
 /// else runs [`linear_shared`] per product. Either way each output is the same bits.
 fn linear_group<const N: usize>(
     items: &mut [GroupItem<'_>; N],
@@ -376,9 +376,10 @@ fn linear_group<const N: usize>(
     let all_f32 = items
         .iter()
         .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_none());
-    if x.n > 1 && all_f32 {
+    if all_f32 {
         // f32 weights (exact mode, or an F32 file read in place): one hand-off for the
-        // group, each thread claiming chunks of tokens ([`matmul_group`]).
+        // group ([`matmul_group`]), each thread claiming chunks of tokens, or of rows
+        // for one token.
         let (cols, n) = (x.cols, x.n);
         let mut products = Vec::with_capacity(items.len());
         for (w, q, rows, out) in items.iter_mut() {

@@ -87,7 +87,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut out = [0f32; 1];
         // SAFETY: AVX2 and FMA were detected at run time; `rows` has one row of
         // `a.len()` elements and `out` has room for one result.
-        unsafe { avx2::dot_rows::<1>(a, a.len(), b, &mut out) };
+        unsafe { avx2::dot_rows_strided::<1>(a, a.len(), b, &mut out) };
         return out[0];
     }
     dot_ref(a, b)
@@ -240,34 +240,9 @@ pub(crate) mod avx2 {
         reduce_lanes(&l)
     }
 
-    /// `out[r] = dot(w[r*cols..(r+1)*cols], x)` for `R` consecutive rows of `w`.
-    ///
-    /// # Safety
-    /// The CPU must support AVX2 and FMA; `w.len() >= R*cols`, `x.len() == cols`,
-    /// `out.len() >= R`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows<const R: usize>(w: &[f32], cols: usize, x: &[f32], out: &mut [f32]) {
-        debug_assert!(w.len() >= R * cols && x.len() == cols && out.len() >= R);
-        let n8 = cols / LANES * LANES;
-        let mut acc = [_mm256_setzero_ps(); R];
-        let wp = w.as_ptr();
-        let xp = x.as_ptr();
-        let mut i = 0;
-        while i < n8 {
-            let xv = _mm256_loadu_ps(xp.add(i));
-            for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(r * cols + i)), xv, *a);
-            }
-            i += LANES;
-        }
-        for r in 0..R {
-            let row = &w[r * cols..(r + 1) * cols];
-            out[r] = tail(row, x, n8, hsum(acc[r]));
-        }
-    }
-
     /// `out[r] = dot(w[r * stride..r * stride + x.len()], x)` for `R` rows at a stride,
-    /// in the canonical order ([`dot_rows`] with rows that need not be adjacent).
+    /// in the canonical order (each row's 8 lanes in order, then [`tail`]); with
+    /// `stride == x.len()` the rows are adjacent.
     ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `stride >= x.len()`,

@@ -189,8 +189,10 @@ pub fn matmul_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], n: usize, 
         check_shapes(it.w, it.rows, cols, x, n, it.out);
     }
     if n == 1 {
-        for it in items.iter_mut() {
-            matmul(it.w, it.rows, cols, x, n, it.out, threads);
+        if !one_token_group(items, cols, x, threads) {
+            for it in items.iter_mut() {
+                matmul(it.w, it.rows, cols, x, n, it.out, threads);
+            }
         }
         return;
     }
@@ -312,7 +314,7 @@ fn matvec_on(
         && !crate::cpu::tuned_for_amd()
         && rows.div_ceil(two_ended_chunk_rows(cols)) <= u32::MAX as usize
     {
-        matvec_two_ended(w, rows, cols, x, out, pool);
+        matvec_two_ended(&mut [Linear { w, rows, out }], cols, x, pool);
         return;
     }
     // Contiguous row ranges, a multiple of 8 rows each where possible; range `i` is
@@ -351,10 +353,12 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
         * 8
 }
 
-/// [`matvec_on`] for two threads that share the rows from both ends: the rows are cut
-/// into chunks of about 128 KB (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), part 0
-/// claims chunks from the first on, part 1 from the last back, and they meet wherever
-/// the faster one has got to. Each thread still reads one region of the matrix
+/// [`matvec_on`] for two threads that share the rows from both ends, for one product or
+/// for several of the same one-token input ([`one_token_group`]; at most
+/// `MAX_ONE_TOKEN_GROUP`): each product's rows are cut into chunks of about 128 KB
+/// (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), the products' chunks are laid end to
+/// end in one list, part 0 claims chunks from the first on, part 1 from the last back,
+/// and they meet wherever the faster one has got to. Each thread still reads one region of the matrix
 /// in order (part 1's chunks one after another downwards), as with one fixed range per
 /// thread, but neither waits for the other at the end when one runs slower (a busy
 /// host's other tenants, a late wake-up). Every row is computed by the same kernel
@@ -368,34 +372,81 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 /// Zen 5, claiming 256 KB chunks in order (not from both ends) was slower than one
 /// range per thread (F32 decode ~81 against ~86 tokens/s); this form was not measured
 /// there.
-fn matvec_two_ended(
-    w: &[f32],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    out: &mut [f32],
-    pool: Option<&mut Pool>,
-) {
+fn matvec_two_ended(items: &mut [Linear<'_>], cols: usize, x: &[f32], pool: Option<&mut Pool>) {
+    assert!(items.len() <= MAX_ONE_TOKEN_GROUP, "matvec_two_ended: too many products");
     let per = two_ended_chunk_rows(cols);
-    let count = rows.div_ceil(per);
+    let len = items.len();
+    // Item `i`'s chunks are `first[i]..first[i + 1]` of the one list both ends claim
+    // from; its output rows are `outs[i]`. Fixed arrays: a decode step allocates nothing.
+    let mut first = [0usize; MAX_ONE_TOKEN_GROUP + 1];
+    let mut ws: [(&[f32], usize); MAX_ONE_TOKEN_GROUP] = [(&[], 0); MAX_ONE_TOKEN_GROUP];
+    let mut outs: [Option<Disjoint<'_, f32>>; MAX_ONE_TOKEN_GROUP] = Default::default();
+    for (i, it) in items.iter_mut().enumerate() {
+        first[i + 1] = first[i] + it.rows.div_ceil(per);
+        ws[i] = (it.w, it.rows);
+        outs[i] = Some(Disjoint::new(&mut it.out[..it.rows]));
+    }
+    let count = first[len];
     // `front << 32 | back`: chunks `front..back` are unclaimed (the caller checked
     // that the count fits in 32 bits).
     let claim = std::sync::atomic::AtomicU64::new(count as u64);
-    let outs = Disjoint::new(&mut out[..rows]);
-    let work = |i: usize| {
-        let (r0, r1) = (i * per, ((i + 1) * per).min(rows));
-        // SAFETY: chunk `i` was claimed by this call alone (`claim_from_end` moves
-        // `front` past it or `back` below it exactly once), and chunks are disjoint.
+    let work = |g: usize| {
+        // The item holding chunk `g` (an item of no rows holds no chunk).
+        let i = (0..len).find(|&i| g < first[i + 1]);
+        let Some(i) = i else { return };
+        let (w, rows) = ws[i];
+        let c = g - first[i];
+        let (r0, r1) = (c * per, ((c + 1) * per).min(rows));
+        let Some(outs) = &outs[i] else { return };
+        // SAFETY: chunk `g` was claimed by this call alone (`claim_from_end` moves
+        // `front` past it or `back` below it exactly once), and an item's chunks are
+        // disjoint row ranges of its own output.
         let mine = unsafe { outs.part(r0..r1) };
         let m = r1 - r0;
         matmul_serial(&w[r0 * cols..r1 * cols], m, cols, x, 1, mine, m);
     };
     let job = |part: usize| {
-        while let Some(i) = claim_from_end(&claim, part == 0) {
-            work(i)
+        while let Some(g) = claim_from_end(&claim, part == 0) {
+            work(g)
         }
     };
     run_parts(pool, &job);
+}
+
+/// Most products [`one_token_group`] runs in one hand-off (q, k and v are three).
+const MAX_ONE_TOKEN_GROUP: usize = 4;
+
+/// [`matmul_group`] of a one-token input as one [`matvec_two_ended`] job over all its
+/// products (one hand-off to the threads, and one wait for the slower thread, instead of
+/// one per product), where [`matvec_on`] would run each product two-ended: two threads,
+/// not [`crate::cpu::tuned_for_amd`], and every product large enough to be split. Returns
+/// `false`, having computed nothing, where that does not hold; each output is the bits of
+/// [`matmul`] on its own, as every row is computed by the same kernel on the same input.
+///
+/// On the Intel Xeon (family 6 model 207) F32 SmolLM2 decode on 2 threads (q, k, v and
+/// gate, up as two jobs instead of five) went ... tokens/s.
+fn one_token_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], threads: Threads) -> bool {
+    if items.len() < 2 || items.len() > MAX_ONE_TOKEN_GROUP || crate::cpu::tuned_for_amd() {
+        return false;
+    }
+    let per = two_ended_chunk_rows(cols);
+    let chunks: usize = items.iter().map(|it| it.rows.div_ceil(per)).sum();
+    if chunks > u32::MAX as usize
+        || items
+            .iter()
+            .any(|it| parallel_ranges(it.rows, cols, 1, threads) != 2)
+    {
+        return false;
+    }
+    let shared = shared_pool(2);
+    // A pool busy with another caller's product runs the group on the calling thread.
+    let mut guard = match shared.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
+    };
+    matvec_two_ended(items, cols, x, guard.as_deref_mut());
+    true
 }
 
 /// Claims the next chunk of [`matvec_two_ended`]: `claim` holds `front << 32 | back`
@@ -532,7 +583,7 @@ unsafe fn serial_avx2(
     zmm: bool,
     side_by_side: usize,
 ) {
-    use crate::dot::avx2::{dot_rows, dot_rows_strided, dot_tile, dot_tile_512, pair_tokens};
+    use crate::dot::avx2::{dot_rows_strided, dot_tile, dot_tile_512, pair_tokens};
     if n == 1 && side_by_side == 8 {
         // Eight rows, eight accumulator chains, the rows as eight streams, each a
         // contiguous run of `per` rows: step `s` takes row `g * per + s` of each
@@ -550,7 +601,7 @@ unsafe fn serial_avx2(
         }
         let mut r = 8 * per;
         while r < rows {
-            dot_rows::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
+            dot_rows_strided::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
             r += 1;
         }
         return;
@@ -563,7 +614,7 @@ unsafe fn serial_avx2(
         // round 53 vs 60; 2 threads level, 72.5 vs 72.2); 2, 3, 4 and 6 rows, 512-bit
         // row pairs and a software prefetch were slower or level.
         for r in 0..rows {
-            dot_rows::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
+            dot_rows_strided::<1>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
         }
         return;
     }
@@ -680,6 +731,43 @@ mod tests {
         // chunk's worth of remainder).
         for n in [2usize, 31, 33, 64, 65, 100, 131] {
             assert_group_is_reference(&[13, 67, 200], 72, n, 10);
+        }
+    }
+
+    #[test]
+    fn one_token_group_equals_reference_for_any_threads() {
+        // Products each large enough for two threads (one two-ended job for the group;
+        // rows not a multiple of a chunk's 64 or of 8), one too small to split (each
+        // product on its own), and more than `MAX_ONE_TOKEN_GROUP` products.
+        assert_group_is_reference(&[200, 131, 300], 576, 1, 30);
+        assert_group_is_reference(&[200, 13, 300], 576, 1, 31);
+        assert_group_is_reference(&[128, 129, 128, 127, 128], 576, 1, 32);
+    }
+
+    #[test]
+    fn a_one_token_group_runs_as_one_job_where_each_product_would_run_two_ended() {
+        let (cols, shapes) = (576, [200usize, 131, 300]);
+        let ws: Vec<Vec<f32>> = (0..3).map(|i| data(shapes[i] * cols, 40 + i as u64)).collect();
+        let x = data(cols, 50);
+        let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; r]).collect();
+        let mut items: Vec<Linear<'_>> = shapes
+            .iter()
+            .zip(&ws)
+            .zip(outs.iter_mut())
+            .map(|((&rows, w), out)| Linear { w, rows, out })
+            .collect();
+        let ran = one_token_group(&mut items, cols, &x, Threads::new(2));
+        assert_eq!(ran, max_useful_threads() >= 2 && !crate::cpu::tuned_for_amd());
+        // One product, or one thread: not a group job.
+        assert!(!one_token_group(&mut items[..1], cols, &x, Threads::new(2)));
+        assert!(!one_token_group(&mut items, cols, &x, Threads::new(1)));
+        drop(items);
+        if ran {
+            for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
+                let mut want = vec![0f32; rows];
+                matmul_ref(w, rows, cols, &x, 1, &mut want);
+                assert_same_bits(got, &want, &format!("rows={rows}"));
+            }
         }
     }
 
@@ -802,11 +890,13 @@ mod tests {
             let mut pool = Pool::new(2);
             for _ in 0..3 {
                 let mut got = vec![f32::NAN; rows];
-                matvec_two_ended(&w, rows, cols, &x, &mut got, Some(&mut pool));
+                let out = &mut got;
+                matvec_two_ended(&mut [Linear { w: &w, rows, out }], cols, &x, Some(&mut pool));
                 assert_same_bits(&got, &want, &format!("{rows}x{cols} on 2 threads"));
             }
             let mut got = vec![f32::NAN; rows];
-            matvec_two_ended(&w, rows, cols, &x, &mut got, None);
+            let out = &mut got;
+            matvec_two_ended(&mut [Linear { w: &w, rows, out }], cols, &x, None);
             assert_same_bits(&got, &want, &format!("{rows}x{cols} on the caller"));
         }
     }
