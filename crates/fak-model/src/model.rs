@@ -381,18 +381,24 @@ fn linear_group<const N: usize>(
         // group ([`matmul_group`]), each thread claiming chunks of tokens, or of rows
         // for one token.
         let (cols, n) = (x.cols, x.n);
-        let mut products = Vec::with_capacity(items.len());
-        for (w, q, rows, out) in items.iter_mut() {
-            let w = match q {
+        // The weights of each product, checked first; then the products in an array, so
+        // that a decode step allocates nothing.
+        let mut ws: [&[f32]; N] = [&[]; N];
+        for ((w, q, rows, _), slot) in items.iter().zip(ws.iter_mut()) {
+            *slot = match q {
                 Some(NativeMatrix::F32(m)) => mapped_f32_as(m, *rows, cols)?,
                 _ => w,
             };
-            products.push(Linear {
+        }
+        let mut it = items.iter_mut().zip(ws);
+        let mut products: [Linear<'_>; N] = std::array::from_fn(|_| {
+            let ((_, _, rows, out), w) = it.next().expect("one weight per product");
+            Linear {
                 w,
                 rows: *rows,
                 out: &mut out[..n * *rows],
-            });
-        }
+            }
+        });
         matmul_group(&mut products, cols, x.x, n, th);
         for (_, q, rows, out) in items.iter_mut() {
             if let Some(NativeMatrix::F32(m)) = q {
