@@ -152,9 +152,10 @@ macro_rules! outln {
     }};
 }
 
-/// `--threads`: a whole number of at least 1.
+/// `--threads`: a whole number from 1 to 1024, written as the other counts are (no
+/// surrounding spaces: `--prompt-tokens " 5"` is refused, and so is `--threads " 2"`).
 pub(crate) fn parse_threads(s: &str) -> Result<usize, String> {
-    match s.trim().parse::<usize>() {
+    match s.parse::<usize>() {
         Ok(0) => Err("must be at least 1".into()),
         Ok(n) if n > 1024 => Err(format!("{n} threads is more than 1024")),
         Ok(n) => Ok(n),
@@ -367,5 +368,21 @@ fn prove(args: ProveArgs) -> Result<(), CliError> {
             "{failed} of {} rungs failed (see the table)",
             report.rungs.len()
         )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_threads;
+
+    #[test]
+    fn threads_are_read_as_the_other_counts_are() {
+        assert_eq!(parse_threads("2"), Ok(2));
+        assert_eq!(parse_threads("1024"), Ok(1024));
+        // `--prompt-tokens` and the other counts go through `usize`'s parser, which
+        // refuses surrounding spaces; `--threads` refuses them too.
+        for bad in [" 2", "2 ", "0", "1025", "-1", "two", ""] {
+            assert!(parse_threads(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

@@ -361,10 +361,12 @@ fn linear_shared(
 type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32]);
 
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
-/// every matrix quantized runs as one [`matvec_many`], and an input with every matrix
-/// `f32` (exact mode, or an F32 file read in place) as one [`matmul_group`]: one
-/// hand-off to the threads instead of one per product. Anything
-/// else runs [`linear_shared`] per product. Either way each output is the same bits.
+/// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
+/// instead of one per product. An input with every matrix `f32` (exact mode, or an F32
+/// file read in place) runs as one [`matmul_group`], which makes it one hand-off for
+/// many tokens, and for one token where its products would be shared from both ends by
+/// two threads (not on AMD), else one per product. Anything else runs
+/// [`linear_shared`] per product. Either way each output is the same bits.
 fn linear_group<const N: usize>(
     items: &mut [GroupItem<'_>; N],
     x: &mut SharedActs<'_>,

@@ -179,8 +179,10 @@ const GROUP_MIN_TOKENS: usize = 32;
 /// rows of each output. Claiming evens out a thread that starts late or runs slowly,
 /// where a fixed split into one row range per thread leaves the others waiting for it
 /// (a 2-thread F32 SmolLM2 prefill went from ~1,125 to ~1,200 tokens/s), and the
-/// outputs need no copying back. A one-token input runs [`matmul`] per product (its
-/// rows split between the threads). Small groups run on the calling thread.
+/// outputs need no copying back. A one-token input on two threads, where each product
+/// would be shared from both ends, runs as one job over all the products' row chunks
+/// (`one_token_group`); otherwise [`matmul`] per product (its rows split between the
+/// threads). Small groups run on the calling thread.
 ///
 /// # Panics
 /// If a slice is shorter than its shape (a programming error).
@@ -421,15 +423,17 @@ const MAX_ONE_TOKEN_GROUP: usize = 4;
 
 /// [`matmul_group`] of a one-token input as one [`matvec_two_ended`] job over all its
 /// products (one hand-off to the threads, and one wait for the slower thread, instead of
-/// one per product), where [`matvec_on`] would run each product two-ended: two threads,
-/// not [`crate::cpu::tuned_for_amd`], and every product large enough to be split. Returns
-/// `false`, having computed nothing, where that does not hold; each output is the bits of
-/// [`matmul`] on its own, as every row is computed by the same kernel on the same input.
+/// one per product), where [`matvec_on`] would run each product two-ended: two threads
+/// asked for, not [`crate::cpu::tuned_for_amd`], and every product large enough to be
+/// split. Returns `false`, having computed nothing, where that does not hold. (Where the
+/// OS refused the pool's second thread, the job runs on the calling thread alone, as
+/// one product's would.) Each output is the bits of [`matmul`] on its own, as every row
+/// is computed by the same kernel on the same input.
 ///
 /// On the Intel Xeon (family 6 model 207), F32 SmolLM2 decode on 2 threads (q, k, v and
 /// gate, up as two jobs instead of five): a step took 24.20 against 24.45 ms and 25.62
 /// against 26.07 ms (medians of 384 and 258 steps, the two forms alternating step by step
-/// in one process), about 1% faster: a hand-off itself costs under a microsecond here,
+/// in one process), 1-1.7% faster: a hand-off itself costs under a microsecond here,
 /// and the rest is the slower thread's last chunk that each job waits for.
 fn one_token_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], threads: Threads) -> bool {
     if items.len() < 2 || items.len() > MAX_ONE_TOKEN_GROUP || crate::cpu::tuned_for_amd() {
@@ -743,11 +747,40 @@ mod tests {
     #[test]
     fn one_token_group_equals_reference_for_any_threads() {
         // Products each large enough for two threads (one two-ended job for the group;
-        // rows not a multiple of a chunk's 64 or of 8), one too small to split (each
+        // rows not a multiple of a chunk's 56 or of 8), one too small to split (each
         // product on its own), and more than `MAX_ONE_TOKEN_GROUP` products.
         assert_group_is_reference(&[200, 131, 300], 576, 1, 30);
         assert_group_is_reference(&[200, 13, 300], 576, 1, 31);
         assert_group_is_reference(&[128, 129, 128, 127, 128], 576, 1, 32);
+    }
+
+    #[test]
+    fn two_ended_job_over_several_products_gives_each_the_reference_bits() {
+        // Products of zero rows among them (they hold no chunk), rows not a multiple of
+        // a chunk, and rows shorter than a register; on two threads and on the caller.
+        for (cols, shapes) in [(576usize, [0usize, 131, 0, 300]), (7, [3, 0, 40_000, 1])] {
+            let ws: Vec<Vec<f32>> = (0..4)
+                .map(|i| data(shapes[i] * cols, 60 + i as u64))
+                .collect();
+            let x = data(cols, 70);
+            let mut pool = Pool::new(2);
+            for on_pool in [true, false] {
+                let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; r]).collect();
+                let mut items: Vec<Linear<'_>> = shapes
+                    .iter()
+                    .zip(&ws)
+                    .zip(outs.iter_mut())
+                    .map(|((&rows, w), out)| Linear { w, rows, out })
+                    .collect();
+                matvec_two_ended(&mut items, cols, &x, on_pool.then_some(&mut pool));
+                drop(items);
+                for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
+                    let mut want = vec![0f32; rows];
+                    matmul_ref(w, rows, cols, &x, 1, &mut want);
+                    assert_same_bits(got, &want, &format!("{rows}x{cols}, pool {on_pool}"));
+                }
+            }
+        }
     }
 
     #[test]
