@@ -711,27 +711,45 @@ mod tests {
 
     /// [`matmul_group`] of products with `shapes` rows on `n` tokens, on 1-3 threads:
     /// every output must be [`matmul_ref`]'s bits (and nothing may panic).
-    fn assert_group_is_reference(shapes: &[usize], cols: usize, n: usize, seed: u64) {
+    /// Products of `shapes` rows × `cols` columns (weights made from `seed`) of one
+    /// `[n, cols]` input, computed by `run`: each output must be [`matmul_ref`]'s bits.
+    /// `what` names the case in a failure.
+    fn assert_products_are_reference(
+        shapes: &[usize],
+        cols: usize,
+        n: usize,
+        seed: u64,
+        what: &str,
+        run: &mut dyn FnMut(&mut [Linear<'_>], &[f32]),
+    ) {
         let ws: Vec<Vec<f32>> = shapes
             .iter()
             .enumerate()
             .map(|(i, &r)| data(r * cols, seed + i as u64))
             .collect();
         let x = data(n * cols, seed + 100);
+        let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
+        let mut items: Vec<Linear<'_>> = shapes
+            .iter()
+            .zip(&ws)
+            .zip(outs.iter_mut())
+            .map(|((&rows, w), out)| Linear { w, rows, out })
+            .collect();
+        run(&mut items, &x);
+        drop(items);
+        for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
+            let mut want = vec![0f32; n * rows];
+            matmul_ref(w, rows, cols, &x, n, &mut want);
+            assert_same_bits(got, &want, &format!("rows={rows}, n={n}, {what}"));
+        }
+    }
+
+    fn assert_group_is_reference(shapes: &[usize], cols: usize, n: usize, seed: u64) {
         for th in [1usize, 2, 3] {
-            let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; n * r]).collect();
-            let mut items: Vec<Linear<'_>> = shapes
-                .iter()
-                .zip(&ws)
-                .zip(outs.iter_mut())
-                .map(|((&rows, w), out)| Linear { w, rows, out })
-                .collect();
-            matmul_group(&mut items, cols, &x, n, Threads::new(th));
-            for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
-                let mut want = vec![0f32; n * rows];
-                matmul_ref(w, rows, cols, &x, n, &mut want);
-                assert_same_bits(got, &want, &format!("rows={rows}, n={n}, threads={th}"));
-            }
+            let what = format!("threads={th}");
+            assert_products_are_reference(shapes, cols, n, seed, &what, &mut |items, x| {
+                matmul_group(items, cols, x, n, Threads::new(th))
+            });
         }
     }
 
@@ -759,60 +777,31 @@ mod tests {
         // Products of zero rows among them (they hold no chunk), rows not a multiple of
         // a chunk, and rows shorter than a register; on two threads and on the caller.
         for (cols, shapes) in [(576usize, [0usize, 131, 0, 300]), (7, [3, 0, 40_000, 1])] {
-            let ws: Vec<Vec<f32>> = (0..4)
-                .map(|i| data(shapes[i] * cols, 60 + i as u64))
-                .collect();
-            let x = data(cols, 70);
             let mut pool = Pool::new(2);
             for on_pool in [true, false] {
-                let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; r]).collect();
-                let mut items: Vec<Linear<'_>> = shapes
-                    .iter()
-                    .zip(&ws)
-                    .zip(outs.iter_mut())
-                    .map(|((&rows, w), out)| Linear { w, rows, out })
-                    .collect();
-                matvec_two_ended(&mut items, cols, &x, on_pool.then_some(&mut pool));
-                drop(items);
-                for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
-                    let mut want = vec![0f32; rows];
-                    matmul_ref(w, rows, cols, &x, 1, &mut want);
-                    assert_same_bits(got, &want, &format!("{rows}x{cols}, pool {on_pool}"));
-                }
+                let what = format!("cols={cols}, pool {on_pool}");
+                assert_products_are_reference(&shapes, cols, 1, 60, &what, &mut |items, x| {
+                    matvec_two_ended(items, cols, x, on_pool.then_some(&mut pool))
+                });
             }
         }
     }
 
     #[test]
     fn a_one_token_group_runs_as_one_job_where_each_product_would_run_two_ended() {
-        let (cols, shapes) = (576, [200usize, 131, 300]);
-        let ws: Vec<Vec<f32>> = (0..3)
-            .map(|i| data(shapes[i] * cols, 40 + i as u64))
-            .collect();
-        let x = data(cols, 50);
-        let mut outs: Vec<Vec<f32>> = shapes.iter().map(|&r| vec![f32::NAN; r]).collect();
-        let mut items: Vec<Linear<'_>> = shapes
-            .iter()
-            .zip(&ws)
-            .zip(outs.iter_mut())
-            .map(|((&rows, w), out)| Linear { w, rows, out })
-            .collect();
-        let ran = one_token_group(&mut items, cols, &x, Threads::new(2));
-        assert_eq!(
-            ran,
-            max_useful_threads() >= 2 && !crate::cpu::tuned_for_amd()
-        );
-        // One product, or one thread: not a group job.
-        assert!(!one_token_group(&mut items[..1], cols, &x, Threads::new(2)));
-        assert!(!one_token_group(&mut items, cols, &x, Threads::new(1)));
-        drop(items);
-        if ran {
-            for ((&rows, w), got) in shapes.iter().zip(&ws).zip(&outs) {
-                let mut want = vec![0f32; rows];
-                matmul_ref(w, rows, cols, &x, 1, &mut want);
-                assert_same_bits(got, &want, &format!("rows={rows}"));
+        let cols = 576;
+        let expected = max_useful_threads() >= 2 && !crate::cpu::tuned_for_amd();
+        assert_products_are_reference(&[200, 131, 300], cols, 1, 40, "group", &mut |items, x| {
+            let ran = one_token_group(items, cols, x, Threads::new(2));
+            assert_eq!(ran, expected);
+            // One product, or one thread: not a group job (nothing computed).
+            assert!(!one_token_group(&mut items[..1], cols, x, Threads::new(2)));
+            assert!(!one_token_group(items, cols, x, Threads::new(1)));
+            if !ran {
+                // Where the group declines, compare the per-product form instead.
+                matmul_group(items, cols, x, 1, Threads::new(2));
             }
-        }
+        });
     }
 
     #[test]
