@@ -142,11 +142,7 @@ pub fn matmul(
     let shared = shared_pool(nt);
     // A pool busy with another caller's product (two sessions sharing a model): run
     // this one on the calling thread rather than wait; the bits are the same.
-    let mut guard = match shared.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    };
+    let mut guard = lock_unless_busy(&shared);
     matvec_on(w, rows, cols, x, out, nt, guard.as_deref_mut());
 }
 
@@ -271,14 +267,22 @@ pub fn parallel_chunks(chunks: usize, threads: Threads, job: &(dyn Fn(usize) + S
         return;
     }
     let shared = shared_pool(parts);
-    let guard = match shared.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    };
+    let guard = lock_unless_busy(&shared);
     match guard {
         Some(mut pool) => pool.run_chunks(chunks, job),
         None => (0..chunks).for_each(job),
+    }
+}
+
+/// `pool` locked for this caller, or `None` while another caller (another session on the
+/// same model) holds it: that caller's product is not waited for, and this one runs on
+/// the calling thread instead (the same bits). A lock poisoned by an earlier panic is
+/// taken all the same, as each caller did when it wrote this match itself.
+pub(crate) fn lock_unless_busy(pool: &Mutex<Pool>) -> Option<std::sync::MutexGuard<'_, Pool>> {
+    match pool.try_lock() {
+        Ok(g) => Some(g),
+        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+        Err(TryLockError::WouldBlock) => None,
     }
 }
 
@@ -450,11 +454,7 @@ fn one_token_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], threads: Th
     }
     let shared = shared_pool(2);
     // A pool busy with another caller's product runs the group on the calling thread.
-    let mut guard = match shared.try_lock() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    };
+    let mut guard = lock_unless_busy(&shared);
     matvec_two_ended(items, cols, x, guard.as_deref_mut());
     true
 }

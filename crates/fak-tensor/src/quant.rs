@@ -1521,11 +1521,9 @@ pub fn matmul_threads(
     let cols = acts[0].blocks() * ty.block_elems();
     let parts = crate::matmul::parallel_ranges(rows, cols, n, threads);
     let shared = (parts > 1).then(|| crate::matmul::shared_pool(parts));
-    let mut guard = shared.as_ref().and_then(|p| match p.try_lock() {
-        Ok(g) => Some(g),
-        Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(std::sync::TryLockError::WouldBlock) => None,
-    });
+    let mut guard = shared
+        .as_ref()
+        .and_then(|p| crate::matmul::lock_unless_busy(p));
     // The tokens' tile forms once for the whole product, not once per chunk.
     let tile = TileActs::new(ty, acts, TileIsa::Zmm);
     let Some(pool) = guard.as_deref_mut() else {
