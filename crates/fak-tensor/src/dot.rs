@@ -87,7 +87,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
         let mut out = [0f32; 1];
         // SAFETY: AVX2 and FMA were detected at run time; `rows` has one row of
         // `a.len()` elements and `out` has room for one result.
-        unsafe { avx2::dot_rows_strided::<1>(a, a.len(), b, &mut out) };
+        unsafe { avx2::dot_rows_strided::<1, 0>(a, a.len(), b, &mut out) };
         return out[0];
     }
     dot_ref(a, b)
@@ -134,12 +134,16 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
         while j + 8 <= n {
             // SAFETY: AVX2 and FMA were detected; rows j..j+8 lie inside `rows` (checked
             // above) and `out` has room for 8 results from `j`.
-            unsafe { avx2::dot_rows_strided::<8>(&rows[j * stride..], stride, x, &mut out[j..]) };
+            unsafe {
+                avx2::dot_rows_strided::<8, 0>(&rows[j * stride..], stride, x, &mut out[j..])
+            };
             j += 8;
         }
         while j < n {
             // SAFETY: as above, for one row.
-            unsafe { avx2::dot_rows_strided::<1>(&rows[j * stride..], stride, x, &mut out[j..]) };
+            unsafe {
+                avx2::dot_rows_strided::<1, 0>(&rows[j * stride..], stride, x, &mut out[j..])
+            };
             j += 1;
         }
         return;
@@ -244,11 +248,17 @@ pub(crate) mod avx2 {
     /// in the canonical order (each row's 8 lanes in order, then [`tail`]); with
     /// `stride == x.len()` the rows are adjacent.
     ///
+    /// With `AHEAD > 0` each row's weights `AHEAD` bytes past the ones being read are
+    /// asked for (`prefetcht0`, one line per row per 64 bytes read), for rows that are
+    /// each the head of a longer stream (the one-token product's `one_token_rows`
+    /// streams): a hint only, never a read into the program, so the same bits. The
+    /// addresses may lie past `w` (wrapping arithmetic, never dereferenced).
+    ///
     /// # Safety
     /// The CPU must support AVX2 and FMA; `stride >= x.len()`,
     /// `w.len() >= (R - 1) * stride + x.len()`, `out.len() >= R`.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows_strided<const R: usize>(
+    pub unsafe fn dot_rows_strided<const R: usize, const AHEAD: usize>(
         w: &[f32],
         stride: usize,
         x: &[f32],
@@ -262,6 +272,14 @@ pub(crate) mod avx2 {
         let xp = x.as_ptr();
         let mut i = 0;
         while i < n8 {
+            if AHEAD > 0 && i % (2 * LANES) == 0 {
+                for r in 0..R {
+                    let at = wp.wrapping_add(r * stride + i) as *const i8;
+                    // A prefetch never faults or reads into the program, whatever the
+                    // address (SSE, on every x86_64 CPU).
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(AHEAD));
+                }
+            }
             let xv = _mm256_loadu_ps(xp.add(i));
             for (r, a) in acc.iter_mut().enumerate() {
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(r * stride + i)), xv, *a);
