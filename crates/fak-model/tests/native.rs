@@ -6,7 +6,7 @@
 
 mod common;
 use common::*;
-use fak_model::{load_text, Model, WeightMode};
+use fak_model::{load_text, KvStore, LogitsWanted, Model, VecKvCache, WeightMode};
 use fak_tensor::Threads;
 use std::sync::OnceLock;
 
@@ -59,6 +59,67 @@ fn native_long_prefill_equals_decode_bitwise() {
     let mixed = run_in_chunks(m, &ids, &[17, 1, 30]);
     assert!(same_bits(&full, &steps), "prefill != token-by-token decode");
     assert!(same_bits(&full, &mixed), "prefill != chunked prefill");
+}
+
+/// One `forward` call over `ids` on a fresh cache: every row's logits, then (a second
+/// call) the last row's alone and the cache it leaves.
+fn one_call(m: &Model, ids: &[u32]) -> (Vec<f32>, Vec<f32>, VecKvCache) {
+    let layers = m.config().num_hidden_layers;
+    let pos: Vec<u32> = (0..ids.len() as u32).collect();
+    let mut kv = VecKvCache::new(layers, ids.len());
+    let all = m
+        .forward(ids, &pos, &mut kv, LogitsWanted::All, None)
+        .unwrap();
+    let mut kv = VecKvCache::new(layers, ids.len());
+    let last = m
+        .forward(ids, &pos, &mut kv, LogitsWanted::Last, None)
+        .unwrap();
+    (all, last, kv)
+}
+
+/// A pass longer than the model's prefill chunk runs as consecutive batches inside one
+/// `forward` call: the same logits (every row, and the last alone) and the same K, K
+/// before RoPE and V rows as one batch, on both weight paths.
+#[test]
+fn a_pass_split_into_prefill_chunks_is_the_bits_of_one_batch() {
+    let Some(p) = smollm2_path() else { return };
+    let ids = long_prompt();
+    for mode in [WeightMode::Native, WeightMode::Exact] {
+        let mut m = Model::load_with(&p, mode).unwrap();
+        assert!(
+            m.prefill_chunk() >= ids.len(),
+            "the reference must be one batch"
+        );
+        let (all, last, kv) = one_call(&m, &ids);
+        assert_eq!(last.len(), m.config().vocab_size);
+        for chunk in [1usize, 7, 16, 47] {
+            m.set_prefill_chunk(chunk);
+            let (a, l, k) = one_call(&m, &ids);
+            assert!(
+                same_bits(&all, &a),
+                "{mode:?}, chunk {chunk}: every row's logits"
+            );
+            assert!(
+                same_bits(&last, &l),
+                "{mode:?}, chunk {chunk}: the last row's"
+            );
+            assert_eq!(k.positions(), kv.positions());
+            for layer in 0..m.config().num_hidden_layers {
+                assert!(
+                    same_bits(k.keys(layer), kv.keys(layer)),
+                    "{mode:?} K {layer}"
+                );
+                assert!(
+                    same_bits(k.keys_raw(layer), kv.keys_raw(layer)),
+                    "K raw {layer}"
+                );
+                assert!(
+                    same_bits(k.values(layer), kv.values(layer)),
+                    "{mode:?} V {layer}"
+                );
+            }
+        }
+    }
 }
 
 #[test]
