@@ -170,6 +170,7 @@ impl Session {
 
     /// Runs `ids` at `positions`, keeping the last token's logits in `last_logits`.
     fn run_last(&mut self, ids: &[u32], positions: &[u32]) -> Result<(), SessionError> {
+        let before = self.cache.len();
         let Buffers { scratch, spare } = &mut self.buffers;
         let mut logits = std::mem::take(spare);
         let mut ran: Result<(), SessionError> = self
@@ -186,6 +187,8 @@ impl Session {
             .map_err(Into::into);
         if ran.is_ok() {
             ran = self.check_finite(&logits, ids.len());
+        } else {
+            self.roll_back_to(before);
         }
         if let Err(e) = ran {
             self.buffers.spare = logits;
@@ -204,15 +207,26 @@ impl Session {
     pub fn prefill_all_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         let start = self.cache.next_position();
         let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
-        let logits =
-            self.model
-                .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None)?;
+        let before = self.cache.len();
+        let ran = self
+            .model
+            .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None);
+        let logits = ran.inspect_err(|_| self.roll_back_to(before))?;
         self.check_finite(&logits, ids.len())?;
         self.positions_computed += ids.len() as u64;
         self.ids.extend_from_slice(ids);
         let v = self.model.config().vocab_size;
         self.last_logits = Some(logits[logits.len() - v..].to_vec());
         Ok(logits)
+    }
+
+    /// Takes the cache back to its first `len` entries after a failed pass. The model
+    /// refuses a bad input before it changes the cache; this covers a product's own
+    /// error, which could leave part of a pass appended (positions, or some layers'
+    /// rows: `drop_newest` truncates every buffer to the kept length).
+    fn roll_back_to(&mut self, len: usize) {
+        let appended = self.cache.len().saturating_sub(len);
+        self.cache.drop_newest(appended);
     }
 
     /// Rolls the last `n` cache entries back out when `logits` hold a NaN.

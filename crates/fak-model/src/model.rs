@@ -1156,7 +1156,11 @@ impl Model {
     /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
     /// that do not strictly increase past the cache's last position;
     /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when a position
-    /// would reach the context length or the entries would exceed the cache's capacity. On error `kv` is unchanged.
+    /// would reach the context length or the entries would exceed the cache's capacity.
+    /// These are found before anything changes, so `kv` is then unchanged. A product's
+    /// own [`ModelError::Unsupported`] (shapes and types are checked at load, so no input
+    /// reaches one) could leave part of the pass appended; `fak_kv::Session` rolls its
+    /// cache back on any error.
     pub fn forward(
         &self,
         ids: &[u32],
@@ -1178,7 +1182,8 @@ impl Model {
     /// a test counts the heap allocations of such steps and asserts there are none.
     ///
     /// # Errors
-    /// As [`Model::forward`]; on error `kv` is unchanged and `logits` unspecified.
+    /// As [`Model::forward`] (a refused input leaves `kv` unchanged); on error `logits`
+    /// is unspecified.
     #[allow(clippy::too_many_arguments)]
     pub fn forward_into(
         &self,
@@ -1258,6 +1263,9 @@ impl Model {
             return self.run_batch(ids, positions, kv, want, trace, scratch, logits);
         }
         // Validated as a whole above, so no batch is refused part way through.
+        if want == LogitsWanted::All {
+            logits.reserve(n * c.vocab_size);
+        }
         let mut at = 0;
         while at < n {
             let end = (at + chunk).min(n);
@@ -1591,6 +1599,9 @@ impl Model {
             }
         }
 
+        if want == LogitsWanted::None && trace.is_none() {
+            return Ok(());
+        }
         for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
             rms_norm(r, &self.norm, c.norm_weight_offset, c.rms_norm_eps, o);
         }

@@ -35,6 +35,55 @@ fn token_id_out_of_range_is_an_error() {
     );
 }
 
+/// A pass that runs as several batches (`set_prefill_chunk`) is checked as a whole
+/// before any batch runs: a bad id or position in its last token leaves the cache as
+/// it was.
+#[test]
+fn a_pass_in_batches_is_refused_before_any_batch_runs() {
+    let mut m = tiny();
+    m.set_prefill_chunk(1);
+    let mut kv = VecKvCache::new(2, 256);
+    let e = m
+        .forward(
+            &[1, 2, 3, 256],
+            &[0, 1, 2, 3],
+            &mut kv,
+            LogitsWanted::All,
+            None,
+        )
+        .unwrap_err();
+    assert!(
+        matches!(e, ModelError::TokenOutOfRange { id: 256, .. }),
+        "{e}"
+    );
+    assert_eq!(kv.len(), 0, "a batch ran before the last token was refused");
+    let e = m
+        .forward(
+            &[1, 2, 3, 4],
+            &[0, 1, 2, 2],
+            &mut kv,
+            LogitsWanted::All,
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(e, ModelError::InvalidInput(_)), "{e}");
+    assert_eq!(
+        kv.len(),
+        0,
+        "a batch ran before the last position was refused"
+    );
+    let logits = m
+        .forward(
+            &[1, 2, 3, 4],
+            &[0, 1, 2, 3],
+            &mut kv,
+            LogitsWanted::All,
+            None,
+        )
+        .unwrap();
+    assert_eq!((kv.len(), logits.len()), (4, 4 * m.config().vocab_size));
+}
+
 #[test]
 fn empty_prompt_and_bad_positions_are_errors() {
     let m = tiny();

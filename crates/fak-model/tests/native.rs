@@ -61,16 +61,51 @@ fn native_long_prefill_equals_decode_bitwise() {
     assert!(same_bits(&full, &mixed), "prefill != chunked prefill");
 }
 
+/// A [`VecKvCache`] that records how many tokens each batch of a pass appended.
+struct CountingKv {
+    kv: VecKvCache,
+    batches: Vec<usize>,
+}
+
+impl KvStore for CountingKv {
+    fn len(&self) -> usize {
+        self.kv.len()
+    }
+    fn positions(&self) -> &[u32] {
+        self.kv.positions()
+    }
+    fn capacity_tokens(&self) -> usize {
+        self.kv.capacity_tokens()
+    }
+    fn append_positions(&mut self, pos: &[u32]) {
+        self.batches.push(pos.len());
+        self.kv.append_positions(pos)
+    }
+    fn append_layer(&mut self, layer: usize, k_raw: &[f32], k: &[f32], v: &[f32]) {
+        self.kv.append_layer(layer, k_raw, k, v)
+    }
+    fn keys(&self, layer: usize) -> &[f32] {
+        self.kv.keys(layer)
+    }
+    fn values(&self, layer: usize) -> &[f32] {
+        self.kv.values(layer)
+    }
+}
+
 /// One `forward` call over `ids` on a fresh cache: every row's logits, then (a second
-/// call) the last row's alone and the cache it leaves.
-fn one_call(m: &Model, ids: &[u32]) -> (Vec<f32>, Vec<f32>, VecKvCache) {
+/// call) the last row's alone, the cache it leaves and the batches it ran in.
+fn one_call(m: &Model, ids: &[u32]) -> (Vec<f32>, Vec<f32>, CountingKv) {
     let layers = m.config().num_hidden_layers;
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
-    let mut kv = VecKvCache::new(layers, ids.len());
+    let fresh = || CountingKv {
+        kv: VecKvCache::new(layers, ids.len()),
+        batches: Vec::new(),
+    };
+    let mut kv = fresh();
     let all = m
         .forward(ids, &pos, &mut kv, LogitsWanted::All, None)
         .unwrap();
-    let mut kv = VecKvCache::new(layers, ids.len());
+    let mut kv = fresh();
     let last = m
         .forward(ids, &pos, &mut kv, LogitsWanted::Last, None)
         .unwrap();
@@ -79,44 +114,46 @@ fn one_call(m: &Model, ids: &[u32]) -> (Vec<f32>, Vec<f32>, VecKvCache) {
 
 /// A pass longer than the model's prefill chunk runs as consecutive batches inside one
 /// `forward` call: the same logits (every row, and the last alone) and the same K, K
-/// before RoPE and V rows as one batch, on both weight paths.
+/// before RoPE and V rows as one batch, on both weight paths, with full causal
+/// attention and with a 5-token sliding window (so windows start inside earlier batches).
 #[test]
 fn a_pass_split_into_prefill_chunks_is_the_bits_of_one_batch() {
     let Some(p) = smollm2_path() else { return };
     let ids = long_prompt();
     for mode in [WeightMode::Native, WeightMode::Exact] {
-        let mut m = Model::load_with(&p, mode).unwrap();
-        assert!(
-            m.prefill_chunk() >= ids.len(),
-            "the reference must be one batch"
-        );
-        let (all, last, kv) = one_call(&m, &ids);
-        assert_eq!(last.len(), m.config().vocab_size);
-        for chunk in [1usize, 7, 16, 47] {
-            m.set_prefill_chunk(chunk);
-            let (a, l, k) = one_call(&m, &ids);
+        for window in [None, Some(5)] {
+            let mut m = Model::load_with(&p, mode).unwrap();
+            let layers = m.config().num_hidden_layers;
+            m.set_sliding_windows(vec![window; layers]).unwrap();
             assert!(
-                same_bits(&all, &a),
-                "{mode:?}, chunk {chunk}: every row's logits"
+                m.prefill_chunk() >= ids.len(),
+                "the reference must be one batch"
             );
-            assert!(
-                same_bits(&last, &l),
-                "{mode:?}, chunk {chunk}: the last row's"
-            );
-            assert_eq!(k.positions(), kv.positions());
-            for layer in 0..m.config().num_hidden_layers {
-                assert!(
-                    same_bits(k.keys(layer), kv.keys(layer)),
-                    "{mode:?} K {layer}"
-                );
-                assert!(
-                    same_bits(k.keys_raw(layer), kv.keys_raw(layer)),
-                    "K raw {layer}"
-                );
-                assert!(
-                    same_bits(k.values(layer), kv.values(layer)),
-                    "{mode:?} V {layer}"
-                );
+            let (all, last, kv) = one_call(&m, &ids);
+            assert_eq!(kv.batches, [ids.len()]);
+            assert_eq!(last.len(), m.config().vocab_size);
+            for chunk in [1usize, 7, 16, 47] {
+                m.set_prefill_chunk(chunk);
+                let (a, l, k) = one_call(&m, &ids);
+                let at = format!("{mode:?}, window {window:?}, batches of {chunk}");
+                let mut want = vec![chunk; ids.len() / chunk];
+                if !ids.len().is_multiple_of(chunk) {
+                    want.push(ids.len() % chunk);
+                }
+                assert_eq!(k.batches, want, "{at}: the batches run");
+                assert!(same_bits(&all, &a), "{at}: every row's logits");
+                assert!(same_bits(&last, &l), "{at}: the last row's");
+                let (k, kv) = (&k.kv, &kv.kv);
+                assert_eq!(k.positions(), kv.positions());
+                for layer in 0..layers {
+                    assert!(same_bits(k.keys(layer), kv.keys(layer)), "{at}: K {layer}");
+                    let raw = (k.keys_raw(layer), kv.keys_raw(layer));
+                    assert!(same_bits(raw.0, raw.1), "{at}: K before RoPE {layer}");
+                    assert!(
+                        same_bits(k.values(layer), kv.values(layer)),
+                        "{at}: V {layer}"
+                    );
+                }
             }
         }
     }

@@ -561,7 +561,7 @@ fn one_token_rows() -> usize {
 /// for the weights (`prefetcht0`, [`crate::dot::avx2::dot_rows_strided`]'s `AHEAD`).
 /// The hardware prefetchers follow eight interleaved streams less far than one: on the
 /// Intel Xeon (family 6 model 207) a C probe of these reads over the mapped F32 file
-/// (2 threads, alternating in one process) gave 24.0 GB/s without the hint, 27.0-27.3
+/// (2 threads, alternating in one process) gave 24.0 GB/s without the hint, 26.9-27.3
 /// with it 512 B-1 KB ahead, 25.0 at 4 KB, against 28.5-29.0 for a plain sum. In `fak
 /// bench` (F32 SmolLM2, 512 + 128 tokens, 6 alternating rounds) decode went +3.7% on 2
 /// threads (6 of 6 faster; 256 B +3.0%, 768 B +3.3%, 1 KB +3.2%), +5.1% on 1 (4 of 4),
