@@ -3,8 +3,9 @@
 //! From a GGUF file the tokenizer is rebuilt from its metadata (GGUF spec, "Tokenizer"
 //! keys): `tokenizer.ggml.model` chooses the model (`gpt2`: byte-level BPE with merges;
 //! `llama`: SentencePiece-style BPE with byte fallback, merges derived from the token
-//! scores), `tokenizer.ggml.pre` chooses the pre-tokenizer pattern (an unknown `pre` is an
-//! error, never a silent default), `tokenizer.ggml.token_type` marks control tokens
+//! scores, a leading `▁` unless `tokenizer.ggml.add_space_prefix` is false),
+//! `tokenizer.ggml.pre` chooses the pre-tokenizer pattern (an unknown `pre` is an error,
+//! never a silent default), `tokenizer.ggml.token_type` marks control tokens
 //! (special) and user-defined tokens (added, not special). From a safetensors folder the
 //! `tokenizer.json` beside it is read as is.
 //!
@@ -22,9 +23,11 @@ use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
@@ -259,107 +262,127 @@ impl Tokenizer {
                 }
             }
         }
+        let add_space_prefix = g
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(true);
         let add_bos = g
             .get("tokenizer.ggml.add_bos_token")
             .and_then(MetaValue::as_bool)
             .unwrap_or(model == "llama");
 
-        let (mut tk, token_bytes) = match model.as_str() {
-            "gpt2" => {
-                let pre = g
-                    .get("tokenizer.ggml.pre")
-                    .and_then(MetaValue::as_str)
-                    .unwrap_or("default")
-                    .to_string();
-                let merges: Vec<(String, String)> = g
-                    .get_array("tokenizer.ggml.merges")
-                    .map_err(md)?
-                    .iter()
-                    .map(|m| {
-                        let s = m.as_str()?;
-                        let (a, b) = s.split_once(' ')?;
-                        Some((a.to_string(), b.to_string()))
-                    })
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| TokenizerError::Metadata("a merge is not 'a b'".into()))?;
-                // A token spelled outside GPT-2's byte alphabet is respelled byte by byte
-                // (as HF's GGUF loader does).
-                let alphabet = byte_to_char();
-                let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-                let vocab: Vocab = tokens
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        let key = if in_alphabet(t) {
-                            t.clone()
-                        } else {
-                            t.bytes().map(|b| alphabet[b as usize]).collect()
-                        };
-                        (key, i as u32)
-                    })
-                    .collect();
-                let bpe = BPE::builder()
-                    .vocab_and_merges(vocab, merges)
-                    .build()
-                    .map_err(lib_err)?;
-                let mut tk = tokenizers::Tokenizer::new(bpe);
-                tk.with_pre_tokenizer(Some(byte_level_pre(&pre)?));
-                tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
-                // Byte-level tokens map back to bytes through GPT-2's alphabet.
-                let mut rev = HashMap::new();
-                for (b, c) in byte_to_char().iter().enumerate() {
-                    rev.insert(*c, b as u8);
+        let (mut tk, token_bytes) =
+            match model.as_str() {
+                "gpt2" => {
+                    let pre = g
+                        .get("tokenizer.ggml.pre")
+                        .and_then(MetaValue::as_str)
+                        .unwrap_or("default")
+                        .to_string();
+                    let merges: Vec<(String, String)> = g
+                        .get_array("tokenizer.ggml.merges")
+                        .map_err(md)?
+                        .iter()
+                        .map(|m| {
+                            let s = m.as_str()?;
+                            let (a, b) = s.split_once(' ')?;
+                            Some((a.to_string(), b.to_string()))
+                        })
+                        .collect::<Option<_>>()
+                        .ok_or_else(|| TokenizerError::Metadata("a merge is not 'a b'".into()))?;
+                    // A token spelled outside GPT-2's byte alphabet is respelled byte by byte
+                    // (as HF's GGUF loader does).
+                    let alphabet = byte_to_char();
+                    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+                    let vocab: Vocab = tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| {
+                            let key = if in_alphabet(t) {
+                                t.clone()
+                            } else {
+                                t.bytes().map(|b| alphabet[b as usize]).collect()
+                            };
+                            (key, i as u32)
+                        })
+                        .collect();
+                    let bpe = BPE::builder()
+                        .vocab_and_merges(vocab, merges)
+                        .build()
+                        .map_err(lib_err)?;
+                    let mut tk = tokenizers::Tokenizer::new(bpe);
+                    tk.with_pre_tokenizer(Some(byte_level_pre(&pre)?));
+                    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
+                    // Byte-level tokens map back to bytes through GPT-2's alphabet.
+                    let mut rev = HashMap::new();
+                    for (b, c) in byte_to_char().iter().enumerate() {
+                        rev.insert(*c, b as u8);
+                    }
+                    let bytes = tokens
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| {
+                            if types[i] == TOKEN_TYPE_CONTROL {
+                                t.as_bytes().to_vec()
+                            } else {
+                                t.chars()
+                                    .map(|c| rev.get(&c).copied().unwrap_or(b'?'))
+                                    .collect()
+                            }
+                        })
+                        .collect();
+                    (tk, bytes)
                 }
-                let bytes = tokens
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| {
-                        if types[i] == TOKEN_TYPE_CONTROL {
-                            t.as_bytes().to_vec()
-                        } else {
-                            t.chars()
-                                .map(|c| rev.get(&c).copied().unwrap_or(b'?'))
-                                .collect()
-                        }
-                    })
-                    .collect();
-                (tk, bytes)
-            }
-            "llama" => {
-                let respelled: Vec<String> = tokens.iter().map(|t| respell_spaces(t)).collect();
-                let merges = spm_merges(&respelled)?;
-                let vocab: Vocab = respelled
-                    .iter()
-                    .enumerate()
-                    .map(|(i, t)| (t.clone(), i as u32))
-                    .collect();
-                let mut builder = BPE::builder()
-                    .vocab_and_merges(vocab, merges)
-                    .byte_fallback(true)
-                    .fuse_unk(true);
-                if let Some(u) = unk {
-                    builder = builder.unk_token(tokens[u as usize].clone());
+                "llama" => {
+                    let respelled: Vec<String> = tokens.iter().map(|t| respell_spaces(t)).collect();
+                    let merges = spm_merges(&respelled)?;
+                    let vocab: Vocab = respelled
+                        .iter()
+                        .enumerate()
+                        .map(|(i, t)| (t.clone(), i as u32))
+                        .collect();
+                    let mut builder = BPE::builder()
+                        .vocab_and_merges(vocab, merges)
+                        .byte_fallback(true)
+                        .fuse_unk(true);
+                    if let Some(u) = unk {
+                        builder = builder.unk_token(tokens[u as usize].clone());
+                    }
+                    let bpe = builder.build().map_err(lib_err)?;
+                    let mut tk = tokenizers::Tokenizer::new(bpe);
+                    // `tokenizer.ggml.add_space_prefix` (default true for a SentencePiece
+                    // vocabulary, as llama.cpp has it): the text gets a leading `▁`, built as
+                    // transformers builds a `llama` GGUF's tokenizer (Metaspace, prepended to
+                    // the first piece of text only). Gemma's files say false: spaces become
+                    // `▁` and nothing is prepended.
+                    let mut decoders = vec![
+                        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
+                        DecoderWrapper::ByteFallback(ByteFallback::new()),
+                        DecoderWrapper::Fuse(Fuse::new()),
+                    ];
+                    if add_space_prefix {
+                        tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(
+                            Metaspace::new('▁', PrependScheme::First, false),
+                        )));
+                        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+                    } else {
+                        tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
+                            .map_err(lib_err)?;
+                    }
+                    tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+                        decoders,
+                    ))));
+                    let bytes = tokens
+                        .iter()
+                        .map(|t| match byte_fallback_value(t) {
+                            Some(b) => vec![b],
+                            None => t.replace('▁', " ").into_bytes(),
+                        })
+                        .collect();
+                    (tk, bytes)
                 }
-                let bpe = builder.build().map_err(lib_err)?;
-                let mut tk = tokenizers::Tokenizer::new(bpe);
-                tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
-                    .map_err(lib_err)?;
-                tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
-                    DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
-                    DecoderWrapper::ByteFallback(ByteFallback::new()),
-                    DecoderWrapper::Fuse(Fuse::new()),
-                ]))));
-                let bytes = tokens
-                    .iter()
-                    .map(|t| match byte_fallback_value(t) {
-                        Some(b) => vec![b],
-                        None => t.replace('▁', " ").into_bytes(),
-                    })
-                    .collect();
-                (tk, bytes)
-            }
-            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
-        };
+                other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+            };
 
         // Control tokens become special added tokens, user-defined ones plain added tokens
         // (so both are matched whole), as HF's GGUF loader adds them: a byte-level control

@@ -314,6 +314,9 @@ fn tokenizer_gguf(model: &str, tokens: &[String], types: &[i32]) -> fak_weights:
         .kv_str("tokenizer.ggml.model", model)
         .kv("tokenizer.ggml.tokens", vt::ARRAY, toks)
         .kv("tokenizer.ggml.token_type", vt::ARRAY, ty);
+    if model == "llama" {
+        b = b.kv("tokenizer.ggml.add_space_prefix", vt::BOOL, vec![0]);
+    }
     if model == "gpt2" {
         let mut m = vt::STRING.to_le_bytes().to_vec();
         m.extend(0u64.to_le_bytes());
@@ -385,4 +388,54 @@ fn tojson_writes_what_python_json_dumps_writes() {
         let tmpl = ChatTemplate::new(Some(&src), &tok).unwrap();
         assert_eq!(tmpl.render(&[], false, None).unwrap(), want, "{filter}");
     }
+}
+
+/// `tokenizer.ggml.add_space_prefix` (true, and the default, for a SentencePiece vocabulary
+/// as in Llama 2's files): the ids equal transformers' tokenizer built from the same GGUF
+/// (`testdata/text/spm-prefix/`, made by `oracle-export/export_spm_prefix.py`), leading
+/// words included; with the flag false nothing is prepended (Gemma's files).
+#[test]
+fn sentencepiece_vocabularies_honour_add_space_prefix() {
+    let dir = testdata().join("text/spm-prefix");
+    let g = fak_weights::GgufFile::open(dir.join("vocab.gguf")).unwrap();
+    let tok = Tokenizer::from_gguf(&g).unwrap();
+    let oracle: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("encode.json")).unwrap()).unwrap();
+    assert_eq!(oracle["add_space_prefix"], Value::Bool(true));
+    let entries = oracle["entries"].as_array().unwrap();
+    assert!(entries.len() >= 10);
+    for e in entries {
+        let text = e["text"].as_str().unwrap();
+        let want: Vec<u32> = e["ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        assert_eq!(tok.encode_with_special(text).unwrap(), want, "{text:?}");
+    }
+    // "Hello" is one token with the prefix; the decode drops the prefix again.
+    let hello = tok.token_to_id("\u{2581}Hello").unwrap();
+    assert_eq!(tok.encode("Hello world").unwrap()[0], hello);
+    assert_eq!(
+        tok.decode(&tok.encode("Hello world").unwrap(), false)
+            .unwrap(),
+        "Hello world"
+    );
+    // The same vocabulary with the flag false: no prefix.
+    let mut bytes = std::fs::read(dir.join("vocab.gguf")).unwrap();
+    let key = gstr("tokenizer.ggml.add_space_prefix");
+    let at = bytes
+        .windows(key.len())
+        .position(|w| w == key.as_slice())
+        .unwrap();
+    let v = at + key.len();
+    assert_eq!(bytes[v..v + 4], vt::BOOL.to_le_bytes());
+    bytes[v + 4] = 0;
+    let tok = Tokenizer::from_gguf(&fak_weights::GgufFile::from_bytes(bytes).unwrap()).unwrap();
+    assert_ne!(tok.encode("Hello world").unwrap()[0], hello);
+    assert_eq!(
+        tok.encode("Hello world").unwrap()[0],
+        tok.token_to_id("Hello").unwrap()
+    );
 }
