@@ -271,118 +271,96 @@ impl Tokenizer {
             .and_then(MetaValue::as_bool)
             .unwrap_or(model == "llama");
 
-        let (mut tk, token_bytes) =
-            match model.as_str() {
-                "gpt2" => {
-                    let pre = g
-                        .get("tokenizer.ggml.pre")
-                        .and_then(MetaValue::as_str)
-                        .unwrap_or("default")
-                        .to_string();
-                    let merges: Vec<(String, String)> = g
-                        .get_array("tokenizer.ggml.merges")
-                        .map_err(md)?
-                        .iter()
-                        .map(|m| {
-                            let s = m.as_str()?;
-                            let (a, b) = s.split_once(' ')?;
-                            Some((a.to_string(), b.to_string()))
-                        })
-                        .collect::<Option<_>>()
-                        .ok_or_else(|| TokenizerError::Metadata("a merge is not 'a b'".into()))?;
-                    // A token spelled outside GPT-2's byte alphabet is respelled byte by byte
-                    // (as HF's GGUF loader does).
-                    let alphabet = byte_to_char();
-                    let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
-                    let vocab: Vocab = tokens
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| {
-                            let key = if in_alphabet(t) {
-                                t.clone()
-                            } else {
-                                t.bytes().map(|b| alphabet[b as usize]).collect()
-                            };
-                            (key, i as u32)
-                        })
-                        .collect();
-                    let bpe = BPE::builder()
-                        .vocab_and_merges(vocab, merges)
-                        .build()
-                        .map_err(lib_err)?;
-                    let mut tk = tokenizers::Tokenizer::new(bpe);
-                    tk.with_pre_tokenizer(Some(byte_level_pre(&pre)?));
-                    tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
-                    // Byte-level tokens map back to bytes through GPT-2's alphabet.
-                    let mut rev = HashMap::new();
-                    for (b, c) in byte_to_char().iter().enumerate() {
-                        rev.insert(*c, b as u8);
-                    }
-                    let bytes = tokens
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| {
-                            if types[i] == TOKEN_TYPE_CONTROL {
-                                t.as_bytes().to_vec()
-                            } else {
-                                t.chars()
-                                    .map(|c| rev.get(&c).copied().unwrap_or(b'?'))
-                                    .collect()
-                            }
-                        })
-                        .collect();
-                    (tk, bytes)
+        let (mut tk, token_bytes) = match model.as_str() {
+            "gpt2" => {
+                let pre = g
+                    .get("tokenizer.ggml.pre")
+                    .and_then(MetaValue::as_str)
+                    .unwrap_or("default")
+                    .to_string();
+                let merges: Vec<(String, String)> = g
+                    .get_array("tokenizer.ggml.merges")
+                    .map_err(md)?
+                    .iter()
+                    .map(|m| {
+                        let s = m.as_str()?;
+                        let (a, b) = s.split_once(' ')?;
+                        Some((a.to_string(), b.to_string()))
+                    })
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| TokenizerError::Metadata("a merge is not 'a b'".into()))?;
+                // A token spelled outside GPT-2's byte alphabet is respelled byte by byte
+                // (as HF's GGUF loader does).
+                let alphabet = byte_to_char();
+                let in_alphabet = |t: &str| t.chars().all(|c| alphabet.contains(&c));
+                let vocab: Vocab = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        let key = if in_alphabet(t) {
+                            t.clone()
+                        } else {
+                            t.bytes().map(|b| alphabet[b as usize]).collect()
+                        };
+                        (key, i as u32)
+                    })
+                    .collect();
+                let bpe = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .build()
+                    .map_err(lib_err)?;
+                let mut tk = tokenizers::Tokenizer::new(bpe);
+                tk.with_pre_tokenizer(Some(byte_level_pre(&pre)?));
+                tk.with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevelDecoder::default())));
+                // Byte-level tokens map back to bytes through GPT-2's alphabet.
+                let mut rev = HashMap::new();
+                for (b, c) in byte_to_char().iter().enumerate() {
+                    rev.insert(*c, b as u8);
                 }
-                "llama" => {
-                    let respelled: Vec<String> = tokens.iter().map(|t| respell_spaces(t)).collect();
-                    let merges = spm_merges(&respelled)?;
-                    let vocab: Vocab = respelled
-                        .iter()
-                        .enumerate()
-                        .map(|(i, t)| (t.clone(), i as u32))
-                        .collect();
-                    let mut builder = BPE::builder()
-                        .vocab_and_merges(vocab, merges)
-                        .byte_fallback(true)
-                        .fuse_unk(true);
-                    if let Some(u) = unk {
-                        builder = builder.unk_token(tokens[u as usize].clone());
-                    }
-                    let bpe = builder.build().map_err(lib_err)?;
-                    let mut tk = tokenizers::Tokenizer::new(bpe);
-                    // `tokenizer.ggml.add_space_prefix` (default true for a SentencePiece
-                    // vocabulary, as llama.cpp has it): the text gets a leading `▁`, built as
-                    // transformers builds a `llama` GGUF's tokenizer (Metaspace, prepended to
-                    // the first piece of text only). Gemma's files say false: spaces become
-                    // `▁` and nothing is prepended.
-                    let mut decoders = vec![
-                        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
-                        DecoderWrapper::ByteFallback(ByteFallback::new()),
-                        DecoderWrapper::Fuse(Fuse::new()),
-                    ];
-                    if add_space_prefix {
-                        tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(
-                            Metaspace::new('▁', PrependScheme::First, false),
-                        )));
-                        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
-                    } else {
-                        tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
-                            .map_err(lib_err)?;
-                    }
-                    tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
-                        decoders,
-                    ))));
-                    let bytes = tokens
-                        .iter()
-                        .map(|t| match byte_fallback_value(t) {
-                            Some(b) => vec![b],
-                            None => t.replace('▁', " ").into_bytes(),
-                        })
-                        .collect();
-                    (tk, bytes)
+                let bytes = tokens
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| {
+                        if types[i] == TOKEN_TYPE_CONTROL {
+                            t.as_bytes().to_vec()
+                        } else {
+                            t.chars()
+                                .map(|c| rev.get(&c).copied().unwrap_or(b'?'))
+                                .collect()
+                        }
+                    })
+                    .collect();
+                (tk, bytes)
+            }
+            "llama" => {
+                let respelled: Vec<String> = tokens.iter().map(|t| respell_spaces(t)).collect();
+                let merges = spm_merges(&respelled)?;
+                let vocab: Vocab = respelled
+                    .iter()
+                    .enumerate()
+                    .map(|(i, t)| (t.clone(), i as u32))
+                    .collect();
+                let mut builder = BPE::builder()
+                    .vocab_and_merges(vocab, merges)
+                    .byte_fallback(true)
+                    .fuse_unk(true);
+                if let Some(u) = unk {
+                    builder = builder.unk_token(tokens[u as usize].clone());
                 }
-                other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
-            };
+                let bpe = builder.build().map_err(lib_err)?;
+                let mut tk = tokenizers::Tokenizer::new(bpe);
+                spm_pipeline(&mut tk, add_space_prefix)?;
+                let bytes = tokens
+                    .iter()
+                    .map(|t| match byte_fallback_value(t) {
+                        Some(b) => vec![b],
+                        None => t.replace('▁', " ").into_bytes(),
+                    })
+                    .collect();
+                (tk, bytes)
+            }
+            other => return Err(TokenizerError::UnsupportedModel(other.to_string())),
+        };
 
         // Control tokens become special added tokens, user-defined ones plain added tokens
         // (so both are matched whole), as HF's GGUF loader adds them: a byte-level control
@@ -587,6 +565,34 @@ impl Tokenizer {
         ids.extend(self.encode(text)?);
         Ok(ids)
     }
+}
+
+/// The normalizer, pre-tokenizer and decoder of a SentencePiece (`llama`) vocabulary.
+/// `tokenizer.ggml.add_space_prefix` (default true, as llama.cpp has it) gives the text a
+/// leading `▁` the way transformers builds a `llama` GGUF's tokenizer (Metaspace, prepended
+/// to the first piece of text only), stripped again on decode. Gemma's files say false:
+/// spaces become `▁` and nothing is prepended.
+fn spm_pipeline(
+    tk: &mut tokenizers::Tokenizer,
+    add_space_prefix: bool,
+) -> Result<(), TokenizerError> {
+    let mut decoders = vec![
+        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if add_space_prefix {
+        let prefix = Metaspace::new('▁', PrependScheme::First, false);
+        tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(prefix)));
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    } else {
+        tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
+            .map_err(lib_err)?;
+    }
+    tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+        decoders,
+    ))));
+    Ok(())
 }
 
 /// `<0xAB>` -> 0xAB.
