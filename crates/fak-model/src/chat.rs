@@ -8,7 +8,15 @@
 //! and says so ([`ChatTemplate::is_fallback`]).
 //!
 //! [`ChatTemplate::encode`] turns a conversation into token ids so that only the template
-//! can emit control tokens: message content is encoded with special-token parsing off.
+//! can emit control tokens: every string of the request the template renders (content,
+//! roles, names, call ids, tool-call arguments, tool definitions, object keys) is encoded
+//! with special-token parsing off.
+//!
+//! **Limits.** A template is code from the model file, so each render runs with a fuel
+//! budget (minijinja's: one unit per instruction and per 64 bytes of data it creates,
+//! which bounds both its time and its memory) and an output cap, both scaled to the
+//! request's size ([`RenderLimits::for_input`]), and minijinja's recursion limit. A render
+//! that exceeds one fails with [`ChatError::Limit`] naming it.
 
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use minijinja::{Environment, Error, ErrorKind, Value};
@@ -64,6 +72,297 @@ pub enum ChatError {
     /// The conversation cannot be encoded safely (see [`ChatTemplate::encode`]).
     #[error("unsafe conversation: {0}")]
     Unsafe(String),
+    /// The render exceeded one of its limits (see [`RenderLimits`]).
+    #[error("chat template exceeded its {what} limit of {limit} {unit}")]
+    Limit {
+        /// `fuel` or `output`.
+        what: &'static str,
+        /// The limit this render had.
+        limit: u64,
+        /// Unit of `limit`: `units` of fuel (an instruction or 64 bytes of data), `bytes`.
+        unit: &'static str,
+    },
+}
+
+/// The limits of one render, scaled to the request: a fixed allowance for the template's
+/// own work plus an allowance per byte and per value of request data.
+///
+/// Sized by measurement (see `docs/architecture.md`, "Chat template limits"): the real
+/// templates fak was checked with use at most about 1/10 of these on conversations of
+/// every size from 1 to 4,000 messages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RenderLimits {
+    /// Fuel budget (minijinja units: an instruction, or 64 bytes of data created).
+    pub fuel: u64,
+    /// Maximum output, in bytes.
+    pub output_bytes: u64,
+}
+
+impl RenderLimits {
+    /// Fuel for the template's own work, whatever the request.
+    pub const FUEL_BASE: u64 = 200_000;
+    /// Fuel per value of request data (a message, a string, a JSON node).
+    pub const FUEL_PER_VALUE: u64 = 400;
+    /// Fuel per byte of request data.
+    pub const FUEL_PER_BYTE: u64 = 2;
+    /// Output for the template's own text, whatever the request, in bytes.
+    pub const OUTPUT_BASE: u64 = 256 * 1024;
+    /// Output per byte of request data (JSON escaping writes up to 6 bytes for one).
+    pub const OUTPUT_PER_BYTE: u64 = 8;
+    /// Output per value of request data, in bytes.
+    pub const OUTPUT_PER_VALUE: u64 = 256;
+
+    /// The limits for a request of `bytes` bytes of string data in `values` values.
+    pub fn for_input(bytes: u64, values: u64) -> Self {
+        RenderLimits {
+            fuel: Self::FUEL_BASE
+                .saturating_add(Self::FUEL_PER_VALUE.saturating_mul(values))
+                .saturating_add(Self::FUEL_PER_BYTE.saturating_mul(bytes)),
+            output_bytes: Self::OUTPUT_BASE
+                .saturating_add(Self::OUTPUT_PER_BYTE.saturating_mul(bytes))
+                .saturating_add(Self::OUTPUT_PER_VALUE.saturating_mul(values)),
+        }
+    }
+
+    /// The limits for rendering `messages` and `tools`: their strings' bytes and their
+    /// values counted as [`RenderLimits::for_input`] takes them.
+    pub fn for_request(messages: &[Message], tools: Option<&serde_json::Value>) -> Self {
+        let (mut bytes, mut values) = (0u64, 0u64);
+        for m in messages {
+            values += 1;
+            for s in [
+                Some(&m.role),
+                Some(&m.content),
+                m.tool_call_id.as_ref(),
+                m.name.as_ref(),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                bytes += s.len() as u64;
+                values += 1;
+            }
+            if let Some(tc) = &m.tool_calls {
+                json_size(tc, &mut bytes, &mut values);
+            }
+        }
+        if let Some(t) = tools {
+            json_size(t, &mut bytes, &mut values);
+        }
+        Self::for_input(bytes, values)
+    }
+}
+
+/// Adds a JSON value's string bytes (keys included) and node count.
+fn json_size(v: &serde_json::Value, bytes: &mut u64, values: &mut u64) {
+    use serde_json::Value as J;
+    *values += 1;
+    match v {
+        J::String(s) => *bytes += s.len() as u64,
+        J::Array(a) => a.iter().for_each(|x| json_size(x, bytes, values)),
+        J::Object(o) => o.iter().for_each(|(k, x)| {
+            *bytes += k.len() as u64;
+            json_size(x, bytes, values)
+        }),
+        J::Number(n) => *bytes += n.to_string().len() as u64,
+        _ => {}
+    }
+}
+
+/// An output that refuses to grow past `cap` bytes.
+struct CappedOutput {
+    buf: Vec<u8>,
+    cap: usize,
+    over: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len().saturating_add(b.len()) > self.cap {
+            self.over = true;
+            return Err(std::io::Error::other("output limit"));
+        }
+        self.buf.extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Brackets a placeholder for request text set aside from the render (private-use
+/// characters; a client's own use of them is set aside too).
+const MARK_OPEN: char = '\u{F8F0}';
+const MARK_CLOSE: char = '\u{F8F1}';
+
+/// Request strings with their control-token text replaced by placeholders, and the
+/// texts the placeholders stand for.
+#[derive(Default)]
+struct Guarded {
+    table: Vec<String>,
+}
+
+impl Guarded {
+    /// `s` with each of [`Tokenizer::control_text_ranges`] (and each placeholder
+    /// character) replaced by a placeholder.
+    fn string(&mut self, tok: &Tokenizer, s: &str) -> String {
+        let mut ranges = tok.control_text_ranges(s);
+        if s.contains([MARK_OPEN, MARK_CLOSE]) {
+            ranges.extend(
+                s.char_indices()
+                    .filter(|&(_, c)| c == MARK_OPEN || c == MARK_CLOSE)
+                    .map(|(i, c)| i..i + c.len_utf8()),
+            );
+            ranges.sort_by_key(|r| r.start);
+        }
+        if ranges.is_empty() {
+            return s.to_string();
+        }
+        let mut out = String::with_capacity(s.len() + 8 * ranges.len());
+        let mut at = 0;
+        for r in ranges {
+            if r.start < at {
+                // Overlaps the previous range (already set aside up to `at`).
+                if r.end > at {
+                    if let Some(last) = self.table.last_mut() {
+                        last.push_str(&s[at..r.end]);
+                    }
+                    at = r.end;
+                }
+                continue;
+            }
+            out.push_str(&s[at..r.start]);
+            out.push(MARK_OPEN);
+            out.push_str(&self.table.len().to_string());
+            out.push(MARK_CLOSE);
+            self.table.push(s[r.clone()].to_string());
+            at = r.end;
+        }
+        out.push_str(&s[at..]);
+        out
+    }
+
+    /// Every string of `v` (object keys included) through [`Guarded::string`].
+    fn value(&mut self, tok: &Tokenizer, v: &serde_json::Value) -> serde_json::Value {
+        use serde_json::Value as J;
+        match v {
+            J::String(s) => J::String(self.string(tok, s)),
+            J::Array(a) => J::Array(a.iter().map(|x| self.value(tok, x)).collect()),
+            J::Object(o) => J::Object(
+                o.iter()
+                    .map(|(k, x)| (self.string(tok, k), self.value(tok, x)))
+                    .collect(),
+            ),
+            other => other.clone(),
+        }
+    }
+
+    fn message(&mut self, tok: &Tokenizer, m: &Message) -> Message {
+        Message {
+            role: self.string(tok, &m.role),
+            content: self.string(tok, &m.content),
+            tool_calls: m.tool_calls.as_ref().map(|v| self.value(tok, v)),
+            tool_call_id: m.tool_call_id.as_ref().map(|s| self.string(tok, s)),
+            name: m.name.as_ref().map(|s| self.string(tok, s)),
+        }
+    }
+
+    /// `s` with each placeholder replaced by its text.
+    ///
+    /// # Errors
+    /// [`ChatError::Unsafe`] when a placeholder was cut or altered by the template.
+    fn restore(&self, s: &str) -> Result<String, ChatError> {
+        let broken = || {
+            ChatError::Unsafe(
+                "the template cut or changed a request string that holds control-token text, so that text cannot be kept apart from the template's own tokens".into(),
+            )
+        };
+        let mut out = String::with_capacity(s.len());
+        let mut rest = s;
+        while let Some(p) = rest.find([MARK_OPEN, MARK_CLOSE]) {
+            out.push_str(&rest[..p]);
+            let after = rest[p..].strip_prefix(MARK_OPEN).ok_or_else(broken)?;
+            let q = after.find(MARK_CLOSE).ok_or_else(broken)?;
+            let i: usize = after[..q].parse().map_err(|_| broken())?;
+            out.push_str(self.table.get(i).ok_or_else(broken)?);
+            rest = &after[q + MARK_CLOSE.len_utf8()..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+/// Python's `json.dumps` separators without an indent (`, ` and `: `).
+struct PySpaced;
+
+impl serde_json::ser::Formatter for PySpaced {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// The `tojson` filter as HF's chat templates have it (`json.dumps(x,
+/// ensure_ascii=False, indent=indent)`): `, ` and `: ` between items, or an `indent`
+/// (spaces, `,` and `: `), and no HTML escaping (minijinja's own escapes `<`, `>`, `&`
+/// and `'`, so the text would differ from what the model was trained on). Keyword
+/// `ensure_ascii` may only be false; `sort_keys` is accepted (keys arrive sorted).
+fn tojson(
+    value: &Value,
+    indent: Option<usize>,
+    kwargs: minijinja::value::Kwargs,
+) -> Result<Value, Error> {
+    use serde::Serialize;
+    let indent = match indent {
+        Some(i) => Some(i),
+        None => kwargs.get::<Option<usize>>("indent")?,
+    };
+    if kwargs.get::<Option<bool>>("ensure_ascii")? == Some(true) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            "tojson: ensure_ascii=true is not supported",
+        ));
+    }
+    let _ = kwargs.get::<Option<bool>>("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let mut out = Vec::new();
+    let res = match indent {
+        Some(n) => {
+            let pad = vec![b' '; n];
+            let f = serde_json::ser::PrettyFormatter::with_indent(&pad);
+            value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, f))
+        }
+        None => value.serialize(&mut serde_json::Serializer::with_formatter(
+            &mut out, PySpaced,
+        )),
+    };
+    res.map_err(|e| {
+        Error::new(ErrorKind::InvalidOperation, "tojson: cannot serialize").with_source(e)
+    })?;
+    let text = String::from_utf8(out)
+        .map_err(|_| Error::new(ErrorKind::InvalidOperation, "tojson: not UTF-8"))?;
+    Ok(Value::from_safe_string(text))
 }
 
 fn tmpl_err(e: Error) -> ChatError {
@@ -116,6 +415,7 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |_fmt: String| -> String { String::new() });
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.clone())
             .map_err(tmpl_err)?;
         let tok_text = |id: Option<u32>| {
@@ -151,17 +451,38 @@ impl ChatTemplate {
     }
 
     /// Renders a conversation to text, as `apply_chat_template(tokenize=False)`.
+    /// The render runs within [`RenderLimits::for_request`] of this request.
     ///
     /// # Errors
     /// [`ChatError::Template`] when rendering fails (e.g. the template raises on a role
-    /// order it does not accept).
+    /// order it does not accept); [`ChatError::Limit`] when it exceeds its fuel or
+    /// output limit.
     pub fn render(
         &self,
         messages: &[Message],
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<String, ChatError> {
-        let t = self.env.get_template("chat").map_err(tmpl_err)?;
+        let limits = RenderLimits::for_request(messages, tools);
+        self.render_within(messages, add_generation_prompt, tools, limits)
+            .map(|(text, _)| text)
+    }
+
+    /// [`ChatTemplate::render`] with explicit limits, also returning the fuel the render
+    /// consumed (to size limits by measurement).
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::render`].
+    pub fn render_within(
+        &self,
+        messages: &[Message],
+        add_generation_prompt: bool,
+        tools: Option<&serde_json::Value>,
+        limits: RenderLimits,
+    ) -> Result<(String, u64), ChatError> {
+        let mut env = self.env.clone();
+        env.set_fuel(Some(limits.fuel));
+        let t = env.get_template("chat").map_err(tmpl_err)?;
         let ctx = minijinja::context! {
             messages => Value::from(minijinja::value::Serde(messages)),
             add_generation_prompt => add_generation_prompt,
@@ -169,24 +490,50 @@ impl ChatTemplate {
             eos_token => &self.eos_token,
             tools => tools.map(|t| Value::from(minijinja::value::Serde(t))),
         };
-        t.render(ctx).map_err(tmpl_err)
+        let mut out = CappedOutput {
+            buf: Vec::new(),
+            cap: usize::try_from(limits.output_bytes).unwrap_or(usize::MAX),
+            over: false,
+        };
+        let fuel = match t.render_captured_to(ctx, &mut out) {
+            Ok(c) => c.state().fuel_levels().map_or(0, |(used, _)| used),
+            Err(_) if out.over => {
+                return Err(ChatError::Limit {
+                    what: "output",
+                    limit: limits.output_bytes,
+                    unit: "bytes",
+                })
+            }
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(ChatError::Limit {
+                    what: "fuel",
+                    limit: limits.fuel,
+                    unit: "units",
+                })
+            }
+            Err(e) => return Err(tmpl_err(e)),
+        };
+        let text = String::from_utf8(out.buf)
+            .map_err(|_| ChatError::Template("the render is not UTF-8".into()))?;
+        Ok((text, fuel))
     }
 
     /// Encodes a conversation to token ids so that only the template emits control tokens.
     ///
-    /// The rendered text is tokenized as HF does (control-token text parsed), with byte
-    /// offsets; the byte ranges that hold message content are located by rendering once
-    /// more with unique placeholders. A control token whose bytes lie inside a message's
-    /// content was typed by someone, not emitted by the template (`<|im_end|>` in a user
-    /// message): then the text is cut at the template's own control tokens only, and the
-    /// text between them (template text and content together) is encoded with
-    /// control-token parsing off. For every conversation without such text the ids equal
-    /// `apply_chat_template(tokenize=True)`.
+    /// Every string the request gives the template (each message's role, content, name
+    /// and call id, its `tool_calls`, and `tools`, object keys included) is rendered with
+    /// each control token's text in it (and a head or tail that template text could
+    /// complete into one, see [`Tokenizer::control_text_ranges`]) replaced by a
+    /// placeholder. A control token in that render is the template's own. When no
+    /// placeholder was needed the ids are the render's, as
+    /// `apply_chat_template(tokenize=True)` gives them. Otherwise the render is cut at
+    /// the template's control tokens and the text between them, placeholders restored to
+    /// the text they stand for, is encoded with control-token parsing off.
     ///
     /// # Errors
-    /// [`ChatError::Template`] on a render failure; [`ChatError::Unsafe`] when the template
-    /// transforms message content (so content cannot be located in the render) and some
-    /// content holds control-token text.
+    /// [`ChatError::Template`] or [`ChatError::Limit`] on a render failure;
+    /// [`ChatError::Unsafe`] when the template cut or altered a placeholder (it
+    /// transforms a request string that holds control-token text).
     pub fn encode(
         &self,
         tokenizer: &Tokenizer,
@@ -194,91 +541,25 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         tools: Option<&serde_json::Value>,
     ) -> Result<Vec<u32>, ChatError> {
-        let text = self.render(messages, add_generation_prompt, tools)?;
+        let mut g = Guarded::default();
+        let guarded: Vec<Message> = messages.iter().map(|m| g.message(tokenizer, m)).collect();
+        let tools = tools.map(|t| g.value(tokenizer, t));
+        let text = self.render(&guarded, add_generation_prompt, tools.as_ref())?;
         let (ids, offsets) = tokenizer.encode_with_special_offsets(&text)?;
-        let Some(ranges) = self.content_ranges(messages, add_generation_prompt, tools, &text)?
-        else {
-            // Content cannot be located: refuse if any of it holds control-token text.
-            for m in messages {
-                let typed = tokenizer.encode_with_special(&m.content)?;
-                if typed.iter().any(|&id| tokenizer.is_special(id)) {
-                    return Err(ChatError::Unsafe(format!(
-                        "a {} message holds control-token text and this template transforms message content, so it cannot be kept apart from the template's own tokens",
-                        m.role
-                    )));
-                }
-            }
-            return Ok(ids);
-        };
-        let inside = |(s, e): (usize, usize)| ranges.iter().any(|&(a, b)| s < b && a < e);
-        let forged = ids
-            .iter()
-            .zip(&offsets)
-            .any(|(&id, &span)| tokenizer.is_special(id) && inside(span));
-        if !forged {
+        if g.table.is_empty() {
             return Ok(ids);
         }
         let mut out = Vec::with_capacity(ids.len());
         let mut at = 0;
         for (&id, &(s, e)) in ids.iter().zip(&offsets) {
-            if tokenizer.is_special(id) && !inside((s, e)) {
-                out.extend(tokenizer.encode(&text[at..s])?);
+            if tokenizer.is_special(id) {
+                out.extend(tokenizer.encode(&g.restore(&text[at..s])?)?);
                 out.push(id);
                 at = e;
             }
         }
-        out.extend(tokenizer.encode(&text[at..])?);
+        out.extend(tokenizer.encode(&g.restore(&text[at..])?)?);
         Ok(out)
-    }
-
-    /// Byte ranges of the rendered `text` holding each non-empty message content, found
-    /// by a render with placeholders. `None` when the template transforms content (the
-    /// placeholder render does not reproduce `text`).
-    fn content_ranges(
-        &self,
-        messages: &[Message],
-        add_generation_prompt: bool,
-        tools: Option<&serde_json::Value>,
-        text: &str,
-    ) -> Result<Option<Vec<(usize, usize)>>, ChatError> {
-        const OPEN: char = '\u{F8F0}';
-        const CLOSE: char = '\u{F8F1}';
-        let marked: Vec<Message> = messages
-            .iter()
-            .enumerate()
-            .map(|(i, m)| Message {
-                content: format!("{OPEN}{i}{CLOSE}"),
-                ..m.clone()
-            })
-            .collect();
-        let Ok(skeleton) = self.render(&marked, add_generation_prompt, tools) else {
-            return Ok(None);
-        };
-        // Rebuild the real text from the skeleton, noting where each content lands.
-        let mut rebuilt = String::with_capacity(text.len());
-        let mut ranges = Vec::new();
-        let mut rest = skeleton.as_str();
-        while let Some(p) = rest.find(OPEN) {
-            rebuilt.push_str(&rest[..p]);
-            let after = &rest[p + OPEN.len_utf8()..];
-            let Some(q) = after.find(CLOSE) else {
-                return Ok(None);
-            };
-            let Ok(i) = after[..q].parse::<usize>() else {
-                return Ok(None);
-            };
-            let Some(m) = messages.get(i) else {
-                return Ok(None);
-            };
-            let start = rebuilt.len();
-            rebuilt.push_str(&m.content);
-            if !m.content.is_empty() {
-                ranges.push((start, rebuilt.len()));
-            }
-            rest = &after[q + CLOSE.len_utf8()..];
-        }
-        rebuilt.push_str(rest);
-        Ok((rebuilt == text).then_some(ranges))
     }
 
     /// Token ids that end a reply: the model's EOS ids plus the template's end-of-turn

@@ -34,7 +34,7 @@ pub mod oracle;
 mod source;
 pub mod tokenizer;
 
-pub use chat::{load_text, ChatError, ChatTemplate, Message};
+pub use chat::{load_text, ChatError, ChatTemplate, Message, RenderLimits};
 pub use config::{Activation, Config, Family};
 pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};

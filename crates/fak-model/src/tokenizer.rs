@@ -3,8 +3,9 @@
 //! From a GGUF file the tokenizer is rebuilt from its metadata (GGUF spec, "Tokenizer"
 //! keys): `tokenizer.ggml.model` chooses the model (`gpt2`: byte-level BPE with merges;
 //! `llama`: SentencePiece-style BPE with byte fallback, merges derived from the token
-//! scores), `tokenizer.ggml.pre` chooses the pre-tokenizer pattern (an unknown `pre` is an
-//! error, never a silent default), `tokenizer.ggml.token_type` marks control tokens
+//! scores, a leading `▁` unless `tokenizer.ggml.add_space_prefix` is false),
+//! `tokenizer.ggml.pre` chooses the pre-tokenizer pattern (an unknown `pre` is an error,
+//! never a silent default), `tokenizer.ggml.token_type` marks control tokens
 //! (special) and user-defined tokens (added, not special). From a safetensors folder the
 //! `tokenizer.json` beside it is read as is.
 //!
@@ -13,16 +14,20 @@
 //! forge a turn boundary; only [`Tokenizer::encode_with_special`], used for the text a
 //! chat template itself emits, turns control-token text into control tokens.
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use fak_weights::{GgufFile, MetaValue};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
+use std::ops::Range;
 use std::path::Path;
 use tokenizers::decoders::byte_fallback::ByteFallback;
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::decoders::fuse::Fuse;
 use tokenizers::decoders::sequence::Sequence as DecoderSequence;
+use tokenizers::decoders::strip::Strip;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::replace::Replace;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
 use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, DecoderWrapper, PreTokenizerWrapper, SplitDelimiterBehavior};
@@ -44,6 +49,16 @@ pub enum TokenizerError {
     /// The `tokenizers` library refused the pipeline or the input.
     #[error("tokenizer: {0}")]
     Library(String),
+    /// The vocabulary would cost more to build than fak allows (a hostile model file).
+    #[error("tokenizer: {what} is {value}, over the limit of {limit}")]
+    Limit {
+        /// What was measured, with its unit.
+        what: &'static str,
+        /// Its value for this vocabulary.
+        value: u64,
+        /// The limit ([`MAX_SPM_MERGE_WORK`], [`MAX_CONTROL_TEXT_WORK`]).
+        limit: u64,
+    },
     /// `tokenizer.json` could not be read.
     #[error("{path}: {reason}")]
     File {
@@ -63,6 +78,19 @@ const LLAMA3_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p
 /// Qwen2's pattern: Llama 3's with single digits.
 const QWEN2_PATTERN: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// Most bytes fak hashes deriving a SentencePiece vocabulary's merges: the sum over its
+/// distinct pieces of (bytes × (characters − 1)), every way of cutting a piece in two.
+/// It also bounds the merges' text (each merge holds at most its piece's bytes), so the
+/// build's time and memory stay linear in it. A vocabulary of 262,144 pieces (Gemma 3's
+/// size) fits with pieces averaging 22 bytes and 22 characters; SentencePiece pieces
+/// average far less.
+pub const MAX_SPM_MERGE_WORK: u64 = 128 << 20;
+
+/// Most bytes of control-token text heads and tails fak indexes (the sum over control
+/// tokens of their length squared): Gemma 3's 6,249 control tokens use 0.87 MB of it,
+/// SmolLM2's 17 under 3 KB.
+pub const MAX_CONTROL_TEXT_WORK: u64 = 16 << 20;
+
 /// GGUF token types (llama.cpp `llama_token_type`).
 const TOKEN_TYPE_CONTROL: i64 = 3;
 const TOKEN_TYPE_USER_DEFINED: i64 = 4;
@@ -79,6 +107,86 @@ pub struct Tokenizer {
     /// Raw bytes of every token, for the streaming decoder.
     token_bytes: Vec<Vec<u8>>,
     special_ids: Vec<bool>,
+    /// Finds control-token text in request strings (see [`Tokenizer::control_text_ranges`]).
+    control: ControlText,
+}
+
+/// The texts of a vocabulary's control tokens, to find them (or a piece that could
+/// join template text into one) inside a request string.
+#[derive(Clone, Debug, Default)]
+struct ControlText {
+    /// Every control token's text, leftmost-longest (as the added-token split matches).
+    matcher: Option<AhoCorasick>,
+    /// Proper non-empty prefixes of control texts (`<|im_` of `<|im_end|>`).
+    heads: HashSet<String>,
+    /// Proper non-empty suffixes of control texts (`end|>` of `<|im_end|>`).
+    tails: HashSet<String>,
+    /// Longest control text, in bytes.
+    longest: usize,
+}
+
+impl ControlText {
+    fn new<'a>(texts: impl IntoIterator<Item = &'a str>) -> Result<Self, TokenizerError> {
+        let texts: Vec<&str> = texts.into_iter().filter(|t| !t.is_empty()).collect();
+        let work: u64 = texts.iter().map(|t| (t.len() as u64).pow(2)).sum();
+        if work > MAX_CONTROL_TEXT_WORK {
+            return Err(TokenizerError::Limit {
+                what: "the control tokens' text (sum of squared lengths, bytes^2)",
+                value: work,
+                limit: MAX_CONTROL_TEXT_WORK,
+            });
+        }
+        let mut heads = HashSet::new();
+        let mut tails = HashSet::new();
+        for t in &texts {
+            for (i, _) in t.char_indices().skip(1) {
+                heads.insert(t[..i].to_string());
+                tails.insert(t[i..].to_string());
+            }
+        }
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&texts)
+            .ok()
+            .filter(|_| !texts.is_empty());
+        Ok(ControlText {
+            matcher,
+            heads,
+            tails,
+            longest: texts.iter().map(|t| t.len()).max().unwrap_or(0),
+        })
+    }
+
+    fn ranges(&self, s: &str) -> Vec<Range<usize>> {
+        let Some(m) = &self.matcher else {
+            return Vec::new();
+        };
+        let mut out: Vec<Range<usize>> = Vec::new();
+        // A head of `s` that ends a control text (template text before it may start one).
+        if let Some(n) = (1..self.longest.min(s.len() + 1))
+            .rev()
+            .find(|&n| s.is_char_boundary(n) && self.tails.contains(&s[..n]))
+        {
+            out.push(0..n);
+        }
+        out.extend(m.find_iter(s).map(|x| x.range()));
+        // A tail of `s` that starts a control text.
+        if let Some(n) = (1..self.longest.min(s.len() + 1))
+            .rev()
+            .find(|&n| s.is_char_boundary(s.len() - n) && self.heads.contains(&s[s.len() - n..]))
+        {
+            out.push(s.len() - n..s.len());
+        }
+        // Sorted by start already; merge overlaps.
+        let mut merged: Vec<Range<usize>> = Vec::with_capacity(out.len());
+        for r in out {
+            match merged.last_mut() {
+                Some(last) if r.start <= last.end => last.end = last.end.max(r.end),
+                _ => merged.push(r),
+            }
+        }
+        merged
+    }
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -154,6 +262,10 @@ impl Tokenizer {
                 }
             }
         }
+        let add_space_prefix = g
+            .get("tokenizer.ggml.add_space_prefix")
+            .and_then(MetaValue::as_bool)
+            .unwrap_or(true);
         let add_bos = g
             .get("tokenizer.ggml.add_bos_token")
             .and_then(MetaValue::as_bool)
@@ -222,7 +334,7 @@ impl Tokenizer {
             }
             "llama" => {
                 let respelled: Vec<String> = tokens.iter().map(|t| respell_spaces(t)).collect();
-                let merges = spm_merges(&respelled);
+                let merges = spm_merges(&respelled)?;
                 let vocab: Vocab = respelled
                     .iter()
                     .enumerate()
@@ -237,13 +349,7 @@ impl Tokenizer {
                 }
                 let bpe = builder.build().map_err(lib_err)?;
                 let mut tk = tokenizers::Tokenizer::new(bpe);
-                tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
-                    .map_err(lib_err)?;
-                tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(vec![
-                    DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
-                    DecoderWrapper::ByteFallback(ByteFallback::new()),
-                    DecoderWrapper::Fuse(Fuse::new()),
-                ]))));
+                spm_pipeline(&mut tk, add_space_prefix)?;
                 let bytes = tokens
                     .iter()
                     .map(|t| match byte_fallback_value(t) {
@@ -281,14 +387,7 @@ impl Tokenizer {
         }
         tk.add_special_tokens(special).map_err(lib_err)?;
         tk.add_tokens(added).map_err(lib_err)?;
-        Ok(Self::finish(
-            tk,
-            bos,
-            eos,
-            add_bos,
-            token_bytes,
-            special_ids,
-        ))
+        Self::finish(tk, bos, eos, add_bos, token_bytes, special_ids)
     }
 
     fn finish(
@@ -298,10 +397,17 @@ impl Tokenizer {
         add_bos: bool,
         token_bytes: Vec<Vec<u8>>,
         special_ids: Vec<bool>,
-    ) -> Self {
+    ) -> Result<Self, TokenizerError> {
+        let texts: Vec<String> = special_ids
+            .iter()
+            .enumerate()
+            .filter(|(_, &s)| s)
+            .filter_map(|(i, _)| tk.id_to_token(i as u32))
+            .collect();
+        let control = ControlText::new(texts.iter().map(String::as_str))?;
         let with_special = tk.clone();
         tk.set_encode_special_tokens(true);
-        Tokenizer {
+        Ok(Tokenizer {
             inner: tk,
             with_special,
             bos,
@@ -309,7 +415,8 @@ impl Tokenizer {
             add_bos,
             token_bytes,
             special_ids,
-        }
+            control,
+        })
     }
 
     /// Reads a `tokenizer.json` (HF format) from `path`; BOS/EOS come from the caller's
@@ -336,7 +443,7 @@ impl Tokenizer {
                 .unwrap_or_default()
                 .into_bytes();
         }
-        Ok(Self::finish(tk, bos, eos, false, token_bytes, special_ids))
+        Self::finish(tk, bos, eos, false, token_bytes, special_ids)
     }
 
     /// Encodes message text with special-token parsing off: control-token text becomes
@@ -406,6 +513,15 @@ impl Tokenizer {
         self.special_ids.get(id as usize).copied().unwrap_or(false)
     }
 
+    /// Byte ranges of `s` that must never join the template's text as control tokens,
+    /// sorted and disjoint: each control token's text inside `s` (leftmost-longest, as
+    /// the tokenizer splits them), a head of `s` that is the end of a control text (`|>`)
+    /// and a tail of `s` that is the start of one (`<|im_`), since template text around
+    /// `s` could complete those. Empty for a vocabulary without control tokens.
+    pub fn control_text_ranges(&self, s: &str) -> Vec<Range<usize>> {
+        self.control.ranges(s)
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.token_bytes.len()
@@ -449,6 +565,34 @@ impl Tokenizer {
         ids.extend(self.encode(text)?);
         Ok(ids)
     }
+}
+
+/// The normalizer, pre-tokenizer and decoder of a SentencePiece (`llama`) vocabulary.
+/// `tokenizer.ggml.add_space_prefix` (default true, as llama.cpp has it) gives the text a
+/// leading `▁` the way transformers builds a `llama` GGUF's tokenizer (Metaspace, prepended
+/// to the first piece of text only), stripped again on decode. Gemma's files say false:
+/// spaces become `▁` and nothing is prepended.
+fn spm_pipeline(
+    tk: &mut tokenizers::Tokenizer,
+    add_space_prefix: bool,
+) -> Result<(), TokenizerError> {
+    let mut decoders = vec![
+        DecoderWrapper::Replace(Replace::new("▁", " ").map_err(lib_err)?),
+        DecoderWrapper::ByteFallback(ByteFallback::new()),
+        DecoderWrapper::Fuse(Fuse::new()),
+    ];
+    if add_space_prefix {
+        let prefix = Metaspace::new('▁', PrependScheme::First, false);
+        tk.with_pre_tokenizer(Some(PreTokenizerWrapper::Metaspace(prefix)));
+        decoders.push(DecoderWrapper::Strip(Strip::new(' ', 1, 0)));
+    } else {
+        tk.with_normalizer(Some(Replace::new(" ", "▁").map_err(lib_err)?))
+            .map_err(lib_err)?;
+    }
+    tk.with_decoder(Some(DecoderWrapper::Sequence(DecoderSequence::new(
+        decoders,
+    ))));
+    Ok(())
 }
 
 /// `<0xAB>` -> 0xAB.
@@ -504,12 +648,27 @@ fn respell_spaces(t: &str) -> String {
 /// a token as two vocabulary pieces is a merge; merges are ranked by the merged token's
 /// position in the file (earlier first), then by the left piece's length (longer first).
 /// `tokens` are the respelled pieces; a piece that occurs twice takes its last position.
-fn spm_merges(tokens: &[String]) -> Vec<(String, String)> {
+///
+/// # Errors
+/// [`TokenizerError::Limit`] when deriving them would hash more than
+/// [`MAX_SPM_MERGE_WORK`] bytes (checked first, in one pass over the pieces).
+fn spm_merges(tokens: &[String]) -> Result<Vec<(String, String)>, TokenizerError> {
     let index: HashMap<&str, usize> = tokens
         .iter()
         .enumerate()
         .map(|(i, t)| (t.as_str(), i))
         .collect();
+    let work = index.keys().fold(0u64, |acc, p| {
+        let splits = p.chars().count().saturating_sub(1) as u64;
+        acc.saturating_add((p.len() as u64).saturating_mul(splits))
+    });
+    if work > MAX_SPM_MERGE_WORK {
+        return Err(TokenizerError::Limit {
+            what: "deriving the SentencePiece merges (bytes hashed)",
+            value: work,
+            limit: MAX_SPM_MERGE_WORK,
+        });
+    }
     // (merged token's position, left length in chars, right length, left id, right id)
     let mut merges: Vec<(usize, usize, usize, usize, usize)> = Vec::new();
     for (piece, &pos) in &index {
@@ -528,10 +687,10 @@ fn spm_merges(tokens: &[String]) -> Vec<(String, String)> {
             .then(x.3.cmp(&y.3))
             .then(x.4.cmp(&y.4))
     });
-    merges
+    Ok(merges
         .into_iter()
         .map(|(_, _, _, a, b)| (tokens[a].clone(), tokens[b].clone()))
-        .collect()
+        .collect())
 }
 
 /// Streaming detokenizer: turns token ids into text pieces as they arrive, never
@@ -636,7 +795,7 @@ mod tests {
             .iter()
             .map(|s| s.to_string())
             .collect();
-        let m = spm_merges(&toks);
+        let m = spm_merges(&toks).unwrap();
         // "ab" (position 3) first; then "abc" (4) as ab+c before a+bc; "bc" (5) last.
         let want: Vec<(String, String)> = [("a", "b"), ("ab", "c"), ("a", "bc"), ("b", "c")]
             .iter()

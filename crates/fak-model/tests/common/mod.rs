@@ -2,6 +2,8 @@
 //! and the asserting wrapper of `fak_model::oracle::measure`.
 #![allow(dead_code)]
 
+pub mod chatml;
+
 pub use fak_model::oracle::{measure, Figures, Oracle};
 use fak_model::{catalog, KvStore};
 use std::path::PathBuf;
