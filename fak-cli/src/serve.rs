@@ -304,6 +304,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             if args.no_kv_evict { "off" } else { "on" }
         );
         let d = std::sync::Arc::clone(&driver);
+        // Clients see the model's id in a load error, never its path; the log has both.
+        let model_path = config.model_path.clone();
         tokio::spawn(async move {
             let mut said_failed = false;
             loop {
@@ -326,7 +328,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                     Readiness::Failed(m) => {
                         // An upstream may still come up: keep watching, say it once.
                         if !said_failed {
-                            tracing::error!("the engine is not ready: {m}");
+                            match &model_path {
+                                Some(p) => tracing::error!(
+                                    "the engine is not ready: {m} (model file: {})",
+                                    p.display()
+                                ),
+                                None => tracing::error!("the engine is not ready: {m}"),
+                            }
                             said_failed = true;
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -735,3 +735,50 @@ fn connections_over_the_cap_cost_the_server_no_descriptors() {
     wait_ready(&s.addr);
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
 }
+
+#[test]
+fn errors_and_health_do_not_show_server_paths() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("broken.gguf");
+    std::fs::write(&model, b"GGUF not really").unwrap();
+    let policy = dir.path().join("policy.json");
+    let dump = fak().args(["policy", "dump"]).output().unwrap();
+    assert!(dump.status.success());
+    std::fs::write(&policy, &dump.stdout).unwrap();
+    let s = serve_env(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &[("FAK_HOME", home.path().to_str().unwrap())],
+    );
+    let secret = dir.path().to_str().unwrap().to_string();
+    // The load fails at once; /health says so, naming the model, not its path.
+    let t = Instant::now();
+    let health = loop {
+        let (status, body) = http(&s.addr, "GET", "/health", "");
+        if body.contains("failed") {
+            assert_eq!(status, 503);
+            break body;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(health.contains("'broken'"), "{health}");
+    let chat = json!({"model": "broken", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = http(&s.addr, "POST", "/v1/chat/completions", &chat.to_string());
+    assert_eq!(status, 503, "{body}");
+    // A policy file that went away: the reload error does not name it.
+    std::fs::remove_file(&policy).unwrap();
+    let (status, reload) = http(&s.addr, "POST", "/v1/fak/policy/reload", "");
+    assert_eq!(status, 400, "{reload}");
+    assert!(reload.contains("reading the policy file"), "{reload}");
+    for b in [&health, &body, &reload] {
+        assert!(!b.contains(&secret), "a server path in {b}");
+        assert!(!b.contains(home.path().to_str().unwrap()), "{b}");
+    }
+}
