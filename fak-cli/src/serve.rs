@@ -90,6 +90,26 @@ pub(crate) struct ServeArgs {
     /// generation is cancelled (for a stream: the wait until it starts); 0: no limit.
     #[arg(long, default_value_t = 600)]
     request_timeout_s: u64,
+    /// Longest wait for a whole request head, seconds, from a connection's opening or
+    /// its previous response (so also the keep-alive idle limit); then the connection
+    /// is closed. 0: no limit.
+    #[arg(long, default_value_t = 10)]
+    header_timeout_s: u64,
+    /// Longest wait on a stalled client mid-request, seconds: a request body's next
+    /// bytes (then 400) or the client reading a response (then the connection is
+    /// closed and the generation cancelled). A stream the client reads is never cut.
+    /// 0: no limit.
+    #[arg(long, default_value_t = 60)]
+    idle_timeout_s: u64,
+    /// Most connections open at once; at the cap, new ones wait in the listen backlog
+    /// until one closes.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// On SIGTERM or SIGINT: seconds requests in flight may go on; then a waiting
+    /// request gets 503 and a stream a final error event, and the process exits 0. A
+    /// second signal exits at once.
+    #[arg(long, default_value_t = 10)]
+    shutdown_grace_s: u64,
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
@@ -246,17 +266,22 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         request_timeout: (args.request_timeout_s > 0)
             .then(|| Duration::from_secs(args.request_timeout_s)),
         policy_path: args.policy.clone(),
+        header_timeout: (args.header_timeout_s > 0)
+            .then(|| Duration::from_secs(args.header_timeout_s)),
+        idle_timeout: (args.idle_timeout_s > 0).then(|| Duration::from_secs(args.idle_timeout_s)),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
     };
     let app = router_with_boundary(
         std::sync::Arc::clone(&driver),
-        gateway,
+        gateway.clone(),
         Boundary { policy, screen },
     );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .map_err(|e| fail(format!("starting the runtime: {e}")))?;
-    rt.block_on(async move {
+    let served = rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
             .await
             .map_err(|e| fail(format!("binding {}:{}: {e}", args.host, args.port)))?;
@@ -283,6 +308,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             if args.no_kv_evict { "off" } else { "on" }
         );
         let d = std::sync::Arc::clone(&driver);
+        // Clients see the model's id in a load error, never its path; the log has both.
+        let model_path = config.model_path.clone();
         tokio::spawn(async move {
             let mut said_failed = false;
             loop {
@@ -305,7 +332,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                     Readiness::Failed(m) => {
                         // An upstream may still come up: keep watching, say it once.
                         if !said_failed {
-                            tracing::error!("the engine is not ready: {m}");
+                            match &model_path {
+                                Some(p) => tracing::error!(
+                                    "the engine is not ready: {m} (model file: {})",
+                                    p.display()
+                                ),
+                                None => tracing::error!("the engine is not ready: {m}"),
+                            }
                             said_failed = true;
                         }
                         tokio::time::sleep(Duration::from_millis(500)).await;
@@ -313,18 +346,49 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                 }
             }
         });
-        fak_gateway::serve(listener, app, async {
+        fak_gateway::serve_with(listener, app, &gateway, shutdown_signal())
+            .await
+            .map_err(|e| fail(format!("serving: {e}")))
+    });
+    // Generations still running on blocking threads are not waited for.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    if served.is_ok() {
+        tracing::info!("shut down");
+    }
+    served
+}
+
+/// Resolves at the first SIGTERM or SIGINT; a second one exits the process at once
+/// (status 130).
+async fn shutdown_signal() {
+    let name = first_signal().await;
+    tracing::info!("{name}: shutting down (a second signal exits at once)");
+    tokio::spawn(async {
+        first_signal().await;
+        std::process::exit(130);
+    });
+}
+
+#[cfg(unix)]
+async fn first_signal() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => tokio::select! {
+            _ = tokio::signal::ctrl_c() => "SIGINT",
+            _ = term.recv() => "SIGTERM",
+        },
+        Err(e) => {
+            tracing::warn!("SIGTERM handler: {e}; only SIGINT shuts down gracefully");
             let _ = tokio::signal::ctrl_c().await;
-            // Open streams may run long: give them a moment, then leave anyway.
-            tracing::info!("shutting down; waiting up to 5 s for open requests");
-            tokio::spawn(async {
-                tokio::time::sleep(Duration::from_secs(5)).await;
-                std::process::exit(130);
-            });
-        })
-        .await
-        .map_err(|e| fail(format!("serving: {e}")))
-    })
+            "SIGINT"
+        }
+    }
+}
+
+#[cfg(not(unix))]
+async fn first_signal() -> &'static str {
+    let _ = tokio::signal::ctrl_c().await;
+    "Ctrl-C"
 }
 
 /// `--route`: `MODEL=ENGINE[@URL]`.

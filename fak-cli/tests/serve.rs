@@ -604,3 +604,181 @@ fn an_inkernel_fak_as_the_upstream_answers_alike_and_never_sees_a_poisoned_resul
         "the upstream never saw the poison"
     );
 }
+
+/// A `fak serve` child started with `envs`, its address, and its stdout kept.
+fn serve_env(args: &[&str], envs: &[(&str, &str)]) -> Serve {
+    let mut cmd = fak();
+    cmd.arg("serve").args(["--port", "0"]).args(args);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    Serve { child, addr }
+}
+
+/// How many file descriptors process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count()
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn sigterm_ends_a_stream_with_an_error_event_and_exits_0() {
+    let home = tempfile::tempdir().unwrap();
+    let mut s = serve_env(
+        &["--engine", "mock", "--shutdown-grace-s", "1"],
+        &[
+            ("FAK_MOCK_DELAY_MS", "20"),
+            ("FAK_HOME", home.path().to_str().unwrap()),
+        ],
+    );
+    wait_ready(&s.addr);
+    // 1000 words at 20 ms: 20 s, far past the grace.
+    let body = json!({"model": "mock", "stream": true, "max_tokens": 1010,
+        "messages": [{"role": "user", "content": "count 1000"}]})
+    .to_string();
+    let mut c = TcpStream::connect(&s.addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    c.read_exact(&mut first).unwrap();
+    let t0 = Instant::now();
+    let killed = Command::new("kill")
+        .args(["-TERM", &s.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let mut rest = String::new();
+    c.read_to_string(&mut rest)
+        .expect("the stream was cut without an end");
+    let data: Vec<&str> = rest
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    let n = data.len();
+    assert!(n >= 2, "{rest}");
+    assert_eq!(data[n - 1], "[DONE]", "{rest}");
+    let err: Value = serde_json::from_str(data[n - 2]).unwrap();
+    assert_eq!(err["error"]["type"], "overloaded_error", "{rest}");
+    // The process exits 0 within the grace and a little.
+    loop {
+        if let Some(status) = s.child.try_wait().unwrap() {
+            assert!(status.success(), "{status}");
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(4),
+            "still running {:?} after SIGTERM",
+            t0.elapsed()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn connections_over_the_cap_cost_the_server_no_descriptors() {
+    let home = tempfile::tempdir().unwrap();
+    let s = serve_env(
+        &[
+            "--engine",
+            "mock",
+            "--max-connections",
+            "20",
+            "--header-timeout-s",
+            "30",
+        ],
+        &[("FAK_HOME", home.path().to_str().unwrap())],
+    );
+    wait_ready(&s.addr);
+    let pid = s.child.id();
+    let base = open_fds(pid);
+    let addr: std::net::SocketAddr = s.addr.parse().unwrap();
+    // 300 connections that send nothing: the first 20 are accepted, the rest wait in
+    // the listen backlog (or their connect times out).
+    let conns: Vec<TcpStream> = (0..300)
+        .filter_map(|_| TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok())
+        .collect();
+    assert!(conns.len() > 20, "only {} connected", conns.len());
+    std::thread::sleep(Duration::from_millis(300));
+    let held = open_fds(pid);
+    assert!(
+        held <= base + 20,
+        "{} connections open cost the server {} descriptors (cap 20)",
+        conns.len(),
+        held - base
+    );
+    // Closed by their clients, they free their slots, and the server answers again.
+    drop(conns);
+    let t = Instant::now();
+    wait_ready(&s.addr);
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+}
+
+#[test]
+fn errors_and_health_do_not_show_server_paths() {
+    let home = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("broken.gguf");
+    std::fs::write(&model, b"GGUF not really").unwrap();
+    let policy = dir.path().join("policy.json");
+    let dump = fak().args(["policy", "dump"]).output().unwrap();
+    assert!(dump.status.success());
+    std::fs::write(&policy, &dump.stdout).unwrap();
+    let s = serve_env(
+        &[
+            "--model",
+            model.to_str().unwrap(),
+            "--policy",
+            policy.to_str().unwrap(),
+        ],
+        &[("FAK_HOME", home.path().to_str().unwrap())],
+    );
+    let secret = dir.path().to_str().unwrap().to_string();
+    // The load fails at once; /health says so, naming the model, not its path.
+    let t = Instant::now();
+    let health = loop {
+        let (status, body) = http(&s.addr, "GET", "/health", "");
+        if body.contains("failed") {
+            assert_eq!(status, 503);
+            break body;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(health.contains("'broken'"), "{health}");
+    let chat = json!({"model": "broken", "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = http(&s.addr, "POST", "/v1/chat/completions", &chat.to_string());
+    assert_eq!(status, 503, "{body}");
+    // A policy file that went away: the reload error does not name it.
+    std::fs::remove_file(&policy).unwrap();
+    let (status, reload) = http(&s.addr, "POST", "/v1/fak/policy/reload", "");
+    assert_eq!(status, 400, "{reload}");
+    assert!(reload.contains("reading the policy file"), "{reload}");
+    for b in [&health, &body, &reload] {
+        assert!(!b.contains(&secret), "a server path in {b}");
+        assert!(!b.contains(home.path().to_str().unwrap()), "{b}");
+    }
+}

@@ -117,7 +117,7 @@ impl InKernelDriver {
         std::thread::Builder::new()
             .name("fak-load".into())
             .spawn(move || {
-                let loaded = load(&path, s.config.threads, s.config.weights);
+                let loaded = load(&path, &s.id, s.config.threads, s.config.weights);
                 match loaded {
                     Ok(l) => {
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));
@@ -196,9 +196,37 @@ fn model_id(path: &Path, config: &EngineConfig) -> String {
     })
 }
 
-fn load(path: &Path, threads: Option<usize>, weights: WeightMode) -> Result<Loaded, String> {
-    let mut model =
-        Model::load_with(path, weights).map_err(|e| format!("loading {}: {e}", path.display()))?;
+/// Loads the model; an error names the model by `id` and carries no server path (it
+/// reaches clients through `/health` and 503s; the operator knows the path).
+fn load(
+    path: &Path,
+    id: &str,
+    threads: Option<usize>,
+    weights: WeightMode,
+) -> Result<Loaded, String> {
+    load_at(path, threads, weights)
+        .map_err(|e| format!("loading the model '{id}': {}", without_paths(&e, path)))
+}
+
+/// `msg` with `path` and its ancestors' names replaced by `<model file>`,
+/// `<model dir>` and `<dir>` (deepest first), so it can go to clients.
+fn without_paths(msg: &str, path: &Path) -> String {
+    let mut out = msg.to_string();
+    let mut names: Vec<(String, &str)> = vec![(path.display().to_string(), "<model file>")];
+    for (i, a) in path.ancestors().skip(1).enumerate() {
+        let a = a.display().to_string();
+        if a.len() > 1 {
+            names.push((a, if i == 0 { "<model dir>" } else { "<dir>" }));
+        }
+    }
+    for (name, with) in names {
+        out = out.replace(&name, with);
+    }
+    out
+}
+
+fn load_at(path: &Path, threads: Option<usize>, weights: WeightMode) -> Result<Loaded, String> {
+    let mut model = Model::load_with(path, weights).map_err(|e| e.to_string())?;
     if let Some(n) = threads {
         model.set_threads(fak_tensor::Threads::new(n));
     }

@@ -45,6 +45,11 @@ pub const MOCK_CONTEXT: usize = 2048;
 /// The default reply.
 pub const MOCK_REPLY: &str = "Hello from the mock engine.";
 
+/// Environment variable: a per-word delay, milliseconds, for the mock built from the
+/// registry (`fak serve --engine mock`), so that tests of the server can make streams
+/// last. Unset or not a number: no delay.
+pub const DELAY_ENV: &str = "FAK_MOCK_DELAY_MS";
+
 /// The registry entry.
 pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
     id: "mock",
@@ -53,6 +58,12 @@ pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
         let mut m = MockDriver::new();
         if let Some(id) = &cfg.model_id {
             m = m.with_model(id);
+        }
+        if let Some(ms) = std::env::var(DELAY_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            m = m.with_delay(Duration::from_millis(ms));
         }
         Ok(Arc::new(m) as Arc<dyn EngineDriver>)
     },

@@ -104,6 +104,20 @@ impl ApiError {
         )
     }
 
+    /// 503 `overloaded_error` with `Retry-After: 5`: the server is shutting down and
+    /// the request did not finish within the shutdown grace (its generation was
+    /// cancelled).
+    pub fn shutting_down() -> Self {
+        ApiError {
+            retry_after_s: Some(5),
+            ..Self::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                "the server is shutting down and the request did not finish in time (it was cancelled); retry",
+            )
+        }
+    }
+
     /// The same error in another shape.
     pub fn with_flavor(mut self, flavor: Flavor) -> Self {
         self.flavor = flavor;

@@ -51,8 +51,13 @@
 //! writes one `tracing` line per request (method, route, status, ms, tokens) and counts
 //! it for `/metrics`; another checks the bearer key on `/v1/*`; a third bounds the time
 //! to a `/v1/*` response ([`GatewayConfig::request_timeout`]).
+//!
+//! Connections ([`serve_with`], the [`conn`] module): a header timeout, an idle timeout
+//! for stalled clients, a cap on open connections, and a graceful shutdown that ends
+//! every request in flight with an answer in its API's shape.
 
 mod anthropic;
+pub mod conn;
 pub mod error;
 pub mod metrics;
 mod openai;
@@ -103,6 +108,20 @@ pub struct GatewayConfig {
     /// The policy manifest file `POST /v1/fak/policy/reload` reads again (`fak serve
     /// --policy FILE`); `None`: the built-in policy, nothing to reload.
     pub policy_path: Option<std::path::PathBuf>,
+    /// Longest wait for a whole request head, from a connection's opening or its
+    /// previous response's end; then the connection is closed (so also the longest a
+    /// keep-alive connection stays idle). `None`: no limit. Default: 10 s. See [`conn`].
+    pub header_timeout: Option<Duration>,
+    /// Longest the server waits on a stalled client mid-request: for a request body's
+    /// next bytes (then 400), or for the client to read a response (then the connection
+    /// is closed and the generation cancelled). `None`: no limit. Default: 60 s.
+    pub idle_timeout: Option<Duration>,
+    /// Most connections open at once; at the cap, new ones wait in the listen backlog
+    /// until one closes. Default: 1024.
+    pub max_connections: usize,
+    /// At shutdown, how long requests in flight may go on; then a waiting request gets
+    /// 503 and a stream a final error event. Default: 10 s.
+    pub shutdown_grace: Duration,
 }
 
 impl Default for GatewayConfig {
@@ -114,6 +133,10 @@ impl Default for GatewayConfig {
             request_timeout: Some(Duration::from_secs(600)),
             admin_key: None,
             policy_path: None,
+            header_timeout: Some(Duration::from_secs(10)),
+            idle_timeout: Some(Duration::from_secs(60)),
+            max_connections: 1024,
+            shutdown_grace: Duration::from_secs(10),
         }
     }
 }
@@ -216,11 +239,9 @@ pub fn router_with_boundary(
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
-///
-/// Every accepted connection gets `TCP_NODELAY`: a stream writes one small event per
-/// token, and with Nagle's algorithm on, each write after the first would wait for the
-/// client's (delayed, up to 40 ms) acknowledgement of the one before.
+/// Serves `router` on `listener` with the default connection limits
+/// ([`GatewayConfig::default`]) until `shutdown` resolves, then shuts down gracefully.
+/// See [`serve_with`].
 ///
 /// # Errors
 /// I/O errors of the listener.
@@ -229,21 +250,25 @@ pub async fn serve(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(with_nodelay(listener), router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    serve_with(listener, router, &GatewayConfig::default(), shutdown).await
 }
 
-/// `listener`, setting `TCP_NODELAY` on each connection it accepts.
-fn with_nodelay(
+/// Serves `router` on `listener` until `shutdown` resolves, with `config`'s header and
+/// idle timeouts and connection cap; then stops accepting and gives requests in flight
+/// [`GatewayConfig::shutdown_grace`] to finish before answering the rest 503 (a stream:
+/// a final error event). Returns when every connection is closed, or at most
+/// [`conn::FLUSH_MARGIN`] after the grace. Every accepted connection gets
+/// `TCP_NODELAY`. The details are in [`conn`].
+///
+/// # Errors
+/// I/O errors of the listener.
+pub async fn serve_with(
     listener: tokio::net::TcpListener,
-) -> impl axum::serve::Listener<Io = tokio::net::TcpStream, Addr = std::net::SocketAddr> {
-    use axum::serve::ListenerExt;
-    listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
-        }
-    })
+    router: Router,
+    config: &GatewayConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    conn::serve(listener, router, config, shutdown).await
 }
 
 async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> Response {
@@ -628,25 +653,4 @@ fn positive(name: &str, v: i64, flavor: Flavor) -> Result<usize, ApiError> {
 fn with_note(mut r: Response, note: UsageNote) -> Response {
     r.extensions_mut().insert(note);
     r
-}
-
-#[cfg(test)]
-mod tests {
-    use axum::serve::Listener;
-
-    #[tokio::test]
-    async fn accepted_connections_have_tcp_nodelay() {
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let mut l = super::with_nodelay(l);
-        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let (server_side, _) = l.accept().await;
-        assert!(server_side.nodelay().unwrap());
-        // Off by default: the setting is ours, not the platform's.
-        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let _c = tokio::net::TcpStream::connect(plain.local_addr().unwrap())
-            .await
-            .unwrap();
-        assert!(!plain.accept().await.unwrap().0.nodelay().unwrap());
-    }
 }

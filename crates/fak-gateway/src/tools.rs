@@ -468,9 +468,10 @@ pub(crate) async fn reload_policy(State(s): State<AppState>) -> Result<Json<Valu
         .await
         .map_err(|e| ApiError::internal(format!("reload failed: {e}")).with_flavor(f))?;
     let text = read.map_err(|e| {
+        // The path stays in the server's log; the client learns what failed.
+        tracing::warn!(target: "fak::boundary", "policy reload: reading {}: {e}", path.display());
         ApiError::bad_request(format!(
-            "reading {}: {e}; the policy in force stays",
-            path.display()
+            "reading the policy file: {e}; the policy in force stays"
         ))
         .with_flavor(f)
     })?;

@@ -1,0 +1,448 @@
+//! Connections: the accept loop behind [`crate::serve_with`], its timeouts, its cap on
+//! open connections, and the graceful shutdown.
+//!
+//! Each accepted TCP connection is served by hyper's HTTP/1 connection (keep-alive on,
+//! `TCP_NODELAY` set) with these limits, all from [`GatewayConfig`]:
+//!
+//! - **header timeout** ([`GatewayConfig::header_timeout`], hyper's
+//!   `header_read_timeout`): a connection must deliver a whole request head within this
+//!   time of opening, or of its previous response ending, else it is closed. So it also
+//!   closes keep-alive connections that stay idle that long, and a client that trickles
+//!   a request line or headers is cut.
+//! - **idle timeout** ([`GatewayConfig::idle_timeout`]): the longest the server waits on
+//!   a stalled client mid-request: a request body whose next bytes do not arrive (the
+//!   request fails with 400, `reading the body: ...`), or a response the client stops
+//!   reading (a write that cannot proceed; the connection is closed, which drops the
+//!   response and cancels its generation). A stream whose tokens the client reads is
+//!   never cut, however long it runs, nor a response the engine takes long to produce.
+//! - **connection cap** ([`GatewayConfig::max_connections`]): at most this many
+//!   connections are open at once. When the cap is reached, the server stops accepting:
+//!   further connections wait in the listen backlog (the kernel's, bounded) until an open
+//!   one closes, so they cost no file descriptor in this process. Trickling connections
+//!   free their slots after the header timeout.
+//!
+//! Shutdown: when the `shutdown` future resolves the listener is closed (new connections
+//! are refused), idle keep-alive connections are closed, and requests in flight go on
+//! for up to [`GatewayConfig::shutdown_grace`]. At the end of the grace:
+//!
+//! - a request still waiting for its response (queued for a worker slot, or a whole
+//!   non-streamed generation) is answered 503 `overloaded_error` in its API's error
+//!   shape, with `Retry-After`, and its generation cancelled;
+//! - a stream still running gets a final error event in its wire's shape and ends, its
+//!   generation cancelled: OpenAI routes `data: {"error": {...}}` then `data: [DONE]`
+//!   (the OpenAI SDKs raise an `APIError` on a data object with an `error` key),
+//!   `/v1/messages` `event: error` with `{"type": "error", "error": {"type":
+//!   "overloaded_error", ...}}` (what Anthropic's SDKs raise on).
+//!
+//! Then [`crate::serve_with`] waits at most [`FLUSH_MARGIN`] more for those answers to
+//! be written and returns.
+
+use crate::error::{ApiError, Flavor};
+use crate::GatewayConfig;
+use axum::body::{Body, Bytes};
+use axum::http::{header, Request};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use std::convert::Infallible;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Semaphore};
+use tokio::time::Sleep;
+
+/// After the shutdown grace, the longest [`crate::serve_with`] waits for the final
+/// answers (503s, streams' error events) to be written before it returns anyway.
+pub const FLUSH_MARGIN: Duration = Duration::from_secs(2);
+
+/// A future that resolves once the shutdown grace is over; never, before shutdown.
+type Expired = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+fn expired(rx: &watch::Receiver<bool>) -> Expired {
+    let mut rx = rx.clone();
+    Box::pin(async move {
+        // A dropped sender (the accept loop gone) counts as expired.
+        let _ = rx.wait_for(|e| *e).await;
+    })
+}
+
+/// Serves `router` on `listener` with `config`'s connection limits until `shutdown`
+/// resolves, then shuts down gracefully (see the module docs).
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    config: &GatewayConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let cap = config.max_connections.max(1);
+    let slots = Arc::new(Semaphore::new(cap));
+    let graceful = GracefulShutdown::new();
+    let (expire_tx, expire_rx) = watch::channel(false);
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(config.header_timeout);
+    let idle = config.idle_timeout;
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut said_full = false;
+    loop {
+        let slot = match Arc::clone(&slots).try_acquire_owned() {
+            Ok(s) => s,
+            Err(_) => {
+                if !said_full {
+                    tracing::warn!(
+                        "{cap} connections open (--max-connections): new ones wait until one closes"
+                    );
+                    said_full = true;
+                }
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    s = Arc::clone(&slots).acquire_owned() => s.map_err(io::Error::other)?,
+                }
+            }
+        };
+        let tcp = tokio::select! {
+            () = &mut shutdown => break,
+            r = listener.accept() => match r {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Per-connection failures (reset before accept) and running out of
+                    // descriptors: go on; the latter after a pause, as hyper's servers do.
+                    if !is_connection_error(&e) {
+                        tracing::error!("accepting a connection: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    continue;
+                }
+            },
+        };
+        said_full = false;
+        set_nodelay(&tcp);
+        let io = TokioIo::new(StallIo::new(tcp, idle));
+        let svc = ConnService {
+            router: router.clone(),
+            idle,
+            expire: expire_rx.clone(),
+        };
+        let conn = graceful.watch(http.serve_connection(io, svc));
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!("connection ended: {e}");
+            }
+            drop(slot);
+        });
+    }
+    drop(listener);
+    let grace = config.shutdown_grace;
+    tracing::info!(
+        "shutting down: no new connections; waiting up to {:.1} s for {} open ones",
+        grace.as_secs_f64(),
+        graceful.count()
+    );
+    let timer = tokio::spawn(async move {
+        tokio::time::sleep(grace).await;
+        let _ = expire_tx.send(true);
+    });
+    if tokio::time::timeout(grace + FLUSH_MARGIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("connections still open after the shutdown grace; leaving them");
+    }
+    timer.abort();
+    Ok(())
+}
+
+/// Accept errors that concern one connection only.
+fn is_connection_error(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::ConnectionRefused
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::ConnectionReset
+    )
+}
+
+/// Sets `TCP_NODELAY`: a stream writes one small event per token, and with Nagle's
+/// algorithm on, each write after the first would wait for the client's (delayed, up to
+/// 40 ms) acknowledgement of the one before.
+pub(crate) fn set_nodelay(tcp: &TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("TCP_NODELAY on an accepted connection: {e}");
+    }
+}
+
+/// The service of one connection: the router, with request bodies under the idle
+/// timeout and answers cut short at the end of the shutdown grace.
+#[derive(Clone)]
+struct ConnService {
+    router: Router,
+    idle: Option<Duration>,
+    expire: watch::Receiver<bool>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let idle = self.idle;
+        let req = req.map(|b| match idle {
+            Some(limit) => Body::new(StallBody::new(b, limit)),
+            None => Body::new(b),
+        });
+        let path = req.uri().path().to_string();
+        let mut router = self.router.clone();
+        let expire = self.expire.clone();
+        Box::pin(async move {
+            let mut gone = expired(&expire);
+            let resp = tokio::select! {
+                r = tower_service::Service::call(&mut router, req) => match r {
+                    Ok(r) => r,
+                    Err(e) => match e {},
+                },
+                () = &mut gone => return Ok(ApiError::shutting_down()
+                    .with_flavor(Flavor::of_path(&path))
+                    .into_response()),
+            };
+            Ok(end_at_shutdown(resp, &path, gone))
+        })
+    }
+}
+
+/// `resp`, with its body (an SSE stream of the API routes) ended by a final error event
+/// in its wire's shape when `expired` resolves.
+fn end_at_shutdown(resp: Response, path: &str, expired: Expired) -> Response {
+    let sse = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/event-stream"));
+    if !sse || !path.starts_with("/v1/") {
+        return resp;
+    }
+    let last = final_event(Flavor::of_path(path));
+    resp.map(|inner| {
+        Body::new(Drained {
+            inner: Some(inner),
+            expired,
+            last: Some(last),
+        })
+    })
+}
+
+/// The SSE bytes that end a stream cut by the shutdown, in `flavor`'s shape.
+fn final_event(flavor: Flavor) -> Bytes {
+    let body = ApiError::shutting_down().with_flavor(flavor).body();
+    Bytes::from(match flavor {
+        Flavor::OpenAi => format!("data: {body}\n\ndata: [DONE]\n\n"),
+        Flavor::Anthropic => format!("event: error\ndata: {body}\n\n"),
+    })
+}
+
+/// A response body that ends with `last` when the shutdown grace expires. axum's SSE
+/// body yields one frame per event, so the cut falls between events.
+struct Drained {
+    inner: Option<Body>,
+    expired: Expired,
+    last: Option<Bytes>,
+}
+
+impl HttpBody for Drained {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        let Some(inner) = this.inner.as_mut() else {
+            return Poll::Ready(this.last.take().map(|b| Ok(Frame::data(b))));
+        };
+        if this.expired.as_mut().poll(cx).is_ready() {
+            // Dropping the stream cancels its generation.
+            this.inner = None;
+            return Poll::Ready(this.last.take().map(|b| Ok(Frame::data(b))));
+        }
+        match ready!(Pin::new(inner).poll_frame(cx)) {
+            None => {
+                // Finished on its own: nothing to add.
+                this.inner = None;
+                this.last = None;
+                Poll::Ready(None)
+            }
+            other => Poll::Ready(other),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_none() && self.last.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+/// A request body that fails when its next bytes take longer than `limit`.
+struct StallBody {
+    inner: Incoming,
+    limit: Duration,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl StallBody {
+    fn new(inner: Incoming, limit: Duration) -> Self {
+        StallBody {
+            inner,
+            limit,
+            timer: None,
+        }
+    }
+}
+
+impl HttpBody for StallBody {
+    type Data = Bytes;
+    type Error = io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+        let this = &mut *self;
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(f) => {
+                this.timer = None;
+                Poll::Ready(f.map(|r| r.map_err(io::Error::other)))
+            }
+            Poll::Pending => {
+                let limit = this.limit;
+                let t = this
+                    .timer
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+                ready!(t.as_mut().poll(cx));
+                Poll::Ready(Some(Err(stalled("no request body bytes", limit))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+fn stalled(what: &str, limit: Duration) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        format!("{what} for {:.1} s (the idle timeout)", limit.as_secs_f64()),
+    )
+}
+
+/// A TCP stream whose writes fail once one has waited `limit` for the client to read.
+struct StallIo {
+    tcp: TcpStream,
+    limit: Option<Duration>,
+    timer: Option<Pin<Box<Sleep>>>,
+}
+
+impl StallIo {
+    fn new(tcp: TcpStream, limit: Option<Duration>) -> Self {
+        StallIo {
+            tcp,
+            limit,
+            timer: None,
+        }
+    }
+
+    /// After a write that could not proceed: pending, or the timeout's error.
+    fn stalled<T>(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        let Some(limit) = self.limit else {
+            return Poll::Pending;
+        };
+        let t = self
+            .timer
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep(limit)));
+        ready!(t.as_mut().poll(cx));
+        Poll::Ready(Err(stalled("the client read nothing", limit)))
+    }
+
+    fn wrote<T>(&mut self, r: Poll<io::Result<T>>, cx: &mut Context<'_>) -> Poll<io::Result<T>> {
+        match r {
+            Poll::Ready(r) => {
+                self.timer = None;
+                Poll::Ready(r)
+            }
+            Poll::Pending => self.stalled(cx),
+        }
+    }
+}
+
+impl AsyncRead for StallIo {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for StallIo {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.tcp).poll_write(cx, buf);
+        self.wrote(r, cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let r = Pin::new(&mut self.tcp).poll_write_vectored(cx, bufs);
+        self.wrote(r, cx)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.tcp.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        let r = Pin::new(&mut self.tcp).poll_flush(cx);
+        self.wrote(r, cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.tcp).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[tokio::test]
+    async fn accepted_connections_have_tcp_nodelay() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (server_side, _) = l.accept().await.unwrap();
+        // Off by default: the setting is ours, not the platform's.
+        assert!(!server_side.nodelay().unwrap());
+        super::set_nodelay(&server_side);
+        assert!(server_side.nodelay().unwrap());
+    }
+}
