@@ -44,7 +44,10 @@ fn serve(home: &Path, args: &[&str]) -> Serve {
     // Ready when /health answers 200.
     for _ in 0..600 {
         let mut c = TcpStream::connect(&addr).unwrap();
-        let _ = write!(c, "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let _ = write!(
+            c,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
         let mut buf = String::new();
         let _ = c.read_to_string(&mut buf);
         if buf.starts_with("HTTP/1.1 200") {
@@ -107,20 +110,25 @@ fn a_revocation_survives_a_restart_of_the_server() {
     let s = serve(home.path(), &[]);
     let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(benign));
     assert_eq!(st, 200, "{v}");
-    assert_eq!(verdict(&v).as_deref(), Some("quarantine \"REVOKED\""), "{v}");
+    assert_eq!(
+        verdict(&v).as_deref(),
+        Some("quarantine \"REVOKED\""),
+        "{v}"
+    );
 }
 
 #[test]
 fn max_tool_result_kb_moves_the_page_out_threshold() {
     let home = tempfile::tempdir().unwrap();
-    let big = "row,value\n".repeat(4096); // 40 KiB
+    // 40 KiB with no spaces: one word for the mock engine, which counts words as tokens.
+    let big = "row,value;".repeat(4096);
     let s = serve(home.path(), &[]);
     let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(&big));
     assert_eq!(st, 200);
     assert_eq!(verdict(&v).as_deref(), Some("page_out null"), "{v}");
     drop(s);
     let s = serve(home.path(), &["--max-tool-result-kb", "64"]);
-    let big2 = "row,other\n".repeat(4096);
+    let big2 = "row,other;".repeat(4096);
     let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(&big2));
     assert_eq!((st, verdict(&v)), (200, None), "{v}");
 }
