@@ -122,18 +122,24 @@ pub(crate) fn quarantine(cmd: QuarantineCmd) -> Result<(), CliError> {
                     kind,
                     i.reason.map_or("-", |r| r.as_str()),
                     i.tool,
-                    i.content.len(),
+                    i.len,
                     i.conversation
                 )?;
             }
             if n == 0 {
                 outln!("(nothing stored in {})", dir.display())?;
             }
+            for (p, why) in store.damaged() {
+                outln!("damaged, skipped: {}: {why}", p.display())?;
+            }
         }
         QuarantineCmd::Show { id } => {
-            let i = store
-                .get(&id)
-                .ok_or_else(|| fail(format!("no stored item '{id}' in {}", dir.display())))?;
+            let i = store.get(&id).map_err(|e| match e {
+                fak_ctxmmu::StoreError::NotFound(_) => {
+                    fail(format!("no stored item '{id}' in {}", dir.display()))
+                }
+                e => e.into(),
+            })?;
             outln!("id: {}\nkind: {:?}\nreason: {}\ndetector: {}\ntool: {}\nconversation: {}\nsha256: {}\nbytes: {}\ncleared: {}",
                 i.id, i.kind, i.reason.map_or("-", |r| r.as_str()), i.detector.as_deref().unwrap_or("-"), i.tool, i.conversation, i.digest, i.content.len(), i.cleared)?;
             match store.read(&id) {

@@ -43,7 +43,7 @@ enum Cmd {
     Chat(chat::ChatArgs),
     /// Serve OpenAI- and Anthropic-compatible HTTP APIs over an engine (default: the
     /// model in this process, with KV reuse across requests).
-    Serve(serve::ServeArgs),
+    Serve(Box<serve::ServeArgs>),
     /// Run the proof ladder (R1 vs HF oracles, R2a, R3 + controls, R14, windows) on a
     /// model and print a table; exits non-zero if any rung fails.
     Prove(ProveArgs),
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
         Cmd::Model { command } => model_cmd(command),
         Cmd::Run(args) => run::run(args),
         Cmd::Chat(args) => chat::chat(args),
-        Cmd::Serve(args) => serve::serve(args),
+        Cmd::Serve(args) => serve::serve(*args),
         Cmd::Prove(args) => prove(args),
         Cmd::Policy { command } => kernel::policy(command),
         Cmd::Preflight(args) => kernel::preflight(args),

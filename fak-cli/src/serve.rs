@@ -130,6 +130,31 @@ pub(crate) struct ServeArgs {
     /// appended). Default: $FAK_HOME/audit.jsonl.
     #[arg(long)]
     audit_log: Option<std::path::PathBuf>,
+    /// Rotate the audit log past this many MB (to AUDIT.1 .. AUDIT.N, see --audit-keep);
+    /// 0: never rotate.
+    #[arg(long, default_value_t = 100)]
+    audit_max_mb: u64,
+    /// Rotated audit logs kept.
+    #[arg(long, default_value_t = 5)]
+    audit_keep: usize,
+    /// Refuse (503) a request whose audit record cannot be written, and deny its proposed
+    /// calls. Default: fail open (the request proceeds; the failure is logged and
+    /// counted in /metrics as fak_audit_write_failures_total).
+    #[arg(long)]
+    audit_fail_closed: bool,
+    /// Most items in the page-out/quarantine store; past it, paged-out items are evicted
+    /// oldest first, then cleared quarantined ones; quarantined originals awaiting a
+    /// clear never are (a quarantine into a store full of those keeps no original).
+    #[arg(long, default_value_t = 10_000)]
+    store_max_items: usize,
+    /// Most MB of content in the page-out/quarantine store (evicted as --store-max-items).
+    #[arg(long, default_value_t = 1024)]
+    store_max_mb: u64,
+    /// Tool results larger than this many KiB reach the model as a stub with a
+    /// 200-character preview (the original is kept in the store); at most 4096 (larger
+    /// results are quarantined OVERSIZED).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_tool_result_kb: u64,
 }
 
 pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
@@ -182,18 +207,35 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         None => fak_engine::policy::Policy::builtin(),
     };
     let store_dir = crate::kernel::store_dir();
-    let store = fak_ctxmmu::PageStore::open(&store_dir)
-        .map_err(|e| fail(format!("the quarantine store: {e}")))?;
+    let store = fak_ctxmmu::PageStore::open_with(
+        &store_dir,
+        fak_ctxmmu::StoreLimits {
+            max_items: args.store_max_items,
+            max_bytes: args.store_max_mb.saturating_mul(1 << 20),
+        },
+    )
+    .map_err(|e| fail(format!("the quarantine store: {e}")))?;
+    let damaged = store.damaged().len();
     let audit_path = args
         .audit_log
         .clone()
         .unwrap_or_else(|| catalog::fak_home().join("audit.jsonl"));
-    let screen = fak_ctxmmu::Screen::with(
-        fak_ctxmmu::default_detectors(),
-        fak_ctxmmu::ScreenConfig::default(),
-        store,
-        fak_ctxmmu::AuditLog::to_file(&audit_path),
+    let audit = fak_ctxmmu::AuditLog::to_file_with(
+        &audit_path,
+        fak_ctxmmu::AuditConfig {
+            max_bytes: (args.audit_max_mb > 0).then(|| args.audit_max_mb.saturating_mul(1 << 20)),
+            keep: args.audit_keep,
+            fail_closed: args.audit_fail_closed,
+            ..fak_ctxmmu::AuditConfig::default()
+        },
     );
+    let screen_config = fak_ctxmmu::ScreenConfig {
+        page_out_bytes: (args.max_tool_result_kb as usize) << 10,
+        ..fak_ctxmmu::ScreenConfig::default()
+    };
+    let screen_damaged = store.damaged().to_vec();
+    let screen =
+        fak_ctxmmu::Screen::with(fak_ctxmmu::default_detectors(), screen_config, store, audit);
     if engines.iter().any(|e| is_upstream(e)) {
         if args.routes.is_empty() && args.base_url.is_empty() {
             return Err(fail(format!(
@@ -296,6 +338,17 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                 r.base_url
                     .as_ref()
                     .map_or_else(String::new, |u| format!(" at {u}"))
+            );
+        }
+        for (p, why) in screen_damaged.iter().take(20) {
+            tracing::warn!(
+                "quarantine store: skipped damaged entry {}: {why}",
+                p.display()
+            );
+        }
+        if damaged > 0 {
+            tracing::warn!(
+                "quarantine store: {damaged} damaged entries skipped (fak_store_damaged_entries)"
             );
         }
         tracing::info!(

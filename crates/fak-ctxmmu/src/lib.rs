@@ -14,8 +14,11 @@
 //!   is kept in the store, readable only after an explicit operator clear.
 //!
 //! Every decision is written to an [`AuditLog`] (JSON lines: time, conversation, tool,
-//! verdict, reason, detector, byte length, digest). A digest can be revoked
-//! ([`Screen::revoke_digest`]): the same content arriving again is quarantined.
+//! verdict, reason, detector, byte length, digest; one whole line per `write`, rotated by
+//! size, optionally fail-closed). A digest can be revoked ([`Screen::revoke_digest`]):
+//! the same content arriving again is quarantined; revocations are persisted with a
+//! folder store ([`Revocations`]). The store, the revocations and the screen's maps are
+//! all bounded ([`PageStore`], [`Screen`]).
 //!
 //! The detectors are heuristics: they catch the shapes in the red-team corpus under
 //! `testdata/ctxmmu` and more, and they will miss attacks no pattern anticipates. The
@@ -25,14 +28,21 @@
 mod audit;
 mod detect;
 mod normalize;
+mod revoked;
 mod screen;
 mod store;
 
-pub use audit::{AuditLog, AuditRecord};
+pub use audit::{AuditConfig, AuditError, AuditLog, AuditRecord};
 pub use detect::{
     default_detectors, ControlTokenDetector, Detector, Finding, InjectionDetector, Reason,
     SecretDetector,
 };
 pub use normalize::{normalize, squash, Normalized};
-pub use screen::{digest, Screen, ScreenConfig, ToolResult, Verdict};
-pub use store::{PageStore, StoreError, StoredItem, StoredKind};
+pub use revoked::{Revocations, RevokeError, MAX_REVOCATIONS, REVOKED_FILE};
+pub use screen::{
+    digest, Screen, ScreenConfig, ScreenError, ToolResult, Verdict, MAX_REMEMBERED, UNKEPT,
+};
+pub use store::{
+    PageStore, StoreError, StoreLimits, StoredItem, StoredKind, StoredMeta, PREVIEW_CHARS,
+    STALE_TMP,
+};

@@ -139,13 +139,13 @@ fn revoked_content_is_quarantined_when_it_arrives_again() {
     let text = "an ordinary result";
     assert_eq!(s.admit(&tr(text)).unwrap(), Verdict::Admit);
     let digest = s.audit().records()[0].digest.clone();
-    s.revoke_digest(&digest);
+    s.revoke_digest(&digest).unwrap();
     assert_eq!(
         quarantined(&s.admit(&tr(text)).unwrap()),
         Some(Reason::Revoked)
     );
     let mut s = Screen::new(ScreenConfig::default());
-    s.revoke_call("call_1");
+    s.revoke_call("call_1").unwrap();
     assert_eq!(
         quarantined(&s.admit(&tr("anything")).unwrap()),
         Some(Reason::Revoked)
@@ -227,7 +227,7 @@ fn repeated_content_gets_the_remembered_decision_and_stub() {
         assert_eq!(s.admit(&tr(benign)).unwrap(), Verdict::Admit);
         assert_eq!(s.audit().records().len(), 2);
         // ...until it is revoked.
-        s.revoke_digest(&fak_ctxmmu::digest(benign));
+        s.revoke_digest(&fak_ctxmmu::digest(benign)).unwrap();
         assert_eq!(
             quarantined(&s.admit(&tr(benign)).unwrap()),
             Some(Reason::Revoked)

@@ -31,7 +31,8 @@ impl Flavor {
 /// `authentication_error` (401, also an upstream refusing the client's own key),
 /// `permission_error` (403, an upstream refusing the client's own key),
 /// `not_found_error` (404), `request_too_large` (413),
-/// `rate_limit_error` (429), `api_error` (500, and 502 for a failed upstream),
+/// `rate_limit_error` (429), `api_error` (500, 502 for a failed upstream, and 503 for
+/// the server's own state: [`ApiError::unavailable`]),
 /// `overloaded_error` (503), `timeout_error` (504, also an upstream that timed out).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
@@ -89,6 +90,16 @@ impl ApiError {
     /// 500 `api_error`.
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", message)
+    }
+
+    /// 503 `api_error` with `Retry-After: 30`: the server cannot take the request now
+    /// for a reason of its own state (the audit log cannot be written and is
+    /// fail-closed; the page-out store or the revocation list is full).
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ApiError {
+            retry_after_s: Some(30),
+            ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "api_error", message)
+        }
     }
 
     /// 504 `timeout_error`: no response within `limit` (Anthropic's type word for its

@@ -14,7 +14,7 @@
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
-//! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms |
+//! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms, audit write failures, store size, revocations |
 //!
 //! | `POST /v1/fak/revoke` | fak | `{"tool_call_id"}` or `{"digest"}`: quarantine that content from now on and cut it out of every cached conversation |
 //! | `POST /v1/fak/policy/reload` | fak | read the `--policy` file again; an invalid one is a 400 and the old policy stays |
@@ -430,7 +430,18 @@ async fn health(State(s): State<AppState>) -> Response {
 
 async fn metrics_text(State(s): State<AppState>) -> Response {
     let ready = s.driver.readiness() == Readiness::Ready;
-    let body = s.metrics.render(s.driver.stats(), ready);
+    let mut body = s.metrics.render(s.driver.stats(), ready);
+    let boundary = {
+        let screen = s.screen.lock().unwrap_or_else(|p| p.into_inner());
+        metrics::BoundaryStats {
+            audit_write_failures: screen.audit().failures(),
+            store_items: screen.store().len(),
+            store_bytes: screen.store().bytes(),
+            store_damaged: screen.store().damaged().len(),
+            revocations: screen.revocations().len(),
+        }
+    };
+    boundary.render(&mut body);
     (
         [(
             header::CONTENT_TYPE,

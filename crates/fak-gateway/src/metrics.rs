@@ -44,6 +44,58 @@ impl Histogram {
     }
 }
 
+/// The boundary's durable state, for `/metrics` (read from the screen at each scrape).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct BoundaryStats {
+    /// Audit records whose file write failed since start.
+    pub audit_write_failures: u64,
+    /// Items in the page-out store.
+    pub store_items: usize,
+    /// Bytes of content in the page-out store.
+    pub store_bytes: u64,
+    /// Store files skipped at start as damaged.
+    pub store_damaged: usize,
+    /// Revocations in force.
+    pub revocations: usize,
+}
+
+impl BoundaryStats {
+    /// Appends `fak_audit_write_failures_total` (counter) and the gauges
+    /// `fak_store_items`, `fak_store_bytes`, `fak_store_damaged_entries`,
+    /// `fak_revocations` to `s`.
+    pub fn render(&self, s: &mut String) {
+        let _ = writeln!(
+            s,
+            "# HELP fak_audit_write_failures_total Audit records that could not be written to the log file.\n# TYPE fak_audit_write_failures_total counter\nfak_audit_write_failures_total {}",
+            self.audit_write_failures
+        );
+        for (name, help, v) in [
+            (
+                "fak_store_items",
+                "Items in the page-out store.",
+                self.store_items as u64,
+            ),
+            (
+                "fak_store_bytes",
+                "Bytes of content in the page-out store.",
+                self.store_bytes,
+            ),
+            (
+                "fak_store_damaged_entries",
+                "Page-out store files skipped at start as damaged.",
+                self.store_damaged as u64,
+            ),
+            (
+                "fak_revocations",
+                "Revocations in force.",
+                self.revocations as u64,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
+        }
+    }
+}
+
 /// Request and token counters, shared by every handler.
 #[derive(Debug, Default)]
 pub struct Metrics {

@@ -8,8 +8,11 @@
 //! its stub before tokenization, so it never enters the KV cache. A result quarantined
 //! for the first time may still sit in conversations cached before (admitted then,
 //! caught now after a revocation), so the engine is told to cut it out
-//! ([`fak_engine::EngineDriver::revoke`]). A store failure fails the request (500):
-//! nothing unscreened goes through.
+//! ([`fak_engine::EngineDriver::revoke`]). A store failure fails the request (500; 503
+//! when the store is full of quarantined originals and a result must be paged out):
+//! nothing unscreened goes through. With `--audit-fail-closed`, a result or a call whose
+//! audit record cannot be written is refused: the request gets 503, a proposed call is
+//! denied `POLICY_BLOCK`.
 //!
 //! Each proposed call is decided in order: a call the model wrote malformed is denied
 //! `MALFORMED` (fail closed: it never reaches the client as a callable call); a call of
@@ -27,7 +30,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
-use fak_ctxmmu::{AuditRecord, ToolResult, Verdict};
+use fak_ctxmmu::{AuditRecord, RevokeError, ScreenError, ToolResult, Verdict};
 use fak_engine::policy::{CallVerdict, ToolCall as PolicyCall};
 use fak_engine::{Message, Revocation, ToolCall, ToolChoice, ToolSpec};
 use serde_json::{json, Value};
@@ -181,6 +184,7 @@ pub(crate) fn adjudicate(
             id: Some(call.id.clone()),
             bytes: call.arguments.len(),
             digest: fak_ctxmmu::digest(&call.arguments),
+            kept: None,
         });
         report.push(json!({
             "id": call.id,
@@ -197,8 +201,26 @@ pub(crate) fn adjudicate(
     }
     drop(policy);
     let mut screen = s.screen.lock().unwrap_or_else(|p| p.into_inner());
+    let mut unlogged = false;
     for r in audit {
-        screen.audit_mut().record(r);
+        unlogged |= screen.audit_mut().record(r).is_err();
+    }
+    if unlogged && screen.audit().fail_closed() {
+        // Fail-closed: a call whose decision is not in the log is not passed on.
+        drop(screen);
+        for call in std::mem::take(&mut out.allowed) {
+            let v = CallVerdict {
+                allowed: false,
+                reason: Some(fak_engine::policy::DenyReason::PolicyBlock),
+                detail: "the audit log cannot be written and the server is fail-closed (--audit-fail-closed)".into(),
+            };
+            if let Some(e) = report.iter_mut().find(|e| e["id"] == call.id.as_str()) {
+                e["verdict"] = Value::from("deny");
+                e["reason"] = Value::from(v.reason.map(|r| r.as_str()));
+                e["detail"] = Value::from(v.detail.clone());
+            }
+            out.denied.push((call, v));
+        }
     }
     out.report = Some(json!({ "tool_calls": report }));
     out
@@ -234,6 +256,7 @@ fn operator_record(action: &'static str, id: Option<String>, digest: String) -> 
         id,
         bytes: 0,
         digest,
+        kept: None,
     }
 }
 
@@ -326,9 +349,7 @@ fn screen_blocking(
                     tool_call_id: m.tool_call_id.as_deref(),
                     content: &m.content,
                 })
-                .map_err(|e| {
-                    ApiError::internal(format!("screening a tool result: {e}")).with_flavor(flavor)
-                })?;
+                .map_err(|e| screen_error(&e).with_flavor(flavor))?;
             drop(screen);
             let (word, reason, id) = match &verdict {
                 Verdict::Admit => ("admit", None, None),
@@ -368,6 +389,17 @@ fn screen_blocking(
         }
     }
     Ok((messages, report))
+}
+
+/// The response to a screening failure: 503 when the server's state refuses it (the
+/// audit log fail-closed and unwritable, the store full), 500 otherwise.
+fn screen_error(e: &ScreenError) -> ApiError {
+    match e {
+        ScreenError::Audit(_) | ScreenError::Store(fak_ctxmmu::StoreError::Full { .. }) => {
+            ApiError::unavailable(format!("screening a tool result: {e}"))
+        }
+        ScreenError::Store(_) => ApiError::internal(format!("screening a tool result: {e}")),
+    }
 }
 
 /// The response's `fak` field: the screened results and the adjudicated calls, or
@@ -415,15 +447,28 @@ pub(crate) async fn revoke(
             .with_flavor(f));
         }
     }
+    // Not persisted: in force here, reported (503) once the cache is cut too.
+    let mut unpersisted = None;
     {
         let mut screen = s.screen.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(d) = &b.digest {
-            screen.revoke_digest(d);
+        for res in [
+            b.digest.as_deref().map(|d| screen.revoke_digest(d)),
+            b.tool_call_id.as_deref().map(|c| screen.revoke_call(c)),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            match res {
+                Ok(()) => {}
+                Err(e @ RevokeError::Full { .. }) => {
+                    return Err(ApiError::unavailable(e.to_string()).with_flavor(f))
+                }
+                Err(e @ RevokeError::Io { .. }) => unpersisted = Some(e.to_string()),
+            }
         }
-        if let Some(c) = &b.tool_call_id {
-            screen.revoke_call(c);
-        }
-        screen.audit_mut().record(operator_record(
+        // An operator action is never refused for its audit record (a revocation is
+        // always applied); a failed write is counted in /metrics and logged.
+        let _ = screen.audit_mut().record(operator_record(
             "revoke",
             b.tool_call_id.clone(),
             b.digest.clone().unwrap_or_default().to_ascii_lowercase(),
@@ -445,6 +490,9 @@ pub(crate) async fn revoke(
         k.sessions,
         k.tokens_dropped
     );
+    if let Some(e) = unpersisted {
+        return Err(ApiError::unavailable(e).with_flavor(f));
+    }
     Ok(Json(json!({
         "revoked": {"tool_call_id": r.tool_call_id, "digest": r.digest},
         "kv": {"sessions": k.sessions, "tokens_dropped": k.tokens_dropped},
@@ -485,7 +533,8 @@ pub(crate) async fn reload_policy(State(s): State<AppState>) -> Result<Json<Valu
         p.adopt_history(&mut old);
         *old = p;
     }
-    s.screen
+    let _ = s
+        .screen
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .audit_mut()

@@ -1,0 +1,154 @@
+//! `fak serve`'s boundary state through the binary, each server on its own `FAK_HOME`: a
+//! revocation survives a restart (kill, start again), `--max-tool-result-kb` moves the
+//! page-out threshold, and the store and audit flags refuse bad values.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// A `fak serve --engine mock` child on `home`; killed on drop.
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn serve(home: &Path, args: &[&str]) -> Serve {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fak"))
+        .env("FAK_HOME", home)
+        .args(["serve", "--engine", "mock", "--port", "0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    // Ready when /health answers 200.
+    for _ in 0..600 {
+        let mut c = TcpStream::connect(&addr).unwrap();
+        let _ = write!(
+            c,
+            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
+        let mut buf = String::new();
+        let _ = c.read_to_string(&mut buf);
+        if buf.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Serve { child, addr }
+}
+
+/// One HTTP/1.1 POST; returns (status, body).
+fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
+    let body = body.to_string();
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+}
+
+fn with_result(result: &str) -> Value {
+    json!({"model": "mock", "messages": [
+        {"role": "user", "content": "weather in Paris?"},
+        {"role": "assistant", "content": null, "tool_calls": [{"id": "call_9", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_9", "content": result}
+    ]})
+}
+
+/// The verdict of the request's one tool result (`None`: admitted).
+fn verdict(v: &Value) -> Option<String> {
+    v.pointer("/fak/tool_results/0/verdict")
+        .and_then(Value::as_str)
+        .map(|s| format!("{s} {}", v["fak"]["tool_results"][0]["reason"]))
+}
+
+#[test]
+fn a_revocation_survives_a_restart_of_the_server() {
+    let home = tempfile::tempdir().unwrap();
+    let benign = "Weather: 18 C, light rain.";
+    {
+        let s = serve(home.path(), &[]);
+        let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(benign));
+        assert_eq!((st, verdict(&v)), (200, None), "{v}");
+        // The sha256 of the content, as the audit log names it.
+        let log = std::fs::read_to_string(home.path().join("audit.jsonl")).unwrap();
+        let rec: Value = serde_json::from_str(log.lines().next().unwrap()).unwrap();
+        let d = rec["digest"].as_str().unwrap().to_string();
+        let (st, v) = post(&s.addr, "/v1/fak/revoke", &json!({"digest": d}));
+        assert_eq!(st, 200, "{v}");
+    }
+    let s = serve(home.path(), &[]);
+    let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(benign));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(
+        verdict(&v).as_deref(),
+        Some("quarantine \"REVOKED\""),
+        "{v}"
+    );
+}
+
+#[test]
+fn max_tool_result_kb_moves_the_page_out_threshold() {
+    let home = tempfile::tempdir().unwrap();
+    // 40 KiB with no spaces: one word for the mock engine, which counts words as tokens.
+    let big = "row,value;".repeat(4096);
+    let s = serve(home.path(), &[]);
+    let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(&big));
+    assert_eq!(st, 200);
+    assert_eq!(verdict(&v).as_deref(), Some("page_out null"), "{v}");
+    drop(s);
+    let s = serve(home.path(), &["--max-tool-result-kb", "64"]);
+    let big2 = "row,other;".repeat(4096);
+    let (st, v) = post(&s.addr, "/v1/chat/completions", &with_result(&big2));
+    assert_eq!((st, verdict(&v)), (200, None), "{v}");
+}
+
+#[test]
+fn bad_state_flags_are_refused() {
+    let home = tempfile::tempdir().unwrap();
+    for args in [
+        &["--max-tool-result-kb", "0"][..],
+        &["--max-tool-result-kb", "5000"],
+        &["--store-max-items", "x"],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_fak"))
+            .env("FAK_HOME", home.path())
+            .args(["serve", "--engine", "mock", "--port", "0"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(args[0]), "{args:?}: {err}");
+    }
+}
