@@ -43,7 +43,7 @@
 use crate::error::{ApiError, Flavor};
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
-    screen_messages, Adjudicated,
+    request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     finish, new_id, parse_body, positive, prompt_counts, start, unix_now, with_note, AppState,
@@ -523,6 +523,7 @@ pub(crate) async fn chat_completions(
     };
     let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
     let conversation = conversation_key(&headers, &messages);
+    let taint = request_taint(&headers, &messages);
     let (messages, results) = screen_messages(&s, &conversation, messages, F).await?;
     let req = GenerateRequest {
         model: Some(r.model.clone()),
@@ -551,6 +552,7 @@ pub(crate) async fn chat_completions(
         };
         let calls = CallCheck {
             conversation,
+            taint,
             offered,
             results,
         };
@@ -572,6 +574,7 @@ pub(crate) async fn chat_completions(
     let a = adjudicate(
         &s,
         &conversation,
+        &taint,
         &offered,
         std::mem::take(&mut f.tool_calls),
     );
@@ -681,6 +684,8 @@ pub(crate) fn data(v: &Value) -> Event {
 /// What a stream needs to adjudicate its calls at the end.
 struct CallCheck {
     conversation: String,
+    /// The request's taint (a tool result in its history).
+    taint: fak_engine::policy::Taint,
     offered: Vec<ToolSpec>,
     /// The `fak.tool_results` entries of the request's screening.
     results: Vec<Value>,
@@ -767,6 +772,7 @@ fn chat_stream(
             let a = adjudicate(
                 &state,
                 &check.conversation,
+                &check.taint,
                 &check.offered,
                 std::mem::take(&mut held),
             );
