@@ -2,7 +2,7 @@
 
 use crate::{fail, outln, CliError};
 use fak_ctxmmu::{PageStore, StoredKind};
-use fak_engine::policy::{Policy, ToolCall};
+use fak_engine::policy::{Policy, Taint, ToolCall};
 use fak_model::catalog;
 use std::path::{Path, PathBuf};
 
@@ -28,6 +28,14 @@ pub(crate) struct PreflightArgs {
     /// A manifest (default: the built-in one).
     #[arg(long)]
     policy: Option<PathBuf>,
+    /// Decide the call for a conversation that has admitted tool output (the manifest's
+    /// `tainted` rules apply).
+    #[arg(long)]
+    tainted: bool,
+    /// A tool the caller confirms for a tainted conversation (`require_flag` rules);
+    /// repeatable, `*` for all.
+    #[arg(long = "flag")]
+    flags: Vec<String>,
 }
 
 #[derive(clap::Subcommand)]
@@ -84,11 +92,15 @@ pub(crate) fn preflight(a: PreflightArgs) -> Result<(), CliError> {
         Some(f) => load_policy(f)?,
         None => Policy::new(Policy::default_manifest())?,
     };
-    let v = p.adjudicate(
+    let v = p.adjudicate_with(
         "preflight",
         &ToolCall {
             name: a.tool.clone(),
             arguments: a.args.clone(),
+        },
+        &Taint {
+            tainted: a.tainted,
+            flags: a.flags.into_iter().collect(),
         },
     );
     match v.reason {

@@ -11,21 +11,37 @@
 //!   "allow_prefix": ["read_", "search"],
 //!   "deny": {"delete_all": "POLICY_BLOCK", "edit_policy": "SELF_MODIFY"},
 //!   "args": {"http_get": {"url": {"type": "string", "pattern": "^https://", "max_len": 2048, "required": true}}},
-//!   "rate_limit": {"calls": 20, "window_s": 60}
+//!   "rate_limit": {"calls": 20, "window_s": 60},
+//!   "capabilities": {"get_weather": ["read"], "http_get": ["read", "egress"]},
+//!   "tainted": {"write": "deny", "egress": "deny", "execute": "require_flag"}
 //! }
 //! ```
 //!
 //! Order of decision: malformed arguments (not a JSON object) → `MALFORMED`; an explicit
 //! `deny` entry → its reason; not in `allow` / `allow_prefix` → `DEFAULT_DENY`; an
-//! argument rule broken → `MALFORMED`; a credential in the arguments → `SECRET_EXFIL`;
-//! over the per-conversation rate → `RATE_LIMITED`; else allowed. Unknown keys, unknown
-//! reasons, an unknown version or posture are load errors: a manifest is never half
-//! understood.
+//! argument rule broken → `MALFORMED`; a sink tool on a tainted conversation →
+//! `TAINTED_SINK`; a credential in the arguments → `SECRET_EXFIL`; over the
+//! per-conversation rate → `RATE_LIMITED`; else allowed. Unknown keys, unknown reasons,
+//! capabilities or actions, an unknown version or posture are load errors: a manifest is
+//! never half understood.
+//!
+//! **Taint tracking** (`capabilities`, `tainted`; both optional, so a manifest without
+//! them decides as before). A conversation is *tainted* once it has admitted untrusted
+//! tool output (any tool result in its history: the caller says so in [`Taint`]).
+//! `capabilities` labels each tool with what it can do ([`Capability`]: `read`, `write`,
+//! `egress`, `execute`); `tainted` maps a capability to what happens to a call of a tool
+//! holding it on a tainted conversation ([`TaintAction`]: `deny`, or `require_flag`: denied
+//! unless the caller flagged the tool as confirmed, [`Taint::flags`]). When a manifest has
+//! a `tainted` rule, a tool it does not label is taken to hold every capability (fail
+//! closed: label read-only tools `["read"]`). The rule does not depend on detecting
+//! anything in the tool output: an injection the screen misses still cannot drive a sink
+//! tool. Source of the idea: the "dual LLM" / information-flow defenses (Willison 2023;
+//! CaMeL, Debenedetti et al. 2025; FIDES, Costa et al. 2025).
 
 use fak_ctxmmu::{normalize, Detector};
 use regex::Regex;
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// The manifest version this code reads.
@@ -49,6 +65,10 @@ pub enum DenyReason {
     RateLimited,
     /// Not allowed by any rule: the default.
     DefaultDeny,
+    /// A sink tool (by its capabilities) called on a conversation that has admitted
+    /// untrusted tool output, which the manifest's `tainted` rule forbids (or allows
+    /// only with the caller's flag, which was absent).
+    TaintedSink,
 }
 
 impl DenyReason {
@@ -62,6 +82,7 @@ impl DenyReason {
             DenyReason::Malformed => "MALFORMED",
             DenyReason::RateLimited => "RATE_LIMITED",
             DenyReason::DefaultDeny => "DEFAULT_DENY",
+            DenyReason::TaintedSink => "TAINTED_SINK",
         }
     }
 }
@@ -97,6 +118,84 @@ pub struct RateLimit {
     pub window_s: u64,
 }
 
+/// What a tool can do, the label taint tracking keys on (`read`, `write`, `egress`,
+/// `execute` in a manifest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Capability {
+    /// Reads data and returns it (a search, a file read, a lookup).
+    Read,
+    /// Changes state the user owns (a file, a calendar, a setting, a payment).
+    Write,
+    /// Sends data out of the user's control (an e-mail, a message, a web request).
+    Egress,
+    /// Runs code or commands.
+    Execute,
+}
+
+impl Capability {
+    /// Every capability, the labels of a tool the manifest does not label.
+    pub const ALL: [Capability; 4] = [
+        Capability::Read,
+        Capability::Write,
+        Capability::Egress,
+        Capability::Execute,
+    ];
+
+    /// The manifest name (`read`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Read => "read",
+            Capability::Write => "write",
+            Capability::Egress => "egress",
+            Capability::Execute => "execute",
+        }
+    }
+}
+
+/// What a `tainted` rule does to a call of a tool holding its capability on a tainted
+/// conversation (`deny`, `require_flag` in a manifest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaintAction {
+    /// Allowed only when the caller flagged the tool ([`Taint::flags`]).
+    RequireFlag,
+    /// Always denied.
+    Deny,
+}
+
+/// The taint of the conversation a call is decided for: what the caller knows of its
+/// history.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Taint {
+    /// Whether the conversation has admitted untrusted tool output (any tool result,
+    /// whatever the screen's verdict on it).
+    pub tainted: bool,
+    /// Tools the caller confirms may run on a tainted conversation under a
+    /// `require_flag` rule (a tool name, or `*` for all). Set by the client (e.g. after
+    /// asking its user), never by the model.
+    pub flags: BTreeSet<String>,
+}
+
+impl Taint {
+    /// A conversation that has admitted no tool output.
+    pub fn clean() -> Self {
+        Taint::default()
+    }
+
+    /// A conversation that has admitted tool output, with no flags.
+    pub fn tainted() -> Self {
+        Taint {
+            tainted: true,
+            flags: BTreeSet::new(),
+        }
+    }
+
+    fn flagged(&self, tool: &str) -> bool {
+        self.flags.contains(tool) || self.flags.contains("*")
+    }
+}
+
 /// The manifest as written.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -121,6 +220,13 @@ pub struct Manifest {
     /// Per-conversation rate limit.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// What each tool can do (taint tracking; see the module docs). A tool not listed
+    /// holds every capability when a `tainted` rule exists.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub capabilities: BTreeMap<String, Vec<Capability>>,
+    /// What happens to a call of a tool holding a capability on a tainted conversation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tainted: BTreeMap<Capability, TaintAction>,
 }
 
 fn fail_closed() -> String {
@@ -201,6 +307,8 @@ impl Policy {
                 calls: 60,
                 window_s: 60,
             }),
+            capabilities: BTreeMap::new(),
+            tainted: BTreeMap::new(),
         }
     }
 
@@ -250,6 +358,11 @@ impl Policy {
                 ));
             }
         }
+        if let Some((tool, _)) = m.capabilities.iter().find(|(_, c)| c.is_empty()) {
+            return Err(PolicyError::Invalid(format!(
+                "capabilities.{tool} is empty (label a read-only tool [\"read\"])"
+            )));
+        }
         let mut patterns = HashMap::new();
         for (tool, rules) in &m.args {
             for (arg, rule) in rules {
@@ -289,9 +402,37 @@ impl Policy {
         &self.manifest
     }
 
-    /// Decides one call for `conversation` (see the module docs for the order). An
-    /// allowed call counts against the conversation's rate limit.
+    /// Decides one call for `conversation` as if it had admitted no tool output
+    /// ([`Taint::clean`]; see [`Policy::adjudicate_with`]).
     pub fn adjudicate(&mut self, conversation: &str, call: &ToolCall) -> CallVerdict {
+        self.adjudicate_with(conversation, call, &Taint::clean())
+    }
+
+    /// The capabilities `tool` holds: its `capabilities` entry, else all of them.
+    pub fn capabilities_of(&self, tool: &str) -> &[Capability] {
+        self.manifest
+            .capabilities
+            .get(tool)
+            .map_or(&Capability::ALL[..], Vec::as_slice)
+    }
+
+    /// The `tainted` rule a call of `tool` on a tainted conversation meets, if any: the
+    /// strictest action over the tool's capabilities, with the capability that set it.
+    pub fn taint_rule(&self, tool: &str) -> Option<(Capability, TaintAction)> {
+        self.capabilities_of(tool)
+            .iter()
+            .filter_map(|c| self.manifest.tainted.get(c).map(|a| (*c, *a)))
+            .max_by_key(|(_, a)| *a)
+    }
+
+    /// Decides one call for `conversation`, whose taint is `taint` (see the module docs
+    /// for the order). An allowed call counts against the conversation's rate limit.
+    pub fn adjudicate_with(
+        &mut self,
+        conversation: &str,
+        call: &ToolCall,
+        taint: &Taint,
+    ) -> CallVerdict {
         let m = &self.manifest;
         let args: serde_json::Value =
             match serde_json::from_str(if call.arguments.trim().is_empty() {
@@ -368,6 +509,30 @@ impl Policy {
                     if !set.contains(v) {
                         return bad("not one of the allowed values".into());
                     }
+                }
+            }
+        }
+        if taint.tainted {
+            if let Some((cap, action)) = self.taint_rule(&call.name) {
+                let why = format!(
+                    "'{}' can {} and the conversation holds untrusted tool output",
+                    call.name,
+                    cap.as_str()
+                );
+                match action {
+                    TaintAction::Deny => {
+                        return CallVerdict::deny(
+                            DenyReason::TaintedSink,
+                            format!("{why}; the manifest denies it"),
+                        )
+                    }
+                    TaintAction::RequireFlag if !taint.flagged(&call.name) => {
+                        return CallVerdict::deny(
+                            DenyReason::TaintedSink,
+                            format!("{why}; the manifest requires the caller's flag for it"),
+                        )
+                    }
+                    TaintAction::RequireFlag => {}
                 }
             }
         }

@@ -1,7 +1,9 @@
 //! Default deny: each verdict path of the tool-call policy, and manifests that must not
 //! load.
 
-use fak_engine::policy::{DenyReason, Policy, ToolCall, POLICY_VERSION};
+use fak_engine::policy::{
+    Capability, DenyReason, Policy, Taint, TaintAction, ToolCall, POLICY_VERSION,
+};
 
 const MANIFEST: &str = r#"{
   "version": "fak-policy/1",
@@ -162,6 +164,22 @@ fn bad_manifests_do_not_load() {
             "rate_limit",
         ),
         ("not json", "expected"),
+        (
+            r#"{"version":"fak-policy/1","capabilities":{"t":["teleport"]}}"#,
+            "teleport",
+        ),
+        (
+            r#"{"version":"fak-policy/1","capabilities":{"t":[]}}"#,
+            "capabilities.t",
+        ),
+        (
+            r#"{"version":"fak-policy/1","tainted":{"egress":"warn"}}"#,
+            "warn",
+        ),
+        (
+            r#"{"version":"fak-policy/1","tainted":{"network":"deny"}}"#,
+            "network",
+        ),
     ] {
         let e = Policy::from_json(m)
             .err()
@@ -189,4 +207,110 @@ fn the_default_manifest_allows_nothing_irreversible() {
             "{name}"
         );
     }
+}
+
+/// A manifest with taint rules: egress and write denied on a tainted conversation,
+/// execute allowed only with the caller's flag; `note` is not labelled.
+const TAINT: &str = r#"{
+  "version": "fak-policy/1",
+  "allow": ["read_file", "send_email", "write_file", "run_script", "note", "fetch_url"],
+  "capabilities": {"read_file": ["read"], "send_email": ["egress"], "write_file": ["write"],
+                   "run_script": ["execute"], "fetch_url": ["read", "egress"]},
+  "tainted": {"egress": "deny", "write": "deny", "execute": "require_flag"}
+}"#;
+
+fn decide(p: &mut Policy, name: &str, taint: &Taint) -> Option<DenyReason> {
+    let v = p.adjudicate_with("c", &call(name, "{}"), taint);
+    assert_eq!(v.allowed, v.reason.is_none());
+    if v.reason == Some(DenyReason::TaintedSink) {
+        assert!(v.detail.contains(name), "{}", v.detail);
+    }
+    v.reason
+}
+
+#[test]
+fn a_sink_is_allowed_on_a_clean_conversation_and_denied_on_a_tainted_one() {
+    let mut p = Policy::from_json(TAINT).unwrap();
+    for name in [
+        "read_file",
+        "send_email",
+        "write_file",
+        "run_script",
+        "note",
+        "fetch_url",
+    ] {
+        assert_eq!(decide(&mut p, name, &Taint::clean()), None, "{name}");
+        // `adjudicate` is the clean case.
+        assert_eq!(reason(&mut p, "c", name, "{}"), None, "{name}");
+    }
+    let t = Taint::tainted();
+    assert_eq!(decide(&mut p, "read_file", &t), None);
+    for name in ["send_email", "write_file", "run_script", "fetch_url"] {
+        assert_eq!(
+            decide(&mut p, name, &t),
+            Some(DenyReason::TaintedSink),
+            "{name}"
+        );
+    }
+    // Unlabelled under a `tainted` rule: every capability, so denied (fail closed).
+    assert_eq!(decide(&mut p, "note", &t), Some(DenyReason::TaintedSink));
+    assert_eq!(DenyReason::TaintedSink.as_str(), "TAINTED_SINK");
+}
+
+#[test]
+fn require_flag_allows_only_the_flagged_tool() {
+    let mut p = Policy::from_json(TAINT).unwrap();
+    let flagged = |names: &[&str]| Taint {
+        tainted: true,
+        flags: names.iter().map(|s| s.to_string()).collect(),
+    };
+    let v = p.adjudicate_with("c", &call("run_script", "{}"), &Taint::tainted());
+    assert_eq!(v.reason, Some(DenyReason::TaintedSink));
+    assert!(v.detail.contains("flag"), "{}", v.detail);
+    assert_eq!(
+        decide(&mut p, "run_script", &flagged(&["send_email"])),
+        Some(DenyReason::TaintedSink)
+    );
+    assert_eq!(
+        decide(&mut p, "run_script", &flagged(&["run_script"])),
+        None
+    );
+    assert_eq!(decide(&mut p, "run_script", &flagged(&["*"])), None);
+    // A flag does not lift a `deny` rule.
+    assert_eq!(
+        decide(&mut p, "send_email", &flagged(&["*"])),
+        Some(DenyReason::TaintedSink)
+    );
+    // The strictest action over a tool's capabilities wins.
+    assert_eq!(
+        p.taint_rule("fetch_url"),
+        Some((Capability::Egress, TaintAction::Deny))
+    );
+    assert_eq!(p.taint_rule("note").map(|r| r.1), Some(TaintAction::Deny));
+    assert_eq!(p.taint_rule("read_file"), None);
+}
+
+#[test]
+fn a_manifest_without_taint_rules_decides_as_before() {
+    // The taint of the conversation changes nothing without a `tainted` rule, and the
+    // new keys are not written out when absent (old manifests round-trip unchanged).
+    let mut p = Policy::from_json(MANIFEST).unwrap();
+    assert_eq!(decide(&mut p, "send_note", &Taint::tainted()), None);
+    assert_eq!(
+        decide(&mut p, "rm_rf", &Taint::tainted()),
+        Some(DenyReason::DefaultDeny)
+    );
+    let text = serde_json::to_string(p.manifest()).unwrap();
+    assert!(
+        !text.contains("capabilities") && !text.contains("tainted"),
+        "{text}"
+    );
+    let d = serde_json::to_string(&Policy::default_manifest()).unwrap();
+    assert!(!d.contains("tainted"), "{d}");
+    // Denial order: a manifest `deny` entry and the allow list come first.
+    let mut q = Policy::from_json(TAINT).unwrap();
+    assert_eq!(
+        decide(&mut q, "shell", &Taint::tainted()),
+        Some(DenyReason::DefaultDeny)
+    );
 }

@@ -30,7 +30,7 @@ use crate::openai::sse_stream;
 use crate::splice::{rewrite_tool_results, Rewrite};
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
-    fak_field, offered_tools, screen_messages, Adjudicated,
+    fak_field, offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     body_bytes, cache_partition, constant_time_eq, finish, new_id, parse_json, positive, start,
@@ -398,6 +398,7 @@ pub(crate) async fn messages(
         Vec::new()
     };
     let conversation = conversation_key(&headers, &msgs);
+    let taint = request_taint(&headers, &msgs);
     let (msgs, results) = screen_messages(&s, &conversation, msgs, F).await?;
     let raw = if forward {
         // Each tool message whose content the screen replaced: its block gets the stub.
@@ -502,6 +503,7 @@ pub(crate) async fn messages(
                 let a = adjudicate(
                     &state,
                     &conversation,
+                    &taint,
                     &offered,
                     with_tool_use_ids(std::mem::take(&mut held)),
                 );
@@ -564,6 +566,7 @@ pub(crate) async fn messages(
     let a = adjudicate(
         &s,
         &conversation,
+        &taint,
         &offered,
         with_tool_use_ids(std::mem::take(&mut f.tool_calls)),
     );

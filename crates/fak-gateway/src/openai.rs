@@ -43,7 +43,7 @@
 use crate::error::{ApiError, Flavor};
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
-    screen_messages, Adjudicated,
+    request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, parse_body, positive, prompt_counts, start, unix_now,
@@ -528,6 +528,7 @@ pub(crate) async fn chat_completions(
     };
     let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
     let conversation = conversation_key(&headers, &messages);
+    let taint = request_taint(&headers, &messages);
     let (messages, results) = screen_messages(&s, &conversation, messages, F).await?;
     let req = GenerateRequest {
         model: Some(r.model.clone()),
@@ -557,6 +558,7 @@ pub(crate) async fn chat_completions(
         };
         let calls = CallCheck {
             conversation,
+            taint,
             offered,
             results,
         };
@@ -578,6 +580,7 @@ pub(crate) async fn chat_completions(
     let a = adjudicate(
         &s,
         &conversation,
+        &taint,
         &offered,
         std::mem::take(&mut f.tool_calls),
     );
@@ -687,6 +690,8 @@ pub(crate) fn data(v: &Value) -> Event {
 /// What a stream needs to adjudicate its calls at the end.
 struct CallCheck {
     conversation: String,
+    /// The request's taint (a tool result in its history).
+    taint: fak_engine::policy::Taint,
     offered: Vec<ToolSpec>,
     /// The `fak.tool_results` entries of the request's screening.
     results: Vec<Value>,
@@ -773,6 +778,7 @@ fn chat_stream(
             let a = adjudicate(
                 &state,
                 &check.conversation,
+                &check.taint,
                 &check.offered,
                 std::mem::take(&mut held),
             );

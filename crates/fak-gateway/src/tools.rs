@@ -18,7 +18,11 @@
 //! `MALFORMED` (fail closed: it never reaches the client as a callable call); a call of
 //! a tool the request did not offer is denied `UNKNOWN_TOOL`; the rest go to the policy
 //! ([`fak_engine::policy::Policy::adjudicate`]: deny entries, allow lists, argument
-//! rules, credentials in arguments, the per-conversation rate). Only allowed calls are
+//! rules, a sink tool on a tainted conversation, credentials in arguments, the
+//! per-conversation rate). A request is *tainted* when its history holds any tool result
+//! (OpenAI `role: "tool"`, Anthropic `tool_result`), whatever the screen made of it; the
+//! `x-fak-allow-tainted` header (tool names, comma-separated, or `*`) is the client's
+//! flag for the manifest's `require_flag` rules ([`request_taint`]). Only allowed calls are
 //! returned as calls; the response's `fak` extension field lists every proposed call
 //! with its verdict and reason, so a client (or its operator) can see what was removed
 //! and why.
@@ -31,7 +35,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use fak_ctxmmu::{AuditRecord, RevokeError, ScreenError, ToolResult, Verdict};
-use fak_engine::policy::{CallVerdict, ToolCall as PolicyCall};
+use fak_engine::policy::{CallVerdict, Taint, ToolCall as PolicyCall};
 use fak_engine::{Message, Revocation, ToolCall, ToolChoice, ToolSpec};
 use serde_json::{json, Value};
 use std::hash::{Hash, Hasher};
@@ -110,6 +114,30 @@ pub(crate) fn conversation_key(headers: &HeaderMap, messages: &[Message]) -> Str
     format!("conv-{:016x}", h.finish())
 }
 
+/// The request header naming the tools the client confirms may run on a tainted
+/// conversation (`require_flag` rules): tool names separated by commas, or `*`.
+pub(crate) const ALLOW_TAINTED_HEADER: &str = "x-fak-allow-tainted";
+
+/// The taint of a request: tainted when its history holds a tool result (any message of
+/// role `tool`, which Anthropic `tool_result` blocks become), with the flags of the
+/// [`ALLOW_TAINTED_HEADER`] header (at most [`MAX_TOOLS`] names are read).
+pub(crate) fn request_taint(headers: &HeaderMap, messages: &[Message]) -> Taint {
+    let flags = headers
+        .get_all(ALLOW_TAINTED_HEADER)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .take(MAX_TOOLS)
+        .map(str::to_string)
+        .collect();
+    Taint {
+        tainted: messages.iter().any(|m| m.role == "tool"),
+        flags,
+    }
+}
+
 /// The decisions on one response's proposed calls.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Adjudicated {
@@ -126,6 +154,7 @@ pub(crate) struct Adjudicated {
 pub(crate) fn adjudicate(
     s: &AppState,
     conversation: &str,
+    taint: &Taint,
     offered: &[ToolSpec],
     calls: Vec<ToolCall>,
 ) -> Adjudicated {
@@ -150,12 +179,13 @@ pub(crate) fn adjudicate(
                     reason: Some(fak_engine::policy::DenyReason::Malformed),
                     detail: why,
                 },
-                None => policy.adjudicate(
+                None => policy.adjudicate_with(
                     conversation,
                     &PolicyCall {
                         name: call.name.clone(),
                         arguments: call.arguments.clone(),
                     },
+                    taint,
                 ),
             }
         } else {
