@@ -96,13 +96,10 @@ fn bench_reports_the_threads_it_used() {
 
 /// The same figures on the real default model in native mode, where the quantized
 /// kernels run (the tiny model is f32, so native mode there is the exact path).
-#[test]
+#[fak_testkit::real_model]
 fn bench_reports_every_figure_on_the_real_model_native() {
-    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"))
-    else {
-        return;
-    };
+    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
     let v = json_of(&[
         "bench",
         "--model",
@@ -148,14 +145,11 @@ fn bench_refuses_a_prompt_past_the_context() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("context length"));
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn run_takes_prompt_ids_and_a_weight_mode() {
     // `fak run` needs a tokenizer, which the tiny model lacks: the real default model.
-    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"))
-    else {
-        return;
-    };
+    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
     let m = path.display().to_string();
     for weights in ["exact", "native"] {
         let v = json_of(&[
@@ -178,15 +172,12 @@ fn run_takes_prompt_ids_and_a_weight_mode() {
     }
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn run_without_a_first_token_or_a_decode_step_reports_no_such_figure() {
     // `--max-tokens 0`: a prefill but no token, so no TTFT and no decode rate;
     // `--max-tokens 1`: a TTFT but no decode step. Null, not a 0 that reads as measured.
-    let Some(path) = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"))
-    else {
-        return;
-    };
+    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
+        .unwrap_or_else(|m| panic!("{m}"));
     let m = path.display().to_string();
     for (max, ttft, decode) in [("0", false, false), ("1", true, false), ("3", true, true)] {
         let v = json_of(&[

@@ -13,10 +13,9 @@ fn fak() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fak"))
 }
 
-fn model_cached() -> bool {
-    fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"))
-        .is_some()
+/// Fails naming the fetch command when the real model is not cached.
+fn need_model(name: &str) {
+    fak_model::catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"));
 }
 
 fn e2e() -> Value {
@@ -36,11 +35,9 @@ fn ids(v: &Value) -> Vec<u64> {
         .collect()
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn run_json_matches_hf_on_chat_prompts() {
-    if !model_cached() {
-        return;
-    }
+    need_model("smollm2-135m-instruct");
     let oracle = e2e();
     let max_new = oracle["max_new_tokens"].as_u64().unwrap().to_string();
     let mut checked = 0;
@@ -98,11 +95,9 @@ fn run_json_matches_hf_on_chat_prompts() {
     assert!(checked >= 4, "{checked} single-turn cases");
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn run_answers_paris() {
-    if !model_cached() {
-        return;
-    }
+    need_model("smollm2-135m-instruct");
     let out = fak()
         .args(["run", "What is the capital of France?"])
         .output()
@@ -115,11 +110,9 @@ fn run_answers_paris() {
 /// A raw prompt that encodes to no tokens (SmolLM2 adds no BOS to a plain completion)
 /// is refused in the user's terms, not with the session's internal "prefill a token
 /// first".
-#[test]
+#[fak_testkit::real_model]
 fn run_refuses_an_empty_raw_prompt() {
-    if !model_cached() {
-        return;
-    }
+    need_model("smollm2-135m-instruct");
     let out = fak().args(["run", "--raw", ""]).output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
@@ -152,11 +145,9 @@ fn stats(line: &str) -> (usize, usize, usize, usize) {
     )
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn chat_keeps_the_cache_between_turns() {
-    if !model_cached() {
-        return;
-    }
+    need_model("smollm2-135m-instruct");
     let oracle = e2e();
     let multi = oracle["cases"]
         .as_array()
@@ -212,14 +203,9 @@ fn chat_keeps_the_cache_between_turns() {
 
 /// Gemma 3 270M (a base model: raw completion with BOS) through `fak run`: HF's prompt
 /// ids and 32 greedy tokens for each committed prompt.
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_run_matches_hf() {
-    if fak_model::catalog::require_cached("gemma3-270m")
-        .unwrap_or_else(|m| panic!("{m}"))
-        .is_none()
-    {
-        return;
-    }
+    need_model("gemma3-270m");
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../testdata/text/gemma3-270m/e2e.json");
     let oracle: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
     let cases = oracle["cases"].as_array().unwrap();
@@ -263,14 +249,9 @@ fn gemma3_run_matches_hf() {
 
 /// The Gemma 3 base model continues a few-shot prompt sensibly, and a chat request on it
 /// says plainly that the file carries no template (ChatML is used).
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_few_shot_and_no_template_note() {
-    if fak_model::catalog::require_cached("gemma3-270m")
-        .unwrap_or_else(|m| panic!("{m}"))
-        .is_none()
-    {
-        return;
-    }
+    need_model("gemma3-270m");
     let out = fak()
         .args([
             "run",

@@ -342,13 +342,9 @@ fn serve_refuses_bad_flags_in_one_line() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("FAK_SURELY_UNSET_VAR"));
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn greedy_http_answer_equals_fak_run_json() {
-    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
-    if cached.is_none() {
-        return;
-    }
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--format", "json", prompt])
@@ -394,13 +390,9 @@ fn greedy_http_answer_equals_fak_run_json() {
     }
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn serve_routes_the_inkernel_model_beside_another_engine() {
-    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
-    if cached.is_none() {
-        return;
-    }
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--max-tokens", "8", "--format", "json", prompt])
@@ -460,13 +452,9 @@ fn greedy_chat(addr: &str, prompt: &str) -> (Value, Vec<f64>) {
     (v["choices"][0]["message"]["content"].clone(), lps)
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn serve_with_native_weights_answers_as_fak_run_native() {
-    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
-    if cached.is_none() {
-        return;
-    }
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--weights", "native", "--max-tokens", "16"])
@@ -511,13 +499,9 @@ fn streamed_text(body: &str) -> String {
         .collect()
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn an_inkernel_fak_as_the_upstream_answers_alike_and_never_sees_a_poisoned_result() {
-    let cached = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
-    if cached.is_none() {
-        return;
-    }
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let dir = tempfile::tempdir().unwrap();
     let up_log = dir.path().join("upstream-audit.jsonl");
     let front_log = dir.path().join("front-audit.jsonl");

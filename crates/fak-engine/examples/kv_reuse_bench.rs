@@ -39,8 +39,7 @@ fn main() {
         .unwrap_or(3usize)
         .max(1);
     let path = match fak_model::catalog::require_cached("smollm2-135m-instruct") {
-        Ok(Some(p)) => p,
-        Ok(None) => return,
+        Ok(p) => p,
         Err(m) => {
             eprintln!("{m}");
             std::process::exit(1);

@@ -4,7 +4,7 @@
 //! greedy answer, no error status, and `/health` answering in under 50 ms meanwhile;
 //! then clients that hang up mid-stream leave the server serving, with no generation
 //! left running. Without the model file this fails with the fetch command
-//! (`FAK_SKIP_REAL_MODEL=1` opts out locally, never in CI).
+//! (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
 
 mod common;
 
@@ -30,27 +30,27 @@ const HEALTH_BOUND: Duration = Duration::from_millis(50);
 /// The tests of this file measure latency under load: they run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
+        return PathBuf::from(p);
     }
     catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
 }
 
-fn model() -> Option<(PathBuf, Arc<Model>)> {
-    static M: OnceLock<Option<(PathBuf, Arc<Model>)>> = OnceLock::new();
+fn model() -> (PathBuf, Arc<Model>) {
+    static M: OnceLock<(PathBuf, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
-        let path = smollm2_path()?;
+        let path = smollm2_path();
         let m = Arc::new(Model::load(&path).unwrap());
-        Some((path, m))
+        (path, m)
     })
     .clone()
 }
 
 /// A server on two worker slots whose queue holds every client, with KV reuse; and
 /// its driver, for the engine's figures.
-fn server() -> Option<(Server, Arc<InKernelDriver>)> {
-    let (path, m) = model()?;
+fn server() -> (Server, Arc<InKernelDriver>) {
+    let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
         parallel: 2,
@@ -63,7 +63,7 @@ fn server() -> Option<(Server, Arc<InKernelDriver>)> {
         Arc::clone(&d) as Arc<dyn EngineDriver>,
         GatewayConfig::default(),
     );
-    Some((srv, d))
+    (srv, d)
 }
 
 /// One way of asking: which route, and whether to stream.
@@ -176,12 +176,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn eight_clients_twenty_requests_each_get_their_single_client_answers() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((srv, driver)) = server() else {
-        return;
-    };
+    let (srv, driver) = server();
     let addr = srv.addr;
     // Single-client references, one client at a time, one per wire. Both wires render
     // the same prompt: their answers must agree.
@@ -301,12 +299,10 @@ fn open_until(addr: SocketAddr, path: &str, body: &Value, marker: &str, count: u
     s
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn clients_hanging_up_mid_stream_leave_the_server_serving() {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some((srv, driver)) = server() else {
-        return;
-    };
+    let (srv, driver) = server();
     let addr = srv.addr;
     let q = question(0);
     let want = ask(addr, Wire::OpenAi { stream: false }, &q, MAX_TOKENS);

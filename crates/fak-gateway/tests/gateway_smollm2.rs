@@ -5,7 +5,7 @@
 //! while giving the cold output, and a tool result quarantined on arrival continues as
 //! a conversation that had its stub from the start (the poison admitted changes the
 //! answer). Concurrency is `concurrency_smollm2.rs`'s. Without the model file this fails with the fetch
-//! command (`FAK_SKIP_REAL_MODEL=1` opts out locally, never in CI).
+//! command (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
 
 mod common;
 
@@ -20,32 +20,32 @@ use std::sync::{Arc, OnceLock};
 
 const ID: &str = "smollm2-135m-instruct";
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
+        return PathBuf::from(p);
     }
     catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
 }
 
-fn model() -> Option<(PathBuf, Arc<Model>)> {
-    static M: OnceLock<Option<(PathBuf, Arc<Model>)>> = OnceLock::new();
+fn model() -> (PathBuf, Arc<Model>) {
+    static M: OnceLock<(PathBuf, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
-        let path = smollm2_path()?;
+        let path = smollm2_path();
         let m = Arc::new(Model::load(&path).unwrap());
-        Some((path, m))
+        (path, m)
     })
     .clone()
 }
 
-fn server(kv_budget_bytes: usize) -> Option<Server> {
-    let (path, m) = model()?;
+fn server(kv_budget_bytes: usize) -> Server {
+    let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
         kv_budget_bytes,
         ..EngineConfig::default()
     };
     let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
-    Some(start(Arc::new(d), GatewayConfig::default()))
+    start(Arc::new(d), GatewayConfig::default())
 }
 
 fn e2e_cases() -> Vec<Value> {
@@ -74,9 +74,9 @@ fn streamed_text(r: &common::Resp) -> String {
         .collect()
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn greedy_http_output_equals_fak_run_json() {
-    let Some(srv) = server(0) else { return };
+    let srv = server(0);
     for case in e2e_cases() {
         let body = json!({"model": ID, "temperature": 0, "messages": case["messages"]});
         let r = post(srv.addr, "/v1/chat/completions", &body);
@@ -108,12 +108,10 @@ fn greedy_http_output_equals_fak_run_json() {
     assert_eq!(v["stop_reason"], "end_turn");
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn a_scripted_conversation_reuses_the_previous_turns_and_equals_cold_output() {
-    let Some(warm) = server(256 << 20) else {
-        return;
-    };
-    let Some(cold) = server(0) else { return };
+    let warm = server(256 << 20);
+    let cold = server(0);
     let users = [
         "What is the capital of France?",
         "And of Germany?",
@@ -163,9 +161,9 @@ fn a_scripted_conversation_reuses_the_previous_turns_and_equals_cold_output() {
 
 /// Several clients at once on two worker slots: every answer equals its single-client
 /// (HF) answer, nothing fails, and /health answers promptly meanwhile.
-#[test]
+#[fak_testkit::real_model]
 fn a_result_quarantined_on_arrival_continues_as_the_stub_from_the_start() {
-    let Some((path, m)) = model() else { return };
+    let (path, m) = model();
     // One server screens with the default detectors; the control admits everything.
     let serve = |detectors: Vec<Box<dyn fak_ctxmmu::Detector>>| {
         let (tok, tmpl) = load_text(&path, m.config()).unwrap();

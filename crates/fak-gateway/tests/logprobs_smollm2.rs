@@ -8,7 +8,7 @@
 //! max norm, so `|Δlogprob| <= 2·max|Δz|`, and the design bounds the exact path's
 //! logits by max|Δz| <= 1e-4: 2e-4 here (fak-kv's `logprobs_smollm2` checks the tighter
 //! bound from the measured logit error). Without the model file this fails with the
-//! fetch command (`FAK_SKIP_REAL_MODEL=1` opts out locally, never in CI).
+//! fetch command (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
 
 mod common;
 
@@ -26,10 +26,10 @@ const ID: &str = "smollm2-135m-instruct";
 /// 2 × the design's logits bound (see the module docs).
 const TOL: f64 = 2e-4;
 
-fn server() -> Option<Server> {
+fn server() -> Server {
     let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))?,
+        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
     };
     let m = Arc::new(Model::load(&path).unwrap());
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
@@ -38,7 +38,7 @@ fn server() -> Option<Server> {
         ..EngineConfig::default()
     };
     let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
-    Some(start(Arc::new(d), GatewayConfig::default()))
+    start(Arc::new(d), GatewayConfig::default())
 }
 
 fn testdata() -> PathBuf {
@@ -73,9 +73,9 @@ fn last_logits(o: &Oracle) -> Vec<f32> {
     l[l.len() - shape[1]..].to_vec()
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn greedy_tokens_top_their_lists_and_spell_the_content() {
-    let Some(srv) = server() else { return };
+    let srv = server();
     for case in e2e_cases() {
         let name = case["name"].as_str().unwrap();
         let body = json!({"model": ID, "temperature": 0, "messages": case["messages"],
@@ -133,9 +133,9 @@ fn greedy_tokens_top_their_lists_and_spell_the_content() {
     }
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn first_token_equals_hf_log_softmax_of_the_oracle_logits() {
-    let Some(srv) = server() else { return };
+    let srv = server();
     // Chat: the oracle's messages through the template (the same 40 prompt ids).
     let o = oracle("chat");
     let messages: Value = serde_json::from_str(&o.metadata["chat_messages"]).unwrap();

@@ -12,8 +12,8 @@
 //!
 //! One test function in its own binary: the allocator is global to the process, and
 //! another test running beside it would be counted. Without the model files the test
-//! fails with the command that fetches them (`FAK_SKIP_REAL_MODEL=1` opts out locally,
-//! never in CI).
+//! fails with the command that fetches them (`FAK_SKIP_REAL_MODEL=1` reports it as
+//! ignored, never in CI).
 
 use fak_kv::Session;
 use fak_model::{catalog, LogitsWanted, Model, VecKvCache, WeightMode};
@@ -64,7 +64,7 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-fn cached(name: &str) -> Option<PathBuf> {
+fn cached(name: &str) -> PathBuf {
     catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
 }
 
@@ -111,14 +111,10 @@ fn counted_steps(m: &Arc<Model>, prompt: &[u32]) -> (usize, usize) {
     counted
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn decode_steps_allocate_nothing() {
-    if std::env::var_os("FAK_SKIP_REAL_MODEL").is_some() {
-        eprintln!("FAK_SKIP_REAL_MODEL is set: not run");
-        return;
-    }
-    let smollm2 = cached("smollm2-135m-instruct").expect("SmolLM2 file");
-    let gemma3 = cached("gemma3-270m").expect("Gemma 3 file");
+    let smollm2 = cached("smollm2-135m-instruct");
+    let gemma3 = cached("gemma3-270m");
     // SmolLM2: `<|im_start|>user\n` and ordinary ids; Gemma 3: `<bos>` and ordinary ids.
     let smol_prompt: Vec<u32> = [1, 4093, 198, 504, 3575, 282, 4649, 314, 253, 3458]
         .into_iter()

@@ -11,7 +11,7 @@
 //! computed here directly as `z - ln Σ exp(z)` in f64, not with fak's function.
 //!
 //! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
-//! opts out locally, never in CI).
+//! reports them as ignored, never in CI).
 
 use fak_kv::{generate_text_with_logprobs, FinishReason, Session, TextParams, TokenLogprob};
 use fak_model::oracle::{oracle_files_in, Oracle};
@@ -19,9 +19,9 @@ use fak_model::{catalog, Model, StreamDecoder, Tokenizer};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
+        return PathBuf::from(p);
     }
     catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
@@ -70,9 +70,9 @@ fn hf_log_softmax(z: &[f32]) -> Vec<f64> {
     z.iter().map(|&x| x as f64 - ln_z).collect()
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn first_token_logprobs_equal_hf_log_softmax_within_twice_the_logit_error() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let model = Arc::new(Model::load(&path).unwrap());
     let tok = tokenizer(&path);
     let dir = testdata().join("oracles/smollm2-135m-instruct");
@@ -173,9 +173,9 @@ fn starts(tok: &Tokenizer, ids: &[u32]) -> Vec<usize> {
 /// control tokens (dropped from the text) and byte tokens that split UTF-8 characters.
 /// Every token gets a record, each record goes with the piece that releases its last
 /// byte, and a stop string drops exactly the tokens wholly inside it.
-#[test]
+#[fak_testkit::real_model]
 fn records_follow_the_text_they_release() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let tok = tokenizer(&path);
     let m = Arc::new(Model::load(&testdata().join("tiny/llama-tied")).unwrap());
     let mut held_back = 0;
@@ -260,9 +260,9 @@ fn records_follow_the_text_they_release() {
 }
 
 /// `logprobs: None` records nothing; `Some(0)` records the chosen tokens with no top.
-#[test]
+#[fak_testkit::real_model]
 fn off_records_nothing_and_zero_has_no_alternatives() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let tok = tokenizer(&path);
     let m = Arc::new(Model::load(&testdata().join("tiny/llama-tied")).unwrap());
     let mut p = params(0.0, 0, 8, 0);

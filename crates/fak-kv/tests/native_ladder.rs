@@ -12,9 +12,9 @@ use fak_model::{catalog, Model, WeightMode};
 use fak_tensor::Threads;
 use std::path::PathBuf;
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
+        return PathBuf::from(p);
     }
     catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
@@ -35,9 +35,9 @@ fn ladder(path: &std::path::Path, threads: usize) -> Report {
     r
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn native_invariant_rungs_hold_with_1_and_2_threads_bit_identically() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let one = ladder(&path, 1);
     let two = ladder(&path, 2);
     for r in [&one, &two] {

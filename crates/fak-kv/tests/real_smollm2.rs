@@ -1,22 +1,22 @@
 //! The proof ladder on the real default model, SmolLM2-135M-Instruct: R1/R2b against
 //! HF, R2a, R3 against HF's never-saw greedy continuation (with both negative controls),
 //! R14 and the window rungs. Without the model file this fails with the fetch command
-//! (`FAK_SKIP_REAL_MODEL=1` opts out locally, never in CI).
+//! (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
 
 use fak_kv::prove::{prove, Verdict};
 use fak_model::{catalog, Model};
 use std::path::PathBuf;
 
-fn smollm2_path() -> Option<PathBuf> {
+fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return Some(PathBuf::from(p));
+        return PathBuf::from(p);
     }
     catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn ladder_passes_on_smollm2_with_hf_witnesses() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata/oracles/smollm2-135m-instruct");
     let r3_files = fak_model::oracle::oracle_files_in(&dir.join("r3")).unwrap_or_default();
@@ -58,11 +58,11 @@ fn ladder_passes_on_smollm2_with_hf_witnesses() {
 
 /// Text generation that reaches the end of the context stops as `length` and keeps its
 /// text (the tiny model's context of 256 tokens, with the real model's tokenizer).
-#[test]
+#[fak_testkit::real_model]
 fn text_generation_stops_at_the_context_end() {
     use fak_kv::{generate_text, FinishReason, Session, TextParams};
     use std::sync::Arc;
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let g = fak_weights::GgufFile::open(&path).unwrap();
     let tok = fak_model::Tokenizer::from_gguf(&g).unwrap();
     let tiny = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny/llama-tied");
@@ -88,11 +88,11 @@ fn text_generation_stops_at_the_context_end() {
 
 /// Multi-turn: across 3 turns each turn prefills exactly the tokens its rendering adds
 /// past the cache, and its output equals a from-scratch run of the same conversation.
-#[test]
+#[fak_testkit::real_model]
 fn chat_turns_prefill_only_new_tokens_and_equal_from_scratch() {
     use fak_kv::{generate_text, ChatSession, Session, TextParams};
     use std::sync::Arc;
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let model = Arc::new(Model::load(&path).unwrap());
     let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
     let params = TextParams {
@@ -140,11 +140,11 @@ fn chat_turns_prefill_only_new_tokens_and_equal_from_scratch() {
 
 /// A stop string that spans several tokens is never shown in part: the streamed pieces
 /// stop before it.
-#[test]
+#[fak_testkit::real_model]
 fn stop_string_across_tokens_is_held_back() {
     use fak_kv::{generate_text, FinishReason, Session, TextParams};
     use std::sync::Arc;
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let model = Arc::new(Model::load(&path).unwrap());
     let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
     let ids = tmpl
@@ -185,11 +185,11 @@ fn stop_string_across_tokens_is_held_back() {
 
 /// Sampling on the real model: the same seed gives the same text, another seed (at a
 /// high temperature) other text.
-#[test]
+#[fak_testkit::real_model]
 fn same_seed_same_text() {
     use fak_kv::{generate_text, SamplingParams, Session, TextParams};
     use std::sync::Arc;
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let model = Arc::new(Model::load(&path).unwrap());
     let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
     let ids = tmpl

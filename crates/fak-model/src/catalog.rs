@@ -164,27 +164,20 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
 
 /// The cached file of catalog model `name` for a test that needs the real model.
 ///
-/// `Ok(Some(path))` when it is cached; `Err(message)` naming the command that fetches it
-/// when it is not; `Ok(None)` only when the caller opted out with `FAK_SKIP_REAL_MODEL=1`
-/// outside CI (a loud note is printed). Tests never skip silently: they turn the error
-/// into a failure.
+/// Such a test is marked `#[fak_testkit::real_model]`: with `FAK_SKIP_REAL_MODEL=1` it is
+/// compiled as ignored and does not get here, so a test that calls this either runs on
+/// the real file or fails; it never passes without running.
 ///
 /// # Errors
-/// The not-cached message.
-pub fn require_cached(name: &str) -> Result<Option<PathBuf>, String> {
-    if let Some(p) = cached(name) {
-        return Ok(Some(p));
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1")
-        && std::env::var_os("CI").is_none()
-    {
-        eprintln!("NOTE: FAK_SKIP_REAL_MODEL=1: a test that needs {name} was NOT RUN");
-        return Ok(None);
-    }
-    Err(format!(
-        "the real model {name} is not in the cache ({}); fetch it with: cargo run --release -p fak-cli -- model pull {name}",
-        find(name).map(cache_path).unwrap_or_default().display()
-    ))
+/// A message naming the cache path and the command that fetches the file, when it is not
+/// cached (or `name` is not in the catalog).
+pub fn require_cached(name: &str) -> Result<PathBuf, String> {
+    cached(name).ok_or_else(|| {
+        format!(
+            "the real model {name} is not in the cache ({}); fetch it with: cargo run --release -p fak-cli -- model pull {name} (FAK_SKIP_REAL_MODEL=1 reports the tests that need it as ignored)",
+            find(name).map(cache_path).unwrap_or_default().display()
+        )
+    })
 }
 
 /// Receives progress reports from [`pull`].

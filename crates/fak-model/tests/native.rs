@@ -10,19 +10,16 @@ use fak_model::{load_text, KvStore, LogitsWanted, Model, VecKvCache, WeightMode}
 use fak_tensor::Threads;
 use std::sync::OnceLock;
 
-fn native() -> Option<&'static Model> {
-    static M: OnceLock<Option<Model>> = OnceLock::new();
-    M.get_or_init(|| {
-        smollm2_path().map(|p| Model::load_with(&p, WeightMode::Native).expect("load SmolLM2"))
-    })
-    .as_ref()
+fn native() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| Model::load_with(&smollm2_path(), WeightMode::Native).expect("load SmolLM2"))
 }
 
 const PROMPT: [u32; 12] = [1, 504, 3575, 282, 4649, 314, 7042, 30, 198, 504, 2988, 314];
 
-#[test]
+#[fak_testkit::real_model]
 fn native_keeps_the_matrices_quantized() {
-    let Some(m) = native() else { return };
+    let m = native();
     assert_eq!(m.weight_mode(), WeightMode::Native);
     // 30 layers × 7 Q4_1 matrices, and the tied Q8_0 embedding that is also the head.
     assert_eq!(m.quantized_types(), vec![("Q4_1", 210), ("Q8_0", 1)]);
@@ -33,9 +30,9 @@ fn native_keeps_the_matrices_quantized() {
     assert!(mb < 120.0, "{mb} MB");
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn native_decode_equals_prefill_bitwise() {
-    let Some(m) = native() else { return };
+    let m = native();
     let full = run_in_chunks(m, &PROMPT, &[PROMPT.len()]);
     let steps = run_in_chunks(m, &PROMPT, &[1; PROMPT.len()]);
     let mixed = run_in_chunks(m, &PROMPT, &[5, 1, 4, 2]);
@@ -50,9 +47,9 @@ fn long_prompt() -> Vec<u32> {
     PROMPT.repeat(4)
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn native_long_prefill_equals_decode_bitwise() {
-    let Some(m) = native() else { return };
+    let m = native();
     let ids = long_prompt();
     let full = run_in_chunks(m, &ids, &[ids.len()]);
     let steps = run_in_chunks(m, &ids, &vec![1; ids.len()]);
@@ -116,9 +113,9 @@ fn one_call(m: &Model, ids: &[u32]) -> (Vec<f32>, Vec<f32>, CountingKv) {
 /// `forward` call: the same logits (every row, and the last alone) and the same K, K
 /// before RoPE and V rows as one batch, on both weight paths, with full causal
 /// attention and with a 5-token sliding window (so windows start inside earlier batches).
-#[test]
+#[fak_testkit::real_model]
 fn a_pass_split_into_prefill_chunks_is_the_bits_of_one_batch() {
-    let Some(p) = smollm2_path() else { return };
+    let p = smollm2_path();
     let ids = long_prompt();
     for mode in [WeightMode::Native, WeightMode::Exact] {
         for window in [None, Some(5)] {
@@ -159,9 +156,9 @@ fn a_pass_split_into_prefill_chunks_is_the_bits_of_one_batch() {
     }
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn native_is_bit_identical_for_any_thread_count() {
-    let Some(p) = smollm2_path() else { return };
+    let p = smollm2_path();
     let mut m = Model::load_with(&p, WeightMode::Native).unwrap();
     let long = long_prompt();
     m.set_threads(Threads::new(1));
@@ -181,9 +178,9 @@ fn native_is_bit_identical_for_any_thread_count() {
 
 /// A thread count so large that four times it overflows (`Threads` takes any count and
 /// caps it per product) runs, on both paths, with the bits of one thread.
-#[test]
+#[fak_testkit::real_model]
 fn a_huge_thread_count_is_the_bits_of_one_thread() {
-    let Some(p) = smollm2_path() else { return };
+    let p = smollm2_path();
     let long = long_prompt();
     for mode in [WeightMode::Native, WeightMode::Exact] {
         let mut m = Model::load_with(&p, mode).unwrap();
@@ -214,10 +211,10 @@ fn native_on_f32_weights_is_the_exact_path() {
 
 /// Teacher forcing over the public-domain text of `testdata/quality/` (2,419 SmolLM2
 /// tokens, one prefill per path): how far the native path is from the exact one.
-#[test]
+#[fak_testkit::real_model]
 fn native_agrees_with_exact_teacher_forced() {
-    let Some(p) = smollm2_path() else { return };
-    let Some(native) = native() else { return };
+    let p = smollm2_path();
+    let native = native();
     let exact = Model::load(&p).unwrap();
     let (tok, _) = load_text(&p, exact.config()).unwrap();
     let ids = tok.encode_prompt(&quality_text()).unwrap();

@@ -10,13 +10,11 @@ use fak_model::{load_text, Model, WeightMode};
 use fak_tensor::Threads;
 use std::sync::OnceLock;
 
-fn native() -> Option<&'static Model> {
-    static M: OnceLock<Option<Model>> = OnceLock::new();
+fn native() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
     M.get_or_init(|| {
-        real_model("gemma3-270m")
-            .map(|p| Model::load_with(&p, WeightMode::Native).expect("load Gemma 3 270M"))
+        Model::load_with(&real_model("gemma3-270m"), WeightMode::Native).expect("load Gemma 3 270M")
     })
-    .as_ref()
 }
 
 /// Gemma 3's `<bos>` and a few ordinary ids.
@@ -24,9 +22,9 @@ const PROMPT: [u32; 12] = [
     2, 818, 5279, 529, 7001, 563, 9079, 236764, 107, 818, 3207, 563,
 ];
 
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_native_keeps_every_matrix_quantized() {
-    let Some(m) = native() else { return };
+    let m = native();
     assert_eq!(m.weight_mode(), WeightMode::Native);
     // 18 layers × 7 matrices and the tied embedding, none widened to f32: the file's
     // types as `fak model inspect` lists them (F32 tensors are the norms).
@@ -40,9 +38,9 @@ fn gemma3_native_keeps_every_matrix_quantized() {
     );
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_native_decode_equals_prefill_bitwise() {
-    let Some(m) = native() else { return };
+    let m = native();
     let full = run_in_chunks(m, &PROMPT, &[PROMPT.len()]);
     let steps = run_in_chunks(m, &PROMPT, &[1; PROMPT.len()]);
     let mixed = run_in_chunks(m, &PROMPT, &[5, 1, 4, 2]);
@@ -50,11 +48,9 @@ fn gemma3_native_decode_equals_prefill_bitwise() {
     assert!(same_bits(&full, &mixed), "prefill != chunked prefill");
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_native_is_bit_identical_for_one_and_two_threads() {
-    let Some(p) = real_model("gemma3-270m") else {
-        return;
-    };
+    let p = real_model("gemma3-270m");
     let mut m = Model::load_with(&p, WeightMode::Native).unwrap();
     m.set_threads(Threads::new(1));
     let one = run_in_chunks(&m, &PROMPT, &[7, 5]);
@@ -65,12 +61,10 @@ fn gemma3_native_is_bit_identical_for_one_and_two_threads() {
 
 /// Teacher forcing over the public-domain text of `testdata/quality/` (2,288 Gemma 3
 /// tokens with BOS, past the 512-token sliding window; one prefill per path).
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_native_agrees_with_exact_teacher_forced() {
-    let Some(p) = real_model("gemma3-270m") else {
-        return;
-    };
-    let Some(native) = native() else { return };
+    let p = real_model("gemma3-270m");
+    let native = native();
     let exact = Model::load(&p).unwrap();
     let (tok, _) = load_text(&p, exact.config()).unwrap();
     let ids = tok.encode_prompt(&quality_text()).unwrap();

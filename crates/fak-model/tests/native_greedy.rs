@@ -182,16 +182,14 @@ fn check(label: &str, o: &Outcome) {
     );
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn smollm2_greedy_32_exact_equals_hf_native_parts_only_on_near_ties() {
-    let Some(p) = smollm2_path() else { return };
+    let p = smollm2_path();
     check("SmolLM2", &greedy_table("smollm2-135m-instruct", &p));
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_greedy_32_exact_equals_hf_native_parts_only_on_near_ties() {
-    let Some(p) = real_model("gemma3-270m") else {
-        return;
-    };
+    let p = real_model("gemma3-270m");
     check("Gemma 3", &greedy_table("gemma3-270m", &p));
 }

@@ -15,11 +15,9 @@ fn oracle_dir() -> std::path::PathBuf {
 /// R0 and the config: tensor names, shapes and parameter count equal HF's; the config
 /// read from the GGUF (with Gemma 3's documented defaults for what the file lacks)
 /// equals the one HF derived from the same file.
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_tensor_table_and_config_match_hf() {
-    let Some(path) = real_model("gemma3-270m") else {
-        return;
-    };
+    let path = real_model("gemma3-270m");
     let (src, c) = WeightSource::open(&path).unwrap();
     assert_eq!(check_tensor_table(&src, &oracle_dir()), 268_098_176);
 
@@ -48,11 +46,9 @@ fn gemma3_tensor_table_and_config_match_hf() {
 }
 
 /// R1 + R2b on every committed prompt of the real Gemma 3 file.
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_r1_r2b_match_hf() {
-    let Some(path) = real_model("gemma3-270m") else {
-        return;
-    };
+    let path = real_model("gemma3-270m");
     let m = Model::load(&path).unwrap();
     let files = oracle_files("gemma3-270m");
     assert!(files.len() >= 3);
@@ -63,11 +59,9 @@ fn gemma3_r1_r2b_match_hf() {
 
 /// The long prompt (991 tokens) exceeds the 512-token sliding window, so the window is
 /// exercised: the same weights with every layer global fail R1 on it.
-#[test]
+#[fak_testkit::real_model]
 fn gemma3_long_prompt_needs_the_sliding_window() {
-    let Some(path) = real_model("gemma3-270m") else {
-        return;
-    };
+    let path = real_model("gemma3-270m");
     let mut m = Model::load(&path).unwrap();
     let n = m.config().num_hidden_layers;
     m.set_sliding_windows(vec![None; n]).unwrap();

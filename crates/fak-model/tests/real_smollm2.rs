@@ -9,10 +9,9 @@ use fak_model::{Model, WeightSource};
 use serde_json::Value;
 use std::sync::OnceLock;
 
-fn model() -> Option<&'static Model> {
-    static M: OnceLock<Option<Model>> = OnceLock::new();
-    M.get_or_init(|| smollm2_path().map(|p| Model::load(&p).expect("load SmolLM2")))
-        .as_ref()
+fn model() -> &'static Model {
+    static M: OnceLock<Model> = OnceLock::new();
+    M.get_or_init(|| Model::load(&smollm2_path()).expect("load SmolLM2"))
 }
 
 fn oracle_dir() -> std::path::PathBuf {
@@ -20,9 +19,9 @@ fn oracle_dir() -> std::path::PathBuf {
 }
 
 /// R0: tensor names, shapes and the parameter count equal HF's `named_parameters()`.
-#[test]
+#[fak_testkit::real_model]
 fn r0_tensor_table_matches_hf() {
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let (src, _) = WeightSource::open(&path).unwrap();
     assert_eq!(src.entries().len(), 272);
     let n = check_tensor_table(&src, &oracle_dir());
@@ -30,9 +29,9 @@ fn r0_tensor_table_matches_hf() {
 }
 
 /// The config read from GGUF metadata equals the one HF derived from the same file.
-#[test]
+#[fak_testkit::real_model]
 fn config_matches_hf() {
-    let Some(m) = model() else { return };
+    let m = model();
     let hf: Value =
         serde_json::from_str(&std::fs::read_to_string(oracle_dir().join("config.json")).unwrap())
             .unwrap();
@@ -59,9 +58,9 @@ fn config_matches_hf() {
 }
 
 /// R1 + R2b on every committed prompt of the real model.
-#[test]
+#[fak_testkit::real_model]
 fn r1_r2b_real_model_matches_hf() {
-    let Some(m) = model() else { return };
+    let m = model();
     let files = oracle_files("smollm2-135m-instruct");
     assert!(
         files.len() >= 3,
@@ -76,11 +75,11 @@ fn r1_r2b_real_model_matches_hf() {
 /// The exact path's order contract on the real model: logits are bit-identical for 1
 /// and 2 threads, and a token decoded after a prefill equals the same token inside a
 /// longer prefill (the ground R2a of the KV-cache issue stands on).
-#[test]
+#[fak_testkit::real_model]
 fn exact_path_is_independent_of_threads_and_batch() {
     use fak_model::{LogitsWanted, VecKvCache};
     use fak_tensor::Threads;
-    let Some(path) = smollm2_path() else { return };
+    let path = smollm2_path();
     let ids = load_oracle(oracle_files("smollm2-135m-instruct").remove(0))
         .ids("prompt_ids")
         .unwrap();

@@ -372,6 +372,20 @@ mod tests {
         k
     }
 
+    /// The tests below run the kernels [`kernels`] lists, those this CPU has: these two
+    /// say which vector kernels that covered, and on a CPU without one's features (or
+    /// with `FAK_NO_AVX512=1`) its test is reported ignored, not passed.
+    #[fak_testkit::cpu("avx2", "fma")]
+    fn the_256_bit_kernels_are_tested() {
+        assert!(kernels().iter().any(|k| k.0 == "avx2"));
+    }
+
+    /// See [`the_256_bit_kernels_are_tested`].
+    #[fak_testkit::cpu("avx2", "fma", "avx512f", "avx512dq")]
+    fn the_512_bit_kernels_are_tested() {
+        assert!(kernels().iter().any(|k| k.0 == "avx512"));
+    }
+
     /// Every one of the 2³² `f32` bit patterns through [`exp_in_place`] against the
     /// platform's `f32::exp` (the oracle), on two threads.
     #[test]

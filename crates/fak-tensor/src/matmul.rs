@@ -844,14 +844,28 @@ mod tests {
         }
     }
 
-    #[test]
+    #[fak_testkit::cpu("avx2", "fma")]
     #[cfg(target_arch = "x86_64")]
-    fn f32_tiles_with_and_without_512_bit_registers_give_the_reference_bits() {
-        // 6-row × 8-token 512-bit tiles, their 4-row and 1-row edges, and the 256-bit
-        // tiles for the tokens after them; lengths with and without an 8-element tail.
-        if !crate::dot::has_avx2_fma() {
-            return;
-        }
+    fn f32_tiles_with_256_bit_registers_give_the_reference_bits() {
+        f32_tiles_give_the_reference_bits(false);
+    }
+
+    #[fak_testkit::cpu("avx2", "fma", "avx512f", "avx512dq")]
+    #[cfg(target_arch = "x86_64")]
+    fn f32_tiles_with_512_bit_registers_give_the_reference_bits() {
+        f32_tiles_give_the_reference_bits(true);
+    }
+
+    /// 6-row × 8-token 512-bit tiles (`zmm`), their 4-row and 1-row edges, and the
+    /// 256-bit tiles for the tokens after them; lengths with and without an 8-element
+    /// tail.
+    #[cfg(target_arch = "x86_64")]
+    fn f32_tiles_give_the_reference_bits(zmm: bool) {
+        assert!(crate::dot::has_avx2_fma(), "this CPU lacks AVX2/FMA");
+        assert!(
+            !zmm || crate::dot::has_avx512_f32(),
+            "this CPU lacks AVX-512F/DQ (or FAK_NO_AVX512=1 is set)"
+        );
         // 6-row tiles, then a block's 4-row and 1-row edge (blocks of 64 rows: 130 is
         // two blocks and 2 rows); one token with one row or eight rows side by side
         // (eight runs of `rows / 8` rows, then the rest one at a time).
@@ -868,17 +882,15 @@ mod tests {
             for n in [1usize, 2, 8, 9, 16, 19] {
                 let mut want = vec![0f32; n * rows];
                 matmul_ref(&w, rows, cols, &x, n, &mut want);
-                for zmm in [false, crate::dot::has_avx512_f32()] {
-                    for side_by_side in [1, 8] {
-                        let mut got = vec![f32::NAN; n * rows];
-                        // SAFETY: AVX2 and FMA were detected (AVX-512F/DQ when `zmm`);
-                        // `w`, `x` and `got` hold `rows * cols`, `n * cols`, `n * rows`.
-                        unsafe {
-                            serial_avx2(&w, rows, cols, &x, n, &mut got, rows, zmm, side_by_side)
-                        };
-                        let what = format!("{rows}x{cols} n={n} zmm={zmm} rows={side_by_side}");
-                        assert_same_bits(&got, &want, &what);
-                    }
+                for side_by_side in [1, 8] {
+                    let mut got = vec![f32::NAN; n * rows];
+                    // SAFETY: AVX2 and FMA were detected (AVX-512F/DQ when `zmm`);
+                    // `w`, `x` and `got` hold `rows * cols`, `n * cols`, `n * rows`.
+                    unsafe {
+                        serial_avx2(&w, rows, cols, &x, n, &mut got, rows, zmm, side_by_side)
+                    };
+                    let what = format!("{rows}x{cols} n={n} zmm={zmm} rows={side_by_side}");
+                    assert_same_bits(&got, &want, &what);
                 }
             }
         }

@@ -6,7 +6,7 @@
 //! The file comes from `$FAK_SMOLLM2_GGUF`, else
 //! `$FAK_HOME/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf`
 //! (`FAK_HOME` defaults to the user cache dir + `/fak`). If neither exists the test
-//! fails with the command that fetches it, unless `FAK_SKIP_REAL_MODEL=1`.
+//! fails with the command that fetches it, unless `FAK_SKIP_REAL_MODEL=1` (then it is reported as ignored).
 
 use fak_weights::{gguf_to_hf_name, GgmlType, GgufFile, MetaValue};
 use std::collections::HashSet;
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 const FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 const PULL: &str = "cargo run --release -p fak-cli -- model pull smollm2-135m-instruct";
 
-fn model_path() -> Option<PathBuf> {
+fn model_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         let p = PathBuf::from(p);
         assert!(
@@ -23,7 +23,7 @@ fn model_path() -> Option<PathBuf> {
             "FAK_SMOLLM2_GGUF={} does not exist; unset it or run `{PULL}`",
             p.display()
         );
-        return Some(p);
+        return p;
     }
     let home = std::env::var_os("FAK_HOME")
         .map(PathBuf::from)
@@ -31,21 +31,12 @@ fn model_path() -> Option<PathBuf> {
     let candidate = home.map(|h| h.join("models/smollm2-135m-instruct").join(FILE));
     if let Some(p) = &candidate {
         if p.is_file() {
-            return candidate;
+            return p.clone();
         }
-    }
-    if std::env::var("FAK_SKIP_REAL_MODEL").as_deref() == Ok("1")
-        && std::env::var_os("CI").is_none()
-    {
-        eprintln!(
-            "\n*** FAK_SKIP_REAL_MODEL=1: NOT checking the real SmolLM2 GGUF ({}) ***\n",
-            candidate.map_or("no cache dir".into(), |p| p.display().to_string())
-        );
-        return None;
     }
     panic!(
         "real model not found: set FAK_SMOLLM2_GGUF or place it at {}; fetch it with `{PULL}` \
-         (or set FAK_SKIP_REAL_MODEL=1 to skip loudly)",
+         (or set FAK_SKIP_REAL_MODEL=1 to report this test as ignored)",
         candidate.map_or("$FAK_HOME/models/smollm2-135m-instruct/".into(), |p| p
             .display()
             .to_string())
@@ -100,9 +91,9 @@ fn encode(v: &MetaValue, out: &mut Vec<u8>) {
     }
 }
 
-#[test]
+#[fak_testkit::real_model]
 fn smollm2_q4_1_matches_ggus_and_hf_param_count() {
-    let Some(path) = model_path() else { return };
+    let path = model_path();
     let f = GgufFile::open(&path).unwrap_or_else(|e| panic!("{e}"));
     let g = ggus::GGuf::new(f.bytes()).unwrap_or_else(|e| panic!("ggus: {e}"));
 

@@ -33,7 +33,7 @@ pub fn oracle_files(name: &str) -> Vec<PathBuf> {
 
 /// Path of the real SmolLM2 GGUF (`$FAK_SMOLLM2_GGUF`, else the model cache); fails with
 /// the fetch command when it is missing (see `catalog::require_cached`).
-pub fn smollm2_path() -> Option<PathBuf> {
+pub fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         let p = PathBuf::from(p);
         assert!(
@@ -41,13 +41,13 @@ pub fn smollm2_path() -> Option<PathBuf> {
             "FAK_SMOLLM2_GGUF={} is not a file",
             p.display()
         );
-        return Some(p);
+        return p;
     }
     real_model("smollm2-135m-instruct")
 }
 
 /// The cached file of catalog model `name`, or a failure naming the fetch command.
-pub fn real_model(name: &str) -> Option<PathBuf> {
+pub fn real_model(name: &str) -> PathBuf {
     catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
 }
 

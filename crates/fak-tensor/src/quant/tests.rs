@@ -388,11 +388,9 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
 /// 32 registers of AVX-512VL), give every (row, token) the reference's bits for token
 /// counts around both block sizes.
 #[cfg(target_arch = "x86_64")]
-#[test]
+#[fak_testkit::cpu("avx2", "f16c")]
 fn k_quant_token_blocks_are_the_one_token_dot_bitwise() {
-    if !has_avx2_f16c() {
-        return;
-    }
+    assert!(has_avx2_f16c(), "this CPU lacks AVX2/F16C");
     let mut r = Rng(43);
     for ty in [QType::Q4K, QType::Q5K, QType::Q6K] {
         let kind = k_quant(ty).unwrap();
@@ -850,12 +848,10 @@ fn vector_activation_quantizer_matches_the_scalar_one() {
 /// round to nearest even), the rounding the software conversion states it follows. On
 /// two threads.
 #[cfg(target_arch = "x86_64")]
-#[test]
+#[fak_testkit::cpu("avx2", "f16c")]
 fn f16c_rounds_as_f32_to_f16() {
     use std::arch::x86_64::*;
-    if !has_avx2_f16c() {
-        return;
-    }
+    assert!(has_avx2_f16c(), "this CPU lacks AVX2/F16C");
     /// # Safety
     /// F16C.
     #[target_feature(enable = "f16c")]
@@ -1036,4 +1032,46 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
             assert!(ok, "tiles, extreme={extreme} {isa:?}: {got:?} vs {want:?}");
         }
     }
+}
+
+// ------------------------------------------------------------------ paths covered
+
+// The agreement tests above run every kernel this CPU has; asked for one it lacks
+// (`matvec_isa`'s `vnni` / `zmm`, `TILE_ISAS`, the 8-token K-quant kernels) they take
+// the best it has instead, and pass having tested that one. These tests say which paths
+// were covered: on a CPU without a path's features (or with `FAK_NO_AVX512=1` /
+// `FAK_NO_VNNI=1`) its test is reported ignored, not passed.
+
+#[fak_testkit::cpu("avx2", "f16c", "avxvnni")]
+fn the_avx_vnni_kernels_are_tested() {
+    assert!(has_avx_vnni());
+    assert_eq!(
+        super::TileIsa::at_most(super::TileIsa::Vnni),
+        super::TileIsa::Vnni
+    );
+}
+
+#[fak_testkit::cpu("avx2", "f16c", "avx512bw", "avx512vl")]
+fn the_eight_token_k_quant_kernels_are_tested() {
+    assert!(has_avx512_bw_vl());
+}
+
+#[fak_testkit::cpu("avx2", "f16c", "avxvnni", "avx512bw", "avx512vl")]
+fn the_256_bit_tiles_with_32_registers_are_tested() {
+    assert!(super::TileIsa::at_most(super::TileIsa::Vnni512) == super::TileIsa::Vnni512);
+}
+
+#[fak_testkit::cpu(
+    "avx2",
+    "f16c",
+    "avxvnni",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512vnni"
+)]
+fn the_512_bit_kernels_are_tested() {
+    assert!(has_avx512_vnni());
+    assert!(super::TileIsa::at_most(super::TileIsa::Zmm) == super::TileIsa::Zmm);
 }
