@@ -230,9 +230,9 @@ fn post_as(addr: std::net::SocketAddr, key: &str, path: &str, body: &Value) -> c
 /// another partition's prompt through `cached_tokens`, while requests of one partition
 /// still share their prefix. Before the partitions, the second client below got the
 /// first one's system prompt as cached tokens.
-#[test]
+#[fak_testkit::real_model]
 fn cached_prompts_are_shared_only_within_a_key_and_salt() {
-    let Some((path, m)) = model() else { return };
+    let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
         kv_budget_bytes: 256 << 20,
@@ -364,9 +364,9 @@ fn cached_prompts_are_shared_only_within_a_key_and_salt() {
 /// and frees its slot within one prefill batch: the next request is answered in well
 /// under the time the whole prefill takes. Before, the prefill ran to its end after the
 /// 504, holding the only slot.
-#[test]
+#[fak_testkit::real_model]
 fn a_timed_out_prefill_frees_its_slot_within_a_batch() {
-    let Some((path, m)) = model() else { return };
+    let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
         kv_budget_bytes: 0,
