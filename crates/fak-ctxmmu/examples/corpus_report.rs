@@ -1,19 +1,22 @@
-//! Measures the screen on the red-team and benign corpora of `testdata/ctxmmu/` and prints
-//! the catch rate (poisoned results quarantined) and the false-positive rate (benign
-//! results quarantined), by category, with the misses listed.
+//! Measures the screen on the red-team and benign corpora of `testdata/ctxmmu/` (the
+//! project's corpus) and `testdata/ctxmmu/heldout/` (written after the detectors were
+//! frozen) and prints, for each, the catch rate (poisoned results quarantined) and the
+//! false-positive rate (benign results quarantined), by category, with the misses
+//! listed.
 //!
-//! `cargo run --release -p fak-ctxmmu --example corpus_report [-- --misses]`
+//! `cargo run --release -p fak-ctxmmu --example corpus_report [-- --misses] [-- heldout]`
 //!
-//! The numbers are a measurement, not a target: the detectors are heuristics and the
-//! corpus is not used to tune them.
+//! The numbers are a measurement, not a target: the detectors are heuristics.
+//! `crates/fak-ctxmmu/tests/corpus_rates.rs` holds the measured figures as floors.
 
 use fak_ctxmmu::{Screen, ScreenConfig, ToolResult, Verdict};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-fn load(name: &str) -> Vec<serde_json::Value> {
+fn load(set: &str, name: &str) -> Vec<serde_json::Value> {
     let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../testdata/ctxmmu")
+        .join(set)
         .join(name);
     std::fs::read_to_string(&p)
         .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
@@ -25,11 +28,26 @@ fn load(name: &str) -> Vec<serde_json::Value> {
 
 fn main() {
     let show = std::env::args().any(|a| a == "--misses");
+    let only: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with("--"))
+        .collect();
+    for (set, title) in [("", "project corpus"), ("heldout", "held-out set")] {
+        let name = if set.is_empty() { "corpus" } else { set };
+        if only.is_empty() || only.iter().any(|o| o == name) {
+            println!("== {title} (testdata/ctxmmu/{set})");
+            report(set, show);
+            println!();
+        }
+    }
+}
+
+fn report(set: &str, show: bool) {
     let mut screen = Screen::new(ScreenConfig::default());
     let mut run = |file: &str, key: &str| {
         let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
         let mut flagged_list = Vec::new();
-        for r in load(file) {
+        for r in load(set, file) {
             let content = r["content"].as_str().unwrap_or_default();
             let v = screen
                 .admit(&ToolResult {

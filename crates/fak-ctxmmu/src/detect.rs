@@ -3,7 +3,7 @@
 
 use crate::normalize::{normalize, Normalized};
 use base64::Engine as _;
-use regex::{Regex, RegexSet};
+use regex::Regex;
 use serde::Serialize;
 
 /// Why a result was quarantined: a closed vocabulary.
@@ -86,7 +86,6 @@ fn excerpt(s: &str) -> String {
 /// 2023 ("Not what you've signed up for"), Liu et al. 2024 (formalizing prompt
 /// injection), the multilingual jailbreak studies (Deng et al. 2024; Yong et al. 2023).
 pub struct InjectionDetector {
-    set: RegexSet,
     patterns: Vec<Regex>,
     squashed: Vec<&'static str>,
 }
@@ -281,7 +280,6 @@ impl InjectionDetector {
     pub fn new() -> Self {
         let all: Vec<String> = english().into_iter().chain(multilingual()).collect();
         InjectionDetector {
-            set: RegexSet::new(&all).expect("built-in patterns"),
             patterns: all
                 .iter()
                 .map(|s| Regex::new(s).expect("built-in pattern"))
@@ -308,10 +306,14 @@ impl InjectionDetector {
         }
     }
 
-    /// The first rule matching `text`, as the matched excerpt.
+    /// The first rule matching `text`, as the matched excerpt. The rules run one by one:
+    /// as one `RegexSet` their gaps blow up the lazy DFA's states and matching falls
+    /// back to a slow engine (measured: 7.3 s against 0.06 s on 256 KB of prose).
     fn scan_text(&self, text: &str) -> Option<String> {
-        let i = self.set.matches(text).into_iter().next()?;
-        self.patterns[i].find(text).map(|m| m.as_str().to_string())
+        self.patterns
+            .iter()
+            .find_map(|p| p.find(text))
+            .map(|m| m.as_str().to_string())
     }
 
     fn scan(&self, norm: &Normalized) -> Option<String> {
@@ -466,7 +468,7 @@ fn decode_layer(s: &str) -> Vec<(String, bool)> {
             .filter(|c| c.is_ascii_hexdigit())
             .collect();
         if let Some(x) = data_encoding::HEXLOWER_PERMISSIVE
-            .decode(digits[..digits.len() & !1].as_bytes())
+            .decode(&digits.as_bytes()[..digits.len() & !1])
             .ok()
             .and_then(|b| text_of(&b))
         {

@@ -38,6 +38,9 @@ fn propose(tool: &str) -> String {
     )
 }
 
+/// A `fak.tool_calls` report: (name, verdict, reason) per proposed call.
+type Report = Vec<(String, String, Option<String>)>;
+
 /// Sends a request whose last user turn proposes a call of `tool`, after a tool result
 /// when `tainted`; answers the `fak.tool_calls` report's (name, verdict, reason) and the
 /// names of the calls the client received.
@@ -48,7 +51,7 @@ fn send(
     tainted: bool,
     tool: &str,
     headers: &[(&str, &str)],
-) -> (Vec<(String, String, Option<String>)>, Vec<String>) {
+) -> (Report, Vec<String>) {
     let tools = ["get_weather", "send_email", "run_script"];
     let body = if anthropic {
         let mut messages = vec![json!({"role": "user", "content": "weather in Paris?"})];
