@@ -228,7 +228,7 @@ impl Appender {
                 Some(f) => f,
                 None => self.open()?,
             };
-            f.lock()?;
+            lock(&f)?;
             match std::fs::metadata(&self.path) {
                 Ok(m) if same_file(&m, &f.metadata()?) => break f,
                 _ => drop(f),
@@ -248,7 +248,7 @@ impl Appender {
             if start > 0 && start + line.len() as u64 > max {
                 self.rotate()?;
                 let g = self.open()?;
-                g.lock()?;
+                lock(&g)?;
                 // The old file's lock goes with it; waiters find a new file and retry.
                 let _ = f.unlock();
                 *f = g;
@@ -290,6 +290,15 @@ impl Appender {
             }
         }
         std::fs::rename(&self.path, nth(1))
+    }
+}
+
+/// An exclusive advisory lock of `f`; a file system without locks (`Unsupported`) is
+/// written without one (each line is still one `O_APPEND` write).
+fn lock(f: &File) -> std::io::Result<()> {
+    match f.lock() {
+        Err(e) if e.kind() == std::io::ErrorKind::Unsupported => Ok(()),
+        r => r,
     }
 }
 
