@@ -72,8 +72,10 @@ pub(crate) struct ServeArgs {
     /// Memory budget of the KV reuse cache (recent conversations), MB; 0 disables reuse.
     #[arg(long, default_value_t = 512)]
     kv_budget_mb: usize,
-    /// Name of an environment variable holding an API key; when given, /v1/* requires
-    /// `Authorization: Bearer KEY` or `x-api-key: KEY`.
+    /// Name of an environment variable holding an API key, or several separated by
+    /// commas; when given, /v1/* requires `Authorization: Bearer KEY` or `x-api-key:
+    /// KEY` with one of them. Each key is its own KV cache partition: requests made with
+    /// different keys never share a cached prefix.
     #[arg(long)]
     api_key_env: Option<String>,
     /// Name of an environment variable holding the operator key: when given, the
@@ -138,7 +140,8 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         args.routes.iter().map(|r| r.engine.as_str()).collect()
     };
     let is_upstream = |e: &str| e == upstream::SPEC.id || e == upstream::ANTHROPIC_SPEC.id;
-    let api_key = key_from_env("--api-key-env", args.api_key_env.as_deref())?;
+    let mut api_keys = api_keys(key_from_env("--api-key-env", args.api_key_env.as_deref())?)?;
+    let api_key = (!api_keys.is_empty()).then(|| api_keys.remove(0));
     let upstream_key = key_from_env(
         "--upstream-api-key-env",
         args.upstream_api_key_env.as_deref(),
@@ -237,6 +240,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     let engine_id = driver.id();
     let gateway = GatewayConfig {
         api_key,
+        api_keys,
         admin_key,
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         request_timeout: (args.request_timeout_s > 0)
@@ -329,6 +333,23 @@ fn parse_route(s: &str) -> Result<Route, String> {
 }
 
 /// The value of the environment variable a `--*-env` flag names (`None` without the flag).
+/// The keys of `--api-key-env`'s variable: split at commas, each trimmed.
+///
+/// # Errors
+/// An empty key in the list (two commas in a row, a trailing comma).
+fn api_keys(var: Option<String>) -> Result<Vec<String>, CliError> {
+    let Some(v) = var else {
+        return Ok(Vec::new());
+    };
+    let keys: Vec<String> = v.split(',').map(|k| k.trim().to_string()).collect();
+    if keys.iter().any(String::is_empty) {
+        return Err(fail(
+            "--api-key-env: the list holds an empty key (keys are separated by single commas)",
+        ));
+    }
+    Ok(keys)
+}
+
 fn key_from_env(flag: &str, var: Option<&str>) -> Result<Option<String>, CliError> {
     match var {
         None => Ok(None),

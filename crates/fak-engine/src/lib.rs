@@ -81,6 +81,12 @@ pub struct GenerateRequest {
     /// [`MAX_TOP_LOGPROBS`], else [`EngineError::InvalidRequest`]).
     /// `None` (the default): no logprobs.
     pub logprobs: Option<usize>,
+    /// Which partition of a driver's KV reuse cache the request may read and write
+    /// ([`prefix::Partition::new`] of this name): requests share cached prefixes, and
+    /// so learn anything from `cached_tokens`, only within one partition. The gateway
+    /// names it after the API key the request authenticated with and the request's
+    /// `cache_salt`; `""` (the default): the partition of requests with neither.
+    pub cache_partition: String,
     /// The client's request as it came on the wire, for a driver that forwards it
     /// ([`EngineDriver::forwards_client_body`]); `None` for every other driver. The
     /// fields above still describe the same request (the gateway parsed them from it).
@@ -138,6 +144,7 @@ impl GenerateRequest {
             tools: Vec::new(),
             tool_choice: ToolChoice::Auto,
             logprobs: None,
+            cache_partition: String::new(),
             raw: None,
         }
     }
@@ -326,22 +333,64 @@ pub struct EngineStats {
     pub upstreams_healthy: usize,
 }
 
-/// The receiving end of one generation. Dropping it cancels the generation.
+/// The receiving end of one generation. Dropping it cancels the generation: it trips
+/// the generation's [`CancelHandle`], which the in-kernel driver checks between
+/// prefill chunks and before every decode step.
 #[derive(Debug)]
 pub struct EventStream {
     rx: mpsc::UnboundedReceiver<EngineEvent>,
+    cancel: CancelHandle,
 }
 
 /// The sending end a driver's worker holds.
 #[derive(Clone, Debug)]
 pub struct EventSink {
     tx: mpsc::UnboundedSender<EngineEvent>,
+    cancel: CancelHandle,
+}
+
+/// A flag that asks one generation to stop: tripped when its [`EventStream`] is
+/// dropped (the client went away, the request's time limit passed) or by
+/// [`CancelHandle::cancel`]. Cloning shares the flag.
+#[derive(Clone, Debug, Default)]
+pub struct CancelHandle(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl CancelHandle {
+    /// Asks the generation to stop (at its next check: within one prefill chunk or one
+    /// decode step for the in-kernel driver).
+    pub fn cancel(&self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether it was asked to stop.
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// The flag itself, for code that polls an `AtomicBool` (such as
+    /// [`fak_kv::generate_text_with_logprobs`]).
+    pub fn flag(&self) -> &std::sync::atomic::AtomicBool {
+        &self.0
+    }
 }
 
 /// A connected sink and stream.
 pub fn event_channel() -> (EventSink, EventStream) {
     let (tx, rx) = mpsc::unbounded_channel();
-    (EventSink { tx }, EventStream { rx })
+    let cancel = CancelHandle::default();
+    (
+        EventSink {
+            tx,
+            cancel: cancel.clone(),
+        },
+        EventStream { rx, cancel },
+    )
+}
+
+impl Drop for EventStream {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
 }
 
 impl EventSink {
@@ -353,6 +402,12 @@ impl EventSink {
     /// Whether the stream was dropped.
     pub fn is_closed(&self) -> bool {
         self.tx.is_closed()
+    }
+
+    /// The generation's cancel flag: tripped once the stream is dropped or its
+    /// [`EventStream::cancel_handle`] is used.
+    pub fn cancel_handle(&self) -> &CancelHandle {
+        &self.cancel
     }
 
     /// Resolves once the stream is dropped (for drivers that wait on I/O).
@@ -432,6 +487,12 @@ impl EventStream {
     /// The next event, or `None` once the driver is done (or its worker died).
     pub async fn next(&mut self) -> Option<EngineEvent> {
         self.rx.recv().await
+    }
+
+    /// A handle that stops this generation without dropping the stream (a driver
+    /// checks it as it checks for a dropped stream).
+    pub fn cancel_handle(&self) -> CancelHandle {
+        self.cancel.clone()
     }
 
     /// The next event, blocking the thread. Must not be called from async code.

@@ -22,7 +22,9 @@
 //! logprob. The record is sent just before the word's `Text`. Generation stops after the
 //! reply (finish `stop`), at `max_tokens` (`length`) or before a stop string (`stop`,
 //! the text before it kept). Cached tokens: the longest word prefix shared with the
-//! previous request's prompt plus reply, minus one, as the in-kernel driver reports.
+//! previous request's prompt plus reply, minus one, as the in-kernel driver reports; 0
+//! when the previous request was of another cache partition
+//! ([`crate::GenerateRequest::cache_partition`]).
 //! A per-word delay (see [`MockDriver::with_delay`]) makes streams last; each generation
 //! runs on its own thread, stopping as soon as its stream is dropped.
 
@@ -62,7 +64,7 @@ pub struct MockDriver {
     delay: Duration,
     max_active: usize,
     active: Arc<AtomicUsize>,
-    last: Mutex<Vec<String>>,
+    last: Mutex<(String, Vec<String>)>,
 }
 
 impl Default for MockDriver {
@@ -79,7 +81,7 @@ impl MockDriver {
             delay: Duration::ZERO,
             max_active: usize::MAX,
             active: Arc::new(AtomicUsize::new(0)),
-            last: Mutex::new(Vec::new()),
+            last: Mutex::new((String::new(), Vec::new())),
         }
     }
 
@@ -249,15 +251,20 @@ impl EngineDriver for MockDriver {
         let parser = matches!(req.prompt, Prompt::Chat(_)).then(|| ToolCallParser::new(""));
         let cached = {
             let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-            let common = last
-                .iter()
-                .zip(&words)
-                .take_while(|(a, b)| a == b)
-                .count()
-                .min(words.len().saturating_sub(1));
+            // Only a request of the same cache partition reuses the last one's words.
+            let common = if last.0 == req.cache_partition {
+                last.1
+                    .iter()
+                    .zip(&words)
+                    .take_while(|(a, b)| a == b)
+                    .count()
+                    .min(words.len().saturating_sub(1))
+            } else {
+                0
+            };
             let mut kept = words.clone();
             kept.extend(reply.iter().cloned());
-            *last = kept;
+            *last = (req.cache_partition.clone(), kept);
             common
         };
         let (sink, stream) = event_channel();

@@ -142,10 +142,11 @@ impl<T> Trie<T> {
     }
 
     /// The longest prefix `prompt[..limit]` shares with a kept entry, and the most
-    /// recently used entry sharing it (marked used); `None` when nothing is shared.
-    fn lookup(&mut self, prompt: &[u32], limit: usize) -> Option<(&T, usize)> {
+    /// recently used entry sharing it (marked used); `None` when it is no longer than
+    /// `floor` tokens (the partition's tag, see [`Partition`]; 0: nothing shared).
+    fn lookup(&mut self, prompt: &[u32], limit: usize, floor: usize) -> Option<(&T, usize)> {
         let (n, depth) = self.walk(&prompt[..limit.min(prompt.len())]);
-        if depth == 0 {
+        if depth <= floor {
             return None;
         }
         self.tick += 1;
@@ -288,10 +289,52 @@ impl Span {
     }
 }
 
-/// A kept session and its ledger.
+/// A kept session, its ledger and its partition.
 struct Kept {
     session: Arc<Session>,
     ledger: Vec<Span>,
+    partition: Partition,
+}
+
+/// Which requests may share cached KV: a lookup only finds sessions kept in its own
+/// partition, so a request's `cached_tokens` never tells anything about another
+/// partition's prompts. The gateway derives it from the API key a request authenticated
+/// with and the request's `cache_salt` (see `GenerateRequest::cache_partition`).
+///
+/// In the trie a partition is a tag of [`Partition::TAG_LEN`] leading ids (128 bits of
+/// the sha256 of its name) before the token ids, so all partitions share one byte
+/// budget and one LRU order, and a revocation reaches every partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Partition([u32; Partition::TAG_LEN]);
+
+impl Partition {
+    /// Ids the tag takes.
+    pub const TAG_LEN: usize = 4;
+
+    /// The partition named `name` (any string; equal names, equal partitions).
+    pub fn new(name: &str) -> Self {
+        let hex = fak_ctxmmu::digest(name);
+        let mut tag = [0u32; Self::TAG_LEN];
+        for (i, t) in tag.iter_mut().enumerate() {
+            *t = u32::from_str_radix(&hex[8 * i..8 * i + 8], 16).unwrap_or(0);
+        }
+        Partition(tag)
+    }
+
+    /// The trie key of `ids` in this partition: the tag, then the ids.
+    fn key(&self, ids: &[u32]) -> Vec<u32> {
+        let mut k = Vec::with_capacity(Self::TAG_LEN + ids.len());
+        k.extend_from_slice(&self.0);
+        k.extend_from_slice(ids);
+        k
+    }
+}
+
+impl Default for Partition {
+    /// The partition of the empty name: requests with no key and no salt.
+    fn default() -> Self {
+        Partition::new("")
+    }
 }
 
 /// Recent sessions in a token-id prefix tree: longest-prefix lookup, LRU within a byte
@@ -334,15 +377,22 @@ impl PrefixCache {
         self.trie.bytes
     }
 
-    /// The kept session sharing the longest prefix with `prompt` (ties: the most
-    /// recently used), if it shares at least one token. Marks it used. The shared
-    /// prefix counts at most `prompt.len() - 1` tokens. Costs O(`prompt.len()`).
+    /// [`PrefixCache::lookup_in`] the default partition.
     pub fn lookup(&mut self, prompt: &[u32]) -> Option<Hit> {
-        let limit = prompt.len().saturating_sub(1);
-        let (kept, reuse) = self.trie.lookup(prompt, limit)?;
+        self.lookup_in(&Partition::default(), prompt)
+    }
+
+    /// The session kept in `partition` sharing the longest prefix with `prompt` (ties:
+    /// the most recently used), if it shares at least one token. Marks it used. The
+    /// shared prefix counts at most `prompt.len() - 1` tokens. Sessions of other
+    /// partitions are never found. Costs O(`prompt.len()`).
+    pub fn lookup_in(&mut self, partition: &Partition, prompt: &[u32]) -> Option<Hit> {
+        let key = partition.key(prompt);
+        let limit = key.len().saturating_sub(1);
+        let (kept, depth) = self.trie.lookup(&key, limit, Partition::TAG_LEN)?;
         Some(Hit {
             session: Arc::clone(&kept.session),
-            reuse,
+            reuse: depth - Partition::TAG_LEN,
         })
     }
 
@@ -411,28 +461,38 @@ impl PrefixCache {
         Some(Kept {
             session: Arc::new(session),
             ledger,
+            partition: k.partition,
         })
     }
 
     fn keep(&mut self, k: Kept) {
+        if k.session.ids().is_empty() {
+            return;
+        }
         let bytes = k.session.cache().bytes_used();
-        let ids = k.session.ids().to_vec();
-        self.trie.insert(&ids, k, bytes);
+        let key = k.partition.key(k.session.ids());
+        self.trie.insert(&key, k, bytes);
     }
 
-    /// Keeps `session`. Entries whose ids are a prefix of its ids are dropped (it covers
+    /// [`PrefixCache::insert_in`] the default partition.
+    pub fn insert(&mut self, session: Session, ledger: Vec<Span>) {
+        self.insert_in(&Partition::default(), session, ledger);
+    }
+
+    /// Keeps `session` in `partition`. Entries of the partition whose ids are a prefix of its ids are dropped (it covers
     /// them); if it is itself a prefix of kept entries, the most recently used of them
     /// is only marked used. Then least-recently-used entries go until the budget
     /// holds; a session larger than the whole budget is not kept.
     ///
     /// `ledger` says where the session's tool results sit; a session holding revoked
     /// content is cut before it first (see [`PrefixCache::revoke`]).
-    pub fn insert(&mut self, mut session: Session, ledger: Vec<Span>) {
+    pub fn insert_in(&mut self, partition: &Partition, mut session: Session, ledger: Vec<Span>) {
         // Kept to be copied, never stepped: its forward-pass buffers are not needed.
         session.release_buffers();
         let k = Kept {
             session: Arc::new(session),
             ledger,
+            partition: *partition,
         };
         if let Some(k) = self.cut(k) {
             self.keep(k);
@@ -530,7 +590,7 @@ mod tests {
     /// Looks `prompt` up with the cache's limit (`prompt.len() - 1`).
     fn get(t: &mut Trie<char>, prompt: &[u32]) -> Option<(char, usize)> {
         let r = t
-            .lookup(prompt, prompt.len().saturating_sub(1))
+            .lookup(prompt, prompt.len().saturating_sub(1), 0)
             .map(|(v, n)| (*v, n));
         check(t);
         r
@@ -710,7 +770,7 @@ mod tests {
                 shrank += usize::from(t.len() < before);
             } else {
                 let got = t
-                    .lookup(&ids, ids.len().saturating_sub(1))
+                    .lookup(&ids, ids.len().saturating_sub(1), 0)
                     .map(|(v, n)| (*v, n));
                 assert_eq!(got, r.lookup(&ids), "step {step}: lookup {ids:?}");
                 hits += usize::from(got.is_some());

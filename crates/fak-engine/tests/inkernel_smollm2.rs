@@ -420,3 +420,173 @@ fn revoking_a_cached_tool_result_leaves_the_cache_of_a_stub_from_the_start() {
     assert_eq!(r, fak_engine::RevokeReport::default());
     assert_eq!(off.kept_sessions()[0].len(), before);
 }
+
+/// A conversation of `n` answered tool calls.
+fn tool_results(n: usize) -> Vec<Message> {
+    let mut v = vec![Message::new("user", "Look up the weather many times.")];
+    for k in 0..n {
+        let mut call = Message::new("assistant", "");
+        call.tool_calls = Some(
+            serde_json::json!([{"id": format!("c{k}"), "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]),
+        );
+        let mut res = Message::new("tool", &format!("Sunny, {k} C, wind 3 km/h, no rain."));
+        res.tool_call_id = Some(format!("c{k}"));
+        v.push(call);
+        v.push(res);
+    }
+    v
+}
+
+/// `submit(req)` on another thread; its result if it comes within `limit`, else a
+/// failure naming how long it ran (the thread is left to finish).
+fn submit_within(
+    d: &Arc<InKernelDriver>,
+    req: GenerateRequest,
+    limit: std::time::Duration,
+) -> (
+    Result<fak_engine::EventStream, fak_engine::EngineError>,
+    std::time::Duration,
+) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let d = Arc::clone(d);
+    let t0 = std::time::Instant::now();
+    std::thread::spawn(move || {
+        let _ = tx.send(d.submit(req));
+    });
+    let r = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("no answer to submit within {limit:?}"));
+    (r, t0.elapsed())
+}
+
+/// A request too big for the context is refused before the work grows with it: 10,000
+/// tool results (over the message cap) and 3,000 (under it, ~100k tokens) are each
+/// refused within seconds. Before, every tool result re-encoded the conversation before
+/// it, before any length check: 1,000 results took ~25 s and 10,000 ran for hours.
+#[test]
+fn an_overlong_tool_conversation_is_refused_in_bounded_time() {
+    let Some(d) = driver(0, 1) else { return };
+    let d = Arc::new(d);
+    for n in [10_000, 3_000] {
+        let (r, took) = submit_within(
+            &d,
+            GenerateRequest::chat(tool_results(n)),
+            std::time::Duration::from_secs(10),
+        );
+        let e = r.unwrap_err();
+        assert!(
+            matches!(
+                e,
+                fak_engine::EngineError::InvalidRequest(_)
+                    | fak_engine::EngineError::ContextOverflow { .. }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("8192"), "{e}");
+        println!("{n} tool results: refused in {took:?}: {e}");
+        assert!(took < std::time::Duration::from_secs(5), "{n}: {took:?}");
+    }
+    // A long prompt of few messages is refused before it is tokenized.
+    let big = "word ".repeat(2_000_000);
+    let (r, took) = submit_within(
+        &d,
+        GenerateRequest::chat(vec![Message::new("user", &big)]),
+        std::time::Duration::from_secs(10),
+    );
+    let e = r.unwrap_err().to_string();
+    assert!(e.contains("bytes of text") && e.contains("8192"), "{e}");
+    println!("10 MB prompt: refused in {took:?}");
+}
+
+/// A prompt of about `tokens` tokens (each word one token).
+fn long_prompt(tokens: usize) -> Vec<Message> {
+    let text: String = (0..tokens)
+        .map(|k| [" apple", " river", " stone"][k % 3])
+        .collect();
+    vec![Message::new("user", &text)]
+}
+
+/// Dropping a request's stream while its long prompt is being prefilled frees the
+/// single slot within one prefill batch (512 tokens), not after the whole prefill:
+/// the next request is answered in well under the time the prefill takes. Before, the
+/// prefill ran to its end (the drop was seen only at the first token).
+#[test]
+fn a_dropped_stream_stops_its_prefill_within_a_batch() {
+    let Some(d) = driver(0, 1) else { return };
+    let long = greedy(long_prompt(2500), 1);
+    let short = greedy(messages(&e2e_cases()[0]), 4);
+    let t = std::time::Instant::now();
+    let c = d.submit(long.clone()).unwrap().blocking_collect().unwrap();
+    let full = t.elapsed();
+    let long_tokens = c.prompt_tokens;
+    assert!(long_tokens > 2000, "{long_tokens}");
+    let mut s = d.submit(long).unwrap();
+    assert!(matches!(s.blocking_next(), Some(EngineEvent::Start { .. })));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    drop(s);
+    let t = std::time::Instant::now();
+    d.submit(short).unwrap().blocking_collect().unwrap();
+    let next = t.elapsed();
+    println!("prefill of {long_tokens} tokens {full:?}; next request after a drop {next:?}");
+    assert!(
+        next < full / 2,
+        "the next request waited {next:?}, the whole prefill takes {full:?}"
+    );
+}
+
+/// The resident set of this process, bytes (Linux `/proc/self/status` `VmRSS`).
+fn rss_bytes() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: usize = s
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// A model whose metadata claims a context of 2^24 tokens loads and serves: KV is
+/// reserved as tokens arrive, not for the whole claimed context. Before, the driver's
+/// empty session reserved the whole context (about 1.2 TB for SmolLM2's shape) and the
+/// process aborted.
+#[test]
+fn a_model_claiming_a_2_pow_24_context_serves_with_kv_reserved_as_used() {
+    let Some(path) = smollm2_path() else { return };
+    let mut m = Model::load(&path).unwrap();
+    m.set_max_position_embeddings(1 << 24);
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let before = rss_bytes();
+    let d = InKernelDriver::from_loaded(
+        Arc::new(m),
+        tok,
+        tmpl,
+        "big",
+        EngineConfig {
+            kv_budget_bytes: 256 << 20,
+            ..EngineConfig::default()
+        },
+    );
+    assert_eq!(d.models()[0].context_length, 1 << 24);
+    let case = &e2e_cases()[0];
+    let c = d
+        .submit(greedy(messages(case), 8))
+        .unwrap()
+        .blocking_collect()
+        .unwrap();
+    assert!(case["text"]
+        .as_str()
+        .unwrap()
+        .starts_with(c.text.trim_end()));
+    let kept = &d.kept_sessions()[0];
+    let per_token = kept.cache().bytes_per_token();
+    assert!(
+        kept.cache().bytes_reserved() <= 2 * kept.len() * per_token,
+        "{} bytes reserved for {} tokens",
+        kept.cache().bytes_reserved(),
+        kept.len()
+    );
+    let grew = rss_bytes().saturating_sub(before);
+    println!("RSS grew {} MB serving a 2^24-context model", grew >> 20);
+    assert!(grew < 1 << 30, "RSS grew {} MB", grew >> 20);
+}

@@ -78,3 +78,44 @@ fn new_sessions_reserve_nothing_up_front() {
     assert_eq!(fresh.cache().bytes_reserved(), 0);
     assert_eq!(fresh.cache().capacity(), empty.cache().capacity());
 }
+
+/// A session kept in one partition is never found from another, even for the same
+/// prompt; within its partition it is; a revocation reaches every partition.
+#[test]
+fn partitions_share_nothing_and_revocation_reaches_them_all() {
+    use fak_engine::prefix::{Partition, Span};
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    let (alice, bob) = (Partition::new("key:a"), Partition::new("key:b"));
+    assert_ne!(alice, bob);
+    assert_eq!(alice, Partition::new("key:a"));
+    let mut c = PrefixCache::new(usize::MAX);
+    let ids: Vec<u32> = (1..=12).collect();
+    let span = |digest: &str| Span {
+        digest: digest.into(),
+        tool_call_id: None,
+        start: 6,
+    };
+    c.insert_in(&alice, filled(&empty, &ids), vec![span("x")]);
+    let prompt: Vec<u32> = (1..=10).chain([99]).collect();
+    assert!(
+        c.lookup_in(&bob, &prompt).is_none(),
+        "read across partitions"
+    );
+    assert!(
+        c.lookup(&prompt).is_none(),
+        "the default partition is another"
+    );
+    assert_eq!(c.lookup_in(&alice, &prompt).unwrap().reuse, 10);
+    // The same ids kept under two partitions are two entries.
+    c.insert_in(&bob, filled(&empty, &ids), vec![span("x")]);
+    assert_eq!(c.len(), 2);
+    assert_eq!(c.lookup_in(&bob, &prompt).unwrap().reuse, 10);
+    let r = c.revoke(&fak_engine::Revocation {
+        digest: Some("x".into()),
+        tool_call_id: None,
+    });
+    assert_eq!(r.sessions, 2);
+    assert_eq!(c.lookup_in(&alice, &prompt).unwrap().reuse, 6);
+    assert_eq!(c.lookup_in(&bob, &prompt).unwrap().reuse, 6);
+}

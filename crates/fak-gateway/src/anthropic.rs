@@ -33,8 +33,8 @@ use crate::tools::{
     fak_field, offered_tools, screen_messages, Adjudicated,
 };
 use crate::{
-    body_bytes, constant_time_eq, finish, new_id, parse_json, positive, start, with_note, AppState,
-    UsageNote,
+    body_bytes, cache_partition, constant_time_eq, finish, new_id, parse_json, positive, start,
+    with_note, AppState, UsageNote,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -89,6 +89,9 @@ struct MessagesRequest {
     stream: Option<bool>,
     tools: Option<Value>,
     tool_choice: Option<Value>,
+    /// vLLM's prefix-cache salt, accepted on this wire too: only requests with the same
+    /// salt (and API key) share a cached prefix.
+    cache_salt: Option<String>,
 }
 
 fn bad(msg: String) -> ApiError {
@@ -347,10 +350,8 @@ fn passed_on_headers(s: &AppState, headers: &HeaderMap) -> Vec<(String, String)>
                 continue;
             };
             let ours = name == "x-api-key"
-                && s.config
-                    .api_key
-                    .as_ref()
-                    .is_some_and(|k| constant_time_eq(k.as_bytes(), v.as_bytes()));
+                && (s.config.api_key.iter().chain(&s.config.api_keys))
+                    .any(|k| constant_time_eq(k.as_bytes(), v.as_bytes()));
             if !ours {
                 out.push((name.to_string(), v.to_string()));
             }
@@ -452,6 +453,7 @@ pub(crate) async fn messages(
         tools,
         tool_choice,
         logprobs: None,
+        cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is

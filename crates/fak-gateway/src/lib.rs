@@ -19,6 +19,11 @@
 //! | `POST /v1/fak/revoke` | fak | `{"tool_call_id"}` or `{"digest"}`: quarantine that content from now on and cut it out of every cached conversation |
 //! | `POST /v1/fak/policy/reload` | fak | read the `--policy` file again; an invalid one is a 400 and the old policy stays |
 //!
+//! KV reuse is partitioned: requests share a cached prefix (and see it in
+//! `cached_tokens` / `cache_read_input_tokens`) only when they authenticated with the same
+//! API key ([`GatewayConfig::api_key`], [`GatewayConfig::api_keys`]) and carry the same
+//! optional `cache_salt` (vLLM's field, on all three generation routes).
+//!
 //! Tool results: every inbound result (OpenAI `role: "tool"`, Anthropic `tool_result`)
 //! is screened by fak-ctxmmu before the engine sees it; a quarantined or paged-out one
 //! reaches the model as its stub, and the response's `fak.tool_results` says which.
@@ -78,6 +83,11 @@ pub struct GatewayConfig {
     /// When set, `/v1/*` requires `Authorization: Bearer KEY` or `x-api-key: KEY`.
     /// `/health` and `/metrics` stay open.
     pub api_key: Option<String>,
+    /// More keys accepted on `/v1/*` as [`GatewayConfig::api_key`] is (`fak serve
+    /// --api-key-env` with a comma-separated list: its first key is `api_key`, the rest
+    /// go here). Each key, `api_key` included, is its own partition of the engine's KV
+    /// reuse cache: requests made with different keys never share a cached prefix.
+    pub api_keys: Vec<String>,
     /// Largest request body, bytes; larger ones get 413.
     pub max_body_bytes: usize,
     /// Longest a `/v1/*` request may wait for its response, after which it gets 504
@@ -99,6 +109,7 @@ impl Default for GatewayConfig {
     fn default() -> Self {
         GatewayConfig {
             api_key: None,
+            api_keys: Vec::new(),
             max_body_bytes: 8 << 20,
             request_timeout: Some(Duration::from_secs(600)),
             admin_key: None,
@@ -265,30 +276,86 @@ async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> R
 }
 
 async fn auth(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    // The operator routes take the admin key when one is set, else the API key.
-    let key = if req.uri().path().starts_with("/v1/fak/") {
-        s.config.admin_key.as_ref().or(s.config.api_key.as_ref())
-    } else {
-        s.config.api_key.as_ref()
-    };
-    if let Some(key) = key {
-        let h = req.headers();
-        let given = h
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| {
-                // The scheme is case-insensitive (RFC 9110 §11.1).
-                let (scheme, token) = v.split_once(' ')?;
-                scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
-            })
-            .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()));
-        if !given.is_some_and(|g| constant_time_eq(g.as_bytes(), key.as_bytes())) {
-            return ApiError::unauthorized()
-                .with_flavor(Flavor::of_path(req.uri().path()))
-                .into_response();
+    // The operator routes take the admin key when one is set, else the API keys.
+    let ok = if req.uri().path().starts_with("/v1/fak/") {
+        match &s.config.admin_key {
+            Some(admin) => presented_key(req.headers())
+                .is_some_and(|g| constant_time_eq(g.as_bytes(), admin.as_bytes())),
+            None => matching_key(&s.config, req.headers()).is_ok(),
         }
+    } else {
+        matching_key(&s.config, req.headers()).is_ok()
+    };
+    if !ok {
+        return ApiError::unauthorized()
+            .with_flavor(Flavor::of_path(req.uri().path()))
+            .into_response();
     }
     next.run(req).await
+}
+
+/// The key a request presents: `Authorization: Bearer KEY` (the scheme
+/// case-insensitive, RFC 9110 §11.1), else `x-api-key: KEY`.
+fn presented_key(h: &header::HeaderMap) -> Option<&str> {
+    h.get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, token) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+        })
+        .or_else(|| h.get("x-api-key").and_then(|v| v.to_str().ok()))
+}
+
+/// Which configured API key the request presents: `Ok(None)` when none is configured
+/// (every request is let in), `Ok(Some(key))` for a match, `Err(())` otherwise. Every
+/// configured key is compared, each without an early exit.
+fn matching_key<'a>(
+    config: &'a GatewayConfig,
+    h: &header::HeaderMap,
+) -> Result<Option<&'a str>, ()> {
+    let mut keys = config.api_key.iter().chain(&config.api_keys).peekable();
+    if keys.peek().is_none() {
+        return Ok(None);
+    }
+    let given = presented_key(h).ok_or(())?;
+    keys.fold(None, |found, k| {
+        let eq = constant_time_eq(given.as_bytes(), k.as_bytes());
+        found.or(eq.then_some(k.as_str()))
+    })
+    .map(Some)
+    .ok_or(())
+}
+
+/// The KV reuse cache partition of a request ([`GenerateRequest::cache_partition`]):
+/// named after the API key it authenticated with (the key's sha256, never the key; no
+/// key configured: one partition for all) and its `cache_salt` (vLLM's field: a secret
+/// the client chooses, so that only requests carrying the same salt share a cached
+/// prefix). Requests share a prefix only when both are equal.
+///
+/// # Errors
+/// 400 for an empty `cache_salt` (as vLLM answers).
+fn cache_partition(
+    s: &AppState,
+    h: &header::HeaderMap,
+    salt: Option<&str>,
+    flavor: Flavor,
+) -> Result<String, ApiError> {
+    if salt == Some("") {
+        return Err(
+            ApiError::bad_request("cache_salt must be a non-empty string when given")
+                .with_flavor(flavor),
+        );
+    }
+    let key = matching_key(&s.config, h)
+        .ok()
+        .flatten()
+        .map(fak_ctxmmu::digest)
+        .unwrap_or_default();
+    // The key part is hex or empty, so the separator keeps the two apart.
+    Ok(match salt {
+        Some(salt) => format!("key:{key}\nsalt:{salt}"),
+        None => format!("key:{key}"),
+    })
 }
 
 /// Answers 504 when the response (its head, for a stream) takes longer than

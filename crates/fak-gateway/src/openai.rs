@@ -46,8 +46,8 @@ use crate::tools::{
     screen_messages, Adjudicated,
 };
 use crate::{
-    finish, new_id, parse_body, positive, prompt_counts, start, unix_now, with_note, AppState,
-    Started, StreamLog, UsageNote,
+    cache_partition, finish, new_id, parse_body, positive, prompt_counts, start, unix_now,
+    with_note, AppState, Started, StreamLog, UsageNote,
 };
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -126,6 +126,9 @@ struct ChatRequest {
     inert: Inert,
     functions: Option<Value>,
     function_call: Option<Value>,
+    /// vLLM's prefix-cache salt: only requests with the same salt (and API key) share
+    /// a cached prefix.
+    cache_salt: Option<String>,
 }
 
 /// Sampling controls fak does not implement. Each is accepted only at the value that
@@ -192,6 +195,8 @@ struct CompletionRequest {
     echo: Option<bool>,
     logprobs: Option<Value>,
     suffix: Option<String>,
+    /// As [`ChatRequest::cache_salt`].
+    cache_salt: Option<String>,
     #[serde(flatten)]
     inert: Inert,
 }
@@ -533,6 +538,7 @@ pub(crate) async fn chat_completions(
         tools,
         tool_choice,
         logprobs,
+        cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw: None,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
@@ -812,6 +818,7 @@ fn chat_stream(
 /// `POST /v1/completions`: a plain prompt, no chat template.
 pub(crate) async fn completions(
     State(s): State<AppState>,
+    headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Response, ApiError> {
     let r: CompletionRequest = parse_body(&s, body, F)?;
@@ -845,6 +852,7 @@ pub(crate) async fn completions(
         tools: Vec::new(),
         tool_choice: ToolChoice::None,
         logprobs,
+        cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw: None,
     };
     let started = start(&s, req, F, "/v1/completions").await?;

@@ -11,7 +11,7 @@ mod common;
 
 use common::{post, start, Server};
 use fak_engine::inkernel::InKernelDriver;
-use fak_engine::EngineConfig;
+use fak_engine::{EngineConfig, EngineDriver};
 use fak_gateway::GatewayConfig;
 use fak_model::{catalog, load_text, Model};
 use serde_json::{json, Value};
@@ -214,4 +214,209 @@ fn a_result_quarantined_on_arrival_continues_as_the_stub_from_the_start() {
         chat_text(&r),
         "the poison should change the output"
     );
+}
+
+/// POSTs `body` to `path` presenting `key` as a bearer key.
+fn post_as(addr: std::net::SocketAddr, key: &str, path: &str, body: &Value) -> common::Resp {
+    let auth = format!("Bearer {key}");
+    common::request(
+        addr,
+        "POST",
+        path,
+        &[("authorization", auth.as_str())],
+        body.to_string().as_bytes(),
+    )
+}
+
+/// The KV cache is partitioned by API key and `cache_salt`: a client never reads
+/// another partition's prompt through `cached_tokens`, while requests of one partition
+/// still share their prefix. Before the partitions, the second client below got the
+/// first one's system prompt as cached tokens.
+#[test]
+fn cached_prompts_are_shared_only_within_a_key_and_salt() {
+    let Some((path, m)) = model() else { return };
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        kv_budget_bytes: 256 << 20,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
+    let srv = start(
+        Arc::new(d),
+        GatewayConfig {
+            api_key: Some("key-alice".into()),
+            api_keys: vec!["key-bob".into()],
+            ..GatewayConfig::default()
+        },
+    );
+    let system = "You are the support bot of Example Corp. The door PIN is 4721. Never say it.";
+    let chat = |question: &str, salt: Option<&str>| {
+        let mut b = json!({"model": ID, "temperature": 0, "max_tokens": 2, "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": question}]});
+        if let Some(s) = salt {
+            b["cache_salt"] = json!(s);
+        }
+        b
+    };
+    let cached = |r: common::Resp| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    let chat_path = "/v1/chat/completions";
+    assert_eq!(
+        cached(post_as(
+            srv.addr,
+            "key-alice",
+            chat_path,
+            &chat("Hi.", None)
+        )),
+        0
+    );
+    // Another key: nothing of alice's prompt is found.
+    assert_eq!(
+        cached(post_as(
+            srv.addr,
+            "key-bob",
+            chat_path,
+            &chat("What is the PIN?", None)
+        )),
+        0,
+        "a client read another key's cached prompt"
+    );
+    // The same key: the shared system prompt is reused.
+    let alice_again = cached(post_as(
+        srv.addr,
+        "key-alice",
+        chat_path,
+        &chat("Hello?", None),
+    ));
+    assert!(alice_again > 20, "cached {alice_again}");
+    // A salt is a partition of its own, even under the same key ...
+    assert_eq!(
+        cached(post_as(
+            srv.addr,
+            "key-alice",
+            chat_path,
+            &chat("Hi.", Some("s3cret-1"))
+        )),
+        0
+    );
+    assert_eq!(
+        cached(post_as(
+            srv.addr,
+            "key-alice",
+            chat_path,
+            &chat("Hi.", Some("s3cret-2"))
+        )),
+        0
+    );
+    // ... shared by the requests that carry it.
+    assert!(
+        cached(post_as(
+            srv.addr,
+            "key-alice",
+            chat_path,
+            &chat("Hey.", Some("s3cret-1"))
+        )) > 20
+    );
+    // The Anthropic wire takes the same field.
+    let messages = |question: &str, salt: &str| {
+        json!({"model": ID, "max_tokens": 2, "temperature": 0, "system": system,
+            "cache_salt": salt, "messages": [{"role": "user", "content": question}]})
+    };
+    let read = |r: common::Resp| {
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["usage"]["cache_read_input_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        read(post_as(
+            srv.addr,
+            "key-bob",
+            "/v1/messages",
+            &messages("Hi.", "s3cret-1")
+        )),
+        0,
+        "the same salt under another key is another partition"
+    );
+    assert!(
+        read(post_as(
+            srv.addr,
+            "key-bob",
+            "/v1/messages",
+            &messages("Yo.", "s3cret-1")
+        )) > 20
+    );
+    // An empty salt is refused, as vLLM does.
+    let r = post_as(srv.addr, "key-bob", chat_path, &chat("Hi.", Some("")));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("cache_salt"), "{}", r.body);
+    // Both keys are accepted, any other refused.
+    assert_eq!(
+        post_as(srv.addr, "key-eve", chat_path, &chat("Hi.", None)).status,
+        401
+    );
+}
+
+/// A request whose time limit passes while its long prompt is being prefilled gets 504
+/// and frees its slot within one prefill batch, in well under the time the whole
+/// prefill takes; the next request is then served. Before, the prefill ran to its end after the
+/// 504, holding the only slot.
+#[test]
+fn a_timed_out_prefill_frees_its_slot_within_a_batch() {
+    let Some((path, m)) = model() else { return };
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        kv_budget_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let d = Arc::new(InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg));
+    let srv = start(
+        Arc::clone(&d) as Arc<dyn EngineDriver>,
+        GatewayConfig {
+            request_timeout: Some(std::time::Duration::from_secs(1)),
+            ..GatewayConfig::default()
+        },
+    );
+    // About 2,500 tokens (each word one token).
+    let text: String = (0..2500)
+        .map(|k| [" apple", " river", " stone"][k % 3])
+        .collect();
+    let long = json!({"model": ID, "temperature": 0, "max_tokens": 1,
+        "messages": [{"role": "user", "content": text}]});
+    // Streamed, so that its own time is not limited (on a loaded machine its prefill
+    // alone may pass 1 s).
+    let short = json!({"model": ID, "temperature": 0, "max_tokens": 4, "stream": true,
+        "messages": [{"role": "user", "content": "Hi."}]});
+    // The whole prefill, measured with a stream (the limit covers only its start).
+    let mut streamed = long.clone();
+    streamed["stream"] = json!(true);
+    let t = std::time::Instant::now();
+    let r = post(srv.addr, "/v1/chat/completions", &streamed);
+    let full = t.elapsed();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        full > std::time::Duration::from_secs(2),
+        "the prefill took {full:?}: too short to show anything"
+    );
+    let r = post(srv.addr, "/v1/chat/completions", &long);
+    assert_eq!(r.status, 504, "{}", r.body);
+    // The slot comes free within a batch of the prefill.
+    let t = std::time::Instant::now();
+    while d.stats().active > 0 {
+        assert!(
+            t.elapsed() < full / 2,
+            "the slot was still busy after {:?}; the whole prefill takes {full:?}",
+            t.elapsed()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let freed = t.elapsed();
+    let r = post(srv.addr, "/v1/chat/completions", &short);
+    assert_eq!(r.status, 200, "{}", r.body);
+    println!("whole prefill {full:?}; the slot was free {freed:?} after the 504");
 }

@@ -49,24 +49,30 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache shaped for `config`, holding at most `capacity` tokens, with its
-    /// buffers reserved up front (the pages are touched only as entries arrive).
+    /// Most entries [`KvCache::new`] reserves buffers for up front.
+    pub const RESERVED_TOKENS: usize = 8192;
+
+    /// An empty cache shaped for `config`, holding at most `capacity` tokens.
     /// `capacity` is capped at the model's context length, past which no entry can be
-    /// added (so a huge request reserves no more than the context needs).
+    /// added. Buffers for at most [`KvCache::RESERVED_TOKENS`] entries are reserved up
+    /// front (the pages are touched only as entries arrive); past that they grow as
+    /// entries arrive, so a model claiming a huge context (2^24 tokens) costs nothing
+    /// until tokens come.
     pub fn new(config: &Config, capacity: usize) -> Self {
         let capacity = capacity.min(config.max_position_embeddings);
+        let reserved = capacity.min(Self::RESERVED_TOKENS);
         let kv_dim = config.kv_dim();
         let n = config.num_hidden_layers;
         let buf = || {
             (0..n)
-                .map(|_| Vec::with_capacity(capacity * kv_dim))
+                .map(|_| Vec::with_capacity(reserved.saturating_mul(kv_dim)))
                 .collect()
         };
         KvCache {
             n_layers: n,
             kv_dim,
             capacity,
-            pos: Vec::with_capacity(capacity),
+            pos: Vec::with_capacity(reserved),
             k: buf(),
             k_raw: buf(),
             v: buf(),

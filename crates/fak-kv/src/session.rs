@@ -103,7 +103,7 @@ impl Session {
     /// budget: `capacity * cache().bytes_per_token()` bytes).
     pub fn with_capacity(model: Arc<Model>, capacity: usize) -> Self {
         let cache = KvCache::new(model.config(), capacity);
-        let ids = Vec::with_capacity(cache.capacity());
+        let ids = Vec::with_capacity(cache.capacity().min(KvCache::RESERVED_TOKENS));
         Session {
             model,
             cache,

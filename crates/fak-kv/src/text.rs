@@ -128,7 +128,10 @@ impl Release<'_> {
 }
 
 /// Prefills `new_ids` (may be empty if the session already holds logits), then generates
-/// until a stop token, a stop string, `max_tokens`, or `cancel`. Each piece of released
+/// until a stop token, a stop string, `max_tokens`, or `cancel`. `cancel` is checked
+/// between the prefill's batches of [`fak_model::Model::prefill_chunk`] tokens and
+/// before each decode step; a cancelled prefill returns
+/// [`FinishReason::Cancelled`] with no text, the session holding the batches that ran. Each piece of released
 /// text is passed to `on_text` as soon as it is complete: never half a UTF-8 character,
 /// never part of a stop string.
 ///
@@ -179,10 +182,33 @@ pub fn generate_text_with_logprobs(
     on_piece: &mut dyn FnMut(&str, &[TokenLogprob]),
 ) -> Result<TextOutput, SessionError> {
     let t0 = Instant::now();
+    let cancelled = || cancel.is_some_and(|c| c.load(Ordering::Relaxed));
     if new_ids.is_empty() {
         session.last_logits().ok_or(SessionError::NoLogits)?;
-    } else {
+    }
+    // The prefill runs in the model's own batches ([`fak_model::Model::prefill_chunk`]),
+    // one call each, so that `cancel` stops it between batches: the same passes the
+    // model runs for one call, so the same bits.
+    // A prompt the session would refuse goes in one call, so that the error comes
+    // before any batch runs and leaves the session unchanged, as one call does.
+    let chunk = session.model().prefill_chunk().max(1);
+    let cfg = session.model().config();
+    let room = (session.cache().capacity().saturating_sub(session.len())).min(
+        cfg.max_position_embeddings
+            .saturating_sub(session.cache().next_position() as usize),
+    );
+    let valid = new_ids.len() <= room && new_ids.iter().all(|&id| (id as usize) < cfg.vocab_size);
+    let mut prefilled = 0;
+    if !valid {
         session.prefill(new_ids)?;
+        prefilled = new_ids.len();
+    }
+    for piece in new_ids[prefilled..].chunks(chunk) {
+        if cancelled() {
+            break;
+        }
+        session.prefill(piece)?;
+        prefilled += piece.len();
     }
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut sampler = Sampler::new(params.sampling.clone());
@@ -208,8 +234,12 @@ pub fn generate_text_with_logprobs(
     let mut decoded = 0usize;
     let t1 = Instant::now();
     let mut stopped = false;
+    if prefilled < new_ids.len() {
+        out.finish_reason = FinishReason::Cancelled;
+        return Ok(out);
+    }
     while out.completion_ids.len() < params.max_tokens {
-        if cancel.is_some_and(|c| c.load(Ordering::Relaxed)) {
+        if cancelled() {
             out.finish_reason = FinishReason::Cancelled;
             break;
         }
