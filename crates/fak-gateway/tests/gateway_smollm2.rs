@@ -11,7 +11,7 @@ mod common;
 
 use common::{post, start, Server};
 use fak_engine::inkernel::InKernelDriver;
-use fak_engine::EngineConfig;
+use fak_engine::{EngineConfig, EngineDriver};
 use fak_gateway::GatewayConfig;
 use fak_model::{catalog, load_text, Model};
 use serde_json::{json, Value};
