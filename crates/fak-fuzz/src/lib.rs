@@ -39,6 +39,9 @@ pub mod targets;
 /// (counted as a crash).
 pub type Outcome = Result<String, String>;
 
+/// A target's run function: one input in, its outcome out.
+pub type RunFn = Box<dyn FnMut(&[u8]) -> Outcome>;
+
 /// One fuzz target.
 pub struct Target {
     /// Name used on the command line and in file names.
@@ -48,7 +51,7 @@ pub struct Target {
     /// Words a mutation may insert (control tokens, JSON syntax, template syntax).
     pub dictionary: Vec<Vec<u8>>,
     /// Runs one input.
-    pub run: Box<dyn FnMut(&[u8]) -> Outcome>,
+    pub run: RunFn,
 }
 
 /// Settings of one fuzz run.
@@ -252,7 +255,7 @@ impl Rng {
         Rng(seed)
     }
     /// The next 64 random bits.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -261,7 +264,7 @@ impl Rng {
     }
     /// A number in `0..n` (`n` > 0).
     pub fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        (self.next_u64() % n as u64) as usize
     }
 }
 
@@ -299,7 +302,7 @@ pub fn mutate(data: &mut Vec<u8>, other: &[u8], dict: &[Vec<u8>], rng: &mut Rng,
             }
             1 if len > 0 => {
                 let i = rng.below(len);
-                data[i] = rng.next() as u8;
+                data[i] = rng.next_u64() as u8;
             }
             2 | 3 if len > 0 => {
                 let width = [1usize, 2, 4, 8][rng.below(4)];
@@ -347,7 +350,7 @@ pub fn mutate(data: &mut Vec<u8>, other: &[u8], dict: &[Vec<u8>], rng: &mut Rng,
             _ => {
                 let at = rng.below(len + 1);
                 let k = 1 + rng.below(8);
-                let bytes: Vec<u8> = (0..k).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..k).map(|_| rng.next_u64() as u8).collect();
                 data.splice(at..at, bytes);
             }
         }

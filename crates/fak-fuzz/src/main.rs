@@ -54,9 +54,8 @@ fn main() -> ExitCode {
     } else {
         args.targets.clone()
     };
-    if !(args.secs.is_finite() && args.secs > 0.0)
-        || !(args.timeout_secs.is_finite() && args.timeout_secs > 0.0)
-    {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.secs) || !positive(args.timeout_secs) {
         eprintln!("fak-fuzz: --secs and --timeout-secs must be positive numbers of seconds");
         return ExitCode::FAILURE;
     }

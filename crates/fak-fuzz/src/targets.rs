@@ -4,7 +4,7 @@
 //! | --- | --- | --- | --- |
 //! | `gguf` | a file's bytes | `GgufFile::from_bytes`, every accessor and dequantization, `Tokenizer::from_gguf` | a parsed file's tensors lie inside it |
 //! | `safetensors` | a file's bytes | `SafetensorsFile::from_bytes`, every accessor, `tensor_f32` | a tensor's f32 count is its shape's product |
-//! | `tokenizer` | text (lossy UTF-8) and ids (u32 LE) | encode, encode with control tokens, decode, streaming decode, with SmolLM2's and Gemma 3's real tokenizers | plain `encode` never yields a control token; SmolLM2 (byte-level BPE) decodes its encoding back to the text |
+//! | `tokenizer` | text (lossy UTF-8) and ids (u32 LE) | encode, encode with control tokens, decode, streaming decode, with SmolLM2's and Gemma 3's real tokenizers | plain `encode` never yields a control token; decode takes every id in the vocabulary and refuses the others; streaming decode equals decode |
 //! | `chat` | a conversation (see [`conversation`]) | `ChatTemplate::render` and `encode` with SmolLM2's own template and the ChatML fallback (Gemma 3's file) | control-token text typed in message content yields no control token |
 //! | `gateway` | a route byte and a request body | `POST` to the router in process (`tower::ServiceExt::oneshot`) on the mock engine | every answer is 2xx or 4xx |
 //!
@@ -367,11 +367,9 @@ fn tokenizer_run(toks: &[(&'static str, Tokenizer, GgufFile)], data: &[u8]) -> O
         let back = t
             .decode(&ids, false)
             .map_err(|e| format!("{short}: decode of its own ids failed: {e}"))?;
-        if *short == "smollm2" && back != text {
-            return Err(format!(
-                "{short}: decode(encode(text)) != text: {text:?} -> {back:?}"
-            ));
-        }
+        // Not a property: SmolLM2's tokenizer drops C0 control characters and
+        // unassigned code points (decode(encode("a\u{4}b")) is "ab"), so text does not
+        // round-trip exactly.
         let with = t
             .encode_with_special(&text)
             .map_err(|e| format!("{short}: encode_with_special failed: {e}"))?;
