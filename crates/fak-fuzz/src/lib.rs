@@ -510,6 +510,15 @@ pub fn default_out_dir() -> PathBuf {
 mod tests {
     use super::*;
 
+    /// The panic counter is one per process, so the tests that panic on purpose run one
+    /// at a time (libtest runs tests in parallel threads of one process; a panic of one
+    /// test would otherwise count as a crash of the other's input).
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+
+    fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+        ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn opts(dir: &Path) -> Options {
         Options {
             duration: Duration::from_millis(300),
@@ -525,6 +534,7 @@ mod tests {
     /// and writes the input, so a CI run with a crash fails.
     #[test]
     fn a_panicking_input_is_counted_and_saved() {
+        let _serial = one_at_a_time();
         let dir = std::env::temp_dir().join(format!("fak-fuzz-test-{}", std::process::id()));
         let mut t = Target {
             name: "panics",
@@ -548,6 +558,7 @@ mod tests {
     /// A broken property (`Err`) counts as a crash; a panic on another thread counts too.
     #[test]
     fn errors_and_panics_on_other_threads_are_crashes() {
+        let _serial = one_at_a_time();
         let mut t = Target {
             name: "props",
             seeds: vec![],
