@@ -68,7 +68,7 @@ fn excerpt(s: &str) -> String {
 /// hidden in tag characters or variation selectors, the squashed text), on the text
 /// reversed and ROT13-rotated, and on every segment that decodes (base64, base32, hex,
 /// percent-encoding, HTML character references, `\u`/`\x` escapes) up to
-/// [`MAX_DECODE_DEPTH`] layers deep (base64 in base64, percent-encoding twice, ...).
+/// 3 layers deep (`MAX_DECODE_DEPTH`) (base64 in base64, percent-encoding twice, ...).
 ///
 /// The English rules key on structure rather than fixed strings: an imperative that
 /// sets something aside (ignore, disregard, forget, set aside, pay no attention to,
