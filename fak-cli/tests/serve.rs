@@ -2,49 +2,21 @@
 //! flags; on the real model its greedy HTTP answer equals `fak run --format json` for
 //! the same message, with exact weights and with `--weights native`.
 
+mod common;
+
+use common::Serve;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 fn fak() -> Command {
     Command::new(env!("CARGO_BIN_EXE_fak"))
 }
 
-/// A `fak serve` child; killed on drop.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(args: &[&str]) -> Serve {
-    let mut child = fak()
-        .arg("serve")
-        .args(["--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Serve { child, addr }
+    Serve::spawn(fak().arg("serve").args(["--port", "0"]).args(args))
 }
 
 /// One HTTP/1.1 request; returns (status, body). The server answers with a
@@ -596,22 +568,7 @@ fn serve_env(args: &[&str], envs: &[(&str, &str)]) -> Serve {
     for (k, v) in envs {
         cmd.env(k, v);
     }
-    let mut child = cmd
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
-    Serve { child, addr }
+    Serve::spawn(&mut cmd)
 }
 
 /// How many file descriptors process `pid` has open.

@@ -2,48 +2,27 @@
 //! revocation survives a restart (kill, start again), `--max-tool-result-kb` moves the
 //! page-out threshold, and the store and audit flags refuse bad values.
 
+mod common;
+
+use common::Serve;
 use serde_json::{json, Value};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-/// A `fak serve --engine mock` child on `home`; killed on drop.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn serve(home: &Path, args: &[&str]) -> Serve {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fak"))
-        .env("FAK_HOME", home)
-        .args(["serve", "--engine", "mock", "--port", "0"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let addr = line
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or_else(|| panic!("no address in {line:?}"))
-        .to_string();
+    let srv = Serve::spawn(
+        Command::new(env!("CARGO_BIN_EXE_fak"))
+            .env("FAK_HOME", home)
+            .args(["serve", "--engine", "mock", "--port", "0"])
+            .args(args),
+    );
+    let addr = &srv.addr;
     // Ready when /health answers 200.
     for _ in 0..600 {
-        let mut c = TcpStream::connect(&addr).unwrap();
+        let mut c = TcpStream::connect(addr).unwrap();
         let _ = write!(
             c,
             "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -55,7 +34,7 @@ fn serve(home: &Path, args: &[&str]) -> Serve {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    Serve { child, addr }
+    srv
 }
 
 /// One HTTP/1.1 POST; returns (status, body).
