@@ -1,10 +1,11 @@
 //! Measures the screen on the red-team and benign corpora of `testdata/ctxmmu/` (the
-//! project's corpus) and `testdata/ctxmmu/heldout/` (written after the detectors were
-//! frozen) and prints, for each, the catch rate (poisoned results quarantined) and the
+//! project's corpus), `testdata/ctxmmu/heldout/` (written after the detectors were
+//! frozen) and `testdata/ctxmmu/heldout2/` (written by someone who never read the
+//! detectors) and prints, for each, the catch rate (poisoned results quarantined) and the
 //! false-positive rate (benign results quarantined), by category, with the misses
 //! listed.
 //!
-//! `cargo run --release -p fak-ctxmmu --example corpus_report [-- --misses] [-- heldout]`
+//! `cargo run --release -p fak-ctxmmu --example corpus_report [-- --misses] [-- corpus|heldout|heldout2]`
 //!
 //! The numbers are a measurement, not a target: the detectors are heuristics.
 //! `crates/fak-ctxmmu/tests/corpus_rates.rs` holds the measured figures as floors.
@@ -32,17 +33,23 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with("--"))
         .collect();
-    for (set, title) in [("", "project corpus"), ("heldout", "held-out set")] {
+    // The key that names a poisoned line's category: the first two sets put it in
+    // `expect`, heldout2 in `category` (its `expect` is always "quarantine").
+    for (set, title, poison_key) in [
+        ("", "project corpus", "expect"),
+        ("heldout", "held-out set", "expect"),
+        ("heldout2", "second held-out set", "category"),
+    ] {
         let name = if set.is_empty() { "corpus" } else { set };
         if only.is_empty() || only.iter().any(|o| o == name) {
             println!("== {title} (testdata/ctxmmu/{set})");
-            report(set, show);
+            report(set, poison_key, show);
             println!();
         }
     }
 }
 
-fn report(set: &str, show: bool) {
+fn report(set: &str, poison_key: &str, show: bool) {
     let mut screen = Screen::new(ScreenConfig::default());
     let mut run = |file: &str, key: &str| {
         let mut by: BTreeMap<String, (usize, usize)> = BTreeMap::new();
@@ -66,7 +73,7 @@ fn report(set: &str, show: bool) {
         }
         (by, flagged_list)
     };
-    let (poison, plist) = run("poisoned.jsonl", "expect");
+    let (poison, plist) = run("poisoned.jsonl", poison_key);
     let (benign, blist) = run("benign.jsonl", "category");
     let total = |m: &BTreeMap<String, (usize, usize)>| {
         m.values().fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
