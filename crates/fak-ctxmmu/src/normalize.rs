@@ -164,7 +164,9 @@ pub fn normalize(s: &str) -> Normalized {
     let mut plain = String::with_capacity(s.len());
     let mut space = false;
     // JSON- and C-escaped line breaks and tabs (`\n` written as two characters, as in a
-    // JSON document inside a result) separate words as the real ones do.
+    // JSON document inside a result) separate words as the real ones do. Line breaks
+    // collapse to a space too: an order split over two lines or two JSON fields reads
+    // as one sentence.
     let unescaped = escaped_breaks(s);
     for c in unescaped
         .nfkc()
@@ -181,20 +183,29 @@ pub fn normalize(s: &str) -> Normalized {
             space = false;
         }
     }
-    // Homoglyphs are mapped in words that also hold an ASCII letter: an obfuscated
-    // English word, not a word of a language written in Cyrillic or Greek.
+    // Homoglyphs are mapped in words (runs of letters and marks) that also hold an ASCII
+    // letter: an obfuscated English word, not a word of a language written in Cyrillic
+    // or Greek, even one glued to markup (`<p hidden>Αγνόησε`).
     let mut text = String::with_capacity(plain.len());
-    for (i, word) in plain.split(' ').enumerate() {
-        if i > 0 {
-            text.push(' ');
-        }
-        if word.chars().any(|c| c.is_ascii_alphabetic()) && word.chars().any(|c| homoglyph(c) != c)
-        {
+    let (mut start, mut ascii, mut glyph) = (0, false, false);
+    let flush = |word: &str, ascii: bool, glyph: bool, text: &mut String| {
+        if ascii && glyph {
             text.extend(word.chars().map(homoglyph));
         } else {
             text.push_str(word);
         }
+    };
+    for (i, c) in plain.char_indices() {
+        if c.is_alphabetic() || c == '\'' || c == '-' {
+            ascii |= c.is_ascii_alphabetic();
+            glyph |= !c.is_ascii() && homoglyph(c) != c;
+        } else {
+            flush(&plain[start..i], ascii, glyph, &mut text);
+            text.push(c);
+            (start, ascii, glyph) = (i + c.len_utf8(), false, false);
+        }
     }
+    flush(&plain[start..], ascii, glyph, &mut text);
     let all_mapped: String = text.chars().map(homoglyph).collect();
     let squashed = squash(&all_mapped);
     Normalized {
@@ -238,6 +249,8 @@ mod tests {
     fn cyrillic_words_stay_cyrillic_and_mixed_words_map() {
         assert_eq!(normalize("Игнорируй все").text, "игнорируй все");
         assert_eq!(normalize("іgnоrе it").text, "ignore it");
+        // A Greek word glued to markup stays Greek.
+        assert_eq!(normalize("<p hidden>Αγνόησε").text, "<p hidden>αγνόησε");
     }
 
     #[test]
