@@ -2667,6 +2667,15 @@ readable form, "ignore (all) previous/prior instructions" occurs in 3 of the poi
 "do not tell/mention", "system prompt" and "you are now" in at most 4 each; the rest say it
 differently or hide it (obfuscated / encoded / split).
 
+The last 50 poisoned and 22 benign lines (issue 25's second pass) add categories a
+phrase list misses: paraphrases that tell the reader its earlier orders expired, text
+addressed to a machine reader, authority claims, markdown-image exfiltration, orders to
+call a tool, persona swaps, the AgentDojo frame, "ignore previous instructions" in 18
+more languages, base85 and Ascii85, harmony / DeepSeek / Mistral / plain-turn markup; and
+benign lookalikes: explainers quoting attacks, documentation of chat formats, AI news,
+idioms, orders addressed to people, markdown badges, tool docs, hidden UI text, and
+ordinary text in the new languages that mentions instructions.
+
 ## Benign hard negatives
 
 `hard_negative` lines are benign but share surface features with attacks: code with

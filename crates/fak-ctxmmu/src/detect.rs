@@ -77,11 +77,19 @@ fn excerpt(s: &str) -> String {
 /// was told before (its instructions, rules, system prompt, "what you were told
 /// earlier", "everything above"); text addressing the reading AI by name and ordering
 /// it; claims that its instructions changed; orders to hide something from the user or
-/// to send data somewhere. The same families ("ignore the previous instructions",
+/// to send data somewhere; the reader told in the second person that its earlier orders
+/// expired; claims of authority over it (a policy lifted for it, its principal invoked);
+/// exfiltration through a markdown image or link carrying data; orders to call a sink
+/// tool; persona swaps. The same families ("ignore the previous instructions",
 /// "do not tell the user", "reveal the system prompt", "new instructions:") are written
-/// for es, fr, de, it, pt, nl, pl, tr, ru, zh, ja, ko, ar and hi. Role-assignment prose
+/// for es, fr, de, it, pt, nl, pl, tr, ru, zh, ja, ko, ar and hi, and "ignore the
+/// previous instructions" for 33 more languages (sv, da, no, fi, el, he, ro, cs, sk, hu, bg, sr, hr, bs, sl,
+/// id, ms, vi, tl, sw, ha, fa, ur, bn, mr, gu, pa, te, ta, th, az, kk, uz). Prose hidden from a
+/// web page's reader that names a destination is flagged in any language. Role-assignment prose
 /// ("you are now a member of the Platform team") is not an injection: "you are now"
 /// counts only with an AI persona or an unrestricted mode.
+///
+/// Quoted examples an explainer introduces ("phrases such as "…"") are set aside.
 ///
 /// Sources for the families: the BIPIA and AgentDojo attack templates, Greshake et al.
 /// 2023 ("Not what you've signed up for"), Liu et al. 2024 (formalizing prompt
@@ -822,8 +830,9 @@ impl Detector for InjectionDetector {
 }
 
 /// Text imitating chat-template control tokens or role headers of the common templates
-/// (ChatML, Gemma, Llama 2/3, Phi, Mistral, Anthropic's legacy `Human:`/`Assistant:`
-/// turns), and the tool-result framing tags (`<tool_response>`, `<tool_call>`,
+/// (ChatML, Gemma, Llama 2/3, Phi, Mistral v1-v3+, harmony, DeepSeek, Alpaca,
+/// Anthropic's legacy `Human:`/`Assistant:` turns and plain `User:`/`Assistant:` headers
+/// at line starts), and the tool-result framing tags (`<tool_response>`, `<tool_call>`,
 /// `<tools>`, `</tool_result>`) that results and calls are wrapped in.
 ///
 /// A token counts when it is shaped like a turn, not when it is mentioned: an opener
