@@ -69,9 +69,16 @@ pub(crate) struct ServeArgs {
     /// Requests that may wait for a slot; beyond this, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]
     max_queue: usize,
-    /// Memory budget of the KV reuse cache (recent conversations), MB; 0 disables reuse.
+    /// Memory budget of the KV reuse cache (recent conversations kept between
+    /// requests), MB; 0 disables reuse. Not a limit of one generation (--max-kv-mb).
     #[arg(long, default_value_t = 512)]
     kv_budget_mb: usize,
+    /// Most KV cache one generation may hold (its prompt and reply), MB: a prompt
+    /// needing more gets 400, a reply reaching it ends as at the context's end
+    /// (finish_reason "length", stop_reason "max_tokens"). Default: a quarter of the
+    /// machine's memory divided by --parallel.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    max_kv_mb: Option<u64>,
     /// Name of an environment variable holding an API key, or several separated by
     /// commas; when given, /v1/* requires `Authorization: Bearer KEY` or `x-api-key:
     /// KEY` with one of them. Each key is its own KV cache partition: requests made with
@@ -105,9 +112,10 @@ pub(crate) struct ServeArgs {
     /// until one closes.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
     max_connections: u64,
-    /// On SIGTERM or SIGINT: seconds requests in flight may go on; then a waiting
-    /// request gets 503 and a stream a final error event, and the process exits 0. A
-    /// second signal exits at once.
+    /// On SIGTERM or SIGINT: seconds requests in flight may go on (requests still
+    /// queued for a worker get 503 at once); then a waiting request gets 503 and a
+    /// stream a final error event, every generation still running is cancelled, and the
+    /// process exits 0. A second signal exits at once.
     #[arg(long, default_value_t = 10)]
     shutdown_grace_s: u64,
     /// Threads for the matrix products (default: all cores).
@@ -196,6 +204,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         parallel: args.parallel,
         max_queue: args.max_queue,
         kv_budget_bytes: args.kv_budget_mb.saturating_mul(1 << 20),
+        max_kv_bytes: args
+            .max_kv_mb
+            .map(|m| usize::try_from(m.saturating_mul(1 << 20)).unwrap_or(usize::MAX)),
         threads: args.threads,
         weights: args.weights.into(),
         kv_evict: !args.no_kv_evict,
@@ -399,7 +410,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                 }
             }
         });
-        fak_gateway::serve_with(listener, app, &gateway, shutdown_signal())
+        fak_gateway::serve_engine(listener, app, driver, &gateway, shutdown_signal())
             .await
             .map_err(|e| fail(format!("serving: {e}")))
     });

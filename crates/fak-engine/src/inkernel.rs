@@ -11,9 +11,9 @@
 use crate::prefix::{start_session, Partition, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, ToolCallParser, ToolPrompt};
 use crate::{
-    budget, check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
-    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, PieceSender,
-    Prompt, Readiness, Revocation, RevokeReport,
+    budget, check_model, event_channel, CancelHandle, Done, EngineConfig, EngineDriver,
+    EngineError, EngineEvent, EngineStats, EventSink, EventStream, FinishReason, GenerateRequest,
+    ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
 };
 use fak_kv::{generate_text_with_logprobs, TextParams};
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer, WeightMode};
@@ -92,7 +92,12 @@ struct Shared {
     queue: Mutex<VecDeque<Job>>,
     wake: Condvar,
     shutdown: AtomicBool,
+    /// Set by [`EngineDriver::drain`]: `submit` refuses, the queue stays empty.
+    draining: AtomicBool,
     active: AtomicUsize,
+    /// The cancel handle of each worker's running job (by worker index), for
+    /// [`EngineDriver::cancel_all`].
+    running: Mutex<Vec<Option<CancelHandle>>>,
     prefix: Mutex<PrefixCache>,
 }
 
@@ -156,7 +161,9 @@ impl InKernelDriver {
             queue: Mutex::new(VecDeque::new()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             active: AtomicUsize::new(0),
+            running: Mutex::new(vec![None; config.parallel.max(1)]),
             prefix: Mutex::new(PrefixCache::new(config.kv_budget_bytes)),
             config,
         })
@@ -166,8 +173,38 @@ impl InKernelDriver {
         match &*lock(&self.shared.state) {
             LoadState::Ready(l) => Ok(Arc::clone(l)),
             LoadState::Loading => Err(EngineError::NotReady("the model is loading".into())),
-            LoadState::Failed(m) => Err(EngineError::NotReady(format!("loading failed: {m}"))),
+            LoadState::Failed(m) => Err(EngineError::LoadFailed(m.clone())),
         }
+    }
+
+    /// Most tokens one generation's KV cache may hold under
+    /// [`EngineConfig::max_kv_bytes`] (at least 1).
+    fn kv_tokens(&self, l: &Loaded) -> (usize, usize) {
+        let c = &self.shared.config;
+        let limit = c
+            .max_kv_bytes
+            .unwrap_or_else(|| crate::default_max_kv_bytes(c.parallel));
+        let per_token = l.empty.cache().bytes_per_token().max(1);
+        (limit, (limit / per_token).max(1))
+    }
+
+    /// The tokens a generation after a prompt of `prompt_tokens` may add before its KV
+    /// cache reaches [`EngineConfig::max_kv_bytes`].
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] naming the limit when the prompt alone leaves no
+    /// room for one generated token.
+    fn kv_room(&self, l: &Loaded, prompt_tokens: usize) -> Result<usize, EngineError> {
+        let (limit, tokens) = self.kv_tokens(l);
+        if prompt_tokens >= tokens {
+            let per_token = l.empty.cache().bytes_per_token();
+            return Err(EngineError::InvalidRequest(format!(
+                "the prompt has {prompt_tokens} tokens, whose KV cache ({:.1} MB at {per_token} bytes a token) leaves no room for a reply under the limit of one generation's KV cache, {:.1} MB ({tokens} tokens of this model)",
+                prompt_tokens.saturating_mul(per_token) as f64 / MB,
+                limit as f64 / MB,
+            )));
+        }
+        Ok(tokens - prompt_tokens)
     }
 
     /// Drops every kept session (a cold cache).
@@ -235,6 +272,9 @@ fn load_at(path: &Path, threads: Option<usize>, weights: WeightMode) -> Result<L
     Ok(Loaded::new(Arc::new(model), tokenizer, template))
 }
 
+/// Bytes in a megabyte (MiB), for messages.
+const MB: f64 = (1u64 << 20) as f64;
+
 /// How much lower than the HTTP threads the generation threads run (a nice value, 0 to
 /// 19): inference takes every core it is given, and the server's own threads must still
 /// answer `/health`, `/metrics` and new connections at once.
@@ -261,12 +301,13 @@ fn spawn_workers(shared: &Arc<Shared>) {
             .name(format!("fak-worker-{i}"))
             .spawn(move || {
                 lower_priority();
-                worker(&s)
+                worker(&s, i)
             });
     }
 }
 
-fn worker(s: &Shared) {
+/// Worker `index`'s loop: takes jobs until the driver shuts down.
+fn worker(s: &Shared, index: usize) {
     loop {
         let job = {
             let mut q = lock(&s.queue);
@@ -288,13 +329,29 @@ fn worker(s: &Shared) {
         };
         s.active.fetch_add(1, Ordering::SeqCst);
         let sink = job.sink.clone();
+        let cancel = sink.cancel_handle().clone();
+        set_running(s, index, Some(cancel.clone()));
+        // A job taken just as the grace ended (after cancel_all swept the slots).
+        if s.shutdown.load(Ordering::SeqCst) {
+            cancel.cancel();
+        }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(s, &loaded, job)));
         if r.is_err() {
             sink.send(EngineEvent::Error(EngineError::Internal(
                 "the generation panicked".into(),
             )));
+        } else if cancel.is_cancelled() && s.shutdown.load(Ordering::SeqCst) {
+            // Cancelled by the shutdown with its stream still held: say so.
+            sink.send(EngineEvent::Error(EngineError::ShuttingDown));
         }
+        set_running(s, index, None);
         s.active.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn set_running(s: &Shared, index: usize, h: Option<CancelHandle>) {
+    if let Some(slot) = lock(&s.running).get_mut(index) {
+        *slot = h;
     }
 }
 
@@ -563,10 +620,12 @@ impl EngineDriver for InKernelDriver {
         "inkernel"
     }
 
+    /// The one model, with context length 0 while it loads; none once its load failed.
     fn models(&self) -> Vec<ModelInfo> {
         let context_length = match &*lock(&self.shared.state) {
             LoadState::Ready(l) => l.model.config().max_position_embeddings,
-            _ => 0,
+            LoadState::Loading => 0,
+            LoadState::Failed(_) => return Vec::new(),
         };
         vec![ModelInfo {
             id: self.shared.id.clone(),
@@ -581,6 +640,27 @@ impl EngineDriver for InKernelDriver {
             LoadState::Ready(_) => Readiness::Ready,
             LoadState::Failed(m) => Readiness::Failed(m.clone()),
         }
+    }
+
+    /// Refuses new requests and answers every queued one [`EngineError::ShuttingDown`].
+    fn drain(&self) {
+        self.shared.draining.store(true, Ordering::SeqCst);
+        let queued: Vec<Job> = lock(&self.shared.queue).drain(..).collect();
+        for j in queued {
+            j.sink.send(EngineEvent::Error(EngineError::ShuttingDown));
+        }
+    }
+
+    /// Drains, then cancels every running job (each ends with
+    /// [`EngineError::ShuttingDown`] if its stream is still held) and lets the workers
+    /// exit once their job has stopped.
+    fn cancel_all(&self) {
+        self.drain();
+        self.shared.shutdown.store(true, Ordering::SeqCst);
+        for h in lock(&self.shared.running).iter().flatten() {
+            h.cancel();
+        }
+        self.shared.wake.notify_all();
     }
 
     fn revoke(&self, r: &Revocation) -> RevokeReport {
@@ -668,6 +748,7 @@ impl EngineDriver for InKernelDriver {
             ));
         }
         let max_tokens = budget(ids.len(), req.max_tokens, context)?;
+        let max_tokens = max_tokens.min(self.kv_room(&l, ids.len())?);
         // Only a prompt that fits the context gets its ledger (one more render and
         // encoding, linear in the prompt).
         let ledger = chat.map_or_else(Vec::new, |(messages, prep)| {
@@ -683,6 +764,10 @@ impl EngineDriver for InKernelDriver {
         let (sink, stream) = event_channel();
         {
             let mut q = lock(&self.shared.queue);
+            // Checked under the queue's lock, which `drain` empties the queue under.
+            if self.shared.draining.load(Ordering::SeqCst) {
+                return Err(EngineError::ShuttingDown);
+            }
             // A request waits here even when a slot is idle, so at least one may.
             if q.len() >= self.shared.config.max_queue.max(1) {
                 return Err(EngineError::Overloaded {

@@ -268,9 +268,21 @@ pub enum EngineError {
         /// Suggested wait, seconds.
         retry_after_s: u64,
     },
-    /// The model is still loading or failed to load (503 with `Retry-After`).
+    /// The engine cannot serve yet but may soon: the model is still loading, or no
+    /// upstream is reachable now (503 with `Retry-After`).
     #[error("the engine is not ready: {0}")]
     NotReady(String),
+    /// The model failed to load, so no request for it can succeed until the server is
+    /// restarted with a working model: a retry cannot help (500 with
+    /// `x-should-retry: false`, no `Retry-After`). The message says why, naming the model
+    /// by its id and never by its path.
+    #[error("the model cannot be served: {0}")]
+    LoadFailed(String),
+    /// The server is shutting down: the request was refused, or answered while it still
+    /// waited for a worker, or cancelled when the shutdown grace ended (503 with
+    /// `Retry-After`; see [`EngineDriver::drain`]).
+    #[error("the server is shutting down")]
+    ShuttingDown,
     /// The generation failed inside the engine (500).
     #[error("engine error: {0}")]
     Internal(String),
@@ -301,7 +313,10 @@ pub enum Readiness {
     Loading,
     /// Serving.
     Ready,
-    /// Loading failed; the message says why.
+    /// Not serving; the message says why. For the in-kernel driver the model failed to
+    /// load (final: requests get [`EngineError::LoadFailed`] and its model is left out of
+    /// [`EngineDriver::models`]); for an upstream driver no upstream answers now (it may
+    /// come back).
     Failed(String),
 }
 
@@ -615,8 +630,17 @@ pub struct EngineConfig {
     /// Requests that may wait for a slot before new ones get
     /// [`EngineError::Overloaded`] (taken as at least 1).
     pub max_queue: usize,
-    /// Memory budget of the KV reuse cache, bytes (0 disables reuse).
+    /// Memory budget of the KV reuse cache, bytes (0 disables reuse): the sessions kept
+    /// *between* requests. Not to be confused with [`EngineConfig::max_kv_bytes`].
     pub kv_budget_bytes: usize,
+    /// Most KV cache one generation may hold, bytes (its prompt and generated tokens,
+    /// at [`fak_kv::KvCache::bytes_per_token`] each): a prompt needing more is
+    /// [`EngineError::InvalidRequest`] naming the limit, and a generation reaching it
+    /// ends with [`FinishReason::Length`], as at the end of the context window. (The
+    /// buffers' allocation past [`fak_kv::KvCache::RESERVED_TOKENS`] entries may round up
+    /// to the next doubling.) `None`: [`default_max_kv_bytes`] of
+    /// [`EngineConfig::parallel`].
+    pub max_kv_bytes: Option<usize>,
     /// Threads per matrix product (default: all cores).
     pub threads: Option<usize>,
     /// How the in-kernel driver keeps the model's matrices (default
@@ -639,11 +663,42 @@ impl Default for EngineConfig {
             parallel: 1,
             max_queue: 64,
             kv_budget_bytes: 512 << 20,
+            max_kv_bytes: None,
             threads: None,
             weights: fak_model::WeightMode::Exact,
             kv_evict: true,
             upstream: upstream::UpstreamConfig::default(),
         }
+    }
+}
+
+/// The default of [`EngineConfig::max_kv_bytes`]: a quarter of the machine's physical
+/// memory shared by `parallel` generations at once, so that every worker slot at its
+/// limit still fits in memory beside the model. Where the memory size is not read (not
+/// Linux), 4 GiB / `parallel`. At least 64 MiB.
+pub fn default_max_kv_bytes(parallel: usize) -> usize {
+    let total = physical_memory_bytes().unwrap_or(16 << 30);
+    (total / 4 / parallel.max(1)).max(64 << 20)
+}
+
+/// The machine's physical memory, bytes (`sysconf(_SC_PHYS_PAGES) * _SC_PAGESIZE`).
+fn physical_memory_bytes() -> Option<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: sysconf reads a system constant; it touches no memory of ours.
+        let (pages, size) = unsafe {
+            (
+                libc::sysconf(libc::_SC_PHYS_PAGES),
+                libc::sysconf(libc::_SC_PAGESIZE),
+            )
+        };
+        let pages = usize::try_from(pages).ok()?;
+        let size = usize::try_from(size).ok()?;
+        pages.checked_mul(size).filter(|&b| b > 0)
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        None
     }
 }
 
@@ -664,7 +719,7 @@ pub trait EngineDriver: Send + Sync + 'static {
     /// # Errors
     /// [`EngineError::UnknownModel`], [`EngineError::InvalidRequest`],
     /// [`EngineError::ContextOverflow`], [`EngineError::Overloaded`],
-    /// [`EngineError::NotReady`]; nothing is queued then.
+    /// [`EngineError::NotReady`], [`EngineError::LoadFailed`]; nothing is queued then.
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError>;
 
     /// Load figures for metrics.
@@ -682,6 +737,20 @@ pub trait EngineDriver: Send + Sync + 'static {
         let _ = r;
         RevokeReport::default()
     }
+
+    /// Begins a shutdown: later [`EngineDriver::submit`]s are
+    /// [`EngineError::ShuttingDown`], and every request still waiting for a worker is
+    /// answered with it at once (as its stream's only event: its generation never
+    /// starts). Generations already running go on. Default: nothing (a driver without a
+    /// queue of its own).
+    fn drain(&self) {}
+
+    /// Ends a shutdown's grace: [`EngineDriver::drain`]s, then trips the
+    /// [`CancelHandle`] of every generation still running, so each stops within one
+    /// step (one prefill batch or decode step for the in-kernel driver) even while its
+    /// stream is still held, and the driver's threads go idle. Default: nothing (a
+    /// driver whose generations stop when their streams are dropped).
+    fn cancel_all(&self) {}
 
     /// Whether a request for `model` (`None`: the default) is forwarded as the client
     /// sent it, so the gateway should attach [`GenerateRequest::raw`]. Default `false`;

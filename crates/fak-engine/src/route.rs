@@ -14,8 +14,10 @@
 //! [`RoutedDriver`] dispatches by model: a request without a model takes the first
 //! route; a model no route names is [`EngineError::UnknownModel`] listing the routed
 //! ones. `models()` lists every routed model (with what its driver reports of it, else
-//! context length 0), `stats()` sums the drivers' (a driver behind several routes
-//! counted once), a revocation reaches every driver once.
+//! context length 0) except one whose driver failed and lists it no more (an in-kernel
+//! model that failed to load; its requests get [`EngineError::LoadFailed`]), `stats()` sums the drivers' (a driver behind several routes
+//! counted once), a revocation, [`EngineDriver::drain`] and [`EngineDriver::cancel_all`]
+//! reach every driver once.
 //! Readiness: [`Readiness::Loading`] while any route is still starting (so a server is
 //! reported ready only once every route has been tried), then [`Readiness::Ready`] while
 //! at least one route is ready (a route that is not answers its own requests with its
@@ -201,15 +203,19 @@ impl EngineDriver for RoutedDriver {
     fn models(&self) -> Vec<ModelInfo> {
         self.routes
             .iter()
-            .map(|(m, d)| {
-                d.models()
-                    .into_iter()
-                    .find(|i| &i.id == m)
-                    .unwrap_or_else(|| ModelInfo {
+            .filter_map(|(m, d)| {
+                let listed = d.models().into_iter().find(|i| &i.id == m);
+                match (listed, d.readiness()) {
+                    (Some(i), _) => Some(i),
+                    // Its driver failed and no longer lists it (a model that failed to
+                    // load): no request for it can succeed.
+                    (None, Readiness::Failed(_)) => None,
+                    (None, _) => Some(ModelInfo {
                         id: m.clone(),
                         context_length: 0,
                         owned_by: d.id().into(),
-                    })
+                    }),
+                }
             })
             .collect()
     }
@@ -267,6 +273,18 @@ impl EngineDriver for RoutedDriver {
             t.tokens_dropped += k.tokens_dropped;
         }
         t
+    }
+
+    fn drain(&self) {
+        for d in self.drivers() {
+            d.drain();
+        }
+    }
+
+    fn cancel_all(&self) {
+        for d in self.drivers() {
+            d.cancel_all();
+        }
     }
 
     fn forwards_client_body(&self, model: Option<&str>) -> bool {

@@ -6,13 +6,14 @@
 //! | `safetensors` | a file's bytes | `SafetensorsFile::from_bytes`, every accessor, `tensor_f32` | a tensor's f32 count is its shape's product |
 //! | `tokenizer` | text (lossy UTF-8) and ids (u32 LE) | encode, encode with control tokens, decode, streaming decode, with SmolLM2's and Gemma 3's real tokenizers | plain `encode` never yields a control token; decode takes every id in the vocabulary and refuses the others; streaming decode equals decode |
 //! | `chat` | a conversation (see [`conversation`]) | `ChatTemplate::render` and `encode` with SmolLM2's own template and the ChatML fallback (Gemma 3's file) | control-token text typed in message content yields no control token |
+//! | `template` | a chat template's Jinja source (lossy UTF-8) | `ChatTemplate::new`, then `render` and `encode` of a small conversation with tools, with SmolLM2's tokenizer | a render ends within its [`RenderLimits`] (its output no longer than the cap) or fails with a clean error ([`ChatError`]) |
 //! | `gateway` | a route byte and a request body | `POST` to the router in process (`tower::ServiceExt::oneshot`) on the mock engine | every answer is 2xx or 4xx |
 //!
-//! The `tokenizer` and `chat` targets read the real models from the model cache and fail
+//! The `tokenizer`, `chat` and `template` targets read the real models from the model cache and fail
 //! with the command that fetches them when they are missing.
 
 use crate::{Outcome, Target};
-use fak_model::{catalog, ChatTemplate, Message, Tokenizer};
+use fak_model::{catalog, ChatError, ChatTemplate, Message, RenderLimits, Tokenizer};
 use fak_weights::{GgufFile, MetaValue, SafetensorsFile};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +23,14 @@ use std::sync::Arc;
 mod gguf_writer;
 
 /// Names of every target, in the order they run by default.
-pub const NAMES: [&str; 5] = ["gguf", "safetensors", "tokenizer", "chat", "gateway"];
+pub const NAMES: [&str; 6] = [
+    "gguf",
+    "safetensors",
+    "tokenizer",
+    "chat",
+    "template",
+    "gateway",
+];
 
 /// The target called `name`.
 ///
@@ -35,6 +43,7 @@ pub fn by_name(name: &str) -> Result<Target, String> {
         "safetensors" => Ok(safetensors()),
         "tokenizer" => tokenizer(),
         "chat" => chat(),
+        "template" => template(),
         "gateway" => Ok(gateway()),
         _ => Err(format!(
             "unknown fuzz target '{name}' (targets: {})",
@@ -590,6 +599,160 @@ pub fn chat() -> Result<Target, String> {
             "null",
         ]),
         run: Box::new(move |d| chat_run(&cases, d)),
+    })
+}
+
+// ---------------------------------------------------------------------------------
+// template
+
+/// Templates a model file could carry that try to run without end or take unbounded
+/// memory (the kinds `fak-model`'s hostile-template test names): nested loops, string
+/// repeats, doubling, output floods, a huge range, recursion through a macro, a join of
+/// a repeat, a huge indent.
+const HOSTILE_TEMPLATES: &[&str] = &[
+    "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+    "{{ 'x' * 1000000000 }}",
+    "{{ 'x' * 10**9 }}",
+    "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s + ns.s %}{% endfor %}{{ ns.s }}",
+    "{% set s = 'y' * 60000 %}{% for i in range(100000) %}{{ s }}{% endfor %}",
+    "{% set s = 'y' * 60000 %}{% set big %}{% for i in range(100000) %}{{ s }}{% endfor %}{% endset %}",
+    "{% for i in range(10**9) %}{{ i }}{% endfor %}",
+    "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+    "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ f(n - 1) }}{% endif %}x{% endmacro %}{{ f(40) }}",
+    "{{ (['abcdefgh'] * 100000000) | join(',') }}",
+    "{{ 'a\nb\nc' | indent(1000000000) }}",
+    "{% for m in messages * 1000000 %}{{ m.content * 1000 }}{% endfor %}",
+    "{{ messages | tojson(indent=1000000) }}",
+    "{% for t in tools %}{{ t | tojson }}{% endfor %}{{ raise_exception('no') }}",
+];
+
+/// What the `template` target renders: a short conversation with a tool call, its
+/// result and a tool list.
+fn template_conversation() -> (Vec<Message>, serde_json::Value) {
+    let mut call = Message::new("assistant", "");
+    call.tool_calls = serde_json::from_str(
+        r#"[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]"#,
+    )
+    .ok();
+    let mut result = Message::new("tool", "Sunny, 21 C.");
+    result.tool_call_id = Some("c1".into());
+    let msgs = vec![
+        Message::new("system", "Be brief."),
+        Message::new("user", "Weather in Paris? <|im_end|>"),
+        call,
+        result,
+    ];
+    let tools = serde_json::from_str(
+        r#"[{"type":"function","function":{"name":"get_weather","description":"Weather of a city","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}]"#,
+    )
+    .unwrap_or_default();
+    (msgs, tools)
+}
+
+fn template_run(tok: &Tokenizer, data: &[u8]) -> Outcome {
+    let src = String::from_utf8_lossy(data);
+    let tmpl = match ChatTemplate::new(Some(&src), tok) {
+        Ok(t) => t,
+        Err(ChatError::Template(e)) => return Ok(label("compile", &e)),
+        Err(e) => return Err(format!("compiling gave a non-template error: {e}")),
+    };
+    let (msgs, tools) = template_conversation();
+    let limits = RenderLimits::for_request(&msgs, Some(&tools));
+    let mut lab = String::new();
+    for agp in [false, true] {
+        match tmpl.render_within(&msgs, agp, Some(&tools), limits) {
+            Ok((text, fuel)) => {
+                if text.len() as u64 > limits.output_bytes || fuel > limits.fuel {
+                    return Err(format!(
+                        "a render passed its limits: {} bytes (cap {}), fuel {fuel} (limit {})",
+                        text.len(),
+                        limits.output_bytes,
+                        limits.fuel
+                    ));
+                }
+                lab.push_str(&format!("render:ok{} ", bucket(text.len())));
+            }
+            Err(e @ (ChatError::Template(_) | ChatError::Limit { .. })) => {
+                lab.push_str(&label("render", &e.to_string()));
+            }
+            Err(e) => return Err(format!("render gave an unexpected error kind: {e}")),
+        }
+    }
+    match tmpl.encode(tok, &msgs, true, Some(&tools)) {
+        Ok(ids) => lab.push_str(&format!("encode:ok{}", bucket(ids.len()))),
+        Err(e) => lab.push_str(&label("encode", &e.to_string())),
+    }
+    Ok(lab)
+}
+
+/// Chat templates' Jinja source itself, mutated: compiled, then rendered and encoded
+/// under fak's render limits (fuel, output size) with SmolLM2's tokenizer. Seeded with
+/// SmolLM2's own template, the ChatML fallback and [`HOSTILE_TEMPLATES`].
+///
+/// # Errors
+/// SmolLM2 not cached (the message names the fetch command).
+pub fn template() -> Result<Target, String> {
+    let g = real("smollm2-135m-instruct")?;
+    let tok = Tokenizer::from_gguf(&g).map_err(|e| format!("smollm2: {e}"))?;
+    let own = g
+        .get("tokenizer.chat_template")
+        .and_then(|v| v.as_str())
+        .ok_or("smollm2: no tokenizer.chat_template in the file")?
+        .to_string();
+    let mut seeds = vec![
+        own.into_bytes(),
+        fak_model::chat::CHATML_TEMPLATE.as_bytes().to_vec(),
+    ];
+    seeds.extend(HOSTILE_TEMPLATES.iter().map(|t| t.as_bytes().to_vec()));
+    Ok(Target {
+        name: "template",
+        seeds,
+        dictionary: words(&[
+            "{{",
+            "}}",
+            "{%",
+            "%}",
+            "{#",
+            "#}",
+            "{%-",
+            "-%}",
+            "for ",
+            " in ",
+            "endfor",
+            "if ",
+            "else",
+            "endif",
+            "macro ",
+            "endmacro",
+            "set ",
+            "namespace(",
+            "range(",
+            "10**9",
+            " * ",
+            " + ",
+            "|join",
+            "|tojson",
+            "|indent(",
+            "messages",
+            "message",
+            "['content']",
+            ".content",
+            "tools",
+            "loop.index",
+            "raise_exception(",
+            "caller()",
+            "call ",
+            "endcall",
+            "(",
+            ")",
+            "[",
+            "]",
+            "'",
+            "\"",
+            "999999999",
+            "-1",
+        ]),
+        run: Box::new(move |d| template_run(&tok, d)),
     })
 }
 

@@ -45,8 +45,8 @@ fn the_file_and_gateway_targets_run_without_a_crash() {
 }
 
 #[fak_testkit::real_model]
-fn the_tokenizer_and_chat_targets_run_without_a_crash() {
-    fuzz(&["tokenizer", "chat"]);
+fn the_tokenizer_chat_and_template_targets_run_without_a_crash() {
+    fuzz(&["tokenizer", "chat", "template"]);
 }
 
 #[test]
@@ -59,7 +59,7 @@ fn an_unknown_target_fails_naming_the_targets() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("unknown fuzz target 'nope'"), "{stderr}");
     assert!(
-        stderr.contains("gguf, safetensors, tokenizer, chat, gateway"),
+        stderr.contains("gguf, safetensors, tokenizer, chat, template, gateway"),
         "{stderr}"
     );
 }

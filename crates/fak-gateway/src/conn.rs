@@ -35,7 +35,9 @@
 //!   "overloaded_error", ...}}` (what Anthropic's SDKs raise on).
 //!
 //! Then [`crate::serve_with`] waits at most [`FLUSH_MARGIN`] more for those answers to
-//! be written and returns.
+//! be written and returns. [`crate::serve_engine`] adds the engine's side: requests
+//! queued in the engine are answered 503 when the shutdown begins, and every generation
+//! still running is cancelled when the grace ends.
 
 use crate::error::{ApiError, Flavor};
 use crate::GatewayConfig;

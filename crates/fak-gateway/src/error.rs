@@ -5,6 +5,9 @@ use axum::response::{IntoResponse, Response};
 use fak_engine::EngineError;
 use serde_json::json;
 
+/// The header that tells a client whether to retry (see [`ApiError::should_retry`]).
+pub const SHOULD_RETRY: header::HeaderName = header::HeaderName::from_static("x-should-retry");
+
 /// Which API's error shape to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
@@ -31,8 +34,9 @@ impl Flavor {
 /// `authentication_error` (401, also an upstream refusing the client's own key),
 /// `permission_error` (403, an upstream refusing the client's own key),
 /// `not_found_error` (404), `request_too_large` (413),
-/// `rate_limit_error` (429), `api_error` (500, 502 for a failed upstream, and 503 for
-/// the server's own state: [`ApiError::unavailable`]),
+/// `rate_limit_error` (429), `api_error` (500, also a model that failed to load:
+/// [`ApiError::load_failed`]; 502 for a failed upstream; 503 for the server's own state:
+/// [`ApiError::unavailable`]),
 /// `overloaded_error` (503), `timeout_error` (504, also an upstream that timed out).
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApiError {
@@ -46,6 +50,10 @@ pub struct ApiError {
     pub flavor: Flavor,
     /// Seconds for `Retry-After`, when set.
     pub retry_after_s: Option<u64>,
+    /// `x-should-retry: true | false`, when set: whether a retry can succeed. The
+    /// official OpenAI and Anthropic Python SDKs read this header before the status in
+    /// their clients' `_should_retry` (and so never retry a 5xx that carries `false`).
+    pub should_retry: Option<bool>,
 }
 
 impl ApiError {
@@ -56,6 +64,7 @@ impl ApiError {
             message: message.into(),
             flavor: Flavor::OpenAi,
             retry_after_s: None,
+            should_retry: None,
         }
     }
 
@@ -99,6 +108,16 @@ impl ApiError {
         ApiError {
             retry_after_s: Some(30),
             ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "api_error", message)
+        }
+    }
+
+    /// 500 `api_error` with `x-should-retry: false` and no `Retry-After`: the requested
+    /// model failed to load (`why` says how, without server paths), so no retry can
+    /// succeed until the operator restarts the server with a working model.
+    pub fn load_failed(why: impl Into<String>) -> Self {
+        ApiError {
+            should_retry: Some(false),
+            ..Self::new(StatusCode::INTERNAL_SERVER_ERROR, "api_error", why)
         }
     }
 
@@ -168,6 +187,8 @@ impl From<EngineError> for ApiError {
                 retry_after_s: Some(5),
                 ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "overloaded_error", msg)
             },
+            EngineError::LoadFailed(_) => ApiError::load_failed(msg),
+            EngineError::ShuttingDown => ApiError::shutting_down(),
             EngineError::Internal(_) => ApiError::internal(msg),
             EngineError::Upstream(_) => Self::new(StatusCode::BAD_GATEWAY, "api_error", msg),
             EngineError::UpstreamTimeout(_) => {
@@ -189,6 +210,10 @@ impl IntoResponse for ApiError {
         if let Some(s) = self.retry_after_s {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        if let Some(retry) = self.should_retry {
+            let v = HeaderValue::from_static(if retry { "true" } else { "false" });
+            r.headers_mut().insert(SHOULD_RETRY, v);
         }
         r
     }

@@ -38,7 +38,8 @@
 //! missing fields, out-of-range parameters and context overflow; 401 for a missing or
 //! wrong key (when one is set), and 401/403 when an Anthropic upstream refuses the
 //! client's own key; 404 for an unknown model or route; 413 for a body over
-//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 502 when an
+//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 500 with
+//! `x-should-retry: false` for a model that failed to load (no retry can help); 502 when an
 //! upstream engine fails; 504 when a response takes longer than the request time limit
 //! or an upstream engine times out.
 //!
@@ -54,7 +55,9 @@
 //!
 //! Connections ([`serve_with`], the [`conn`] module): a header timeout, an idle timeout
 //! for stalled clients, a cap on open connections, and a graceful shutdown that ends
-//! every request in flight with an answer in its API's shape.
+//! every request in flight with an answer in its API's shape; [`serve_engine`] also
+//! drains the engine's queue at once and cancels its running generations when the grace
+//! ends.
 
 mod anthropic;
 pub mod conn;
@@ -269,6 +272,37 @@ pub async fn serve_with(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     conn::serve(listener, router, config, shutdown).await
+}
+
+/// [`serve_with`], with `driver`'s side of the shutdown: when `shutdown` resolves the
+/// driver drains ([`EngineDriver::drain`]: requests waiting for a worker are answered
+/// 503 at once, new ones refused), and when [`GatewayConfig::shutdown_grace`] ends it
+/// cancels every generation still running ([`EngineDriver::cancel_all`]), so no
+/// engine work outlives the grace. `driver` is the one `router` was built over.
+///
+/// # Errors
+/// As [`serve_with`].
+pub async fn serve_engine(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    driver: Arc<dyn EngineDriver>,
+    config: &GatewayConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let grace = config.shutdown_grace;
+    let d = Arc::clone(&driver);
+    let shutdown = async move {
+        shutdown.await;
+        d.drain();
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            d.cancel_all();
+        });
+    };
+    let r = conn::serve(listener, router, config, shutdown).await;
+    // Returned at most FLUSH_MARGIN after the grace: nothing may run on.
+    driver.cancel_all();
+    r
 }
 
 async fn log_and_count(State(s): State<AppState>, req: Request, next: Next) -> Response {
