@@ -712,7 +712,9 @@ fn errors_and_health_do_not_show_server_paths() {
     let chat = json!({"model": "broken", "max_tokens": 4,
         "messages": [{"role": "user", "content": "hi"}]});
     let (status, body) = http(&s.addr, "POST", "/v1/chat/completions", &chat.to_string());
-    assert_eq!(status, 503, "{body}");
+    // A load failure is final: 500, which the SDKs do not retry (x-should-retry: false).
+    assert_eq!(status, 500, "{body}");
+    assert!(body.contains("'broken'"), "{body}");
     // A policy file that went away: the reload error does not name it.
     std::fs::remove_file(&policy).unwrap();
     let (status, reload) = http(&s.addr, "POST", "/v1/fak/policy/reload", "");

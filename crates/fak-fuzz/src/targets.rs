@@ -687,7 +687,8 @@ fn template_run(tok: &Tokenizer, data: &[u8]) -> Outcome {
 
 /// Chat templates' Jinja source itself, mutated: compiled, then rendered and encoded
 /// under fak's render limits (fuel, output size) with SmolLM2's tokenizer. Seeded with
-/// SmolLM2's own template, the ChatML fallback and [`HOSTILE_TEMPLATES`].
+/// SmolLM2's own template, the ChatML fallback and templates that try to run without end
+/// or take unbounded memory.
 ///
 /// # Errors
 /// SmolLM2 not cached (the message names the fetch command).
