@@ -1425,8 +1425,12 @@ pub fn request_body(req: &GenerateRequest, model: &str) -> (&'static str, Value)
             }
             "/v1/chat/completions"
         }
-        Prompt::Text(t) => {
-            b["prompt"] = json!(t);
+        Prompt::Text(_) | Prompt::Tokens(_) => {
+            b["prompt"] = match &req.prompt {
+                Prompt::Tokens(ids) => Value::Array(ids.iter().map(|&i| Value::from(i)).collect()),
+                Prompt::Text(t) => Value::String(t.clone()),
+                Prompt::Chat(_) => Value::Null,
+            };
             if let Some(n) = req.logprobs {
                 b["logprobs"] = json!(n);
             }

@@ -59,6 +59,7 @@
 mod anthropic;
 pub mod conn;
 pub mod error;
+mod extract;
 pub mod metrics;
 mod openai;
 mod splice;
@@ -477,10 +478,18 @@ fn body_bytes(
     })
 }
 
-/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape.
+/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape naming the field at fault
+/// (`invalid request body: messages[0].role: unknown variant ...`).
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(format!("invalid request body: {e}")).with_flavor(flavor)
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = if path == "." {
+            format!("invalid request body: {}", e.inner())
+        } else {
+            format!("invalid request body: {path}: {}", e.inner())
+        };
+        ApiError::bad_request(msg).with_flavor(flavor)
     })
 }
 
@@ -581,7 +590,7 @@ struct Finished {
 impl Finished {
     /// `body` as the JSON response, carrying this generation's token counts for the
     /// request's log line.
-    fn respond(&self, body: serde_json::Value) -> Response {
+    fn respond(&self, body: impl serde::Serialize) -> Response {
         with_note(
             Json(body).into_response(),
             UsageNote {
