@@ -10,7 +10,7 @@
 //! | route | API | notes |
 //! |---|---|---|
 //! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens`, `tools` / `tool_choice` (calls adjudicated, `fak` field) |
-//! | `POST /v1/completions` | OpenAI legacy completions | plain prompt, no template |
+//! | `POST /v1/completions` | OpenAI legacy completions | no template; `prompt` as text or token ids (prefilled as is), one or a list (a choice per prompt by `index`) |
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
