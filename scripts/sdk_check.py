@@ -6,7 +6,9 @@ SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
 non-streaming and streaming chat (the streamed text concatenated equals the whole
 text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
 `logprobs=True, top_logprobs=3` (one entry per generated token, their tokens spelling the
-content, each the top of its three alternatives), /v1/models, and the error cases (status and SDK exception class). On the real model, a
+content, each the top of its three alternatives), /v1/completions with the prompt as HF's
+token ids (HF's text; a list of two prompts as two choices; an id outside the vocabulary a
+400), /v1/models, and the error cases (status and SDK exception class). On the real model, a
 forced tool call that the 135M model writes malformed fails closed (no tool call, the
 `fak` field says MALFORMED). Against FAK_MOCK_BASE (`fak serve --engine mock`, whose
 replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
@@ -162,6 +164,18 @@ def openai_completions():
     eq(r.usage.completion_tokens, 5)
 
 
+def openai_completions_token_ids():
+    # HF's token ids of the chat-templated prompt (control tokens included) give HF's
+    # greedy text; a list of two id lists gives two choices by index; an id outside the
+    # vocabulary is a 400 naming it.
+    r = oa.completions.create(model=MODEL, prompt=CASE["prompt_ids"], max_tokens=N_COMPLETION + 4, temperature=0)
+    eq(r.choices[0].text, TEXT)
+    eq(r.usage.prompt_tokens, N_PROMPT)
+    r = oa.completions.create(model=MODEL, prompt=[CASE["prompt_ids"], CASE["prompt_ids"]], max_tokens=N_COMPLETION + 4, temperature=0)
+    eq([(c.index, c.text) for c in r.choices], [(0, TEXT), (1, TEXT)])
+    raises(openai.BadRequestError, 400, lambda: oa.completions.create(model=MODEL, prompt=[1, 10**6], max_tokens=1), "1000000")
+
+
 def anthropic_message():
     r = an.messages.create(model=MODEL, max_tokens=64, messages=MESSAGES, extra_body=GREEDY)
     eq(r.content[0].text, TEXT)
@@ -309,6 +323,7 @@ for name, fn in [
     ("openai models.list", openai_models),
     ("openai errors (404, 400 x4, 413, 401)", openai_errors),
     ("openai completions", openai_completions),
+    ("openai completions, prompt as token ids", openai_completions_token_ids),
     ("anthropic messages", anthropic_message),
     ("anthropic stream == whole text", anthropic_stream),
     ("anthropic system + stop_sequences", anthropic_system_and_stop),

@@ -741,6 +741,10 @@ impl EngineDriver for InKernelDriver {
                     .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
                 (ids, l.model.config().eos_token_ids.clone())
             }
+            Prompt::Tokens(ids) => {
+                check_token_ids(ids, l.model.config().vocab_size)?;
+                (ids.clone(), l.model.config().eos_token_ids.clone())
+            }
         };
         if ids.is_empty() {
             return Err(EngineError::InvalidRequest(
@@ -786,6 +790,23 @@ impl EngineDriver for InKernelDriver {
         }
         self.shared.wake.notify_one();
         Ok(stream)
+    }
+}
+
+/// Checks a prompt given as token ids against the vocabulary (`vocab` ids, the
+/// embedding's rows).
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] naming the first id outside `0..vocab` and its
+/// position.
+fn check_token_ids(ids: &[u32], vocab: usize) -> Result<(), EngineError> {
+    match ids.iter().position(|&id| id as usize >= vocab) {
+        None => Ok(()),
+        Some(i) => Err(EngineError::InvalidRequest(format!(
+            "prompt token id {} (at position {i}) is outside the model's vocabulary of {vocab} ids (0..={})",
+            ids[i],
+            vocab.saturating_sub(1)
+        ))),
     }
 }
 

@@ -54,6 +54,11 @@ pub enum Prompt {
     Chat(Vec<Message>),
     /// Plain text, tokenized as is (BOS added when the model asks for it).
     Text(String),
+    /// Token ids, prefilled as they are: no BOS added, no template, control tokens
+    /// included (the way to send them). An id outside the model's vocabulary is
+    /// [`EngineError::InvalidRequest`] naming the first such id; a driver without a
+    /// vocabulary of its own (an upstream) passes them on.
+    Tokens(Vec<u32>),
 }
 
 /// One generation request, in the engine's terms (the gateway maps each API's fields

@@ -7,7 +7,9 @@
 //! - `count N`: the words `1 2 ... N` (N at most 100 000), a long reply for
 //!   cancellation and streaming tests;
 //! - `echo TEXT`: TEXT's words;
-//! - anything else: [`MOCK_REPLY`].
+//! - anything else: [`MOCK_REPLY`];
+//! - a prompt of token ids ([`crate::Prompt::Tokens`]; one token per id): the ids, in
+//!   decimal, as words.
 //!
 //! A chat reply goes through the same tool-call parser as the in-kernel driver's (so
 //! `echo <tool_call>{"name": "f", "arguments": {}}</tool_call>` proposes a call, offered
@@ -118,6 +120,7 @@ impl MockDriver {
     fn prompt_words(prompt: &Prompt) -> Vec<String> {
         match prompt {
             Prompt::Text(t) => t.split_whitespace().map(str::to_string).collect(),
+            Prompt::Tokens(ids) => ids.iter().map(u32::to_string).collect(),
             Prompt::Chat(ms) => ms
                 .iter()
                 .flat_map(|m| {
@@ -131,6 +134,7 @@ impl MockDriver {
     fn reply(prompt: &Prompt) -> Vec<String> {
         let last = match prompt {
             Prompt::Text(t) => t.as_str(),
+            Prompt::Tokens(ids) => return ids.iter().map(u32::to_string).collect(),
             Prompt::Chat(ms) => ms.last().map_or("", |m| m.content.as_str()),
         };
         let last = last.trim();

@@ -11,8 +11,9 @@
 //! the `anthropic` submodule's docs. What follows describes the OpenAI wire where the
 //! two differ.
 //!
-//! **Requests.** A chat prompt becomes `POST {base}/v1/chat/completions`, a plain prompt
-//! `POST {base}/v1/completions`, always with `stream: true` and
+//! **Requests.** Written from [`fak_wire::openai`]'s types. A chat prompt becomes
+//! `POST {base}/v1/chat/completions`, a plain prompt or one of token ids
+//! `POST {base}/v1/completions` (`prompt`: the text, or the ids), always with `stream: true` and
 //! `stream_options.include_usage: true`. Mapped: `messages` (assistant `tool_calls`,
 //! `tool` results with their `tool_call_id`), `tools` / `tool_choice`, `max_tokens`,
 //! `temperature`, `top_p`, `stop`, `logprobs` (`top_logprobs` on chat, the legacy count
@@ -87,6 +88,7 @@ use crate::{
     EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
     PromptUsage, Readiness, TokenLogprob, ToolCall, ToolChoice, TopLogprob,
 };
+use fak_wire::openai as wire;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::header::{self, HeaderName, HeaderValue};
@@ -94,7 +96,7 @@ use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -1370,91 +1372,149 @@ fn num(x: f32) -> Value {
         .map_or(Value::Null, Value::Number)
 }
 
-/// A message in OpenAI's chat shape.
-fn message_json(m: &crate::Message) -> Value {
-    let mut o = json!({"role": m.role, "content": m.content});
-    if let Some(c) = &m.tool_calls {
-        o["tool_calls"] = c.clone();
-        if m.content.is_empty() {
-            o["content"] = Value::Null;
+/// A message in OpenAI's chat shape. Roles are the gateway's (`system`, `user`,
+/// `assistant`, `tool`); `tool_calls` the OpenAI shape both gateways write.
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for another role or `tool_calls` not of that shape.
+fn wire_message(m: &crate::Message) -> Result<wire::ChatMessage, EngineError> {
+    let role = match m.role.as_str() {
+        "system" => wire::Role::System,
+        "developer" => wire::Role::Developer,
+        "user" => wire::Role::User,
+        "assistant" => wire::Role::Assistant,
+        "tool" => wire::Role::Tool,
+        other => {
+            return Err(EngineError::InvalidRequest(format!(
+                "a message of role '{other}' has no OpenAI chat form"
+            )))
         }
-    }
-    if let Some(id) = &m.tool_call_id {
-        o["tool_call_id"] = json!(id);
-    }
-    if let Some(n) = &m.name {
-        o["name"] = json!(n);
-    }
-    o
+    };
+    let tool_calls = match &m.tool_calls {
+        None => None,
+        Some(v) => Some(
+            serde_json::from_value::<Vec<wire::ToolCall>>(v.clone()).map_err(|e| {
+                EngineError::InvalidRequest(format!("an assistant message's tool_calls: {e}"))
+            })?,
+        ),
+    };
+    let content = (tool_calls.is_none() || !m.content.is_empty())
+        .then(|| wire::MessageContent::Text(m.content.clone()));
+    Ok(wire::ChatMessage {
+        role,
+        content,
+        name: m.name.clone(),
+        tool_call_id: m.tool_call_id.clone(),
+        tool_calls,
+        refusal: None,
+    })
 }
 
 /// The upstream request for `req` on `model`: its path and JSON body (see the module
-/// docs for the mapping).
-pub fn request_body(req: &GenerateRequest, model: &str) -> (&'static str, Value) {
-    let mut b = json!({
-        "model": model,
-        "stream": true,
-        "stream_options": {"include_usage": true},
+/// docs for the mapping), written from [`fak_wire::openai`]'s request types (numbers as
+/// they read: a temperature of 0.7 is `0.7`).
+///
+/// # Errors
+/// As [`wire_message`].
+pub fn request_body(
+    req: &GenerateRequest,
+    model: &str,
+) -> Result<(&'static str, String), EngineError> {
+    let s = &req.sampling;
+    let stream_options = Some(wire::StreamOptions {
+        include_usage: Some(true),
+        include_obfuscation: None,
     });
-    let path = match &req.prompt {
-        Prompt::Chat(ms) => {
-            b["messages"] = Value::Array(ms.iter().map(message_json).collect());
-            if !req.tools.is_empty() {
-                b["tools"] = Value::Array(
-                    req.tools
-                        .iter()
-                        .map(|t| {
-                            let mut f = json!({"name": t.name, "parameters": t.parameters});
-                            if let Some(d) = &t.description {
-                                f["description"] = json!(d);
-                            }
-                            json!({"type": "function", "function": f})
-                        })
-                        .collect(),
-                );
-                b["tool_choice"] = match &req.tool_choice {
-                    ToolChoice::None => json!("none"),
-                    ToolChoice::Auto => json!("auto"),
-                    ToolChoice::Required => json!("required"),
-                    ToolChoice::Named(n) => json!({"type": "function", "function": {"name": n}}),
-                };
-            }
-            if let Some(n) = req.logprobs {
-                b["logprobs"] = json!(true);
-                b["top_logprobs"] = json!(n);
-            }
-            "/v1/chat/completions"
-        }
+    let extensions = wire::SamplingExtensions {
+        top_k: (s.top_k != 0).then(|| u32::try_from(s.top_k).unwrap_or(u32::MAX)),
+        min_p: (s.min_p != 0.0).then_some(s.min_p),
+        repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+    };
+    let max_tokens = req.max_tokens.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
+    let seed = (s.seed != 0).then_some(s.seed as i64);
+    let stop = (!req.stop.is_empty()).then(|| wire::Stop::Many(req.stop.clone()));
+    let logprobs = req.logprobs.map(|n| n as i64);
+    let completion = |prompt: wire::CompletionPrompt| wire::CompletionRequest {
+        model: model.to_string(),
+        prompt,
+        max_tokens,
+        temperature: Some(s.temperature),
+        top_p: Some(s.top_p),
+        seed,
+        stop: stop.clone(),
+        stream: Some(true),
+        stream_options: stream_options.clone(),
+        n: None,
+        echo: None,
+        logprobs,
+        suffix: None,
+        cache_salt: None,
+        extensions: extensions.clone(),
+        ignored: wire::Ignored::default(),
+        neutral: wire::NeutralOnly::default(),
+    };
+    let written = match &req.prompt {
         Prompt::Text(t) => {
-            b["prompt"] = json!(t);
-            if let Some(n) = req.logprobs {
-                b["logprobs"] = json!(n);
-            }
-            "/v1/completions"
+            serde_json::to_string(&completion(wire::CompletionPrompt::Text(t.clone())))
+        }
+        Prompt::Tokens(ids) => {
+            serde_json::to_string(&completion(wire::CompletionPrompt::Tokens(ids.clone())))
+        }
+        Prompt::Chat(ms) => {
+            let messages = ms.iter().map(wire_message).collect::<Result<_, _>>()?;
+            let (tools, tool_choice) = if req.tools.is_empty() {
+                (None, None)
+            } else {
+                let tools = req
+                    .tools
+                    .iter()
+                    .map(|t| wire::Tool {
+                        kind: wire::FunctionType::Function,
+                        function: wire::FunctionDefinition {
+                            name: t.name.clone(),
+                            description: t.description.clone(),
+                            parameters: t.parameters.as_object().cloned(),
+                            strict: None,
+                        },
+                    })
+                    .collect();
+                let choice = match &req.tool_choice {
+                    ToolChoice::None => wire::ToolChoice::Mode(wire::ToolChoiceMode::None),
+                    ToolChoice::Auto => wire::ToolChoice::Mode(wire::ToolChoiceMode::Auto),
+                    ToolChoice::Required => wire::ToolChoice::Mode(wire::ToolChoiceMode::Required),
+                    ToolChoice::Named(n) => wire::ToolChoice::Named(wire::NamedToolChoice {
+                        kind: wire::FunctionType::Function,
+                        function: wire::FunctionName { name: n.clone() },
+                    }),
+                };
+                (Some(tools), Some(choice))
+            };
+            serde_json::to_string(&wire::ChatCompletionRequest {
+                model: model.to_string(),
+                messages,
+                max_tokens,
+                temperature: Some(s.temperature),
+                top_p: Some(s.top_p),
+                seed,
+                stop,
+                stream: Some(true),
+                stream_options,
+                tools,
+                tool_choice,
+                logprobs: logprobs.map(|_| true),
+                top_logprobs: logprobs,
+                extensions,
+                ..wire::ChatCompletionRequest::default()
+            })
         }
     };
-    if let Some(n) = req.max_tokens {
-        b["max_tokens"] = json!(n);
-    }
-    let s = &req.sampling;
-    b["temperature"] = num(s.temperature);
-    b["top_p"] = num(s.top_p);
-    if s.seed != 0 {
-        b["seed"] = json!(s.seed);
-    }
-    if s.top_k != 0 {
-        b["top_k"] = json!(s.top_k);
-    }
-    if s.min_p != 0.0 {
-        b["min_p"] = num(s.min_p);
-    }
-    if s.repetition_penalty != 1.0 {
-        b["repetition_penalty"] = num(s.repetition_penalty);
-    }
-    if !req.stop.is_empty() {
-        b["stop"] = json!(req.stop);
-    }
-    (path, b)
+    let path = match req.prompt {
+        Prompt::Chat(_) => "/v1/chat/completions",
+        Prompt::Text(_) | Prompt::Tokens(_) => "/v1/completions",
+    };
+    let body =
+        written.map_err(|e| EngineError::Internal(format!("writing the upstream request: {e}")))?;
+    Ok((path, body))
 }
 
 struct ActiveGuard(Arc<Inner>);
@@ -1701,10 +1761,10 @@ impl EngineDriver for UpstreamDriver {
         let served_ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
         let job = match self.inner.wire {
             Wire::OpenAi => {
-                let (path, body) = request_body(&req, &model);
+                let (path, body) = request_body(&req, &model)?;
                 Job {
                     path,
-                    body: Bytes::from(body.to_string()),
+                    body: Bytes::from(body),
                     headers: Vec::new(),
                     client_key: false,
                     accept: "text/event-stream",
@@ -1740,6 +1800,7 @@ impl EngineDriver for UpstreamDriver {
 mod tests {
     use super::*;
     use crate::Message;
+    use serde_json::json;
     use std::io::{Read, Write};
 
     #[test]
@@ -1795,7 +1856,8 @@ mod tests {
             parameters: json!({"type": "object"}),
         }];
         r.tool_choice = ToolChoice::Named("get_x".into());
-        let (path, b) = request_body(&r, "m");
+        let (path, b) = request_body(&r, "m").unwrap();
+        let b: Value = serde_json::from_str(&b).unwrap();
         assert_eq!(path, "/v1/chat/completions");
         assert_eq!(b["model"], "m");
         assert_eq!(b["stream"], true);
@@ -1816,13 +1878,27 @@ mod tests {
         assert!(b.get("top_k").is_none() && b.get("min_p").is_none());
         r.sampling.seed = 0;
         r.prompt = Prompt::Text("once".into());
-        let (path, b) = request_body(&r, "m");
+        let (path, b) = request_body(&r, "m").unwrap();
+        let b: Value = serde_json::from_str(&b).unwrap();
         assert_eq!(path, "/v1/completions");
         assert_eq!(
             (b["prompt"].clone(), b["logprobs"].clone()),
             (json!("once"), json!(2))
         );
         assert!(b.get("seed").is_none() && b.get("messages").is_none());
+        // Token ids go up as ids; the vLLM / llama.cpp sampling extensions when set.
+        r.prompt = Prompt::Tokens(vec![1, 50, 2]);
+        r.sampling.top_k = 5;
+        r.sampling.repetition_penalty = 1.1;
+        let (path, b) = request_body(&r, "m").unwrap();
+        let b: Value = serde_json::from_str(&b).unwrap();
+        assert_eq!(path, "/v1/completions");
+        assert_eq!(b["prompt"], json!([1, 50, 2]));
+        assert_eq!(
+            (b["top_k"].clone(), b["repetition_penalty"].clone()),
+            (json!(5), json!(1.1))
+        );
+        assert!(b.get("min_p").is_none());
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use fak_engine::EngineError;
+use fak_wire::openai::{ErrorObject, ErrorResponse};
 use serde_json::json;
 
 /// The header that tells a client whether to retry (see [`ApiError::should_retry`]).
@@ -157,12 +158,15 @@ impl ApiError {
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         match self.flavor {
-            Flavor::OpenAi => json!({"error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": null,
-                "code": null,
-            }}),
+            Flavor::OpenAi => serde_json::to_value(ErrorResponse {
+                error: ErrorObject {
+                    message: self.message.clone(),
+                    kind: self.kind.to_string(),
+                    param: None,
+                    code: None,
+                },
+            })
+            .unwrap_or_default(),
             Flavor::Anthropic => json!({"type": "error", "error": {
                 "type": self.kind,
                 "message": self.message,

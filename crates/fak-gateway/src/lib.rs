@@ -10,7 +10,7 @@
 //! | route | API | notes |
 //! |---|---|---|
 //! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens`, `tools` / `tool_choice` (calls adjudicated, `fak` field) |
-//! | `POST /v1/completions` | OpenAI legacy completions | plain prompt, no template |
+//! | `POST /v1/completions` | OpenAI legacy completions | no template; `prompt` as text or token ids (prefilled as is), one or a list (a choice per prompt by `index`) |
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
@@ -62,6 +62,7 @@
 mod anthropic;
 pub mod conn;
 pub mod error;
+mod extract;
 pub mod metrics;
 mod openai;
 mod splice;
@@ -511,10 +512,18 @@ fn body_bytes(
     })
 }
 
-/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape.
+/// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape naming the field at fault
+/// (`invalid request body: messages[0].role: unknown variant ...`).
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
-    serde_json::from_slice(bytes).map_err(|e| {
-        ApiError::bad_request(format!("invalid request body: {e}")).with_flavor(flavor)
+    let de = &mut serde_json::Deserializer::from_slice(bytes);
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let msg = if path == "." {
+            format!("invalid request body: {}", e.inner())
+        } else {
+            format!("invalid request body: {path}: {}", e.inner())
+        };
+        ApiError::bad_request(msg).with_flavor(flavor)
     })
 }
 
@@ -615,7 +624,7 @@ struct Finished {
 impl Finished {
     /// `body` as the JSON response, carrying this generation's token counts for the
     /// request's log line.
-    fn respond(&self, body: serde_json::Value) -> Response {
+    fn respond(&self, body: impl serde::Serialize) -> Response {
         with_note(
             Json(body).into_response(),
             UsageNote {

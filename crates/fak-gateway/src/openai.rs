@@ -1,17 +1,26 @@
 //! OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
 //!
-//! Request fields follow the OpenAI API reference. Supported now: `model`, `messages`
-//! (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or an array
-//! of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default: the rest
-//! of the context window), `temperature` (default 1), `top_p`, `seed`, `stop` (string or
-//! list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools` (functions)
-//! and `tool_choice` (`none`, `auto`, `required`, or a named function), assistant
-//! `tool_calls` and `tool` results in the history, `logprobs` and `top_logprobs`.
-//! Legacy `/v1/completions` takes `logprobs: N`. Not yet: `response_format` other than
-//! `text`; `logit_bias`, `frequency_penalty`, `presence_penalty` and `best_of` other than
-//! their neutral values (empty, 0, 1); the deprecated `functions` / `function_call`; and
-//! on `/v1/completions` `echo` and `suffix`: each is a 400 naming the field, never
-//! silently ignored.
+//! Requests are parsed into, and replies and stream chunks written from, the types of
+//! [`fak_wire::openai`] (which follow the `openai` Python SDK); a body that does not
+//! parse is a 400 naming the field at fault ([`crate::extract`]). Supported: `model`,
+//! `messages` (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or
+//! an array of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default:
+//! the rest of the context window), `temperature` (default 1), `top_p`, `seed`, `stop`
+//! (string or list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools`
+//! (functions) and `tool_choice` (`none`, `auto`, `required`, or a named function),
+//! assistant `tool_calls` and `tool` results in the history, `logprobs` and
+//! `top_logprobs`. `/v1/completions` takes `prompt` as a string, a list of strings, a
+//! list of token ids or a list of lists of token ids (at most [`MAX_PROMPTS`]
+//! prompts): token ids are prefilled as they are (no BOS, so control tokens can be
+//! sent; an id outside the vocabulary is a 400 naming it), and each prompt of a list is
+//! answered by the choice whose `index` is its position, `usage` summing them all. It
+//! takes the legacy `logprobs: N`. Fields accepted and not acted on are listed in
+//! [`fak_wire::openai::Ignored`]; sampling controls accepted only at their neutral value
+//! in [`fak_wire::openai::NeutralOnly`]; `response_format` other than `text`,
+//! `modalities` other than `["text"]`, the fields of
+//! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
+//! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
+//! field, never silently ignored.
 //!
 //! **Logprobs.** `logprobs: true` (with `top_logprobs` 0..=20, default 0; outside that
 //! range, or `top_logprobs` without `logprobs: true`, is a 400) returns
@@ -41,16 +50,15 @@
 //! whole set is decided.
 
 use crate::error::{ApiError, Flavor};
+use crate::extract::{OpenAiJson, WireJson};
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
     request_taint, screen_messages, Adjudicated,
 };
 use crate::{
-    cache_partition, finish, new_id, parse_body, positive, prompt_counts, start, unix_now,
-    with_note, AppState, Started, StreamLog, UsageNote,
+    cache_partition, finish, new_id, positive, prompt_counts, start, unix_now, with_note, AppState,
+    Started, StreamLog, UsageNote,
 };
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
@@ -58,157 +66,35 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fak_engine::{
     EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, TokenLogprob,
-    ToolCall, ToolChoice, ToolSpec, TopLogprob, MAX_TOP_LOGPROBS,
+    ToolCall, ToolChoice, ToolSpec, MAX_TOP_LOGPROBS,
 };
+use fak_wire::openai as wire;
 use futures_util::stream::{self, Stream, StreamExt};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
 
 const F: Flavor = Flavor::OpenAi;
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Parts(Vec<Part>),
+/// The fingerprint every reply carries.
+const FINGERPRINT: &str = "fak";
+
+/// Most prompts one `/v1/completions` request may list.
+pub(crate) const MAX_PROMPTS: usize = 64;
+
+/// A wire refusal as a 400 in OpenAI's shape.
+fn refused(r: wire::Refused) -> ApiError {
+    ApiError::bad_request(r.message).with_flavor(F)
 }
 
-#[derive(Deserialize)]
-struct Part {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct ChatMessage {
-    role: String,
-    content: Option<Content>,
-    name: Option<String>,
-    tool_call_id: Option<String>,
-    tool_calls: Option<Value>,
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Stop {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
-struct StreamOptions {
-    include_usage: Option<bool>,
-}
-
-#[derive(Deserialize)]
-struct ChatRequest {
-    model: String,
-    messages: Vec<ChatMessage>,
-    max_tokens: Option<i64>,
-    max_completion_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<i64>,
-    stop: Option<Stop>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    n: Option<i64>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    #[allow(dead_code)] // accepted; several calls per reply are always allowed
-    parallel_tool_calls: Option<bool>,
-    logprobs: Option<bool>,
-    top_logprobs: Option<Value>,
-    response_format: Option<Value>,
-    #[serde(flatten)]
-    inert: Inert,
-    functions: Option<Value>,
-    function_call: Option<Value>,
-    /// vLLM's prefix-cache salt: only requests with the same salt (and API key) share
-    /// a cached prefix.
-    cache_salt: Option<String>,
-}
-
-/// Sampling controls fak does not implement. Each is accepted only at the value that
-/// changes nothing (`null`, a penalty of 0, an empty `logit_bias`, `best_of` 1: what a
-/// client sends when it spells out OpenAI's defaults); any other value is a 400 naming
-/// the field ([`Inert::check`]), never a reply sampled as if it were absent.
-#[derive(Deserialize)]
-struct Inert {
-    logit_bias: Option<Value>,
-    frequency_penalty: Option<Value>,
-    presence_penalty: Option<Value>,
-    best_of: Option<Value>,
-}
-
-/// Whether a field's value is the one that changes nothing.
-type Neutral<'a> = &'a dyn Fn(&Value) -> bool;
-
-impl Inert {
-    fn check(&self) -> Result<(), ApiError> {
-        let empty = |v: &Value| v.as_object().is_some_and(|m| m.is_empty());
-        let zero = |v: &Value| v.as_f64() == Some(0.0);
-        let one = |v: &Value| v.as_u64() == Some(1);
-        let fields: [(&str, &Option<Value>, Neutral); 4] = [
-            ("logit_bias", &self.logit_bias, &empty),
-            ("frequency_penalty", &self.frequency_penalty, &zero),
-            ("presence_penalty", &self.presence_penalty, &zero),
-            ("best_of", &self.best_of, &one),
-        ];
-        for (name, v, neutral) in fields {
-            match v {
-                None | Some(Value::Null) => {}
-                Some(v) if neutral(v) => {}
-                Some(v) => {
-                    return Err(ApiError::bad_request(format!(
-                        "`{name}` is not supported yet (only its neutral value; got {v})"
-                    ))
-                    .with_flavor(F))
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum PromptField {
-    One(String),
-    Many(Vec<String>),
-}
-
-#[derive(Deserialize)]
-struct CompletionRequest {
-    model: String,
-    prompt: PromptField,
-    max_tokens: Option<i64>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<i64>,
-    stop: Option<Stop>,
-    stream: Option<bool>,
-    stream_options: Option<StreamOptions>,
-    n: Option<i64>,
-    echo: Option<bool>,
-    logprobs: Option<Value>,
-    suffix: Option<String>,
-    /// As [`ChatRequest::cache_salt`].
-    cache_salt: Option<String>,
-    #[serde(flatten)]
-    inert: Inert,
-}
-
-/// A count field in 0..=[`MAX_TOP_LOGPROBS`] (`null` is `None`).
-fn top_count(name: &str, v: Option<&Value>) -> Result<Option<usize>, ApiError> {
+/// A count field in 0..=[`MAX_TOP_LOGPROBS`].
+fn top_count(name: &str, v: Option<i64>) -> Result<Option<usize>, ApiError> {
     match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => match v.as_u64() {
-            Some(n) if n as usize <= MAX_TOP_LOGPROBS => Ok(Some(n as usize)),
+        None => Ok(None),
+        Some(n) => match usize::try_from(n) {
+            Ok(n) if n <= MAX_TOP_LOGPROBS => Ok(Some(n)),
             _ => Err(ApiError::bad_request(format!(
-                "{name} must be an integer in 0..={MAX_TOP_LOGPROBS} (got {v})"
+                "{name} must be an integer in 0..={MAX_TOP_LOGPROBS} (got {n})"
             ))
             .with_flavor(F)),
         },
@@ -217,7 +103,7 @@ fn top_count(name: &str, v: Option<&Value>) -> Result<Option<usize>, ApiError> {
 
 /// A chat request's `logprobs` / `top_logprobs` as the engine's top-n: `None` when
 /// logprobs are off.
-fn chat_logprobs(logprobs: Option<bool>, top: Option<&Value>) -> Result<Option<usize>, ApiError> {
+fn chat_logprobs(logprobs: Option<bool>, top: Option<i64>) -> Result<Option<usize>, ApiError> {
     let top = top_count("top_logprobs", top)?;
     match (logprobs == Some(true), top) {
         (true, n) => Ok(Some(n.unwrap_or(0))),
@@ -228,74 +114,79 @@ fn chat_logprobs(logprobs: Option<bool>, top: Option<&Value>) -> Result<Option<u
     }
 }
 
-/// A token's bytes as the JSON array of numbers OpenAI sends.
-fn bytes_json(b: &[u8]) -> Value {
-    Value::Array(b.iter().map(|&x| json!(x)).collect())
-}
-
 /// One chat `logprobs.content` entry.
-fn lp_entry(r: &TokenLogprob) -> Value {
-    let top: Vec<Value> = r
-        .top
-        .iter()
-        .map(|t: &TopLogprob| json!({"token": t.text(), "logprob": t.logprob, "bytes": bytes_json(&t.bytes)}))
-        .collect();
-    json!({"token": r.text(), "logprob": r.logprob, "bytes": bytes_json(&r.bytes), "top_logprobs": top})
+fn lp_entry(r: &TokenLogprob) -> wire::TokenLogprob {
+    wire::TokenLogprob {
+        token: r.text(),
+        logprob: r.logprob,
+        bytes: Some(r.bytes.clone()),
+        top_logprobs: r
+            .top
+            .iter()
+            .map(|t| wire::TopLogprob {
+                token: t.text(),
+                logprob: t.logprob,
+                bytes: Some(t.bytes.clone()),
+            })
+            .collect(),
+    }
 }
 
 /// A chat choice's `logprobs` object for `records`.
-fn chat_lp(records: &[TokenLogprob]) -> Value {
-    json!({"content": records.iter().map(lp_entry).collect::<Vec<_>>(), "refusal": null})
+fn chat_lp(records: &[TokenLogprob]) -> wire::ChoiceLogprobs {
+    wire::ChoiceLogprobs {
+        content: Some(records.iter().map(lp_entry).collect()),
+        refusal: None,
+    }
 }
 
 /// A legacy completion choice's `logprobs` object for `records`; `offset` is the
 /// character offset of the first one in the completion text, advanced past them.
-fn legacy_lp(records: &[TokenLogprob], offset: &mut usize) -> Value {
-    let mut tokens = Vec::new();
-    let mut lps = Vec::new();
-    let mut tops = Vec::new();
-    let mut offsets = Vec::new();
+fn legacy_lp(records: &[TokenLogprob], offset: &mut usize) -> wire::CompletionLogprobs {
+    let mut lp = wire::CompletionLogprobs::default();
     for r in records {
         let text = r.text();
-        let mut top = serde_json::Map::new();
-        for t in &r.top {
-            top.insert(t.text(), json!(t.logprob));
-        }
-        top.entry(text.clone()).or_insert(json!(r.logprob));
-        offsets.push(*offset);
+        let mut top: std::collections::BTreeMap<String, f64> =
+            r.top.iter().map(|t| (t.text(), t.logprob)).collect();
+        top.entry(text.clone()).or_insert(r.logprob);
+        lp.text_offset.push(*offset);
         *offset += text.chars().count();
-        tokens.push(json!(text));
-        lps.push(json!(r.logprob));
-        tops.push(Value::Object(top));
+        lp.tokens.push(text);
+        lp.token_logprobs.push(r.logprob);
+        lp.top_logprobs.push(top);
     }
-    json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": tops, "text_offset": offsets})
+    lp
 }
 
 fn unsupported(field: &str) -> ApiError {
     ApiError::bad_request(format!("`{field}` is not supported yet")).with_flavor(F)
 }
 
-fn stops(s: Option<Stop>) -> Result<Vec<String>, ApiError> {
-    let v = match s {
-        None => Vec::new(),
-        Some(Stop::One(s)) => vec![s],
-        Some(Stop::Many(v)) => v,
-    };
+fn stops(s: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
+    let v = s.map_or_else(Vec::new, wire::Stop::into_vec);
     if v.len() > 16 {
-        return Err(ApiError::bad_request(format!(
-            "stop holds {} strings; at most 16",
-            v.len()
-        )));
+        return Err(
+            ApiError::bad_request(format!("stop holds {} strings; at most 16", v.len()))
+                .with_flavor(F),
+        );
     }
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn sampling(temperature: Option<f32>, top_p: Option<f32>, seed: Option<i64>) -> SamplingParams {
+fn sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    seed: Option<i64>,
+    x: &wire::SamplingExtensions,
+) -> SamplingParams {
+    let d = SamplingParams::default();
     SamplingParams {
         temperature: temperature.unwrap_or(1.0),
         top_p: top_p.unwrap_or(1.0),
         seed: seed.map_or(0, |s| s as u64),
-        ..SamplingParams::default()
+        top_k: x.top_k.map_or(d.top_k, |k| k as usize),
+        min_p: x.min_p.unwrap_or(d.min_p),
+        repetition_penalty: x.repetition_penalty.unwrap_or(d.repetition_penalty),
     }
 }
 
@@ -308,113 +199,49 @@ fn check_n(n: Option<i64>) -> Result<(), ApiError> {
     }
 }
 
-fn finish_word(f: FinishReason) -> &'static str {
+fn finish_word(f: FinishReason) -> wire::FinishReason {
     match f {
-        FinishReason::Length => "length",
-        _ => "stop",
+        FinishReason::Length => wire::FinishReason::Length,
+        _ => wire::FinishReason::Stop,
     }
 }
 
-fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
-    })
+fn usage(prompt: usize, completion: usize, cached: usize) -> wire::Usage {
+    wire::Usage::new(prompt as u64, completion as u64, cached as u64)
 }
 
 /// `tools` and `tool_choice` of a chat request.
 fn parse_tools(
-    tools: Option<Value>,
-    choice: Option<Value>,
+    tools: Option<Vec<wire::Tool>>,
+    choice: Option<wire::ToolChoice>,
 ) -> Result<(Vec<ToolSpec>, ToolChoice), ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(ApiError::bad_request("tools must be an array")),
-    };
+    let list = tools.unwrap_or_default();
     let mut specs = Vec::with_capacity(list.len());
     for (i, t) in list.into_iter().enumerate() {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
-            return Err(ApiError::bad_request(format!(
-                "tools[{i}].type must be 'function'"
-            )));
-        }
-        let f = t
-            .get("function")
-            .ok_or_else(|| ApiError::bad_request(format!("tools[{i}] has no `function`")))?;
-        let name = f.get("name").and_then(Value::as_str).ok_or_else(|| {
-            ApiError::bad_request(format!("tools[{i}].function has no string `name`"))
-        })?;
-        check_tool_name(name, &format!("tools[{i}].function.name"))?;
-        let parameters = match f.get("parameters") {
-            None | Some(Value::Null) => json!({"type": "object", "properties": {}}),
-            Some(p @ Value::Object(_)) => p.clone(),
-            Some(_) => {
-                return Err(ApiError::bad_request(format!(
-                    "tools[{i}].function.parameters must be a JSON Schema object"
-                )))
-            }
-        };
+        let f = t.function;
+        check_tool_name(&f.name, &format!("tools[{i}].function.name"))?;
         specs.push(ToolSpec {
-            name: name.to_string(),
-            description: f
-                .get("description")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            parameters,
+            name: f.name,
+            description: f.description,
+            parameters: Value::Object(f.parameters.unwrap_or_else(|| {
+                let mut m = serde_json::Map::new();
+                m.insert("type".into(), Value::String("object".into()));
+                m.insert("properties".into(), Value::Object(serde_json::Map::new()));
+                m
+            })),
         });
     }
     let choice = match choice {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(Value::String(w)) => match w.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            other => {
-                return Err(ApiError::bad_request(format!(
-                    "tool_choice '{other}' is not one of none, auto, required, or a function"
-                )))
-            }
-        },
-        Some(v) => match v.pointer("/function/name").and_then(Value::as_str) {
-            Some(n) if v.get("type").and_then(Value::as_str) == Some("function") => {
-                ToolChoice::Named(n.to_string())
-            }
-            _ => {
-                return Err(ApiError::bad_request(
-                    "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
-                ))
-            }
-        },
+        None | Some(wire::ToolChoice::Mode(wire::ToolChoiceMode::Auto)) => ToolChoice::Auto,
+        Some(wire::ToolChoice::Mode(wire::ToolChoiceMode::None)) => ToolChoice::None,
+        Some(wire::ToolChoice::Mode(wire::ToolChoiceMode::Required)) => ToolChoice::Required,
+        Some(wire::ToolChoice::Named(n)) => ToolChoice::Named(n.function.name),
     };
     check_tools(&specs, &choice)?;
     Ok((specs, choice))
 }
 
-/// Checks an assistant message's `tool_calls`: an array of
-/// `{id, type: "function", function: {name, arguments}}` with `arguments` a string.
-fn check_history_calls(v: &Value, i: usize) -> Result<(), ApiError> {
-    let Some(a) = v.as_array() else {
-        return Err(ApiError::bad_request(format!(
-            "messages[{i}].tool_calls must be an array"
-        )));
-    };
-    for (j, c) in a.iter().enumerate() {
-        let ok = c.pointer("/function/name").is_some_and(Value::is_string)
-            && c.pointer("/function/arguments")
-                .is_some_and(Value::is_string);
-        if !ok {
-            return Err(ApiError::bad_request(format!(
-                "messages[{i}].tool_calls[{j}] needs function.name and function.arguments (a string)"
-            )));
-        }
-    }
-    Ok(())
-}
-
-fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
+fn to_messages(ms: Vec<wire::ChatMessage>) -> Result<Vec<Message>, ApiError> {
     if ms.is_empty() {
         return Err(ApiError::bad_request(
             "messages must hold at least one message",
@@ -423,32 +250,22 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
     ms.into_iter()
         .enumerate()
         .map(|(i, m)| {
-            let role = match m.role.as_str() {
-                "system" | "developer" => "system",
-                "user" | "assistant" | "tool" => m.role.as_str(),
-                other => {
-                    return Err(ApiError::bad_request(format!(
-                        "messages[{i}].role '{other}' is not one of system, developer, user, assistant, tool"
-                    )))
-                }
-            }
-            .to_string();
+            let role = match m.role {
+                wire::Role::System | wire::Role::Developer => "system",
+                r => r.as_str(),
+            };
             let content = match m.content {
                 None => String::new(),
-                Some(Content::Text(t)) => t,
-                Some(Content::Parts(parts)) => {
+                Some(wire::MessageContent::Text(t)) => t,
+                Some(wire::MessageContent::Parts(parts)) => {
                     let mut s = String::new();
                     for (j, p) in parts.into_iter().enumerate() {
-                        match (p.kind.as_str(), p.text) {
-                            ("text", Some(t)) => s.push_str(&t),
-                            ("text", None) => {
+                        match p {
+                            wire::ContentPart::Text { text } => s.push_str(&text),
+                            p => {
                                 return Err(ApiError::bad_request(format!(
-                                    "messages[{i}].content[{j}] is a text part without `text`"
-                                )))
-                            }
-                            (k, _) => {
-                                return Err(ApiError::bad_request(format!(
-                                    "messages[{i}].content[{j}] has type '{k}'; only text parts are supported"
+                                    "messages[{i}].content[{j}] has type '{}'; only text parts are supported",
+                                    p.kind()
                                 )))
                             }
                         }
@@ -457,11 +274,11 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 }
             };
             let tool_calls = match m.tool_calls {
-                None | Some(Value::Null) => None,
-                Some(v) if role == "assistant" => {
-                    check_history_calls(&v, i)?;
-                    Some(v)
-                }
+                None => None,
+                Some(calls) if m.role == wire::Role::Assistant => Some(
+                    serde_json::to_value(calls)
+                        .map_err(|e| ApiError::internal(format!("messages[{i}].tool_calls: {e}")))?,
+                ),
                 Some(_) => {
                     return Err(ApiError::bad_request(format!(
                         "messages[{i}] has tool_calls but is not an assistant message"
@@ -469,7 +286,7 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
                 }
             };
             Ok(Message {
-                role,
+                role: role.to_string(),
                 content,
                 tool_calls,
                 tool_call_id: m.tool_call_id,
@@ -479,41 +296,32 @@ fn to_messages(ms: Vec<ChatMessage>) -> Result<Vec<Message>, ApiError> {
         .collect()
 }
 
+/// Checks what a chat request asks that fak does not do: a 400 naming the field.
+fn check_chat_fields(r: &wire::ChatCompletionRequest) -> Result<(), ApiError> {
+    r.neutral.check().map_err(refused)?;
+    r.unimplemented.check().map_err(refused)?;
+    match &r.response_format {
+        None | Some(wire::ResponseFormat::Text) => {}
+        Some(_) => return Err(unsupported("response_format")),
+    }
+    if let Some(m) = &r.modalities {
+        if m.iter().any(|m| m != "text") {
+            return Err(unsupported("modalities").with_flavor(F));
+        }
+    }
+    Ok(())
+}
+
 /// `POST /v1/chat/completions`.
 pub(crate) async fn chat_completions(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    WireJson(r, _): OpenAiJson<wire::ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let r: ChatRequest = parse_body(&s, body, F)?;
     check_n(r.n)?;
+    check_chat_fields(&r)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
-    let logprobs = chat_logprobs(r.logprobs, r.top_logprobs.as_ref())?;
-    r.inert.check()?;
-    for (name, v) in [
-        ("functions", &r.functions),
-        ("function_call", &r.function_call),
-    ] {
-        if v.as_ref().is_some_and(|v| !v.is_null()) {
-            return Err(ApiError::bad_request(format!(
-                "`{name}` (the deprecated function-calling form) is not supported; use `tools` and `tool_choice`"
-            ))
-            .with_flavor(F));
-        }
-    }
-    match &r.response_format {
-        None | Some(Value::Null) => {}
-        Some(rf) => {
-            match rf.get("type").and_then(Value::as_str) {
-                Some("text") => {}
-                Some(_) => return Err(unsupported("response_format")),
-                None => return Err(ApiError::bad_request(
-                    "response_format must be an object with a `type` (only \"text\" is supported)",
-                )
-                .with_flavor(F)),
-            }
-        }
-    }
+    let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
     let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
         Some(v) => Some(positive(
             if r.max_completion_tokens.is_some() {
@@ -534,8 +342,8 @@ pub(crate) async fn chat_completions(
         model: Some(r.model.clone()),
         prompt: Prompt::Chat(messages),
         max_tokens,
-        sampling: sampling(r.temperature, r.top_p, r.seed),
-        stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
+        sampling: sampling(r.temperature, r.top_p, r.seed, &r.extensions),
+        stop: stops(r.stop)?,
         tools,
         tool_choice,
         logprobs,
@@ -584,31 +392,37 @@ pub(crate) async fn chat_completions(
         &offered,
         std::mem::take(&mut f.tool_calls),
     );
-    let mut message = json!({"role": "assistant", "content": f.text, "refusal": null});
-    if !a.allowed.is_empty() {
-        message["tool_calls"] = Value::Array(a.allowed.iter().map(call_json).collect());
-        if f.text.is_empty() {
-            message["content"] = Value::Null;
-        }
-    }
-    let mut body = json!({
-        "id": id,
-        "object": "chat.completion",
-        "created": created,
-        "model": r.model,
-        "system_fingerprint": "fak",
-        "choices": [{
-            "index": 0,
-            "message": message,
-            "logprobs": if logprobs.is_some() { chat_lp(&f.logprobs) } else { Value::Null },
-            "finish_reason": finish_for(&f.done, &a),
+    let calls = (!a.allowed.is_empty()).then(|| a.allowed.iter().map(call_wire).collect());
+    let content = if calls.is_some() && f.text.is_empty() {
+        None
+    } else {
+        Some(std::mem::take(&mut f.text))
+    };
+    let body = wire::ChatCompletion {
+        id,
+        object: wire::CHAT_COMPLETION_OBJECT.into(),
+        created,
+        model: r.model,
+        system_fingerprint: Some(FINGERPRINT.into()),
+        choices: vec![wire::ChatChoice {
+            index: 0,
+            message: wire::AssistantMessage {
+                role: wire::Role::Assistant,
+                content,
+                refusal: None,
+                tool_calls: calls,
+            },
+            logprobs: logprobs.is_some().then(|| chat_lp(&f.logprobs)),
+            finish_reason: Some(finish_for(&f.done, &a)),
         }],
-        "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
-    });
-    if let Some(v) = fak_field(&results, &a) {
-        body["fak"] = v;
-    }
-    Ok(f.respond(body))
+        usage: Some(usage(
+            f.prompt_tokens,
+            f.done.completion_tokens,
+            f.cached_tokens,
+        )),
+        fak: fak_field(&results, &a),
+    };
+    Ok(f.respond(&body))
 }
 
 /// What each SSE step of a stream has to go on with.
@@ -683,8 +497,14 @@ where
     head.chain(body.flat_map(move |ev| stream::iter(render(ev).into_iter().map(Ok))))
 }
 
-pub(crate) fn data(v: &Value) -> Event {
-    Event::default().data(v.to_string())
+/// A JSON value as one SSE `data:` event.
+pub(crate) fn data<T: serde::Serialize>(v: &T) -> Event {
+    Event::default().data(serde_json::to_string(v).unwrap_or_default())
+}
+
+/// The stream's last event.
+fn done_event() -> Event {
+    Event::default().data("[DONE]")
 }
 
 /// What a stream needs to adjudicate its calls at the end.
@@ -698,17 +518,23 @@ struct CallCheck {
 }
 
 /// An allowed call in OpenAI's shape.
-fn call_json(c: &ToolCall) -> Value {
-    json!({"id": c.id, "type": "function",
-           "function": {"name": c.name, "arguments": c.arguments}})
+fn call_wire(c: &ToolCall) -> wire::ToolCall {
+    wire::ToolCall {
+        id: c.id.clone(),
+        kind: wire::FunctionType::Function,
+        function: wire::FunctionCall {
+            name: c.name.clone(),
+            arguments: c.arguments.clone(),
+        },
+    }
 }
 
 /// `tool_calls` when a call is passed on, else the generation's own ending.
-fn finish_for(d: &fak_engine::Done, a: &Adjudicated) -> &'static str {
+fn finish_for(d: &fak_engine::Done, a: &Adjudicated) -> wire::FinishReason {
     if a.allowed.is_empty() {
         finish_word(d.finish_reason)
     } else {
-        "tool_calls"
+        wire::FinishReason::ToolCalls
     }
 }
 
@@ -722,6 +548,32 @@ struct ChunkHead {
     logprobs: bool,
 }
 
+impl ChunkHead {
+    /// A chunk of choice 0 with `delta`, `finish` and `logprobs`.
+    fn chunk(
+        &self,
+        delta: wire::Delta,
+        finish: Option<wire::FinishReason>,
+        logprobs: Option<wire::ChoiceLogprobs>,
+    ) -> wire::ChatCompletionChunk {
+        wire::ChatCompletionChunk {
+            id: self.id.clone(),
+            object: wire::CHAT_COMPLETION_CHUNK_OBJECT.into(),
+            created: self.created,
+            model: self.model.clone(),
+            system_fingerprint: Some(FINGERPRINT.into()),
+            choices: vec![wire::ChunkChoice {
+                index: 0,
+                delta,
+                logprobs,
+                finish_reason: finish,
+            }],
+            usage: self.include_usage.then_some(None),
+            fak: None,
+        }
+    }
+}
+
 fn chat_stream(
     s: AppState,
     st: Started,
@@ -732,39 +584,24 @@ fn chat_stream(
     let state = s.clone();
     let mut held: Vec<ToolCall> = Vec::new();
     let mut held_lp: Vec<TokenLogprob> = Vec::new();
-    let ChunkHead {
-        id,
-        created,
-        model,
-        include_usage,
-        logprobs,
-    } = head;
-    let chunk = move |delta: Value, finish: Value, usage_v: Option<Value>| {
-        let mut v = json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "system_fingerprint": "fak",
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        if include_usage {
-            v["usage"] = usage_v.unwrap_or(Value::Null);
-        }
-        v
-    };
-    let head = vec![data(&chunk(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
+    let logprobs = head.logprobs;
+    let first = vec![data(&head.chunk(
+        wire::Delta {
+            role: Some(wire::Role::Assistant),
+            content: Some(String::new()),
+            ..wire::Delta::default()
+        },
+        None,
         None,
     ))];
-    sse_stream(s, st, head, move |ev| match ev {
+    sse_stream(s, st, first, move |ev| match ev {
         EngineEvent::Text(t) => {
-            let mut v = chunk(json!({"content": t}), Value::Null, None);
-            if logprobs {
-                v["choices"][0]["logprobs"] = chat_lp(&std::mem::take(&mut held_lp));
-            }
-            vec![data(&v)]
+            let lp = logprobs.then(|| chat_lp(&std::mem::take(&mut held_lp)));
+            let delta = wire::Delta {
+                content: Some(t),
+                ..wire::Delta::default()
+            };
+            vec![data(&head.chunk(delta, None, lp))]
         }
         EngineEvent::Logprobs(r) => {
             held_lp.extend(r);
@@ -787,153 +624,208 @@ fn chat_stream(
                 .iter()
                 .enumerate()
                 .map(|(i, c)| {
-                    let mut v = call_json(c);
-                    v["index"] = json!(i);
-                    data(&chunk(json!({"tool_calls": [v]}), Value::Null, None))
+                    let delta = wire::Delta {
+                        tool_calls: Some(vec![wire::ToolCallDelta {
+                            index: i as u32,
+                            id: Some(c.id.clone()),
+                            kind: Some(wire::FunctionType::Function),
+                            function: Some(wire::FunctionCallDelta {
+                                name: Some(c.name.clone()),
+                                arguments: Some(c.arguments.clone()),
+                            }),
+                        }]),
+                        ..wire::Delta::default()
+                    };
+                    data(&head.chunk(delta, None, None))
                 })
                 .collect();
-            let mut last = chunk(json!({}), json!(finish_for(&d, &a)), None);
-            if logprobs && !held_lp.is_empty() {
-                last["choices"][0]["logprobs"] = chat_lp(&std::mem::take(&mut held_lp));
-            }
-            if let Some(v) = fak_field(&check.results, &a) {
-                last["fak"] = v;
-            }
+            let lp =
+                (logprobs && !held_lp.is_empty()).then(|| chat_lp(&std::mem::take(&mut held_lp)));
+            let mut last = head.chunk(wire::Delta::default(), Some(finish_for(&d, &a)), lp);
+            last.fak = fak_field(&check.results, &a);
             out.push(data(&last));
-            if include_usage {
+            if head.include_usage {
                 let (prompt, cached) = prompt_counts(&d, prompt, cached);
-                let mut u = chunk(
-                    json!({}),
-                    Value::Null,
-                    Some(usage(prompt, d.completion_tokens, cached)),
-                );
-                u["choices"] = json!([]);
+                let mut u = head.chunk(wire::Delta::default(), None, None);
+                u.choices.clear();
+                u.usage = Some(Some(usage(prompt, d.completion_tokens, cached)));
                 out.push(data(&u));
             }
-            out.push(Event::default().data("[DONE]"));
+            out.push(done_event());
             out
         }
-        EngineEvent::Error(e) => vec![
-            data(&ApiError::from(e).with_flavor(F).body()),
-            Event::default().data("[DONE]"),
-        ],
+        EngineEvent::Error(e) => vec![data(&ApiError::from(e).with_flavor(F).body()), done_event()],
         EngineEvent::Start { .. } => Vec::new(),
     })
 }
 
-/// `POST /v1/completions`: a plain prompt, no chat template.
+/// Token counts summed over a request's prompts, and whether one failed.
+#[derive(Default)]
+struct Totals {
+    prompt: usize,
+    completion: usize,
+    cached: usize,
+    failed: bool,
+}
+
+/// `POST /v1/completions`: plain prompts, no chat template. `prompt` is a string, a
+/// list of strings, a list of token ids or a list of lists of token ids; each prompt of
+/// a list is answered by the choice whose `index` is its position (streamed: their
+/// chunks interleave, each with its `index`), and `usage` sums them all.
 pub(crate) async fn completions(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    WireJson(r, _): OpenAiJson<wire::CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    let r: CompletionRequest = parse_body(&s, body, F)?;
     check_n(r.n)?;
-    r.inert.check()?;
+    r.neutral.check().map_err(refused)?;
     if r.echo == Some(true) {
         return Err(unsupported("echo"));
     }
-    let logprobs = top_count("logprobs", r.logprobs.as_ref())?;
+    let logprobs = top_count("logprobs", r.logprobs)?;
     if r.suffix.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(unsupported("suffix"));
     }
-    let prompt = match r.prompt {
-        PromptField::One(p) => p,
-        PromptField::Many(mut v) if v.len() == 1 => v.remove(0),
-        PromptField::Many(v) => {
-            return Err(ApiError::bad_request(format!(
-                "prompt holds {} strings; only one is supported",
-                v.len()
-            ))
-            .with_flavor(F))
-        }
-    };
+    let prompts = r.prompt.into_prompts();
+    if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
+        return Err(ApiError::bad_request(format!(
+            "prompt holds {} prompts; between 1 and {MAX_PROMPTS}",
+            prompts.len()
+        ))
+        .with_flavor(F));
+    }
     let max_tokens = positive("max_tokens", r.max_tokens.unwrap_or(16), F)?;
-    let req = GenerateRequest {
-        model: Some(r.model.clone()),
-        prompt: Prompt::Text(prompt),
-        max_tokens: Some(max_tokens),
-        sampling: sampling(r.temperature, r.top_p, r.seed),
-        stop: stops(r.stop).map_err(|e| e.with_flavor(F))?,
-        tools: Vec::new(),
-        tool_choice: ToolChoice::None,
-        logprobs,
-        cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
-        raw: None,
-    };
-    let started = start(&s, req, F, "/v1/completions").await?;
+    let stop = stops(r.stop)?;
+    let partition = cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?;
+    let mut started = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let req = GenerateRequest {
+            model: Some(r.model.clone()),
+            prompt: match p {
+                wire::PromptInput::Text(t) => Prompt::Text(t),
+                wire::PromptInput::Tokens(ids) => Prompt::Tokens(ids),
+            },
+            max_tokens: Some(max_tokens),
+            sampling: sampling(r.temperature, r.top_p, r.seed, &r.extensions),
+            stop: stop.clone(),
+            tools: Vec::new(),
+            tool_choice: ToolChoice::None,
+            logprobs,
+            cache_partition: partition.clone(),
+            raw: None,
+        };
+        started.push(start(&s, req, F, "/v1/completions").await?);
+    }
     let id = new_id("cmpl-");
     let created = unix_now();
     let model = r.model;
+    let chunk = move |index: usize,
+                      text: String,
+                      finish: Option<wire::FinishReason>,
+                      lp: Option<wire::CompletionLogprobs>| wire::Completion {
+        id: id.clone(),
+        object: wire::TEXT_COMPLETION_OBJECT.into(),
+        created,
+        model: model.clone(),
+        choices: vec![wire::CompletionChoice {
+            text,
+            index: index as u32,
+            logprobs: lp,
+            finish_reason: finish,
+        }],
+        usage: None,
+    };
     if r.stream == Some(true) {
         let include_usage = r.stream_options.and_then(|o| o.include_usage) == Some(true);
-        let (prompt, cached) = (started.prompt_tokens, started.cached_tokens);
         let note = UsageNote {
-            prompt,
-            cached,
+            prompt: started.iter().map(|st| st.prompt_tokens).sum(),
+            cached: started.iter().map(|st| st.cached_tokens).sum(),
             stream: true,
             ..UsageNote::default()
         };
-        let chunk = move |text: &str, finish: Value| {
-            json!({
-                "id": id, "object": "text_completion", "created": created, "model": model,
-                "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
-            })
-        };
-        let mut held_lp: Vec<TokenLogprob> = Vec::new();
-        let mut offset = 0usize;
-        let mut lp =
-            move |held: &mut Vec<TokenLogprob>| legacy_lp(&std::mem::take(held), &mut offset);
-        let st = sse_stream(s, started, Vec::new(), move |ev| match ev {
-            EngineEvent::Text(t) => {
-                let mut v = chunk(&t, Value::Null);
-                if logprobs.is_some() {
-                    v["choices"][0]["logprobs"] = lp(&mut held_lp);
+        let totals = Arc::new(Mutex::new(Totals::default()));
+        let streams = started.into_iter().enumerate().map(|(index, st)| {
+            let (prompt, cached) = (st.prompt_tokens, st.cached_tokens);
+            let chunk = chunk.clone();
+            let totals = Arc::clone(&totals);
+            let mut held_lp: Vec<TokenLogprob> = Vec::new();
+            let mut offset = 0usize;
+            let mut lp = move |held: &mut Vec<TokenLogprob>| {
+                logprobs.map(|_| legacy_lp(&std::mem::take(held), &mut offset))
+            };
+            sse_stream(s.clone(), st, Vec::new(), move |ev| match ev {
+                EngineEvent::Text(t) => {
+                    let l = lp(&mut held_lp);
+                    vec![data(&chunk(index, t, None, l))]
                 }
-                vec![data(&v)]
-            }
-            EngineEvent::Logprobs(r) => {
-                held_lp.extend(r);
-                Vec::new()
-            }
-            EngineEvent::Done(d) => {
-                let mut last = chunk("", json!(finish_word(d.finish_reason)));
-                if logprobs.is_some() && !held_lp.is_empty() {
-                    last["choices"][0]["logprobs"] = lp(&mut held_lp);
+                EngineEvent::Logprobs(r) => {
+                    held_lp.extend(r);
+                    Vec::new()
                 }
-                let mut out = vec![data(&last)];
-                if include_usage {
+                EngineEvent::Done(d) => {
+                    let l = if held_lp.is_empty() {
+                        None
+                    } else {
+                        lp(&mut held_lp)
+                    };
                     let (prompt, cached) = prompt_counts(&d, prompt, cached);
-                    let mut u = chunk("", Value::Null);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage(prompt, d.completion_tokens, cached);
-                    out.push(data(&u));
+                    let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
+                    t.prompt += prompt;
+                    t.cached += cached;
+                    t.completion += d.completion_tokens;
+                    vec![data(&chunk(
+                        index,
+                        String::new(),
+                        Some(finish_word(d.finish_reason)),
+                        l,
+                    ))]
                 }
-                out.push(Event::default().data("[DONE]"));
-                out
-            }
-            EngineEvent::Error(e) => vec![
-                data(&ApiError::from(e).with_flavor(F).body()),
-                Event::default().data("[DONE]"),
-            ],
-            EngineEvent::Start { .. } | EngineEvent::ToolCall(_) => Vec::new(),
+                EngineEvent::Error(e) => {
+                    totals.lock().unwrap_or_else(|p| p.into_inner()).failed = true;
+                    vec![data(&ApiError::from(e).with_flavor(F).body())]
+                }
+                EngineEvent::Start { .. } | EngineEvent::ToolCall(_) => Vec::new(),
+            })
+            .boxed()
         });
+        let streams: Vec<_> = streams.collect();
+        let tail = stream::once(async move {
+            let t = totals.lock().unwrap_or_else(|p| p.into_inner());
+            let mut out = Vec::new();
+            if include_usage && !t.failed {
+                let mut u = chunk(0, String::new(), None, None);
+                u.choices.clear();
+                u.usage = Some(usage(t.prompt, t.completion, t.cached));
+                out.push(Ok(data(&u)));
+            }
+            out.push(Ok(done_event()));
+            stream::iter(out)
+        })
+        .flatten();
+        let st = stream::select_all(streams).chain(tail);
         return Ok(with_note(Sse::new(st).into_response(), note));
     }
-    let f = finish(&s, started, F).await?;
-    let body = json!({
-        "id": id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "choices": [{
-            "text": f.text, "index": 0,
-            "logprobs": if logprobs.is_some() { legacy_lp(&f.logprobs, &mut 0) } else { Value::Null },
-            "finish_reason": finish_word(f.done.finish_reason),
-        }],
-        "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
-    });
-    Ok(f.respond(body))
+    let mut choices = Vec::with_capacity(started.len());
+    let mut totals = Totals::default();
+    for (index, st) in started.into_iter().enumerate() {
+        let f = finish(&s, st, F).await?;
+        totals.prompt += f.prompt_tokens;
+        totals.cached += f.cached_tokens;
+        totals.completion += f.done.completion_tokens;
+        let lp = logprobs.map(|_| legacy_lp(&f.logprobs, &mut 0));
+        let mut c = chunk(index, f.text, Some(finish_word(f.done.finish_reason)), lp);
+        choices.append(&mut c.choices);
+    }
+    let mut body = chunk(0, String::new(), None, None);
+    body.choices = choices;
+    body.usage = Some(usage(totals.prompt, totals.completion, totals.cached));
+    let note = UsageNote {
+        prompt: totals.prompt,
+        completion: totals.completion,
+        cached: totals.cached,
+        stream: false,
+    };
+    Ok(with_note(Json(body).into_response(), note))
 }
 
 /// `GET /v1/models`.

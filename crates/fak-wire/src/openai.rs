@@ -1,1 +1,1170 @@
-//! See the crate docs.
+//! The OpenAI Chat Completions, Completions and error wires.
+//!
+//! Shapes follow the OpenAI API reference and the `openai` Python SDK (3.57): requests
+//! as `openai.types.chat.completion_create_params` and
+//! `openai.types.completion_create_params`, responses as `ChatCompletion`,
+//! `ChatCompletionChunk` and `Completion` (whose type the SDK also uses for the
+//! Completions stream's chunks), usage as `CompletionUsage`.
+//!
+//! Each type is used both ways: fak-gateway parses client requests into them and writes
+//! its answers from them; the upstream driver writes its requests to another
+//! OpenAI-compatible server from them and parses that server's answers. So request
+//! fields that are unset are left out when written (`None` fields are skipped), and
+//! every response field is optional on the way in (servers differ in what they send).
+//!
+//! **Fields fak takes but does not act on** are in one place each:
+//! - [`Ignored`]: accepted at any value, because they never change the output
+//!   (`user`, `metadata`, `store`, ...), each documented there;
+//! - [`NeutralOnly`]: sampling controls fak does not implement, accepted only at the
+//!   value that changes nothing (what a client sends when it spells out OpenAI's
+//!   defaults); [`NeutralOnly::check`] names the field otherwise;
+//! - [`Unimplemented`]: fields that would change the output in a way fak cannot
+//!   honour; [`Unimplemented::check`] names the first one set.
+//!
+//! The sampling controls vLLM and llama.cpp add ([`SamplingExtensions`]) are acted on.
+//! Fields no version of the API defines otherwise are ignored by the parser.
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+use std::fmt;
+
+// ---------------------------------------------------------------------------------------
+// Shared pieces
+
+/// `stop`: one string or a list (up to 4 at OpenAI; the gateway takes up to 16).
+/// SDK: `stop: Union[Optional[str], SequenceNotStr[str], None]`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+impl Stop {
+    /// The strings, in order.
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// `stream_options`. SDK: `ChatCompletionStreamOptionsParam`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// When true, a last chunk with empty `choices` carries the whole request's
+    /// [`Usage`] (and every other chunk `"usage": null`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+    /// Random padding against length side channels (accepted, not acted on: fak pads
+    /// nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_obfuscation: Option<bool>,
+}
+
+/// Token counts of one request. SDK: `openai.types.CompletionUsage`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Tokens of the prompt (after templating, for chat).
+    pub prompt_tokens: u64,
+    /// Tokens generated.
+    pub completion_tokens: u64,
+    /// Their sum.
+    pub total_tokens: u64,
+    /// Breakdown of the prompt tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+impl Usage {
+    /// Usage of `prompt` tokens (of which `cached` read from a cache) and `completion`
+    /// generated ones.
+    pub fn new(prompt: u64, completion: u64, cached: u64) -> Self {
+        Usage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: Some(PromptTokensDetails {
+                cached_tokens: Some(cached),
+            }),
+        }
+    }
+
+    /// `prompt_tokens_details.cached_tokens`, 0 when absent.
+    pub fn cached_tokens(&self) -> u64 {
+        self.prompt_tokens_details
+            .as_ref()
+            .and_then(|d| d.cached_tokens)
+            .unwrap_or(0)
+    }
+}
+
+/// SDK: `openai.types.completion_usage.PromptTokensDetails`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens read from a cache (fak: whose KV entries were reused).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cached_tokens: Option<u64>,
+}
+
+/// Why a choice ended. SDK: `finish_reason` literals of `Choice`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A stop token or stop string.
+    Stop,
+    /// `max_tokens` or the end of the context window.
+    Length,
+    /// The reply is tool calls.
+    ToolCalls,
+    /// Filtered (never sent by fak).
+    ContentFilter,
+    /// The deprecated `function_call` (never sent by fak).
+    FunctionCall,
+}
+
+/// The `type` of a tool, tool call or named tool choice: only `"function"` is
+/// defined for chat tool calls fak handles.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FunctionType {
+    /// `"function"`.
+    #[default]
+    Function,
+}
+
+// ---------------------------------------------------------------------------------------
+// The error envelope
+
+/// An error response: `{"error": {"message", "type", "param", "code"}}`.
+/// SDK: the body `openai.APIStatusError` reads (`body["error"]`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    /// The error.
+    pub error: ErrorObject,
+}
+
+/// The inner object of [`ErrorResponse`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ErrorObject {
+    /// What was wrong, for a person.
+    pub message: String,
+    /// The type word (`invalid_request_error`, `authentication_error`, ...).
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The request field at fault, when known (`null` otherwise).
+    #[serde(default)]
+    pub param: Option<String>,
+    /// A machine-readable code, when there is one (`null` otherwise).
+    #[serde(default)]
+    pub code: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Fields taken and not acted on
+
+/// A field fak refuses: its name and why, for a 400 naming it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Refused {
+    /// The request field, as spelled on the wire.
+    pub field: &'static str,
+    /// The whole message for the client (it names the field).
+    pub message: String,
+}
+
+impl fmt::Display for Refused {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// Request fields accepted at any value and not acted on, because none changes the
+/// generated output. Shared by both generation requests.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Ignored {
+    /// An end-user id for abuse monitoring (deprecated by OpenAI for
+    /// `safety_identifier`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Up to 16 key-value pairs stored with the response at OpenAI (fak stores none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Whether OpenAI should store the completion (fak stores none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<bool>,
+    /// OpenAI's processing tier (`auto`, `default`, `flex`, ...): one tier here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_tier: Option<String>,
+    /// OpenAI's prompt-cache routing key (fak's KV reuse needs none; its partitions are
+    /// the API key and `cache_salt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_key: Option<String>,
+    /// OpenAI's prompt-cache retention (`in-memory`, `24h`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_retention: Option<String>,
+    /// A stable end-user id for abuse monitoring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub safety_identifier: Option<String>,
+    /// OpenAI's explicit prompt-cache breakpoints and lifetime (`{ttl, ...}`): fak
+    /// caches by prefix on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_cache_options: Option<Value>,
+}
+
+/// Sampling controls fak does not implement, accepted only at the value that changes
+/// nothing: `null`, an empty `logit_bias`, a penalty of 0, `best_of` 1.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NeutralOnly {
+    /// Token id (as a string) → bias added to its logit, -100..=100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    /// -2.0..=2.0: penalises tokens by how often they appeared so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    /// -2.0..=2.0: penalises tokens that appeared so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    /// Completions: generate this many server-side and return the best.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<i64>,
+}
+
+impl NeutralOnly {
+    /// # Errors
+    /// [`Refused`] naming the first field set to a value other than its neutral one.
+    pub fn check(&self) -> Result<(), Refused> {
+        let refuse = |field: &'static str, got: String| {
+            Err(Refused {
+                field,
+                message: format!(
+                    "`{field}` is not supported yet (only its neutral value; got {got})"
+                ),
+            })
+        };
+        if let Some(b) = self.logit_bias.as_ref().filter(|b| !b.is_empty()) {
+            return refuse("logit_bias", format!("{} entries", b.len()));
+        }
+        for (field, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if let Some(v) = v.filter(|&v| v != 0.0) {
+                return refuse(field, v.to_string());
+            }
+        }
+        if let Some(n) = self.best_of.filter(|&n| n != 1) {
+            return refuse("best_of", n.to_string());
+        }
+        Ok(())
+    }
+}
+
+/// Sampling controls that vLLM, SGLang and llama.cpp's server take beyond OpenAI's (not
+/// in OpenAI's API reference; the `openai` SDK sends them through `extra_body`). fak
+/// acts on them: the gateway passes them to the sampler, the upstream driver sends them
+/// when set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SamplingExtensions {
+    /// Keep the `top_k` most likely tokens; 0 disables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u32>,
+    /// Drop tokens below `min_p` times the most likely one's probability; 0 disables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// Divides positive logits (multiplies negative ones) of tokens already seen; 1
+    /// disables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+}
+
+/// Chat request fields that would change the output in a way fak cannot honour:
+/// any value but `null` is refused ([`Unimplemented::check`]). Their shapes are kept
+/// as JSON until fak implements them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Unimplemented {
+    /// The deprecated function-calling form (`tools` replaces it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub functions: Option<Value>,
+    /// The deprecated function-calling form (`tool_choice` replaces it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function_call: Option<Value>,
+    /// Audio output settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub audio: Option<Value>,
+    /// Predicted output (speculative decoding against given text).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prediction: Option<Value>,
+    /// Web search.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub web_search_options: Option<Value>,
+    /// A reasoning model's effort (fak's models have no reasoning mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_effort: Option<Value>,
+    /// Reply length control of newer models.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verbosity: Option<Value>,
+    /// Moderation of the input and output (which may block a reply).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moderation: Option<Value>,
+}
+
+impl Unimplemented {
+    /// # Errors
+    /// [`Refused`] naming the first field that is set (not `null`).
+    pub fn check(&self) -> Result<(), Refused> {
+        let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+        for (field, v) in [
+            ("functions", &self.functions),
+            ("function_call", &self.function_call),
+        ] {
+            if set(v) {
+                return Err(Refused {
+                    field,
+                    message: format!("`{field}` (the deprecated function-calling form) is not supported; use `tools` and `tool_choice`"),
+                });
+            }
+        }
+        for (field, v) in [
+            ("audio", &self.audio),
+            ("prediction", &self.prediction),
+            ("web_search_options", &self.web_search_options),
+            ("reasoning_effort", &self.reasoning_effort),
+            ("verbosity", &self.verbosity),
+            ("moderation", &self.moderation),
+        ] {
+            if set(v) {
+                return Err(Refused {
+                    field,
+                    message: format!("`{field}` is not supported yet"),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat Completions: request
+
+/// `POST /v1/chat/completions`. SDK: `CompletionCreateParamsBase`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    /// The model id.
+    pub model: String,
+    /// The conversation, oldest first.
+    pub messages: Vec<ChatMessage>,
+    /// Most tokens to generate (deprecated by OpenAI for `max_completion_tokens`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// Most tokens to generate; wins over `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<i64>,
+    /// 0..=2, default 1; 0 is greedy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Sampling seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Stream server-sent events of [`ChatCompletionChunk`]s, ending `data: [DONE]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Stream settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Choices to generate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Tools the model may call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tools: Option<Vec<Tool>>,
+    /// Which tool calls the model may or must make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    /// Whether the model may make several calls in one reply (accepted; fak always
+    /// allows several).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    /// Return each generated token's logprob.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    /// With `logprobs`: that many most likely alternatives per token, 0..=20.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<i64>,
+    /// The reply's format (`text`, `json_object`, `json_schema`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
+    /// Output modalities; fak produces `["text"]` only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modalities: Option<Vec<String>>,
+    /// vLLM's prefix-cache salt: only requests with the same salt share a cached prefix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
+    /// vLLM / llama.cpp sampling controls.
+    #[serde(flatten)]
+    pub extensions: SamplingExtensions,
+    /// Fields accepted and not acted on.
+    #[serde(flatten)]
+    pub ignored: Ignored,
+    /// Sampling controls accepted only at their neutral value.
+    #[serde(flatten)]
+    pub neutral: NeutralOnly,
+    /// Fields refused when set.
+    #[serde(flatten)]
+    pub unimplemented: Unimplemented,
+}
+
+/// A message's author. SDK: the `role` literals of `ChatCompletionMessageParam`'s
+/// members (the deprecated `function` role is not taken).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Instructions (older models).
+    System,
+    /// Instructions (newer models; the same as `system` for fak).
+    Developer,
+    /// The user.
+    User,
+    /// The model.
+    Assistant,
+    /// A tool's result.
+    Tool,
+}
+
+impl Role {
+    /// The role as spelled on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::Developer => "developer",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+            Role::Tool => "tool",
+        }
+    }
+}
+
+/// One message of a conversation: the union of the SDK's
+/// `ChatCompletion{System,Developer,User,Assistant,Tool}MessageParam` as one struct
+/// (which fields a role may carry is checked by the gateway).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// The author.
+    pub role: Role,
+    /// A string or content parts; `null` for an assistant message with tool calls.
+    #[serde(default)]
+    pub content: Option<MessageContent>,
+    /// A participant name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `tool` messages: the call answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// `assistant` messages: the calls made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// `assistant` messages: a refusal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+}
+
+/// A message's content: a string or a list of parts.
+/// SDK: `content: Union[str, Iterable[ChatCompletionContentPartParam]]`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum MessageContent {
+    /// Plain text.
+    Text(String),
+    /// Parts, in order.
+    Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    /// A string or an array of parts, with a part's own error (rather than "did not
+    /// match any variant") when a part is wrong.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = MessageContent;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of content parts")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+                Ok(MessageContent::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut parts = Vec::new();
+                while let Some(p) = seq.next_element()? {
+                    parts.push(p);
+                }
+                Ok(MessageContent::Parts(parts))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// One content part. SDK: `ChatCompletionContentPartParam` (text, image_url,
+/// input_audio, file) and the assistant's refusal part.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ContentPart {
+    /// `{"type": "text", "text"}`.
+    Text {
+        /// The text.
+        text: String,
+    },
+    /// `{"type": "image_url", "image_url": {"url", "detail"}}`.
+    ImageUrl {
+        /// The image's URL (or `data:` URL) and detail level.
+        image_url: Value,
+    },
+    /// `{"type": "input_audio", "input_audio": {"data", "format"}}`.
+    InputAudio {
+        /// Base64 audio and its format.
+        input_audio: Value,
+    },
+    /// `{"type": "file", "file": {"file_data", "file_id", "filename"}}`.
+    File {
+        /// The file.
+        file: Value,
+    },
+    /// `{"type": "refusal", "refusal"}` (assistant messages).
+    Refusal {
+        /// The refusal text.
+        refusal: String,
+    },
+}
+
+impl ContentPart {
+    /// The part's `type` as spelled on the wire.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ContentPart::Text { .. } => "text",
+            ContentPart::ImageUrl { .. } => "image_url",
+            ContentPart::InputAudio { .. } => "input_audio",
+            ContentPart::File { .. } => "file",
+            ContentPart::Refusal { .. } => "refusal",
+        }
+    }
+}
+
+/// A function tool. SDK: `ChatCompletionFunctionToolParam`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionType,
+    /// The function.
+    pub function: FunctionDefinition,
+}
+
+/// SDK: `openai.types.shared_params.FunctionDefinition`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionDefinition {
+    /// `^[a-zA-Z0-9_-]{1,64}$` at OpenAI.
+    pub name: String,
+    /// What it does, for the model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// A JSON Schema object of the arguments; absent means no arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Map<String, Value>>,
+    /// Strict schema adherence (accepted; fak checks arguments against the schema
+    /// either way).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`. SDK: `ChatCompletionToolChoiceOptionParam`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `"none"`, `"auto"` or `"required"`.
+    Mode(ToolChoiceMode),
+    /// `{"type": "function", "function": {"name"}}`.
+    Named(NamedToolChoice),
+}
+
+/// SDK: the string literals of `ChatCompletionToolChoiceOptionParam`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoiceMode {
+    /// No calls.
+    None,
+    /// The model decides.
+    Auto,
+    /// At least one call.
+    Required,
+}
+
+/// SDK: `ChatCompletionNamedToolChoiceParam`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NamedToolChoice {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    pub kind: FunctionType,
+    /// The function that must be called.
+    pub function: FunctionName,
+}
+
+/// `{"name"}`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionName {
+    /// The function's name.
+    pub name: String,
+}
+
+/// A tool call, in an assistant message of the history or of a reply.
+/// SDK: `ChatCompletionMessageFunctionToolCall(Param)`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call's id, which the `tool` message answering it names.
+    pub id: String,
+    /// Always `"function"` (taken as that when absent).
+    #[serde(rename = "type", default)]
+    pub kind: FunctionType,
+    /// The function and its arguments.
+    pub function: FunctionCall,
+}
+
+/// SDK: `openai.types.chat.chat_completion_message_function_tool_call.Function`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    /// The function's name.
+    pub name: String,
+    /// The arguments as a JSON text (a string, not an object).
+    pub arguments: String,
+}
+
+/// `response_format`. SDK: `ResponseFormatText | ResponseFormatJSONObject |
+/// ResponseFormatJSONSchema` (`openai.types.shared_params`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ResponseFormat {
+    /// Free text (the default).
+    Text,
+    /// Any JSON object.
+    JsonObject,
+    /// JSON matching a schema.
+    JsonSchema {
+        /// The schema and its name.
+        json_schema: JsonSchemaFormat,
+    },
+}
+
+/// SDK: `openai.types.shared_params.response_format_json_schema.JSONSchema`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct JsonSchemaFormat {
+    /// The format's name.
+    pub name: String,
+    /// What it is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// The JSON Schema.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<Map<String, Value>>,
+    /// Strict adherence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Chat Completions: response and stream
+
+/// The `object` of a [`ChatCompletion`].
+pub const CHAT_COMPLETION_OBJECT: &str = "chat.completion";
+/// The `object` of a [`ChatCompletionChunk`].
+pub const CHAT_COMPLETION_CHUNK_OBJECT: &str = "chat.completion.chunk";
+/// The `object` of a [`Completion`] (and of its stream's chunks).
+pub const TEXT_COMPLETION_OBJECT: &str = "text_completion";
+
+/// A chat reply. SDK: `openai.types.chat.ChatCompletion`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    /// `chatcmpl-...`.
+    pub id: String,
+    /// [`CHAT_COMPLETION_OBJECT`].
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// The backend configuration's fingerprint (`"fak"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    /// One per generated choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// fak's own field (not OpenAI's): the boundary's verdicts on the reply's tool calls
+    /// and the request's tool results, as fak-gateway's `tools` module writes them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fak: Option<Value>,
+}
+
+/// SDK: `openai.types.chat.chat_completion.Choice`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatChoice {
+    /// The choice's index.
+    pub index: u32,
+    /// The reply.
+    pub message: AssistantMessage,
+    /// The tokens' logprobs, when asked for (`null` otherwise).
+    #[serde(default)]
+    pub logprobs: Option<ChoiceLogprobs>,
+    /// Why it ended.
+    #[serde(default)]
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// A reply message. SDK: `openai.types.chat.ChatCompletionMessage`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// Always `assistant`.
+    pub role: Role,
+    /// The text; `null` when the reply is only tool calls.
+    #[serde(default)]
+    pub content: Option<String>,
+    /// A refusal (`null`: none).
+    #[serde(default)]
+    pub refusal: Option<String>,
+    /// The calls the client should run.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+}
+
+/// A choice's `logprobs`. SDK: `openai.types.chat.chat_completion.ChoiceLogprobs`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChoiceLogprobs {
+    /// One entry per content token.
+    #[serde(default)]
+    pub content: Option<Vec<TokenLogprob>>,
+    /// One entry per refusal token (`null`: fak never refuses).
+    #[serde(default)]
+    pub refusal: Option<Vec<TokenLogprob>>,
+}
+
+/// SDK: `openai.types.chat.ChatCompletionTokenLogprob`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TokenLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Natural log of its probability.
+    pub logprob: f64,
+    /// Its exact bytes (UTF-8 of part of a character, possibly).
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+    /// The most likely tokens at its position, highest first.
+    #[serde(default)]
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// SDK: `openai.types.chat.chat_completion_token_logprob.TopLogprob`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TopLogprob {
+    /// The token's text.
+    pub token: String,
+    /// Natural log of its probability.
+    pub logprob: f64,
+    /// Its exact bytes.
+    #[serde(default)]
+    pub bytes: Option<Vec<u8>>,
+}
+
+/// One server-sent event of a chat stream. SDK: `openai.types.chat.ChatCompletionChunk`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChatCompletionChunk {
+    /// The same on every chunk of a stream.
+    pub id: String,
+    /// [`CHAT_COMPLETION_CHUNK_OBJECT`].
+    pub object: String,
+    /// Unix seconds, the same on every chunk.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// `"fak"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_fingerprint: Option<String>,
+    /// The choices' deltas (empty on the usage chunk).
+    pub choices: Vec<ChunkChoice>,
+    /// Absent unless `stream_options.include_usage`; then `null` on every chunk but the
+    /// last, which has empty `choices` and the request's usage.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "present_or_null"
+    )]
+    pub usage: Option<Option<Usage>>,
+    /// fak's own field, on the chunk with the `finish_reason`: see [`ChatCompletion::fak`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fak: Option<Value>,
+}
+
+/// SDK: `openai.types.chat.chat_completion_chunk.Choice`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    /// The choice's index.
+    pub index: u32,
+    /// What this chunk adds.
+    pub delta: Delta,
+    /// The logprobs of the tokens this chunk's text releases, when asked for.
+    #[serde(default)]
+    pub logprobs: Option<ChoiceLogprobs>,
+    /// Set on the choice's last chunk.
+    #[serde(default)]
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// SDK: `openai.types.chat.chat_completion_chunk.ChoiceDelta`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Delta {
+    /// On the first chunk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<Role>,
+    /// Text to append.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    /// Refusal text to append.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusal: Option<String>,
+    /// Tool-call pieces (fak sends each call whole, in one piece).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// SDK: `openai.types.chat.chat_completion_chunk.ChoiceDeltaToolCall`: the call at
+/// `index`, in pieces whose `arguments` concatenate.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    /// Which call of the reply.
+    pub index: u32,
+    /// On the call's first piece.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    /// `"function"`, on the call's first piece.
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<FunctionType>,
+    /// The function's name (first piece) and a piece of its arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub function: Option<FunctionCallDelta>,
+}
+
+/// SDK: `openai.types.chat.chat_completion_chunk.ChoiceDeltaToolCallFunction`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCallDelta {
+    /// The function's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A piece of the arguments' JSON text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arguments: Option<String>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Completions
+
+/// `POST /v1/completions`. SDK: `openai.types.completion_create_params`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    /// The model id.
+    pub model: String,
+    /// The prompt(s): text or token ids.
+    pub prompt: CompletionPrompt,
+    /// Most tokens to generate (default 16).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// 0..=2, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Sampling seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Stream server-sent events of [`Completion`] chunks, ending `data: [DONE]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// Stream settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// Choices per prompt.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// Return the prompt before the completion.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub echo: Option<bool>,
+    /// The legacy logprobs: that many most likely alternatives per token, 0..=5 at
+    /// OpenAI (fak: 0..=20).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<i64>,
+    /// Text after the completion (insertion).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<String>,
+    /// As [`ChatCompletionRequest::cache_salt`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_salt: Option<String>,
+    /// vLLM / llama.cpp sampling controls.
+    #[serde(flatten)]
+    pub extensions: SamplingExtensions,
+    /// Fields accepted and not acted on.
+    #[serde(flatten)]
+    pub ignored: Ignored,
+    /// Sampling controls accepted only at their neutral value.
+    #[serde(flatten)]
+    pub neutral: NeutralOnly,
+}
+
+/// The Completions `prompt`: a string, a list of strings, a list of token ids, or a
+/// list of lists of token ids. SDK: `prompt: Union[str, SequenceNotStr[str],
+/// Iterable[int], Iterable[Iterable[int]], None]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum CompletionPrompt {
+    /// One text prompt.
+    Text(String),
+    /// Several text prompts.
+    Texts(Vec<String>),
+    /// One prompt as token ids.
+    Tokens(Vec<u32>),
+    /// Several prompts as token ids.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// One prompt of a [`CompletionPrompt`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PromptInput {
+    /// Text, tokenized by the server.
+    Text(String),
+    /// Token ids, used as they are.
+    Tokens(Vec<u32>),
+}
+
+impl CompletionPrompt {
+    /// The prompts, in order (a list's order is the choices' `index` order).
+    pub fn into_prompts(self) -> Vec<PromptInput> {
+        match self {
+            CompletionPrompt::Text(t) => vec![PromptInput::Text(t)],
+            CompletionPrompt::Texts(v) => v.into_iter().map(PromptInput::Text).collect(),
+            CompletionPrompt::Tokens(v) => vec![PromptInput::Tokens(v)],
+            CompletionPrompt::TokenLists(v) => v.into_iter().map(PromptInput::Tokens).collect(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for CompletionPrompt {
+    /// The four forms, with an error naming the element at fault (a negative or
+    /// fractional token id, a list mixing forms).
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Item {
+            Text(String),
+            Id(i64),
+            Ids(Vec<i64>),
+            Other(Value),
+        }
+        fn id<E: de::Error>(v: i64, at: &str) -> Result<u32, E> {
+            u32::try_from(v).map_err(|_| {
+                E::custom(format!(
+                    "prompt{at} is {v}: a token id is an integer in 0..={}",
+                    u32::MAX
+                ))
+            })
+        }
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = CompletionPrompt;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, a list of strings, a list of token ids, or a list of lists of token ids")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                Ok(CompletionPrompt::Text(s.to_string()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Self::Value, E> {
+                Ok(CompletionPrompt::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut texts = Vec::new();
+                let mut ids = Vec::new();
+                let mut lists = Vec::new();
+                let mut i = 0usize;
+                while let Some(item) = seq.next_element::<Item>()? {
+                    let forms = [!texts.is_empty(), !ids.is_empty(), !lists.is_empty()];
+                    let this = match &item {
+                        Item::Text(_) => 0,
+                        Item::Id(_) => 1,
+                        Item::Ids(_) => 2,
+                        Item::Other(v) => {
+                            return Err(de::Error::custom(format!(
+                                "prompt[{i}] is {v}: expected a string, a token id (an integer) or a list of token ids"
+                            )))
+                        }
+                    };
+                    if forms.iter().enumerate().any(|(k, &f)| f && k != this) {
+                        return Err(de::Error::custom(format!(
+                            "prompt[{i}] is not of the same form as the elements before it (strings, token ids and lists of token ids do not mix)"
+                        )));
+                    }
+                    match item {
+                        Item::Text(t) => texts.push(t),
+                        Item::Id(v) => ids.push(id(v, &format!("[{i}]"))?),
+                        Item::Ids(v) => lists.push(
+                            v.into_iter()
+                                .enumerate()
+                                .map(|(j, x)| id(x, &format!("[{i}][{j}]")))
+                                .collect::<Result<Vec<u32>, _>>()?,
+                        ),
+                        Item::Other(_) => unreachable!("returned above"),
+                    }
+                    i += 1;
+                }
+                Ok(if !ids.is_empty() {
+                    CompletionPrompt::Tokens(ids)
+                } else if !lists.is_empty() {
+                    CompletionPrompt::TokenLists(lists)
+                } else {
+                    CompletionPrompt::Texts(texts)
+                })
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// A Completions reply, and each chunk of its stream. SDK: `openai.types.Completion`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Completion {
+    /// `cmpl-...`, the same on every chunk.
+    pub id: String,
+    /// [`TEXT_COMPLETION_OBJECT`].
+    pub object: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model id.
+    pub model: String,
+    /// The choices (of a chunk: their deltas; empty on the usage chunk).
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (of a stream: on its last chunk, with
+    /// `stream_options.include_usage`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// SDK: `openai.types.CompletionChoice`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    /// The text (of a chunk: the text to append).
+    pub text: String,
+    /// The choice's index: its prompt's position in the request's list of prompts.
+    pub index: u32,
+    /// The legacy logprobs, when asked for.
+    #[serde(default)]
+    pub logprobs: Option<CompletionLogprobs>,
+    /// Why it ended (on the choice's last chunk).
+    #[serde(default)]
+    pub finish_reason: Option<FinishReason>,
+}
+
+/// The legacy logprobs. SDK: `openai.types.completion_choice.Logprobs`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    /// Each token's text.
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    /// Each token's logprob.
+    #[serde(default)]
+    pub token_logprobs: Vec<f64>,
+    /// Per token: the most likely tokens' text → logprob (the chosen one included).
+    #[serde(default)]
+    pub top_logprobs: Vec<BTreeMap<String, f64>>,
+    /// Per token: its offset in the completion text, in characters.
+    #[serde(default)]
+    pub text_offset: Vec<usize>,
+}
+
+/// `usage` of a stream chunk: absent, `null`, or a value.
+mod present_or_null {
+    use super::Usage;
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(v: &Option<Option<Usage>>, s: S) -> Result<S::Ok, S::Error> {
+        match v {
+            Some(inner) => inner.serialize(s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<Usage>>, D::Error> {
+        Option::<Usage>::deserialize(d).map(Some)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_forms_parse_and_bad_ids_are_named() {
+        let p = |s: &str| serde_json::from_str::<CompletionPrompt>(s);
+        assert_eq!(p("\"hi\"").unwrap(), CompletionPrompt::Text("hi".into()));
+        assert_eq!(p("[1, 2]").unwrap(), CompletionPrompt::Tokens(vec![1, 2]));
+        assert_eq!(
+            p("[[1], [2, 3]]").unwrap(),
+            CompletionPrompt::TokenLists(vec![vec![1], vec![2, 3]])
+        );
+        assert_eq!(
+            p("[\"a\", \"b\"]").unwrap(),
+            CompletionPrompt::Texts(vec!["a".into(), "b".into()])
+        );
+        let e = p("[1, -2]").unwrap_err().to_string();
+        assert!(e.contains("prompt[1] is -2"), "{e}");
+        let e = p("[[1], [2, 5000000000]]").unwrap_err().to_string();
+        assert!(e.contains("prompt[1][1] is 5000000000"), "{e}");
+        let e = p("[1, \"a\"]").unwrap_err().to_string();
+        assert!(e.contains("prompt[1]") && e.contains("mix"), "{e}");
+        let e = p("[1.5]").unwrap_err().to_string();
+        assert!(e.contains("prompt[0] is 1.5"), "{e}");
+    }
+
+    #[test]
+    fn chunk_usage_is_absent_null_or_set() {
+        let mut c = ChatCompletionChunk {
+            id: "c".into(),
+            object: CHAT_COMPLETION_CHUNK_OBJECT.into(),
+            created: 1,
+            model: "m".into(),
+            system_fingerprint: None,
+            choices: Vec::new(),
+            usage: None,
+            fak: None,
+        };
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v.get("usage").is_none(), "{v}");
+        c.usage = Some(None);
+        let v = serde_json::to_value(&c).unwrap();
+        assert!(v.get("usage").is_some_and(Value::is_null), "{v}");
+        c.usage = Some(Some(Usage::new(3, 2, 1)));
+        let v = serde_json::to_value(&c).unwrap();
+        assert_eq!(v["usage"]["total_tokens"], 5);
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 1);
+    }
+}
