@@ -541,6 +541,8 @@ pub(crate) async fn chat_completions(
         logprobs,
         cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw: None,
+        continue_final_message: false,
+        cap_max_tokens: false,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
@@ -860,6 +862,8 @@ pub(crate) async fn completions(
         logprobs,
         cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw: None,
+        continue_final_message: false,
+        cap_max_tokens: false,
     };
     let started = start(&s, req, F, "/v1/completions").await?;
     let id = new_id("cmpl-");
