@@ -13,7 +13,8 @@ forced tool call that the 135M model writes malformed fails closed (no tool call
 `fak` field says MALFORMED). Against FAK_MOCK_BASE (`fak serve --engine mock`, whose
 replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
 both wires, streaming and not, a denied call removed with its reason, and the tool
-result sent back. Prints one `N passed, M failed` line and exits non-zero on any
+result sent back. Anthropic: a system message inside `messages`, `max_tokens=32000`
+(capped to what fits), a prefill continued, `messages.count_tokens`. Prints one `N passed, M failed` line and exits non-zero on any
 failure.
 """
 
@@ -210,14 +211,51 @@ def anthropic_system_and_stop():
 def anthropic_errors():
     raises(anthropic.NotFoundError, 404, lambda: an.messages.create(model="nope", max_tokens=5, messages=MESSAGES))
     raises(anthropic.BadRequestError, 400, lambda: an.messages.create(model=MODEL, max_tokens=0, messages=MESSAGES))
+    # A max_tokens beyond the window is capped (anthropic_max_tokens_32000); a prompt
+    # that alone overflows it is a 400.
     raises(
         anthropic.BadRequestError,
         400,
-        lambda: an.messages.create(model=MODEL, max_tokens=9000, messages=MESSAGES),
-        needle="9000",
+        lambda: an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "word " * 9000}]),
+        needle="context window",
     )
     bad = anthropic.Anthropic(base_url=BASE, api_key="wrong", max_retries=0)
     raises(anthropic.AuthenticationError, 401, lambda: bad.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES))
+
+
+SMOL_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def anthropic_system_in_messages():
+    # Claude Code sends a system message inside `messages`: merged into the system turn.
+    msgs = [{"role": "system", "content": SMOL_SYSTEM}] + MESSAGES
+    r = an.messages.create(model=MODEL, max_tokens=64, messages=msgs, extra_body=GREEDY)
+    eq(r.content[0].text, TEXT)
+    eq(r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), N_PROMPT)
+
+
+def anthropic_max_tokens_32000():
+    # Claude Code asks for 32000: capped to what fits, the reply as before.
+    r = an.messages.create(model=MODEL, max_tokens=32000, messages=MESSAGES, extra_body=GREEDY)
+    eq(r.content[0].text, TEXT)
+    eq(r.stop_reason, "end_turn")
+
+
+def anthropic_prefill():
+    # A trailing assistant message is continued: the reply is what follows it.
+    prefix = "The capital of France is"
+    assert TEXT.startswith(prefix)
+    msgs = MESSAGES + [{"role": "assistant", "content": prefix}]
+    r = an.messages.create(model=MODEL, max_tokens=64, messages=msgs, extra_body=GREEDY)
+    eq(r.content[0].text, TEXT[len(prefix):])
+    eq(r.stop_reason, "end_turn")
+
+
+def anthropic_count_tokens():
+    n = an.messages.count_tokens(model=MODEL, messages=MESSAGES).input_tokens
+    eq(n, N_PROMPT)
+    r = an.messages.create(model=MODEL, max_tokens=8, messages=MESSAGES, extra_body=GREEDY)
+    eq(r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), n)
 
 
 def real_model_malformed_call_fails_closed():
@@ -328,6 +366,10 @@ for name, fn in [
     ("anthropic stream == whole text", anthropic_stream),
     ("anthropic system + stop_sequences", anthropic_system_and_stop),
     ("anthropic errors (404, 400 x2, 401)", anthropic_errors),
+    ("anthropic system message in messages", anthropic_system_in_messages),
+    ("anthropic max_tokens=32000 capped to what fits", anthropic_max_tokens_32000),
+    ("anthropic prefill continued", anthropic_prefill),
+    ("anthropic count_tokens == usage of the same messages", anthropic_count_tokens),
     ("real model: a malformed forced tool call fails closed", real_model_malformed_call_fails_closed),
     ("mock: openai tool call, result sent back", openai_tool_call),
     ("mock: openai tool call streamed", openai_tool_call_stream),

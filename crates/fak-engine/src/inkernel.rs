@@ -615,6 +615,107 @@ fn stop_sequence_hit(
         .map(|(_, s)| s.clone())
 }
 
+/// A request's prompt as token ids, with what `submit` needs besides: the stop ids, the
+/// forced tool-call prefix (chat prompts) and the prepared conversation (for the ledger).
+struct Rendered {
+    ids: Vec<u32>,
+    stop_ids: Vec<u32>,
+    tools: Option<String>,
+    prep: Option<ToolPrompt>,
+}
+
+/// Renders and tokenizes `req`'s prompt as `submit` does (and `count_tokens` counts).
+fn render_prompt(
+    l: &Loaded,
+    req: &GenerateRequest,
+    context: usize,
+) -> Result<Rendered, EngineError> {
+    let mut tools = None;
+    let mut chat = None;
+    let (ids, stop_ids) = match &req.prompt {
+        Prompt::Chat(messages) => {
+            if messages.is_empty() {
+                return Err(EngineError::InvalidRequest(
+                    "messages must hold at least one message".into(),
+                ));
+            }
+            check_message_count(messages.len(), context)?;
+            let prep = prepare(
+                messages,
+                &req.tools,
+                &req.tool_choice,
+                template_renders_tools(l.template.source()),
+            );
+            let bad = |e: &dyn std::fmt::Display| EngineError::InvalidRequest(e.to_string());
+            // Bounded before any tokenization: a render costs little next to it.
+            let cont = req.continue_final_message;
+            if cont {
+                if messages.last().is_none_or(|m| m.role != "assistant") {
+                    return Err(EngineError::InvalidRequest(
+                        "continue_final_message needs a final assistant message".into(),
+                    ));
+                }
+                if !prep.assistant_prefix.is_empty() {
+                    return Err(EngineError::InvalidRequest(
+                        "a final assistant message cannot be continued when tool_choice forces a call".into(),
+                    ));
+                }
+            }
+            let text = l
+                .template
+                .render(&prep.messages, !cont, prep.tools.as_ref())
+                .map_err(|e| bad(&e))?;
+            check_text_len(
+                text.len() + prep.assistant_prefix.len(),
+                l.max_token_bytes,
+                context,
+            )?;
+            drop(text);
+            let mut ids = if cont {
+                l.template
+                    .encode_continuing(&l.tokenizer, &prep.messages, prep.tools.as_ref())
+            } else {
+                l.template
+                    .encode(&l.tokenizer, &prep.messages, true, prep.tools.as_ref())
+            }
+            .map_err(|e| bad(&e))?;
+            if !prep.assistant_prefix.is_empty() {
+                ids.extend(
+                    l.tokenizer
+                        .encode(&prep.assistant_prefix)
+                        .map_err(|e| bad(&e))?,
+                );
+            }
+            tools = Some(prep.assistant_prefix.clone());
+            chat = Some(prep);
+            (ids, l.template.stop_token_ids(&l.tokenizer))
+        }
+        Prompt::Text(t) => {
+            check_text_len(t.len(), l.max_token_bytes, context)?;
+            let ids = l
+                .tokenizer
+                .encode_prompt(t)
+                .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
+            (ids, l.model.config().eos_token_ids.clone())
+        }
+        Prompt::Tokens(ids) => {
+            check_token_ids(ids, l.model.config().vocab_size)?;
+            (ids.clone(), l.model.config().eos_token_ids.clone())
+        }
+    };
+    if ids.is_empty() {
+        return Err(EngineError::InvalidRequest(
+            "the prompt is empty (no tokens)".into(),
+        ));
+    }
+    Ok(Rendered {
+        ids,
+        stop_ids,
+        tools,
+        prep: chat,
+    })
+}
+
 impl EngineDriver for InKernelDriver {
     fn id(&self) -> &'static str {
         "inkernel"
@@ -681,6 +782,13 @@ impl EngineDriver for InKernelDriver {
         }
     }
 
+    fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+        let l = self.loaded()?;
+        check_model(req.model.as_deref(), &self.models())?;
+        let context = l.model.config().max_position_embeddings;
+        Ok(render_prompt(&l, req, context)?.ids.len())
+    }
+
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
         let l = self.loaded()?;
         check_model(req.model.as_deref(), &self.models())?;
@@ -689,75 +797,26 @@ impl EngineDriver for InKernelDriver {
             .validate()
             .map_err(EngineError::InvalidRequest)?;
         let context = l.model.config().max_position_embeddings;
-        let mut tools = None;
-        // For a chat prompt: the messages and their prepared form, for the ledger.
-        let mut chat = None;
-        let (ids, stop_ids) = match &req.prompt {
-            Prompt::Chat(messages) => {
-                if messages.is_empty() {
-                    return Err(EngineError::InvalidRequest(
-                        "messages must hold at least one message".into(),
-                    ));
-                }
-                check_message_count(messages.len(), context)?;
-                let prep = prepare(
-                    messages,
-                    &req.tools,
-                    &req.tool_choice,
-                    template_renders_tools(l.template.source()),
-                );
-                let bad = |e: &dyn std::fmt::Display| EngineError::InvalidRequest(e.to_string());
-                // Bounded before any tokenization: a render costs little next to it.
-                let text = l
-                    .template
-                    .render(&prep.messages, true, prep.tools.as_ref())
-                    .map_err(|e| bad(&e))?;
-                check_text_len(
-                    text.len() + prep.assistant_prefix.len(),
-                    l.max_token_bytes,
-                    context,
-                )?;
-                drop(text);
-                let mut ids = l
-                    .template
-                    .encode(&l.tokenizer, &prep.messages, true, prep.tools.as_ref())
-                    .map_err(|e| bad(&e))?;
-                if !prep.assistant_prefix.is_empty() {
-                    ids.extend(
-                        l.tokenizer
-                            .encode(&prep.assistant_prefix)
-                            .map_err(|e| bad(&e))?,
-                    );
-                }
-                tools = Some(prep.assistant_prefix.clone());
-                chat = Some((messages, prep));
-                (ids, l.template.stop_token_ids(&l.tokenizer))
-            }
-            Prompt::Text(t) => {
-                check_text_len(t.len(), l.max_token_bytes, context)?;
-                let ids = l
-                    .tokenizer
-                    .encode_prompt(t)
-                    .map_err(|e| EngineError::InvalidRequest(e.to_string()))?;
-                (ids, l.model.config().eos_token_ids.clone())
-            }
-            Prompt::Tokens(ids) => {
-                check_token_ids(ids, l.model.config().vocab_size)?;
-                (ids.clone(), l.model.config().eos_token_ids.clone())
-            }
-        };
-        if ids.is_empty() {
-            return Err(EngineError::InvalidRequest(
-                "the prompt is empty (no tokens)".into(),
-            ));
-        }
-        let max_tokens = budget(ids.len(), req.max_tokens, context)?;
+        let Rendered {
+            ids,
+            stop_ids,
+            tools,
+            prep,
+        } = render_prompt(&l, &req, context)?;
+        let max_tokens = budget(
+            ids.len(),
+            req.max_tokens_within(ids.len(), context),
+            context,
+        )?;
         let max_tokens = max_tokens.min(self.kv_room(&l, ids.len())?);
         // Only a prompt that fits the context gets its ledger (one more render and
         // encoding, linear in the prompt).
-        let ledger = chat.map_or_else(Vec::new, |(messages, prep)| {
-            tool_spans(&l.tokenizer, &l.template, messages, &prep, &ids)
-        });
+        let ledger = match (&req.prompt, &prep) {
+            (Prompt::Chat(messages), Some(prep)) => {
+                tool_spans(&l.tokenizer, &l.template, messages, prep, &ids)
+            }
+            _ => Vec::new(),
+        };
         let params = TextParams {
             sampling: req.sampling,
             max_tokens,

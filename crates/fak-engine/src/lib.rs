@@ -96,6 +96,20 @@ pub struct GenerateRequest {
     /// ([`EngineDriver::forwards_client_body`]); `None` for every other driver. The
     /// fields above still describe the same request (the gateway parsed them from it).
     pub raw: Option<RawRequest>,
+    /// For a chat prompt whose last message is the assistant's: continue that message
+    /// token for token instead of closing it and starting a new turn (an Anthropic
+    /// prefill). The prompt is the conversation rendered without a generation prompt
+    /// and cut right after the final message's content, as HF transformers'
+    /// `apply_chat_template(..., continue_final_message=True)` does; the reply is what
+    /// follows. `false` (the default): every message is closed and a generation prompt
+    /// added.
+    pub continue_final_message: bool,
+    /// What a `max_tokens` larger than the room the prompt leaves in the context means:
+    /// `true`, it is lowered to that room, and a reply that fills it ends with
+    /// [`FinishReason::Length`] (the Anthropic API's behaviour); `false` (the default),
+    /// it is [`EngineError::ContextOverflow`] (the OpenAI API's). A prompt that alone
+    /// leaves no room is an overflow either way.
+    pub cap_max_tokens: bool,
 }
 
 /// A client's Anthropic Messages request (`POST /v1/messages`) as it came, for the
@@ -151,6 +165,21 @@ impl GenerateRequest {
             logprobs: None,
             cache_partition: String::new(),
             raw: None,
+            continue_final_message: false,
+            cap_max_tokens: false,
+        }
+    }
+
+    /// `max_tokens` as the budget for a prompt of `prompt_tokens` in a context of
+    /// `context` tokens: lowered to the room left when [`GenerateRequest::cap_max_tokens`]
+    /// is set (at least 1, so that a prompt leaving no room stays an overflow for
+    /// [`budget`]), else as asked.
+    pub fn max_tokens_within(&self, prompt_tokens: usize, context: usize) -> Option<usize> {
+        match self.max_tokens {
+            Some(m) if self.cap_max_tokens && m > 0 => {
+                Some(m.min(context.saturating_sub(prompt_tokens)).max(1))
+            }
+            m => m,
         }
     }
 
@@ -763,6 +792,22 @@ pub trait EngineDriver: Send + Sync + 'static {
     fn forwards_client_body(&self, model: Option<&str>) -> bool {
         let _ = model;
         false
+    }
+
+    /// The number of prompt tokens `req` would have if submitted (the prompt rendered
+    /// and tokenized exactly as [`EngineDriver::submit`] would, nothing generated): the
+    /// Anthropic `count_tokens` route. `max_tokens` and sampling are not checked.
+    ///
+    /// # Errors
+    /// As `submit` for the prompt ([`EngineError::UnknownModel`],
+    /// [`EngineError::InvalidRequest`], [`EngineError::NotReady`]); the default, for a
+    /// driver that cannot count, is [`EngineError::InvalidRequest`] saying so.
+    fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+        let _ = req;
+        Err(EngineError::InvalidRequest(format!(
+            "the {} engine cannot count tokens",
+            self.id()
+        )))
     }
 }
 

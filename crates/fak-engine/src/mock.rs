@@ -231,6 +231,12 @@ impl EngineDriver for MockDriver {
         }
     }
 
+    /// The prompt's words, as `submit` counts them (see the module docs).
+    fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+        check_model(req.model.as_deref(), &self.models())?;
+        Ok(Self::prompt_words(&req.prompt).len())
+    }
+
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
         check_model(req.model.as_deref(), &self.models())?;
         req.validate()?;
@@ -238,7 +244,11 @@ impl EngineDriver for MockDriver {
             .validate()
             .map_err(EngineError::InvalidRequest)?;
         let words = Self::prompt_words(&req.prompt);
-        let max_tokens = budget(words.len(), req.max_tokens, MOCK_CONTEXT)?;
+        let max_tokens = budget(
+            words.len(),
+            req.max_tokens_within(words.len(), MOCK_CONTEXT),
+            MOCK_CONTEXT,
+        )?;
         let now = self.active.fetch_add(1, Ordering::SeqCst);
         let guard = ActiveGuard(Arc::clone(&self.active));
         if now >= self.max_active {

@@ -287,6 +287,18 @@ impl EngineDriver for RoutedDriver {
         }
     }
 
+    fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+        let Some((model, d)) = self.find(req.model.as_deref()) else {
+            return Err(EngineError::UnknownModel {
+                requested: req.model.clone().unwrap_or_default(),
+                available: self.routes.iter().map(|(m, _)| m.clone()).collect(),
+            });
+        };
+        let mut req = req.clone();
+        req.model = Some(model.clone());
+        d.count_tokens(&req)
+    }
+
     fn forwards_client_body(&self, model: Option<&str>) -> bool {
         self.find(model)
             .is_some_and(|(m, d)| d.forwards_client_body(Some(m)))

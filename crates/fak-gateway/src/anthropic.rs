@@ -1,20 +1,48 @@
-//! The Anthropic-compatible route: `POST /v1/messages`.
+//! The Anthropic-compatible routes: `POST /v1/messages` and
+//! `POST /v1/messages/count_tokens`, on the typed wire of [`fak_wire::anthropic`].
 //!
-//! Supported now: `model`, `max_tokens` (required, at least 1), `messages` (roles
-//! `user`/`assistant`, content a string or an array of `text`, `tool_use` (assistant) and
-//! `tool_result` (user) blocks), top-level `system` (a string or `text` blocks),
+//! **Supported.** `model`, `max_tokens` (required, at least 1; larger than the room the
+//! prompt leaves in the context, it is lowered to that room and a reply that fills it
+//! ends with `stop_reason: "max_tokens"`, as the Anthropic API does; a prompt that alone
+//! does not fit is a 400), `messages`, `system` (a string or `text` blocks),
 //! `stop_sequences`, `temperature` (default 1), `top_p`, `top_k`, `stream`, `tools`
-//! (client tools: `name`, `description`, `input_schema`) and `tool_choice` (`auto`,
-//! `any`, `tool` with a `name`, `none`). Other block types (images, documents) are a 400
-//! naming them. Usage follows Anthropic's split: `input_tokens` counts the prompt tokens
-//! *not* read from the cache, `cache_read_input_tokens` those that were; their sum is
-//! the prompt.
+//! (client tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`,
+//! `tool` with a `name`, `none`), and the fields of
+//! [`fak_wire::anthropic::IGNORED_REQUEST_FIELDS`] (accepted, no effect). Any other
+//! top-level field is a 400 naming it.
+//!
+//! Messages:
+//! - roles `user` and `assistant`, and `system`: a system message anywhere in
+//!   `messages` is merged, in order, into the system turn after the top-level `system`
+//!   (texts joined by a blank line), as other Anthropic-compatible servers do;
+//! - content a string or blocks: `text`; `tool_use` (assistant); `tool_result` (user;
+//!   its content a string or blocks, where `text` and `search_result` text is kept and
+//!   an `image` or `document`, which the screen cannot read, is replaced by a stub
+//!   `{"_withheld": true, "type": ..., "reason": "UNSCREENABLE_CONTENT"}`, so the
+//!   conversation goes on); `thinking` and `redacted_thinking` (accepted, not shown to
+//!   the model, which has no thinking mode). An `image` or `document` outside a tool
+//!   result, and server-tool blocks, are a 400 naming them;
+//! - a final `assistant` message is a prefill: the reply continues it token for token
+//!   (the prompt is the conversation with that turn left open, as HF's
+//!   `continue_final_message`), and holds only what follows it;
+//! - checked as the real API checks, each a 400 `invalid_request_error`: an empty
+//!   `content` (string or array); a `tool_result` whose `tool_use_id` names no earlier
+//!   `tool_use`; a `tool_use` with no `tool_result` for it in the next user message.
+//!
+//! Usage follows Anthropic's split: `input_tokens` counts the prompt tokens *not* read
+//! from the cache, `cache_read_input_tokens` those that were; their sum is the prompt.
+//! `count_tokens` answers `{"input_tokens": N}` with N that sum for the same request:
+//! the prompt rendered and tokenized by the served model's own template and tokenizer
+//! (tool results screened as `/v1/messages` screens them), nothing generated.
 //!
 //! Tool calls the model proposes are adjudicated (the `tools` module): allowed ones become
 //! `tool_use` blocks (`stop_reason: "tool_use"`); a denied one is removed and replaced by
 //! a text block saying why, and the `fak` field (of `message_delta`, when streaming)
 //! lists every verdict. A stream sends text as it comes and the tool blocks after the
-//! reply is over and the whole set is decided.
+//! reply is over and the whole set is decided. The blocks a stream assembles are exactly
+//! the non-streamed reply's `content`: a text block only when there is text (or when
+//! the reply holds nothing else: then one empty text block), then the denials, then the
+//! calls.
 //!
 //! **Forwarding the client's bytes.** When the engine serving the model forwards the
 //! client's own request ([`fak_engine::EngineDriver::forwards_client_body`]: the
@@ -22,8 +50,9 @@
 //! ([`fak_engine::RawRequest`]), with the `x-api-key` (unless it is this server's own
 //! key), `anthropic-version` and `anthropic-beta` headers. When every tool result is
 //! admitted that body is the client's, byte for byte; when the screen replaces one
-//! (quarantine, page-out), only the `content` value of that `tool_result` block changes
-//! (the `splice` module), so the upstream's prompt cache still matches the rest.
+//! (quarantine, page-out, withheld content), only the `content` value of that
+//! `tool_result` block changes (the `splice` module), so the upstream's prompt cache
+//! still matches the rest.
 
 use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
@@ -37,81 +66,157 @@ use crate::{
     with_note, AppState, UsageNote,
 };
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::State;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
 use fak_engine::{
     Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, RawRequest, SamplingParams,
     ToolCall, ToolChoice, ToolSpec,
 };
-use serde::Deserialize;
-use serde_json::{json, Value};
+use fak_wire::anthropic as wire;
+use fak_wire::anthropic::{
+    BlockDelta, ContentBlock, ContentBlockParam, CountTokensRequest, CountTokensResponse,
+    DeltaUsage, MessageContent, MessageDelta, MessageType, MessagesRequest, Role, StopReason,
+    StreamEvent, ToolResultContent, Usage,
+};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use std::collections::HashSet;
 
 const F: Flavor = Flavor::Anthropic;
 
-#[derive(Deserialize)]
-struct Block {
-    #[serde(rename = "type")]
-    kind: String,
-    text: Option<String>,
-    id: Option<String>,
-    name: Option<String>,
-    input: Option<Value>,
-    tool_use_id: Option<String>,
-    content: Option<Value>,
+/// A JSON body of type `T` and its bytes; a body that is too large or does not parse is
+/// rejected in Anthropic's error shape (413, 400 naming what was wrong).
+pub(crate) struct AnthropicJson<T> {
+    /// The body as it came.
+    pub bytes: Bytes,
+    /// The body parsed.
+    pub value: T,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum Content {
-    Text(String),
-    Blocks(Vec<Block>),
-}
+impl<T: DeserializeOwned> FromRequest<AppState> for AnthropicJson<T> {
+    type Rejection = ApiError;
 
-#[derive(Deserialize)]
-struct AMessage {
-    role: String,
-    content: Content,
-}
-
-#[derive(Deserialize)]
-struct MessagesRequest {
-    model: String,
-    max_tokens: i64,
-    messages: Vec<AMessage>,
-    system: Option<Content>,
-    stop_sequences: Option<Vec<String>>,
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    top_k: Option<i64>,
-    stream: Option<bool>,
-    tools: Option<Value>,
-    tool_choice: Option<Value>,
-    /// vLLM's prefix-cache salt, accepted on this wire too: only requests with the same
-    /// salt (and API key) share a cached prefix.
-    cache_salt: Option<String>,
+    async fn from_request(req: Request, s: &AppState) -> Result<Self, ApiError> {
+        let body = Bytes::from_request(req, s).await;
+        let bytes = body_bytes(s, body, F)?;
+        let value = parse_json(&bytes, F)?;
+        Ok(AnthropicJson { bytes, value })
+    }
 }
 
 fn bad(msg: String) -> ApiError {
     ApiError::bad_request(msg).with_flavor(F)
 }
 
-fn text_of(c: Content, at: &str) -> Result<String, ApiError> {
+/// The reason word of the stub that stands for tool-result content the screen cannot
+/// read (images, documents).
+pub const UNSCREENABLE: &str = "UNSCREENABLE_CONTENT";
+
+/// The stub in place of a tool result's image or document block: the model learns that
+/// something was there and was withheld, in the shape of the screen's own stubs.
+#[derive(Serialize)]
+struct WithheldStub<'a> {
+    _withheld: bool,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    reason: &'static str,
+}
+
+fn withheld_stub(kind: &str) -> String {
+    serde_json::to_string(&WithheldStub {
+        _withheld: true,
+        kind,
+        reason: UNSCREENABLE,
+    })
+    .unwrap_or_default()
+}
+
+/// An earlier call as [`Message::tool_calls`] holds it: the OpenAI chat
+/// `tool_calls[]` entry (`{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, arguments a JSON string) that the templates render.
+#[derive(Serialize)]
+struct HistoryCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: HistoryFunction<'a>,
+}
+
+/// The `function` of a [`HistoryCall`].
+#[derive(Serialize)]
+struct HistoryFunction<'a> {
+    name: &'a str,
+    arguments: String,
+}
+
+/// A request's prompt in fak's terms.
+struct Converted {
+    /// The conversation: a system message first when there is any system text.
+    messages: Vec<Message>,
+    /// Each `tool` message's (message, block) index in the request.
+    origins: Vec<(usize, usize)>,
+    /// Each `tool` message: whether content was withheld (replaced by a stub) from it.
+    withheld: Vec<bool>,
+    tools: Vec<ToolSpec>,
+    tool_choice: ToolChoice,
+    /// The last message is an assistant's to continue.
+    prefill: bool,
+}
+
+/// `tools` and `tool_choice` of a request.
+fn parse_tools(
+    tools: Option<Vec<wire::Tool>>,
+    choice: Option<wire::ToolChoice>,
+) -> Result<(Vec<ToolSpec>, ToolChoice), ApiError> {
+    let list = tools.unwrap_or_default();
+    let mut specs = Vec::with_capacity(list.len());
+    for (i, t) in list.into_iter().enumerate() {
+        if let Some(k) = t.kind.as_deref().filter(|k| *k != "custom") {
+            return Err(bad(format!(
+                "tools[{i}] has type '{k}'; only client tools (name, description, input_schema) are supported"
+            )));
+        }
+        check_tool_name(&t.name, &format!("tools[{i}].name")).map_err(|e| e.with_flavor(F))?;
+        let parameters = match t.input_schema {
+            Some(p @ serde_json::Value::Object(_)) => p,
+            _ => {
+                return Err(bad(format!(
+                    "tools[{i}].input_schema must be a JSON Schema object"
+                )))
+            }
+        };
+        specs.push(ToolSpec {
+            name: t.name,
+            description: t.description,
+            parameters,
+        });
+    }
+    let choice = match choice {
+        None | Some(wire::ToolChoice::Auto { .. }) => ToolChoice::Auto,
+        Some(wire::ToolChoice::Any { .. }) => ToolChoice::Required,
+        Some(wire::ToolChoice::None) => ToolChoice::None,
+        Some(wire::ToolChoice::Tool { name, .. }) => ToolChoice::Named(name),
+    };
+    check_tools(&specs, &choice).map_err(|e| e.with_flavor(F))?;
+    Ok((specs, choice))
+}
+
+/// The text of a system message's content (text blocks only).
+fn system_text(c: &MessageContent, at: &str) -> Result<String, ApiError> {
     match c {
-        Content::Text(t) => Ok(t),
-        Content::Blocks(blocks) => {
+        MessageContent::Text(t) => Ok(t.clone()),
+        MessageContent::Blocks(blocks) => {
             let mut s = String::new();
-            for (j, b) in blocks.into_iter().enumerate() {
-                match (b.kind.as_str(), b.text) {
-                    ("text", Some(t)) => s.push_str(&t),
-                    ("text", None) => {
-                        return Err(bad(format!("{at}[{j}] is a text block without `text`")))
-                    }
-                    (k, _) => {
+            for (j, b) in blocks.iter().enumerate() {
+                match b {
+                    ContentBlockParam::Text { text } => s.push_str(text),
+                    b => {
                         return Err(bad(format!(
-                            "{at}[{j}] has type '{k}'; only text blocks are supported yet"
+                            "{at}[{j}] has type '{}'; a system message holds text blocks only",
+                            b.type_name()
                         )))
                     }
                 }
@@ -121,159 +226,219 @@ fn text_of(c: Content, at: &str) -> Result<String, ApiError> {
     }
 }
 
-/// `tools` and `tool_choice` of a Messages request.
-fn parse_tools(
-    tools: Option<Value>,
-    choice: Option<Value>,
-) -> Result<(Vec<ToolSpec>, ToolChoice), ApiError> {
-    let list = match tools {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::Array(a)) => a,
-        Some(_) => return Err(bad("tools must be an array".into())),
+/// The text of a `tool_result`'s content, with a stub for each block the screen cannot
+/// read; and whether there was one.
+fn result_text(c: Option<&ToolResultContent>, at: &str) -> Result<(String, bool), ApiError> {
+    let blocks = match c {
+        None => return Ok((String::new(), false)),
+        Some(ToolResultContent::Text(s)) => return Ok((s.clone(), false)),
+        Some(ToolResultContent::Blocks(b)) => b,
     };
-    let mut specs = Vec::with_capacity(list.len());
-    for (i, t) in list.into_iter().enumerate() {
-        if let Some(k) = t.get("type").and_then(Value::as_str) {
-            if k != "custom" {
-                return Err(bad(format!(
-                    "tools[{i}] has type '{k}'; only client tools (name, description, input_schema) are supported"
-                )));
+    let mut s = String::new();
+    let mut withheld = false;
+    for (j, b) in blocks.iter().enumerate() {
+        match b {
+            ContentBlockParam::Text { text } => s.push_str(text),
+            ContentBlockParam::SearchResult { content, .. } => {
+                for t in content {
+                    s.push_str(&t.text);
+                }
             }
-        }
-        let name = t
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad(format!("tools[{i}] has no string `name`")))?;
-        check_tool_name(name, &format!("tools[{i}].name")).map_err(|e| e.with_flavor(F))?;
-        let parameters = match t.get("input_schema") {
-            Some(p @ Value::Object(_)) => p.clone(),
-            _ => {
+            ContentBlockParam::Image { .. } | ContentBlockParam::Document { .. } => {
+                s.push_str(&withheld_stub(b.type_name()));
+                withheld = true;
+            }
+            b => {
                 return Err(bad(format!(
-                    "tools[{i}].input_schema must be a JSON Schema object"
+                    "{at}.content[{j}] has type '{}', which a tool result cannot hold",
+                    b.type_name()
                 )))
             }
-        };
-        specs.push(ToolSpec {
-            name: name.to_string(),
-            description: t
-                .get("description")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            parameters,
-        });
+        }
     }
-    let choice = match &choice {
-        None | Some(Value::Null) => ToolChoice::Auto,
-        Some(v) => match (
-            v.get("type").and_then(Value::as_str),
-            v.get("name").and_then(Value::as_str),
-        ) {
-            (Some("auto"), _) => ToolChoice::Auto,
-            (Some("any"), _) => ToolChoice::Required,
-            (Some("none"), _) => ToolChoice::None,
-            (Some("tool"), Some(n)) => ToolChoice::Named(n.to_string()),
-            _ => {
-                return Err(bad(
-                    "tool_choice must be {\"type\": \"auto\" | \"any\" | \"none\"} or {\"type\": \"tool\", \"name\": ...}".into(),
-                ))
-            }
-        },
-    };
-    check_tools(&specs, &choice).map_err(|e| e.with_flavor(F))?;
-    Ok((specs, choice))
+    Ok((s, withheld))
 }
 
-/// The text of a `tool_result` block's `content`: a string, or `text` blocks.
-fn result_text(c: Option<Value>, at: &str) -> Result<String, ApiError> {
-    match c {
-        None | Some(Value::Null) => Ok(String::new()),
-        Some(Value::String(s)) => Ok(s),
-        Some(Value::Array(blocks)) => {
-            let mut s = String::new();
-            for (j, b) in blocks.iter().enumerate() {
-                match (
-                    b.get("type").and_then(Value::as_str),
-                    b.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(t)) => s.push_str(t),
-                    (k, _) => {
-                        return Err(bad(format!(
-                        "{at}.content[{j}] has type '{}'; only text is supported in tool results",
-                        k.unwrap_or("?")
-                    )))
+/// The `tool_use` ids of a message, and the `tool_use_id`s of its `tool_result`s.
+fn call_ids(c: &MessageContent) -> (Vec<&str>, Vec<&str>) {
+    let (mut uses, mut results) = (Vec::new(), Vec::new());
+    if let MessageContent::Blocks(blocks) = c {
+        for b in blocks {
+            match b {
+                ContentBlockParam::ToolUse { id, .. } => uses.push(id.as_str()),
+                ContentBlockParam::ToolResult { tool_use_id, .. } => {
+                    results.push(tool_use_id.as_str())
+                }
+                _ => {}
+            }
+        }
+    }
+    (uses, results)
+}
+
+/// The real API's checks of a conversation: no empty content, every `tool_result`
+/// answers an earlier `tool_use`, every `tool_use` is answered in the next user message.
+fn validate(messages: &[wire::MessageParam]) -> Result<(), ApiError> {
+    let mut seen: HashSet<&str> = HashSet::new();
+    // The calls of the last assistant message still to be answered, and its index.
+    let mut pending: Option<(usize, Vec<&str>)> = None;
+    for (i, m) in messages.iter().enumerate() {
+        if m.content.is_empty() {
+            return Err(bad(format!(
+                "messages[{i}].content is empty; a message needs content (a non-empty string or at least one block)"
+            )));
+        }
+        let (uses, results) = call_ids(&m.content);
+        match m.role {
+            Role::System => {}
+            Role::Assistant => {
+                if let Some((k, ids)) = pending.take().filter(|(_, ids)| !ids.is_empty()) {
+                    return Err(unanswered(k, ids[0]));
+                }
+                seen.extend(uses.iter().copied());
+                pending = Some((i, uses));
+            }
+            Role::User => {
+                if let Some(id) = results.iter().find(|id| !seen.contains(**id)) {
+                    return Err(bad(format!(
+                        "messages[{i}]: tool_result block's tool_use_id '{id}' matches no tool_use block in an earlier message"
+                    )));
+                }
+                if let Some((k, ids)) = pending.take() {
+                    if let Some(id) = ids.iter().find(|id| !results.contains(id)) {
+                        return Err(unanswered(k, id));
                     }
                 }
             }
-            Ok(s)
         }
-        Some(_) => Err(bad(format!("{at}.content must be a string or blocks"))),
+    }
+    match pending {
+        Some((k, ids)) if !ids.is_empty() => Err(unanswered(k, ids[0])),
+        _ => Ok(()),
     }
 }
 
-/// One Anthropic message as fak messages: an assistant's `tool_use` blocks become its
-/// `tool_calls`; a user's `tool_result` blocks become `tool` messages (in order, before
-/// the user's text, as Anthropic requires results to come first). `origins` receives
-/// each `tool` message's (message, block) index in the request.
-fn convert(
-    m: AMessage,
-    i: usize,
-    out: &mut Vec<Message>,
-    origins: &mut Vec<(usize, usize)>,
-) -> Result<(), ApiError> {
-    let at = format!("messages[{i}].content");
-    let blocks = match m.content {
-        Content::Text(t) => {
-            out.push(Message::new(&m.role, &t));
-            return Ok(());
-        }
-        Content::Blocks(b) => b,
-    };
-    let mut text = String::new();
-    let mut calls = Vec::new();
-    for (j, b) in blocks.into_iter().enumerate() {
-        match (b.kind.as_str(), m.role.as_str()) {
-            ("text", _) => match b.text {
-                Some(t) => text.push_str(&t),
-                None => return Err(bad(format!("{at}[{j}] is a text block without `text`"))),
-            },
-            ("tool_use", "assistant") => {
-                let (Some(id), Some(name)) = (b.id, b.name) else {
-                    return Err(bad(format!(
-                        "{at}[{j}] is a tool_use block without id or name"
-                    )));
-                };
-                let input = b.input.unwrap_or_else(|| json!({}));
-                calls.push(json!({"id": id, "type": "function",
-                    "function": {"name": name, "arguments": input.to_string()}}));
-            }
-            ("tool_result", "user") => {
-                let Some(id) = b.tool_use_id else {
-                    return Err(bad(format!(
-                        "{at}[{j}] is a tool_result block without tool_use_id"
-                    )));
-                };
-                let mut t = Message::new("tool", &result_text(b.content, &format!("{at}[{j}]"))?);
-                t.tool_call_id = Some(id);
-                out.push(t);
-                origins.push((i, j));
-            }
-            (k, role) => {
-                return Err(bad(format!(
-                    "{at}[{j}] has type '{k}', which is not supported in a {role} message"
-                )))
-            }
+fn unanswered(k: usize, id: &str) -> ApiError {
+    bad(format!(
+        "messages[{k}]: tool_use id '{id}' has no tool_result block in the next user message (each tool_use must be answered right after it)"
+    ))
+}
+
+/// Converts a request's prompt (see the module docs): an assistant's `tool_use` blocks
+/// become its `tool_calls`; a user's `tool_result` blocks become `tool` messages (in
+/// order, before the user's text, as Anthropic requires results to come first).
+fn convert(p: &CountTokensRequest) -> Result<Converted, ApiError> {
+    if let Some(why) = p.unsupported_field() {
+        return Err(bad(why));
+    }
+    if p.messages.is_empty() {
+        return Err(bad("messages must hold at least one message".into()));
+    }
+    let (tools, tool_choice) = parse_tools(p.tools.clone(), p.tool_choice.clone())?;
+    validate(&p.messages)?;
+    let mut system: Vec<String> = p.system.iter().map(|s| s.text()).collect();
+    for (i, m) in p.messages.iter().enumerate() {
+        if m.role == Role::System {
+            system.push(system_text(&m.content, &format!("messages[{i}].content"))?);
         }
     }
-    if m.role == "assistant" {
-        let mut a = Message::new("assistant", &text);
-        if !calls.is_empty() {
-            a.tool_calls = Some(Value::Array(calls));
-        }
-        out.push(a);
-    } else if !text.is_empty() || out.last().is_none_or(|l| l.role != "tool") {
-        out.push(Message::new("user", &text));
+    system.retain(|s| !s.is_empty());
+    let mut out = Vec::with_capacity(p.messages.len() + 1);
+    if !system.is_empty() || p.system.is_some() {
+        out.push(Message::new("system", &system.join("\n\n")));
     }
-    Ok(())
+    let (mut origins, mut withheld) = (Vec::new(), Vec::new());
+    for (i, m) in p.messages.iter().enumerate() {
+        let role = match m.role {
+            Role::System => continue,
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        };
+        let at = format!("messages[{i}].content");
+        let blocks = match &m.content {
+            MessageContent::Text(t) => {
+                out.push(Message::new(role, t));
+                continue;
+            }
+            MessageContent::Blocks(b) => b,
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        for (j, b) in blocks.iter().enumerate() {
+            match (b, m.role) {
+                (ContentBlockParam::Text { text: t }, _) => text.push_str(t),
+                (
+                    ContentBlockParam::Thinking { .. } | ContentBlockParam::RedactedThinking { .. },
+                    _,
+                ) => {}
+                (ContentBlockParam::ToolUse { id, name, input }, Role::Assistant) => {
+                    let arguments = if input.is_null() {
+                        "{}".to_string()
+                    } else {
+                        input.to_string()
+                    };
+                    calls.push(HistoryCall {
+                        id,
+                        kind: "function",
+                        function: HistoryFunction { name, arguments },
+                    });
+                }
+                (
+                    ContentBlockParam::ToolResult {
+                        tool_use_id,
+                        content,
+                        ..
+                    },
+                    Role::User,
+                ) => {
+                    let (t, w) = result_text(content.as_ref(), &format!("{at}[{j}]"))?;
+                    let mut t = Message::new("tool", &t);
+                    t.tool_call_id = Some(tool_use_id.clone());
+                    out.push(t);
+                    origins.push((i, j));
+                    withheld.push(w);
+                }
+                (b, _) => {
+                    return Err(bad(format!(
+                        "{at}[{j}] has type '{}', which is not supported in a {role} message",
+                        b.type_name()
+                    )))
+                }
+            }
+        }
+        if m.role == Role::Assistant {
+            let mut a = Message::new("assistant", &text);
+            if !calls.is_empty() {
+                a.tool_calls = Some(serde_json::to_value(&calls).map_err(|e| {
+                    ApiError::internal(format!("writing a call: {e}")).with_flavor(F)
+                })?);
+            }
+            out.push(a);
+        } else if !text.is_empty() || out.last().is_none_or(|l| l.role != "tool") {
+            out.push(Message::new("user", &text));
+        }
+    }
+    // A final assistant message with text (and, validated above, no calls) is a prefill;
+    // one left empty (only thinking blocks) is dropped.
+    let mut prefill = false;
+    if out
+        .last()
+        .is_some_and(|m| m.role == "assistant" && m.tool_calls.is_none())
+    {
+        if out.last().is_some_and(|m| m.content.is_empty()) {
+            out.pop();
+        } else {
+            prefill = true;
+        }
+    }
+    Ok(Converted {
+        messages: out,
+        origins,
+        withheld,
+        tools,
+        tool_choice,
+        prefill,
+    })
 }
 
 /// The contents of the `tool` messages, in order.
@@ -283,14 +448,14 @@ fn tool_contents(msgs: &[Message]) -> impl Iterator<Item = &str> {
         .map(|m| m.content.as_str())
 }
 
-fn stop_reason(d: &Done, a: &Adjudicated) -> &'static str {
+fn stop_reason(d: &Done, a: &Adjudicated) -> StopReason {
     if !a.allowed.is_empty() {
-        return "tool_use";
+        return StopReason::ToolUse;
     }
     match (d.finish_reason, &d.stop_sequence) {
-        (FinishReason::Length, _) => "max_tokens",
-        (_, Some(_)) => "stop_sequence",
-        _ => "end_turn",
+        (FinishReason::Length, _) => StopReason::MaxTokens,
+        (_, Some(_)) => StopReason::StopSequence,
+        _ => StopReason::EndTurn,
     }
 }
 
@@ -317,28 +482,34 @@ fn with_tool_use_ids(calls: Vec<ToolCall>) -> Vec<ToolCall> {
 
 /// The content blocks after the text: an explanation per denied call, then the allowed
 /// calls as `tool_use` blocks.
-fn tool_blocks(a: &Adjudicated) -> Vec<Value> {
-    let mut out: Vec<Value> = a
+fn tool_blocks(a: &Adjudicated) -> Vec<ContentBlock> {
+    let mut out: Vec<ContentBlock> = a
         .denied
         .iter()
-        .map(|(c, v)| json!({"type": "text", "text": denial_text(c, v)}))
+        .map(|(c, v)| ContentBlock::Text {
+            text: denial_text(c, v),
+        })
         .collect();
-    out.extend(a.allowed.iter().map(|c| {
-        json!({"type": "tool_use", "id": tool_use_id(c), "name": c.name,
-               "input": arguments_object(c)})
+    out.extend(a.allowed.iter().map(|c| ContentBlock::ToolUse {
+        id: tool_use_id(c),
+        name: c.name.clone(),
+        input: arguments_object(c),
     }));
     out
 }
 
-/// Anthropic's usage: `input_tokens` are the prompt's tokens neither read from nor
-/// written to a cache.
-fn usage(prompt: usize, cached: usize, created: usize, output: usize) -> Value {
-    json!({
-        "input_tokens": prompt.saturating_sub(cached).saturating_sub(created),
-        "cache_creation_input_tokens": created,
-        "cache_read_input_tokens": cached,
-        "output_tokens": output,
-    })
+/// A reply's `content`: its text as a block when there is any (or when nothing else
+/// is there), then [`tool_blocks`].
+fn reply_content(text: &str, a: &Adjudicated) -> Vec<ContentBlock> {
+    let rest = tool_blocks(a);
+    let mut out = Vec::with_capacity(rest.len() + 1);
+    if !text.is_empty() || rest.is_empty() {
+        out.push(ContentBlock::Text {
+            text: text.to_string(),
+        });
+    }
+    out.extend(rest);
+    out
 }
 
 /// The client headers the upstream gets with its body (see the module docs).
@@ -360,38 +531,92 @@ fn passed_on_headers(s: &AppState, headers: &HeaderMap) -> Vec<(String, String)>
     out
 }
 
-fn event(name: &str, v: &Value) -> Event {
-    Event::default().event(name).data(v.to_string())
+fn event(e: &StreamEvent) -> Event {
+    Event::default()
+        .event(e.event_name())
+        .data(serde_json::to_string(e).unwrap_or_default())
+}
+
+/// The events of one whole block at `index`: start (text empty, input `{}`), one delta,
+/// stop.
+fn block_events(index: usize, b: ContentBlock) -> Vec<Event> {
+    let (start, delta) = match b {
+        ContentBlock::ToolUse { id, name, input } => (
+            ContentBlock::ToolUse {
+                id,
+                name,
+                input: serde_json::Value::Object(Default::default()),
+            },
+            Some(BlockDelta::InputJsonDelta {
+                partial_json: input.to_string(),
+            }),
+        ),
+        ContentBlock::Text { text } => (
+            ContentBlock::Text {
+                text: String::new(),
+            },
+            Some(BlockDelta::TextDelta { text }),
+        ),
+        b => (b, None),
+    };
+    let mut out = vec![event(&StreamEvent::ContentBlockStart {
+        index,
+        content_block: start,
+    })];
+    if let Some(delta) = delta {
+        out.push(event(&StreamEvent::ContentBlockDelta { index, delta }));
+    }
+    out.push(event(&StreamEvent::ContentBlockStop { index }));
+    out
+}
+
+fn error_event(e: &ApiError) -> Event {
+    event(&StreamEvent::Error {
+        error: wire::ErrorDetail {
+            kind: e.kind.to_string(),
+            message: e.message.clone(),
+        },
+    })
+}
+
+/// `POST /v1/messages/count_tokens`: the prompt's token count for the same request to
+/// `/v1/messages` (see the module docs).
+pub(crate) async fn count_tokens(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    AnthropicJson { value: r, .. }: AnthropicJson<CountTokensRequest>,
+) -> Result<Json<CountTokensResponse>, ApiError> {
+    let c = convert(&r)?;
+    let conversation = conversation_key(&headers, &c.messages);
+    let (msgs, _) = screen_messages(&s, &conversation, c.messages, F).await?;
+    let req = GenerateRequest {
+        model: Some(r.model),
+        tools: c.tools,
+        tool_choice: c.tool_choice,
+        continue_final_message: c.prefill,
+        cap_max_tokens: true,
+        ..GenerateRequest::chat(msgs)
+    };
+    let driver = std::sync::Arc::clone(&s.driver);
+    let n = tokio::task::spawn_blocking(move || driver.count_tokens(&req))
+        .await
+        .map_err(|e| ApiError::internal(format!("counting failed: {e}")).with_flavor(F))?
+        .map_err(|e| ApiError::from(e).with_flavor(F))?;
+    Ok(Json(CountTokensResponse {
+        input_tokens: n as u64,
+    }))
 }
 
 /// `POST /v1/messages`.
 pub(crate) async fn messages(
     State(s): State<AppState>,
     headers: HeaderMap,
-    body: Result<Bytes, BytesRejection>,
+    AnthropicJson { bytes, value: r }: AnthropicJson<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    let bytes = body_bytes(&s, body, F)?;
-    let r: MessagesRequest = parse_json(&bytes, F)?;
-    let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice)?;
+    let c = convert(&r.prompt)?;
     let max_tokens = positive("max_tokens", r.max_tokens, F)?;
-    if r.messages.is_empty() {
-        return Err(bad("messages must hold at least one message".into()));
-    }
-    let mut msgs = Vec::with_capacity(r.messages.len() + 1);
-    if let Some(sys) = r.system {
-        msgs.push(Message::new("system", &text_of(sys, "system")?));
-    }
-    let mut origins = Vec::new();
-    for (i, m) in r.messages.into_iter().enumerate() {
-        if m.role != "user" && m.role != "assistant" {
-            return Err(bad(format!(
-                "messages[{i}].role '{}' is not one of user, assistant",
-                m.role
-            )));
-        }
-        convert(m, i, &mut msgs, &mut origins)?;
-    }
-    let forward = s.driver.forwards_client_body(Some(&r.model));
+    let msgs = c.messages;
+    let forward = s.driver.forwards_client_body(Some(&r.prompt.model));
     let before: Vec<String> = if forward {
         tool_contents(&msgs).map(str::to_string).collect()
     } else {
@@ -400,13 +625,15 @@ pub(crate) async fn messages(
     let conversation = conversation_key(&headers, &msgs);
     let taint = request_taint(&headers, &msgs);
     let (msgs, results) = screen_messages(&s, &conversation, msgs, F).await?;
+    let stream = r.stream == Some(true);
     let raw = if forward {
-        // Each tool message whose content the screen replaced: its block gets the stub.
+        // Each tool message whose content the screen replaced or held a withheld block:
+        // its block gets what the model sees.
         let rewrites: Vec<Rewrite> = tool_contents(&msgs)
             .zip(&before)
-            .zip(&origins)
-            .filter(|((after, before), _)| after != before)
-            .map(|((after, _), &(message, block))| Rewrite {
+            .zip(c.origins.iter().zip(&c.withheld))
+            .filter(|((after, before), (_, withheld))| after != before || **withheld)
+            .map(|((after, _), (&(message, block), _))| Rewrite {
                 message,
                 block,
                 content: after.to_string(),
@@ -425,7 +652,7 @@ pub(crate) async fn messages(
         Some(RawRequest {
             body,
             headers: passed_on_headers(&s, &headers),
-            stream: r.stream == Some(true),
+            stream,
         })
     } else {
         None
@@ -435,8 +662,9 @@ pub(crate) async fn messages(
         Some(k) if k >= 0 => k as usize,
         Some(k) => return Err(bad(format!("top_k must be >= 0 (got {k})"))),
     };
+    let model = r.prompt.model;
     let req = GenerateRequest {
-        model: Some(r.model.clone()),
+        model: Some(model.clone()),
         prompt: Prompt::Chat(msgs),
         max_tokens: Some(max_tokens),
         sampling: SamplingParams {
@@ -451,19 +679,20 @@ pub(crate) async fn messages(
             .into_iter()
             .filter(|s| !s.is_empty())
             .collect(),
-        tools,
-        tool_choice,
+        tools: c.tools,
+        tool_choice: c.tool_choice,
         logprobs: None,
         cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw,
+        continue_final_message: c.prefill,
+        cap_max_tokens: true,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
     let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/messages").await?;
     let id = new_id("msg_");
-    let model = r.model;
-    if r.stream == Some(true) {
+    if stream {
         let (prompt, cached) = (started.prompt_tokens, started.cached_tokens);
         let note = UsageNote {
             prompt,
@@ -471,30 +700,46 @@ pub(crate) async fn messages(
             stream: true,
             ..UsageNote::default()
         };
-        let head = vec![
-            event(
-                "message_start",
-                &json!({"type": "message_start", "message": {
-                    "id": id, "type": "message", "role": "assistant", "model": model,
-                    "content": [], "stop_reason": null, "stop_sequence": null,
-                    "usage": usage(prompt, cached, 0, 0),
-                }}),
-            ),
-            event(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": 0,
-                        "content_block": {"type": "text", "text": ""}}),
-            ),
-            event("ping", &json!({"type": "ping"})),
-        ];
+        let head = vec![event(&StreamEvent::MessageStart {
+            message: wire::Message {
+                id,
+                kind: MessageType::Message,
+                role: Role::Assistant,
+                model,
+                content: Vec::new(),
+                stop_reason: None,
+                stop_sequence: None,
+                usage: Usage::split(prompt, cached, 0, 0),
+                fak: None,
+            },
+        })];
         let state = s.clone();
         let mut held: Vec<ToolCall> = Vec::new();
+        // Whether the text block (index 0) has been opened: at the first text.
+        let mut text_open = false;
+        // A `ping` follows the first block's start, as the API sends it.
+        let mut pinged = false;
         let st = sse_stream(s, started, head, move |ev| match ev {
-            EngineEvent::Text(t) => vec![event(
-                "content_block_delta",
-                &json!({"type": "content_block_delta", "index": 0,
-                        "delta": {"type": "text_delta", "text": t}}),
-            )],
+            EngineEvent::Text(t) if t.is_empty() => Vec::new(),
+            EngineEvent::Text(t) => {
+                let mut out = Vec::with_capacity(2);
+                if !text_open {
+                    text_open = true;
+                    out.push(event(&StreamEvent::ContentBlockStart {
+                        index: 0,
+                        content_block: ContentBlock::Text {
+                            text: String::new(),
+                        },
+                    }));
+                    out.push(event(&StreamEvent::Ping));
+                    pinged = true;
+                }
+                out.push(event(&StreamEvent::ContentBlockDelta {
+                    index: 0,
+                    delta: BlockDelta::TextDelta { text: t },
+                }));
+                out
+            }
             EngineEvent::ToolCall(c) => {
                 held.push(c);
                 Vec::new()
@@ -507,57 +752,49 @@ pub(crate) async fn messages(
                     &offered,
                     with_tool_use_ids(std::mem::take(&mut held)),
                 );
-                let mut out = vec![event(
-                    "content_block_stop",
-                    &json!({"type": "content_block_stop", "index": 0}),
-                )];
-                for (k, b) in tool_blocks(&a).into_iter().enumerate() {
-                    let index = k + 1;
-                    let (start, delta) = if b["type"] == "tool_use" {
-                        let input = b["input"].to_string();
-                        let mut start = b;
-                        start["input"] = json!({});
-                        (
-                            start,
-                            json!({"type": "input_json_delta", "partial_json": input}),
-                        )
-                    } else {
-                        let text = b["text"].clone();
-                        (
-                            json!({"type": "text", "text": ""}),
-                            json!({"type": "text_delta", "text": text}),
-                        )
-                    };
-                    out.push(event("content_block_start", &json!({"type": "content_block_start", "index": index, "content_block": start})));
-                    out.push(event(
-                        "content_block_delta",
-                        &json!({"type": "content_block_delta", "index": index, "delta": delta}),
-                    ));
-                    out.push(event(
-                        "content_block_stop",
-                        &json!({"type": "content_block_stop", "index": index}),
-                    ));
+                let mut out = Vec::new();
+                let mut blocks = tool_blocks(&a);
+                if text_open {
+                    out.push(event(&StreamEvent::ContentBlockStop { index: 0 }));
+                } else if blocks.is_empty() {
+                    blocks.push(ContentBlock::Text {
+                        text: String::new(),
+                    });
                 }
-                let mut md = json!({"type": "message_delta",
-                        "delta": {"stop_reason": stop_reason(&d, &a), "stop_sequence": d.stop_sequence},
-                        "usage": {"output_tokens": d.completion_tokens}});
+                let first = usize::from(text_open);
+                for (k, b) in blocks.into_iter().enumerate() {
+                    let mut evs = block_events(first + k, b);
+                    if !pinged {
+                        evs.insert(1, event(&StreamEvent::Ping));
+                        pinged = true;
+                    }
+                    out.extend(evs);
+                }
                 // Counts known only at the end (an upstream engine) come here too.
-                if let Some(u) = d.prompt_usage {
-                    md["usage"] = usage(
+                let usage = match d.prompt_usage {
+                    Some(u) => DeltaUsage::from(Usage::split(
                         u.prompt_tokens,
                         u.cached_tokens,
                         u.cache_creation_tokens,
                         d.completion_tokens,
-                    );
-                }
-                if let Some(v) = fak_field(&results, &a) {
-                    md["fak"] = v;
-                }
-                out.push(event("message_delta", &md));
-                out.push(event("message_stop", &json!({"type": "message_stop"})));
+                    )),
+                    None => DeltaUsage {
+                        output_tokens: d.completion_tokens as u64,
+                        ..DeltaUsage::default()
+                    },
+                };
+                out.push(event(&StreamEvent::MessageDelta {
+                    delta: MessageDelta {
+                        stop_reason: Some(stop_reason(&d, &a)),
+                        stop_sequence: d.stop_sequence.clone(),
+                    },
+                    usage,
+                    fak: fak_field(&results, &a),
+                }));
+                out.push(event(&StreamEvent::MessageStop));
                 out
             }
-            EngineEvent::Error(e) => vec![event("error", &ApiError::from(e).with_flavor(F).body())],
+            EngineEvent::Error(e) => vec![error_event(&ApiError::from(e).with_flavor(F))],
             EngineEvent::Start { .. } | EngineEvent::Logprobs(_) => Vec::new(),
         });
         return Ok(with_note(Sse::new(st).into_response(), note));
@@ -570,28 +807,23 @@ pub(crate) async fn messages(
         &offered,
         with_tool_use_ids(std::mem::take(&mut f.tool_calls)),
     );
-    let mut content = Vec::new();
-    if !f.text.is_empty() || a.report.is_none() {
-        content.push(json!({"type": "text", "text": f.text}));
-    }
-    content.extend(tool_blocks(&a));
-    let mut body = json!({
-        "id": id,
-        "type": "message",
-        "role": "assistant",
-        "model": model,
-        "content": content,
-        "stop_reason": stop_reason(&f.done, &a),
-        "stop_sequence": f.done.stop_sequence,
-        "usage": usage(
+    let body = wire::Message {
+        id,
+        kind: MessageType::Message,
+        role: Role::Assistant,
+        model,
+        content: reply_content(&f.text, &a),
+        stop_reason: Some(stop_reason(&f.done, &a)),
+        stop_sequence: f.done.stop_sequence.clone(),
+        usage: Usage::split(
             f.prompt_tokens,
             f.cached_tokens,
             f.done.prompt_usage.map_or(0, |u| u.cache_creation_tokens),
             f.done.completion_tokens,
         ),
-    });
-    if let Some(v) = fak_field(&results, &a) {
-        body["fak"] = v;
-    }
+        fak: fak_field(&results, &a),
+    };
+    let body = serde_json::to_value(&body)
+        .map_err(|e| ApiError::internal(format!("writing the reply: {e}")).with_flavor(F))?;
     Ok(f.respond(body))
 }

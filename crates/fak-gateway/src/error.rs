@@ -4,9 +4,11 @@ use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use fak_engine::EngineError;
 use fak_wire::openai::{ErrorObject, ErrorResponse};
-use serde_json::json;
 
-/// The header that tells a client whether to retry (see [`ApiError::should_retry`]).
+/// The response header telling a client whether to retry (`true` / `false`), which
+/// both official SDKs (`openai`, `anthropic`) obey before their own status rules: set on
+/// every error ([`ApiError::retryable`]), so that a wrong key or a bad request is not
+/// retried for minutes.
 pub const SHOULD_RETRY: header::HeaderName = header::HeaderName::from_static("x-should-retry");
 
 /// Which API's error shape to use.
@@ -149,6 +151,16 @@ impl ApiError {
         }
     }
 
+    /// Whether a retry of the same request can succeed: [`ApiError::should_retry`] when
+    /// set (a model that failed to load is a 500 no retry mends), else by status: 408,
+    /// 409, 429 and 5xx (the statuses the official SDKs retry); a 400, 401, 403, 404, 413
+    /// or 422 would fail the same way again.
+    pub fn retryable(&self) -> bool {
+        self.should_retry.unwrap_or_else(|| {
+            matches!(self.status.as_u16(), 408 | 409 | 429) || self.status.is_server_error()
+        })
+    }
+
     /// The same error in another shape.
     pub fn with_flavor(mut self, flavor: Flavor) -> Self {
         self.flavor = flavor;
@@ -167,10 +179,11 @@ impl ApiError {
                 },
             })
             .unwrap_or_default(),
-            Flavor::Anthropic => json!({"type": "error", "error": {
-                "type": self.kind,
-                "message": self.message,
-            }}),
+            Flavor::Anthropic => serde_json::to_value(fak_wire::anthropic::ErrorResponse::new(
+                self.kind,
+                &self.message,
+            ))
+            .unwrap_or_default(),
         }
     }
 }
@@ -211,13 +224,13 @@ impl From<EngineError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(self.body())).into_response();
+        r.headers_mut().insert(
+            SHOULD_RETRY,
+            HeaderValue::from_static(if self.retryable() { "true" } else { "false" }),
+        );
         if let Some(s) = self.retry_after_s {
             r.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from(s));
-        }
-        if let Some(retry) = self.should_retry {
-            let v = HeaderValue::from_static(if retry { "true" } else { "false" });
-            r.headers_mut().insert(SHOULD_RETRY, v);
         }
         r
     }

@@ -228,6 +228,7 @@ pub fn router_with_boundary(
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
+        .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
         .route("/v1/models", get(openai::models))
         .route("/v1/fak/revoke", post(tools::revoke))
         .route("/v1/fak/policy/reload", post(tools::reload_policy))

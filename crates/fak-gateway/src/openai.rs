@@ -349,6 +349,8 @@ pub(crate) async fn chat_completions(
         logprobs,
         cache_partition: cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?,
         raw: None,
+        continue_final_message: false,
+        cap_max_tokens: false,
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
@@ -713,6 +715,8 @@ pub(crate) async fn completions(
             logprobs,
             cache_partition: partition.clone(),
             raw: None,
+            continue_final_message: false,
+            cap_max_tokens: false,
         };
         started.push(start(&s, req, F, "/v1/completions").await?);
     }

@@ -418,3 +418,42 @@ fn a_timed_out_prefill_frees_its_slot_within_a_batch() {
     assert_eq!(r.status, 200, "{}", r.body);
     println!("whole prefill {full:?}; the slot was free {freed:?} after the 504");
 }
+
+/// `count_tokens` is exact: the served model's template and tokenizer give the prompt
+/// `/v1/messages` prefills for the same request (system, tools, a tool round trip, a
+/// prefill), equal to its `usage.input_tokens + cache_read_input_tokens`, and to the
+/// HF-counted prompt of the e2e case.
+#[fak_testkit::real_model]
+fn count_tokens_equals_the_messages_prompt_on_the_real_model() {
+    let srv = server(0);
+    let case = &e2e_cases()[0];
+    let n_hf = case["prompt_ids"].as_array().unwrap().len() as u64;
+    let tools = json!([{"name": "get_weather", "description": "Weather for a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let prompts = [
+        json!({"model": ID, "messages": case["messages"]}),
+        json!({"model": ID, "system": "Be brief.", "tools": tools, "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1",
+                "name": "get_weather", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                "content": "18 C, light rain"}]},
+            {"role": "assistant", "content": "It is"}]}),
+    ];
+    for (k, p) in prompts.iter().enumerate() {
+        let r = post(srv.addr, "/v1/messages/count_tokens", p);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let counted = r.json()["input_tokens"].as_u64().unwrap();
+        let mut body = p.clone();
+        body["max_tokens"] = json!(4);
+        body["temperature"] = json!(0);
+        let v = post(srv.addr, "/v1/messages", &body).json();
+        let u = &v["usage"];
+        let used =
+            u["input_tokens"].as_u64().unwrap() + u["cache_read_input_tokens"].as_u64().unwrap();
+        assert_eq!(counted, used, "prompt {k}");
+        if k == 0 {
+            assert_eq!(counted, n_hf);
+        }
+    }
+}

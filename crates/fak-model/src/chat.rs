@@ -545,21 +545,44 @@ impl ChatTemplate {
         let guarded: Vec<Message> = messages.iter().map(|m| g.message(tokenizer, m)).collect();
         let tools = tools.map(|t| g.value(tokenizer, t));
         let text = self.render(&guarded, add_generation_prompt, tools.as_ref())?;
-        let (ids, offsets) = tokenizer.encode_with_special_offsets(&text)?;
-        if g.table.is_empty() {
-            return Ok(ids);
-        }
-        let mut out = Vec::with_capacity(ids.len());
-        let mut at = 0;
-        for (&id, &(s, e)) in ids.iter().zip(&offsets) {
-            if tokenizer.is_special(id) {
-                out.extend(tokenizer.encode(&g.restore(&text[at..s])?)?);
-                out.push(id);
-                at = e;
-            }
-        }
-        out.extend(tokenizer.encode(&g.restore(&text[at..])?)?);
-        Ok(out)
+        encode_guarded(tokenizer, &g, &text)
+    }
+
+    /// [`ChatTemplate::encode`] with the final message left open, to be continued (an
+    /// assistant prefill): the conversation rendered without a generation prompt and cut
+    /// right after the final message's content, as HF transformers'
+    /// `apply_chat_template(..., continue_final_message=True)` does (it finds the last
+    /// occurrence of the content, whitespace-stripped, in the render, and cuts after it,
+    /// keeping the content's trailing whitespace when the template kept it).
+    ///
+    /// # Errors
+    /// As [`ChatTemplate::encode`]; [`ChatError::Template`] when `messages` is empty or
+    /// the render does not hold the final message's content.
+    pub fn encode_continuing(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: &[Message],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, ChatError> {
+        let mut g = Guarded::default();
+        let guarded: Vec<Message> = messages.iter().map(|m| g.message(tokenizer, m)).collect();
+        let tools = tools.map(|t| g.value(tokenizer, t));
+        let last = guarded
+            .last()
+            .ok_or_else(|| ChatError::Template("no message to continue".into()))?;
+        let text = self.render(&guarded, false, tools.as_ref())?;
+        let content = last.content.as_str();
+        let stripped = content.trim();
+        let at = text.rfind(stripped).ok_or_else(|| {
+            ChatError::Template("the render does not hold the final message's content".into())
+        })?;
+        let kept = content.trim_start();
+        let end = if text[at..].starts_with(kept) {
+            at + kept.len()
+        } else {
+            at + stripped.len()
+        };
+        encode_guarded(tokenizer, &g, &text[..end])
     }
 
     /// Token ids that end a reply: the model's EOS ids plus the template's end-of-turn
@@ -578,6 +601,25 @@ impl ChatTemplate {
         }
         ids
     }
+}
+
+/// The ids of `text`, a render of guarded strings (see [`ChatTemplate::encode`]).
+fn encode_guarded(tokenizer: &Tokenizer, g: &Guarded, text: &str) -> Result<Vec<u32>, ChatError> {
+    let (ids, offsets) = tokenizer.encode_with_special_offsets(text)?;
+    if g.table.is_empty() {
+        return Ok(ids);
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    let mut at = 0;
+    for (&id, &(s, e)) in ids.iter().zip(&offsets) {
+        if tokenizer.is_special(id) {
+            out.extend(tokenizer.encode(&g.restore(&text[at..s])?)?);
+            out.push(id);
+            at = e;
+        }
+    }
+    out.extend(tokenizer.encode(&g.restore(&text[at..])?)?);
+    Ok(out)
 }
 
 /// Loads the tokenizer and chat template that travel with the checkpoint at `path`: from

@@ -218,3 +218,31 @@ fn streaming_decode_holds_back_split_characters() {
         "the corpus should split characters across tokens ({split_seen})"
     );
 }
+
+/// An assistant prefill (Anthropic's trailing assistant message) continued token for
+/// token, as HF's `apply_chat_template(..., continue_final_message=True)`: our ids equal
+/// the ids of HF's rendered text (`testdata/text/smollm2-135m-instruct/prefill.json`, made
+/// by `oracle-export/export_prefill.py`) under the tokenizer proven equal to HF's above.
+/// Negative control: the closed turn with a generation prompt differs.
+#[fak_testkit::real_model]
+fn smollm2_prefill_continues_as_hf() {
+    let (tok, g) = tokenizer("smollm2-135m-instruct");
+    let tmpl = ChatTemplate::from_gguf(&g, &tok).unwrap();
+    let oracle = json("text/smollm2-135m-instruct/prefill.json");
+    let cases = oracle["cases"].as_array().unwrap();
+    assert!(cases.len() >= 4);
+    for c in cases {
+        let name = c["name"].as_str().unwrap();
+        let msgs = messages(&c["messages"]);
+        let (want, _) = tok
+            .encode_with_special_offsets(c["rendered"].as_str().unwrap())
+            .unwrap();
+        let ours = tmpl.encode_continuing(&tok, &msgs, None).unwrap();
+        assert_eq!(
+            ours, want,
+            "{name}: ids differ from HF's continue_final_message"
+        );
+        let closed = tmpl.encode(&tok, &msgs, true, None).unwrap();
+        assert_ne!(closed, want, "{name}: the control does not differ");
+    }
+}
