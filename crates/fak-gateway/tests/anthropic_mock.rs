@@ -64,7 +64,7 @@ fn chat_of(r: &GenerateRequest) -> Vec<(String, String)> {
             .iter()
             .map(|m| (m.role.clone(), m.content.clone()))
             .collect(),
-        Prompt::Text(_) => panic!("not a chat prompt"),
+        Prompt::Text(_) | Prompt::Tokens(_) => panic!("not a chat prompt"),
     }
 }
 
