@@ -46,6 +46,9 @@ pub struct ApiError {
     pub flavor: Flavor,
     /// Seconds for `Retry-After`, when set.
     pub retry_after_s: Option<u64>,
+    /// OpenAI's `code` and `param` (e.g. `previous_response_not_found`,
+    /// `previous_response_id`), when set ([`ApiError::with_code`]); `null` otherwise.
+    pub code: Option<(&'static str, &'static str)>,
 }
 
 impl ApiError {
@@ -56,6 +59,7 @@ impl ApiError {
             message: message.into(),
             flavor: Flavor::OpenAi,
             retry_after_s: None,
+            code: None,
         }
     }
 
@@ -135,14 +139,20 @@ impl ApiError {
         self
     }
 
+    /// The same error with OpenAI's `code` and the `param` it is about.
+    pub fn with_code(mut self, code: &'static str, param: &'static str) -> Self {
+        self.code = Some((code, param));
+        self
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         match self.flavor {
             Flavor::OpenAi => json!({"error": {
                 "message": self.message,
                 "type": self.kind,
-                "param": null,
-                "code": null,
+                "param": self.code.map(|c| c.1),
+                "code": self.code.map(|c| c.0),
             }}),
             Flavor::Anthropic => json!({"type": "error", "error": {
                 "type": self.kind,
