@@ -665,3 +665,56 @@ fn a_follow_up_of_a_call_carries_the_call_and_its_output() {
         ("tool", "18 C")
     );
 }
+
+/// Upstream mode: a front over the `openai-upstream` driver, whose upstream (a gateway
+/// over the recording mock, allowing everything) is reached through its chat API. The
+/// Responses request is translated for it; the front adjudicates the calls.
+#[test]
+fn an_upstream_without_a_responses_api_serves_through_its_chat_api() {
+    use fak_engine::upstream::{UpstreamConfig, UpstreamDriver};
+    let rec = Arc::new(Recorder::default());
+    let open = Policy::from_json(r#"{"version": "fak-policy/1", "allow_prefix": [""]}"#).unwrap();
+    let up = start_router(router_with_policy(
+        Arc::clone(&rec) as Arc<dyn EngineDriver>,
+        GatewayConfig::default(),
+        open,
+    ));
+    let d = Arc::new(
+        UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{}/v1", up.addr)],
+            retries: 0,
+            ..UpstreamConfig::default()
+        })
+        .unwrap(),
+    );
+    let front = start_router(router_with_policy(
+        d as Arc<dyn EngineDriver>,
+        GatewayConfig::default(),
+        Policy::from_json(MANIFEST).unwrap(),
+    ));
+    let t = std::time::Instant::now();
+    while common::get(front.addr, "/health").status != 200 {
+        assert!(t.elapsed().as_secs() < 15, "the front never became healthy");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for stream in [false, true] {
+        let body = json!({"model": "mock", "instructions": "sys", "tools": tools(),
+                          "input": directive("Let me look.", &CALLS), "stream": stream});
+        let r = post(front.addr, "/v1/responses", &body);
+        let v = if stream {
+            stream_shape(&events(&r)).1
+        } else {
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()
+        };
+        // The upstream allowed both calls; the front's policy denied delete_all.
+        check_calls(&v);
+        assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{v}");
+        let seen = rec.seen.lock().unwrap();
+        let m = seen.last().unwrap();
+        assert_eq!(
+            m.iter().map(|m| m.role.as_str()).collect::<Vec<_>>(),
+            ["system", "user"]
+        );
+    }
+}
