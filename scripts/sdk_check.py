@@ -14,8 +14,12 @@ forced tool call that the 135M model writes malformed fails closed (no tool call
 replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
 both wires, streaming and not, a denied call removed with its reason, and the tool
 result sent back. Anthropic: a system message inside `messages`, `max_tokens=32000`
-(capped to what fits), a prefill continued, `messages.count_tokens`. Prints one `N passed, M failed` line and exits non-zero on any
-failure.
+(capped to what fits), a prefill continued, `messages.count_tokens`. The Responses API: `responses.create` plain text on the real model
+(streamed and not, the streamed text equal to the whole), `previous_response_id` reusing
+the KV cache (`cached_tokens` > 0 on the follow-up); and against the mock, the OpenAI
+Agents SDK with its default model class (OpenAIResponsesModel) running a function-tool
+round trip with `Runner.run` and `Runner.run_streamed`. Prints one `N passed, M failed`
+line and exits non-zero on any failure.
 """
 
 import json
@@ -23,6 +27,9 @@ import os
 import pathlib
 import sys
 
+import asyncio
+
+import agents
 import anthropic
 import openai
 
@@ -353,6 +360,103 @@ def anthropic_tool_use_stream():
     assert "DEFAULT_DENY" in "".join(b.text for b in final.content if b.type == "text"), final
 
 
+def responses_plain():
+    r = oa.responses.create(model=MODEL, input=MESSAGES[0]["content"], temperature=0)
+    eq(r.status, "completed")
+    eq(r.output_text, TEXT)
+    eq(r.usage.input_tokens, N_PROMPT)
+    eq(r.usage.output_tokens, N_COMPLETION)
+    eq(r.usage.total_tokens, N_PROMPT + N_COMPLETION)
+    got = oa.responses.retrieve(r.id)
+    eq(got.output_text, TEXT)
+
+
+def responses_stream():
+    text, kinds, final = "", [], None
+    for ev in oa.responses.create(model=MODEL, input=MESSAGES[0]["content"], temperature=0, stream=True):
+        kinds.append(ev.type)
+        if ev.type == "response.output_text.delta":
+            text += ev.delta
+        if ev.type == "response.completed":
+            final = ev.response
+    eq(text, TEXT)
+    eq(final.output_text, TEXT)
+    eq(kinds[:2], ["response.created", "response.in_progress"])
+    eq(final.usage.output_tokens, N_COMPLETION)
+    # The SDK's own stream helper accumulates the same Response.
+    with oa.responses.stream(model=MODEL, input=MESSAGES[0]["content"], temperature=0) as s:
+        eq(s.get_final_response().output_text, TEXT)
+
+
+def responses_previous_id_reuses_the_cache():
+    first = oa.responses.create(model=MODEL, input="What is 2 + 2?", temperature=0, max_output_tokens=16)
+    r = oa.responses.create(
+        model=MODEL, input="And 3 + 3?", previous_response_id=first.id, temperature=0, max_output_tokens=16
+    )
+    assert r.usage.input_tokens > first.usage.input_tokens, (r.usage, first.usage)
+    # The kept conversation's prompt is read from the KV cache: only the new items are prefilled.
+    assert r.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens - 1, r.usage
+    try:
+        oa.responses.create(model=MODEL, input="x", previous_response_id="resp_unknown")
+        raise AssertionError("expected BadRequestError")
+    except openai.BadRequestError as e:
+        eq((e.status_code, e.code, e.param), (400, "previous_response_not_found", "previous_response_id"))
+
+
+WEATHER_CALLS = []
+
+
+@agents.function_tool
+def get_weather(city: str) -> str:
+    """Weather for a city."""
+    WEATHER_CALLS.append(city)
+    return f"18 C in {city}"
+
+
+def agent():
+    agents.set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=f"{MOCK_BASE}/v1", api_key=KEY, max_retries=0)
+    agents.set_default_openai_client(client, use_for_tracing=False)
+    # A model id string: the SDK's default provider and model class (Responses API).
+    a = agents.Agent(name="weather", instructions="Use the tool.", model="mock", tools=[get_weather])
+    return a
+
+
+def agents_round_trip():
+    a = agent()
+    WEATHER_CALLS.clear()
+    res = asyncio.run(agents.Runner.run(a, call_directive("get_weather", {"city": "Paris"})))
+    eq(WEATHER_CALLS, ["Paris"])
+    kinds = [type(i).__name__ for i in res.new_items]
+    eq(kinds, ["MessageOutputItem", "ToolCallItem", "ToolCallOutputItem", "MessageOutputItem"])
+    eq(res.new_items[2].output, "18 C in Paris")
+    # The mock's reply to a turn ending in a tool result.
+    eq(res.final_output, "Hello from the mock engine.")
+    eq(len(res.raw_responses), 2)
+    # Served by the Responses API (ids `resp_…`), through the default model class.
+    assert all(r.response_id.startswith("resp_") for r in res.raw_responses), res.raw_responses
+    eq(type(agents.OpenAIProvider().get_model("mock")).__name__, "OpenAIResponsesModel")
+
+
+def agents_round_trip_streamed():
+    a = agent()
+    WEATHER_CALLS.clear()
+
+    async def go():
+        r = agents.Runner.run_streamed(a, call_directive("get_weather", {"city": "Oslo"}))
+        deltas = []
+        async for ev in r.stream_events():
+            if ev.type == "raw_response_event" and ev.data.type == "response.output_text.delta":
+                deltas.append(ev.data.delta)
+        return r, "".join(deltas)
+
+    res, text = asyncio.run(go())
+    eq(WEATHER_CALLS, ["Oslo"])
+    eq(text, "Let me look.Hello from the mock engine.")
+    eq(res.final_output, "Hello from the mock engine.")
+    eq([type(i).__name__ for i in res.new_items][1:3], ["ToolCallItem", "ToolCallOutputItem"])
+
+
 for name, fn in [
     ("openai chat", openai_chat),
     ("openai chat stream == whole text, usage", openai_stream),
@@ -376,6 +480,11 @@ for name, fn in [
     ("mock: openai denied call removed, forced tool_choice", openai_denied_and_forced),
     ("mock: anthropic tool_use, tool_result sent back", anthropic_tool_use),
     ("mock: anthropic tool_use streamed, denied call explained", anthropic_tool_use_stream),
+    ("responses.create plain text, retrieve", responses_plain),
+    ("responses.create streamed == whole text", responses_stream),
+    ("responses previous_response_id: cached_tokens on the follow-up", responses_previous_id_reuses_the_cache),
+    ("mock: agents SDK (Responses model) tool round trip, Runner.run", agents_round_trip),
+    ("mock: agents SDK tool round trip, Runner.run_streamed", agents_round_trip_streamed),
 ]:
     check(name, fn)
 

@@ -57,6 +57,9 @@ pub struct ApiError {
     /// official OpenAI and Anthropic Python SDKs read this header before the status in
     /// their clients' `_should_retry` (and so never retry a 5xx that carries `false`).
     pub should_retry: Option<bool>,
+    /// OpenAI's `code` and `param` (e.g. `previous_response_not_found`,
+    /// `previous_response_id`), when set ([`ApiError::with_code`]); `null` otherwise.
+    pub code: Option<(&'static str, &'static str)>,
 }
 
 impl ApiError {
@@ -68,6 +71,7 @@ impl ApiError {
             flavor: Flavor::OpenAi,
             retry_after_s: None,
             should_retry: None,
+            code: None,
         }
     }
 
@@ -167,6 +171,12 @@ impl ApiError {
         self
     }
 
+    /// The same error with OpenAI's `code` and the `param` it is about.
+    pub fn with_code(mut self, code: &'static str, param: &'static str) -> Self {
+        self.code = Some((code, param));
+        self
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         match self.flavor {
@@ -174,8 +184,8 @@ impl ApiError {
                 error: ErrorObject {
                     message: self.message.clone(),
                     kind: self.kind.to_string(),
-                    param: None,
-                    code: None,
+                    param: self.code.map(|c| c.1.to_string()),
+                    code: self.code.map(|c| c.0.to_string()),
                 },
             })
             .unwrap_or_default(),

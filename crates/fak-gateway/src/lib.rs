@@ -11,6 +11,7 @@
 //! |---|---|---|
 //! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens`, `tools` / `tool_choice` (calls adjudicated, `fak` field) |
 //! | `POST /v1/completions` | OpenAI legacy completions | no template; `prompt` as text or token ids (prefilled as is), one or a list (a choice per prompt by `index`) |
+//! | `POST /v1/responses` | OpenAI Responses | `input` text or items (messages, `function_call`, `function_call_output`), `instructions`, function `tools` / `tool_choice` (calls adjudicated, `fak` field), `stream` (the SDK's event sequence), `max_output_tokens` → `incomplete`, `previous_response_id` from kept responses; `GET` / `DELETE /v1/responses/{id}` (the `responses` module) |
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
 //! | `GET /v1/models` | OpenAI models list | |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
@@ -65,6 +66,7 @@ pub mod error;
 mod extract;
 pub mod metrics;
 mod openai;
+mod responses;
 mod splice;
 mod tools;
 
@@ -155,6 +157,8 @@ pub struct AppState {
     policy: Arc<Mutex<Policy>>,
     /// The screen every inbound tool result passes, with its store and audit log.
     screen: Arc<Mutex<Screen>>,
+    /// The kept Responses (`previous_response_id`, `GET /v1/responses/{id}`).
+    responses: Arc<Mutex<responses::ResponseStore>>,
 }
 
 /// The kernel boundary a gateway enforces: the policy for the model's tool calls and
@@ -223,12 +227,18 @@ pub fn router_with_boundary(
         config: Arc::new(config),
         policy: Arc::new(Mutex::new(boundary.policy)),
         screen: Arc::new(Mutex::new(boundary.screen)),
+        responses: Arc::default(),
     };
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::create))
+        .route(
+            "/v1/responses/{id}",
+            get(responses::retrieve).delete(responses::delete),
+        )
         .route("/v1/models", get(openai::models))
         .route("/v1/fak/revoke", post(tools::revoke))
         .route("/v1/fak/policy/reload", post(tools::reload_policy))
