@@ -526,6 +526,8 @@ pub(crate) async fn create(
         logprobs: None,
         cache_partition: partition.clone(),
         raw: None,
+        continue_final_message: false,
+        cap_max_tokens: false,
     };
     let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/responses").await?;
