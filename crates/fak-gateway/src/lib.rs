@@ -12,7 +12,7 @@
 //! | `POST /v1/chat/completions` | OpenAI chat | `stream` (SSE ending `data: [DONE]`), `stream_options.include_usage`, `usage.prompt_tokens_details.cached_tokens`, `tools` / `tool_choice` (calls adjudicated, `fak` field) |
 //! | `POST /v1/completions` | OpenAI legacy completions | plain prompt, no template |
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
-//! | `GET /v1/models` | OpenAI models list | |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | OpenAI or (with `anthropic-version`) Anthropic models | [`models`] |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
 //! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms, audit write failures, store size, revocations |
 //!
@@ -60,6 +60,7 @@ mod anthropic;
 pub mod conn;
 pub mod error;
 pub mod metrics;
+pub mod models;
 mod openai;
 mod splice;
 mod tools;
@@ -151,6 +152,8 @@ pub struct AppState {
     policy: Arc<Mutex<Policy>>,
     /// The screen every inbound tool result passes, with its store and audit log.
     screen: Arc<Mutex<Screen>>,
+    /// When the router was built, Unix seconds (the models' `created`).
+    created: u64,
 }
 
 /// The kernel boundary a gateway enforces: the policy for the model's tool calls and
@@ -212,19 +215,32 @@ pub fn router_with_boundary(
     config: GatewayConfig,
     boundary: Boundary,
 ) -> Router {
+    router_with_metrics(driver, config, boundary, Arc::new(Metrics::default()))
+}
+
+/// [`router_with_boundary`] counting into `metrics`, which the caller keeps to read the
+/// counts (`fak guard` prints what the boundary did from them at exit).
+pub fn router_with_metrics(
+    driver: Arc<dyn EngineDriver>,
+    config: GatewayConfig,
+    boundary: Boundary,
+    metrics: Arc<Metrics>,
+) -> Router {
     let limit = config.max_body_bytes;
     let state = AppState {
         driver,
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         config: Arc::new(config),
         policy: Arc::new(Mutex::new(boundary.policy)),
         screen: Arc::new(Mutex::new(boundary.screen)),
+        created: unix_now(),
     };
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
-        .route("/v1/models", get(openai::models))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
         .route("/v1/fak/revoke", post(tools::revoke))
         .route("/v1/fak/policy/reload", post(tools::reload_policy))
         .route_layer(middleware::from_fn_with_state(state.clone(), time_limit))

@@ -1,4 +1,4 @@
-//! OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`.
 //!
 //! Request fields follow the OpenAI API reference. Supported now: `model`, `messages`
 //! (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or an array
@@ -55,7 +55,6 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use fak_engine::{
     EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, TokenLogprob,
     ToolCall, ToolChoice, ToolSpec, TopLogprob, MAX_TOP_LOGPROBS,
@@ -934,21 +933,4 @@ pub(crate) async fn completions(
         "usage": usage(f.prompt_tokens, f.done.completion_tokens, f.cached_tokens),
     });
     Ok(f.respond(body))
-}
-
-/// `GET /v1/models`.
-pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
-    let created = unix_now();
-    let data: Vec<Value> = s
-        .driver
-        .models()
-        .into_iter()
-        .map(|m| {
-            json!({
-                "id": m.id, "object": "model", "created": created, "owned_by": m.owned_by,
-                "context_length": m.context_length,
-            })
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data}))
 }
