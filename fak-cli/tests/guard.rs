@@ -130,10 +130,12 @@ fn sigterm_reaches_the_command() {
     let home = tempfile::tempdir().unwrap();
     let started = home.path().join("started");
     let script = format!(
-        "trap 'exit 42' TERM; touch '{}'; sleep 30 & wait",
+        // `sleep` gets no stderr of ours: an orphan holding the pipe would keep
+        // `wait_with_output` waiting after the guard has exited.
+        "trap 'exit 42' TERM; touch '{}'; sleep 30 >/dev/null 2>&1 & wait",
         started.display()
     );
-    let mut child = guard(home.path(), &["--", "sh", "-c", &script])
+    let child = guard(home.path(), &["--", "sh", "-c", &script])
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
@@ -145,6 +147,7 @@ fn sigterm_reaches_the_command() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+    let t_kill = Instant::now();
     let st = Command::new("kill")
         .args(["-TERM", &child.id().to_string()])
         .status()
@@ -154,5 +157,5 @@ fn sigterm_reaches_the_command() {
     // The guard survived the signal, passed it on, and exits with the command's status.
     assert_eq!(out.status.code(), Some(42), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("sh exited with status 42"));
-    assert!(t0.elapsed() < Duration::from_secs(20));
+    assert!(t_kill.elapsed() < Duration::from_secs(20));
 }
