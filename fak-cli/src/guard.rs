@@ -6,7 +6,8 @@
 //! (besides any `--api-key-env` keys). The command then runs with, in its environment
 //! only, `ANTHROPIC_BASE_URL=http://127.0.0.1:PORT`, `OPENAI_BASE_URL=http://127.0.0.1:PORT/v1`
 //! and the key in `ANTHROPIC_API_KEY` and `OPENAI_API_KEY` (the variables the official
-//! SDKs and the agents built on them read). stdin, stdout and stderr are the command's;
+//! SDKs and the agents built on them read; `ANTHROPIC_AUTH_TOKEN` is removed, as Claude
+//! Code would send it in the key's place). stdin, stdout and stderr are the command's;
 //! the server logs only warnings, to stderr (or everything to `--log-file`). SIGTERM
 //! is passed on to the command, and SIGINT too unless this process is in the
 //! terminal's foreground process group (then the terminal has sent it to the command
@@ -124,6 +125,9 @@ pub(crate) fn guard(a: GuardArgs) -> Result<(), CliError> {
         .env("OPENAI_BASE_URL", format!("http://{addr}/v1"))
         .env("ANTHROPIC_API_KEY", &key)
         .env("OPENAI_API_KEY", &key)
+        // A bearer token of the user's would be sent instead of the run's key (and be
+        // refused): the command authenticates with the run's key only.
+        .env_remove("ANTHROPIC_AUTH_TOKEN")
         .spawn();
     let mut child = match child {
         Ok(c) => c,
