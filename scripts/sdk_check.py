@@ -149,6 +149,18 @@ def openai_models():
     assert MODEL in ids, ids
 
 
+def models_retrieve():
+    m = oa.models.retrieve(MODEL)
+    eq((m.id, m.object), (MODEL, "model"))
+    raises(openai.NotFoundError, 404, lambda: oa.models.retrieve("nope"))
+    a = an.models.retrieve(MODEL)
+    eq((a.id, a.type, a.display_name), (MODEL, "model", MODEL))
+    assert a.created_at.tzinfo is not None, a
+    page = an.models.list()
+    eq(([x.id for x in page.data][0], page.has_more, page.first_id), (MODEL, False, MODEL))
+    raises(anthropic.NotFoundError, 404, lambda: an.models.retrieve("nope"))
+
+
 def openai_errors():
     raises(openai.NotFoundError, 404, lambda: oa.chat.completions.create(model="nope", messages=MESSAGES))
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=0))
@@ -463,6 +475,7 @@ for name, fn in [
     ("openai cached_tokens on a repeat", openai_cached),
     ("openai logprobs + top_logprobs", openai_logprobs),
     ("openai models.list", openai_models),
+    ("models.retrieve and Anthropic models.list, both SDKs", models_retrieve),
     ("openai errors (404, 400 x4, 413, 401)", openai_errors),
     ("openai completions", openai_completions),
     ("openai completions, prompt as token ids", openai_completions_token_ids),

@@ -8,8 +8,15 @@ use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
 pub(crate) enum PolicyCmd {
-    /// Print the built-in default manifest (allows only read-shaped tools).
-    Dump,
+    /// Print a manifest: the built-in default (allows only read-shaped tools), or a
+    /// shipped preset's (`fak policy dump claude-code`).
+    Dump {
+        /// A preset's name (see `fak policy presets`).
+        preset: Option<String>,
+    },
+    /// List the manifests shipped in the binary for known agents, one line each (use
+    /// one with `--policy preset:NAME`).
+    Presets,
     /// Load a manifest and say whether it is valid (exit 1 with the reason if not).
     Check {
         /// The manifest file (JSON, "version": "fak-policy/1").
@@ -25,9 +32,9 @@ pub(crate) struct PreflightArgs {
     /// Its arguments, as JSON text.
     #[arg(long, default_value = "{}")]
     args: String,
-    /// A manifest (default: the built-in one).
-    #[arg(long)]
-    policy: Option<PathBuf>,
+    /// A manifest file or `preset:NAME` (default: the built-in one).
+    #[arg(long, value_parser = parse_policy_arg)]
+    policy: Option<PolicyArg>,
     /// Decide the call for a conversation that has admitted tool output (the manifest's
     /// `tainted` rules apply).
     #[arg(long)]
@@ -59,6 +66,64 @@ pub(crate) fn store_dir() -> PathBuf {
     catalog::fak_home().join("quarantine")
 }
 
+/// A `--policy` value: a manifest file, or `preset:NAME`, a manifest shipped in the
+/// binary ([`fak_engine::presets`]).
+#[derive(Clone, Debug)]
+pub(crate) enum PolicyArg {
+    /// A manifest file.
+    File(PathBuf),
+    /// A shipped preset.
+    Preset(&'static fak_engine::presets::Preset),
+}
+
+impl PolicyArg {
+    /// Loads the policy (a preset's `{cwd}` is this process's working directory).
+    pub(crate) fn load(&self) -> Result<Policy, CliError> {
+        match self {
+            PolicyArg::File(f) => load_policy(f),
+            PolicyArg::Preset(p) => p
+                .policy()
+                .map_err(|e| fail(format!("preset:{}: {e}", p.name))),
+        }
+    }
+
+    /// The file, when it is one (what a policy reload reads again).
+    pub(crate) fn file(&self) -> Option<&Path> {
+        match self {
+            PolicyArg::File(f) => Some(f),
+            PolicyArg::Preset(_) => None,
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyArg {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicyArg::File(p) => write!(f, "{}", p.display()),
+            PolicyArg::Preset(p) => write!(f, "preset:{}", p.name),
+        }
+    }
+}
+
+/// Parses `--policy`: `preset:NAME` (a preset that exists) or a file path.
+pub(crate) fn parse_policy_arg(s: &str) -> Result<PolicyArg, String> {
+    match s.strip_prefix("preset:") {
+        Some(name) => fak_engine::presets::find(name)
+            .map(PolicyArg::Preset)
+            .ok_or_else(|| {
+                format!(
+                    "no preset '{name}' (known: {}; see `fak policy presets`)",
+                    fak_engine::presets::PRESETS
+                        .iter()
+                        .map(|p| p.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }),
+        None => Ok(PolicyArg::File(PathBuf::from(s))),
+    }
+}
+
 pub(crate) fn load_policy(file: &Path) -> Result<Policy, CliError> {
     let text =
         std::fs::read_to_string(file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
@@ -67,10 +132,20 @@ pub(crate) fn load_policy(file: &Path) -> Result<Policy, CliError> {
 
 pub(crate) fn policy(cmd: PolicyCmd) -> Result<(), CliError> {
     match cmd {
-        PolicyCmd::Dump => outln!(
+        PolicyCmd::Dump { preset: None } => outln!(
             "{}",
             serde_json::to_string_pretty(&Policy::default_manifest())?
         )?,
+        PolicyCmd::Dump { preset: Some(name) } => {
+            if let PolicyArg::Preset(p) = parse_policy_arg(&format!("preset:{name}"))? {
+                outln!("{}", p.manifest.trim_end())?;
+            }
+        }
+        PolicyCmd::Presets => {
+            for p in fak_engine::presets::PRESETS {
+                outln!("{:<28} {}", format!("preset:{}", p.name), p.summary)?;
+            }
+        }
         PolicyCmd::Check { file } => {
             let p = load_policy(&file)?;
             let m = p.manifest();
@@ -89,7 +164,7 @@ pub(crate) fn policy(cmd: PolicyCmd) -> Result<(), CliError> {
 
 pub(crate) fn preflight(a: PreflightArgs) -> Result<(), CliError> {
     let mut p = match &a.policy {
-        Some(f) => load_policy(f)?,
+        Some(f) => f.load()?,
         None => Policy::new(Policy::default_manifest())?,
     };
     let v = p.adjudicate_with(

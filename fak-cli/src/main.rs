@@ -5,6 +5,7 @@
 
 mod bench;
 mod chat;
+mod guard;
 mod inspect;
 mod kernel;
 mod run;
@@ -44,10 +45,16 @@ enum Cmd {
     /// Serve OpenAI- and Anthropic-compatible HTTP APIs over an engine (default: the
     /// model in this process, with KV reuse across requests).
     Serve(Box<serve::ServeArgs>),
+    /// Run an agent's command with fak in front: the gateway (the serve options) on a
+    /// free loopback port, its address and a fresh key in the command's environment
+    /// (ANTHROPIC_BASE_URL, OPENAI_BASE_URL, ANTHROPIC_API_KEY, OPENAI_API_KEY); exits
+    /// with the command's status and prints what the boundary did.
+    Guard(Box<guard::GuardArgs>),
     /// Run the proof ladder (R1 vs HF oracles, R2a, R3 + controls, R14, windows) on a
     /// model and print a table; exits non-zero if any rung fails.
     Prove(ProveArgs),
-    /// The tool-call policy: dump the default manifest, check a manifest file.
+    /// The tool-call policy: dump the default manifest or a preset, list the presets,
+    /// check a manifest file.
     Policy {
         #[command(subcommand)]
         command: kernel::PolicyCmd,
@@ -170,6 +177,7 @@ fn main() -> ExitCode {
         Cmd::Run(args) => run::run(args),
         Cmd::Chat(args) => chat::chat(args),
         Cmd::Serve(args) => serve::serve(*args),
+        Cmd::Guard(args) => guard::guard(*args),
         Cmd::Prove(args) => prove(args),
         Cmd::Policy { command } => kernel::policy(command),
         Cmd::Preflight(args) => kernel::preflight(args),

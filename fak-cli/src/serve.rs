@@ -1,9 +1,10 @@
 //! `fak serve`: the HTTP APIs of fak-gateway over a fak-engine driver. Wiring only.
 
 use crate::{fail, parse_threads, resolve_or_pull, CliError, WeightsArg};
+use fak_engine::alias::{Alias, AliasedDriver};
 use fak_engine::route::{Route, RoutedDriver};
 use fak_engine::{registry, upstream, EngineConfig, EngineDriver, Readiness};
-use fak_gateway::{router_with_boundary, Boundary, GatewayConfig};
+use fak_gateway::{router_with_metrics, Boundary, GatewayConfig};
 use fak_model::catalog::{self, DEFAULT_MODEL};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -126,10 +127,17 @@ pub(crate) struct ServeArgs {
     /// slightly).
     #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
     weights: WeightsArg,
-    /// Tool-call policy manifest (fak-policy/1 JSON; see `fak policy dump`); reloadable
-    /// with POST /v1/fak/policy/reload. Default: the built-in policy.
-    #[arg(long)]
-    policy: Option<std::path::PathBuf>,
+    /// Tool-call policy: a manifest file (fak-policy/1 JSON; see `fak policy dump`),
+    /// reloadable with POST /v1/fak/policy/reload, or `preset:NAME`, a manifest shipped
+    /// in the binary (`fak policy presets`). Default: the built-in policy.
+    #[arg(long, value_parser = crate::kernel::parse_policy_arg)]
+    policy: Option<crate::kernel::PolicyArg>,
+    /// Serve a model under another id too: NAME=MODEL, repeatable (e.g. --alias
+    /// 'claude-*=smollm2-135m-instruct'); `*` in NAME matches any run of characters.
+    /// A request naming NAME is served by MODEL and answered with the id it asked for;
+    /// a served model's own id always wins; /v1/models lists the aliases without `*`.
+    #[arg(long = "alias", value_name = "NAME=MODEL", value_parser = parse_alias)]
+    aliases: Vec<Alias>,
     /// Do not cut revoked or newly quarantined tool results out of cached
     /// conversations (then a cached prefix may still hold them).
     #[arg(long)]
@@ -171,6 +179,49 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
+    let built = build(&args, None)?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| fail(format!("starting the runtime: {e}")))?;
+    let served = rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
+            .await
+            .map_err(|e| fail(format!("binding {}:{}: {e}", args.host, args.port)))?;
+        run(built, listener, true, shutdown_signal()).await
+    });
+    // Generations still running on blocking threads are not waited for.
+    rt.shutdown_timeout(Duration::from_millis(500));
+    if served.is_ok() {
+        tracing::info!("shut down");
+    }
+    served
+}
+
+/// A gateway ready to serve: what [`build`] made of the flags.
+pub(crate) struct Built {
+    app: axum::Router,
+    gateway: GatewayConfig,
+    pub(crate) driver: std::sync::Arc<dyn EngineDriver>,
+    routed: Option<std::sync::Arc<RoutedDriver>>,
+    routes: Vec<Route>,
+    aliases: Vec<Alias>,
+    model_path: Option<std::path::PathBuf>,
+    /// What the start log says of the boundary.
+    policy_name: String,
+    store_dir: std::path::PathBuf,
+    audit_path: std::path::PathBuf,
+    screen_damaged: Vec<(std::path::PathBuf, String)>,
+    kv_evict: bool,
+    /// Every request and boundary decision, counted (`/metrics` reads them too).
+    pub(crate) metrics: std::sync::Arc<fak_gateway::metrics::Metrics>,
+    t0: Instant,
+}
+
+/// Builds the engine, the boundary and the router from `args` (a bad flag, policy,
+/// store or model stops here). `extra_key`: one more API key the gateway requires (and
+/// takes first): `fak guard`'s per-run key.
+pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built, CliError> {
     if !args.routes.is_empty() && args.engine.is_some() {
         return Err(fail(
             "--engine and --route exclude each other: name each route's engine (--route MODEL=ENGINE)",
@@ -194,6 +245,9 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     let is_upstream = |e: &str| e == upstream::SPEC.id || e == upstream::ANTHROPIC_SPEC.id;
     let mut api_keys = api_keys(key_from_env("--api-key-env", args.api_key_env.as_deref())?)?;
+    if let Some(k) = extra_key {
+        api_keys.insert(0, k);
+    }
     let api_key = (!api_keys.is_empty()).then(|| api_keys.remove(0));
     let upstream_key = key_from_env(
         "--upstream-api-key-env",
@@ -214,7 +268,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     };
     // The boundary first: a bad policy or an unreadable store stops the start.
     let policy = match &args.policy {
-        Some(p) => crate::kernel::load_policy(p)?,
+        Some(p) => p.load()?,
         None => fak_engine::policy::Policy::builtin(),
     };
     let store_dir = crate::kernel::store_dir();
@@ -226,7 +280,6 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         },
     )
     .map_err(|e| fail(format!("the quarantine store: {e}")))?;
-    let damaged = store.damaged().len();
     let audit_path = args
         .audit_log
         .clone()
@@ -306,11 +359,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             &config,
         )?))
     };
-    let driver: std::sync::Arc<dyn EngineDriver> = match &routed {
+    let mut driver: std::sync::Arc<dyn EngineDriver> = match &routed {
         Some(r) => std::sync::Arc::clone(r) as std::sync::Arc<dyn EngineDriver>,
         None => (spec.build)(&config)?,
     };
-    let engine_id = driver.id();
+    if !args.aliases.is_empty() {
+        driver = std::sync::Arc::new(AliasedDriver::new(driver, args.aliases.clone()));
+    }
     let gateway = GatewayConfig {
         api_key,
         api_keys,
@@ -318,30 +373,80 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         max_body_bytes: args.max_body_mb.saturating_mul(1 << 20),
         request_timeout: (args.request_timeout_s > 0)
             .then(|| Duration::from_secs(args.request_timeout_s)),
-        policy_path: args.policy.clone(),
+        policy_path: args.policy.as_ref().and_then(|p| p.file().map(Into::into)),
         header_timeout: (args.header_timeout_s > 0)
             .then(|| Duration::from_secs(args.header_timeout_s)),
         idle_timeout: (args.idle_timeout_s > 0).then(|| Duration::from_secs(args.idle_timeout_s)),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
     };
-    let app = router_with_boundary(
+    let metrics = std::sync::Arc::new(fak_gateway::metrics::Metrics::default());
+    let app = router_with_metrics(
         std::sync::Arc::clone(&driver),
         gateway.clone(),
         Boundary { policy, screen },
+        std::sync::Arc::clone(&metrics),
     );
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| fail(format!("starting the runtime: {e}")))?;
-    let served = rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind((args.host.as_str(), args.port))
-            .await
-            .map_err(|e| fail(format!("binding {}:{}: {e}", args.host, args.port)))?;
+    Ok(Built {
+        app,
+        gateway,
+        driver,
+        routed,
+        routes: args.routes.clone(),
+        aliases: args.aliases.clone(),
+        model_path: config.model_path,
+        policy_name: args
+            .policy
+            .as_ref()
+            .map_or_else(|| "built-in".to_string(), ToString::to_string),
+        store_dir,
+        audit_path,
+        screen_damaged,
+        kv_evict: !args.no_kv_evict,
+        metrics,
+        t0,
+    })
+}
+
+/// Serves `b` on `listener` until `shutdown` resolves (see
+/// [`fak_gateway::serve_with`]). `announce`: print the `listening on` line on stdout
+/// (`fak serve`; `fak guard` leaves stdout to its command and logs it).
+pub(crate) async fn run(
+    b: Built,
+    listener: tokio::net::TcpListener,
+    announce: bool,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<(), CliError> {
+    let Built {
+        app,
+        gateway,
+        driver,
+        routed,
+        routes,
+        aliases,
+        model_path,
+        policy_name,
+        store_dir,
+        audit_path,
+        screen_damaged,
+        kv_evict,
+        t0,
+        ..
+    } = b;
+    let damaged = screen_damaged.len();
+    let engine_id = driver.id();
+    {
         let addr = listener.local_addr()?;
-        // One line on stdout that scripts can wait for; the rest is logged on stderr.
-        crate::outln!("fak serve: listening on http://{addr} (engine {engine_id})")?;
-        for r in &args.routes {
+        if announce {
+            // One line on stdout that scripts can wait for; the rest is logged on stderr.
+            crate::outln!("fak serve: listening on http://{addr} (engine {engine_id})")?;
+        } else {
+            tracing::info!("listening on http://{addr} (engine {engine_id})");
+        }
+        for a in &aliases {
+            tracing::info!("alias: model {} -> {}", a.name, a.target);
+        }
+        for r in &routes {
             tracing::info!(
                 "route: model {} -> engine {}{}",
                 r.model,
@@ -363,17 +468,13 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
             );
         }
         tracing::info!(
-            "policy: {}; quarantine store: {}; audit log: {}; KV eviction on revoke: {}",
-            args.policy
-                .as_ref()
-                .map_or_else(|| "built-in".to_string(), |p| p.display().to_string()),
+            "policy: {policy_name}; quarantine store: {}; audit log: {}; KV eviction on revoke: {}",
             store_dir.display(),
             audit_path.display(),
-            if args.no_kv_evict { "off" } else { "on" }
+            if kv_evict { "on" } else { "off" }
         );
         let d = std::sync::Arc::clone(&driver);
         // Clients see the model's id in a load error, never its path; the log has both.
-        let model_path = config.model_path.clone();
         tokio::spawn(async move {
             let mut said_failed = false;
             loop {
@@ -410,21 +511,15 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
                 }
             }
         });
-        fak_gateway::serve_engine(listener, app, driver, &gateway, shutdown_signal())
+        fak_gateway::serve_engine(listener, app, driver, &gateway, shutdown)
             .await
             .map_err(|e| fail(format!("serving: {e}")))
-    });
-    // Generations still running on blocking threads are not waited for.
-    rt.shutdown_timeout(Duration::from_millis(500));
-    if served.is_ok() {
-        tracing::info!("shut down");
     }
-    served
 }
 
 /// Resolves at the first SIGTERM or SIGINT; a second one exits the process at once
 /// (status 130).
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let name = first_signal().await;
     tracing::info!("{name}: shutting down (a second signal exits at once)");
     tokio::spawn(async {
@@ -453,6 +548,11 @@ async fn first_signal() -> &'static str {
 async fn first_signal() -> &'static str {
     let _ = tokio::signal::ctrl_c().await;
     "Ctrl-C"
+}
+
+/// `--alias`: `NAME=MODEL`.
+fn parse_alias(s: &str) -> Result<Alias, String> {
+    Alias::parse(s).map_err(|e| e.to_string())
 }
 
 /// `--route`: `MODEL=ENGINE[@URL]`.

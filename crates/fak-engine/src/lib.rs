@@ -30,10 +30,12 @@
 //! on an async runtime's; events cross to the async side through an unbounded tokio
 //! channel (sending never blocks the worker).
 
+pub mod alias;
 pub mod inkernel;
 pub mod mock;
 pub mod policy;
 pub mod prefix;
+pub mod presets;
 pub mod registry;
 pub mod route;
 pub mod tools;
@@ -808,6 +810,14 @@ pub trait EngineDriver: Send + Sync + 'static {
             "the {} engine cannot count tokens",
             self.id()
         )))
+    }
+
+    /// The served model a request naming `id` is answered by, when the driver serves
+    /// `id` under another model's name (an [`alias`]); `None` when `id` is served as
+    /// itself or not at all. Default `None`.
+    fn resolve_model(&self, id: &str) -> Option<String> {
+        let _ = id;
+        None
     }
 }
 

@@ -2,7 +2,10 @@
 //!
 //! "Tokens" are whitespace-separated words. The prompt's token count is the number of
 //! words of every message's content (plus one per message for its role), the context
-//! window is [`MOCK_CONTEXT`] tokens, and the reply depends only on the last message:
+//! window is [`MOCK_CONTEXT`] tokens (or [`CONTEXT_ENV`]'s), and the reply depends only
+//! on the last message, or else on its last line (so a client that puts context blocks
+//! before the user's text, as Claude Code's `<system-reminder>` blocks are, can still
+//! script it):
 //!
 //! - `count N`: the words `1 2 ... N` (N at most 100 000), a long reply for
 //!   cancellation and streaming tests;
@@ -52,6 +55,11 @@ pub const MOCK_REPLY: &str = "Hello from the mock engine.";
 /// last. Unset or not a number: no delay.
 pub const DELAY_ENV: &str = "FAK_MOCK_DELAY_MS";
 
+/// Environment variable: the context window, tokens (words), of the mock built from
+/// the registry, for clients whose prompts are longer than [`MOCK_CONTEXT`] (Claude
+/// Code's system prompt and tools). Unset or not a number: [`MOCK_CONTEXT`].
+pub const CONTEXT_ENV: &str = "FAK_MOCK_CONTEXT";
+
 /// The registry entry.
 pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
     id: "mock",
@@ -60,6 +68,13 @@ pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
         let mut m = MockDriver::new();
         if let Some(id) = &cfg.model_id {
             m = m.with_model(id);
+        }
+        if let Some(n) = std::env::var(CONTEXT_ENV)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+        {
+            m.context = n;
         }
         if let Some(ms) = std::env::var(DELAY_ENV)
             .ok()
@@ -76,6 +91,8 @@ pub struct MockDriver {
     model: String,
     delay: Duration,
     max_active: usize,
+    /// The context window, words.
+    context: usize,
     active: Arc<AtomicUsize>,
     last: Mutex<(String, Vec<String>)>,
 }
@@ -93,6 +110,7 @@ impl MockDriver {
             model: MOCK_MODEL.into(),
             delay: Duration::ZERO,
             max_active: usize::MAX,
+            context: MOCK_CONTEXT,
             active: Arc::new(AtomicUsize::new(0)),
             last: Mutex::new((String::new(), Vec::new())),
         }
@@ -138,6 +156,12 @@ impl MockDriver {
             Prompt::Chat(ms) => ms.last().map_or("", |m| m.content.as_str()),
         };
         let last = last.trim();
+        let line = last.lines().last().unwrap_or("").trim();
+        let last = if last.starts_with("count ") || last.starts_with("echo ") {
+            last
+        } else {
+            line
+        };
         if let Some(n) = last.strip_prefix("count ") {
             let n = n.trim().parse::<usize>().unwrap_or(0).min(100_000);
             return (1..=n).map(|i| i.to_string()).collect();
@@ -215,7 +239,7 @@ impl EngineDriver for MockDriver {
     fn models(&self) -> Vec<ModelInfo> {
         vec![ModelInfo {
             id: self.model.clone(),
-            context_length: MOCK_CONTEXT,
+            context_length: self.context,
             owned_by: "mock".into(),
         }]
     }
@@ -246,8 +270,8 @@ impl EngineDriver for MockDriver {
         let words = Self::prompt_words(&req.prompt);
         let max_tokens = budget(
             words.len(),
-            req.max_tokens_within(words.len(), MOCK_CONTEXT),
-            MOCK_CONTEXT,
+            req.max_tokens_within(words.len(), self.context),
+            self.context,
         )?;
         let now = self.active.fetch_add(1, Ordering::SeqCst);
         let guard = ActiveGuard(Arc::clone(&self.active));
@@ -366,6 +390,24 @@ impl EngineDriver for MockDriver {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_directive_on_the_last_line_counts() {
+        use super::*;
+        let p = |t: &str| Prompt::Chat(vec![crate::Message::new("user", t)]);
+        let reply = |t: &str| MockDriver::reply(&p(t)).join(" ");
+        assert_eq!(
+            reply("<system-reminder>\nx\n</system-reminder>\necho a b"),
+            "a b"
+        );
+        assert_eq!(reply("echo a\nb"), "a b");
+        assert_eq!(reply("context\ncount 3"), "1 2 3");
+        assert_eq!(
+            reply("echo at the start\nnot here"),
+            "at the start not here"
+        );
+        assert_eq!(reply("no directive\nat all"), MOCK_REPLY);
+    }
+
     use super::*;
     use fak_model::Message;
 

@@ -10,7 +10,9 @@
 //!   "allow": ["get_weather"],
 //!   "allow_prefix": ["read_", "search"],
 //!   "deny": {"delete_all": "POLICY_BLOCK", "edit_policy": "SELF_MODIFY"},
-//!   "args": {"http_get": {"url": {"type": "string", "pattern": "^https://", "max_len": 2048, "required": true}}},
+//!   "args": {"http_get": {"url": {"type": "string", "pattern": "^https://", "max_len": 2048, "required": true}},
+//!            "write_file": {"path": {"type": "string", "required": true, "within": "{cwd}"}},
+//!            "shell": {"cmd": {"forbid": [{"pattern": "\\brm\\s+-rf\\b", "why": "recursive delete"}]}}},
 //!   "rate_limit": {"calls": 20, "window_s": 60},
 //!   "capabilities": {"get_weather": ["read"], "http_get": ["read", "egress"]},
 //!   "tainted": {"write": "deny", "egress": "deny", "execute": "require_flag"}
@@ -19,7 +21,8 @@
 //!
 //! Order of decision: malformed arguments (not a JSON object) → `MALFORMED`; an explicit
 //! `deny` entry → its reason; not in `allow` / `allow_prefix` → `DEFAULT_DENY`; an
-//! argument rule broken → `MALFORMED`; a sink tool on a tainted conversation →
+//! argument rule broken → `MALFORMED` (a path outside its rule's `within` directory, or a
+//! value matching a `forbid` pattern → `POLICY_BLOCK` with the rule's reason); a sink tool on a tainted conversation →
 //! `TAINTED_SINK`; a credential in the arguments → `SECRET_EXFIL`; over the
 //! per-conversation rate → `RATE_LIMITED`; else allowed. Unknown keys, unknown reasons,
 //! capabilities or actions, an unknown version or posture are load errors: a manifest is
@@ -106,6 +109,57 @@ pub struct ArgRule {
     /// Whether the argument must be present.
     #[serde(default)]
     pub required: bool,
+    /// A directory a path value must lie inside (the directory itself included), or
+    /// `{cwd}` for the working directory of the process that loads the policy. The path
+    /// is resolved lexically, never on the file system: a relative path is taken from
+    /// the directory of `{cwd}`, `.` and `..` are folded, a path starting with `~` is
+    /// outside, and symlinks are not followed (the decision is made on the call's text,
+    /// before the tool runs and maybe on another machine; see `docs/ctxmmu.md`).
+    /// Outside → `POLICY_BLOCK`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub within: Option<String>,
+    /// Patterns a string value must not match, each with the reason given when it does
+    /// (`POLICY_BLOCK`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub forbid: Vec<Forbid>,
+}
+
+/// A pattern an argument must not match ([`ArgRule::forbid`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Forbid {
+    /// A regex (Rust `regex` syntax) searched for in the value.
+    pub pattern: String,
+    /// Why a match is denied, for the verdict's detail.
+    pub why: String,
+}
+
+/// The placeholder of [`ArgRule::within`] for the working directory.
+pub const CWD_PLACEHOLDER: &str = "{cwd}";
+
+/// `path` with `.` and `..` folded and, when relative, taken from `base`; lexical only
+/// (no file system access, symlinks not followed). `..` at the root stays at the root.
+pub fn normalize_path(base: &std::path::Path, path: &std::path::Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let joined = if path.is_absolute() {
+        path.to_path_buf()
+    } else {
+        base.join(path)
+    };
+    let mut out = std::path::PathBuf::new();
+    for c in joined.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                // Never above the root: `pop` on `/` leaves it.
+                if out.parent().is_some() {
+                    out.pop();
+                }
+            }
+            c => out.push(c.as_os_str()),
+        }
+    }
+    out
 }
 
 /// Calls allowed per conversation per window.
@@ -285,6 +339,12 @@ impl CallVerdict {
 pub struct Policy {
     manifest: Manifest,
     patterns: HashMap<(String, String), Regex>,
+    /// Each `forbid` list, compiled.
+    forbids: HashMap<(String, String), Vec<(Regex, String)>>,
+    /// Each `within` directory, `{cwd}` resolved and normalized.
+    roots: HashMap<(String, String), std::path::PathBuf>,
+    /// The working directory `{cwd}` stands for, and relative paths start from.
+    cwd: std::path::PathBuf,
     history: HashMap<String, VecDeque<Instant>>,
     secrets: fak_ctxmmu::SecretDetector,
 }
@@ -318,6 +378,9 @@ impl Policy {
         Policy {
             manifest: Self::default_manifest(),
             patterns: HashMap::new(),
+            forbids: HashMap::new(),
+            roots: HashMap::new(),
+            cwd: std::path::PathBuf::from("/"),
             history: HashMap::new(),
             secrets: fak_ctxmmu::SecretDetector::new(),
         }
@@ -333,12 +396,40 @@ impl Policy {
         Self::new(m)
     }
 
-    /// Validates a manifest.
+    /// Validates a manifest, `{cwd}` standing for this process's working directory.
     ///
     /// # Errors
     /// [`PolicyError::Invalid`] for an unknown version or posture, a bad regex, an
-    /// unknown argument type, a zero rate limit.
+    /// unknown argument type, a zero rate limit, a relative `within` directory, or an
+    /// unreadable working directory when a rule names `{cwd}`.
     pub fn new(m: Manifest) -> Result<Self, PolicyError> {
+        let uses_cwd = m
+            .args
+            .values()
+            .flat_map(|r| r.values())
+            .any(|r| r.within.as_deref() == Some(CWD_PLACEHOLDER));
+        let cwd = if uses_cwd {
+            std::env::current_dir().map_err(|e| {
+                PolicyError::Invalid(format!("the working directory ({{cwd}}): {e}"))
+            })?
+        } else {
+            std::path::PathBuf::from("/")
+        };
+        Self::with_cwd(m, &cwd)
+    }
+
+    /// [`Policy::new`] with `{cwd}` standing for `cwd` (an absolute path).
+    ///
+    /// # Errors
+    /// As [`Policy::new`].
+    pub fn with_cwd(m: Manifest, cwd: &std::path::Path) -> Result<Self, PolicyError> {
+        if !cwd.is_absolute() {
+            return Err(PolicyError::Invalid(format!(
+                "the working directory {} is not absolute",
+                cwd.display()
+            )));
+        }
+        let cwd = normalize_path(std::path::Path::new("/"), cwd);
         if m.version != POLICY_VERSION {
             return Err(PolicyError::Invalid(format!(
                 "version '{}' (this fak reads '{POLICY_VERSION}')",
@@ -364,6 +455,8 @@ impl Policy {
             )));
         }
         let mut patterns = HashMap::new();
+        let mut forbids = HashMap::new();
+        let mut roots = HashMap::new();
         for (tool, rules) in &m.args {
             for (arg, rule) in rules {
                 if let Some(k) = &rule.kind {
@@ -381,11 +474,36 @@ impl Policy {
                     })?;
                     patterns.insert((tool.clone(), arg.clone()), re);
                 }
+                let mut list = Vec::with_capacity(rule.forbid.len());
+                for (i, f) in rule.forbid.iter().enumerate() {
+                    let re = Regex::new(&f.pattern).map_err(|e| {
+                        PolicyError::Invalid(format!("args.{tool}.{arg}.forbid[{i}].pattern: {e}"))
+                    })?;
+                    list.push((re, f.why.clone()));
+                }
+                if !list.is_empty() {
+                    forbids.insert((tool.clone(), arg.clone()), list);
+                }
+                if let Some(w) = &rule.within {
+                    let dir = if w == CWD_PLACEHOLDER {
+                        cwd.clone()
+                    } else if std::path::Path::new(w).is_absolute() {
+                        normalize_path(&cwd, std::path::Path::new(w))
+                    } else {
+                        return Err(PolicyError::Invalid(format!(
+                            "args.{tool}.{arg}.within '{w}' is neither an absolute path nor {CWD_PLACEHOLDER}"
+                        )));
+                    };
+                    roots.insert((tool.clone(), arg.clone()), dir);
+                }
             }
         }
         Ok(Policy {
             manifest: m,
             patterns,
+            forbids,
+            roots,
+            cwd,
             history: HashMap::new(),
             secrets: fak_ctxmmu::SecretDetector::new(),
         })
@@ -508,6 +626,26 @@ impl Policy {
                 if let Some(set) = &rule.one_of {
                     if !set.contains(v) {
                         return bad("not one of the allowed values".into());
+                    }
+                }
+                let key = (call.name.clone(), arg.clone());
+                if let (Some(s), Some(root)) = (v.as_str(), self.roots.get(&key)) {
+                    let p = std::path::Path::new(s);
+                    let inside =
+                        !s.starts_with('~') && normalize_path(&self.cwd, p).starts_with(root);
+                    if !inside {
+                        return CallVerdict::deny(
+                            DenyReason::PolicyBlock,
+                            format!("argument '{arg}': {s} is outside {}", root.display()),
+                        );
+                    }
+                }
+                if let (Some(s), Some(list)) = (v.as_str(), self.forbids.get(&key)) {
+                    if let Some((_, why)) = list.iter().find(|(re, _)| re.is_match(s)) {
+                        return CallVerdict::deny(
+                            DenyReason::PolicyBlock,
+                            format!("argument '{arg}': {why}"),
+                        );
                     }
                 }
             }

@@ -13,7 +13,7 @@
 //! | `POST /v1/completions` | OpenAI legacy completions | no template; `prompt` as text or token ids (prefilled as is), one or a list (a choice per prompt by `index`) |
 //! | `POST /v1/responses` | OpenAI Responses | `input` text or items (messages, `function_call`, `function_call_output`), `instructions`, function `tools` / `tool_choice` (calls adjudicated, `fak` field), `stream` (the SDK's event sequence), `max_output_tokens` → `incomplete`, `previous_response_id` from kept responses; `GET` / `DELETE /v1/responses/{id}` (the `responses` module) |
 //! | `POST /v1/messages` | Anthropic Messages | top-level `system`, `text` / `tool_use` / `tool_result` blocks, `tools` / `tool_choice`, `max_tokens` required, SSE events `message_start` … `message_stop`, `usage.cache_read_input_tokens` |
-//! | `GET /v1/models` | OpenAI models list | |
+//! | `GET /v1/models`, `GET /v1/models/{id}` | OpenAI or (with `anthropic-version`) Anthropic models | [`models`] |
 //! | `GET /health` | | 200 once the model is loaded, 503 before (or if loading failed) |
 //! | `GET /metrics` | Prometheus text | requests by route and status, token counters, queue depth, TTFT and per-token latency histograms, audit write failures, store size, revocations |
 //!
@@ -65,6 +65,7 @@ pub mod conn;
 pub mod error;
 mod extract;
 pub mod metrics;
+pub mod models;
 mod openai;
 mod responses;
 mod splice;
@@ -159,6 +160,8 @@ pub struct AppState {
     screen: Arc<Mutex<Screen>>,
     /// The kept Responses (`previous_response_id`, `GET /v1/responses/{id}`).
     responses: Arc<Mutex<responses::ResponseStore>>,
+    /// When the router was built, Unix seconds (the models' `created`).
+    created: u64,
 }
 
 /// The kernel boundary a gateway enforces: the policy for the model's tool calls and
@@ -220,14 +223,26 @@ pub fn router_with_boundary(
     config: GatewayConfig,
     boundary: Boundary,
 ) -> Router {
+    router_with_metrics(driver, config, boundary, Arc::new(Metrics::default()))
+}
+
+/// [`router_with_boundary`] counting into `metrics`, which the caller keeps to read the
+/// counts (`fak guard` prints what the boundary did from them at exit).
+pub fn router_with_metrics(
+    driver: Arc<dyn EngineDriver>,
+    config: GatewayConfig,
+    boundary: Boundary,
+    metrics: Arc<Metrics>,
+) -> Router {
     let limit = config.max_body_bytes;
     let state = AppState {
         driver,
-        metrics: Arc::new(Metrics::default()),
+        metrics,
         config: Arc::new(config),
         policy: Arc::new(Mutex::new(boundary.policy)),
         screen: Arc::new(Mutex::new(boundary.screen)),
         responses: Arc::default(),
+        created: unix_now(),
     };
     let api = Router::new()
         .route("/v1/chat/completions", post(openai::chat_completions))
@@ -239,7 +254,8 @@ pub fn router_with_boundary(
             "/v1/responses/{id}",
             get(responses::retrieve).delete(responses::delete),
         )
-        .route("/v1/models", get(openai::models))
+        .route("/v1/models", get(models::list))
+        .route("/v1/models/{*id}", get(models::retrieve))
         .route("/v1/fak/revoke", post(tools::revoke))
         .route("/v1/fak/policy/reload", post(tools::reload_policy))
         .route_layer(middleware::from_fn_with_state(state.clone(), time_limit))

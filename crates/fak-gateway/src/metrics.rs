@@ -143,6 +143,32 @@ impl Metrics {
             .or_default() += 1;
     }
 
+    /// The tool calls adjudicated so far: `(verdict, reason)` → count (`allow` with
+    /// reason `""`; `deny` with the policy's reason, `MALFORMED`, ...).
+    pub fn tool_calls(&self) -> BTreeMap<(String, String), u64> {
+        self.tool_calls
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The tool results screened so far: `(verdict, reason)` → count (`admit`,
+    /// `page_out`, `quarantine` with its reason).
+    pub fn tool_results(&self) -> BTreeMap<(String, String), u64> {
+        self.tool_results
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The requests answered so far: `(route, status)` → count.
+    pub fn requests(&self) -> BTreeMap<(String, u16), u64> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     /// Records one generation's latencies: time to first token, and the mean time of
     /// each later token (`decode_s / (completion_tokens - 1)`, when there are any).
     pub fn observe_latency(&self, ttft_s: f64, decode_s: f64, completion_tokens: usize) {

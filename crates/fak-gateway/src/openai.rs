@@ -1,4 +1,4 @@
-//! OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+//! OpenAI-compatible routes: `/v1/chat/completions`, `/v1/completions`.
 //!
 //! Requests are parsed into, and replies and stream chunks written from, the types of
 //! [`fak_wire::openai`] (which follow the `openai` Python SDK); a body that does not
@@ -63,7 +63,6 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use fak_engine::{
     EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, TokenLogprob,
     ToolCall, ToolChoice, ToolSpec, MAX_TOP_LOGPROBS,
@@ -830,21 +829,4 @@ pub(crate) async fn completions(
         stream: false,
     };
     Ok(with_note(Json(body).into_response(), note))
-}
-
-/// `GET /v1/models`.
-pub(crate) async fn models(State(s): State<AppState>) -> Json<Value> {
-    let created = unix_now();
-    let data: Vec<Value> = s
-        .driver
-        .models()
-        .into_iter()
-        .map(|m| {
-            json!({
-                "id": m.id, "object": "model", "created": created, "owned_by": m.owned_by,
-                "context_length": m.context_length,
-            })
-        })
-        .collect();
-    Json(json!({"object": "list", "data": data}))
 }
