@@ -69,7 +69,7 @@ use fak_engine::{
 };
 use fak_wire::openai as wire;
 use futures_util::stream::{self, Stream, StreamExt};
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 
@@ -828,5 +828,5 @@ pub(crate) async fn completions(
         cached: totals.cached,
         stream: false,
     };
-    Ok(with_note(Json(body).into_response(), note))
+    Ok(with_note(axum::Json(body).into_response(), note))
 }
