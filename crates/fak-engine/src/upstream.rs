@@ -1415,7 +1415,7 @@ fn wire_message(m: &crate::Message) -> Result<wire::ChatMessage, EngineError> {
 /// they read: a temperature of 0.7 is `0.7`).
 ///
 /// # Errors
-/// As [`wire_message`].
+/// As `wire_message`.
 pub fn request_body(
     req: &GenerateRequest,
     model: &str,
