@@ -197,6 +197,24 @@ impl EngineDriver for AliasedDriver {
         self.inner.revoke(r)
     }
 
+    fn drain(&self) {
+        self.inner.drain();
+    }
+
+    fn cancel_all(&self) {
+        self.inner.cancel_all();
+    }
+
+    fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+        match req.model.as_deref().and_then(|m| self.resolve_model(m)) {
+            Some(target) => self.inner.count_tokens(&GenerateRequest {
+                model: Some(target),
+                ..req.clone()
+            }),
+            None => self.inner.count_tokens(req),
+        }
+    }
+
     fn forwards_client_body(&self, model: Option<&str>) -> bool {
         let target = model.and_then(|m| self.resolve_model(m));
         self.inner.forwards_client_body(target.as_deref().or(model))
@@ -218,6 +236,7 @@ mod tests {
     use super::*;
     use crate::mock::MockDriver;
     use crate::{Message, RawRequest};
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn aliases_parse_with_clear_errors() {
@@ -292,6 +311,58 @@ mod tests {
             Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "llama"),
             other => panic!("{:?}", other.err()),
         }
+    }
+
+    #[test]
+    fn counting_draining_and_cancelling_reach_the_served_driver() {
+        // Before: the trait's defaults answered for the wrapper — count_tokens said the
+        // engine cannot count, and shutdown's drain / cancel_all did nothing.
+        struct Inner {
+            mock: MockDriver,
+            drained: AtomicUsize,
+            cancelled: AtomicUsize,
+        }
+        impl EngineDriver for Inner {
+            fn id(&self) -> &'static str {
+                "inner"
+            }
+            fn models(&self) -> Vec<ModelInfo> {
+                self.mock.models()
+            }
+            fn readiness(&self) -> Readiness {
+                Readiness::Ready
+            }
+            fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+                self.mock.submit(req)
+            }
+            fn drain(&self) {
+                self.drained.fetch_add(1, Ordering::SeqCst);
+            }
+            fn cancel_all(&self) {
+                self.cancelled.fetch_add(1, Ordering::SeqCst);
+            }
+            fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
+                self.mock.count_tokens(req)
+            }
+        }
+        let inner = Arc::new(Inner {
+            mock: MockDriver::new(),
+            drained: AtomicUsize::new(0),
+            cancelled: AtomicUsize::new(0),
+        });
+        let d = AliasedDriver::new(inner.clone(), vec![Alias::parse("claude-*=mock").unwrap()]);
+        let want = inner.mock.count_tokens(&chat("mock")).unwrap();
+        assert!(want > 0);
+        assert_eq!(d.count_tokens(&chat("mock")).unwrap(), want);
+        assert_eq!(d.count_tokens(&chat("claude-x")).unwrap(), want);
+        assert!(matches!(
+            d.count_tokens(&chat("llama")),
+            Err(EngineError::UnknownModel { .. })
+        ));
+        d.drain();
+        d.cancel_all();
+        assert_eq!(inner.drained.load(Ordering::SeqCst), 1);
+        assert_eq!(inner.cancelled.load(Ordering::SeqCst), 1);
     }
 
     #[test]
