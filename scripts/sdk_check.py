@@ -254,8 +254,14 @@ def anthropic_system_in_messages():
 
 
 def anthropic_max_tokens_32000():
-    # Claude Code asks for 32000: capped to what fits, the reply as before.
-    r = an.messages.create(model=MODEL, max_tokens=32000, messages=MESSAGES, extra_body=GREEDY)
+    # Claude Code asks for 32000 (streamed): capped to what fits, the reply as before.
+    # Without a stream the SDK itself refuses a max_tokens this large unless the request
+    # sets its own timeout.
+    with an.messages.stream(model=MODEL, max_tokens=32000, messages=MESSAGES, extra_body=GREEDY) as s:
+        r = s.get_final_message()
+    eq(r.content[0].text, TEXT)
+    eq(r.stop_reason, "end_turn")
+    r = an.messages.create(model=MODEL, max_tokens=32000, messages=MESSAGES, extra_body=GREEDY, timeout=120)
     eq(r.content[0].text, TEXT)
     eq(r.stop_reason, "end_turn")
 
