@@ -134,24 +134,6 @@ fn withheld_stub(kind: &str) -> String {
     .unwrap_or_default()
 }
 
-/// An earlier call as [`Message::tool_calls`] holds it: the OpenAI chat
-/// `tool_calls[]` entry (`{"id", "type": "function", "function": {"name",
-/// "arguments"}}`, arguments a JSON string) that the templates render.
-#[derive(Serialize)]
-struct HistoryCall<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: HistoryFunction<'a>,
-}
-
-/// The `function` of a [`HistoryCall`].
-#[derive(Serialize)]
-struct HistoryFunction<'a> {
-    name: &'a str,
-    arguments: String,
-}
-
 /// A request's prompt in fak's terms.
 struct Converted {
     /// The conversation: a system message first when there is any system text.
@@ -377,10 +359,14 @@ fn convert(p: &CountTokensRequest) -> Result<Converted, ApiError> {
                     } else {
                         input.to_string()
                     };
-                    calls.push(HistoryCall {
-                        id,
-                        kind: "function",
-                        function: HistoryFunction { name, arguments },
+                    // The OpenAI chat `tool_calls[]` entry [`Message::tool_calls`] holds.
+                    calls.push(fak_wire::openai::ToolCall {
+                        id: id.clone(),
+                        kind: fak_wire::openai::FunctionType::Function,
+                        function: fak_wire::openai::FunctionCall {
+                            name: name.clone(),
+                            arguments,
+                        },
                     });
                 }
                 (

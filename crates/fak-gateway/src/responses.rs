@@ -62,7 +62,6 @@ use fak_wire::responses::{
     ItemStatus, MessageContent, OutputItem, OutputMessage, OutputText, Response, ResponseError,
     ResponseObject, Role, StreamEvent, TextConfig, Tool, ToolChoice, Usage,
 };
-use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
@@ -150,28 +149,16 @@ impl ResponseStore {
     }
 }
 
-/// The engine message `tool_calls` entry of an earlier call (OpenAI chat's
-/// `{id, type: "function", function: {name, arguments}}`, the shape
+/// The engine message `tool_calls` entry of an earlier call (OpenAI chat's, the shape
 /// `fak_model::chat::Message::tool_calls` holds).
-#[derive(Serialize)]
-struct HistoryCall<'a> {
-    id: &'a str,
-    #[serde(rename = "type")]
-    kind: &'static str,
-    function: HistoryFunction<'a>,
-}
-
-#[derive(Serialize)]
-struct HistoryFunction<'a> {
-    name: &'a str,
-    arguments: &'a str,
-}
-
 fn history_call(call_id: &str, name: &str, arguments: &str) -> serde_json::Value {
-    serde_json::to_value(HistoryCall {
-        id: call_id,
-        kind: "function",
-        function: HistoryFunction { name, arguments },
+    serde_json::to_value(fak_wire::openai::ToolCall {
+        id: call_id.to_string(),
+        kind: fak_wire::openai::FunctionType::Function,
+        function: fak_wire::openai::FunctionCall {
+            name: name.to_string(),
+            arguments: arguments.to_string(),
+        },
     })
     .unwrap_or_default()
 }
