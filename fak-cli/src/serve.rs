@@ -2,8 +2,9 @@
 
 use crate::{fail, parse_threads, resolve_or_pull, CliError, WeightsArg};
 use fak_engine::alias::{Alias, AliasedDriver};
+use fak_engine::registry::Registry;
 use fak_engine::route::{Route, RoutedDriver};
-use fak_engine::{registry, upstream, EngineConfig, EngineDriver, Readiness};
+use fak_engine::{upstream, EngineConfig, EngineDriver, Readiness};
 use fak_gateway::{router_with_metrics, Boundary, GatewayConfig};
 use fak_model::catalog::{self, DEFAULT_MODEL};
 use std::io::IsTerminal;
@@ -218,6 +219,16 @@ pub(crate) struct Built {
     t0: Instant,
 }
 
+/// The engines `--engine` and `--route` name, the default first: the in-kernel one,
+/// the upstream ones, the mock.
+fn registry() -> Registry {
+    let mut r = Registry::empty();
+    r.add(fak_engine::inkernel::SPEC);
+    fak_upstream::register(&mut r);
+    r.add(fak_engine::mock::SPEC);
+    r
+}
+
 /// Builds the engine, the boundary and the router from `args` (a bad flag, policy,
 /// store or model stops here). `extra_key`: one more API key the gateway requires (and
 /// takes first): `fak guard`'s per-run key.
@@ -231,19 +242,20 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         .engine
         .as_deref()
         .unwrap_or(fak_engine::inkernel::SPEC.id);
-    let spec = registry::find(engine).ok_or_else(|| {
-        fail(format!(
-            "no engine '{engine}' (known: {})",
-            registry::ids().join(", ")
-        ))
-    })?;
+    let registry = registry();
+    let spec = *registry.get(engine).map_err(|e| fail(e.to_string()))?;
+    for r in &args.routes {
+        registry
+            .get(&r.engine)
+            .map_err(|e| fail(format!("route {}={}: {e}", r.model, r.engine)))?;
+    }
     // The engines in use: the one --engine, or each route's.
     let engines: Vec<&str> = if args.routes.is_empty() {
         vec![spec.id]
     } else {
         args.routes.iter().map(|r| r.engine.as_str()).collect()
     };
-    let is_upstream = |e: &str| e == upstream::SPEC.id || e == upstream::ANTHROPIC_SPEC.id;
+    let is_upstream = |e: &str| fak_upstream::SPECS.iter().any(|s| s.id == e);
     let mut api_keys = api_keys(key_from_env("--api-key-env", args.api_key_env.as_deref())?)?;
     if let Some(k) = extra_key {
         api_keys.insert(0, k);
@@ -357,6 +369,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         Some(std::sync::Arc::new(RoutedDriver::build(
             &args.routes,
             &config,
+            &registry,
         )?))
     };
     let mut driver: std::sync::Arc<dyn EngineDriver> = match &routed {

@@ -10,18 +10,20 @@
 //!   preceded by the `Logprobs` of the tokens it releases, when the request asked for
 //!   them), then `Done` or `Error`. Dropping the stream cancels the generation (the driver sees the
 //!   closed channel and stops within one token).
-//! - [`registry`]: drivers by id (`inkernel`, `openai-upstream`, `anthropic-upstream`,
-//!   `mock`); a new driver is
-//!   a new module with a [`registry::DriverSpec`] listed there, never an edit of the
-//!   gateway.
+//! - [`registry`]: drivers by id, a [`registry::Registry`] value the caller builds
+//!   ([`registry::Registry::builtin`]: `inkernel` and `mock`; the `fak-upstream` crate
+//!   adds `openai-upstream` and `anthropic-upstream`); a new driver is a type with a
+//!   [`registry::DriverSpec`] added there, never an edit of the gateway.
 //! - [`inkernel`]: the model loaded once and shared by `Arc`; `parallel` worker threads
 //!   take jobs from a bounded queue; a [`prefix::PrefixCache`] of recent sessions keyed
 //!   by their token ids lets a request that extends an earlier conversation clone the
 //!   longest cached prefix (`Session::from_prefix`-style) and prefill only the rest.
-//! - [`upstream`]: another server's OpenAI-compatible API (vLLM, llama.cpp, SGLang,
-//!   another fak) or Anthropic-compatible Messages API does the generating; the kernel
-//!   boundary above stays in this process. The Anthropic driver forwards the client's own
-//!   request bytes ([`RawRequest`]) so the upstream's prompt cache keeps working.
+//! - [`upstream`]: the configuration of an upstream server ([`upstream::UpstreamConfig`]).
+//!   The drivers for which another server's OpenAI-compatible API (vLLM, llama.cpp,
+//!   SGLang, another fak) or Anthropic-compatible Messages API does the generating live
+//!   in the `fak-upstream` crate; the kernel boundary above stays in this process. The
+//!   Anthropic driver forwards the client's own request bytes ([`RawRequest`]) so the
+//!   upstream's prompt cache keeps working.
 //! - [`route`]: several drivers side by side, each serving one model id, chosen by the
 //!   request's `model` (`fak serve --route MODEL=ENGINE`).
 //! - [`mock`]: deterministic text without a model, for tests of the layers above.

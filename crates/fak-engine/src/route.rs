@@ -2,9 +2,10 @@
 //! request's `model` (`fak serve --route MODEL=ENGINE`, repeatable).
 //!
 //! A [`Route`] is written `MODEL=ENGINE` or `MODEL=ENGINE@URL`: requests naming `MODEL`
-//! go to a driver of the registry's `ENGINE` (see [`crate::registry`]) that serves that
-//! one model under that id. [`RoutedDriver::build`] builds each route's driver from one
-//! [`EngineConfig`] with the route's model as its served id: the in-kernel driver
+//! go to a driver of the registry's `ENGINE` (see [`crate::registry::Registry`]) that
+//! serves that one model under that id. [`RoutedDriver::build`] builds each route's
+//! driver from the caller's registry and one [`EngineConfig`] with the route's model as
+//! its served id: the in-kernel driver
 //! serves its model file ([`EngineConfig::model_path`]) as `MODEL`; an upstream driver
 //! serves the upstream's model `MODEL` (the upstream must know it by that name; the
 //! request goes up unchanged), at [`crate::upstream::UpstreamConfig::base_urls`] or at
@@ -24,8 +25,8 @@
 //! error), else [`Readiness::Failed`] naming each route's reason.
 
 use crate::{
-    registry, EngineConfig, EngineDriver, EngineError, EngineStats, EventStream, GenerateRequest,
-    ModelInfo, Readiness, Revocation, RevokeReport,
+    registry::Registry, EngineConfig, EngineDriver, EngineError, EngineStats, EventStream,
+    GenerateRequest, ModelInfo, Readiness, Revocation, RevokeReport,
 };
 use std::sync::Arc;
 
@@ -49,8 +50,9 @@ impl Route {
     ///
     /// # Errors
     /// [`EngineError::InvalidRequest`] naming what is wrong: no `=`, an empty or
-    /// whitespace-holding model, an engine the registry does not know, a URL on an
-    /// engine that takes none.
+    /// whitespace-holding model or engine, a URL on an engine that takes none (one
+    /// whose id does not end in `-upstream`) or a bad URL. Whether a registry knows the
+    /// engine is checked by [`RoutedDriver::build`].
     pub fn parse(s: &str) -> Result<Route, EngineError> {
         let bad = |why: String| EngineError::InvalidRequest(format!("route '{s}': {why}"));
         let (model, rest) = s
@@ -66,11 +68,10 @@ impl Route {
             Some((e, u)) => (e.trim(), Some(u.trim().to_string())),
             None => (rest.trim(), None),
         };
-        if registry::find(engine).is_none() {
-            return Err(bad(format!(
-                "no engine '{engine}' (known: {})",
-                registry::ids().join(", ")
-            )));
+        if engine.is_empty() || engine.chars().any(char::is_whitespace) {
+            return Err(bad(
+                "the engine id must be non-empty and hold no whitespace".into(),
+            ));
         }
         if base_url.is_some() && !engine.ends_with("-upstream") {
             return Err(bad(format!(
@@ -123,12 +124,18 @@ impl RoutedDriver {
         Ok(RoutedDriver { routes })
     }
 
-    /// Builds each route's driver from `config` (see the module docs).
+    /// Builds each route's driver, from `registry`'s spec of its engine and `config`
+    /// (see the module docs).
     ///
     /// # Errors
     /// As [`RoutedDriver::new`]; [`EngineError::InvalidRequest`] for two routes to the
-    /// in-kernel engine; a driver's own build error, prefixed with its route.
-    pub fn build(routes: &[Route], config: &EngineConfig) -> Result<Self, EngineError> {
+    /// in-kernel engine; an engine `registry` does not know and a driver's own build
+    /// error, each prefixed with its route.
+    pub fn build(
+        routes: &[Route],
+        config: &EngineConfig,
+        registry: &Registry,
+    ) -> Result<Self, EngineError> {
         let inkernel = routes.iter().filter(|r| r.engine == "inkernel").count();
         if inkernel > 1 {
             return Err(EngineError::InvalidRequest(
@@ -143,7 +150,7 @@ impl RoutedDriver {
             if let Some(u) = &r.base_url {
                 c.upstream.base_urls = vec![u.clone()];
             }
-            let d = registry::build(&r.engine, &c).map_err(|e| match e {
+            let d = registry.build(&r.engine, &c).map_err(|e| match e {
                 EngineError::InvalidRequest(m) => {
                     EngineError::InvalidRequest(format!("route {}={}: {m}", r.model, r.engine))
                 }
@@ -329,7 +336,7 @@ mod tests {
             ("smollm2", "MODEL=ENGINE"),
             ("=mock", "non-empty"),
             ("a b=mock", "whitespace"),
-            ("a=gpu", "no engine 'gpu'"),
+            ("a=", "engine id"),
             ("a=mock@http://h:1", "only an upstream"),
             ("a=openai-upstream@https://h:1", "TLS"),
         ] {
@@ -343,37 +350,6 @@ mod tests {
     }
 
     #[test]
-    fn a_route_whose_upstream_is_down_is_named_with_its_reason() {
-        // A port nothing listens on.
-        let dead = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap();
-        let d = RoutedDriver::build(
-            &[
-                Route::parse("a=mock").unwrap(),
-                Route::parse(&format!("b=openai-upstream@http://{dead}")).unwrap(),
-            ],
-            &EngineConfig::default(),
-        )
-        .unwrap();
-        let t = std::time::Instant::now();
-        let down = loop {
-            let n = d.not_ready();
-            if n.iter().all(|(_, why)| why != "starting") {
-                break n;
-            }
-            assert!(t.elapsed() < std::time::Duration::from_secs(20), "{n:?}");
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        assert_eq!(down.len(), 1, "{down:?}");
-        assert_eq!(down[0].0, "b");
-        assert!(down[0].1.contains("cannot reach"), "{down:?}");
-        // The server as a whole still serves `a`.
-        assert_eq!(d.readiness(), Readiness::Ready);
-    }
-
-    #[test]
     fn requests_go_by_model_and_an_unknown_one_is_named() {
         let d = RoutedDriver::build(
             &[
@@ -381,6 +357,7 @@ mod tests {
                 Route::parse("other=mock").unwrap(),
             ],
             &EngineConfig::default(),
+            &Registry::builtin(),
         )
         .unwrap();
         assert_eq!(d.id(), ROUTER_ID);
@@ -433,15 +410,21 @@ mod tests {
                 Route::parse("b=inkernel").unwrap(),
             ],
             &cfg,
+            &Registry::builtin(),
         );
         assert!(two_inkernel.err().unwrap().to_string().contains("only one"));
-        // An upstream without a base URL: the driver's own error, naming the route.
-        let e = RoutedDriver::build(&[Route::parse("big=openai-upstream").unwrap()], &cfg)
-            .err()
-            .unwrap()
-            .to_string();
+        // An engine the registry does not know, named with its route.
+        let e = RoutedDriver::build(
+            &[Route::parse("big=openai-upstream").unwrap()],
+            &cfg,
+            &Registry::builtin(),
+        )
+        .err()
+        .unwrap()
+        .to_string();
         assert!(
-            e.contains("route big=openai-upstream") && e.contains("--base-url"),
+            e.contains("route big=openai-upstream")
+                && e.contains("no engine 'openai-upstream' (known: inkernel, mock)"),
             "{e}"
         );
     }

@@ -31,9 +31,9 @@
 //! ```
 
 use fak_engine::mock::MockDriver;
-use fak_engine::upstream::{UpstreamConfig, UpstreamDriver};
 use fak_engine::{EngineDriver, Readiness};
 use fak_gateway::{router, GatewayConfig};
+use fak_upstream::{UpstreamConfig, UpstreamDriver};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper::client::conn::http1::{self, SendRequest};
@@ -401,8 +401,7 @@ fn main() {
     // The upstream: the given server, or the mock behind a fak gateway.
     let (upstream, what) = match &args.upstream_url {
         Some(u) => {
-            let base = fak_engine::upstream::normalize_base_url(u)
-                .unwrap_or_else(|e| fail(&e.to_string()));
+            let base = fak_upstream::normalize_base_url(u).unwrap_or_else(|e| fail(&e.to_string()));
             (base, format!("the server at {u}"))
         }
         None => {

@@ -19,11 +19,11 @@ use common::{get, post, request, Killable, Resp};
 use fak_ctxmmu::{AuditLog, PageStore, Screen, ScreenConfig};
 use fak_engine::mock::MockDriver;
 use fak_engine::policy::Policy;
-use fak_engine::upstream::{UpstreamConfig, UpstreamDriver, Wire};
 use fak_engine::{
     EngineDriver, EngineError, EventStream, GenerateRequest, Message, ModelInfo, Prompt, Readiness,
 };
 use fak_gateway::{router_with_boundary, Boundary, GatewayConfig};
+use fak_upstream::{UpstreamConfig, UpstreamDriver, Wire};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
 use std::collections::VecDeque;

@@ -671,7 +671,7 @@ fn a_follow_up_of_a_call_carries_the_call_and_its_output() {
 /// Responses request is translated for it; the front adjudicates the calls.
 #[test]
 fn an_upstream_without_a_responses_api_serves_through_its_chat_api() {
-    use fak_engine::upstream::{UpstreamConfig, UpstreamDriver};
+    use fak_upstream::{UpstreamConfig, UpstreamDriver};
     let rec = Arc::new(Recorder::default());
     let open = Policy::from_json(r#"{"version": "fak-policy/1", "allow_prefix": [""]}"#).unwrap();
     let up = start_router(router_with_policy(

@@ -10,11 +10,11 @@ mod common;
 use common::{get, post, Killable};
 use fak_engine::mock::MockDriver;
 use fak_engine::route::{Route, RoutedDriver};
-use fak_engine::upstream::UpstreamConfig;
 use fak_engine::{
     EngineConfig, EngineDriver, EngineError, EventStream, GenerateRequest, ModelInfo, Readiness,
 };
 use fak_gateway::{router, GatewayConfig};
+use fak_upstream::UpstreamConfig;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -94,6 +94,7 @@ fn requests_go_to_the_engine_their_model_names_on_both_wires() {
             Route::parse(&format!("claude-x=anthropic-upstream@http://{}", up_a.addr)).unwrap(),
         ],
         &config,
+        fak_upstream::register(&mut fak_engine::registry::Registry::builtin()),
     )
     .unwrap();
     assert_eq!(

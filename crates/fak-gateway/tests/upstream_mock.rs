@@ -12,11 +12,11 @@ use common::{get, open_stream, post, start_router, Killable, Resp};
 use fak_ctxmmu::{AuditLog, PageStore, Screen, ScreenConfig};
 use fak_engine::mock::MockDriver;
 use fak_engine::policy::Policy;
-use fak_engine::upstream::{UpstreamConfig, UpstreamDriver};
 use fak_engine::{
     EngineDriver, EngineError, EventStream, GenerateRequest, Message, ModelInfo, Prompt, Readiness,
 };
 use fak_gateway::{router, router_with_boundary, Boundary, GatewayConfig};
+use fak_upstream::{UpstreamConfig, UpstreamDriver};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::net::SocketAddr;

@@ -2,7 +2,7 @@
 //! {base}/v1/messages` on an Anthropic-compatible server.
 //!
 //! **Requests.** A request the gateway took on its own Anthropic route carries the
-//! client's body ([`crate::RawRequest`]), and that body is sent as it is, byte for
+//! client's body ([`fak_engine::RawRequest`]), and that body is sent as it is, byte for
 //! byte: the gateway has replaced only the `content` of a tool result the boundary did
 //! not admit, and nothing else. With it go the client's `x-api-key`, `anthropic-version`
 //! and `anthropic-beta` headers (no others). So the upstream's prompt cache sees the
@@ -12,11 +12,12 @@
 //! when the client sent none. The `Accept` header follows the body's `stream`.
 //!
 //! A request from the OpenAI chat wire has no such body and is translated
-//! ([`request_body`]): system messages become the top-level `system` (joined by a blank
-//! line); an assistant's `tool_calls` become `tool_use` blocks (arguments that are not a
+//! ([`request_body`], written from [`fak_wire::anthropic`]'s request types): system
+//! messages become the top-level `system` (joined by a blank line); an assistant's `tool_calls` become `tool_use` blocks (arguments that are not a
 //! JSON object become `{}`), `tool` messages `tool_result` blocks of a user turn;
 //! consecutive turns of one role are merged; `tools` / `tool_choice` map to Anthropic's
-//! (`required` → `any`); `max_tokens` (Anthropic requires one; default
+//! (`required` → `any`); `tool_calls` not in OpenAI's shape are an
+//! [`EngineError::InvalidRequest`]; `max_tokens` (Anthropic requires one; default
 //! [`DEFAULT_MAX_TOKENS`]), `temperature`, `top_p` (when below 1), `top_k` (when set),
 //! `stop` → `stop_sequences`; always `stream: true`. `seed`, `min_p` and
 //! `repetition_penalty` have no Anthropic field and are not sent. Plain-text prompts
@@ -34,6 +35,12 @@
 //! else → `Stop`; `stop_sequence` kept; `completion_tokens` from `output_tokens`; the
 //! prompt's counts again in [`Done::prompt_usage`], with the cache writes.
 //!
+//! **Counting.** [`fak_engine::EngineDriver::count_tokens`] is the upstream's own count:
+//! `POST {base}/v1/messages/count_tokens` with the client's body when the request
+//! carries it, else the translated prompt ([`prompt`]: the request body without its
+//! generation settings, which that endpoint does not take), and its `input_tokens`;
+//! errors and retries as for a generation.
+//!
 //! **Models.** As on the OpenAI wire (health check, then `GET /v1/models`), except that a
 //! models list refused with 401/403 (a server that lists its models only to a key) counts
 //! as up when [`super::UpstreamConfig::model`] names the model: without an operator key,
@@ -49,13 +56,15 @@ use super::{
     error_value_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
     PartialCall, Progress, MAX_EVENT_BYTES,
 };
-use crate::{
+use fak_engine::{
     Done, EngineError, EngineEvent, EventSink, FinishReason, GenerateRequest, Prompt, PromptUsage,
     ToolChoice,
 };
+use fak_wire::anthropic as wire;
 use hyper::body::Bytes;
 use hyper::header::{HeaderName, HeaderValue};
-use serde_json::{json, Value};
+use serde::Deserialize;
+use serde_json::Value;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -81,6 +90,65 @@ pub(super) fn job(
     served: Vec<String>,
     operator_key: bool,
     named: bool,
+) -> Result<Job, EngineError> {
+    let translated = |m: &str| json_bytes(&request_body(req, m)?);
+    make_job(
+        req,
+        model,
+        served,
+        operator_key,
+        named,
+        "/v1/messages",
+        translated,
+    )
+}
+
+/// The upstream request counting `req`'s prompt tokens (`POST /v1/messages/count_tokens`):
+/// the client's body as it came when the request carries it, else [`prompt`]'s body;
+/// the client's headers and keys as for [`job`].
+///
+/// # Errors
+/// As [`job`].
+pub(super) fn count_job(
+    req: &GenerateRequest,
+    model: String,
+    served: Vec<String>,
+    operator_key: bool,
+    named: bool,
+) -> Result<Job, EngineError> {
+    let translated = |m: &str| json_bytes(&prompt(req, m)?);
+    let mut job = make_job(
+        req,
+        model,
+        served,
+        operator_key,
+        named,
+        "/v1/messages/count_tokens",
+        translated,
+    )?;
+    job.accept = "application/json";
+    Ok(job)
+}
+
+/// A typed body as JSON bytes.
+///
+/// # Errors
+/// [`EngineError::Internal`] if it cannot be written (a map with non-string keys; none
+/// of fak-wire's types has one).
+fn json_bytes<T: serde::Serialize>(body: &T) -> Result<Bytes, EngineError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|e| EngineError::Internal(format!("writing the upstream request: {e}")))
+}
+
+fn make_job(
+    req: &GenerateRequest,
+    model: String,
+    served: Vec<String>,
+    operator_key: bool,
+    named: bool,
+    path: &'static str,
+    translated: impl FnOnce(&str) -> Result<Bytes, EngineError>,
 ) -> Result<Job, EngineError> {
     let (body, headers, stream, client_key) = match &req.raw {
         Some(raw) => {
@@ -109,15 +177,10 @@ pub(super) fn job(
             }
             (raw.body.clone(), headers, raw.stream, client_key)
         }
-        None => (
-            Bytes::from(request_body(req, &model)?.to_string()),
-            Vec::new(),
-            true,
-            false,
-        ),
+        None => (translated(&model)?, Vec::new(), true, false),
     };
     Ok(Job {
-        path: "/v1/messages",
+        path,
         body,
         headers,
         client_key,
@@ -136,61 +199,61 @@ pub(super) fn job(
 }
 
 /// A text block, or none for empty text (Anthropic rejects empty text blocks).
-fn text_blocks(text: &str) -> Vec<Value> {
+fn text_blocks(text: &str) -> Vec<wire::ContentBlockParam> {
     if text.is_empty() {
         Vec::new()
     } else {
-        vec![json!({"type": "text", "text": text})]
+        vec![wire::ContentBlockParam::Text {
+            text: text.to_string(),
+        }]
     }
 }
 
-/// The Anthropic Messages body for a request that came on another wire: `req`'s chat
-/// on `model` (see the module docs for the mapping).
+/// The prompt of a request that came on another wire, as Anthropic's Messages API takes
+/// it: `req`'s chat on `model` (see the module docs for the mapping). It is the body of
+/// `POST /v1/messages/count_tokens` as it is (fak-wire's `CountTokensRequest`), and the
+/// part of [`request_body`] that is not generation settings.
 ///
 /// # Errors
-/// [`EngineError::InvalidRequest`] for a plain-text prompt, logprobs, or a message role
-/// other than system, developer, user, assistant and tool.
-pub fn request_body(req: &GenerateRequest, model: &str) -> Result<Value, EngineError> {
+/// [`EngineError::InvalidRequest`] for a plain-text prompt, or a message role other
+/// than system, developer, user, assistant and tool.
+pub fn prompt(req: &GenerateRequest, model: &str) -> Result<wire::CountTokensRequest, EngineError> {
     let Prompt::Chat(ms) = &req.prompt else {
         return Err(EngineError::InvalidRequest(
             "an Anthropic upstream answers chat requests only (/v1/chat/completions or /v1/messages), not plain completions".into(),
         ));
     };
-    if req.logprobs.is_some() {
-        return Err(EngineError::InvalidRequest(
-            "logprobs are not available from an Anthropic upstream".into(),
-        ));
-    }
     let mut system: Vec<&str> = Vec::new();
-    let mut turns: Vec<(&str, Vec<Value>)> = Vec::new();
+    let mut turns: Vec<(wire::Role, Vec<wire::ContentBlockParam>)> = Vec::new();
     for m in ms {
         let (role, blocks) = match m.role.as_str() {
             "system" | "developer" => {
                 system.push(&m.content);
                 continue;
             }
-            "user" => ("user", text_blocks(&m.content)),
+            "user" => (wire::Role::User, text_blocks(&m.content)),
             "assistant" => {
                 let mut b = text_blocks(&m.content);
-                for c in m.tool_calls.iter().filter_map(Value::as_array).flatten() {
-                    let args = c
-                        .pointer("/function/arguments")
-                        .and_then(Value::as_str)
-                        .unwrap_or("{}");
-                    let input = match serde_json::from_str::<Value>(args) {
+                for c in assistant_calls(m)? {
+                    let input = match serde_json::from_str::<Value>(&c.function.arguments) {
                         Ok(v @ Value::Object(_)) => v,
-                        _ => json!({}),
+                        _ => Value::Object(serde_json::Map::new()),
                     };
-                    b.push(json!({"type": "tool_use", "id": c.get("id"),
-                        "name": c.pointer("/function/name"), "input": input}));
+                    b.push(wire::ContentBlockParam::ToolUse {
+                        id: c.id,
+                        name: c.function.name,
+                        input,
+                    });
                 }
-                ("assistant", b)
+                (wire::Role::Assistant, b)
             }
             "tool" => (
-                "user",
-                vec![json!({"type": "tool_result",
-                    "tool_use_id": m.tool_call_id.as_deref().unwrap_or(""),
-                    "content": m.content})],
+                wire::Role::User,
+                vec![wire::ContentBlockParam::ToolResult {
+                    tool_use_id: m.tool_call_id.clone().unwrap_or_default(),
+                    content: Some(wire::ToolResultContent::Text(m.content.clone())),
+                    is_error: None,
+                }],
             ),
             r => {
                 return Err(EngineError::InvalidRequest(format!(
@@ -206,51 +269,89 @@ pub fn request_body(req: &GenerateRequest, model: &str) -> Result<Value, EngineE
             _ => turns.push((role, blocks)),
         }
     }
-    let messages: Vec<Value> = turns
-        .into_iter()
-        .map(|(role, content)| json!({"role": role, "content": content}))
-        .collect();
-    let s = &req.sampling;
-    let mut b = json!({
-        "model": model,
-        "max_tokens": req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS),
-        "messages": messages,
-        "stream": true,
-        "temperature": super::num(s.temperature),
+    let tools = (!req.tools.is_empty()).then(|| {
+        req.tools
+            .iter()
+            .map(|t| wire::Tool {
+                kind: None,
+                name: t.name.clone(),
+                description: t.description.clone(),
+                input_schema: Some(t.parameters.clone()),
+            })
+            .collect()
     });
-    if !system.is_empty() {
-        b["system"] = json!(system.join("\n\n"));
+    let tool_choice = (!req.tools.is_empty()).then(|| match &req.tool_choice {
+        ToolChoice::None => wire::ToolChoice::None,
+        ToolChoice::Auto => wire::ToolChoice::Auto {
+            disable_parallel_tool_use: None,
+        },
+        ToolChoice::Required => wire::ToolChoice::Any {
+            disable_parallel_tool_use: None,
+        },
+        ToolChoice::Named(n) => wire::ToolChoice::Tool {
+            name: n.clone(),
+            disable_parallel_tool_use: None,
+        },
+    });
+    Ok(wire::CountTokensRequest {
+        model: model.to_string(),
+        messages: turns
+            .into_iter()
+            .map(|(role, content)| wire::MessageParam {
+                role,
+                content: wire::MessageContent::Blocks(content),
+            })
+            .collect(),
+        system: (!system.is_empty()).then(|| wire::SystemPrompt::Text(system.join("\n\n"))),
+        tools,
+        tool_choice,
+        thinking: None,
+        output_config: None,
+        other: BTreeMap::new(),
+    })
+}
+
+/// The `tool_calls` of an assistant message, in the OpenAI shape the gateways write
+/// (fak-wire's `openai::ToolCall`).
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for `tool_calls` not of that shape.
+fn assistant_calls(
+    m: &fak_engine::Message,
+) -> Result<Vec<fak_wire::openai::ToolCall>, EngineError> {
+    match &m.tool_calls {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(v) => Vec::<fak_wire::openai::ToolCall>::deserialize(v).map_err(|e| {
+            EngineError::InvalidRequest(format!("an assistant message's tool_calls: {e}"))
+        }),
     }
-    if s.top_p < 1.0 {
-        b["top_p"] = super::num(s.top_p);
+}
+
+/// The Anthropic Messages body for a request that came on another wire: [`prompt`] and
+/// the generation settings (see the module docs for the mapping).
+///
+/// # Errors
+/// As [`prompt`]; [`EngineError::InvalidRequest`] for logprobs.
+pub fn request_body(
+    req: &GenerateRequest,
+    model: &str,
+) -> Result<wire::MessagesRequest, EngineError> {
+    if req.logprobs.is_some() {
+        return Err(EngineError::InvalidRequest(
+            "logprobs are not available from an Anthropic upstream".into(),
+        ));
     }
-    if s.top_k != 0 {
-        b["top_k"] = json!(s.top_k);
-    }
-    if !req.stop.is_empty() {
-        b["stop_sequences"] = json!(req.stop);
-    }
-    if !req.tools.is_empty() {
-        b["tools"] = Value::Array(
-            req.tools
-                .iter()
-                .map(|t| {
-                    let mut o = json!({"name": t.name, "input_schema": t.parameters});
-                    if let Some(d) = &t.description {
-                        o["description"] = json!(d);
-                    }
-                    o
-                })
-                .collect(),
-        );
-        b["tool_choice"] = match &req.tool_choice {
-            ToolChoice::None => json!({"type": "none"}),
-            ToolChoice::Auto => json!({"type": "auto"}),
-            ToolChoice::Required => json!({"type": "any"}),
-            ToolChoice::Named(n) => json!({"type": "tool", "name": n}),
-        };
-    }
-    Ok(b)
+    let s = &req.sampling;
+    Ok(wire::MessagesRequest {
+        max_tokens: i64::try_from(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)).unwrap_or(i64::MAX),
+        stream: Some(true),
+        stop_sequences: (!req.stop.is_empty()).then(|| req.stop.clone()),
+        temperature: Some(s.temperature),
+        top_p: (s.top_p < 1.0).then_some(s.top_p),
+        top_k: (s.top_k != 0).then(|| i64::try_from(s.top_k).unwrap_or(i64::MAX)),
+        cache_salt: None,
+        prompt: prompt(req, model)?,
+    })
 }
 
 /// Relays an Anthropic reply (events or one JSON message, by its content type) to
@@ -583,7 +684,8 @@ impl Reply<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{event_channel, Message, ToolSpec};
+    use fak_engine::{event_channel, Message, ToolSpec};
+    use serde_json::json;
 
     fn progress() -> Progress {
         Progress {
@@ -597,9 +699,11 @@ mod tests {
         }
     }
 
-    fn events(mut s: crate::EventStream) -> Vec<EngineEvent> {
+    /// Every event sent so far (the sink is dropped, so the stream ends after them).
+    fn events(sink: EventSink, mut s: fak_engine::EventStream) -> Vec<EngineEvent> {
+        drop(sink);
         let mut out = Vec::new();
-        while let Ok(e) = s.rx.try_recv() {
+        while let Some(e) = s.blocking_next() {
             out.push(e);
         }
         out
@@ -631,7 +735,7 @@ mod tests {
             Flow::End
         ));
         r.finish();
-        let got = events(stream);
+        let got = events(sink, stream);
         assert_eq!(
             got[0],
             EngineEvent::Start {
@@ -676,7 +780,7 @@ mod tests {
             "stop_reason": "stop_sequence", "stop_sequence": "END",
             "usage": {"input_tokens": 4, "output_tokens": 2}});
         Reply::new(&sink, &mut p).message(&v).unwrap();
-        let got = events(stream);
+        let got = events(sink, stream);
         assert_eq!(
             got[0],
             EngineEvent::Start {
@@ -725,7 +829,7 @@ mod tests {
             r.event(e).unwrap();
         }
         r.finish();
-        let got = events(stream);
+        let got = events(sink, stream);
         assert_eq!(
             got[0],
             EngineEvent::Start {
@@ -761,7 +865,7 @@ mod tests {
             parameters: json!({"type": "object"}),
         }];
         r.tool_choice = ToolChoice::Required;
-        let b = request_body(&r, "m").unwrap();
+        let b = serde_json::to_value(request_body(&r, "m").unwrap()).unwrap();
         assert_eq!(b["system"], "be brief");
         assert_eq!(b["max_tokens"], DEFAULT_MAX_TOKENS);
         assert_eq!(b["stream"], true);
@@ -792,7 +896,7 @@ mod tests {
     #[test]
     fn only_the_passed_on_headers_go_and_an_operator_key_replaces_the_clients() {
         let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
-        r.raw = Some(crate::RawRequest {
+        r.raw = Some(fak_engine::RawRequest {
             body: Bytes::from_static(b"{ \"x\" : 1 }"),
             headers: vec![
                 ("x-api-key".into(), "sk-client".into()),

@@ -1,0 +1,145 @@
+//! `POST /v1/messages/count_tokens` through `fak serve` in upstream mode: with
+//! `anthropic-upstream` the upstream's own count comes back (the oracle: the same request
+//! counted directly by an in-kernel `fak serve`, the served model's exact template and
+//! tokenizer); with `openai-upstream`, whose wire has no count endpoint, a 400 in
+//! Anthropic's error shape saying so, never a count fak made up.
+
+mod common;
+
+use common::Serve;
+use serde_json::{json, Value};
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn serve(args: &[&str]) -> Serve {
+    Serve::spawn(
+        Command::new(env!("CARGO_BIN_EXE_fak"))
+            .arg("serve")
+            .args(["--port", "0"])
+            .args(args),
+    )
+}
+
+/// One HTTP/1.1 request with Anthropic's version header; returns (status, body).
+fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nanthropic-version: 2023-06-01\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).unwrap();
+    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, body.to_string())
+}
+
+fn wait_ready(addr: &str) {
+    let t = Instant::now();
+    while http(addr, "GET", "/health", "").0 != 200 {
+        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn count(addr: &str, body: &Value) -> u64 {
+    let (status, resp) = http(addr, "POST", "/v1/messages/count_tokens", &body.to_string());
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    v["input_tokens"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{resp}"))
+}
+
+/// Count requests that exercise the translation: a plain one, one with a system prompt,
+/// tools, a tool call and its result, and one ending in an assistant prefill.
+fn bodies() -> Vec<Value> {
+    let model = "smollm2-135m-instruct";
+    vec![
+        json!({"model": model, "messages": [{"role": "user", "content": "What is the capital of France?"}]}),
+        json!({"model": model,
+        "system": "You are terse.",
+        "tools": [{"name": "get_weather", "description": "The weather in a city.",
+            "input_schema": {"type": "object", "properties": {"city": {"type": "string"}},
+                "required": ["city"]}}],
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [
+                {"type": "text", "text": "Let me look."},
+                {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                    "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "toolu_1", "content": "18 C, clear"},
+                {"type": "text", "text": "And tomorrow?"}]}
+        ]}),
+        json!({"model": model, "messages": [
+            {"role": "user", "content": "Name a colour."},
+            {"role": "assistant", "content": "The colour is"}]}),
+    ]
+}
+
+#[fak_testkit::real_model]
+fn count_tokens_is_the_upstreams_own_count_in_anthropic_upstream_mode() {
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    let up = serve(&["--kv-budget-mb", "16"]);
+    wait_ready(&up.addr);
+    let base = format!("http://{}", up.addr);
+    let front = serve(&[
+        "--engine",
+        "anthropic-upstream",
+        "--base-url",
+        &base,
+        "--upstream-health-interval-s",
+        "1",
+    ]);
+    wait_ready(&front.addr);
+    let mut seen = Vec::new();
+    for body in bodies() {
+        let direct = count(&up.addr, &body);
+        assert!(direct > 0, "{body}");
+        assert_eq!(count(&front.addr, &body), direct, "{body}");
+        seen.push(direct);
+    }
+    // The three requests differ, and so do their counts: not one number for all.
+    seen.dedup();
+    assert_eq!(seen.len(), 3, "{seen:?}");
+    // A model the upstream does not serve is Anthropic's 404, as on /v1/messages.
+    let (status, resp) = http(
+        &front.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        &json!({"model": "nope", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+    );
+    assert_eq!(status, 404, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["type"], "error", "{resp}");
+}
+
+#[test]
+fn count_tokens_is_a_clear_400_in_openai_upstream_mode() {
+    let up = serve(&["--engine", "mock"]);
+    wait_ready(&up.addr);
+    let base = format!("http://{}", up.addr);
+    let front = serve(&["--engine", "openai-upstream", "--base-url", &base]);
+    wait_ready(&front.addr);
+    let (status, resp) = http(
+        &front.addr,
+        "POST",
+        "/v1/messages/count_tokens",
+        &json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+    );
+    assert_eq!(status, 400, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["type"], "error", "{resp}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{resp}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(
+        m.contains("cannot count tokens") && m.contains("no token-counting endpoint"),
+        "{m}"
+    );
+}
