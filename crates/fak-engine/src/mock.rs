@@ -20,7 +20,15 @@
 //! call, the reply is a call of the named (or first) tool with placeholder arguments for
 //! its schema's required properties (`"mock"`, 0, false, [], {}).
 //!
-//! Each word is one `Text` event (`"word"` then `" word"`...). With
+//! A prompt with no words is a 400 (`InvalidRequest`), as the in-kernel driver answers
+//! a prompt that tokenizes to nothing. A request that continues its final assistant
+//! message ([`GenerateRequest::continue_final_message`], a prefill) is answered from the
+//! conversation before that message, less the words the prefill already holds when the
+//! reply starts with them (so `echo one two three` prefilled with `one two` goes on
+//! with ` three`); the last message not being the assistant's is a 400, as in-kernel.
+//!
+//! Each word is one `Text` event (`"word"` then `" word"`...; after a prefill that does
+//! not end in whitespace the first is `" word"` too). With
 //! [`GenerateRequest::logprobs`] each word is one token (id: its index in the reply,
 //! bytes: its piece, leading space included) with logprob 0.0 (the mock is certain of
 //! it), and its top list holds only itself (when `n` ≥ 1): no other token has a finite
@@ -149,6 +157,30 @@ impl MockDriver {
         }
     }
 
+    /// For a request that continues its final message
+    /// ([`GenerateRequest::continue_final_message`]): the conversation before that
+    /// message and the message's text. `None` otherwise.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] when the last message is not the assistant's (as
+    /// the in-kernel driver answers).
+    fn prefill(req: &GenerateRequest) -> Result<Option<(Prompt, String)>, EngineError> {
+        let Prompt::Chat(ms) = &req.prompt else {
+            return Ok(None);
+        };
+        if !req.continue_final_message {
+            return Ok(None);
+        }
+        match ms.split_last() {
+            Some((last, before)) if last.role == "assistant" => {
+                Ok(Some((Prompt::Chat(before.to_vec()), last.content.clone())))
+            }
+            _ => Err(EngineError::InvalidRequest(
+                "continue_final_message needs a final assistant message".into(),
+            )),
+        }
+    }
+
     fn reply(prompt: &Prompt) -> Vec<String> {
         let last = match prompt {
             Prompt::Text(t) => t.as_str(),
@@ -268,6 +300,13 @@ impl EngineDriver for MockDriver {
             .validate()
             .map_err(EngineError::InvalidRequest)?;
         let words = Self::prompt_words(&req.prompt);
+        if words.is_empty() {
+            // As the in-kernel driver answers a prompt that tokenizes to nothing.
+            return Err(EngineError::InvalidRequest(
+                "the prompt is empty (no tokens)".into(),
+            ));
+        }
+        let prefill = Self::prefill(&req)?;
         let max_tokens = budget(
             words.len(),
             req.max_tokens_within(words.len(), self.context),
@@ -281,7 +320,20 @@ impl EngineDriver for MockDriver {
                 retry_after_s: 1,
             });
         }
-        let mut reply = Self::reply(&req.prompt);
+        let mut reply = match &prefill {
+            Some((before, _)) => Self::reply(before),
+            None => Self::reply(&req.prompt),
+        };
+        // A continued message: the reply goes on after the words it already holds, and
+        // its first word follows the prefill after a space unless the prefill ends in one.
+        let mut lead_space = false;
+        if let Some((_, p)) = &prefill {
+            let have: Vec<&str> = p.split_whitespace().collect();
+            if !have.is_empty() && reply.iter().zip(&have).all(|(a, b)| a == b) {
+                reply.drain(..have.len().min(reply.len()));
+            }
+            lead_space = !p.is_empty() && !p.ends_with(char::is_whitespace);
+        }
         let forced = match &req.tool_choice {
             ToolChoice::Named(n) => req.tools.iter().find(|t| &t.name == n),
             ToolChoice::Required => req.tools.first(),
@@ -345,7 +397,11 @@ impl EngineDriver for MockDriver {
                 if !delay.is_zero() {
                     std::thread::sleep(delay);
                 }
-                let piece = if n == 0 { w.clone() } else { format!(" {w}") };
+                let piece = if n == 0 && !lead_space {
+                    w.clone()
+                } else {
+                    format!(" {w}")
+                };
                 let mut candidate = text.clone();
                 candidate.push_str(&piece);
                 if let Some((at, s)) = req

@@ -386,7 +386,7 @@ fn convert(p: &CountTokensRequest) -> Result<Converted, ApiError> {
                 }
                 (b, _) => {
                     return Err(bad(format!(
-                        "{at}[{j}] has type '{}', which is not supported in a {role} message",
+                        "{at}[{j}] has type '{}', which is not supported in {role} messages",
                         b.type_name()
                     )))
                 }
@@ -574,7 +574,7 @@ pub(crate) async fn count_tokens(
 ) -> Result<Json<CountTokensResponse>, ApiError> {
     let c = convert(&r)?;
     let conversation = conversation_key(&headers, &c.messages);
-    let (msgs, _) = screen_messages(&s, &conversation, c.messages, F).await?;
+    let (msgs, _) = screen_messages(&s, &conversation, c.messages, &c.withheld, F).await?;
     let req = GenerateRequest {
         model: Some(r.model),
         tools: c.tools,
@@ -610,7 +610,7 @@ pub(crate) async fn messages(
     };
     let conversation = conversation_key(&headers, &msgs);
     let taint = request_taint(&headers, &msgs);
-    let (msgs, results) = screen_messages(&s, &conversation, msgs, F).await?;
+    let (msgs, results) = screen_messages(&s, &conversation, msgs, &c.withheld, F).await?;
     let stream = r.stream == Some(true);
     let raw = if forward {
         // Each tool message whose content the screen replaced or held a withheld block:

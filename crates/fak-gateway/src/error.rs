@@ -11,6 +11,9 @@ use fak_wire::openai::{ErrorObject, ErrorResponse};
 /// retried for minutes.
 pub const SHOULD_RETRY: header::HeaderName = header::HeaderName::from_static("x-should-retry");
 
+/// OpenAI's `code` for a model the server does not serve.
+const MODEL_NOT_FOUND: &str = "model_not_found";
+
 /// Which API's error shape to use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Flavor {
@@ -29,6 +32,23 @@ impl Flavor {
             Flavor::OpenAi
         }
     }
+
+    /// The flavor of a request: Anthropic's for `/v1/messages…`, and for a path that is
+    /// no OpenAI generation route (`/v1/models…`, an unknown route) when the request
+    /// carries the `anthropic-version` header (every Anthropic SDK sends it, as the
+    /// models routes decide); OpenAI's otherwise.
+    pub fn of_request(path: &str, headers: &axum::http::HeaderMap) -> Self {
+        let openai_route = ["/v1/chat/", "/v1/completions", "/v1/responses"]
+            .iter()
+            .any(|p| path.starts_with(p));
+        if Self::of_path(path) == Flavor::Anthropic
+            || (!openai_route && headers.contains_key("anthropic-version"))
+        {
+            Flavor::Anthropic
+        } else {
+            Flavor::OpenAi
+        }
+    }
 }
 
 /// An error response: status, a type word, a message, and `Retry-After` for 429/503.
@@ -36,7 +56,8 @@ impl Flavor {
 /// Type words (the same in both shapes): `invalid_request_error` (400),
 /// `authentication_error` (401, also an upstream refusing the client's own key),
 /// `permission_error` (403, an upstream refusing the client's own key),
-/// `not_found_error` (404), `request_too_large` (413),
+/// `not_found_error` (404; OpenAI's shape types an unknown model `invalid_request_error`,
+/// [`ApiError::model_not_found`]), `request_too_large` (413),
 /// `rate_limit_error` (429), `api_error` (500, also a model that failed to load:
 /// [`ApiError::load_failed`]; 502 for a failed upstream; 503 for the server's own state:
 /// [`ApiError::unavailable`]),
@@ -92,6 +113,40 @@ impl ApiError {
     /// 404 `not_found_error`.
     pub fn not_found(message: impl Into<String>) -> Self {
         Self::new(StatusCode::NOT_FOUND, "not_found_error", message)
+    }
+
+    /// 404 for a model the server does not serve. OpenAI's shape types it as the API
+    /// does (`type: "invalid_request_error"`, `code: "model_not_found"`, `param:
+    /// "model"`; the `openai` SDK raises `NotFoundError` by the status); Anthropic's as
+    /// `not_found_error`.
+    pub fn model_not_found(message: impl Into<String>) -> Self {
+        Self::not_found(message).with_code(MODEL_NOT_FOUND, "model")
+    }
+
+    /// 414 `invalid_request_error`: the request target is `len` bytes, over `limit`.
+    pub fn uri_too_long(len: usize, limit: usize) -> Self {
+        Self::new(
+            StatusCode::URI_TOO_LONG,
+            "invalid_request_error",
+            format!("the request target (path and query) is {len} bytes; at most {limit}"),
+        )
+    }
+
+    /// An error of any `status`, with the type word both APIs use for it (400 and the
+    /// other 4xx: `invalid_request_error`; 401, 403, 404, 413, 429 and 5xx their own).
+    pub fn status(status: StatusCode, message: impl Into<String>) -> Self {
+        let kind = match status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            504 => "timeout_error",
+            s if s >= 500 => "api_error",
+            _ => "invalid_request_error",
+        };
+        Self::new(status, kind, message)
     }
 
     /// 413 `request_too_large`.
@@ -177,13 +232,22 @@ impl ApiError {
         self
     }
 
+    /// The `type` word in OpenAI's shape: [`ApiError::kind`], except that OpenAI types
+    /// an unknown model's 404 `invalid_request_error` ([`ApiError::model_not_found`]).
+    fn openai_type(&self) -> &'static str {
+        match self.code {
+            Some((MODEL_NOT_FOUND, _)) => "invalid_request_error",
+            _ => self.kind,
+        }
+    }
+
     /// The JSON body.
     pub fn body(&self) -> serde_json::Value {
         match self.flavor {
             Flavor::OpenAi => serde_json::to_value(ErrorResponse {
                 error: ErrorObject {
                     message: self.message.clone(),
-                    kind: self.kind.to_string(),
+                    kind: self.openai_type().to_string(),
                     param: self.code.map(|c| c.1.to_string()),
                     code: self.code.map(|c| c.0.to_string()),
                 },
@@ -202,7 +266,7 @@ impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         let msg = e.to_string();
         match e {
-            EngineError::UnknownModel { .. } => ApiError::not_found(msg),
+            EngineError::UnknownModel { .. } => ApiError::model_not_found(msg),
             EngineError::InvalidRequest(_) | EngineError::ContextOverflow { .. } => {
                 ApiError::bad_request(msg)
             }

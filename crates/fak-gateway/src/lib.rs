@@ -35,11 +35,14 @@
 //! [`fak_engine::policy::Policy::adjudicate`]), passes on only the allowed ones, and
 //! reports every verdict in the response's `fak` field.
 //!
-//! Errors render in each API's own shape ([`error::ApiError`]): 400 for invalid JSON,
-//! missing fields, out-of-range parameters and context overflow; 401 for a missing or
-//! wrong key (when one is set), and 401/403 when an Anthropic upstream refuses the
-//! client's own key; 404 for an unknown model or route; 413 for a body over
-//! the limit; 429 (queue full) and 503 (not ready) with `Retry-After`; 500 with
+//! Errors render in each API's own shape ([`error::ApiError`], [`Flavor::of_request`]),
+//! the framework's own answers included: 400 for invalid JSON (bytes after the JSON
+//! value too), missing fields, out-of-range parameters, context overflow and a path id
+//! that is not UTF-8; 401 for a missing or wrong key (when one is set), and 401/403 when
+//! an Anthropic upstream refuses the client's own key; 404 for an unknown model (OpenAI's
+//! shape: `invalid_request_error`, `code: "model_not_found"`) or route; 405 for a wrong
+//! method (`Allow` naming the allowed ones); 413 for a body over the limit; 414 for a request
+//! target over [`MAX_URI_BYTES`]; 429 (queue full) and 503 (not ready) with `Retry-After`; 500 with
 //! `x-should-retry: false` for a model that failed to load (no retry can help); 502 when an
 //! upstream engine fails; 504 when a response takes longer than the request time limit
 //! or an upstream engine times out.
@@ -266,6 +269,7 @@ pub fn router_with_metrics(
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn(wire_errors))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
         .with_state(state)
 }
@@ -464,9 +468,67 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Longest request target (path and query) the router serves, bytes; a longer one is a
+/// 414 in the wire's error shape. (hyper itself answers a target over 64 KiB with a bare
+/// 414 before any route sees it.)
+pub const MAX_URI_BYTES: usize = 8 << 10;
+
+/// Makes every error answer JSON in its wire's error shape ([`Flavor::of_request`]):
+/// a target over [`MAX_URI_BYTES`] is a 414; an error the framework writes itself (405
+/// for a wrong method, with an empty body; a path or body rejection in text/plain) is
+/// rewritten with the same status, its text as the message (405: the method and the
+/// path; axum adds the `Allow` header after) and the headers it had besides the body's. Answers that already are JSON, and successes, pass as they are.
+async fn wire_errors(req: Request, next: Next) -> Response {
+    let flavor = Flavor::of_request(req.uri().path(), req.headers());
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if target > MAX_URI_BYTES {
+        return ApiError::uri_too_long(target, MAX_URI_BYTES)
+            .with_flavor(flavor)
+            .into_response();
+    }
+    let resp = next.run(req).await;
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    // The framework's own error texts are short; more is not read.
+    let text = axum::body::to_bytes(body, 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_string())
+        .unwrap_or_default();
+    let message = if status == StatusCode::METHOD_NOT_ALLOWED {
+        format!("{method} is not allowed on {path} (the Allow header lists the methods that are)")
+    } else if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("request failed")
+            .to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::status(status, message)
+        .with_flavor(flavor)
+        .into_response();
+    parts.headers.remove(header::CONTENT_TYPE);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (k, v) in &parts.headers {
+        if !out.headers().contains_key(k) {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
 async fn not_found(req: Request) -> ApiError {
     ApiError::not_found(format!("no route {} {}", req.method(), req.uri().path()))
-        .with_flavor(Flavor::of_path(req.uri().path()))
+        .with_flavor(Flavor::of_request(req.uri().path(), req.headers()))
 }
 
 async fn health(State(s): State<AppState>) -> Response {
@@ -540,10 +602,12 @@ fn body_bytes(
 }
 
 /// `bytes` as JSON of type `T`, or a 400 in `flavor`'s shape naming the field at fault
-/// (`invalid request body: messages[0].role: unknown variant ...`).
+/// (`invalid request body: messages[0].role: unknown variant ...`). Anything but
+/// whitespace after the JSON value is a 400 too (`trailing characters at line L column
+/// C`), as `serde_json::from_slice` answers.
 fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> Result<T, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let msg = if path == "." {
             format!("invalid request body: {}", e.inner())
@@ -551,7 +615,14 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> R
             format!("invalid request body: {path}: {}", e.inner())
         };
         ApiError::bad_request(msg).with_flavor(flavor)
-    })
+    })?;
+    de.end().map_err(|e| {
+        ApiError::bad_request(format!(
+            "invalid request body: {e} (nothing but whitespace may follow the JSON value)"
+        ))
+        .with_flavor(flavor)
+    })?;
+    Ok(value)
 }
 
 /// A started generation: its counts from the `Start` event and the rest of its events.

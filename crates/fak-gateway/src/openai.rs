@@ -44,7 +44,9 @@
 //!
 //! Tool calls the model proposes are adjudicated (the `tools` module) before the client
 //! sees them: allowed ones come back as `message.tool_calls` (arguments as a JSON string,
-//! `finish_reason: "tool_calls"`), denied ones are removed, and the `fak` field of the
+//! `finish_reason: "tool_calls"`), denied ones are removed and the reply's text says
+//! why (a sentence per denied call after the text, the Anthropic route's wording; when
+//! streaming, one content chunk before the last), and the `fak` field of the
 //! response (of the last chunk, when streaming) lists every proposed call's verdict. A
 //! stream sends text as it comes but holds tool calls until the reply is over and the
 //! whole set is decided.
@@ -52,8 +54,8 @@
 use crate::error::{ApiError, Flavor};
 use crate::extract::{OpenAiJson, WireJson};
 use crate::tools::{
-    adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
-    request_taint, screen_messages, Adjudicated,
+    adjudicate, check_tool_name, check_tools, conversation_key, denial_suffix, fak_field,
+    offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, positive, prompt_counts, start, unix_now, with_note, AppState,
@@ -336,7 +338,7 @@ pub(crate) async fn chat_completions(
     let messages = to_messages(r.messages).map_err(|e| e.with_flavor(F))?;
     let conversation = conversation_key(&headers, &messages);
     let taint = request_taint(&headers, &messages);
-    let (messages, results) = screen_messages(&s, &conversation, messages, F).await?;
+    let (messages, results) = screen_messages(&s, &conversation, messages, &[], F).await?;
     let req = GenerateRequest {
         model: Some(r.model.clone()),
         prompt: Prompt::Chat(messages),
@@ -394,6 +396,7 @@ pub(crate) async fn chat_completions(
         std::mem::take(&mut f.tool_calls),
     );
     let calls = (!a.allowed.is_empty()).then(|| a.allowed.iter().map(call_wire).collect());
+    f.text.push_str(&denial_suffix(f.text.is_empty(), &a));
     let content = if calls.is_some() && f.text.is_empty() {
         None
     } else {
@@ -585,6 +588,8 @@ fn chat_stream(
     let state = s.clone();
     let mut held: Vec<ToolCall> = Vec::new();
     let mut held_lp: Vec<TokenLogprob> = Vec::new();
+    // Whether any text was sent (the denials' sentences follow it after a blank line).
+    let mut sent_text = false;
     let logprobs = head.logprobs;
     let first = vec![data(&head.chunk(
         wire::Delta {
@@ -597,6 +602,7 @@ fn chat_stream(
     ))];
     sse_stream(s, st, first, move |ev| match ev {
         EngineEvent::Text(t) => {
+            sent_text |= !t.is_empty();
             let lp = logprobs.then(|| chat_lp(&std::mem::take(&mut held_lp)));
             let delta = wire::Delta {
                 content: Some(t),
@@ -620,26 +626,30 @@ fn chat_stream(
                 &check.offered,
                 std::mem::take(&mut held),
             );
-            let mut out: Vec<Event> = a
-                .allowed
-                .iter()
-                .enumerate()
-                .map(|(i, c)| {
-                    let delta = wire::Delta {
-                        tool_calls: Some(vec![wire::ToolCallDelta {
-                            index: i as u32,
-                            id: Some(c.id.clone()),
-                            kind: Some(wire::FunctionType::Function),
-                            function: Some(wire::FunctionCallDelta {
-                                name: Some(c.name.clone()),
-                                arguments: Some(c.arguments.clone()),
-                            }),
-                        }]),
-                        ..wire::Delta::default()
-                    };
-                    data(&head.chunk(delta, None, None))
-                })
-                .collect();
+            let notes = denial_suffix(!sent_text, &a);
+            let mut out: Vec<Event> = Vec::new();
+            if !notes.is_empty() {
+                let delta = wire::Delta {
+                    content: Some(notes),
+                    ..wire::Delta::default()
+                };
+                out.push(data(&head.chunk(delta, None, None)));
+            }
+            out.extend(a.allowed.iter().enumerate().map(|(i, c)| {
+                let delta = wire::Delta {
+                    tool_calls: Some(vec![wire::ToolCallDelta {
+                        index: i as u32,
+                        id: Some(c.id.clone()),
+                        kind: Some(wire::FunctionType::Function),
+                        function: Some(wire::FunctionCallDelta {
+                            name: Some(c.name.clone()),
+                            arguments: Some(c.arguments.clone()),
+                        }),
+                    }]),
+                    ..wire::Delta::default()
+                };
+                data(&head.chunk(delta, None, None))
+            }));
             let lp =
                 (logprobs && !held_lp.is_empty()).then(|| chat_lp(&std::mem::take(&mut held_lp)));
             let mut last = head.chunk(wire::Delta::default(), Some(finish_for(&d, &a)), lp);

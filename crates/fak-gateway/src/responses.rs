@@ -10,7 +10,9 @@
 //! chat route's tool results; `reasoning` items are dropped. Function `tools` and
 //! `tool_choice` map to the engine's; the model's calls are adjudicated by the policy as
 //! on the other routes: allowed ones become `function_call` output items, denied ones are
-//! removed and listed with their reasons in the Response's `fak` field.
+//! removed, said in the message's text (a sentence per denied call after the text, the
+//! Anthropic route's wording; streamed as a last `output_text.delta`) and listed with
+//! their reasons in the Response's `fak` field.
 //! `max_output_tokens` reached (or the end of the context window) ends the Response
 //! `incomplete` with `incomplete_details.reason: "max_output_tokens"`.
 //!
@@ -36,18 +38,25 @@
 //! of another partition is a 400 `previous_response_not_found` (OpenAI's code, `param:
 //! "previous_response_id"`). `GET` / `DELETE /v1/responses/{id}` (with `?cache_salt=`
 //! when the response was made with one) return / forget a kept response; otherwise 404.
+//! `GET` with `?stream=true` (the SDK's `retrieve(id, stream=True)`) replays the kept
+//! Response as its stream of events (from `?starting_after=N` on, when given).
+//!
+//! **Checks** beyond the body's types, each a 400 in OpenAI's shape: no `model`
+//! (`missing_required_parameter`), a `function_call_output` whose `call_id` answers no
+//! earlier `function_call` of the conversation, and a path id that is
+//! not valid percent-encoded UTF-8.
 
 use crate::error::{ApiError, Flavor};
 use crate::tools::{
-    adjudicate, check_tool_name, check_tools, conversation_key, fak_field, offered_tools,
-    request_taint, screen_messages, Adjudicated,
+    adjudicate, check_tool_name, check_tools, conversation_key, denial_suffix, fak_field,
+    offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, parse_body, positive, start, unix_now, with_note, AppState,
     UsageNote,
 };
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
+use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, Uri};
 use axum::response::sse::{Event, Sse};
@@ -236,6 +245,31 @@ fn push_input(messages: &mut Vec<Message>, input: Input) -> Result<(), ApiError>
                 return Err(ApiError::bad_request(format!(
                     "{at} has type '{k}'; only message, function_call, function_call_output and reasoning items are supported"
                 )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that each tool output of the conversation (the kept one of
+/// `previous_response_id`, then the input items) answers a call made before it: a
+/// `function_call_output` whose `call_id` no earlier `function_call` (of the input or of
+/// a kept response) carries is a 400 naming it, as the API answers.
+fn check_outputs(messages: &[Message]) -> Result<(), ApiError> {
+    let mut calls = std::collections::HashSet::new();
+    for m in messages {
+        if let Some(list) = m.tool_calls.as_ref().and_then(serde_json::Value::as_array) {
+            calls.extend(
+                list.iter()
+                    .filter_map(|c| c.get("id").and_then(serde_json::Value::as_str)),
+            );
+        }
+        if let Some(id) = m.tool_call_id.as_deref() {
+            if !calls.contains(id) {
+                return Err(ApiError::bad_request(format!(
+                    "No tool call found for function call output with call_id '{id}': no function_call item before it (in input, or in the previous_response_id's conversation) has that call_id."
+                ))
+                .with_flavor(F));
             }
         }
     }
@@ -454,6 +488,13 @@ pub(crate) async fn create(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<HttpResponse, ApiError> {
     let mut r: CreateResponse = parse_body(&s, body, F)?;
+    let Some(model) = r.model.clone() else {
+        return Err(
+            ApiError::bad_request("Missing required parameter: 'model'.")
+                .with_code("missing_required_parameter", "model")
+                .with_flavor(F),
+        );
+    };
     check_request(&r).map_err(|e| e.with_flavor(F))?;
     let (tools, tool_choice) = engine_tools(
         r.tools.as_deref().unwrap_or_default(),
@@ -484,6 +525,7 @@ pub(crate) async fn create(
     if history.is_empty() {
         return Err(ApiError::bad_request("`input` holds no items").with_flavor(F));
     }
+    check_outputs(&history)?;
     let mut messages = Vec::with_capacity(history.len() + 1);
     if let Some(i) = &r.instructions {
         messages.push(Message::new("system", i));
@@ -492,12 +534,7 @@ pub(crate) async fn create(
     messages.extend(history);
     let conversation = conversation_key(&headers, &messages);
     let taint = request_taint(&headers, &messages);
-    let (messages, results) = screen_messages(&s, &conversation, messages, F).await?;
-    let model = r
-        .model
-        .clone()
-        .or_else(|| s.driver.models().into_iter().next().map(|m| m.id))
-        .unwrap_or_default();
+    let (messages, results) = screen_messages(&s, &conversation, messages, &[], F).await?;
     let req = GenerateRequest {
         model: r.model.clone(),
         prompt: Prompt::Chat(messages.clone()),
@@ -576,6 +613,7 @@ pub(crate) async fn create(
         &offered,
         std::mem::take(&mut f.tool_calls),
     );
+    f.text.push_str(&denial_suffix(f.text.is_empty(), &a));
     let response = finished_response(
         &echo,
         &message_id,
@@ -587,6 +625,146 @@ pub(crate) async fn create(
     );
     keep.keep(&response, &f.text, &a);
     Ok(f.respond(serde_json::to_value(&response).unwrap_or_default()))
+}
+
+/// `*seq`, then one more.
+fn bump(seq: &mut u64) -> u64 {
+    *seq += 1;
+    *seq - 1
+}
+
+/// The events of an allowed call's output item at `index`, numbered from `*seq` on:
+/// `output_item.added` (no arguments yet), `function_call_arguments.delta` (the whole
+/// arguments), `.done`, `output_item.done`.
+fn call_events(c: &FunctionCall, index: usize, seq: &mut u64) -> Vec<StreamEvent> {
+    let item_id = c.id.clone().unwrap_or_default();
+    let mut next = || bump(seq);
+    vec![
+        StreamEvent::OutputItemAdded {
+            item: OutputItem::FunctionCall(FunctionCall {
+                arguments: String::new(),
+                status: Some(ItemStatus::InProgress),
+                ..c.clone()
+            }),
+            output_index: index,
+            sequence_number: next(),
+        },
+        StreamEvent::FunctionCallArgumentsDelta {
+            item_id: item_id.clone(),
+            output_index: index,
+            delta: c.arguments.clone(),
+            sequence_number: next(),
+        },
+        StreamEvent::FunctionCallArgumentsDone {
+            item_id,
+            output_index: index,
+            arguments: c.arguments.clone(),
+            sequence_number: next(),
+        },
+        StreamEvent::OutputItemDone {
+            item: OutputItem::FunctionCall(c.clone()),
+            output_index: index,
+            sequence_number: next(),
+        },
+    ]
+}
+
+/// A kept Response's whole stream, as `GET /v1/responses/{id}?stream=true` replays it:
+/// the events a streamed request for it sent (`response.created`, `.in_progress`, each
+/// output item's events with a message's text as one delta per part, then
+/// `response.completed` / `.incomplete`), numbered from 0.
+fn replay(r: &Response) -> Vec<StreamEvent> {
+    let mut seq = 0u64;
+    let in_progress = || {
+        Box::new(Response {
+            status: ItemStatus::InProgress,
+            output: Vec::new(),
+            usage: None,
+            incomplete_details: None,
+            ..r.clone()
+        })
+    };
+    let mut out = vec![
+        StreamEvent::Created {
+            response: in_progress(),
+            sequence_number: bump(&mut seq),
+        },
+        StreamEvent::InProgress {
+            response: in_progress(),
+            sequence_number: bump(&mut seq),
+        },
+    ];
+    for (index, item) in r.output.iter().enumerate() {
+        match item {
+            OutputItem::Message(m) => {
+                out.push(StreamEvent::OutputItemAdded {
+                    item: OutputItem::Message(OutputMessage {
+                        status: ItemStatus::InProgress,
+                        content: Vec::new(),
+                        ..m.clone()
+                    }),
+                    output_index: index,
+                    sequence_number: bump(&mut seq),
+                });
+                for (j, part) in m.content.iter().enumerate() {
+                    let item_id = m.id.clone();
+                    out.push(StreamEvent::ContentPartAdded {
+                        item_id: item_id.clone(),
+                        output_index: index,
+                        content_index: j,
+                        part: OutputText::new(""),
+                        sequence_number: bump(&mut seq),
+                    });
+                    if !part.text.is_empty() {
+                        out.push(StreamEvent::OutputTextDelta {
+                            item_id: item_id.clone(),
+                            output_index: index,
+                            content_index: j,
+                            delta: part.text.clone(),
+                            logprobs: Vec::new(),
+                            sequence_number: bump(&mut seq),
+                        });
+                    }
+                    out.push(StreamEvent::OutputTextDone {
+                        item_id: item_id.clone(),
+                        output_index: index,
+                        content_index: j,
+                        text: part.text.clone(),
+                        logprobs: Vec::new(),
+                        sequence_number: bump(&mut seq),
+                    });
+                    out.push(StreamEvent::ContentPartDone {
+                        item_id,
+                        output_index: index,
+                        content_index: j,
+                        part: part.clone(),
+                        sequence_number: bump(&mut seq),
+                    });
+                }
+                out.push(StreamEvent::OutputItemDone {
+                    item: item.clone(),
+                    output_index: index,
+                    sequence_number: bump(&mut seq),
+                });
+            }
+            OutputItem::FunctionCall(c) => {
+                out.extend(call_events(c, index, &mut seq));
+            }
+        }
+    }
+    let response = Box::new(r.clone());
+    out.push(if r.status == ItemStatus::Incomplete {
+        StreamEvent::Incomplete {
+            response,
+            sequence_number: bump(&mut seq),
+        }
+    } else {
+        StreamEvent::Completed {
+            response,
+            sequence_number: bump(&mut seq),
+        }
+    });
+    out
 }
 
 /// The state of one streamed Response.
@@ -688,6 +866,10 @@ impl StreamWriter {
                     &self.offered,
                     std::mem::take(&mut self.calls),
                 );
+                let notes = denial_suffix(self.text.is_empty(), &a);
+                if !notes.is_empty() {
+                    out.extend(self.on(EngineEvent::Text(notes)));
+                }
                 let (prompt, cached) = crate::prompt_counts(&d, self.prompt.0, self.prompt.1);
                 let response = finished_response(
                     &self.echo,
@@ -729,38 +911,7 @@ impl StreamWriter {
                     let OutputItem::FunctionCall(c) = item else {
                         continue;
                     };
-                    let item_id = c.id.clone().unwrap_or_default();
-                    let added = OutputItem::FunctionCall(FunctionCall {
-                        arguments: String::new(),
-                        status: Some(ItemStatus::InProgress),
-                        ..c.clone()
-                    });
-                    out.push(self.next(|sequence_number| StreamEvent::OutputItemAdded {
-                        item: added,
-                        output_index: index,
-                        sequence_number,
-                    }));
-                    out.push(self.next(|sequence_number| {
-                        StreamEvent::FunctionCallArgumentsDelta {
-                            item_id: item_id.clone(),
-                            output_index: index,
-                            delta: c.arguments.clone(),
-                            sequence_number,
-                        }
-                    }));
-                    out.push(
-                        self.next(|sequence_number| StreamEvent::FunctionCallArgumentsDone {
-                            item_id,
-                            output_index: index,
-                            arguments: c.arguments.clone(),
-                            sequence_number,
-                        }),
-                    );
-                    out.push(self.next(|sequence_number| StreamEvent::OutputItemDone {
-                        item: item.clone(),
-                        output_index: index,
-                        sequence_number,
-                    }));
+                    out.extend(call_events(c, index, &mut self.seq).iter().map(sse));
                     index += 1;
                 }
                 if let Some(k) = self.keep.take() {
@@ -799,11 +950,13 @@ impl StreamWriter {
     }
 }
 
-/// The `cache_salt` query parameter of `GET` / `DELETE /v1/responses/{id}`,
-/// percent-decoded.
-fn query_salt(uri: &Uri) -> Option<String> {
+/// A query parameter of `GET` / `DELETE /v1/responses/{id}` (`cache_salt`, `stream`,
+/// `starting_after`), percent-decoded.
+fn query_param(uri: &Uri, name: &str) -> Option<String> {
     let q = uri.query()?;
-    let raw = q.split('&').find_map(|kv| kv.strip_prefix("cache_salt="))?;
+    let raw = q
+        .split('&')
+        .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))?;
     let b = raw.as_bytes();
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
@@ -829,33 +982,84 @@ fn query_salt(uri: &Uri) -> Option<String> {
     Some(String::from_utf8_lossy(&out).into_owned())
 }
 
+/// The `cache_salt` query parameter.
+fn query_salt(uri: &Uri) -> Option<String> {
+    query_param(uri, "cache_salt")
+}
+
+/// The path's `{id}`, or a 400 in OpenAI's shape when it is not valid percent-encoded
+/// UTF-8.
+fn path_id(p: Result<Path<String>, PathRejection>) -> Result<String, ApiError> {
+    p.map(|Path(id)| id).map_err(|e| {
+        ApiError::bad_request(format!("the response id in the path: {}", e.body_text()))
+            .with_flavor(F)
+    })
+}
+
 fn not_kept(id: &str) -> ApiError {
     ApiError::not_found(format!("Response with id '{id}' not found.")).with_flavor(F)
 }
 
 /// `GET /v1/responses/{id}`: a kept response (404 when not kept for this partition).
+/// With `?stream=true` (the SDK's `responses.retrieve(id, stream=True)`) its events are
+/// replayed as the stream of the request that made it would have sent them ([`replay`]),
+/// those after `?starting_after=N` only when given; a `stream` other than `true` /
+/// `false`, or a `starting_after` that is not a number, is a 400.
 pub(crate) async fn retrieve(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     uri: Uri,
-) -> Result<Json<Response>, ApiError> {
+) -> Result<HttpResponse, ApiError> {
+    let id = path_id(id)?;
     let partition = cache_partition(&s, &headers, query_salt(&uri).as_deref(), F)?;
-    let store = s.responses.lock().unwrap_or_else(|p| p.into_inner());
-    store
-        .get(&id, &partition)
-        .map(|k| Json(k.response.clone()))
-        .ok_or_else(|| not_kept(&id))
+    let stream = match query_param(&uri, "stream").as_deref() {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return Err(
+                ApiError::bad_request(format!("stream must be true or false (got '{v}')"))
+                    .with_flavor(F),
+            )
+        }
+    };
+    let after = match query_param(&uri, "starting_after") {
+        None => None,
+        Some(v) => Some(v.parse::<u64>().map_err(|_| {
+            ApiError::bad_request(format!(
+                "starting_after must be a sequence number, an integer from 0 (got '{v}')"
+            ))
+            .with_flavor(F)
+        })?),
+    };
+    let response = {
+        let store = s.responses.lock().unwrap_or_else(|p| p.into_inner());
+        store
+            .get(&id, &partition)
+            .map(|k| k.response.clone())
+            .ok_or_else(|| not_kept(&id))?
+    };
+    if !stream {
+        return Ok(Json(response).into_response());
+    }
+    let events: Vec<Result<Event, std::convert::Infallible>> = replay(&response)
+        .iter()
+        .enumerate()
+        .filter(|(n, _)| after.is_none_or(|a| *n as u64 > a))
+        .map(|(_, e)| Ok(sse(e)))
+        .collect();
+    Ok(Sse::new(futures_util::stream::iter(events)).into_response())
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a kept response (404 when not kept for this
 /// partition).
 pub(crate) async fn delete(
     State(s): State<AppState>,
-    Path(id): Path<String>,
+    id: Result<Path<String>, PathRejection>,
     headers: HeaderMap,
     uri: Uri,
 ) -> Result<Json<Deleted>, ApiError> {
+    let id = path_id(id)?;
     let partition = cache_partition(&s, &headers, query_salt(&uri).as_deref(), F)?;
     let removed = s
         .responses

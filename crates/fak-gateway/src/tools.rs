@@ -27,6 +27,7 @@
 //! with its verdict and reason, so a client (or its operator) can see what was removed
 //! and why.
 
+use crate::anthropic::UNSCREENABLE;
 use crate::error::{ApiError, Flavor};
 use crate::{parse_body, AppState};
 use axum::body::Bytes;
@@ -333,12 +334,18 @@ fn call_names(messages: &[Message]) -> std::collections::HashMap<String, String>
 /// engine may see them with the `fak.tool_results` entries of those not admitted as
 /// they were. The screen's lock is taken per result, so other requests interleave.
 ///
+/// `withheld[k]`: whether the `k`-th tool message had content the screen cannot read
+/// (an image, a document) replaced by a stub before it came here (the Anthropic route;
+/// `&[]` elsewhere). Such a result, when the screen admits its text, is listed too:
+/// verdict `quarantine`, reason [`UNSCREENABLE`].
+///
 /// # Errors
 /// 500 when the page-out store cannot keep an original (nothing is admitted then).
 pub(crate) async fn screen_messages(
     s: &AppState,
     conversation: &str,
     messages: Vec<Message>,
+    withheld: &[bool],
     flavor: Flavor,
 ) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
     if !messages.iter().any(|m| m.role == "tool") {
@@ -346,7 +353,8 @@ pub(crate) async fn screen_messages(
     }
     let st = s.clone();
     let conv = conversation.to_string();
-    tokio::task::spawn_blocking(move || screen_blocking(&st, &conv, messages, flavor))
+    let withheld = withheld.to_vec();
+    tokio::task::spawn_blocking(move || screen_blocking(&st, &conv, messages, &withheld, flavor))
         .await
         .map_err(|e| ApiError::internal(format!("screening failed: {e}")).with_flavor(flavor))?
 }
@@ -355,16 +363,20 @@ fn screen_blocking(
     s: &AppState,
     conversation: &str,
     mut messages: Vec<Message>,
+    withheld: &[bool],
     flavor: Flavor,
 ) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
     let mut report = Vec::new();
     let mut revoke = Vec::new();
     let names = call_names(&messages);
     {
+        let mut k = 0;
         for m in messages.iter_mut() {
             if m.role != "tool" {
                 continue;
             }
+            let had_withheld = withheld.get(k).copied().unwrap_or(false);
+            k += 1;
             let tool = m
                 .tool_call_id
                 .as_ref()
@@ -382,6 +394,7 @@ fn screen_blocking(
                 .map_err(|e| screen_error(&e).with_flavor(flavor))?;
             drop(screen);
             let (word, reason, id) = match &verdict {
+                Verdict::Admit if had_withheld => ("quarantine", Some(UNSCREENABLE), None),
                 Verdict::Admit => ("admit", None, None),
                 Verdict::PageOut { id, .. } => ("page_out", None, Some(id.clone())),
                 Verdict::Quarantine { id, reason, .. } => {
@@ -398,6 +411,8 @@ fn screen_blocking(
                 }
             }
             if word != "admit" {
+                // A withheld block's stub is inside the admitted text; the text is what
+                // the model sees.
                 let stub = verdict.context_text(&m.content).to_string();
                 report.push(json!({
                     "tool_call_id": m.tool_call_id, "tool": tool, "verdict": word,
@@ -599,7 +614,8 @@ fn schema_error(tool: &ToolSpec, call: &ToolCall) -> Option<String> {
     ))
 }
 
-/// The sentence a client sees for a denied call (Anthropic's explanatory text block).
+/// The sentence a client sees for a denied call: Anthropic's explanatory text block, and
+/// on the OpenAI wires the reply's text ([`denial_suffix`]).
 pub(crate) fn denial_text(call: &ToolCall, v: &CallVerdict) -> String {
     format!(
         "[fak] The tool call '{}' was not passed on: {} ({}).",
@@ -607,6 +623,21 @@ pub(crate) fn denial_text(call: &ToolCall, v: &CallVerdict) -> String {
         v.reason.map_or("DENIED", |r| r.as_str()),
         v.detail
     )
+}
+
+/// What the OpenAI wires (chat `message.content`, a Responses message's text) append to
+/// a reply's text for its denied calls: each call's [`denial_text`] (the sentence the
+/// Anthropic route sends as a text block), after a blank line unless it opens the text.
+/// `empty`: whether the text so far is empty. `""` when no call was denied.
+pub(crate) fn denial_suffix(empty: bool, a: &Adjudicated) -> String {
+    let mut out = String::new();
+    for (c, v) in &a.denied {
+        if !(empty && out.is_empty()) {
+            out.push_str("\n\n");
+        }
+        out.push_str(&denial_text(c, v));
+    }
+    out
 }
 
 /// A JSON object from a call's arguments text (`{}` for anything else; only allowed,

@@ -270,7 +270,10 @@ fn openai_errors_have_their_status_and_shape() {
         p,
         &json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
     );
-    assert_openai_error(&r, 404, "not_found_error", "gpt-9");
+    // As the OpenAI API types it (the SDK raises NotFoundError by the status).
+    assert_openai_error(&r, 404, "invalid_request_error", "gpt-9");
+    assert_eq!(r.json()["error"]["code"], "model_not_found");
+    assert_eq!(r.json()["error"]["param"], "model");
     let mut b = chat("x");
     b["max_tokens"] = json!(0);
     assert_openai_error(

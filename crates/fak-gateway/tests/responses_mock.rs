@@ -251,7 +251,14 @@ fn check_calls(v: &Value) {
     let out = v["output"].as_array().unwrap();
     assert_eq!(out.len(), 2, "{v}");
     assert_eq!(out[0]["type"], "message");
-    assert_eq!(output_text(v), "Let me look.");
+    // The reply's text, then why the other call was removed.
+    let text = output_text(v);
+    assert!(
+        text.starts_with(
+            "Let me look.\n\n[fak] The tool call 'delete_all' was not passed on: POLICY_BLOCK ("
+        ),
+        "{text}"
+    );
     let c = &out[1];
     assert_eq!(c["type"], "function_call");
     assert_eq!(c["name"], "get_weather");
@@ -310,12 +317,28 @@ fn function_calls_are_adjudicated_streamed_and_not() {
     assert_eq!(ev[n - 3].1["item_id"], added["item"]["id"]);
     assert_eq!(ev[n - 2].1["item"], last["output"][1]);
 
-    // A reply that is only a denied call: the call removed, an empty message remains.
-    let body = json!({"model": "mock", "input": directive("", &CALLS[1..]), "tools": tools()});
+    // A reply that is only a denied call: the call removed, and the message says why
+    // (not an empty message), streamed and not, the same text.
+    let mut body = json!({"model": "mock", "input": directive("", &CALLS[1..]), "tools": tools()});
     let v = post(srv.addr, "/v1/responses", &body).json();
     assert_eq!(v["output"].as_array().unwrap().len(), 1, "{v}");
     assert_eq!(v["output"][0]["type"], "message");
     assert_eq!(v["fak"]["tool_calls"][0]["verdict"], "deny");
+    let text = output_text(&v);
+    assert!(
+        text.starts_with("[fak] The tool call 'delete_all' was not passed on: POLICY_BLOCK ("),
+        "{v}"
+    );
+    body["stream"] = json!(true);
+    let ev = events(&post(srv.addr, "/v1/responses", &body));
+    let (_, last) = stream_shape(&ev);
+    assert_eq!(output_text(&last), text);
+    let deltas: String = ev
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, text, "the deltas carry the explanation");
 }
 
 #[test]
@@ -654,7 +677,13 @@ fn a_follow_up_of_a_call_carries_the_call_and_its_output() {
     let m = &seen[1];
     assert_eq!(m.len(), 3);
     assert_eq!(m[1].role, "assistant");
-    assert_eq!(m[1].content, "Let me look.");
+    // The text as the client saw it: the reply's, then why the other call was removed.
+    assert!(
+        m[1].content
+            .starts_with("Let me look.\n\n[fak] The tool call 'delete_all'"),
+        "{}",
+        m[1].content
+    );
     // Only the allowed call is in the kept history (the client never saw the other).
     let calls = m[1].tool_calls.as_ref().unwrap().as_array().unwrap();
     assert_eq!(calls.len(), 1);
@@ -717,4 +746,128 @@ fn an_upstream_without_a_responses_api_serves_through_its_chat_api() {
             ["system", "user"]
         );
     }
+}
+
+#[test]
+fn a_request_without_a_model_is_a_400_as_the_api_answers() {
+    let (srv, rec) = server();
+    let r = post(srv.addr, "/v1/responses", &json!({"input": "hi"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    let e = &r.json()["error"];
+    assert_eq!(e["type"], "invalid_request_error");
+    assert_eq!(e["code"], "missing_required_parameter");
+    assert_eq!(e["param"], "model");
+    assert!(e["message"].as_str().unwrap().contains("'model'"), "{e}");
+    assert!(rec.seen.lock().unwrap().is_empty());
+}
+
+#[test]
+fn a_function_call_output_must_answer_a_call_of_the_conversation() {
+    let (srv, rec) = server();
+    let output = |call_id: &str| json!({"type": "function_call_output", "call_id": call_id, "output": "18 C"});
+    // No call at all before it.
+    let r = post(
+        srv.addr,
+        "/v1/responses",
+        &json!({"model": "mock", "tools": tools(), "input": [
+            {"role": "user", "content": "weather?"}, output("call_nowhere")]}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("No tool call found for function call output with call_id 'call_nowhere'"),
+        "{msg}"
+    );
+    // A call in the input answers it; one of another id does not.
+    let call = json!({"type": "function_call", "call_id": "call_1", "name": "get_weather",
+                      "arguments": "{\"city\": \"Paris\"}"});
+    let ok = json!({"model": "mock", "tools": tools(), "input": [
+        {"role": "user", "content": "weather?"}, call, output("call_1")]});
+    assert_eq!(post(srv.addr, "/v1/responses", &ok).status, 200);
+    let bad = json!({"model": "mock", "tools": tools(), "input": [
+        {"role": "user", "content": "weather?"}, call, output("call_2")]});
+    let r = post(srv.addr, "/v1/responses", &bad);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("'call_2'"), "{}", r.body);
+    // Through previous_response_id: the kept response's call answers, another id not.
+    let first = post(
+        srv.addr,
+        "/v1/responses",
+        &json!({"model": "mock", "input": directive("Let me look.", &CALLS), "tools": tools()}),
+    )
+    .json();
+    let follow = |id: &str| {
+        post(
+            srv.addr,
+            "/v1/responses",
+            &json!({"model": "mock", "tools": tools(), "previous_response_id": first["id"],
+                    "input": [output(id)]}),
+        )
+    };
+    let r = follow("call_unknown");
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("'call_unknown'"), "{}", r.body);
+    let r = follow(first["output"][1]["call_id"].as_str().unwrap());
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The refused requests never reached the engine (3 accepted ones did).
+    assert_eq!(rec.seen.lock().unwrap().len(), 3);
+}
+
+/// `GET /v1/responses/{id}?stream=true`: the kept Response replayed as the stream a
+/// streamed request sends, events and final Response alike; `starting_after` skips.
+#[test]
+fn a_kept_response_is_replayed_as_its_stream() {
+    let (srv, _) = server();
+    let body =
+        json!({"model": "mock", "input": directive("Let me look.", &CALLS), "tools": tools()});
+    let v = post(srv.addr, "/v1/responses", &body).json();
+    let id = v["id"].as_str().unwrap();
+    let r = common::get(srv.addr, &format!("/v1/responses/{id}?stream=true"));
+    assert!(
+        r.header("content-type")
+            .unwrap()
+            .starts_with("text/event-stream"),
+        "{r:?}"
+    );
+    let ev = events(&r);
+    let (types, last) = stream_shape(&ev);
+    assert_eq!(last, v, "the final event carries the kept Response");
+    assert_eq!(ev[0].1["response"]["status"], "in_progress");
+    assert_eq!(ev[0].1["response"]["id"], v["id"]);
+    // A streamed request of the same reply sends the same event types, its text deltas
+    // (one per word there, one here) aside.
+    let mut s = body.clone();
+    s["stream"] = json!(true);
+    let live = events(&post(srv.addr, "/v1/responses", &s));
+    let squeeze = |t: &[String]| {
+        let mut out: Vec<String> = t.to_vec();
+        out.dedup();
+        out
+    };
+    let (live_types, _) = stream_shape(&live);
+    assert_eq!(squeeze(&types), squeeze(&live_types));
+    let deltas: String = ev
+        .iter()
+        .filter(|(n, _)| n == "response.output_text.delta")
+        .map(|(_, v)| v["delta"].as_str().unwrap())
+        .collect();
+    assert_eq!(deltas, output_text(&v));
+    // From a sequence number on.
+    let r = common::get(
+        srv.addr,
+        &format!("/v1/responses/{id}?stream=true&starting_after=3"),
+    );
+    let tail = events(&r);
+    assert_eq!(tail.len(), ev.len() - 4);
+    assert_eq!(tail[0].1, ev[4].1);
+    // Without stream (or stream=false): the Response as JSON.
+    let r = common::get(srv.addr, &format!("/v1/responses/{id}?stream=false"));
+    assert_eq!(r.json(), v);
+    for q in ["stream=yes", "stream=true&starting_after=x"] {
+        let r = common::get(srv.addr, &format!("/v1/responses/{id}?{q}"));
+        assert_eq!(r.status, 400, "{q}: {}", r.body);
+        assert_eq!(r.json()["error"]["type"], "invalid_request_error");
+    }
+    let r = common::get(srv.addr, "/v1/responses/resp_nope?stream=true");
+    assert_eq!(r.status, 404);
 }

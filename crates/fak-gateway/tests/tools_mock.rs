@@ -2,7 +2,8 @@
 //! tool-call parser as the in-kernel model's): every verdict path of the policy (allow,
 //! allow_prefix, deny with a reason, default deny, malformed arguments, a call of a tool
 //! not offered, the rate limit), each on the OpenAI and the Anthropic wire, streaming and
-//! not; forced `tool_choice`; and the tool history of both wires reaching the engine.
+//! not, a denied call explained in the reply's text in the same words on every wire;
+//! forced `tool_choice`; and the tool history of both wires reaching the engine.
 
 mod common;
 
@@ -316,6 +317,8 @@ fn every_verdict_path_on_both_wires_streaming_and_not() {
             Some("UNKNOWN_TOOL"),
         ),
     ];
+    // Each denied case's explanation, as the first wire wrote it: every wire says the same.
+    let mut notes: Vec<Option<String>> = vec![None; cases.len()];
     for wire in WIRES {
         let (called, plain) = tool_finish(wire);
         for (i, (body, verdict, reason)) in cases.iter().enumerate() {
@@ -337,9 +340,23 @@ fn every_verdict_path_on_both_wires_streaming_and_not() {
                     "a denied call reached the client: {ctx}"
                 );
                 assert_eq!(o.finish, plain, "{ctx}");
-                if matches!(wire, Wire::Anthropic | Wire::AnthropicStream) {
-                    assert!(o.text.contains("[fak]"), "no explanation: {ctx}");
-                    assert!(o.text.contains(reason.unwrap()), "{ctx}");
+                // The client sees why, on every wire, in the same words.
+                let at = o
+                    .text
+                    .find("[fak] ")
+                    .unwrap_or_else(|| panic!("no explanation: {ctx}"));
+                let note = &o.text[at..];
+                assert!(note.starts_with("[fak] The tool call '"), "{ctx}");
+                assert!(
+                    note.ends_with(").")
+                        && note.contains(&format!("was not passed on: {} (", reason.unwrap())),
+                    "{ctx}"
+                );
+                let first = notes[i].get_or_insert_with(|| note.to_string());
+                assert_eq!(first, note, "{ctx}");
+                if matches!(wire, Wire::OpenAi | Wire::OpenAiStream) {
+                    // After the reply's own text, a blank line apart.
+                    assert_eq!(o.text, format!("Checking.\n\n{note}"), "{ctx}");
                 }
             }
         }
@@ -498,7 +515,18 @@ fn call_markup_never_reaches_a_client_unjudged() {
         }
         let v = post(srv.addr, "/v1/chat/completions", &b).json();
         let m = &v["choices"][0]["message"];
-        assert_eq!(m["content"], "Sure.", "{v}");
+        // The text, then why the call was removed; never the call's own markup.
+        let content = m["content"].as_str().unwrap();
+        assert!(
+            content.starts_with(
+                "Sure.\n\n[fak] The tool call 'get_weather' was not passed on: UNKNOWN_TOOL ("
+            ),
+            "{v}"
+        );
+        assert!(
+            !content.contains("sk-proj") && !content.contains("<tool_call>"),
+            "{v}"
+        );
         assert!(m["tool_calls"].is_null(), "{v}");
         assert_eq!(v["fak"]["tool_calls"][0]["reason"], "UNKNOWN_TOOL", "{v}");
         let tokens: String = v["choices"][0]["logprobs"]["content"]

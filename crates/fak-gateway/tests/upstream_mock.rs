@@ -341,7 +341,13 @@ fn the_front_adjudicates_the_upstreams_calls() {
         if !stream {
             let v = r.json();
             assert_eq!(v["choices"][0]["finish_reason"], "stop");
-            assert_eq!(v["choices"][0]["message"]["content"], "checking");
+            let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+            assert!(
+                text.starts_with(
+                    "checking\n\n[fak] The tool call 'delete_files' was not passed on: DEFAULT_DENY ("
+                ),
+                "{text}"
+            );
         }
     }
 }

@@ -17,3 +17,5 @@
 pub mod anthropic;
 pub mod openai;
 pub mod responses;
+
+mod de;

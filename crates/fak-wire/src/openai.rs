@@ -35,13 +35,20 @@ use std::fmt;
 
 /// `stop`: one string or a list (up to 4 at OpenAI; the gateway takes up to 16).
 /// SDK: `stop: Union[Optional[str], SequenceNotStr[str], None]`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Stop {
     /// One stop string.
     One(String),
     /// Several.
     Many(Vec<String>),
+}
+
+impl<'de> Deserialize<'de> for Stop {
+    /// A string or an array of strings; anything else is an error saying so.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::de::str_or_seq(d, "a string or an array of strings", Stop::One, Stop::Many)
+    }
 }
 
 impl Stop {
@@ -590,13 +597,39 @@ pub struct FunctionDefinition {
 }
 
 /// `tool_choice`. SDK: `ChatCompletionToolChoiceOptionParam`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum ToolChoice {
     /// `"none"`, `"auto"` or `"required"`.
     Mode(ToolChoiceMode),
     /// `{"type": "function", "function": {"name"}}`.
     Named(NamedToolChoice),
+}
+
+impl<'de> Deserialize<'de> for ToolChoice {
+    /// A mode string or a named function object, each with its own error (an unknown
+    /// mode lists the modes; an object missing `function` says so); anything else is an
+    /// error naming both forms.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = ToolChoice;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    r#""none", "auto", "required" or {"type": "function", "function": {"name": ...}}"#,
+                )
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+                ToolChoiceMode::deserialize(de::value::StrDeserializer::<E>::new(s))
+                    .map(ToolChoice::Mode)
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+                NamedToolChoice::deserialize(de::value::MapAccessDeserializer::new(map))
+                    .map(ToolChoice::Named)
+            }
+        }
+        d.deserialize_any(V)
+    }
 }
 
 /// SDK: the string literals of `ChatCompletionToolChoiceOptionParam`.

@@ -33,7 +33,8 @@ use std::collections::BTreeMap;
 /// `POST /v1/responses` body (`ResponseCreateParamsBase`, plus `stream`).
 #[derive(Clone, Debug, Default, Deserialize)]
 pub struct CreateResponse {
-    /// Model id; `None` takes the server's default.
+    /// Model id. Required by the API; an `Option` so that the gateway can answer a
+    /// request without one with the API's own 400 (`missing_required_parameter`).
     pub model: Option<String>,
     /// The input: a string (one user message) or a list of items.
     pub input: Option<Input>,
@@ -109,14 +110,25 @@ impl CreateResponse {
     }
 }
 
-/// `input`: a string (one user message) or a list of items.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(untagged)]
+/// `input`: a string (one user message) or a list of items. Anything else is an error
+/// saying so; an item's own error names the item (`input[2]`).
+#[derive(Clone, Debug)]
 pub enum Input {
     /// One user message.
     Text(String),
     /// Conversation items, in order.
     Items(Vec<InputItem>),
+}
+
+impl<'de> Deserialize<'de> for Input {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::de::str_or_seq(
+            d,
+            "a string or an array of input items",
+            Input::Text,
+            Input::Items,
+        )
+    }
 }
 
 /// One input item (`ResponseInputItemParam`). An item without `type` is a message
@@ -192,14 +204,25 @@ pub struct MessageItem {
     pub id: Option<String>,
 }
 
-/// A message's `content`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
-#[serde(untagged)]
+/// A message's `content`: a string or a list of content parts (anything else is an
+/// error saying so).
+#[derive(Clone, Debug, PartialEq)]
 pub enum MessageContent {
     /// Plain text.
     Text(String),
     /// Content parts.
     Parts(Vec<ContentPart>),
+}
+
+impl<'de> Deserialize<'de> for MessageContent {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::de::str_or_seq(
+            d,
+            "a string or an array of content parts",
+            MessageContent::Text,
+            MessageContent::Parts,
+        )
+    }
 }
 
 /// One content part of a message (`ResponseInputContentParam` / an output message's
