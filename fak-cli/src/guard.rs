@@ -13,7 +13,9 @@
 //! terminal's foreground process group (then the terminal has sent it to the command
 //! already). When the command ends, the server shuts down, a summary of what the
 //! boundary did goes to stderr, and the exit status is the command's (128 + the signal
-//! number when a signal ended it; 127 when it cannot be started).
+//! number when a signal ended it; 127 when it cannot be started). fak guard's own
+//! errors before the command runs (usage, option values, the server not starting) exit
+//! 2, clap's code for a usage error, with the reason on stderr ([`EXIT_STATUS`]).
 
 use crate::serve::{build, run, ServeArgs};
 use crate::{fail, CliError};
@@ -25,7 +27,34 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+/// The exit statuses, as `fak guard --help` lists them.
+pub(crate) const EXIT_STATUS: &str = "\
+Exit status:
+  the command's own status when it ran and exited
+  128+N  the command was ended by signal N
+  2      fak guard's own error before the command ran: a usage error (no `--`, no
+         command, an unknown or bad option) or the server could not start (the reason
+         is on stderr, prefixed `fak: error:`)
+  126    the command could not be run (e.g. not executable)
+  127    the command was not found";
+
+/// fak guard's own failure before the command runs: the reason on stderr, exit 2.
+fn own_error(e: CliError) -> CliError {
+    match e {
+        CliError::Msg(m) => {
+            eprintln!("fak: error: {m}");
+            CliError::Status(2)
+        }
+        CliError::Io(e) => {
+            eprintln!("fak: error: {e}");
+            CliError::Status(2)
+        }
+        e => e,
+    }
+}
+
 #[derive(clap::Args)]
+#[command(after_help = EXIT_STATUS)]
 pub(crate) struct GuardArgs {
     #[command(flatten)]
     serve: ServeArgs,
@@ -79,6 +108,27 @@ fn init_logging(log_file: Option<&PathBuf>) -> Result<(), CliError> {
 }
 
 pub(crate) fn guard(a: GuardArgs) -> Result<(), CliError> {
+    let started = start(&a).map_err(own_error)?;
+    run_command(&a.command, started)
+}
+
+/// The gateway, started for the command.
+struct Started {
+    key: String,
+    rt: tokio::runtime::Runtime,
+    addr: std::net::SocketAddr,
+    stop_tx: tokio::sync::oneshot::Sender<()>,
+    server: tokio::task::JoinHandle<Result<(), CliError>>,
+    metrics: std::sync::Arc<Metrics>,
+}
+
+/// Everything before the command runs: its errors are fak guard's own.
+fn start(a: &GuardArgs) -> Result<Started, CliError> {
+    if a.command.is_empty() {
+        return Err(fail(
+            "no command given (fak guard [options] -- CMD ARGS...)",
+        ));
+    }
     init_logging(a.log_file.as_ref())?;
     let key = fresh_key()?;
     let built = build(&a.serve, Some(key.clone()))?;
@@ -113,18 +163,40 @@ pub(crate) fn guard(a: GuardArgs) -> Result<(), CliError> {
     if let Readiness::Failed(m) = driver.readiness() {
         eprintln!("fak guard: warning: the engine is not ready ({m}); starting the command anyway");
     }
+    Ok(Started {
+        key,
+        rt,
+        addr,
+        stop_tx,
+        server,
+        metrics,
+    })
+}
 
+/// Runs the command in front of the started gateway, then stops it; the command's
+/// status is the result.
+fn run_command(command: &[String], started: Started) -> Result<(), CliError> {
+    let Started {
+        key,
+        rt,
+        addr,
+        stop_tx,
+        server,
+        metrics,
+    } = started;
+    let key = key.as_str();
     let t0 = Instant::now();
-    let (program, args) = a
-        .command
-        .split_first()
-        .ok_or_else(|| fail("no command given (fak guard [options] -- CMD ARGS...)"))?;
+    let Some((program, args)) = command.split_first() else {
+        return Err(fail(
+            "no command given (fak guard [options] -- CMD ARGS...)",
+        ));
+    };
     let child = Command::new(program)
         .args(args)
         .env("ANTHROPIC_BASE_URL", format!("http://{addr}"))
         .env("OPENAI_BASE_URL", format!("http://{addr}/v1"))
-        .env("ANTHROPIC_API_KEY", &key)
-        .env("OPENAI_API_KEY", &key)
+        .env("ANTHROPIC_API_KEY", key)
+        .env("OPENAI_API_KEY", key)
         // A bearer token of the user's would be sent instead of the run's key (and be
         // refused): the command authenticates with the run's key only.
         .env_remove("ANTHROPIC_AUTH_TOKEN")

@@ -19,8 +19,10 @@ pub(crate) enum PolicyCmd {
     Presets,
     /// Load a manifest and say whether it is valid (exit 1 with the reason if not).
     Check {
-        /// The manifest file (JSON, "version": "fak-policy/1").
-        file: PathBuf,
+        /// The manifest: a file (JSON, "version": "fak-policy/1") or `preset:NAME`, as
+        /// `--policy` takes it.
+        #[arg(value_name = "FILE|preset:NAME", value_parser = parse_policy_arg)]
+        policy: PolicyArg,
     },
 }
 
@@ -146,12 +148,11 @@ pub(crate) fn policy(cmd: PolicyCmd) -> Result<(), CliError> {
                 outln!("{:<28} {}", format!("preset:{}", p.name), p.summary)?;
             }
         }
-        PolicyCmd::Check { file } => {
-            let p = load_policy(&file)?;
+        PolicyCmd::Check { policy } => {
+            let p = policy.load()?;
             let m = p.manifest();
             outln!(
-                "{}: valid ({} allowed, {} prefixes, {} denied, {} tools with argument rules)",
-                file.display(),
+                "{policy}: valid ({} allowed, {} prefixes, {} denied, {} tools with argument rules)",
                 m.allow.len(),
                 m.allow_prefix.len(),
                 m.deny.len(),

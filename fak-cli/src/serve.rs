@@ -377,6 +377,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         None => (spec.build)(&config)?,
     };
     if !args.aliases.is_empty() {
+        AliasedDriver::check(&args.aliases, &driver.models()).map_err(|e| fail(e.to_string()))?;
         driver = std::sync::Arc::new(AliasedDriver::new(driver, args.aliases.clone()));
     }
     let gateway = GatewayConfig {
@@ -394,12 +395,17 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
     };
     let metrics = std::sync::Arc::new(fak_gateway::metrics::Metrics::default());
-    let app = router_with_metrics(
+    let mut app = router_with_metrics(
         std::sync::Arc::clone(&driver),
         gateway.clone(),
         Boundary { policy, screen },
         std::sync::Arc::clone(&metrics),
     );
+    if let Some(r) = &routed {
+        // `/health` names the routes that are down (failed) while others serve.
+        let r = std::sync::Arc::clone(r);
+        app = fak_gateway::report_models_down(app, std::sync::Arc::new(move || r.not_ready()));
+    }
     Ok(Built {
         app,
         gateway,

@@ -126,6 +126,47 @@ fn the_exit_status_is_the_commands() {
 }
 
 #[test]
+fn the_guards_own_errors_exit_2_with_a_message() {
+    let home = tempfile::tempdir().unwrap();
+    for (args, says) in [
+        // Usage errors clap finds: no `--`, no command, an unknown option.
+        (&["sh", "-c", "exit 0"][..], "unexpected argument"),
+        (&["--"][..], "required"),
+        (&["--bogus", "--", "true"][..], "--bogus"),
+        // Option values found wrong after parsing (before: exit 1, as a command's).
+        (
+            &["--alias", "x=nowhere", "--", "true"][..],
+            "alias 'x=nowhere'",
+        ),
+        (
+            &["--upstream-model", "m", "--", "true"][..],
+            "--base-url and --upstream-model",
+        ),
+    ] {
+        let out = guard(home.path(), args).output().unwrap();
+        let err = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // The command's own 2 is passed through as the command's (the summary says so).
+    let out = guard(home.path(), &["--", "sh", "-c", "exit 2"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("sh exited with status 2"));
+    // --help documents the statuses.
+    let out = Command::new(env!("CARGO_BIN_EXE_fak"))
+        .args(["guard", "--help"])
+        .output()
+        .unwrap();
+    let help = text(&out.stdout);
+    assert!(
+        help.contains("Exit status:") && help.contains("128+N") && help.contains("127"),
+        "{help}"
+    );
+}
+
+#[test]
 fn sigterm_reaches_the_command() {
     let home = tempfile::tempdir().unwrap();
     let started = home.path().join("started");

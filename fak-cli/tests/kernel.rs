@@ -86,6 +86,17 @@ fn policy_check_and_dump() {
         !ok && err.starts_with("fak: error:") && err.contains("MAYBE"),
         "{err}"
     );
+    // A preset, as --policy takes it (before: read as a file named "preset:...").
+    for p in fak_engine::presets::PRESETS {
+        let arg = format!("preset:{}", p.name);
+        let (ok, out, err) = fak(home.path(), &["policy", "check", &arg]);
+        assert!(
+            ok && out.starts_with(&format!("{arg}: valid")),
+            "{out}{err}"
+        );
+    }
+    let (ok, _, err) = fak(home.path(), &["policy", "check", "preset:nope"]);
+    assert!(!ok && err.contains("no preset 'nope'"), "{err}");
 }
 
 #[test]

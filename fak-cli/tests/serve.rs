@@ -260,6 +260,22 @@ fn serve_refuses_bad_flags_in_one_line() {
             "--route big=anthropic-upstream needs --base-url",
         ),
         (&["--route", "a=mock", "--route", "a=mock"], "routed twice"),
+        // Aliases: a MODEL not served, a name given twice (before: both served).
+        (
+            &["--engine", "mock", "--alias", "gpt-4o=nowhere"],
+            "alias 'gpt-4o=nowhere': model 'nowhere' is not served here (served: mock)",
+        ),
+        (
+            &[
+                "--engine",
+                "mock",
+                "--alias",
+                "claude-*=mock",
+                "--alias",
+                "claude-*=mock",
+            ],
+            "alias 'claude-*=mock': the name 'claude-*' is already an alias",
+        ),
     ] {
         let out = fak()
             .args(["serve", "--port", "0"])

@@ -22,7 +22,10 @@
 //! `models()` lists the inner driver's models, then each alias without `*` whose MODEL
 //! is served (described as its MODEL: context length, owner); a pattern is not listed,
 //! it names no one id. [`EngineDriver::resolve_model`] tells the gateway what an id is
-//! served as (`GET /v1/models/{id}` finds `claude-opus-4` through `claude-*`).
+//! served as (`GET /v1/models/{id}` finds `claude-opus-4` through `claude-*`); an id
+//! holding `*` (a pattern's own text) is no model. At start, [`AliasedDriver::check`]
+//! refuses a name given twice and a MODEL that is not served; a request whose alias's
+//! MODEL is not served (any more) is the 404 of the id the client sent.
 
 use crate::{
     EngineDriver, EngineError, EngineStats, EventStream, GenerateRequest, ModelInfo, Readiness,
@@ -118,6 +121,54 @@ impl AliasedDriver {
     pub fn aliases(&self) -> &[Alias] {
         &self.aliases
     }
+
+    /// Checks `aliases` against the models a driver serves, before serving them: each
+    /// name given once, and each MODEL one of `served`'s ids. An empty `served` (an
+    /// upstream that has not listed its models yet, or fronts any model) checks the
+    /// names only: the upstream answers for the model when a request names it.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] naming the alias: a name given twice, or a MODEL
+    /// that is not served (with the served ids).
+    pub fn check(aliases: &[Alias], served: &[ModelInfo]) -> Result<(), EngineError> {
+        for (i, a) in aliases.iter().enumerate() {
+            if let Some(b) = aliases[..i].iter().find(|b| b.name == a.name) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "alias '{}={}': the name '{}' is already an alias (of '{}'); give each name once",
+                    a.name, a.target, a.name, b.target
+                )));
+            }
+            if !served.is_empty() && !served.iter().any(|m| m.id == a.target) {
+                return Err(EngineError::InvalidRequest(format!(
+                    "alias '{}={}': model '{}' is not served here (served: {})",
+                    a.name,
+                    a.target,
+                    a.target,
+                    served
+                        .iter()
+                        .map(|m| m.id.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// An [`EngineError::UnknownModel`] about `target` (an alias's MODEL the inner driver
+    /// no longer serves) restated about `id`, the model the client asked for.
+    fn as_asked(e: EngineError, id: &str, target: &str) -> EngineError {
+        match e {
+            EngineError::UnknownModel {
+                requested,
+                available,
+            } if requested == target => EngineError::UnknownModel {
+                requested: id.to_string(),
+                available,
+            },
+            e => e,
+        }
+    }
 }
 
 /// The top-level `model` of a request body, borrowed as its raw JSON text.
@@ -176,17 +227,23 @@ impl EngineDriver for AliasedDriver {
     }
 
     fn submit(&self, mut req: GenerateRequest) -> Result<EventStream, EngineError> {
-        if let Some(target) = req.model.as_deref().and_then(|m| self.resolve_model(m)) {
-            if let Some(raw) = &mut req.raw {
-                raw.body = replace_model(&raw.body, &target)
-                    .map_err(|e| {
-                        EngineError::InvalidRequest(format!("aliasing the request's model: {e}"))
-                    })?
-                    .into();
-            }
-            req.model = Some(target);
+        let Some(asked) = req.model.clone() else {
+            return self.inner.submit(req);
+        };
+        let Some(target) = self.resolve_model(&asked) else {
+            return self.inner.submit(req);
+        };
+        if let Some(raw) = &mut req.raw {
+            raw.body = replace_model(&raw.body, &target)
+                .map_err(|e| {
+                    EngineError::InvalidRequest(format!("aliasing the request's model: {e}"))
+                })?
+                .into();
         }
-        self.inner.submit(req)
+        req.model = Some(target.clone());
+        self.inner
+            .submit(req)
+            .map_err(|e| Self::as_asked(e, &asked, &target))
     }
 
     fn stats(&self) -> EngineStats {
@@ -207,10 +264,13 @@ impl EngineDriver for AliasedDriver {
 
     fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
         match req.model.as_deref().and_then(|m| self.resolve_model(m)) {
-            Some(target) => self.inner.count_tokens(&GenerateRequest {
-                model: Some(target),
-                ..req.clone()
-            }),
+            Some(target) => self
+                .inner
+                .count_tokens(&GenerateRequest {
+                    model: Some(target.clone()),
+                    ..req.clone()
+                })
+                .map_err(|e| Self::as_asked(e, req.model.as_deref().unwrap_or(""), &target)),
             None => self.inner.count_tokens(req),
         }
     }
@@ -221,7 +281,9 @@ impl EngineDriver for AliasedDriver {
     }
 
     fn resolve_model(&self, id: &str) -> Option<String> {
-        if self.inner.models().iter().any(|m| m.id == id) {
+        // A `*` in an id is a pattern's text (`claude-*` itself), not a model a client
+        // names: it resolves to nothing, so `GET /v1/models/claude-*` is a 404.
+        if id.contains('*') || self.inner.models().iter().any(|m| m.id == id) {
             return None;
         }
         self.aliases
@@ -299,18 +361,53 @@ mod tests {
         assert_eq!(d.resolve_model("claude-opus-4-1").as_deref(), Some("mock"));
         assert_eq!(d.resolve_model("mock"), None);
         assert_eq!(d.resolve_model("llama"), None);
+        // The pattern's own text is no model (before: it matched itself).
+        assert_eq!(d.resolve_model("claude-*"), None);
+        assert_eq!(d.resolve_model("claude-x*"), None);
         for id in ["claude-opus-4-1", "gpt-4o", "mock"] {
             let text = d.submit(chat(id)).unwrap().blocking_collect().unwrap().text;
             assert_eq!(text, "hi", "{id}");
         }
+        // An alias whose model is not (or no longer) served: the 404 names the id the
+        // client sent (before: the alias's MODEL, an id the client never used).
         match d.submit(chat("dangling")) {
-            Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "nowhere"),
+            Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "dangling"),
             other => panic!("{:?}", other.err()),
+        }
+        match d.count_tokens(&chat("dangling")) {
+            Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "dangling"),
+            other => panic!("{other:?}"),
         }
         match d.submit(chat("llama")) {
             Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "llama"),
             other => panic!("{:?}", other.err()),
         }
+    }
+
+    #[test]
+    fn a_duplicate_name_or_an_unserved_model_is_an_error_naming_the_alias() {
+        let served = MockDriver::new().models();
+        let ok = |v: &[&str]| {
+            let a: Vec<Alias> = v.iter().map(|s| Alias::parse(s).unwrap()).collect();
+            AliasedDriver::check(&a, &served)
+        };
+        assert!(ok(&["claude-*=mock", "gpt-4o=mock"]).is_ok());
+        let e = ok(&["claude-*=mock", "gpt-4o=nowhere"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("'gpt-4o=nowhere'") && e.contains("not served") && e.contains("mock"),
+            "{e}"
+        );
+        let e = ok(&["gpt-4o=mock", "claude-*=mock", "gpt-4o=mock"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'gpt-4o=mock'") && e.contains("already"), "{e}");
+        // A driver that lists no models yet (an upstream): names are still checked.
+        let a = [Alias::parse("x=anything").unwrap()];
+        assert!(AliasedDriver::check(&a, &[]).is_ok());
+        let a = [a[0].clone(), a[0].clone()];
+        assert!(AliasedDriver::check(&a, &[]).is_err());
     }
 
     #[test]

@@ -176,12 +176,17 @@ impl GenerateRequest {
 
     /// `max_tokens` as the budget for a prompt of `prompt_tokens` in a context of
     /// `context` tokens: lowered to the room left when [`GenerateRequest::cap_max_tokens`]
-    /// is set (at least 1, so that a prompt leaving no room stays an overflow for
-    /// [`budget`]), else as asked.
+    /// is set, else as asked. A capped request whose prompt leaves no room gets `None`,
+    /// which [`budget`] reports as the prompt alone filling the window (its message
+    /// names the prompt's tokens and the window, not a `max_tokens` the client never
+    /// asked for).
     pub fn max_tokens_within(&self, prompt_tokens: usize, context: usize) -> Option<usize> {
         match self.max_tokens {
             Some(m) if self.cap_max_tokens && m > 0 => {
-                Some(m.min(context.saturating_sub(prompt_tokens)).max(1))
+                match context.saturating_sub(prompt_tokens) {
+                    0 => None,
+                    room => Some(m.min(room)),
+                }
             }
             m => m,
         }
@@ -912,6 +917,28 @@ mod tests {
             !msg.contains("max_tokens") && msg.contains("100 tokens") && msg.contains("no room"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn a_capped_prompt_that_fills_the_window_is_reported_as_the_prompt() {
+        let req = |m| GenerateRequest {
+            max_tokens: Some(m),
+            cap_max_tokens: true,
+            ..GenerateRequest::chat(Vec::new())
+        };
+        assert_eq!(req(32000).max_tokens_within(10, 100), Some(90));
+        assert_eq!(req(5).max_tokens_within(10, 100), Some(5));
+        // Before: the cap said "max_tokens is 1", a limit the client never set.
+        for prompt in [100, 150] {
+            let m = req(32000).max_tokens_within(prompt, 100);
+            let msg = budget(prompt, m, 100).unwrap_err().to_string();
+            assert!(
+                !msg.contains("max_tokens")
+                    && msg.contains(&format!("{prompt} tokens"))
+                    && msg.contains("window of 100 tokens"),
+                "{msg}"
+            );
+        }
     }
 
     #[test]

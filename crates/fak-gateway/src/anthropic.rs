@@ -5,7 +5,7 @@
 //! prompt leaves in the context, it is lowered to that room and a reply that fills it
 //! ends with `stop_reason: "max_tokens"`, as the Anthropic API does; a prompt that alone
 //! does not fit is a 400), `messages`, `system` (a string or `text` blocks),
-//! `stop_sequences`, `temperature` (default 1), `top_p`, `top_k`, `stream`, `tools`
+//! `stop_sequences`, `temperature` (default 1; 0 to 1, the API's range), `top_p`, `top_k`, `stream`, `tools`
 //! (client tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`,
 //! `tool` with a `name`, `none`), and the fields of
 //! [`fak_wire::anthropic::IGNORED_REQUEST_FIELDS`] (accepted, no effect). Any other
@@ -25,9 +25,19 @@
 //! - a final `assistant` message is a prefill: the reply continues it token for token
 //!   (the prompt is the conversation with that turn left open, as HF's
 //!   `continue_final_message`), and holds only what follows it;
-//! - checked as the real API checks, each a 400 `invalid_request_error`: an empty
-//!   `content` (string or array); a `tool_result` whose `tool_use_id` names no earlier
-//!   `tool_use`; a `tool_use` with no `tool_result` for it in the next user message.
+//! - consecutive `user` (or `assistant`) messages are one turn, as the real API
+//!   combines them: their texts joined by a blank line (two final assistant messages
+//!   are one prefill);
+//! - checked as the real API checks, each a 400 `invalid_request_error` naming the
+//!   field: an empty `content` (string or array); a `tool_result` whose `tool_use_id`
+//!   names no earlier `tool_use`; a `tool_use` with no `tool_result` for it in the next
+//!   user turn; two `tool_use` blocks with one `id`; a `tool_use` whose `input` is not
+//!   an object; a base64 image `source` whose `data` is not base64 (in a message or in
+//!   a tool result: the API refuses both, so a bad one is not stubbed); a `thinking` or
+//!   `redacted_thinking` block outside an assistant message.
+//!
+//! A prompt that alone fills the context window is a 400 saying its token count and
+//! the window (`max_tokens` is capped to the room left, so it is not the cause).
 //!
 //! Usage follows Anthropic's split: `input_tokens` counts the prompt tokens *not* read
 //! from the cache, `cache_read_input_tokens` those that were; their sum is the prompt.
@@ -258,26 +268,105 @@ fn call_ids(c: &MessageContent) -> (Vec<&str>, Vec<&str>) {
     (uses, results)
 }
 
-/// The real API's checks of a conversation: no empty content, every `tool_result`
-/// answers an earlier `tool_use`, every `tool_use` is answered in the next user message.
+/// Whether `data` is standard base64 (RFC 4648 section 4, padded), as an image
+/// source's `data` must be.
+fn is_base64(data: &str) -> bool {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD
+        .decode(data.as_bytes())
+        .is_ok()
+}
+
+/// The checks of one block the real API makes: a `tool_use`'s `input` is an object, a
+/// base64 image source holds base64 `data`, a `thinking` block is the assistant's.
+/// `at` is the block's path (`messages[0].content[1]`); `role` its message's.
+fn check_block(b: &ContentBlockParam, at: &str, role: Role) -> Result<(), ApiError> {
+    match b {
+        ContentBlockParam::ToolUse { input, .. } if !input.is_object() => Err(bad(format!(
+            "{at}.tool_use.input must be an object (the call's arguments), not {}",
+            json_kind(input)
+        ))),
+        ContentBlockParam::Image { source } => {
+            let base64 = source.get("type").and_then(serde_json::Value::as_str) == Some("base64");
+            match source.get("data").and_then(serde_json::Value::as_str) {
+                Some(data) if base64 && !is_base64(data) => {
+                    Err(bad(format!("{at}.image.source.data: invalid base64 data")))
+                }
+                _ => Ok(()),
+            }
+        }
+        ContentBlockParam::Thinking { .. } | ContentBlockParam::RedactedThinking { .. }
+            if role != Role::Assistant =>
+        {
+            Err(bad(format!(
+                "{at}: a '{}' block may only be in an assistant message",
+                b.type_name()
+            )))
+        }
+        ContentBlockParam::ToolResult {
+            content: Some(ToolResultContent::Blocks(inner)),
+            ..
+        } => inner
+            .iter()
+            .enumerate()
+            .try_for_each(|(j, c)| check_block(c, &format!("{at}.tool_result.content[{j}]"), role)),
+        _ => Ok(()),
+    }
+}
+
+/// A JSON value's kind, for an error message.
+fn json_kind(v: &serde_json::Value) -> &'static str {
+    match v {
+        serde_json::Value::Null => "null",
+        serde_json::Value::Bool(_) => "a boolean",
+        serde_json::Value::Number(_) => "a number",
+        serde_json::Value::String(_) => "a string",
+        serde_json::Value::Array(_) => "an array",
+        serde_json::Value::Object(_) => "an object",
+    }
+}
+
+/// The real API's checks of a conversation: no empty content; each block as
+/// [`check_block`] checks it; `tool_use` ids unique; every `tool_result` answers an
+/// earlier `tool_use`; every `tool_use` is answered in the next user turn. Consecutive
+/// messages of one role are one turn, as the API combines them (a call may be answered
+/// in any user message of the turn after it).
 fn validate(messages: &[wire::MessageParam]) -> Result<(), ApiError> {
     let mut seen: HashSet<&str> = HashSet::new();
-    // The calls of the last assistant message still to be answered, and its index.
+    // The calls of the last assistant turn still to be answered, and its first index.
     let mut pending: Option<(usize, Vec<&str>)> = None;
+    // The role of the last user or assistant message.
+    let mut last: Option<Role> = None;
     for (i, m) in messages.iter().enumerate() {
         if m.content.is_empty() {
             return Err(bad(format!(
                 "messages[{i}].content is empty; a message needs content (a non-empty string or at least one block)"
             )));
         }
+        if let MessageContent::Blocks(blocks) = &m.content {
+            for (j, b) in blocks.iter().enumerate() {
+                check_block(b, &format!("messages[{i}].content[{j}]"), m.role)?;
+                if let ContentBlockParam::ToolUse { id, .. } = b {
+                    if !seen.insert(id.as_str()) {
+                        return Err(bad(format!(
+                            "messages[{i}].content[{j}]: `tool_use` ids must be unique ('{id}' is used twice)"
+                        )));
+                    }
+                }
+            }
+        }
         let (uses, results) = call_ids(&m.content);
         match m.role {
-            Role::System => {}
+            Role::System => continue,
+            Role::Assistant if last == Some(Role::Assistant) => {
+                if let Some((_, ids)) = &mut pending {
+                    ids.extend(uses);
+                }
+            }
             Role::Assistant => {
                 if let Some((k, ids)) = pending.take().filter(|(_, ids)| !ids.is_empty()) {
                     return Err(unanswered(k, ids[0]));
                 }
-                seen.extend(uses.iter().copied());
                 pending = Some((i, uses));
             }
             Role::User => {
@@ -286,18 +375,45 @@ fn validate(messages: &[wire::MessageParam]) -> Result<(), ApiError> {
                         "messages[{i}]: tool_result block's tool_use_id '{id}' matches no tool_use block in an earlier message"
                     )));
                 }
-                if let Some((k, ids)) = pending.take() {
-                    if let Some(id) = ids.iter().find(|id| !results.contains(id)) {
-                        return Err(unanswered(k, id));
-                    }
+                if let Some((_, ids)) = &mut pending {
+                    ids.retain(|id| !results.contains(id));
                 }
             }
         }
+        last = Some(m.role);
     }
     match pending {
         Some((k, ids)) if !ids.is_empty() => Err(unanswered(k, ids[0])),
         _ => Ok(()),
     }
+}
+
+/// Consecutive `user` or `assistant` messages as one turn each, as the real API
+/// combines them: texts joined by a blank line (the separator of merged system text),
+/// tool calls in order. `tool` messages stay apart (each is one result).
+fn merge_turns(msgs: Vec<Message>) -> Vec<Message> {
+    let mut out: Vec<Message> = Vec::with_capacity(msgs.len());
+    for m in msgs {
+        match out.last_mut() {
+            Some(prev) if prev.role == m.role && (m.role == "user" || m.role == "assistant") => {
+                if !m.content.is_empty() {
+                    if !prev.content.is_empty() {
+                        prev.content.push_str("\n\n");
+                    }
+                    prev.content.push_str(&m.content);
+                }
+                prev.tool_calls = match (prev.tool_calls.take(), m.tool_calls) {
+                    (Some(serde_json::Value::Array(mut a)), Some(serde_json::Value::Array(b))) => {
+                        a.extend(b);
+                        Some(serde_json::Value::Array(a))
+                    }
+                    (a, b) => a.or(b),
+                };
+            }
+            _ => out.push(m),
+        }
+    }
+    out
 }
 
 fn unanswered(k: usize, id: &str) -> ApiError {
@@ -354,11 +470,8 @@ fn convert(p: &CountTokensRequest) -> Result<Converted, ApiError> {
                     _,
                 ) => {}
                 (ContentBlockParam::ToolUse { id, name, input }, Role::Assistant) => {
-                    let arguments = if input.is_null() {
-                        "{}".to_string()
-                    } else {
-                        input.to_string()
-                    };
+                    // An object (validated above).
+                    let arguments = input.to_string();
                     // The OpenAI chat `tool_calls[]` entry [`Message::tool_calls`] holds.
                     calls.push(fak_wire::openai::ToolCall {
                         id: id.clone(),
@@ -404,6 +517,7 @@ fn convert(p: &CountTokensRequest) -> Result<Converted, ApiError> {
             out.push(Message::new("user", &text));
         }
     }
+    let mut out = merge_turns(out);
     // A final assistant message with text (and, validated above, no calls) is a prefill;
     // one left empty (only thinking blocks) is dropped.
     let mut prefill = false;
@@ -601,6 +715,12 @@ pub(crate) async fn messages(
 ) -> Result<Response, ApiError> {
     let c = convert(&r.prompt)?;
     let max_tokens = positive("max_tokens", r.max_tokens, F)?;
+    // The API's range (OpenAI's is 0 to 2; a value past 1 is a client error here).
+    if let Some(t) = r.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
+        return Err(bad(format!(
+            "temperature: must be between 0 and 1 (got {t})"
+        )));
+    }
     let msgs = c.messages;
     let forward = s.driver.forwards_client_body(Some(&r.prompt.model));
     let before: Vec<String> = if forward {

@@ -531,13 +531,56 @@ async fn not_found(req: Request) -> ApiError {
         .with_flavor(Flavor::of_request(req.uri().path(), req.headers()))
 }
 
-async fn health(State(s): State<AppState>) -> Response {
+/// The models a server lists as served but cannot answer now, each with the reason:
+/// with `fak serve --route`, the routes whose engine failed while others are ready.
+/// Given to [`report_models_down`].
+pub type ModelsDown = Arc<dyn Fn() -> Vec<(String, String)> + Send + Sync>;
+
+/// `app` with `/health` saying which models are down ([`ModelsDown`]): while the
+/// engine is ready and some are down, `/health` answers 200 (the server serves the
+/// rest) with `"status": "degraded"` and `"down": [{"model", "error"}]`.
+pub fn report_models_down(app: Router, down: ModelsDown) -> Router {
+    app.layer(axum::Extension(down))
+}
+
+/// `/health`'s body when the engine is ready.
+#[derive(serde::Serialize)]
+struct HealthReady<'a> {
+    /// `ok`, or `degraded` when some models are down.
+    status: &'static str,
+    engine: &'a str,
+    /// The models served.
+    models: Vec<String>,
+    /// The models down, each with why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    down: Vec<ModelDown>,
+}
+
+/// One entry of [`HealthReady::down`].
+#[derive(serde::Serialize)]
+struct ModelDown {
+    model: String,
+    error: String,
+}
+
+async fn health(State(s): State<AppState>, down: Option<axum::Extension<ModelsDown>>) -> Response {
     let models: Vec<String> = s.driver.models().into_iter().map(|m| m.id).collect();
     match s.driver.readiness() {
-        Readiness::Ready => Json(json!({
-            "status": "ok", "engine": s.driver.id(), "models": models
-        }))
-        .into_response(),
+        Readiness::Ready => {
+            let down: Vec<ModelDown> = down
+                .map(|axum::Extension(f)| f())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(model, error)| ModelDown { model, error })
+                .collect();
+            Json(HealthReady {
+                status: if down.is_empty() { "ok" } else { "degraded" },
+                engine: s.driver.id(),
+                models,
+                down,
+            })
+            .into_response()
+        }
         Readiness::Loading => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],

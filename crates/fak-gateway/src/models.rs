@@ -5,80 +5,38 @@
 //!
 //! | | OpenAI (`client.models.list` / `.retrieve`) | Anthropic (`client.models.list` / `.retrieve`) |
 //! |---|---|---|
-//! | one model | [`OpenAiModel`]: `id`, `object: "model"`, `created` (Unix seconds), `owned_by` | [`AnthropicModel`]: `id`, `type: "model"`, `display_name`, `created_at` (RFC 3339) |
-//! | the list | [`OpenAiModelList`]: `object: "list"`, `data` | [`AnthropicModelList`]: `data`, `has_more`, `first_id`, `last_id` |
+//! | one model | [`oa::Model`]: `id`, `object: "model"`, `created` (Unix seconds), `owned_by` | [`an::ModelInfo`]: `id`, `type: "model"`, `display_name`, `created_at` (RFC 3339) |
+//! | the list | [`oa::ModelList`]: `object: "list"`, `data` (one page) | [`an::ModelList`]: a page of `data`, `has_more`, `first_id`, `last_id` |
 //! | unknown id | 404 `not_found_error` in OpenAI's error shape | 404 `not_found_error` in Anthropic's |
 //!
 //! Sources: OpenAI's API reference, "Models" (`Model` in the `openai` Python SDK's
 //! `types/model.py`); Anthropic's API reference, "Models" (`ModelInfo` in the
-//! `anthropic` Python SDK's `types/model_info.py`, the page in `pagination.py`'s
-//! `SyncPage`). The whole list is one page: `has_more` is always `false`, and the
-//! Anthropic paging parameters (`before_id`, `after_id`, `limit`) are not read.
+//! `anthropic` Python SDK's `types/model_info.py`, the query in `model_list_params.py`,
+//! the page in `pagination.py`'s `SyncPage`). The shapes are fak-wire's.
+//!
+//! Anthropic's list is paged as the API pages it ([`an::ModelListParams`]): `limit`
+//! models (default 20, 1 to 1000), from the start, or those right after `after_id`, or
+//! those right before `before_id`; `has_more` says whether more lie beyond the page in
+//! that direction. A `limit` out of range, both cursors at once, or a cursor naming no
+//! listed model is a 400 `invalid_request_error` naming the parameter.
 //!
 //! `created` / `created_at` is when this server started (fak does not know when a
 //! model file was made); `display_name` is the id. The listed models are the driver's
-//! (with `fak serve --alias`, each concrete alias too); an id is found when a request
-//! naming it as `model` would be served (a glob alias matches too).
+//! (with `fak serve --alias`, each concrete alias too; a pattern alias such as
+//! `claude-*` names no one model and is not listed); an id is found when a request
+//! naming it as `model` would be served (an id a pattern matches is found; the
+//! pattern's own text, `claude-*`, is not an id and is a 404).
 
 use crate::error::{ApiError, Flavor};
 use crate::AppState;
-use axum::extract::{Path, State};
-use axum::http::HeaderMap;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use fak_engine::ModelInfo;
-use serde::Serialize;
-
-/// One model in OpenAI's shape (`openai.types.Model`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct OpenAiModel {
-    /// The id requests send as `model`.
-    pub id: String,
-    /// Always `"model"`.
-    pub object: &'static str,
-    /// Unix seconds (here: when the server started).
-    pub created: u64,
-    /// Who serves it: `fak` for the in-process model, else the engine's id.
-    pub owned_by: String,
-    /// fak's extension: the context window, tokens (0 when the engine does not know).
-    pub context_length: usize,
-}
-
-/// The model list in OpenAI's shape (`SyncPage[Model]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct OpenAiModelList {
-    /// Always `"list"`.
-    pub object: &'static str,
-    /// The models, the default first.
-    pub data: Vec<OpenAiModel>,
-}
-
-/// One model in Anthropic's shape (`anthropic.types.ModelInfo`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AnthropicModel {
-    /// The id requests send as `model`.
-    pub id: String,
-    /// Always `"model"`.
-    #[serde(rename = "type")]
-    pub kind: &'static str,
-    /// A name for people (here: the id).
-    pub display_name: String,
-    /// RFC 3339 time, UTC (here: when the server started).
-    pub created_at: String,
-}
-
-/// The model list in Anthropic's shape (`SyncPage[ModelInfo]`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct AnthropicModelList {
-    /// The models, the default first.
-    pub data: Vec<AnthropicModel>,
-    /// Always `false`: the whole list is one page.
-    pub has_more: bool,
-    /// The first model's id (`null` when none).
-    pub first_id: Option<String>,
-    /// The last model's id (`null` when none).
-    pub last_id: Option<String>,
-}
+use fak_wire::anthropic as an;
+use fak_wire::openai as oa;
+use std::ops::Range;
 
 /// The header that makes a request Anthropic's.
 const ANTHROPIC_VERSION: &str = "anthropic-version";
@@ -92,48 +50,98 @@ fn flavor(headers: &HeaderMap) -> Flavor {
     }
 }
 
-fn openai(m: ModelInfo, created: u64) -> OpenAiModel {
-    OpenAiModel {
+fn openai(m: ModelInfo, created: u64) -> oa::Model {
+    oa::Model {
         id: m.id,
-        object: "model",
+        object: oa::MODEL_OBJECT.into(),
         created,
         owned_by: m.owned_by,
-        context_length: m.context_length,
+        context_length: m.context_length as u64,
     }
 }
 
-fn anthropic(m: ModelInfo, created: u64) -> AnthropicModel {
-    AnthropicModel {
+fn anthropic(m: ModelInfo, created: u64) -> an::ModelInfo {
+    an::ModelInfo {
         display_name: m.id.clone(),
         id: m.id,
-        kind: "model",
+        kind: an::ModelType::Model,
         created_at: rfc3339(created),
     }
 }
 
+/// The range of `ids` that Anthropic's paging parameters `p` ask for, and whether more
+/// lie beyond it in the direction asked (see the module docs).
+///
+/// # Errors
+/// A message naming the parameter at fault.
+fn page(ids: &[&str], p: &an::ModelListParams) -> Result<(Range<usize>, bool), String> {
+    let limit = p.limit.unwrap_or(an::MODEL_LIST_LIMIT_DEFAULT);
+    if !(an::MODEL_LIST_LIMIT_MIN..=an::MODEL_LIST_LIMIT_MAX).contains(&limit) {
+        return Err(format!(
+            "limit: must be between {} and {} (got {limit})",
+            an::MODEL_LIST_LIMIT_MIN,
+            an::MODEL_LIST_LIMIT_MAX
+        ));
+    }
+    // In range, so it fits.
+    let limit = limit as usize;
+    let at = |which: &str, id: &str| {
+        ids.iter()
+            .position(|m| *m == id)
+            .ok_or_else(|| format!("{which}: no model '{id}' in the list"))
+    };
+    let n = ids.len();
+    match (&p.after_id, &p.before_id) {
+        (Some(_), Some(_)) => Err("after_id and before_id: give one cursor, not both".into()),
+        (Some(after), None) => {
+            let start = at("after_id", after)? + 1;
+            let end = start.saturating_add(limit).min(n);
+            Ok((start..end, end < n))
+        }
+        (None, Some(before)) => {
+            let end = at("before_id", before)?;
+            let start = end.saturating_sub(limit);
+            Ok((start..end, start > 0))
+        }
+        (None, None) => {
+            let end = limit.min(n);
+            Ok((0..end, end < n))
+        }
+    }
+}
+
 /// `GET /v1/models`.
-pub(crate) async fn list(State(s): State<AppState>, headers: HeaderMap) -> Response {
+pub(crate) async fn list(
+    State(s): State<AppState>,
+    headers: HeaderMap,
+    uri: Uri,
+) -> Result<Response, ApiError> {
     let models = s.driver.models();
-    match flavor(&headers) {
-        Flavor::OpenAi => Json(OpenAiModelList {
-            object: "list",
+    Ok(match flavor(&headers) {
+        Flavor::OpenAi => Json(oa::ModelList {
+            object: oa::LIST_OBJECT.into(),
             data: models.into_iter().map(|m| openai(m, s.created)).collect(),
         })
         .into_response(),
         Flavor::Anthropic => {
-            let data: Vec<AnthropicModel> = models
-                .into_iter()
-                .map(|m| anthropic(m, s.created))
+            let bad = |m: String| ApiError::bad_request(m).with_flavor(Flavor::Anthropic);
+            let Query(params) = Query::<an::ModelListParams>::try_from_uri(&uri)
+                .map_err(|e| bad(format!("the query: {}", e.body_text())))?;
+            let ids: Vec<&str> = models.iter().map(|m| m.id.as_str()).collect();
+            let (range, has_more) = page(&ids, &params).map_err(bad)?;
+            let data: Vec<an::ModelInfo> = models[range]
+                .iter()
+                .map(|m| anthropic(m.clone(), s.created))
                 .collect();
-            Json(AnthropicModelList {
+            Json(an::ModelList {
                 first_id: data.first().map(|m| m.id.clone()),
                 last_id: data.last().map(|m| m.id.clone()),
-                has_more: false,
+                has_more,
                 data,
             })
             .into_response()
         }
-    }
+    })
 }
 
 /// `GET /v1/models/{id}` (the id may hold `/`, as `Qwen/Qwen2.5-7B-Instruct` does).
@@ -194,7 +202,46 @@ pub fn rfc3339(secs: u64) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::rfc3339;
+    use super::{an, page, rfc3339};
+
+    #[test]
+    fn pages_as_the_sdk_walks_them() {
+        let ids = ["a", "b", "c", "d", "e"];
+        let q = |after: Option<&str>, before: Option<&str>, limit: Option<i64>| {
+            page(
+                &ids,
+                &an::ModelListParams {
+                    after_id: after.map(Into::into),
+                    before_id: before.map(Into::into),
+                    limit,
+                },
+            )
+        };
+        assert_eq!(q(None, None, None), Ok((0..5, false)));
+        assert_eq!(q(None, None, Some(2)), Ok((0..2, true)));
+        assert_eq!(q(Some("b"), None, Some(2)), Ok((2..4, true)));
+        assert_eq!(q(Some("d"), None, Some(2)), Ok((4..5, false)));
+        assert_eq!(q(Some("e"), None, Some(2)), Ok((5..5, false)));
+        assert_eq!(q(None, Some("d"), Some(2)), Ok((1..3, true)));
+        assert_eq!(q(None, Some("b"), Some(2)), Ok((0..1, false)));
+        for (limit, ok) in [
+            (0, false),
+            (1, true),
+            (1000, true),
+            (1001, false),
+            (-1, false),
+        ] {
+            assert_eq!(q(None, None, Some(limit)).is_ok(), ok, "{limit}");
+        }
+        assert!(q(None, None, Some(0)).unwrap_err().starts_with("limit:"));
+        assert!(q(Some("zz"), None, None)
+            .unwrap_err()
+            .starts_with("after_id:"));
+        assert!(q(None, Some("zz"), None)
+            .unwrap_err()
+            .starts_with("before_id:"));
+        assert!(q(Some("a"), Some("b"), None).is_err());
+    }
 
     #[test]
     fn rfc3339_dates() {

@@ -144,15 +144,31 @@ fn max_tokens_beyond_the_window_is_capped_with_stop_reason_max_tokens() {
         "messages": [{"role": "user", "content": "count 3"}]});
     let v = post(srv.addr, "/v1/messages", &body).json();
     assert_eq!(v["stop_reason"], "end_turn");
-    // A prompt that alone fills the window is still a 400.
+    // A prompt that alone fills the window is still a 400, saying the prompt's size
+    // and the window (before: "max_tokens is 1", a limit the client never set).
     let long = "w ".repeat(MOCK_CONTEXT);
     let body = json!({"model": "mock", "max_tokens": 32000,
         "messages": [{"role": "user", "content": long}]});
-    anthropic_error(
-        &post(srv.addr, "/v1/messages", &body),
-        400,
-        "context window",
-    );
+    for stream in [false, true] {
+        let mut b = body.clone();
+        b["stream"] = json!(stream);
+        let r = post(srv.addr, "/v1/messages", &b);
+        anthropic_error(&r, 400, "the prompt has ");
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        let counted: usize = msg
+            .split("the prompt has ")
+            .nth(1)
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("no token count in {msg:?}"));
+        // The mock counts a word a token: the prompt's words and more (the template).
+        assert!(counted >= MOCK_CONTEXT, "{msg}");
+        assert!(
+            msg.contains(&format!("context window of {MOCK_CONTEXT} tokens"))
+                && !msg.contains("max_tokens"),
+            "{msg}"
+        );
+    }
     // The OpenAI wire keeps refusing, as OpenAI's API does.
     let body = json!({"model": "mock", "max_tokens": 32000,
         "messages": [{"role": "user", "content": "count 3"}]});
@@ -303,6 +319,114 @@ fn the_real_apis_validation_is_a_400_in_its_shape() {
             "messages": [{"role": "user", "content": "hi"}]}),
     );
     assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn the_real_apis_field_checks_are_400s_naming_the_field() {
+    let (d, srv) = recording();
+    let seen = || d.seen.lock().unwrap().len();
+    for stream in [false, true] {
+        let send = |extra: Value, messages: Value| {
+            let mut b = json!({"model": "mock", "max_tokens": 20, "stream": stream,
+                "messages": messages});
+            for (k, v) in extra.as_object().unwrap() {
+                b[k] = v.clone();
+            }
+            post(srv.addr, "/v1/messages", &b)
+        };
+        let hi = json!([{"role": "user", "content": "echo hi"}]);
+        let before = seen();
+        // temperature in [0, 1], the API's range.
+        for t in [1.5, -0.1] {
+            anthropic_error(
+                &send(json!({"temperature": t}), hi.clone()),
+                400,
+                "temperature",
+            );
+        }
+        // Two tool_use blocks with one id.
+        let mut m = tool_use_turns(json!("ok"));
+        let call = m[1]["content"][0].clone();
+        m[1]["content"].as_array_mut().unwrap().push(call);
+        anthropic_error(&send(json!({}), m), 400, "`tool_use` ids must be unique");
+        // A tool_use's input that is not an object.
+        let mut m = tool_use_turns(json!("ok"));
+        m[1]["content"][0]["input"] = json!("{\"url\": \"u\"}");
+        anthropic_error(
+            &send(json!({}), m),
+            400,
+            "messages[1].content[0].tool_use.input must be an object",
+        );
+        // Image data that is not base64: in a user message and in a tool result (the
+        // API refuses both; a valid one in a tool result becomes the stub).
+        let bad_image = json!({"type": "image",
+            "source": {"type": "base64", "media_type": "image/png", "data": "not base64!"}});
+        anthropic_error(
+            &send(
+                json!({}),
+                json!([{"role": "user", "content": [bad_image.clone()]}]),
+            ),
+            400,
+            "messages[0].content[0].image.source.data: invalid base64 data",
+        );
+        anthropic_error(
+            &send(json!({}), tool_use_turns(json!([bad_image.clone()]))),
+            400,
+            "messages[2].content[0].tool_result.content[0].image.source.data: invalid base64",
+        );
+        // A thinking block is the assistant's.
+        anthropic_error(
+            &send(
+                json!({}),
+                json!([{"role": "user", "content": [
+                    {"type": "thinking", "thinking": "x", "signature": "s"},
+                    {"type": "text", "text": "echo hi"}]}]),
+            ),
+            400,
+            "messages[0].content[0]: a 'thinking' block may only be in an assistant message",
+        );
+        assert_eq!(seen(), before, "a refused request reached the engine");
+        // The edges of the range are fine.
+        for t in [0.0, 1.0] {
+            let r = send(json!({"temperature": t}), hi.clone());
+            assert_eq!(r.status, 200, "{}", r.body);
+        }
+    }
+}
+
+#[test]
+fn consecutive_turns_of_one_role_are_combined_as_the_api_does() {
+    let (d, srv) = recording();
+    let pairs = |v: &[(&str, &str)]| -> Vec<(String, String)> {
+        v.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    };
+    for stream in [false, true] {
+        // Two assistant messages at the end: one prefill of both.
+        let body = json!({"model": "mock", "max_tokens": 20, "stream": stream, "messages": [
+            {"role": "user", "content": "echo hi"},
+            {"role": "assistant", "content": "The answer"},
+            {"role": "assistant", "content": [{"type": "text", "text": "is"}]}]});
+        let r = post(srv.addr, "/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let last = d.last();
+        assert!(last.continue_final_message);
+        assert_eq!(
+            chat_of(&last),
+            pairs(&[("user", "echo hi"), ("assistant", "The answer\n\nis")])
+        );
+        // Two user messages: one turn.
+        let body = json!({"model": "mock", "max_tokens": 20, "stream": stream, "messages": [
+            {"role": "user", "content": "echo hi"},
+            {"role": "user", "content": "echo bye"}]});
+        let r = post(srv.addr, "/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(
+            chat_of(&d.last()),
+            pairs(&[("user", "echo hi\n\necho bye")])
+        );
+    }
 }
 
 #[test]

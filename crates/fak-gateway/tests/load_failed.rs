@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{get, post, start};
+use common::{get, post, start, start_router};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::mock::MockDriver;
 use fak_engine::route::RoutedDriver;
@@ -117,8 +117,16 @@ fn beside_a_failed_model_another_route_keeps_serving() {
     let dir = tempfile::tempdir().unwrap();
     let broken = broken_driver(dir.path()) as Arc<dyn EngineDriver>;
     let mock = Arc::new(MockDriver::new().with_model("mock")) as Arc<dyn EngineDriver>;
-    let router = RoutedDriver::new(vec![("broken".into(), broken), ("mock".into(), mock)]).unwrap();
-    let srv = start(Arc::new(router), GatewayConfig::default());
+    let router = Arc::new(
+        RoutedDriver::new(vec![("broken".into(), broken), ("mock".into(), mock)]).unwrap(),
+    );
+    // As `fak serve --route` wires it: /health names the routes down.
+    let routes = Arc::clone(&router);
+    let app = fak_gateway::report_models_down(
+        fak_gateway::router(router, GatewayConfig::default()),
+        Arc::new(move || routes.not_ready()),
+    );
+    let srv = start_router(app);
 
     let r = post(srv.addr, "/v1/chat/completions", &chat("mock"));
     assert_eq!(r.status, 200, "{}", r.body);
@@ -145,6 +153,16 @@ fn beside_a_failed_model_another_route_keeps_serving() {
         .map(|m| m["id"].clone())
         .collect();
     assert_eq!(ids, [json!("mock")]);
+    // 200 (the other route serves), saying which route is down and why (before: a
+    // plain "ok").
     let r = get(srv.addr, "/health");
     assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["status"], "degraded", "{v}");
+    assert_eq!(v["models"], json!(["mock"]), "{v}");
+    let down = v["down"].as_array().unwrap();
+    assert_eq!(down.len(), 1, "{v}");
+    assert_eq!(down[0]["model"], "broken");
+    assert!(!down[0]["error"].as_str().unwrap().is_empty(), "{v}");
+    assert!(!r.body.contains(dir.path().to_str().unwrap()), "{v}");
 }

@@ -125,3 +125,147 @@ fn an_alias_is_served_and_answered_under_the_id_asked_for() {
     assert_eq!(r.status, 404, "{}", r.body);
     assert!(r.body.contains("gemini-2"));
 }
+
+/// A driver serving the given model ids (each as the mock's model).
+struct Many(Vec<String>);
+
+impl EngineDriver for Many {
+    fn id(&self) -> &'static str {
+        "many"
+    }
+    fn models(&self) -> Vec<fak_engine::ModelInfo> {
+        self.0
+            .iter()
+            .map(|id| fak_engine::ModelInfo {
+                id: id.clone(),
+                context_length: 1,
+                owned_by: "many".into(),
+            })
+            .collect()
+    }
+    fn readiness(&self) -> fak_engine::Readiness {
+        fak_engine::Readiness::Ready
+    }
+    fn submit(
+        &self,
+        _: fak_engine::GenerateRequest,
+    ) -> Result<fak_engine::EventStream, fak_engine::EngineError> {
+        Err(fak_engine::EngineError::NotReady("many".into()))
+    }
+}
+
+fn ids_of(v: &Value) -> Vec<String> {
+    v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn the_anthropic_list_pages_as_the_api_does() {
+    let all: Vec<String> = (0..25).map(|i| format!("m{i:02}")).collect();
+    let srv = start(Arc::new(Many(all.clone())), GatewayConfig::default());
+    let get = |q: &str| get_with(&srv, &format!("/v1/models{q}"), &[ANTHROPIC]);
+    // The default page is 20 (before: every model, has_more always false).
+    let (st, v) = get("");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(ids_of(&v), all[..20]);
+    assert_eq!(
+        (&v["has_more"], &v["first_id"], &v["last_id"]),
+        (&json!(true), &json!("m00"), &json!("m19"))
+    );
+    // Walking forward as the SDK does: after_id = last_id while has_more.
+    let mut seen = Vec::new();
+    let mut q = "?limit=7".to_string();
+    loop {
+        let (st, v) = get(&q);
+        assert_eq!(st, 200, "{v}");
+        seen.extend(ids_of(&v));
+        if v["has_more"] == false {
+            break;
+        }
+        q = format!("?limit=7&after_id={}", v["last_id"].as_str().unwrap());
+    }
+    assert_eq!(seen, all);
+    // Backwards: the page right before before_id.
+    let (_, v) = get("?limit=3&before_id=m05");
+    assert_eq!(ids_of(&v), ["m02", "m03", "m04"]);
+    assert_eq!(
+        (&v["has_more"], &v["first_id"]),
+        (&json!(true), &json!("m02"))
+    );
+    let (_, v) = get("?limit=3&before_id=m02");
+    assert_eq!(ids_of(&v), ["m00", "m01"]);
+    assert_eq!(v["has_more"], false);
+    // Past the end: an empty page with null ids.
+    let (_, v) = get("?after_id=m24");
+    assert_eq!((ids_of(&v).len(), &v["first_id"]), (0, &Value::Null));
+    // Bad parameters: 400s naming them.
+    for (q, names) in [
+        ("?limit=0", "limit"),
+        ("?limit=1001", "limit"),
+        ("?limit=ten", "limit"),
+        ("?after_id=nope", "after_id"),
+        ("?before_id=nope", "before_id"),
+        ("?after_id=m01&before_id=m03", "after_id and before_id"),
+    ] {
+        let (st, v) = get(q);
+        assert_eq!(st, 400, "{q}: {v}");
+        assert_eq!(v["error"]["type"], "invalid_request_error", "{q}: {v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.contains(names), "{q}: {msg}");
+    }
+    // The OpenAI list is one page, whatever the query.
+    let (_, v) = get_with(&srv, "/v1/models?limit=2", &[]);
+    assert_eq!(ids_of(&v).len(), 25);
+}
+
+#[test]
+fn a_patterns_own_text_is_no_model() {
+    let srv = aliased();
+    for h in [&[][..], &[ANTHROPIC][..]] {
+        // Before: `claude-*` matched itself and was answered as a model.
+        let (st, v) = get_with(&srv, "/v1/models/claude-*", h);
+        assert_eq!(st, 404, "{v}");
+        assert_eq!(v["error"]["type"], "not_found_error");
+        let (st, v) = get_with(&srv, "/v1/models", h);
+        assert_eq!(st, 200);
+        assert!(!ids_of(&v).iter().any(|id| id.contains('*')), "{v}");
+    }
+    let msg = json!({"model": "claude-*", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "echo hello"}]});
+    let r = post(srv.addr, "/v1/messages", &msg);
+    assert_eq!(r.status, 404, "{}", r.body);
+}
+
+#[test]
+fn an_alias_whose_model_is_gone_is_a_404_naming_the_id_sent() {
+    // The alias's MODEL is not served (a driver that lists it no more).
+    let d = AliasedDriver::new(
+        Arc::new(MockDriver::new()),
+        vec![Alias::parse("gpt-4o=gone").unwrap()],
+    );
+    let srv = start(Arc::new(d), GatewayConfig::default());
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "gpt-4o", "max_tokens": 5,
+                "messages": [{"role": "user", "content": "hi"}]}),
+        ),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, 404, "{}", r.body);
+        // Before: "model 'gone' is not served", an id the client never sent.
+        assert!(
+            r.body.contains("'gpt-4o'") && !r.body.contains("'gone'"),
+            "{}",
+            r.body
+        );
+    }
+}

@@ -730,7 +730,7 @@ pub struct ModelInfo {
     pub id: String,
     /// A name for people.
     pub display_name: String,
-    /// When it was released, RFC 3339.
+    /// When it was released, RFC 3339 (fak: when the server started).
     pub created_at: String,
 }
 
@@ -742,6 +742,45 @@ pub enum ModelType {
     #[serde(rename = "model")]
     Model,
 }
+
+/// A page of the Anthropic Models list (`GET /v1/models`; SDK: `SyncPage[ModelInfo]` in
+/// `pagination.py`). The SDK asks for the next page with `after_id` = `last_id` (or,
+/// when it was paging backwards, `before_id` = `first_id`) while `has_more` is true.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ModelList {
+    /// The page's models, in list order.
+    pub data: Vec<ModelInfo>,
+    /// Whether more models lie beyond this page in the direction asked (after it, or
+    /// before it with `before_id`).
+    pub has_more: bool,
+    /// The page's first id (`null` when the page is empty).
+    pub first_id: Option<String>,
+    /// The page's last id (`null` when the page is empty).
+    pub last_id: Option<String>,
+}
+
+/// The query of `GET /v1/models` (SDK: `ModelListParams`). Other query parameters (the
+/// SDK's `lifecycle`) are not read: every model fak serves is active.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+pub struct ModelListParams {
+    /// The page after this model id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after_id: Option<String>,
+    /// The page before this model id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub before_id: Option<String>,
+    /// Models per page, [`MODEL_LIST_LIMIT_MIN`] to [`MODEL_LIST_LIMIT_MAX`]; absent:
+    /// [`MODEL_LIST_LIMIT_DEFAULT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<i64>,
+}
+
+/// [`ModelListParams::limit`]'s default (the API reference's).
+pub const MODEL_LIST_LIMIT_DEFAULT: i64 = 20;
+/// [`ModelListParams::limit`]'s least value.
+pub const MODEL_LIST_LIMIT_MIN: i64 = 1;
+/// [`ModelListParams::limit`]'s greatest value.
+pub const MODEL_LIST_LIMIT_MAX: i64 = 1000;
 
 impl<'de> Deserialize<'de> for MessageContent {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -1151,6 +1151,41 @@ mod present_or_null {
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// Models
+
+/// The `object` of a [`Model`].
+pub const MODEL_OBJECT: &str = "model";
+/// The `object` of a [`ModelList`].
+pub const LIST_OBJECT: &str = "list";
+
+/// One model (`GET /v1/models/{id}`, and each entry of the list). SDK:
+/// `openai.types.Model`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Model {
+    /// The id requests send as `model`.
+    pub id: String,
+    /// [`MODEL_OBJECT`].
+    pub object: String,
+    /// Unix seconds (fak: when the server started).
+    pub created: u64,
+    /// Who serves it (fak: `fak` for the in-process model, else the engine's id).
+    pub owned_by: String,
+    /// fak's extension (as vLLM's `max_model_len`): the context window, tokens; 0 when
+    /// the engine does not know it.
+    #[serde(default)]
+    pub context_length: u64,
+}
+
+/// The model list (`GET /v1/models`). SDK: `SyncPage[Model]` (one page, no cursor).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelList {
+    /// [`LIST_OBJECT`].
+    pub object: String,
+    /// The models.
+    pub data: Vec<Model>,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
