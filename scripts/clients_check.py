@@ -1,9 +1,11 @@
 """Drive `fak serve` with agent frameworks as their users write them: pydantic-ai, LangChain
 (`langchain-openai`) and `llm`, each pointed at fak's OpenAI-compatible API by base URL.
 
-Run by scripts/sdk-check (which starts the servers and installs the pinned packages);
-expects FAK_BASE (`fak serve` on the real SmolLM2-135M-Instruct), FAK_MOCK_BASE (`fak serve
---engine mock`) and FAK_SDK_KEY. Checks, for each framework:
+Run by scripts/sdk-check (which starts the servers and installs the pinned packages; the
+environment it sets: scripts/checklib.py). pydantic-ai and LangChain run in both their
+OpenAI modes: Chat Completions (`OpenAIChatModel`, `ChatOpenAI`) and the Responses API
+(`OpenAIResponsesModel`, `ChatOpenAI(use_responses_api=True)`; each of their replies must
+carry a `resp_` id: it came from `/v1/responses`). Checks, for each framework and mode:
 
 - chat on the real model at temperature 0: the reply equals the committed HF e2e fixture's
   text (testdata/text/smollm2-135m-instruct/e2e.json), streamed and not where the
@@ -15,47 +17,19 @@ expects FAK_BASE (`fak serve` on the real SmolLM2-135M-Instruct), FAK_MOCK_BASE 
 - a call the policy denies (`delete_files`, DEFAULT_DENY under the built-in policy) never
   reaches the framework's tool.
 
-Prints one `N passed, M failed` line and exits non-zero on any failure.
+Prints one `clients: N passed, M failed` line and exits non-zero on any failure.
 """
 
+import asyncio
 import json
 import os
 import pathlib
-import sys
 import tempfile
 
-BASE = os.environ["FAK_BASE"]
-MOCK_BASE = os.environ["FAK_MOCK_BASE"]
-KEY = os.environ["FAK_SDK_KEY"]
-MODEL = "smollm2-135m-instruct"
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-CASE = json.loads((ROOT / "testdata/text/smollm2-135m-instruct/e2e.json").read_text())["cases"][0]
-QUESTION = CASE["messages"][0]["content"]
-assert [m["role"] for m in CASE["messages"]] == ["user"], "the fixture is one user turn"
-TEXT = CASE["text"]
-MOCK_REPLY = "Hello from the mock engine."
+from checklib import BASE, KEY, MESSAGES, MOCK_BASE, MOCK_REPLY, MODEL, TEXT, call_directive, check, eq, finish
 
-passed, failed = 0, 0
-
-
-def check(name, fn):
-    global passed, failed
-    try:
-        fn()
-        passed += 1
-        print(f"ok   {name}")
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        failed += 1
-        print(f"FAIL {name}: {type(e).__name__}: {e}")
-
-
-def eq(a, b):
-    assert a == b, f"{a!r} != {b!r}"
-
-
-def call_directive(name, args):
-    """A mock prompt whose reply is one tool call."""
-    return "echo Let me look. <tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
+QUESTION = MESSAGES[0]["content"]
+assert [m["role"] for m in MESSAGES] == ["user"], "the fixture is one user turn"
 
 
 # What the tools saw: each framework's loop must call them with the model's arguments.
@@ -77,42 +51,55 @@ def delete_files(path: str) -> str:
 # ---------------------------------------------------------------- pydantic-ai
 
 
-def pydantic_agent(base, model, tools=()):
+def pydantic_agent(base, model, tools=(), responses=False):
+    """An Agent on fak; `responses`: pydantic-ai's Responses API model class."""
     from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
     from pydantic_ai.providers.openai import OpenAIProvider
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
-    m = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+    cls = OpenAIResponsesModel if responses else OpenAIChatModel
+    m = cls(model, provider=OpenAIProvider(openai_client=client))
     return Agent(m, tools=list(tools), model_settings={"temperature": 0})
 
 
-def pydantic_chat():
-    r = pydantic_agent(BASE, MODEL).run_sync(QUESTION)
+def pydantic_served_by(result, responses):
+    """Every model reply of the run came from the API of the mode: `resp_…` ids from
+    /v1/responses, `chatcmpl-…` from /v1/chat/completions."""
+    from pydantic_ai.messages import ModelResponse
+
+    ids = [m.provider_response_id for m in result.all_messages() if isinstance(m, ModelResponse)]
+    prefix = "resp_" if responses else "chatcmpl-"
+    assert ids and all(i and i.startswith(prefix) for i in ids), ids
+
+
+def pydantic_chat(responses=False):
+    r = pydantic_agent(BASE, MODEL, responses=responses).run_sync(QUESTION)
     eq(r.output, TEXT)
+    pydantic_served_by(r, responses)
 
 
-def pydantic_chat_stream():
-    import asyncio
-
+def pydantic_chat_stream(responses=False):
     async def go():
-        async with pydantic_agent(BASE, MODEL).run_stream(QUESTION) as s:
+        async with pydantic_agent(BASE, MODEL, responses=responses).run_stream(QUESTION) as s:
             return await s.get_output()
 
     eq(asyncio.run(go()), TEXT)
 
 
-def pydantic_tool_round_trip():
+def pydantic_tool_round_trip(responses=False):
     ran.clear()
-    r = pydantic_agent(MOCK_BASE, "mock", [get_weather]).run_sync(call_directive("get_weather", {"city": "Paris"}))
+    agent = pydantic_agent(MOCK_BASE, "mock", [get_weather], responses=responses)
+    r = agent.run_sync(call_directive("get_weather", {"city": "Paris"}))
     eq(ran, [("get_weather", "Paris")])
     eq(r.output, MOCK_REPLY)
+    pydantic_served_by(r, responses)
 
 
-def pydantic_denied():
+def pydantic_denied(responses=False):
     ran.clear()
-    r = pydantic_agent(MOCK_BASE, "mock", [get_weather, delete_files]).run_sync(
+    r = pydantic_agent(MOCK_BASE, "mock", [get_weather, delete_files], responses=responses).run_sync(
         call_directive("delete_files", {"path": "/"})
     )
     eq(ran, [])
@@ -124,27 +111,40 @@ def pydantic_denied():
 # ---------------------------------------------------------------- LangChain
 
 
-def chat_openai(base, model):
+def chat_openai(base, model, responses=False):
+    """`ChatOpenAI` on fak; `responses`: `use_responses_api=True`, whose message content
+    is a list of blocks (`.text` joins their text)."""
     from langchain_openai import ChatOpenAI
 
-    return ChatOpenAI(model=model, base_url=f"{base}/v1", api_key=KEY, temperature=0, max_retries=0)
+    return ChatOpenAI(
+        model=model, base_url=f"{base}/v1", api_key=KEY, temperature=0, max_retries=0, use_responses_api=responses
+    )
 
 
-def langchain_chat():
-    eq(chat_openai(BASE, MODEL).invoke(QUESTION).content, TEXT)
+def langchain_from_responses(ai):
+    """The reply came from /v1/responses (a Response's `resp_…` id)."""
+    rid = ai.response_metadata.get("id")
+    assert rid and rid.startswith("resp_"), ai.response_metadata
 
 
-def langchain_chat_stream():
-    eq("".join(c.content for c in chat_openai(BASE, MODEL).stream(QUESTION)), TEXT)
+def langchain_chat(responses=False):
+    ai = chat_openai(BASE, MODEL, responses).invoke(QUESTION)
+    eq(ai.text, TEXT)
+    if responses:
+        langchain_from_responses(ai)
 
 
-def langchain_tool_round_trip():
+def langchain_chat_stream(responses=False):
+    eq("".join(c.text for c in chat_openai(BASE, MODEL, responses).stream(QUESTION)), TEXT)
+
+
+def langchain_tool_round_trip(responses=False):
     from langchain_core.messages import HumanMessage
     from langchain_core.tools import tool
 
     ran.clear()
     weather = tool(get_weather)
-    llm = chat_openai(MOCK_BASE, "mock").bind_tools([weather])
+    llm = chat_openai(MOCK_BASE, "mock", responses).bind_tools([weather])
     msgs = [HumanMessage(call_directive("get_weather", {"city": "Oslo"}))]
     ai = llm.invoke(msgs)
     eq([(c["name"], c["args"]) for c in ai.tool_calls], [("get_weather", {"city": "Oslo"})])
@@ -152,26 +152,34 @@ def langchain_tool_round_trip():
     for c in ai.tool_calls:
         msgs.append(weather.invoke(c))  # a ToolMessage carrying the call's id
     eq(ran, [("get_weather", "Oslo")])
-    eq(llm.invoke(msgs).content, MOCK_REPLY)
+    final = llm.invoke(msgs)
+    eq(final.text, MOCK_REPLY)
+    if responses:
+        langchain_from_responses(ai)
+        langchain_from_responses(final)
 
 
-def langchain_tool_stream():
+def langchain_tool_stream(responses=False):
     from langchain_core.tools import tool
 
-    llm = chat_openai(MOCK_BASE, "mock").bind_tools([tool(get_weather)])
+    llm = chat_openai(MOCK_BASE, "mock", responses).bind_tools([tool(get_weather)])
     acc = None
     for c in llm.stream(call_directive("get_weather", {"city": "Rome"})):
         acc = c if acc is None else acc + c
     eq([(c["name"], c["args"]) for c in acc.tool_calls], [("get_weather", {"city": "Rome"})])
+    eq(acc.text, "Let me look.")
 
 
-def langchain_denied():
+def langchain_denied(responses=False):
     from langchain_core.tools import tool
 
-    llm = chat_openai(MOCK_BASE, "mock").bind_tools([tool(get_weather), tool(delete_files)])
+    llm = chat_openai(MOCK_BASE, "mock", responses).bind_tools([tool(get_weather), tool(delete_files)])
     ai = llm.invoke(call_directive("delete_files", {"path": "/"}))
     eq(ai.tool_calls, [])
-    eq(ai.response_metadata.get("finish_reason"), "stop")
+    if responses:
+        eq(ai.response_metadata.get("status"), "completed")
+    else:
+        eq(ai.response_metadata.get("finish_reason"), "stop")
 
 
 # ---------------------------------------------------------------- llm
@@ -220,18 +228,26 @@ def main():
         ("pydantic-ai chat streamed", pydantic_chat_stream),
         ("pydantic-ai tool round trip", pydantic_tool_round_trip),
         ("pydantic-ai denied call never runs", pydantic_denied),
+        ("pydantic-ai responses: chat", lambda: pydantic_chat(responses=True)),
+        ("pydantic-ai responses: chat streamed", lambda: pydantic_chat_stream(responses=True)),
+        ("pydantic-ai responses: tool round trip", lambda: pydantic_tool_round_trip(responses=True)),
+        ("pydantic-ai responses: denied call never runs", lambda: pydantic_denied(responses=True)),
         ("langchain chat", langchain_chat),
         ("langchain chat streamed", langchain_chat_stream),
         ("langchain tool round trip", langchain_tool_round_trip),
         ("langchain tool call streamed", langchain_tool_stream),
         ("langchain denied call never proposed", langchain_denied),
+        ("langchain responses: chat", lambda: langchain_chat(responses=True)),
+        ("langchain responses: chat streamed", lambda: langchain_chat_stream(responses=True)),
+        ("langchain responses: tool round trip", lambda: langchain_tool_round_trip(responses=True)),
+        ("langchain responses: tool call streamed", lambda: langchain_tool_stream(responses=True)),
+        ("langchain responses: denied call never proposed", lambda: langchain_denied(responses=True)),
         ("llm chat", llm_chat),
         ("llm chat streamed", llm_chat_stream),
         ("llm tool round trip", llm_tool_round_trip),
     ]:
         check(name, fn)
-    print(f"{passed} passed, {failed} failed")
-    sys.exit(1 if failed else 0)
+    finish("clients")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Drive `fak serve` with the official `openai` and `anthropic` Python SDKs.
 
-Run by scripts/sdk-check (which starts the server); expects FAK_BASE (http://HOST:PORT)
-and FAK_SDK_KEY (the key the server was started with). Checks, on the real
+Run by scripts/sdk-check (which starts the servers; the environment it sets:
+scripts/checklib.py). Checks, on the real
 SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
 non-streaming and streaming chat (the streamed text concatenated equals the whole
 text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
@@ -18,59 +18,21 @@ result sent back. Anthropic: a system message inside `messages`, `max_tokens=320
 (streamed and not, the streamed text equal to the whole), `previous_response_id` reusing
 the KV cache (`cached_tokens` > 0 on the follow-up); and against the mock, the OpenAI
 Agents SDK with its default model class (OpenAIResponsesModel) running a function-tool
-round trip with `Runner.run` and `Runner.run_streamed`. Prints one `N passed, M failed`
+round trip with `Runner.run` and `Runner.run_streamed`. Prints one `sdk: N passed, M failed`
 line and exits non-zero on any failure.
 """
 
-import json
-import os
-import pathlib
-import sys
-
 import asyncio
+import json
 
 import agents
 import anthropic
 import openai
 
-BASE = os.environ["FAK_BASE"]
-MOCK_BASE = os.environ["FAK_MOCK_BASE"]
-KEY = os.environ["FAK_SDK_KEY"]
-MODEL = "smollm2-135m-instruct"
-ROOT = pathlib.Path(__file__).resolve().parent.parent
-CASE = json.loads((ROOT / "testdata/text/smollm2-135m-instruct/e2e.json").read_text())["cases"][0]
-MESSAGES = CASE["messages"]
-TEXT = CASE["text"]
+from checklib import BASE, CASE, KEY, MESSAGES, MOCK_BASE, MODEL, TEXT, call_directive, check, eq, finish, raises
+
 N_PROMPT = len(CASE["prompt_ids"])
 N_COMPLETION = len(CASE["completion_ids"])
-
-passed, failed = 0, 0
-
-
-def check(name, fn):
-    global passed, failed
-    try:
-        fn()
-        passed += 1
-        print(f"ok   {name}")
-    except Exception as e:  # noqa: BLE001 - report every failure and go on
-        failed += 1
-        print(f"FAIL {name}: {type(e).__name__}: {e}")
-
-
-def eq(a, b):
-    assert a == b, f"{a!r} != {b!r}"
-
-
-def raises(exc, status, fn, needle=None):
-    try:
-        fn()
-    except exc as e:
-        eq(e.status_code, status)
-        if needle is not None:
-            assert needle in str(e), f"{needle!r} not in {e}"
-        return
-    raise AssertionError(f"expected {exc.__name__}")
 
 
 oa = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
@@ -86,11 +48,6 @@ AN_TOOLS = [
     {"name": "get_weather", "description": "Weather for a city", "input_schema": WEATHER_SCHEMA},
     {"name": "delete_files", "input_schema": {"type": "object"}},
 ]
-
-
-def call_directive(name, args):
-    """A mock prompt whose reply is one tool call."""
-    return "echo Let me look. <tool_call>" + json.dumps({"name": name, "arguments": args}) + "</tool_call>"
 
 
 # This anthropic SDK has no `temperature` argument; the API field goes in the body.
@@ -507,5 +464,4 @@ for name, fn in [
 ]:
     check(name, fn)
 
-print(f"sdk: {passed} passed, {failed} failed")
-sys.exit(1 if failed else 0)
+finish("sdk")
