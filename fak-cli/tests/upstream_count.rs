@@ -2,7 +2,9 @@
 //! `anthropic-upstream` the upstream's own count comes back (the oracle: the same request
 //! counted directly by an in-kernel `fak serve`, the served model's exact template and
 //! tokenizer); with `openai-upstream`, whose wire has no count endpoint, a 400 in
-//! Anthropic's error shape saying so, never a count fak made up.
+//! Anthropic's error shape saying so, never a count fak made up. And `POST /v1/responses`
+//! with `openai-upstream`: translated to the upstream's chat API, answered as the
+//! upstream answers it.
 
 mod common;
 
@@ -141,5 +143,51 @@ fn count_tokens_is_a_clear_400_in_openai_upstream_mode() {
     assert!(
         m.contains("cannot count tokens") && m.contains("no token-counting endpoint"),
         "{m}"
+    );
+}
+
+/// The text of a Responses API reply's message items.
+fn output_text(v: &Value) -> String {
+    v["output"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"))
+        .iter()
+        .filter(|o| o["type"] == "message")
+        .flat_map(|o| o["content"].as_array().cloned().unwrap_or_default())
+        .filter(|c| c["type"] == "output_text")
+        .map(|c| c["text"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// `POST /v1/responses` through `fak serve --engine openai-upstream` in front of an
+/// in-kernel `fak serve`: translated to the upstream's chat API, the greedy answer is the
+/// in-kernel server's own answer to the same Responses request.
+#[fak_testkit::real_model]
+fn responses_through_openai_upstream_mode_answer_as_the_upstream_does() {
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    let up = serve(&["--kv-budget-mb", "16"]);
+    wait_ready(&up.addr);
+    let base = format!("http://{}/v1", up.addr);
+    let front = serve(&["--engine", "openai-upstream", "--base-url", &base]);
+    wait_ready(&front.addr);
+    let body = json!({"model": "smollm2-135m-instruct", "temperature": 0,
+        "max_output_tokens": 16, "instructions": "You are terse.",
+        "input": "What is the capital of France?"})
+    .to_string();
+    let ask = |addr: &str| {
+        let (status, resp) = http(addr, "POST", "/v1/responses", &body);
+        assert_eq!(status, 200, "{resp}");
+        let v: Value = serde_json::from_str(&resp).unwrap();
+        assert_eq!(v["object"], "response", "{resp}");
+        v
+    };
+    let direct = ask(&up.addr);
+    let through = ask(&front.addr);
+    let text = output_text(&direct);
+    assert!(!text.is_empty(), "{direct}");
+    assert_eq!(output_text(&through), text);
+    assert_eq!(
+        through["usage"]["input_tokens"], direct["usage"]["input_tokens"],
+        "{through}"
     );
 }
