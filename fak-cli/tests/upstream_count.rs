@@ -26,11 +26,16 @@ fn serve(args: &[&str]) -> Serve {
 
 /// One HTTP/1.1 request with Anthropic's version header; returns (status, body).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    http_with(addr, method, path, "", body)
+}
+
+/// [`http`] with extra header lines (each ending in `\r\n`).
+fn http_with(addr: &str, method: &str, path: &str, extra: &str, body: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
     write!(
         s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nanthropic-version: 2023-06-01\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nanthropic-version: 2023-06-01\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .unwrap();
@@ -120,6 +125,57 @@ fn count_tokens_is_the_upstreams_own_count_in_anthropic_upstream_mode() {
     assert_eq!(status, 404, "{resp}");
     let v: Value = serde_json::from_str(&resp).unwrap();
     assert_eq!(v["type"], "error", "{resp}");
+}
+
+/// The count goes up with the client's own `x-api-key`, as `/v1/messages` does: an
+/// upstream that requires a key counts for a client that sent it, with no operator key
+/// set on the front.
+#[fak_testkit::real_model]
+fn count_tokens_goes_up_with_the_clients_own_key() {
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    let up = Serve::spawn(
+        Command::new(env!("CARGO_BIN_EXE_fak"))
+            .args(["serve", "--port", "0", "--kv-budget-mb", "16"])
+            .args(["--api-key-env", "FAK_TEST_UPSTREAM_KEY"])
+            .env("FAK_TEST_UPSTREAM_KEY", "sk-upstream-123"),
+    );
+    let key = "x-api-key: sk-upstream-123\r\n";
+    let t = Instant::now();
+    while http_with(&up.addr, "GET", "/health", key, "").0 != 200 {
+        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let base = format!("http://{}", up.addr);
+    // No operator key: an upstream that lists its models only to a key counts as up
+    // when --upstream-model names the model, and each request brings the client's key.
+    let front = serve(&[
+        "--engine",
+        "anthropic-upstream",
+        "--base-url",
+        &base,
+        "--upstream-model",
+        "smollm2-135m-instruct",
+        "--upstream-health-interval-s",
+        "1",
+    ]);
+    let body = bodies()[1].to_string();
+    let (status, direct) = http_with(&up.addr, "POST", "/v1/messages/count_tokens", key, &body);
+    assert_eq!(status, 200, "{direct}");
+    let t = Instant::now();
+    let (status, through) = loop {
+        let r = http_with(&front.addr, "POST", "/v1/messages/count_tokens", key, &body);
+        // 503 while the front's first health check of the upstream is pending.
+        if r.0 != 503 || t.elapsed() > Duration::from_secs(60) {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(status, 200, "{through}");
+    let (d, t): (Value, Value) = (
+        serde_json::from_str(&direct).unwrap(),
+        serde_json::from_str(&through).unwrap(),
+    );
+    assert_eq!(t["input_tokens"], d["input_tokens"], "{through}");
 }
 
 #[test]

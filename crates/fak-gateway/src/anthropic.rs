@@ -679,17 +679,72 @@ fn error_event(e: &ApiError) -> Event {
     })
 }
 
+/// The client's request for a driver that forwards it ([`RawRequest`]): its own bytes,
+/// with the `content` of each tool result the screen replaced (or that held a withheld
+/// block) set to what the model sees, and the headers passed on. `before` holds the
+/// tool results' contents before screening, `msgs` after, in the same order.
+fn forwarded(
+    s: &AppState,
+    headers: &HeaderMap,
+    bytes: Bytes,
+    before: &[String],
+    msgs: &[Message],
+    c: &Converted,
+    stream: bool,
+) -> Result<RawRequest, ApiError> {
+    let rewrites: Vec<Rewrite> = tool_contents(msgs)
+        .zip(before)
+        .zip(c.origins.iter().zip(&c.withheld))
+        .filter(|((after, before), (_, withheld))| after != before || **withheld)
+        .map(|((after, _), (&(message, block), _))| Rewrite {
+            message,
+            block,
+            content: after.to_string(),
+        })
+        .collect();
+    let body = if rewrites.is_empty() {
+        bytes
+    } else {
+        Bytes::from(rewrite_tool_results(&bytes, &rewrites).map_err(|e| {
+            ApiError::internal(format!(
+                "replacing a screened tool result in the request for the upstream: {e}"
+            ))
+            .with_flavor(F)
+        })?)
+    };
+    Ok(RawRequest {
+        body,
+        headers: passed_on_headers(s, headers),
+        stream,
+    })
+}
+
 /// `POST /v1/messages/count_tokens`: the prompt's token count for the same request to
 /// `/v1/messages` (see the module docs).
 pub(crate) async fn count_tokens(
     State(s): State<AppState>,
     headers: HeaderMap,
-    AnthropicJson { value: r, .. }: AnthropicJson<CountTokensRequest>,
+    AnthropicJson { bytes, value: r }: AnthropicJson<CountTokensRequest>,
 ) -> Result<Json<CountTokensResponse>, ApiError> {
-    let c = convert(&r)?;
+    let mut c = convert(&r)?;
+    let forward = s.driver.forwards_client_body(Some(&r.model));
+    let before: Vec<String> = if forward {
+        tool_contents(&c.messages).map(str::to_string).collect()
+    } else {
+        Vec::new()
+    };
     let conversation = conversation_key(&headers, &c.messages);
-    let (msgs, _) = screen_messages(&s, &conversation, c.messages, &c.withheld, F).await?;
+    let messages = std::mem::take(&mut c.messages);
+    let (msgs, _) = screen_messages(&s, &conversation, messages, &c.withheld, F).await?;
+    // An upstream counts the client's own bytes, with its key and headers, as for
+    // `/v1/messages` (screened tool results replaced as there).
+    let raw = if forward {
+        Some(forwarded(&s, &headers, bytes, &before, &msgs, &c, false)?)
+    } else {
+        None
+    };
     let req = GenerateRequest {
+        raw,
         model: Some(r.model),
         tools: c.tools,
         tool_choice: c.tool_choice,
@@ -713,7 +768,7 @@ pub(crate) async fn messages(
     headers: HeaderMap,
     AnthropicJson { bytes, value: r }: AnthropicJson<MessagesRequest>,
 ) -> Result<Response, ApiError> {
-    let c = convert(&r.prompt)?;
+    let mut c = convert(&r.prompt)?;
     let max_tokens = positive("max_tokens", r.max_tokens, F)?;
     // The API's range (OpenAI's is 0 to 2; a value past 1 is a client error here).
     if let Some(t) = r.temperature.filter(|t| !(0.0..=1.0).contains(t)) {
@@ -721,7 +776,7 @@ pub(crate) async fn messages(
             "temperature: must be between 0 and 1 (got {t})"
         )));
     }
-    let msgs = c.messages;
+    let msgs = std::mem::take(&mut c.messages);
     let forward = s.driver.forwards_client_body(Some(&r.prompt.model));
     let before: Vec<String> = if forward {
         tool_contents(&msgs).map(str::to_string).collect()
@@ -733,33 +788,7 @@ pub(crate) async fn messages(
     let (msgs, results) = screen_messages(&s, &conversation, msgs, &c.withheld, F).await?;
     let stream = r.stream == Some(true);
     let raw = if forward {
-        // Each tool message whose content the screen replaced or held a withheld block:
-        // its block gets what the model sees.
-        let rewrites: Vec<Rewrite> = tool_contents(&msgs)
-            .zip(&before)
-            .zip(c.origins.iter().zip(&c.withheld))
-            .filter(|((after, before), (_, withheld))| after != before || **withheld)
-            .map(|((after, _), (&(message, block), _))| Rewrite {
-                message,
-                block,
-                content: after.to_string(),
-            })
-            .collect();
-        let body = if rewrites.is_empty() {
-            bytes
-        } else {
-            Bytes::from(rewrite_tool_results(&bytes, &rewrites).map_err(|e| {
-                ApiError::internal(format!(
-                    "replacing a screened tool result in the request for the upstream: {e}"
-                ))
-                .with_flavor(F)
-            })?)
-        };
-        Some(RawRequest {
-            body,
-            headers: passed_on_headers(&s, &headers),
-            stream,
-        })
+        Some(forwarded(&s, &headers, bytes, &before, &msgs, &c, stream)?)
     } else {
         None
     };
