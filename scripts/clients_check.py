@@ -104,8 +104,13 @@ def pydantic_denied(responses=False):
     )
     eq(ran, [])
     # The denied call is removed from the reply (its verdict is in the `fak` field, which
-    # pydantic-ai does not surface); the text before it is the answer.
-    eq(r.output, "Let me look.")
+    # pydantic-ai does not surface); the answer is the text before it and the sentence
+    # saying why the call was not passed on.
+    eq(
+        r.output,
+        "Let me look.\n\n[fak] The tool call 'delete_files' was not passed on: "
+        "DEFAULT_DENY (no rule allows 'delete_files').",
+    )
 
 
 # ---------------------------------------------------------------- LangChain
