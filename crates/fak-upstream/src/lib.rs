@@ -681,39 +681,7 @@ impl Inner {
         sink: &EventSink,
         progress: &mut Progress,
     ) -> Result<(), Failure> {
-        let url = format!("{base}{}", job.path);
-        let mut headers = job.headers.clone();
-        headers.push((header::ACCEPT, HeaderValue::from_static(job.accept)));
-        let req = self
-            .request(Method::POST, base, job.path, job.body.clone(), &headers)
-            .map_err(|e| Failure::fatal(EngineError::Upstream(e)))?;
-        let resp = match tokio::time::timeout(self.cfg.timeout, self.client.request(req)).await {
-            Err(_) => {
-                return Err(Failure::retry(EngineError::UpstreamTimeout(format!(
-                    "no response from {url} within {} s (the upstream timeout)",
-                    self.cfg.timeout.as_secs_f64()
-                ))))
-            }
-            Ok(Err(e)) => {
-                return Err(Failure::retry(EngineError::Upstream(format!(
-                    "cannot reach {url}: {}",
-                    chain(&e)
-                ))))
-            }
-            Ok(Ok(r)) => r,
-        };
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let retry_after = resp
-                .headers()
-                .get(header::RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok());
-            let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout)
-                .await
-                .unwrap_or_default();
-            return Err(status_failure(status, &body, retry_after, &url, job));
-        }
+        let (url, resp) = self.post(base, job).await?;
         let ctype = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -1623,8 +1591,13 @@ impl Inner {
         }
     }
 
-    /// One attempt of [`Inner::count`] at the upstream at `base`.
-    async fn count_once(&self, base: &str, job: &Job) -> Result<usize, Failure> {
+    /// POSTs `job` to the upstream at `base`: its URL and the response, which is a 200
+    /// (any other status is read, up to a small limit, into its [`Failure`]).
+    async fn post(
+        &self,
+        base: &str,
+        job: &Job,
+    ) -> Result<(String, hyper::Response<Incoming>), Failure> {
         let url = format!("{base}{}", job.path);
         let mut headers = job.headers.clone();
         headers.push((header::ACCEPT, HeaderValue::from_static(job.accept)));
@@ -1647,23 +1620,26 @@ impl Inner {
             Ok(Ok(r)) => r,
         };
         let status = resp.status();
-        let retry_after = resp
-            .headers()
-            .get(header::RETRY_AFTER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok());
-        let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout).await;
         if status != StatusCode::OK {
-            return Err(status_failure(
-                status,
-                &body.unwrap_or_default(),
-                retry_after,
-                &url,
-                job,
-            ));
+            let retry_after = resp
+                .headers()
+                .get(header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok());
+            let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout)
+                .await
+                .unwrap_or_default();
+            return Err(status_failure(status, &body, retry_after, &url, job));
         }
-        let body =
-            body.map_err(|e| Failure::retry(EngineError::Upstream(format!("{url}: {e}"))))?;
+        Ok((url, resp))
+    }
+
+    /// One attempt of [`Inner::count`] at the upstream at `base`.
+    async fn count_once(&self, base: &str, job: &Job) -> Result<usize, Failure> {
+        let (url, resp) = self.post(base, job).await?;
+        let body = read_small(resp.into_body(), SMALL_BODY_LIMIT, self.cfg.idle_timeout)
+            .await
+            .map_err(|e| Failure::retry(EngineError::Upstream(format!("{url}: {e}"))))?;
         let answer: fak_wire::anthropic::CountTokensResponse = serde_json::from_slice(&body)
             .map_err(|e| {
                 Failure::fatal(EngineError::Upstream(format!(
