@@ -823,6 +823,7 @@ impl EngineDriver for InKernelDriver {
             stop: req.stop,
             stop_ids,
             logprobs: req.logprobs,
+            grammar: None,
         };
         let (sink, stream) = event_channel();
         {

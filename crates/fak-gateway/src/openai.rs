@@ -186,6 +186,7 @@ fn sampling(
         top_k: x.top_k.map_or(d.top_k, |k| k as usize),
         min_p: x.min_p.unwrap_or(d.min_p),
         repetition_penalty: x.repetition_penalty.unwrap_or(d.repetition_penalty),
+        grammar: None,
     }
 }
 
