@@ -220,6 +220,11 @@ impl EngineDriver for AliasedDriver {
         self.inner.forwards_client_body(target.as_deref().or(model))
     }
 
+    fn constrains_output(&self, model: Option<&str>) -> bool {
+        let target = model.and_then(|m| self.resolve_model(m));
+        self.inner.constrains_output(target.as_deref().or(model))
+    }
+
     fn resolve_model(&self, id: &str) -> Option<String> {
         if self.inner.models().iter().any(|m| m.id == id) {
             return None;
