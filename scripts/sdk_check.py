@@ -6,7 +6,8 @@ SmolLM2-135M-Instruct at temperature 0, against the committed HF e2e fixture:
 non-streaming and streaming chat (the streamed text concatenated equals the whole
 text), usage equal to the tokenizer's counts, cached tokens on a repeated request,
 `logprobs=True, top_logprobs=3` (one entry per generated token, their tokens spelling the
-content, each the top of its three alternatives), /v1/completions with the prompt as HF's
+content, each the top of its three alternatives), `chat.completions.parse` with a pydantic
+`response_format` and JSON mode (constrained decoding), /v1/completions with the prompt as HF's
 token ids (HF's text; a list of two prompts as two choices; an id outside the vocabulary a
 400), /v1/models, and the error cases (status and SDK exception class). On the real model, a
 forced tool call that the 135M model writes malformed fails closed (no tool call, the
@@ -28,6 +29,7 @@ import json
 import agents
 import anthropic
 import openai
+import pydantic
 
 from checklib import BASE, CASE, KEY, MESSAGES, MOCK_BASE, MODEL, TEXT, call_directive, check, eq, finish, raises
 
@@ -99,6 +101,26 @@ def openai_logprobs():
         eq(t.top_logprobs[0].token, t.token)  # greedy: the chosen token is the argmax
         assert t.logprob <= 0 and t.top_logprobs[0].logprob >= t.top_logprobs[1].logprob >= t.top_logprobs[2].logprob, t
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=21))
+
+
+class Person(pydantic.BaseModel):
+    name: str
+    age: int
+
+
+def openai_parse():
+    # Structured outputs by constrained decoding: the SDK validates each reply with
+    # pydantic (`message.parsed`), at temperature 0 and 1.
+    for i, q in enumerate(["Describe a famous scientist.", "Invent a pirate captain.", "Who wrote Hamlet?"]):
+        r = oa.chat.completions.parse(
+            model=MODEL, messages=[{"role": "user", "content": q}], response_format=Person, temperature=i % 2, seed=i
+        )
+        assert isinstance(r.choices[0].message.parsed, Person), r
+    r = oa.chat.completions.create(
+        model=MODEL, messages=MESSAGES, response_format={"type": "json_object"}, temperature=0, max_tokens=200
+    )
+    if r.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(r.choices[0].message.content), dict), r
 
 
 def openai_models():
@@ -437,6 +459,7 @@ for name, fn in [
     ("openai chat stream == whole text, usage", openai_stream),
     ("openai cached_tokens on a repeat", openai_cached),
     ("openai logprobs + top_logprobs", openai_logprobs),
+    ("openai parse(response_format=Model) and json_object", openai_parse),
     ("openai models.list", openai_models),
     ("models.retrieve and Anthropic models.list, both SDKs", models_retrieve),
     ("openai errors (404, 400 x4, 413, 401)", openai_errors),

@@ -49,6 +49,7 @@ impl SamplingArgs {
             min_p: self.min_p,
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
+            grammar: None,
         };
         p.validate().map_err(fail)?;
         Ok(p)
@@ -61,6 +62,7 @@ impl SamplingArgs {
             stop: self.stop.clone(),
             stop_ids,
             logprobs: None,
+            grammar: None,
         })
     }
 }

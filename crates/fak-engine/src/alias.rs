@@ -280,6 +280,11 @@ impl EngineDriver for AliasedDriver {
         self.inner.forwards_client_body(target.as_deref().or(model))
     }
 
+    fn constrains_output(&self, model: Option<&str>) -> bool {
+        let target = model.and_then(|m| self.resolve_model(m));
+        self.inner.constrains_output(target.as_deref().or(model))
+    }
+
     fn resolve_model(&self, id: &str) -> Option<String> {
         // A `*` in an id is a pattern's text (`claude-*` itself), not a model a client
         // names: it resolves to nothing, so `GET /v1/models/claude-*` is a 404.

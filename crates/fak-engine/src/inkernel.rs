@@ -15,12 +15,12 @@ use crate::{
     EngineError, EngineEvent, EngineStats, EventSink, EventStream, FinishReason, GenerateRequest,
     ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
 };
-use fak_kv::{generate_text_with_logprobs, TextParams};
+use fak_kv::{generate_text_with_logprobs, Grammar, GrammarCompiler, GrammarSpec, TextParams};
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer, WeightMode};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 
 /// The registry entry: needs [`EngineConfig::model_path`].
 pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
@@ -45,6 +45,10 @@ struct Loaded {
     /// An empty session whose clones start new conversations (see
     /// [`crate::prefix::start_session`]).
     empty: fak_kv::Session,
+    /// The vocabulary's token trie for constrained decoding, built by the first request
+    /// that asks for a grammar (so a server whose clients never do pays nothing), or
+    /// why it could not be.
+    grammars: OnceLock<Result<GrammarCompiler, String>>,
 }
 
 impl Loaded {
@@ -61,7 +65,28 @@ impl Loaded {
             tokenizer,
             template,
             empty,
+            grammars: OnceLock::new(),
         }
+    }
+
+    /// Compiles a request's grammar against the served vocabulary.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] naming what does not compile (an unsupported
+    /// schema keyword, a grammar syntax error); [`EngineError::Internal`] if the token
+    /// trie cannot be built for this tokenizer.
+    fn compile_grammar(&self, spec: &GrammarSpec) -> Result<Grammar, EngineError> {
+        let compiler = self
+            .grammars
+            .get_or_init(|| {
+                GrammarCompiler::new(&self.tokenizer, self.model.config().vocab_size)
+                    .map_err(|e| e.to_string())
+            })
+            .as_ref()
+            .map_err(|e| EngineError::Internal(e.clone()))?;
+        compiler
+            .compile(spec)
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
     }
 }
 
@@ -782,6 +807,10 @@ impl EngineDriver for InKernelDriver {
         }
     }
 
+    fn constrains_output(&self, _model: Option<&str>) -> bool {
+        true
+    }
+
     fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
         let l = self.loaded()?;
         check_model(req.model.as_deref(), &self.models())?;
@@ -796,6 +825,12 @@ impl EngineDriver for InKernelDriver {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
+        // Compiled before anything is queued: a grammar that does not compile is the
+        // request's error, before any token is generated.
+        let grammar = match &req.sampling.grammar {
+            Some(spec) => Some(l.compile_grammar(spec)?),
+            None => None,
+        };
         let context = l.model.config().max_position_embeddings;
         let Rendered {
             ids,
@@ -823,6 +858,7 @@ impl EngineDriver for InKernelDriver {
             stop: req.stop,
             stop_ids,
             logprobs: req.logprobs,
+            grammar,
         };
         let (sink, stream) = event_channel();
         {

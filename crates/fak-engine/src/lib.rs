@@ -44,7 +44,7 @@ pub mod tools;
 pub mod upstream;
 
 pub use fak_kv::logprobs::MAX_TOP_LOGPROBS;
-pub use fak_kv::{FinishReason, SamplingParams, TokenLogprob, TopLogprob};
+pub use fak_kv::{FinishReason, GrammarSpec, SamplingParams, TokenLogprob, TopLogprob};
 pub use fak_model::Message;
 pub use tools::{ToolCall, ToolChoice, ToolSpec};
 
@@ -799,6 +799,15 @@ pub trait EngineDriver: Send + Sync + 'static {
     /// sent it, so the gateway should attach [`GenerateRequest::raw`]. Default `false`;
     /// `true` for the `anthropic-upstream` driver.
     fn forwards_client_body(&self, model: Option<&str>) -> bool {
+        let _ = model;
+        false
+    }
+
+    /// Whether this driver enforces a request's grammar ([`SamplingParams::grammar`]:
+    /// JSON mode, a JSON Schema) for `model` (`None`: the default) by constrained
+    /// decoding. Default `false`: the gateway then refuses a request that asks for one
+    /// (a 400), rather than answering it unconstrained. `true` for the in-kernel driver.
+    fn constrains_output(&self, model: Option<&str>) -> bool {
         let _ = model;
         false
     }

@@ -310,6 +310,11 @@ impl EngineDriver for RoutedDriver {
         self.find(model)
             .is_some_and(|(m, d)| d.forwards_client_body(Some(m)))
     }
+
+    fn constrains_output(&self, model: Option<&str>) -> bool {
+        self.find(model)
+            .is_some_and(|(m, d)| d.constrains_output(Some(m)))
+    }
 }
 
 #[cfg(test)]

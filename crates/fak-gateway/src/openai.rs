@@ -16,7 +16,9 @@
 //! answered by the choice whose `index` is its position, `usage` summing them all. It
 //! takes the legacy `logprobs: N`. Fields accepted and not acted on are listed in
 //! [`fak_wire::openai::Ignored`]; sampling controls accepted only at their neutral value
-//! in [`fak_wire::openai::NeutralOnly`]; `response_format` other than `text`,
+//! in [`fak_wire::openai::NeutralOnly`]; `response_format` `json_object` and
+//! `json_schema` constrain the reply's tokens to the schema on an engine that can
+//! (the in-kernel one; [`fak_kv::grammar`]) and are a 400 on any other;
 //! `modalities` other than `["text"]`, the fields of
 //! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
 //! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
@@ -66,8 +68,8 @@ use axum::http::HeaderMap;
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use fak_engine::{
-    EngineEvent, FinishReason, GenerateRequest, Message, Prompt, SamplingParams, TokenLogprob,
-    ToolCall, ToolChoice, ToolSpec, MAX_TOP_LOGPROBS,
+    EngineEvent, FinishReason, GenerateRequest, GrammarSpec, Message, Prompt, SamplingParams,
+    TokenLogprob, ToolCall, ToolChoice, ToolSpec, MAX_TOP_LOGPROBS,
 };
 use fak_wire::openai as wire;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -188,6 +190,7 @@ fn sampling(
         top_k: x.top_k.map_or(d.top_k, |k| k as usize),
         min_p: x.min_p.unwrap_or(d.min_p),
         repetition_penalty: x.repetition_penalty.unwrap_or(d.repetition_penalty),
+        grammar: None,
     }
 }
 
@@ -301,16 +304,38 @@ fn to_messages(ms: Vec<wire::ChatMessage>) -> Result<Vec<Message>, ApiError> {
 fn check_chat_fields(r: &wire::ChatCompletionRequest) -> Result<(), ApiError> {
     r.neutral.check().map_err(refused)?;
     r.unimplemented.check().map_err(refused)?;
-    match &r.response_format {
-        None | Some(wire::ResponseFormat::Text) => {}
-        Some(_) => return Err(unsupported("response_format")),
-    }
     if let Some(m) = &r.modalities {
         if m.iter().any(|m| m != "text") {
             return Err(unsupported("modalities").with_flavor(F));
         }
     }
     Ok(())
+}
+
+/// The grammar a chat request's `response_format` asks for: `None` for none or
+/// `text`; `json_object` is any JSON object; `json_schema` is its `schema` (any JSON
+/// value when absent), enforced whether `strict` is set or not. A grammar is refused
+/// (400 naming `response_format`) by a driver that cannot constrain its output
+/// ([`fak_engine::EngineDriver::constrains_output`]); one that does not compile is the engine's 400.
+fn response_grammar(
+    s: &AppState,
+    model: &str,
+    f: Option<wire::ResponseFormat>,
+) -> Result<Option<GrammarSpec>, ApiError> {
+    let spec = match f {
+        None | Some(wire::ResponseFormat::Text) => return Ok(None),
+        Some(wire::ResponseFormat::JsonObject) => GrammarSpec::JsonObject,
+        Some(wire::ResponseFormat::JsonSchema { json_schema }) => {
+            GrammarSpec::JsonSchema(Value::Object(json_schema.schema.unwrap_or_default()))
+        }
+    };
+    if !s.driver.constrains_output(Some(model)) {
+        return Err(ApiError::bad_request(
+            "`response_format` other than `text` is not supported by this engine".to_string(),
+        )
+        .with_flavor(F));
+    }
+    Ok(Some(spec))
 }
 
 /// `POST /v1/chat/completions`.
@@ -323,6 +348,7 @@ pub(crate) async fn chat_completions(
     check_chat_fields(&r)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
+    let grammar = response_grammar(&s, &r.model, r.response_format.clone())?;
     let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
         Some(v) => Some(positive(
             if r.max_completion_tokens.is_some() {
@@ -343,7 +369,10 @@ pub(crate) async fn chat_completions(
         model: Some(r.model.clone()),
         prompt: Prompt::Chat(messages),
         max_tokens,
-        sampling: sampling(r.temperature, r.top_p, r.seed, &r.extensions),
+        sampling: SamplingParams {
+            grammar,
+            ..sampling(r.temperature, r.top_p, r.seed, &r.extensions)
+        },
         stop: stops(r.stop)?,
         tools,
         tool_choice,

@@ -19,7 +19,8 @@
 //!   (`tests/decode_alloc.rs` counts the heap allocations of such steps: zero).
 //!
 //! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
-//! penalty, seeded), [`logprobs`] (log-softmax of the raw logits per generated token),
+//! penalty, seeded), [`grammar`] (constrained decoding: a JSON schema's or a Lark
+//! grammar's allowed tokens mask each step's logits, through llguidance), [`logprobs`] (log-softmax of the raw logits per generated token),
 //! [`stop`] (stop strings held back until decided), [`text`]
 //! (streaming text generation with TTFT and tokens/s) and [`chat`] (a conversation whose
 //! cache is kept between turns, so a turn prefills only its new tokens).
@@ -29,6 +30,7 @@
 
 mod cache;
 pub mod chat;
+pub mod grammar;
 pub mod logprobs;
 pub mod prove;
 pub mod sampling;
@@ -39,6 +41,7 @@ pub mod text;
 pub use cache::{KvCache, KvError};
 pub use chat::{ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::window_start;
+pub use grammar::{Grammar, GrammarCompiler, GrammarError, GrammarSpec};
 pub use logprobs::{TokenLogprob, TopLogprob};
 pub use sampling::{Sampler, SamplingParams};
 pub use session::{GenerateParams, Session, SessionError};

@@ -26,6 +26,11 @@ pub struct SamplingParams {
     pub repetition_penalty: f32,
     /// Seed of the generator (ChaCha8).
     pub seed: u64,
+    /// `Some`: the reply must match this grammar (JSON mode, a JSON Schema, a Lark
+    /// grammar); the engine compiles it before any token is generated and masks each
+    /// step's logits to the tokens it allows ([`crate::grammar`]), before the
+    /// processors above. `None`: unconstrained.
+    pub grammar: Option<crate::grammar::GrammarSpec>,
 }
 
 impl Default for SamplingParams {
@@ -37,6 +42,7 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repetition_penalty: 1.0,
             seed: 0,
+            grammar: None,
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Text generation over a session: sampling, stop tokens, stop strings, streaming
 //! detokenization and timings (TTFT, prefill and decode tokens/s).
 
+use crate::grammar::{mask_logits, Grammar};
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopStrings;
@@ -27,6 +28,12 @@ pub struct TextParams {
     /// alternatives (see [`crate::logprobs`]; `n` is capped at
     /// [`crate::logprobs::MAX_TOP_LOGPROBS`]). `None`: no records, no extra work.
     pub logprobs: Option<usize>,
+    /// `Some`: each step's choice is constrained to the tokens this grammar allows
+    /// ([`crate::grammar`]): disallowed rows of the logits get no probability, the
+    /// allowed rows are the step's own bits, and `stop_ids` are allowed only where the
+    /// grammar can end. Logprob records still come from the unmasked logits. `None`:
+    /// unconstrained, and no extra work.
+    pub grammar: Option<Grammar>,
 }
 
 /// Why generation ended (OpenAI's `finish_reason` words).
@@ -39,6 +46,9 @@ pub enum FinishReason {
     Length,
     /// The caller cancelled.
     Cancelled,
+    /// A grammar ([`TextParams::grammar`]) allowed no token at a step, or its parser
+    /// failed: the text so far is kept and does not complete the grammar.
+    GrammarDeadEnd,
 }
 
 /// The outcome of [`generate_text`]; times in seconds.
@@ -212,6 +222,9 @@ pub fn generate_text_with_logprobs(
     }
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut sampler = Sampler::new(params.sampling.clone());
+    let mut constraint = params.grammar.as_ref().map(Grammar::start);
+    // The masked copy of a step's logits (grown once, reused every step).
+    let mut masked: Vec<f32> = Vec::new();
     let mut decoder = StreamDecoder::new(true);
     let mut stops = StopStrings::new(&params.stop);
     let mut out = TextOutput {
@@ -246,7 +259,24 @@ pub fn generate_text_with_logprobs(
         // The logits of the last token run, borrowed from the session (a decode step
         // writes them in place, [`Session::decode`]).
         let logits = session.last_logits().ok_or(SessionError::NoLogits)?;
-        let next = sampler.sample(logits, session.ids());
+        let next = match constraint.as_mut() {
+            None => sampler.sample(logits, session.ids()),
+            Some(c) => match c.allowed(&params.stop_ids) {
+                Err(_) => {
+                    out.finish_reason = FinishReason::GrammarDeadEnd;
+                    break;
+                }
+                // Complete, with no stop id to end on: the grammar's end is the stop.
+                Ok(allowed) if allowed.count() == 0 => {
+                    out.finish_reason = FinishReason::Stop;
+                    break;
+                }
+                Ok(allowed) => {
+                    mask_logits(logits, allowed, &mut masked);
+                    sampler.sample(&masked, session.ids())
+                }
+            },
+        };
         if out.completion_ids.is_empty() {
             out.ttft_s = t0.elapsed().as_secs_f64();
         }
@@ -254,6 +284,15 @@ pub fn generate_text_with_logprobs(
         if params.stop_ids.contains(&next) {
             out.finish_reason = FinishReason::Stop;
             break;
+        }
+        if let Some(c) = constraint.as_mut() {
+            if c.accept(next).is_err() {
+                // Not reachable for a token the mask allowed; ends the reply rather than
+                // continuing unconstrained.
+                out.completion_ids.pop();
+                out.finish_reason = FinishReason::GrammarDeadEnd;
+                break;
+            }
         }
         let piece = decoder.push(tokenizer, next);
         if let Some(n) = params.logprobs {

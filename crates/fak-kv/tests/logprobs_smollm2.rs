@@ -46,6 +46,7 @@ fn params(temperature: f32, seed: u64, max_tokens: usize, top: usize) -> TextPar
         stop: vec![],
         stop_ids: vec![],
         logprobs: Some(top),
+        grammar: None,
     }
 }
 

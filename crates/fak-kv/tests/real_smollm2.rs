@@ -74,6 +74,7 @@ fn text_generation_stops_at_the_context_end() {
         stop: vec![],
         stop_ids: vec![],
         logprobs: None,
+        grammar: None,
     };
     let out = generate_text(&mut s, &tok, &[40; 250], &params, None, &mut |_| {}).unwrap();
     assert_eq!(out.finish_reason, FinishReason::Length);
@@ -101,6 +102,7 @@ fn chat_turns_prefill_only_new_tokens_and_equal_from_scratch() {
         stop: vec![],
         stop_ids: tmpl.stop_token_ids(&tok),
         logprobs: None,
+        grammar: None,
     };
     let (tok, tmpl) = (Arc::new(tok), Arc::new(tmpl));
     let mut chat = ChatSession::new(
@@ -164,6 +166,7 @@ fn stop_string_across_tokens_is_held_back() {
         stop: vec!["France is Pa".into()],
         stop_ids: tmpl.stop_token_ids(&tok),
         logprobs: None,
+        grammar: None,
     };
     let mut pieces = Vec::new();
     let out = generate_text(
@@ -212,6 +215,7 @@ fn same_seed_same_text() {
             stop: vec![],
             stop_ids: vec![],
             logprobs: None,
+            grammar: None,
         };
         generate_text(
             &mut Session::new(Arc::clone(&model)),

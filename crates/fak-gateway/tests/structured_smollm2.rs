@@ -1,0 +1,154 @@
+//! Structured outputs over HTTP (`response_format` on `/v1/chat/completions`) on the
+//! real SmolLM2-135M-Instruct: the official `openai` SDK's `chat.completions.parse`
+//! request gets content that validates against its schema (checked by the
+//! `jsonschema` crate, not by our grammar code), JSON mode gets an object, a schema
+//! that does not compile is a 400 naming the construct, and an engine that cannot
+//! constrain its output refuses `response_format` instead of ignoring it.
+//!
+//! Without the model file the real-model tests fail with the fetch command
+//! (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
+
+mod common;
+
+use common::{post, start, Server};
+use fak_engine::inkernel::InKernelDriver;
+use fak_engine::mock::MockDriver;
+use fak_engine::EngineConfig;
+use fak_gateway::GatewayConfig;
+use fak_model::{catalog, load_text, Model, WeightMode};
+use serde_json::{json, Value};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+const ID: &str = "smollm2-135m-instruct";
+
+/// The body `openai` 3.57.0 (pydantic 2.14.4) sends for
+/// `client.chat.completions.parse(model=ID, messages=[...], response_format=Person,
+/// temperature=0)` with `class Person(BaseModel): name: str; age: int`, captured from
+/// the SDK byte for byte.
+const SDK_PARSE_BODY: &str = r#"{"model":"smollm2-135m-instruct","stream":false,"messages":[{"role":"user","content":"Tell me about a famous scientist: their name and their age when they died."}],"response_format":{"type":"json_schema","json_schema":{"schema":{"properties":{"name":{"title":"Name","type":"string"},"age":{"title":"Age","type":"integer"}},"required":["name","age"],"title":"Person","type":"object","additionalProperties":false},"name":"Person","strict":true}},"temperature":0}"#;
+
+fn server() -> Server {
+    let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
+        Some(p) => PathBuf::from(p),
+        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
+    };
+    let m = Arc::new(Model::load_with(&path, WeightMode::Native).unwrap());
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        kv_budget_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
+    start(Arc::new(d), GatewayConfig::default())
+}
+
+fn content(v: &Value) -> &str {
+    v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no content: {v}"))
+}
+
+#[fak_testkit::real_model]
+fn sdk_parse_request_gets_content_valid_for_its_schema() {
+    let srv = server();
+    let body: Value = serde_json::from_str(SDK_PARSE_BODY).unwrap();
+    let schema = body["response_format"]["json_schema"]["schema"].clone();
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let prompts = [
+        "Tell me about a famous scientist: their name and their age when they died.",
+        "Describe a fictional pirate captain.",
+        "Who wrote Hamlet, and how old was he when he died?",
+        "Invent a character for a children's story.",
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let mut b = body.clone();
+        b["messages"][0]["content"] = json!(prompt);
+        if i % 2 == 1 {
+            b["temperature"] = json!(1.0);
+            b["seed"] = json!(i);
+        }
+        let r = post(srv.addr, "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = content(&v);
+        let out: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+        let errors: Vec<String> = validator.iter_errors(&out).map(|e| e.to_string()).collect();
+        assert!(errors.is_empty(), "{prompt:?} -> {text}: {errors:?}");
+        println!("{prompt:?} -> {text}");
+    }
+}
+
+#[fak_testkit::real_model]
+fn json_mode_gets_an_object() {
+    let srv = server();
+    let r = post(
+        srv.addr,
+        "/v1/chat/completions",
+        &json!({
+            "model": ID,
+            "messages": [{"role": "user", "content": "List three colours as JSON."}],
+            "response_format": {"type": "json_object"},
+            "temperature": 0,
+            "max_tokens": 120
+        }),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let text = content(&v);
+    if v["choices"][0]["finish_reason"] == "stop" {
+        let out: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text:?}"));
+        assert!(out.is_object(), "{text}");
+    } else {
+        // Cut by max_tokens: still a prefix of a JSON object.
+        assert!(text.starts_with('{'), "{text}");
+    }
+}
+
+#[fak_testkit::real_model]
+fn a_schema_that_does_not_compile_is_a_400_naming_it() {
+    let srv = server();
+    let r = post(
+        srv.addr,
+        "/v1/chat/completions",
+        &json!({
+            "model": ID,
+            "messages": [{"role": "user", "content": "hi"}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "X",
+                "schema": {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}
+            }}
+        }),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("not"), "{msg}");
+}
+
+/// The mock engine cannot constrain its output: `response_format` is a 400 naming
+/// the field, never a reply that silently ignores it.
+#[test]
+fn an_engine_that_cannot_constrain_refuses_response_format() {
+    let srv = start(Arc::new(MockDriver::new()), GatewayConfig::default());
+    for rf in [
+        json!({"type": "json_object"}),
+        json!({"type": "json_schema", "json_schema": {"name": "X", "schema": {"type": "object"}}}),
+    ] {
+        let r = post(
+            srv.addr,
+            "/v1/chat/completions",
+            &json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}], "response_format": rf}),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains("response_format"), "{msg}");
+    }
+    let r = post(
+        srv.addr,
+        "/v1/chat/completions",
+        &json!({"model": "mock", "messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "text"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}

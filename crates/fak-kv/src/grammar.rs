@@ -1,0 +1,371 @@
+//! Constrained decoding: a grammar's allowed-token set masks each step's logits.
+//!
+//! The engine is [llguidance](https://github.com/guidance-ai/llguidance) (MIT; the
+//! constrained-decoding library behind llama.cpp's and mistral.rs's structured outputs):
+//! it compiles a JSON Schema or a Lark grammar to an Earley parser over a lexer, and
+//! walks a token trie of the served vocabulary to find, at each step, which tokens the
+//! grammar can still accept.
+//!
+//! - [`GrammarCompiler`] holds the token trie, built once per tokenizer from each
+//!   token's raw bytes ([`Tokenizer::token_bytes`]; a control token is marked with a
+//!   leading `0xFF` byte, which no UTF-8 text contains, so a grammar never produces one).
+//! - [`GrammarCompiler::compile`] turns a request's [`GrammarSpec`] into a [`Grammar`],
+//!   or a [`GrammarError`] naming what did not compile (an unsupported schema keyword,
+//!   a Lark syntax error), before any token is generated.
+//! - [`Grammar::start`] gives a [`Constraint`], the per-reply state: [`Constraint::allowed`]
+//!   is the step's allowed set, [`Constraint::accept`] advances it by the chosen token.
+//! - [`mask_logits`] copies a step's logits with every disallowed row set to `-inf`
+//!   (no probability under any sampling setting) and every allowed row's bits unchanged;
+//!   the KV cache never sees the mask (it masks the logits a step produced, after the
+//!   step wrote its K/V rows).
+//!
+//! Stopping: when the grammar can end (its start symbol is complete), the caller's stop
+//! ids (EOS, end of turn) are allowed, and choosing one ends the reply as it does
+//! unconstrained. A step with no allowed token is a [`DeadEnd`]: the reply ends there
+//! (see [`crate::FinishReason::GrammarDeadEnd`]), never a hang.
+
+use fak_model::Tokenizer;
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{
+    InferenceCapabilities, SimpleVob, TokEnv, TokRxInfo, TokTrie, TokenizerEnv,
+};
+use llguidance::{JsonCompileOptions, Matcher, ParserFactory};
+use std::sync::Arc;
+
+/// What a request constrains its reply to.
+///
+/// Sources: OpenAI Chat Completions `response_format` (`{"type": "json_object"}`,
+/// `{"type": "json_schema", "json_schema": {"schema": ..., "strict": ...}}`; SDK type
+/// `ResponseFormatJSONObject` / `ResponseFormatJSONSchema`) and llguidance's Lark
+/// dialect for a user's own grammar.
+#[derive(Clone, Debug, PartialEq)]
+pub enum GrammarSpec {
+    /// Any JSON object (OpenAI's JSON mode).
+    JsonObject,
+    /// A JSON value valid for this JSON Schema (a JSON object; drafts 4 to 2020-12 as
+    /// llguidance reads them, local `$ref`s included). An unsupported keyword is an
+    /// error at compile time, not ignored.
+    JsonSchema(serde_json::Value),
+    /// A grammar in llguidance's Lark syntax (`start: ...`).
+    Lark(String),
+}
+
+/// A grammar or a token trie that could not be built; the message names the cause as
+/// llguidance reports it (e.g. `Unimplemented keys: ["not"]`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum GrammarError {
+    /// The request's grammar or schema does not compile.
+    #[error("the grammar does not compile: {0}")]
+    Compile(String),
+    /// The token trie could not be built from the tokenizer.
+    #[error("cannot build the token trie: {0}")]
+    Trie(String),
+}
+
+/// Why a constrained reply cannot go on: no token is allowed at this step, or the
+/// parser failed. The message is llguidance's, or says which.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadEnd(pub String);
+
+/// The served vocabulary as llguidance needs it: the token trie plus a way to tokenize
+/// text (used by llguidance to force whole tokens; our own tokenizer).
+struct Vocab {
+    trie: TokTrie,
+    tokenizer: Tokenizer,
+}
+
+impl TokenizerEnv for Vocab {
+    fn tok_trie(&self) -> &TokTrie {
+        &self.trie
+    }
+
+    fn tokenize_bytes(&self, s: &[u8]) -> Vec<u32> {
+        match std::str::from_utf8(s) {
+            Ok(text) => self
+                .tokenizer
+                .encode(text)
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(s)),
+            Err(_) => self.trie.greedy_tokenize(s),
+        }
+    }
+}
+
+/// Compiles request grammars against one model's vocabulary.
+///
+/// Build it once per loaded model ([`GrammarCompiler::new`]): its cost is the token
+/// trie and llguidance's per-vocabulary slices (measured on SmolLM2-135M's 49,152
+/// tokens in `tests/grammar_smollm2.rs`, printed by that test).
+pub struct GrammarCompiler {
+    factory: ParserFactory,
+}
+
+impl std::fmt::Debug for GrammarCompiler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrammarCompiler")
+            .field(
+                "vocab_size",
+                &self.factory.tok_env().tok_trie().vocab_size(),
+            )
+            .finish()
+    }
+}
+
+impl GrammarCompiler {
+    /// The trie of `tokenizer`'s tokens over a vocabulary of `vocab_size` ids (the
+    /// model's logits length, `[vocab]`; ids past the tokenizer's own vocabulary get
+    /// no bytes and are never allowed). The tokenizer's EOS ids are the trie's EOS set.
+    ///
+    /// # Errors
+    /// [`GrammarError::Trie`] for a tokenizer without an EOS id or larger than
+    /// `vocab_size`, or if llguidance refuses the vocabulary.
+    pub fn new(tokenizer: &Tokenizer, vocab_size: usize) -> Result<Self, GrammarError> {
+        let eos = tokenizer.eos().to_vec();
+        let Some(&first_eos) = eos.first() else {
+            return Err(GrammarError::Trie("the tokenizer has no EOS id".into()));
+        };
+        if tokenizer.vocab_size() > vocab_size || eos.iter().any(|&e| e as usize >= vocab_size) {
+            return Err(GrammarError::Trie(format!(
+                "the tokenizer's {} tokens do not fit the model's vocabulary of {vocab_size}",
+                tokenizer.vocab_size()
+            )));
+        }
+        let n = u32::try_from(vocab_size)
+            .map_err(|_| GrammarError::Trie(format!("vocabulary of {vocab_size} ids")))?;
+        let words: Vec<Vec<u8>> = (0..n)
+            .map(|id| {
+                let bytes = tokenizer.token_bytes(id);
+                if tokenizer.is_special(id) {
+                    let mut w = Vec::with_capacity(bytes.len() + 1);
+                    w.push(TokTrie::SPECIAL_TOKEN_MARKER);
+                    w.extend_from_slice(bytes);
+                    w
+                } else {
+                    bytes.to_vec()
+                }
+            })
+            .collect();
+        let mut info = TokRxInfo::new(n, first_eos);
+        info.tok_bos = tokenizer.bos();
+        let built = llguidance::panic_utils::catch_unwind(|| {
+            Ok(TokTrie::from(&info, &words).with_eos_tokens(&eos))
+        });
+        let trie = built.map_err(|e| GrammarError::Trie(e.to_string()))?;
+        let env: TokEnv = Arc::new(Vocab {
+            trie,
+            tokenizer: tokenizer.clone(),
+        });
+        let mut factory = ParserFactory::new(
+            &env,
+            InferenceCapabilities::default(),
+            &llguidance::earley::SlicedBiasComputer::general_slices(),
+        )
+        .map_err(|e| GrammarError::Trie(e.to_string()))?;
+        factory.quiet();
+        Ok(GrammarCompiler { factory })
+    }
+
+    /// The vocabulary size the trie covers (`[vocab]`).
+    pub fn vocab_size(&self) -> usize {
+        self.factory.tok_env().tok_trie().vocab_size()
+    }
+
+    /// Compiles `spec`. JSON is constrained to compact separators (`, ` and `: `) with
+    /// no other whitespace between tokens, so a small model cannot loop on blank lines;
+    /// an `x-guidance` key in a schema is replaced by these options. The parser's
+    /// work per step and its size are bounded by llguidance's default
+    /// [`llguidance::api::ParserLimits`].
+    ///
+    /// # Errors
+    /// [`GrammarError::Compile`] naming the cause: a schema that is not a JSON object,
+    /// an unsupported keyword, an unsatisfiable schema, a Lark syntax error.
+    pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let top = match spec {
+            GrammarSpec::JsonObject => {
+                TopLevelGrammar::from_json_schema(json_options(serde_json::Value::Object(
+                    [("type".to_string(), serde_json::Value::from("object"))]
+                        .into_iter()
+                        .collect(),
+                ))?)
+            }
+            GrammarSpec::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(json_options(schema.clone())?)
+            }
+            GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
+        };
+        let factory = &self.factory;
+        let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            factory.create_parser(top)
+        }))
+        .map_err(|e| GrammarError::Compile(e.to_string()))?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::Compile(e));
+        }
+        Ok(Grammar {
+            spec: spec.clone(),
+            matcher,
+            vocab_size: self.vocab_size(),
+        })
+    }
+}
+
+/// `schema` with our JSON options set in its `x-guidance` key.
+fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, GrammarError> {
+    if !schema.is_object() {
+        return Err(GrammarError::Compile(format!(
+            "a JSON schema must be a JSON object, not {schema}"
+        )));
+    }
+    let opts = JsonCompileOptions {
+        item_separator: ", ".into(),
+        key_separator: ": ".into(),
+        whitespace_flexible: false,
+        ..JsonCompileOptions::default()
+    };
+    opts.apply_to(&mut schema);
+    Ok(schema)
+}
+
+/// A compiled grammar, ready to constrain replies ([`Grammar::start`]). Cloning it is
+/// cheap (the compiled grammar is shared); two are equal when their specs are.
+#[derive(Clone)]
+pub struct Grammar {
+    spec: GrammarSpec,
+    matcher: Matcher,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Grammar {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammar").field("spec", &self.spec).finish()
+    }
+}
+
+impl PartialEq for Grammar {
+    fn eq(&self, other: &Self) -> bool {
+        self.spec == other.spec && self.vocab_size == other.vocab_size
+    }
+}
+
+impl Grammar {
+    /// The spec it was compiled from.
+    pub fn spec(&self) -> &GrammarSpec {
+        &self.spec
+    }
+
+    /// A fresh constraint at the grammar's start, for one reply.
+    pub fn start(&self) -> Constraint {
+        Constraint {
+            matcher: self.matcher.clone(),
+            allowed: SimpleVob::new(),
+            vocab_size: self.vocab_size,
+        }
+    }
+}
+
+/// One reply's place in its grammar.
+pub struct Constraint {
+    matcher: Matcher,
+    /// The last step's allowed set (llguidance's mask, adjusted for stop ids).
+    allowed: SimpleVob,
+    vocab_size: usize,
+}
+
+impl std::fmt::Debug for Constraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Constraint")
+            .field("allowed", &self.allowed.num_set())
+            .finish()
+    }
+}
+
+/// A step's allowed tokens (a bit set over `[vocab]`).
+#[derive(Clone, Copy, Debug)]
+pub struct Allowed<'a>(&'a SimpleVob);
+
+impl Allowed<'_> {
+    /// Whether `id` is allowed.
+    pub fn contains(&self, id: u32) -> bool {
+        (id as usize) < self.0.len() && self.0.is_allowed(id)
+    }
+
+    /// How many tokens are allowed.
+    pub fn count(&self) -> usize {
+        self.0.num_set()
+    }
+
+    /// The allowed ids, ascending.
+    pub fn ids(&self) -> Vec<u32> {
+        self.0.to_list()
+    }
+}
+
+impl Constraint {
+    /// The tokens allowed at this step: those that continue the grammar, plus every id
+    /// of `stop_ids` when the grammar can end here (and no other EOS).
+    ///
+    /// # Errors
+    /// [`DeadEnd`] when the parser failed or nothing is allowed and the grammar cannot
+    /// end; a grammar that is complete with no stop id to end on is not an error here:
+    /// check [`Constraint::is_complete`] on an empty set.
+    pub fn allowed(&mut self, stop_ids: &[u32]) -> Result<Allowed<'_>, DeadEnd> {
+        let matcher = &mut self.matcher;
+        let mask = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matcher.compute_mask_or_eos()
+        }))
+        .map_err(|e| DeadEnd(e.to_string()))?;
+        let trie_eos: Vec<u32> = self
+            .matcher
+            .tok_env()
+            .map(|env| env.tok_trie().eos_tokens().to_vec())
+            .unwrap_or_default();
+        let can_end = trie_eos.iter().any(|&e| mask.is_allowed(e));
+        self.allowed = mask;
+        for &e in &trie_eos {
+            self.allowed.disallow_token(e);
+        }
+        for &s in stop_ids {
+            if (s as usize) < self.vocab_size.min(self.allowed.len()) {
+                self.allowed.set(s as usize, can_end);
+            }
+        }
+        if self.allowed.is_zero() && !can_end {
+            return Err(DeadEnd(
+                self.matcher
+                    .get_error()
+                    .unwrap_or_else(|| "no token is allowed at this step".into()),
+            ));
+        }
+        Ok(Allowed(&self.allowed))
+    }
+
+    /// Whether the grammar can end here (its output so far is complete).
+    pub fn is_complete(&mut self) -> bool {
+        self.matcher.is_accepting().unwrap_or(false) || self.matcher.is_stopped()
+    }
+
+    /// Advances past `id`, a token [`Constraint::allowed`] allowed (not a stop id).
+    ///
+    /// # Errors
+    /// [`DeadEnd`] if the grammar refuses it.
+    pub fn accept(&mut self, id: u32) -> Result<(), DeadEnd> {
+        let matcher = &mut self.matcher;
+        llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matcher.consume_token(id)
+        }))
+        .map_err(|e| DeadEnd(e.to_string()))
+    }
+}
+
+/// Writes `logits` (`[vocab]`) into `out` with every row `allowed` does not contain
+/// set to `-inf` and every allowed row copied bit for bit. `out` is reused across
+/// steps (no allocation once it has grown to `[vocab]`).
+pub fn mask_logits(logits: &[f32], allowed: Allowed<'_>, out: &mut Vec<f32>) {
+    out.clear();
+    out.resize(logits.len(), f32::NEG_INFINITY);
+    allowed.0.iter_set_entries(|i| {
+        if let (Some(o), Some(&l)) = (out.get_mut(i), logits.get(i)) {
+            *o = l;
+        }
+    });
+}

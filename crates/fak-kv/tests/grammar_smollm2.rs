@@ -1,0 +1,300 @@
+//! Constrained decoding on the real SmolLM2-135M-Instruct (`fak_kv::grammar`, llguidance):
+//! a JSON-schema-constrained greedy reply is valid JSON for the schema; every masked step
+//! keeps the allowed rows' logits bit for bit and picks the best allowed token; the KV
+//! cache after a constrained reply equals, bit for bit, an unconstrained run's cache over
+//! the same tokens; a parser that fails is a dead end, not a hang. On the exact and the
+//! native (quantized) weight paths.
+//!
+//! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
+//! reports them as ignored, never in CI).
+
+use fak_kv::grammar::{mask_logits, Constraint};
+use fak_kv::{
+    generate_text, FinishReason, GrammarCompiler, GrammarError, GrammarSpec, Session, TextParams,
+};
+use fak_model::{catalog, ChatTemplate, Message, Model, Tokenizer, WeightMode};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+fn smollm2_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
+        return PathBuf::from(p);
+    }
+    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+}
+
+fn load(mode: WeightMode) -> (Arc<Model>, Tokenizer, ChatTemplate) {
+    let path = smollm2_path();
+    let model = Arc::new(Model::load_with(&path, mode).unwrap());
+    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
+    (model, tok, tmpl)
+}
+
+/// Counts the heap bytes live in this test process, to measure what the trie holds.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged, only counting sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LIVE.fetch_add(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `alloc` is passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract for `dealloc` is passed on.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+fn person_schema() -> serde_json::Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 20},
+            "age": {"type": "integer", "minimum": 0, "maximum": 150}
+        },
+        "required": ["name", "age"],
+        "additionalProperties": false
+    })
+}
+
+fn prompt_ids(tok: &Tokenizer, tmpl: &ChatTemplate) -> Vec<u32> {
+    let messages = [Message::new(
+        "user",
+        "Tell me about a famous scientist: their name and their age when they died.",
+    )];
+    let text = tmpl.render(&messages, true, None).unwrap();
+    tok.encode_with_special(&text).unwrap()
+}
+
+/// The reply parses as JSON, is an object with exactly `name` (a string) and `age`
+/// (an integer in range): the schema, checked by hand (not by our grammar code).
+fn assert_person(text: &str) {
+    let v: serde_json::Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
+    assert_eq!(o.len(), 2, "{text}");
+    let name = o["name"].as_str().unwrap_or_else(|| panic!("name: {text}"));
+    assert!(name.chars().count() <= 20, "{text}");
+    let age = o["age"].as_i64().unwrap_or_else(|| panic!("age: {text}"));
+    assert!((0..=150).contains(&age), "{text}");
+}
+
+/// Runs a constrained greedy reply, then replays its tokens through an unconstrained
+/// session, checking each step's mask against that session's logits, and the two caches.
+fn mask_invariant_on(mode: WeightMode) {
+    let (model, tok, tmpl) = load(mode);
+    let vocab = model.config().vocab_size;
+    let compiler = GrammarCompiler::new(&tok, vocab).unwrap();
+    let grammar = compiler
+        .compile(&GrammarSpec::JsonSchema(person_schema()))
+        .unwrap();
+    let stop_ids = tmpl.stop_token_ids(&tok);
+    let ids = prompt_ids(&tok, &tmpl);
+    let params = TextParams {
+        sampling: Default::default(),
+        max_tokens: 64,
+        stop: vec![],
+        stop_ids: stop_ids.clone(),
+        logprobs: None,
+        grammar: Some(grammar.clone()),
+    };
+    let mut constrained = Session::new(Arc::clone(&model));
+    let out = generate_text(&mut constrained, &tok, &ids, &params, None, &mut |_| {}).unwrap();
+    println!("{mode:?}: {:?} ({:?})", out.text, out.finish_reason);
+    assert_eq!(out.finish_reason, FinishReason::Stop, "{:?}", out.text);
+    assert_person(&out.text);
+    let last = *out.completion_ids.last().unwrap();
+    assert!(stop_ids.contains(&last), "ends on a stop id");
+
+    // Replay: the same tokens, stepped without any mask.
+    let mut plain = Session::new(Arc::clone(&model));
+    plain.prefill(&ids).unwrap();
+    let mut c: Constraint = grammar.start();
+    let mut masked = Vec::new();
+    let mut differs_from_unconstrained = 0;
+    for (step, &chosen) in out.completion_ids.iter().enumerate() {
+        let logits = plain.last_logits().unwrap().to_vec();
+        let allowed = c.allowed(&stop_ids).unwrap();
+        assert!(
+            allowed.contains(chosen),
+            "step {step}: chosen token not allowed"
+        );
+        mask_logits(&logits, allowed, &mut masked);
+        let mut n_allowed = 0;
+        for (i, (&m, &l)) in masked.iter().zip(&logits).enumerate() {
+            if allowed.contains(i as u32) {
+                n_allowed += 1;
+                assert_eq!(
+                    m.to_bits(),
+                    l.to_bits(),
+                    "step {step}: allowed row {i} changed"
+                );
+            } else {
+                assert_eq!(m, f32::NEG_INFINITY, "step {step}: row {i} not masked");
+            }
+        }
+        assert_eq!(n_allowed, allowed.count());
+        // Greedy picks the best allowed token: no allowed row beats it (ties: lower id).
+        let best = allowed
+            .ids()
+            .into_iter()
+            .max_by(|&a, &b| {
+                logits[a as usize]
+                    .total_cmp(&logits[b as usize])
+                    .then(b.cmp(&a))
+            })
+            .unwrap();
+        assert_eq!(chosen, best, "step {step}");
+        if fak_model::argmax(&logits) != chosen {
+            differs_from_unconstrained += 1;
+        }
+        if step + 1 < out.completion_ids.len() {
+            c.accept(chosen).unwrap();
+            plain.decode(chosen).unwrap();
+        }
+    }
+    // Negative control: the mask did change choices (the model alone does not open with
+    // this JSON), so the checks above are not vacuous.
+    assert!(differs_from_unconstrained > 0, "the mask changed no choice");
+    // The mask never touches the cache: the same tokens, the same K, pre-RoPE K and V.
+    let (a, b) = (constrained.cache(), plain.cache());
+    assert_eq!(a.len(), b.len());
+    assert_eq!(a.positions(), b.positions());
+    for layer in 0..a.n_layers() {
+        for (x, y) in [
+            (a.k(layer), b.k(layer)),
+            (a.k_raw(layer), b.k_raw(layer)),
+            (a.v(layer), b.v(layer)),
+        ] {
+            assert_eq!(x.len(), y.len());
+            assert!(
+                x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits()),
+                "layer {layer}: cache differs"
+            );
+        }
+    }
+}
+
+#[fak_testkit::real_model]
+fn mask_keeps_allowed_logits_and_the_cache_exact_path() {
+    mask_invariant_on(WeightMode::Exact);
+}
+
+#[fak_testkit::real_model]
+fn mask_keeps_allowed_logits_and_the_cache_native_path() {
+    mask_invariant_on(WeightMode::Native);
+}
+
+/// JSON mode: any object. Sampled at temperature 1 over several seeds, every reply
+/// parses as a JSON object.
+#[fak_testkit::real_model]
+fn json_object_replies_parse_at_temperature_one() {
+    let (model, tok, tmpl) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let grammar = compiler.compile(&GrammarSpec::JsonObject).unwrap();
+    let ids = prompt_ids(&tok, &tmpl);
+    let mut complete = 0;
+    for seed in 0..4 {
+        let params = TextParams {
+            sampling: fak_kv::SamplingParams {
+                temperature: 1.0,
+                seed,
+                ..Default::default()
+            },
+            max_tokens: 200,
+            stop: vec![],
+            stop_ids: tmpl.stop_token_ids(&tok),
+            logprobs: None,
+            grammar: Some(grammar.clone()),
+        };
+        let mut s = Session::new(Arc::clone(&model));
+        let out = generate_text(&mut s, &tok, &ids, &params, None, &mut |_| {}).unwrap();
+        if out.finish_reason == FinishReason::Length {
+            continue; // cut by max_tokens: not complete, so not checked
+        }
+        assert_eq!(out.finish_reason, FinishReason::Stop, "{:?}", out.text);
+        let v: serde_json::Value = serde_json::from_str(&out.text)
+            .unwrap_or_else(|e| panic!("seed {seed}: not JSON ({e}): {:?}", out.text));
+        assert!(v.is_object(), "seed {seed}: {}", out.text);
+        println!("seed {seed}: {}", out.text);
+        complete += 1;
+    }
+    assert!(complete >= 2, "only {complete} of 4 replies completed");
+}
+
+/// A schema llguidance cannot compile is an error naming the construct; so is a schema
+/// that is not an object and a Lark grammar with a syntax error.
+#[fak_testkit::real_model]
+fn bad_grammars_are_errors_naming_the_cause() {
+    let (model, tok, _) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let err = |spec| match compiler.compile(&spec) {
+        Err(GrammarError::Compile(m)) => m,
+        other => panic!("{spec:?}: {other:?}"),
+    };
+    let m = err(GrammarSpec::JsonSchema(serde_json::json!({
+        "type": "object",
+        "properties": {"a": {"type": "string", "not": {"const": "x"}}}
+    })));
+    assert!(m.contains("not"), "{m}");
+    let m = err(GrammarSpec::JsonSchema(serde_json::json!(true)));
+    assert!(m.contains("JSON object"), "{m}");
+    let m = err(GrammarSpec::Lark("start: (".into()));
+    assert!(!m.is_empty());
+}
+
+/// A parser driven off its grammar is a dead end at the next step (an error, not an
+/// empty set to spin on), and generation ends there with `GrammarDeadEnd`.
+#[fak_testkit::real_model]
+fn a_failed_parser_is_a_dead_end() {
+    let (model, tok, tmpl) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let grammar = compiler.compile(&GrammarSpec::JsonObject).unwrap();
+    let stop_ids = tmpl.stop_token_ids(&tok);
+    let mut c = grammar.start();
+    let x = tok.encode("x").unwrap()[0];
+    assert!(!c.allowed(&stop_ids).unwrap().contains(x));
+    assert!(c.accept(x).is_err());
+    assert!(c.allowed(&stop_ids).is_err());
+}
+
+/// What the trie costs at load on SmolLM2's 49,152 tokens (printed; a figure, not a
+/// timed test), and that it covers the model's vocabulary.
+#[fak_testkit::real_model]
+fn token_trie_load_cost() {
+    let (model, tok, _) = load(WeightMode::Native);
+    let vocab = model.config().vocab_size;
+    let live0 = LIVE.load(Ordering::Relaxed);
+    let t0 = Instant::now();
+    let compiler = GrammarCompiler::new(&tok, vocab).unwrap();
+    let ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mib = LIVE.load(Ordering::Relaxed).saturating_sub(live0) as f64 / (1 << 20) as f64;
+    let t1 = Instant::now();
+    let g = compiler
+        .compile(&GrammarSpec::JsonSchema(person_schema()))
+        .unwrap();
+    let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
+    println!(
+        "token trie + slices: {ms:.0} ms, {mib:.1} MiB of heap held; person schema compile: {compile_ms:.1} ms"
+    );
+    assert_eq!(compiler.vocab_size(), vocab);
+    let mut c = g.start();
+    let first = c.allowed(&[]).unwrap();
+    // A JSON object opens with `{`: every allowed token's text starts with it.
+    assert!(first.count() > 0);
+    for id in first.ids() {
+        assert!(tok.token_bytes(id).starts_with(b"{"), "token {id}");
+    }
+}
