@@ -579,9 +579,15 @@ pub enum LogitsWanted {
 /// tokens still run as one.
 pub const PREFILL_CHUNK: usize = 512;
 
-/// Most rows for which [`Model::forward_rows_into`]'s head is faster than the full
-/// head ([`Model::head_rows_pay`]). Measured by the `head_rows` example of fak-kv
-/// (see docs/performance.md).
+/// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
+/// full head ([`Model::head_rows_pay`]). Measured by fak-kv's `head_rows` example on
+/// SmolLM2's `[49152, 576]` head (Intel Xeon, 2 cores, heavily loaded; medians of 31
+/// alternating runs, scattered rows): the subset took 0.12-0.21 of the full head's
+/// time at 2,048-4,096 rows on the native Q4_1 path (2 threads; 1 thread 0.12-0.54),
+/// 0.64-0.68 at 8,192 and 1.0-1.2 from 16,384; on the exact path 0.10-0.23 at 4,096
+/// and about 1.0 from 16,384-32,768 (each row a scattered read the full head streams).
+/// An idle machine's 2-thread full head is about twice as fast as the loaded one's,
+/// halving the crossover, hence 4,096. (docs/performance.md.)
 pub const HEAD_ROWS_MAX: usize = 4096;
 
 /// [`Model::head_rows_pay`]'s bound as a fraction of the vocabulary: at most
