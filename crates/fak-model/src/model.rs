@@ -581,7 +581,8 @@ pub const PREFILL_CHUNK: usize = 512;
 
 /// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
 /// full head ([`Model::head_rows_pay`]). Measured by fak-kv's `head_rows` example on
-/// SmolLM2's `[49152, 576]` head (Intel Xeon, 2 cores, heavily loaded; medians of 31
+/// SmolLM2's `[49152, 576]` head (AMD EPYC family 25, 2 vCPUs, heavily loaded: load
+/// average ~15 from other work; medians of 31
 /// alternating runs, scattered rows): the subset took 0.12-0.21 of the full head's
 /// time at 2,048-4,096 rows on the native Q4_1 path (2 threads; 1 thread 0.12-0.54),
 /// 0.64-0.68 at 8,192 and 1.0-1.2 from 16,384; on the exact path 0.10-0.23 at 4,096
