@@ -298,6 +298,13 @@ impl Allowed<'_> {
     pub fn ids(&self) -> Vec<u32> {
         self.0.to_list()
     }
+
+    /// The allowed ids, ascending, written into `out` (cleared first; reused across
+    /// steps, so no allocation once it has grown).
+    pub fn ids_into(&self, out: &mut Vec<u32>) {
+        out.clear();
+        self.0.iter_set_entries(|i| out.push(i as u32));
+    }
 }
 
 impl Constraint {
@@ -337,6 +344,11 @@ impl Constraint {
             ));
         }
         Ok(Allowed(&self.allowed))
+    }
+
+    /// The set the last [`Constraint::allowed`] computed (empty before the first).
+    pub fn current(&self) -> Allowed<'_> {
+        Allowed(&self.allowed)
     }
 
     /// Whether the grammar can end here (its output so far is complete).

@@ -164,27 +164,38 @@ impl Session {
     pub fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         let start = self.cache.next_position();
         let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
-        self.run_last(ids, &positions)?;
+        self.run_last(ids, &positions, None)?;
         Ok(self.last_logits.clone().unwrap_or_default())
     }
 
-    /// Runs `ids` at `positions`, keeping the last token's logits in `last_logits`.
-    fn run_last(&mut self, ids: &[u32], positions: &[u32]) -> Result<(), SessionError> {
+    /// Runs `ids` at `positions`, keeping the last token's logits in `last_logits`
+    /// (only the rows `head_rows` when given, the rest `-inf`).
+    fn run_last(
+        &mut self,
+        ids: &[u32],
+        positions: &[u32],
+        head_rows: Option<&[u32]>,
+    ) -> Result<(), SessionError> {
         let before = self.cache.len();
         let Buffers { scratch, spare } = &mut self.buffers;
         let mut logits = std::mem::take(spare);
-        let mut ran: Result<(), SessionError> = self
-            .model
-            .forward_into(
+        let cache = &mut self.cache;
+        let mut ran: Result<(), SessionError> = match head_rows {
+            None => self.model.forward_into(
                 ids,
                 positions,
-                &mut self.cache,
+                cache,
                 LogitsWanted::Last,
                 None,
                 scratch,
                 &mut logits,
-            )
-            .map_err(Into::into);
+            ),
+            Some(rows) => {
+                self.model
+                    .forward_rows_into(ids, positions, cache, rows, scratch, &mut logits)
+            }
+        }
+        .map_err(Into::into);
         if ran.is_ok() {
             ran = self.check_finite(&logits, ids.len());
         } else {
@@ -269,7 +280,24 @@ impl Session {
     /// As [`Session::prefill`]; the session is unchanged on error.
     pub fn decode(&mut self, id: u32) -> Result<&[f32], SessionError> {
         let position = [self.cache.next_position()];
-        self.run_last(&[id], &position)?;
+        self.run_last(&[id], &position, None)?;
+        Ok(self.last_logits.as_deref().unwrap_or(&[]))
+    }
+
+    /// [`Session::decode`] computing only the rows `rows` of the output head
+    /// ([`fak_model::Model::forward_rows_into`]): the returned logits `[vocab]` (also
+    /// [`Session::last_logits`] until the next step) hold, for each id in `rows`, the
+    /// same bits [`Session::decode`] gives, and `-inf` for every other id; the cache
+    /// gets the same K/V rows. For a constrained step whose allowed set is `rows`
+    /// (the rows a mask would keep), so a sampler over them picks as over the masked
+    /// full logits.
+    ///
+    /// # Errors
+    /// As [`Session::decode`], and [`SessionError::Model`] for a row not below the
+    /// vocabulary size; the session is unchanged on error.
+    pub fn decode_rows(&mut self, id: u32, rows: &[u32]) -> Result<&[f32], SessionError> {
+        let position = [self.cache.next_position()];
+        self.run_last(&[id], &position, Some(rows))?;
         Ok(self.last_logits.as_deref().unwrap_or(&[]))
     }
 

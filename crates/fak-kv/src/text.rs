@@ -1,7 +1,7 @@
 //! Text generation over a session: sampling, stop tokens, stop strings, streaming
 //! detokenization and timings (TTFT, prefill and decode tokens/s).
 
-use crate::grammar::{mask_logits, Grammar};
+use crate::grammar::{mask_logits, DeadEnd, Grammar};
 use crate::logprobs::{token_logprob, TokenLogprob};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stop::StopStrings;
@@ -70,6 +70,11 @@ pub struct TextOutput {
     pub decode_s: f64,
     /// Decode steps run (forward passes after the prefill).
     pub decode_steps: usize,
+    /// Of `decode_steps`, those whose output head computed only the rows the grammar
+    /// allowed at the next step ([`Session::decode_rows`]; with a grammar, no logprobs
+    /// and few allowed tokens, [`fak_model::Model::head_rows_pay`]).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub head_rows_steps: usize,
     /// With [`TextParams::logprobs`]: the records passed to `on_piece`, in order (see
     /// [`generate_text_with_logprobs`] for which tokens they cover); else empty.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -225,6 +230,11 @@ pub fn generate_text_with_logprobs(
     let mut constraint = params.grammar.as_ref().map(Grammar::start);
     // The masked copy of a step's logits (grown once, reused every step).
     let mut masked: Vec<f32> = Vec::new();
+    // The next step's allowed set, when it was computed before the decode step that
+    // gives its logits (so that the step's head computes only the allowed rows):
+    // `Some(Err)` is a dead end found then. The allowed ids go in `rows`.
+    let mut ready: Option<Result<(), DeadEnd>> = None;
+    let mut rows: Vec<u32> = Vec::new();
     let mut decoder = StreamDecoder::new(true);
     let mut stops = StopStrings::new(&params.stop);
     let mut out = TextOutput {
@@ -236,6 +246,7 @@ pub fn generate_text_with_logprobs(
         prefill_s,
         decode_s: 0.0,
         decode_steps: 0,
+        head_rows_steps: 0,
         logprobs: Vec::new(),
     };
     let mut release = Release {
@@ -261,21 +272,28 @@ pub fn generate_text_with_logprobs(
         let logits = session.last_logits().ok_or(SessionError::NoLogits)?;
         let next = match constraint.as_mut() {
             None => sampler.sample(logits, session.ids()),
-            Some(c) => match c.allowed(&params.stop_ids) {
-                Err(_) => {
-                    out.finish_reason = FinishReason::GrammarDeadEnd;
-                    break;
+            Some(c) => {
+                let step = match ready.take() {
+                    Some(step) => step,
+                    None => c.allowed(&params.stop_ids).map(|_| ()),
+                };
+                let allowed = c.current();
+                match step {
+                    Err(_) => {
+                        out.finish_reason = FinishReason::GrammarDeadEnd;
+                        break;
+                    }
+                    // Complete, with no stop id to end on: the grammar's end is the stop.
+                    Ok(()) if allowed.count() == 0 => {
+                        out.finish_reason = FinishReason::Stop;
+                        break;
+                    }
+                    Ok(()) => {
+                        mask_logits(logits, allowed, &mut masked);
+                        sampler.sample(&masked, session.ids())
+                    }
                 }
-                // Complete, with no stop id to end on: the grammar's end is the stop.
-                Ok(allowed) if allowed.count() == 0 => {
-                    out.finish_reason = FinishReason::Stop;
-                    break;
-                }
-                Ok(allowed) => {
-                    mask_logits(logits, allowed, &mut masked);
-                    sampler.sample(&masked, session.ids())
-                }
-            },
+            }
         };
         if out.completion_ids.is_empty() {
             out.ttft_s = t0.elapsed().as_secs_f64();
@@ -322,7 +340,26 @@ pub fn generate_text_with_logprobs(
             // text generated so far.
             break;
         }
-        session.decode(next)?;
+        // The next step's allowed set depends only on the tokens chosen so far, so it
+        // is computed now; when it is small (and no logprobs need the full row set) the
+        // step's head computes only its rows, the same bits as the full head's.
+        let mut head_rows = false;
+        if let (Some(c), None) = (constraint.as_mut(), params.logprobs) {
+            let step = c.allowed(&params.stop_ids).map(|a| {
+                let n = a.count();
+                head_rows = n > 0 && session.model().head_rows_pay(n);
+                if head_rows {
+                    a.ids_into(&mut rows);
+                }
+            });
+            ready = Some(step);
+        }
+        if head_rows {
+            session.decode_rows(next, &rows)?;
+            out.head_rows_steps += 1;
+        } else {
+            session.decode(next)?;
+        }
         out.decode_steps += 1;
     }
     if !stopped {
@@ -341,6 +378,11 @@ pub fn generate_text_with_logprobs(
     }
     out.decode_s = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Whether `n` is 0 (a count left out of the serialized output).
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Gives the records still waiting for their last byte the end `decoded` (the decoder

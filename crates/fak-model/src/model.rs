@@ -13,13 +13,13 @@ use crate::source::{MappedF32, QuantMatrix, WeightSource};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::pool::Disjoint;
 use fak_tensor::quant::{
-    matmul_threads, matvec_many, matvec_threads, quantize_activation_into, ActKind, Matvec, QType,
-    QuantError, QuantizedActs,
+    matmul_threads, matvec_many, matvec_threads, quantize_activation_into, vec_dot, ActKind,
+    Matvec, QType, QuantError, QuantizedActs,
 };
 use fak_tensor::{
-    add_assign, dot_strided, dot_strided_multi, matmul, matmul_group, parallel_chunks, rms_norm,
-    rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, Linear,
-    RopeTable, Threads,
+    add_assign, dot, dot_strided, dot_strided_multi, matmul, matmul_group, parallel_chunks,
+    rms_norm, rope_rotate_half, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate,
+    Linear, RopeTable, Threads,
 };
 use std::path::Path;
 
@@ -578,6 +578,22 @@ pub enum LogitsWanted {
 /// alternating rounds; each batch reads every weight again), so prompts up to 512
 /// tokens still run as one.
 pub const PREFILL_CHUNK: usize = 512;
+
+/// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
+/// full head ([`Model::head_rows_pay`]). Measured by fak-kv's `head_rows` example on
+/// SmolLM2's `[49152, 576]` head (AMD EPYC family 25, 2 vCPUs, heavily loaded: load
+/// average ~15 from other work; medians of 31
+/// alternating runs, scattered rows): the subset took 0.12-0.21 of the full head's
+/// time at 2,048-4,096 rows on the native Q4_1 path (2 threads; 1 thread 0.12-0.54),
+/// 0.64-0.68 at 8,192 and 1.0-1.2 from 16,384; on the exact path 0.10-0.23 at 4,096
+/// and about 1.0 from 16,384-32,768 (each row a scattered read the full head streams).
+/// An idle machine's 2-thread full head is about twice as fast as the loaded one's,
+/// halving the crossover, hence 4,096. (docs/performance.md.)
+pub const HEAD_ROWS_MAX: usize = 4096;
+
+/// [`Model::head_rows_pay`]'s bound as a fraction of the vocabulary: at most
+/// `vocab / HEAD_ROWS_FRACTION` rows.
+pub const HEAD_ROWS_FRACTION: usize = 8;
 
 /// Intermediate activations of one forward pass, for proofs against HF's hooks.
 /// Every buffer is `[n_new, hidden]`, row-major.
@@ -1143,6 +1159,129 @@ impl Model {
         logits
     }
 
+    /// The output head over a subset of its rows, on one row that already went through
+    /// the final norm: `normed` is `[hidden]`, the result `[vocab]` with row `r` the
+    /// same bits as [`Model::logits_from_normed`]'s row `r` for every `r` in `rows`, and
+    /// `-inf` for every other row (not computed). See [`Model::forward_rows_into`].
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] when `normed` is not `[hidden]` or a row is not below
+    /// the vocabulary size.
+    pub fn logits_rows_from_normed(
+        &self,
+        normed: &[f32],
+        rows: &[u32],
+    ) -> Result<Vec<f32>, ModelError> {
+        let c = &self.config;
+        if normed.len() != c.hidden_size {
+            return Err(ModelError::InvalidInput(format!(
+                "{} values are not one [{}] row",
+                normed.len(),
+                c.hidden_size
+            )));
+        }
+        if let Some(&r) = rows.iter().find(|&&r| r as usize >= c.vocab_size) {
+            return Err(ModelError::InvalidInput(format!(
+                "logits row {r} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let mut logits = vec![0f32; c.vocab_size];
+        let mut products = ProductScratch::default();
+        self.head_rows_into(normed, rows, &mut logits, self.threads, &mut products)?;
+        Ok(logits)
+    }
+
+    /// The head's rows `sel` of one normed row `x` (`[hidden]`) into `out` (`[vocab]`),
+    /// every other row `-inf`. Each row is one dot product with the kernel of the full
+    /// head's product, so it is the full head's bits: over `f32` weights [`dot`] (the
+    /// canonical order [`matmul`] reproduces for every row, any tiling or thread
+    /// count), over quantized weights [`vec_dot`] of the same quantized input
+    /// (`matvec_threads`' rows are that single-row order, any grouping or thread
+    /// count). Runs on the calling thread; `sel` holds ids below the vocabulary size
+    /// (checked by the callers).
+    fn head_rows_into(
+        &self,
+        x: &[f32],
+        sel: &[u32],
+        out: &mut [f32],
+        th: Threads,
+        products: &mut ProductScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (v, h) = (c.vocab_size, c.hidden_size);
+        let out = &mut out[..v];
+        out.fill(f32::NEG_INFINITY);
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
+        let file_row =
+            |order: &Option<Vec<u32>>, r: usize| order.as_ref().map_or(r, |o| o[r] as usize);
+        match self.head_native() {
+            None => {
+                for &r in sel {
+                    let r = r as usize;
+                    out[r] = dot(&head[r * h..(r + 1) * h], x);
+                }
+            }
+            Some(NativeMatrix::F32(m)) => {
+                let w = mapped_f32_as(m, v, h)?;
+                for &r in sel {
+                    let f = file_row(&m.row_order, r as usize);
+                    out[r as usize] = dot(&w[f * h..(f + 1) * h], x);
+                }
+            }
+            Some(NativeMatrix::Quant(q)) => {
+                let qerr = |e| ModelError::Unsupported(format!("quantized {} head: {e}", q.ty));
+                let mut xs = SharedActs::new(x, h, 1, th, products);
+                let act = &xs.for_type(q.ty).map_err(qerr)?[0];
+                let w = q.bytes();
+                let rb = w.len() / v.max(1);
+                for &r in sel {
+                    let f = file_row(&q.row_order, r as usize);
+                    out[r as usize] = vec_dot(q.ty, &w[f * rb..(f + 1) * rb], act).map_err(qerr)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether a step's head over `rows` rows ([`Model::forward_rows_into`]) is faster
+    /// than the full head: at most [`HEAD_ROWS_MAX`] rows, or the vocabulary over
+    /// [`HEAD_ROWS_FRACTION`] if that is less (a vocabulary smaller than the ones
+    /// measured).
+    pub fn head_rows_pay(&self, rows: usize) -> bool {
+        rows <= HEAD_ROWS_MAX.min(self.config.vocab_size / HEAD_ROWS_FRACTION)
+    }
+
+    /// [`Model::forward_into`] of a decode step whose output head computes only the
+    /// rows `rows` of the last token's logits: `logits` becomes `[vocab]` with each row
+    /// in `rows` the same bits as [`Model::forward_into`] with [`LogitsWanted::Last`]
+    /// gives (one dot product per row with the full head's kernel) and every other row
+    /// `-inf`, as a constrained-decoding mask would leave it (see fak-kv's `grammar`).
+    /// Everything before the head, and so the K/V rows appended to `kv`, is the same
+    /// pass. A step whose mask allows few tokens (a grammar's reachable rows) saves most
+    /// of the head's product; [`Model::head_rows_pay`] says when it is faster.
+    ///
+    /// # Errors
+    /// As [`Model::forward_into`], and [`ModelError::InvalidInput`] for a row not below
+    /// the vocabulary size (found before anything changes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_rows_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        rows: &[u32],
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let want = LogitsWanted::Last;
+        let r = self.forward_in(ids, positions, kv, want, Some(rows), None, scratch, logits);
+        if ids.len() > 1 {
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
     /// Runs the new tokens `ids` at absolute positions `positions` through the model,
     /// attending to everything already in `kv` and appending the new K/V rows to it.
     ///
@@ -1195,7 +1334,7 @@ impl Model {
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
-        let r = self.forward_in(ids, positions, kv, want, trace, scratch, logits);
+        let r = self.forward_in(ids, positions, kv, want, None, trace, scratch, logits);
         if ids.len() > 1 {
             // A prefill's buffers are released rather than kept for the conversation.
             *scratch = ForwardScratch::new();
@@ -1210,6 +1349,7 @@ impl Model {
         positions: &[u32],
         kv: &mut dyn KvStore,
         want: LogitsWanted,
+        head_rows: Option<&[u32]>,
         trace: Option<&mut ForwardTrace>,
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
@@ -1231,6 +1371,12 @@ impl Model {
                 id,
                 vocab: c.vocab_size,
             });
+        }
+        if let Some(&r) = head_rows.and_then(|r| r.iter().find(|&&r| r as usize >= c.vocab_size)) {
+            return Err(ModelError::InvalidInput(format!(
+                "logits row {r} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
         }
         let mut prev = kv.positions().last().map(|&p| p as i64).unwrap_or(-1);
         for &p in positions {
@@ -1260,7 +1406,7 @@ impl Model {
         logits.clear();
         let chunk = self.prefill_chunk;
         if trace.is_some() || n <= chunk {
-            return self.run_batch(ids, positions, kv, want, trace, scratch, logits);
+            return self.run_batch(ids, positions, kv, want, head_rows, trace, scratch, logits);
         }
         // Validated as a whole above, so no batch is refused part way through.
         if want == LogitsWanted::All {
@@ -1275,7 +1421,8 @@ impl Model {
                 _ => LogitsWanted::None,
             };
             let (ids, positions) = (&ids[at..end], &positions[at..end]);
-            self.run_batch(ids, positions, kv, part, None, scratch, logits)?;
+            let rows = head_rows.filter(|_| end == n);
+            self.run_batch(ids, positions, kv, part, rows, None, scratch, logits)?;
             at = end;
         }
         Ok(())
@@ -1290,6 +1437,7 @@ impl Model {
         positions: &[u32],
         kv: &mut dyn KvStore,
         want: LogitsWanted,
+        head_rows: Option<&[u32]>,
         mut trace: Option<&mut ForwardTrace>,
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
@@ -1614,6 +1762,11 @@ impl Model {
             LogitsWanted::All => xn,
         };
         let nr = rows.len() / h;
+        if let (Some(sel), 1) = (head_rows, nr) {
+            let from = logits.len();
+            logits.resize(from + c.vocab_size, 0.0);
+            return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
+        }
         let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let from = logits.len();
         logits.resize(from + nr * c.vocab_size, 0.0);
