@@ -199,19 +199,19 @@ pub(crate) fn quarantine(cmd: QuarantineCmd) -> Result<(), CliError> {
             let mut n = 0;
             for i in store.list() {
                 n += 1;
-                let kind = match i.kind {
-                    StoredKind::Quarantined if i.cleared => "quarantined (cleared)",
+                let kind = match i.head.kind {
+                    StoredKind::Quarantined if i.head.cleared => "quarantined (cleared)",
                     StoredKind::Quarantined => "quarantined",
                     StoredKind::PagedOut => "paged out",
                 };
                 outln!(
                     "{:<6} {:<22} {:<22} tool {:<16} {} bytes  conversation {}",
-                    i.id,
+                    i.head.id,
                     kind,
-                    i.reason.map_or("-", |r| r.as_str()),
-                    i.tool,
+                    i.head.reason.map_or("-", |r| r.as_str()),
+                    i.head.tool,
                     i.len,
-                    i.conversation
+                    i.head.conversation
                 )?;
             }
             if n == 0 {
@@ -229,7 +229,7 @@ pub(crate) fn quarantine(cmd: QuarantineCmd) -> Result<(), CliError> {
                 e => e.into(),
             })?;
             outln!("id: {}\nkind: {:?}\nreason: {}\ndetector: {}\ntool: {}\nconversation: {}\nsha256: {}\nbytes: {}\ncleared: {}",
-                i.id, i.kind, i.reason.map_or("-", |r| r.as_str()), i.detector.as_deref().unwrap_or("-"), i.tool, i.conversation, i.digest, i.content.len(), i.cleared)?;
+                i.head.id, i.head.kind, i.head.reason.map_or("-", |r| r.as_str()), i.head.detector.as_deref().unwrap_or("-"), i.head.tool, i.head.conversation, i.head.digest, i.content.len(), i.head.cleared)?;
             match store.read(&id) {
                 Ok(text) => outln!("---\n{text}")?,
                 Err(e) => outln!("--- content withheld: {e} (fak quarantine clear {id})")?,

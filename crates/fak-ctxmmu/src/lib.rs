@@ -43,6 +43,6 @@ pub use screen::{
     digest, Screen, ScreenConfig, ScreenError, ToolResult, Verdict, MAX_REMEMBERED, UNKEPT,
 };
 pub use store::{
-    PageStore, StoreError, StoreLimits, StoredItem, StoredKind, StoredMeta, PREVIEW_CHARS,
-    STALE_TMP,
+    PageStore, StoreError, StoreLimits, StoredHead, StoredItem, StoredKind, StoredMeta,
+    PREVIEW_CHARS, STALE_TMP,
 };

@@ -4,7 +4,9 @@ use crate::audit::{AuditError, AuditLog, AuditRecord};
 use crate::detect::{default_detectors, Detector, Finding, Reason};
 use crate::normalize::normalize;
 use crate::revoked::{Revocations, RevokeError};
-use crate::store::{PageStore, StoreError, StoredItem, StoredKind, StoredMeta, PREVIEW_CHARS};
+use crate::store::{
+    PageStore, StoreError, StoredHead, StoredItem, StoredKind, StoredMeta, PREVIEW_CHARS,
+};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 use std::collections::{HashMap, HashSet};
@@ -165,13 +167,13 @@ impl Screen {
         let revoked = store.take_revocations().unwrap_or_default();
         let stored_revoked = store
             .list()
-            .filter(|i| i.reason == Some(Reason::Revoked))
-            .map(|i| i.digest.clone())
+            .filter(|i| i.head.reason == Some(Reason::Revoked))
+            .map(|i| i.head.digest.clone())
             .collect();
         let decided = store
             .list()
-            .filter(|i| !i.cleared)
-            .map(|i| (i.digest.clone(), stored_verdict(i)))
+            .filter(|i| !i.head.cleared)
+            .map(|i| (i.head.digest.clone(), stored_verdict(i)))
             .collect();
         Screen {
             detectors,
@@ -302,14 +304,16 @@ impl Screen {
             self.inspect(r.content)
         };
         let item = |kind, f: Option<&Finding>| StoredItem {
-            id: String::new(),
-            kind,
-            reason: f.map(|f| f.reason),
-            detector: f.map(|f| f.detector.to_string()),
-            conversation: r.conversation.to_string(),
-            tool: r.tool.to_string(),
-            digest: dig.clone(),
-            cleared: false,
+            head: StoredHead {
+                id: String::new(),
+                kind,
+                reason: f.map(|f| f.reason),
+                detector: f.map(|f| f.detector.to_string()),
+                conversation: r.conversation.to_string(),
+                tool: r.tool.to_string(),
+                digest: dig.clone(),
+                cleared: false,
+            },
             content: r.content.to_string(),
         };
         let mut kept = None;
@@ -423,19 +427,19 @@ impl Screen {
 
 /// The verdict a stored item stands for (its stub rebuilt as it was made).
 fn stored_verdict(i: &StoredMeta) -> Verdict {
-    match i.kind {
+    match i.head.kind {
         StoredKind::Quarantined => {
-            let reason = i.reason.unwrap_or(Reason::Revoked);
+            let reason = i.head.reason.unwrap_or(Reason::Revoked);
             Verdict::Quarantine {
-                id: i.id.clone(),
+                id: i.head.id.clone(),
                 reason,
                 detector: "store",
-                stub: quarantine_stub(&i.id, reason, i.len),
+                stub: quarantine_stub(&i.head.id, reason, i.len),
             }
         }
         StoredKind::PagedOut => Verdict::PageOut {
-            id: i.id.clone(),
-            stub: page_out_stub(&i.id, i.len, &i.preview),
+            id: i.head.id.clone(),
+            stub: page_out_stub(&i.head.id, i.len, &i.preview),
         },
     }
 }

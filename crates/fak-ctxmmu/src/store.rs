@@ -44,9 +44,11 @@ pub enum StoredKind {
     Quarantined,
 }
 
-/// One stored original (the file's content).
+/// What a stored item is, apart from its content: the part the index keeps in memory
+/// ([`StoredMeta::head`]) and the file's fields other than `content` ([`StoredItem::head`],
+/// flattened, so the file is one flat JSON object).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct StoredItem {
+pub struct StoredHead {
     /// `p<n>` for paged-out items, `q<n>` for quarantined ones.
     pub id: String,
     /// Why it is stored.
@@ -63,6 +65,14 @@ pub struct StoredItem {
     pub digest: String,
     /// Whether an operator cleared it for reading.
     pub cleared: bool,
+}
+
+/// One stored original (the file's content).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredItem {
+    /// Everything but the content.
+    #[serde(flatten)]
+    pub head: StoredHead,
     /// The original content.
     pub content: String,
 }
@@ -70,22 +80,8 @@ pub struct StoredItem {
 /// What the index keeps of an item: all but its content.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredMeta {
-    /// `p<n>` or `q<n>`.
-    pub id: String,
-    /// Why it is stored.
-    pub kind: StoredKind,
-    /// The quarantine reason.
-    pub reason: Option<Reason>,
-    /// The detector that quarantined it.
-    pub detector: Option<String>,
-    /// Conversation it arrived in.
-    pub conversation: String,
-    /// Tool that produced it.
-    pub tool: String,
-    /// sha256 of the content, hex.
-    pub digest: String,
-    /// Whether an operator cleared it for reading.
-    pub cleared: bool,
+    /// The item's fields other than its content.
+    pub head: StoredHead,
     /// Length of the content, bytes.
     pub len: usize,
     /// A paged-out item's first [`PREVIEW_CHARS`] characters (empty for a quarantined
@@ -96,16 +92,9 @@ pub struct StoredMeta {
 impl StoredMeta {
     fn of(i: &StoredItem) -> Self {
         StoredMeta {
-            id: i.id.clone(),
-            kind: i.kind,
-            reason: i.reason,
-            detector: i.detector.clone(),
-            conversation: i.conversation.clone(),
-            tool: i.tool.clone(),
-            digest: i.digest.clone(),
-            cleared: i.cleared,
+            head: i.head.clone(),
             len: i.content.len(),
-            preview: match i.kind {
+            preview: match i.head.kind {
                 StoredKind::PagedOut => i.content.chars().take(PREVIEW_CHARS).collect(),
                 StoredKind::Quarantined => String::new(),
             },
@@ -280,18 +269,18 @@ impl PageStore {
     fn load_meta(p: &Path, stem: &str) -> Result<(Key, StoredMeta), String> {
         let text = std::fs::read(p).map_err(|e| e.to_string())?;
         let item: StoredItem = serde_json::from_slice(&text).map_err(|e| e.to_string())?;
-        let k = key_of(&item.id).ok_or_else(|| format!("bad id '{}'", item.id))?;
-        if item.id != stem {
-            return Err(format!("holds id '{}'", item.id));
+        let k = key_of(&item.head.id).ok_or_else(|| format!("bad id '{}'", item.head.id))?;
+        if item.head.id != stem {
+            return Err(format!("holds id '{}'", item.head.id));
         }
-        let kind_ok = match item.kind {
+        let kind_ok = match item.head.kind {
             StoredKind::PagedOut => k.0 == 'p',
             StoredKind::Quarantined => k.0 == 'q',
         };
         if !kind_ok {
             return Err(format!(
                 "id '{}' does not match kind {:?}",
-                item.id, item.kind
+                item.head.id, item.head.kind
             ));
         }
         Ok((k, StoredMeta::of(&item)))
@@ -339,8 +328,8 @@ impl PageStore {
     /// Writes `item` to a temporary file of this process in `dir` (flushed to the disk);
     /// returns it and the item's final path. Nothing is left behind on failure.
     fn write_tmp(dir: &Path, item: &StoredItem) -> Result<(PathBuf, PathBuf), StoreError> {
-        let path = Self::path_of(dir, &item.id);
-        let tmp = dir.join(format!(".{}.{}.json.tmp", item.id, std::process::id()));
+        let path = Self::path_of(dir, &item.head.id);
+        let tmp = dir.join(format!(".{}.{}.json.tmp", item.head.id, std::process::id()));
         let json = serde_json::to_vec(item).map_err(|e| StoreError::Corrupt {
             path: path.clone(),
             reason: e.to_string(),
@@ -379,13 +368,13 @@ impl PageStore {
     /// cannot be persisted. Nothing is kept then.
     pub fn put(&mut self, mut item: StoredItem) -> Result<String, StoreError> {
         self.make_room(item.content.len() as u64)?;
-        let prefix = match item.kind {
+        let prefix = match item.head.kind {
             StoredKind::PagedOut => 'p',
             StoredKind::Quarantined => 'q',
         };
         let key = loop {
             let k = (prefix, self.next);
-            item.id = format!("{prefix}{}", self.next);
+            item.head.id = format!("{prefix}{}", self.next);
             self.next += 1;
             if self.items.contains_key(&k) {
                 continue;
@@ -394,7 +383,7 @@ impl PageStore {
                 break k;
             }
         };
-        let id = item.id.clone();
+        let id = item.head.id.clone();
         self.bytes += item.content.len() as u64;
         self.items.insert(key, StoredMeta::of(&item));
         if self.dir.is_none() {
@@ -412,8 +401,8 @@ impl PageStore {
             let victim = self
                 .items
                 .iter()
-                .find(|(_, m)| m.kind == StoredKind::PagedOut)
-                .or_else(|| self.items.iter().find(|(_, m)| m.cleared))
+                .find(|(_, m)| m.head.kind == StoredKind::PagedOut)
+                .or_else(|| self.items.iter().find(|(_, m)| m.head.cleared))
                 .map(|(k, _)| *k);
             let Some(k) = victim else {
                 return Err(StoreError::Full {
@@ -427,9 +416,9 @@ impl PageStore {
             self.contents.remove(&k);
             self.bytes -= m.len as u64;
             if let Some(dir) = &self.dir {
-                let _ = std::fs::remove_file(Self::path_of(dir, &m.id));
+                let _ = std::fs::remove_file(Self::path_of(dir, &m.head.id));
             }
-            self.evicted.push(m.digest);
+            self.evicted.push(m.head.digest);
         }
         Ok(())
     }
@@ -472,14 +461,7 @@ impl PageStore {
         let m = self.items.get(&k).ok_or_else(not_found)?;
         let Some(dir) = &self.dir else {
             return Ok(StoredItem {
-                id: m.id.clone(),
-                kind: m.kind,
-                reason: m.reason,
-                detector: m.detector.clone(),
-                conversation: m.conversation.clone(),
-                tool: m.tool.clone(),
-                digest: m.digest.clone(),
-                cleared: m.cleared,
+                head: m.head.clone(),
                 content: self.contents.get(&k).cloned().unwrap_or_default(),
             });
         };
@@ -493,14 +475,14 @@ impl PageStore {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
-        if item.id != id {
+        if item.head.id != id {
             return Err(StoreError::Corrupt {
                 path,
-                reason: format!("holds id '{}'", item.id),
+                reason: format!("holds id '{}'", item.head.id),
             });
         }
         // A clear made by this process is in the index even if another rewrote the file.
-        item.cleared |= m.cleared;
+        item.head.cleared |= m.head.cleared;
         Ok(item)
     }
 
@@ -513,7 +495,7 @@ impl PageStore {
         let m = self
             .meta(id)
             .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-        if m.kind == StoredKind::Quarantined && !m.cleared {
+        if m.head.kind == StoredKind::Quarantined && !m.head.cleared {
             return Err(StoreError::NotCleared(id.to_string()));
         }
         Ok(self.get(id)?.content)
@@ -525,10 +507,10 @@ impl PageStore {
     /// [`StoreError::NotFound`]; [`StoreError::Io`] if it cannot be persisted.
     pub fn clear(&mut self, id: &str) -> Result<(), StoreError> {
         let mut item = self.get(id)?;
-        item.cleared = true;
+        item.head.cleared = true;
         self.persist(&item)?;
         if let Some(m) = key_of(id).and_then(|k| self.items.get_mut(&k)) {
-            m.cleared = true;
+            m.head.cleared = true;
         }
         Ok(())
     }

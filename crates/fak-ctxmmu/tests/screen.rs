@@ -190,14 +190,16 @@ fn store_and_audit_survive_a_restart() {
     let mut store = PageStore::open(&dir.path().join("store")).unwrap();
     let next = store
         .put(fak_ctxmmu::StoredItem {
-            id: String::new(),
-            kind: fak_ctxmmu::StoredKind::Quarantined,
-            reason: None,
-            detector: None,
-            conversation: String::new(),
-            tool: String::new(),
-            digest: String::new(),
-            cleared: false,
+            head: fak_ctxmmu::StoredHead {
+                id: String::new(),
+                kind: fak_ctxmmu::StoredKind::Quarantined,
+                reason: None,
+                detector: None,
+                conversation: String::new(),
+                tool: String::new(),
+                digest: String::new(),
+                cleared: false,
+            },
             content: String::new(),
         })
         .unwrap();
@@ -267,14 +269,16 @@ fn two_stores_on_one_folder_never_overwrite_each_other() {
     let mut a = PageStore::open(dir.path()).unwrap();
     let mut b = PageStore::open(dir.path()).unwrap();
     let item = |content: &str| fak_ctxmmu::StoredItem {
-        id: String::new(),
-        kind: fak_ctxmmu::StoredKind::Quarantined,
-        reason: Some(Reason::TrustViolation),
-        detector: None,
-        conversation: "c".into(),
-        tool: "t".into(),
-        digest: fak_ctxmmu::digest(content),
-        cleared: false,
+        head: fak_ctxmmu::StoredHead {
+            id: String::new(),
+            kind: fak_ctxmmu::StoredKind::Quarantined,
+            reason: Some(Reason::TrustViolation),
+            detector: None,
+            conversation: "c".into(),
+            tool: "t".into(),
+            digest: fak_ctxmmu::digest(content),
+            cleared: false,
+        },
         content: content.into(),
     };
     let ids: Vec<String> = (0..12)
@@ -288,7 +292,7 @@ fn two_stores_on_one_folder_never_overwrite_each_other() {
     let all = PageStore::open(dir.path()).unwrap();
     assert_eq!(all.list().count(), 12);
     // Listed in numeric order.
-    let listed: Vec<&str> = all.list().map(|i| i.id.as_str()).collect();
+    let listed: Vec<&str> = all.list().map(|i| i.head.id.as_str()).collect();
     assert_eq!(listed[..3], ["q0", "q1", "q2"]);
     assert_eq!(listed[11], "q11");
     for (i, id) in ids.iter().enumerate() {

@@ -258,14 +258,16 @@ fn revocations_are_bounded_refused_past_the_bound_and_damaged_lines_skipped() {
 
 fn item(kind: StoredKind, content: &str) -> StoredItem {
     StoredItem {
-        id: String::new(),
-        kind,
-        reason: (kind == StoredKind::Quarantined).then_some(Reason::TrustViolation),
-        detector: None,
-        conversation: "c".into(),
-        tool: "t".into(),
-        digest: fak_ctxmmu::digest(content),
-        cleared: false,
+        head: fak_ctxmmu::StoredHead {
+            id: String::new(),
+            kind,
+            reason: (kind == StoredKind::Quarantined).then_some(Reason::TrustViolation),
+            detector: None,
+            conversation: "c".into(),
+            tool: "t".into(),
+            digest: fak_ctxmmu::digest(content),
+            cleared: false,
+        },
         content: content.into(),
     }
 }
@@ -378,9 +380,9 @@ fn the_store_reads_contents_on_demand_skips_damage_and_removes_stale_temp_files(
     std::fs::write(d.join("q7.json"), b"{\"id\":\"q7\",\"kind\":\"quaran").unwrap();
     // A valid item under another item's name, and one whose id is not the store's.
     let mut moved = item(StoredKind::Quarantined, "x");
-    moved.id = "q8".into();
+    moved.head.id = "q8".into();
     std::fs::write(d.join("q9.json"), serde_json::to_vec(&moved).unwrap()).unwrap();
-    moved.id = "../q10".into();
+    moved.head.id = "../q10".into();
     std::fs::write(d.join("q10.json"), serde_json::to_vec(&moved).unwrap()).unwrap();
     // Temporary files: one from a process killed a while ago, one being written now.
     let stale = d.join(".q11.4242.json.tmp");

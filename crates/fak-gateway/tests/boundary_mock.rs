@@ -477,5 +477,5 @@ fn quarantine_stubs_survive_a_restart() {
     let store = PageStore::open(dir.path()).unwrap();
     let items: Vec<_> = store.list().collect();
     assert_eq!(items.len(), 1);
-    assert_eq!(store.get(&items[0].id).unwrap().content, POISON);
+    assert_eq!(store.get(&items[0].head.id).unwrap().content, POISON);
 }
