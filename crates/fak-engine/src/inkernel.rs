@@ -741,6 +741,47 @@ fn render_prompt(
     })
 }
 
+impl InKernelDriver {
+    /// The grammar of a call that `req`'s `tool_choice` forces on a chat prompt
+    /// ([`crate::tool_grammar`]), compiled; `None` when no call is forced or
+    /// [`EngineConfig::constrain_tool_calls`] is off. It takes the place of a
+    /// `response_format` grammar: the reply is the call. A tool whose schema does not
+    /// compile is constrained to any JSON object, with a warning naming it.
+    ///
+    /// # Errors
+    /// As [`Loaded::compile_grammar`], for the whole call grammar.
+    fn forced_call_grammar(
+        &self,
+        l: &Loaded,
+        req: &GenerateRequest,
+    ) -> Result<Option<Grammar>, EngineError> {
+        if !self.shared.config.constrain_tool_calls
+            || !req.tools_active()
+            || req.continue_final_message
+            || !matches!(req.prompt, Prompt::Chat(_))
+        {
+            return Ok(None);
+        }
+        let compiles = |schema: &serde_json::Value| {
+            l.compile_grammar(&GrammarSpec::JsonSchema(schema.clone()))
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        let Some(g) =
+            crate::tool_grammar::forced_call_grammar(&req.tools, &req.tool_choice, &compiles)
+        else {
+            return Ok(None);
+        };
+        for (name, why) in &g.fallbacks {
+            tracing::warn!(
+                tool = %name,
+                "the arguments of tool '{name}' are constrained to any JSON object: its schema cannot be constrained ({why})"
+            );
+        }
+        l.compile_grammar(&GrammarSpec::Lark(g.lark)).map(Some)
+    }
+}
+
 impl EngineDriver for InKernelDriver {
     fn id(&self) -> &'static str {
         "inkernel"
@@ -827,9 +868,12 @@ impl EngineDriver for InKernelDriver {
             .map_err(EngineError::InvalidRequest)?;
         // Compiled before anything is queued: a grammar that does not compile is the
         // request's error, before any token is generated.
-        let grammar = match &req.sampling.grammar {
-            Some(spec) => Some(l.compile_grammar(spec)?),
-            None => None,
+        let grammar = match self.forced_call_grammar(&l, &req)? {
+            Some(g) => Some(g),
+            None => match &req.sampling.grammar {
+                Some(spec) => Some(l.compile_grammar(spec)?),
+                None => None,
+            },
         };
         let context = l.model.config().max_position_embeddings;
         let Rendered {

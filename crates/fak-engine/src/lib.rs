@@ -40,6 +40,7 @@ pub mod prefix;
 pub mod presets;
 pub mod registry;
 pub mod route;
+pub mod tool_grammar;
 pub mod tools;
 pub mod upstream;
 
@@ -694,6 +695,12 @@ pub struct EngineConfig {
     /// (default on; `fak serve --no-kv-evict` turns it off, and then a cached prefix
     /// may still hold content revoked after it was cached).
     pub kv_evict: bool,
+    /// Whether the in-kernel driver constrains a call that `tool_choice` forces
+    /// (`required`, a named tool) to the call grammar of the offered tools
+    /// ([`tool_grammar`]; default on). Off, the reply is the model's own continuation
+    /// of the forced head, as before constrained decoding (kept for measuring the
+    /// difference).
+    pub constrain_tool_calls: bool,
     /// The upstream server (`openai-upstream`, `anthropic-upstream`).
     pub upstream: upstream::UpstreamConfig,
 }
@@ -710,6 +717,7 @@ impl Default for EngineConfig {
             threads: None,
             weights: fak_model::WeightMode::Exact,
             kv_evict: true,
+            constrain_tool_calls: true,
             upstream: upstream::UpstreamConfig::default(),
         }
     }

@@ -209,8 +209,14 @@ impl GrammarCompiler {
     }
 }
 
-/// `schema` with our JSON options set in its `x-guidance` key.
-fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, GrammarError> {
+/// `schema` with the JSON options [`GrammarCompiler::compile`] uses (compact `, ` and
+/// `: ` separators, no other whitespace) set in its `x-guidance` key: for a schema
+/// embedded in a Lark grammar (`%json { ... }`), so it is written as a
+/// [`GrammarSpec::JsonSchema`] would be.
+///
+/// # Errors
+/// [`GrammarError::Compile`] when `schema` is not a JSON object.
+pub fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, GrammarError> {
     if !schema.is_object() {
         return Err(GrammarError::Compile(format!(
             "a JSON schema must be a JSON object, not {schema}"
