@@ -393,6 +393,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         idle_timeout: (args.idle_timeout_s > 0).then(|| Duration::from_secs(args.idle_timeout_s)),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+        ..GatewayConfig::default()
     };
     let metrics = std::sync::Arc::new(fak_gateway::metrics::Metrics::default());
     let mut app = router_with_metrics(

@@ -38,8 +38,10 @@
 //! previous request's prompt plus reply, minus one, as the in-kernel driver reports; 0
 //! when the previous request was of another cache partition
 //! ([`crate::GenerateRequest::cache_partition`]).
-//! A per-word delay (see [`MockDriver::with_delay`]) makes streams last; each generation
-//! runs on its own thread, stopping as soon as its stream is dropped.
+//! A per-word delay (see [`MockDriver::with_delay`]) makes streams last, and a prefill
+//! delay (see [`MockDriver::with_prefill_delay`]) a silent wait between `Start` and the
+//! first word, as a long prompt's prefill is; each generation runs on its own thread,
+//! stopping as soon as its stream is dropped.
 
 use crate::tools::{ToolCallParser, TOOL_CALL_CLOSE, TOOL_CALL_OPEN};
 use crate::{
@@ -98,6 +100,7 @@ pub const SPEC: crate::registry::DriverSpec = crate::registry::DriverSpec {
 pub struct MockDriver {
     model: String,
     delay: Duration,
+    prefill_delay: Duration,
     max_active: usize,
     /// The context window, words.
     context: usize,
@@ -117,6 +120,7 @@ impl MockDriver {
         MockDriver {
             model: MOCK_MODEL.into(),
             delay: Duration::ZERO,
+            prefill_delay: Duration::ZERO,
             max_active: usize::MAX,
             context: MOCK_CONTEXT,
             active: Arc::new(AtomicUsize::new(0)),
@@ -134,6 +138,15 @@ impl MockDriver {
     /// Sleeps `delay` before each word.
     pub fn with_delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
+        self
+    }
+
+    /// Waits `delay` after `Start` before the first word, sending nothing, as the
+    /// in-kernel driver does while it prefills a long prompt. Like a prefill, the wait
+    /// ends early (and the generation with it) once the stream is dropped: the
+    /// generation's cancel flag is checked every few milliseconds.
+    pub fn with_prefill_delay(mut self, delay: Duration) -> Self {
+        self.prefill_delay = delay;
         self
     }
 
@@ -370,6 +383,7 @@ impl EngineDriver for MockDriver {
         };
         let (sink, stream) = event_channel();
         let delay = self.delay;
+        let prefill_delay = self.prefill_delay;
         let prompt_tokens = words.len();
         std::thread::spawn(move || {
             let _guard = guard;
@@ -378,6 +392,9 @@ impl EngineDriver for MockDriver {
                 cached_tokens: cached,
             }) {
                 return;
+            }
+            if !silent_prefill(&sink, prefill_delay) {
+                return; // the client went away during the prefill
             }
             let mut sender = PieceSender::new(&sink, parser);
             let record = |n: usize, piece: &str| {
@@ -441,6 +458,23 @@ impl EngineDriver for MockDriver {
             }));
         });
         Ok(stream)
+    }
+}
+
+/// The mock's silent prefill: waits `delay`, checking the generation's cancel flag
+/// every 5 ms. `false` when it was cancelled (the stream dropped).
+fn silent_prefill(sink: &crate::EventSink, delay: Duration) -> bool {
+    let cancel = sink.cancel_handle();
+    let end = std::time::Instant::now() + delay;
+    loop {
+        if cancel.is_cancelled() {
+            return false;
+        }
+        let left = end.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return true;
+        }
+        std::thread::sleep(left.min(Duration::from_millis(5)));
     }
 }
 

@@ -78,8 +78,8 @@ use crate::{
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
-use axum::response::{IntoResponse, Response};
+use axum::response::sse::Event;
+use axum::response::Response;
 use axum::Json;
 use fak_engine::{
     Done, EngineEvent, FinishReason, GenerateRequest, Message, Prompt, RawRequest, SamplingParams,
@@ -854,7 +854,7 @@ pub(crate) async fn messages(
         let mut text_open = false;
         // A `ping` follows the first block's start, as the API sends it.
         let mut pinged = false;
-        let st = sse_stream(s, started, head, move |ev| match ev {
+        let st = sse_stream(s.clone(), started, head, move |ev| match ev {
             EngineEvent::Text(t) if t.is_empty() => Vec::new(),
             EngineEvent::Text(t) => {
                 let mut out = Vec::with_capacity(2);
@@ -932,7 +932,9 @@ pub(crate) async fn messages(
             EngineEvent::Error(e) => vec![error_event(&ApiError::from(e).with_flavor(F))],
             EngineEvent::Start { .. } | EngineEvent::Logprobs(_) => Vec::new(),
         });
-        return Ok(with_note(Sse::new(st).into_response(), note));
+        // The keep-alive is the API's own `ping` event.
+        let sse = crate::openai::sse_response(&s, st, event(&StreamEvent::Ping));
+        return Ok(with_note(sse, note));
     }
     let mut f = finish(&s, started, F).await?;
     let a = adjudicate(

@@ -132,7 +132,20 @@ pub struct GatewayConfig {
     /// At shutdown, how long requests in flight may go on; then a waiting request gets
     /// 503 and a stream a final error event. Default: 10 s.
     pub shutdown_grace: Duration,
+    /// Longest a stream stays silent: after this long without an event (a long prompt's
+    /// prefill, a slow token) it sends a keep-alive in its wire's form, an SSE comment
+    /// `: keep-alive` on the OpenAI routes (SSE parsers, the OpenAI SDKs' among them,
+    /// skip comment lines), a `ping` event on `/v1/messages` (`event: ping`, data
+    /// `{"type": "ping"}`, as Anthropic's API sends). So clients' idle timers do not
+    /// fire on a silent prefill, and a client that went away is noticed: the write to
+    /// its closed connection fails, which drops the stream and cancels the generation.
+    /// `None`: no keep-alives. Default: [`SSE_KEEP_ALIVE`].
+    pub sse_keep_alive: Option<Duration>,
 }
+
+/// Default of [`GatewayConfig::sse_keep_alive`]: 5 s, well inside clients' stream idle
+/// timeouts (tens of seconds), and a few small writes a minute per silent stream.
+pub const SSE_KEEP_ALIVE: Duration = Duration::from_secs(5);
 
 impl Default for GatewayConfig {
     fn default() -> Self {
@@ -147,6 +160,7 @@ impl Default for GatewayConfig {
             idle_timeout: Some(Duration::from_secs(60)),
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(10),
+            sse_keep_alive: Some(SSE_KEEP_ALIVE),
         }
     }
 }

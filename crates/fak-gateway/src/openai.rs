@@ -65,7 +65,7 @@ use crate::{
 };
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::sse::{Event, Sse};
+use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use fak_engine::{
     EngineEvent, FinishReason, GenerateRequest, GrammarSpec, Message, Prompt, SamplingParams,
@@ -402,8 +402,8 @@ pub(crate) async fn chat_completions(
             offered,
             results,
         };
-        let sse = Sse::new(chat_stream(
-            s,
+        let events = chat_stream(
+            s.clone(),
             started,
             ChunkHead {
                 id,
@@ -413,8 +413,9 @@ pub(crate) async fn chat_completions(
                 logprobs: logprobs.is_some(),
             },
             calls,
-        ));
-        return Ok(with_note(sse.into_response(), note));
+        );
+        let sse = sse_response(&s, events, keep_alive_comment());
+        return Ok(with_note(sse, note));
     }
     let mut f = finish(&s, started, F).await?;
     let a = adjudicate(
@@ -528,6 +529,27 @@ where
         },
     );
     head.chain(body.flat_map(move |ev| stream::iter(render(ev).into_iter().map(Ok))))
+}
+
+/// `events` as an SSE response (200, `text/event-stream`) that sends `keep_alive`
+/// whenever the stream has been silent for [`crate::GatewayConfig::sse_keep_alive`].
+pub(crate) fn sse_response<S>(s: &AppState, events: S, keep_alive: Event) -> Response
+where
+    S: Stream<Item = Result<Event, Infallible>> + Send + 'static,
+{
+    let sse = Sse::new(events);
+    match s.config.sse_keep_alive {
+        Some(every) => sse
+            .keep_alive(KeepAlive::new().interval(every).event(keep_alive))
+            .into_response(),
+        None => sse.into_response(),
+    }
+}
+
+/// The keep-alive of the OpenAI routes' streams: an SSE comment, `: keep-alive`, which
+/// SSE parsers skip (the OpenAI SDKs' `SSEDecoder` yields no event for it).
+pub(crate) fn keep_alive_comment() -> Event {
+    Event::default().comment("keep-alive")
 }
 
 /// A JSON value as one SSE `data:` event.
@@ -845,7 +867,8 @@ pub(crate) async fn completions(
         })
         .flatten();
         let st = stream::select_all(streams).chain(tail);
-        return Ok(with_note(Sse::new(st).into_response(), note));
+        let sse = sse_response(&s, st, keep_alive_comment());
+        return Ok(with_note(sse, note));
     }
     let mut choices = Vec::with_capacity(started.len());
     let mut totals = Totals::default();

@@ -600,10 +600,9 @@ pub(crate) async fn create(
                 sequence_number,
             }),
         ];
-        let sse = Sse::new(crate::openai::sse_stream(s, started, head, move |ev| {
-            w.on(ev)
-        }));
-        return Ok(with_note(sse.into_response(), note));
+        let events = crate::openai::sse_stream(s.clone(), started, head, move |ev| w.on(ev));
+        let sse = crate::openai::sse_response(&s, events, crate::openai::keep_alive_comment());
+        return Ok(with_note(sse, note));
     }
     let mut f = finish(&s, started, F).await?;
     let a = adjudicate(
