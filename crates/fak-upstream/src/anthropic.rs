@@ -53,7 +53,7 @@
 //! [`EngineError::Upstream`] with its message.
 
 use super::{
-    error_value_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
+    body_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
     PartialCall, Progress, MAX_EVENT_BYTES,
 };
 use fak_engine::{
@@ -401,7 +401,7 @@ struct Usage {
 
 impl Usage {
     fn merge(&mut self, u: &Value) {
-        let get = |k: &str| super::as_usize(u.get(k));
+        let get = |k: &str| u.get(k).and_then(Value::as_u64).map(super::as_usize);
         self.input = get("input_tokens").or(self.input);
         self.creation = get("cache_creation_input_tokens").or(self.creation);
         self.read = get("cache_read_input_tokens").or(self.read);
@@ -592,8 +592,7 @@ impl EventReply for Reply<'_> {
             "error" => {
                 return Err(bad(format!(
                     "the upstream failed mid-reply: {}",
-                    v.get("error")
-                        .map_or_else(|| excerpt(data), error_value_message)
+                    body_message(data.as_bytes())
                 )))
             }
             // ping, content_block_stop, and event types added later.
@@ -645,8 +644,7 @@ impl Reply<'_> {
         if v.get("type").and_then(Value::as_str) == Some("error") {
             return Err(bad(format!(
                 "the upstream failed: {}",
-                v.get("error")
-                    .map_or_else(|| excerpt(&v.to_string()), error_value_message)
+                body_message(v.to_string().as_bytes())
             )));
         }
         let Some(content) = v.get("content").and_then(Value::as_array) else {
