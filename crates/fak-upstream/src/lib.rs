@@ -1764,12 +1764,13 @@ impl EngineDriver for UpstreamDriver {
                 .map(|m| m.id.clone())
                 .ok_or_else(|| EngineError::NotReady("the upstream serves no model".into()))?,
         };
-        let job = anthropic::count_job(
+        let job = anthropic::job(
             req,
             model,
             served.iter().map(|m| m.id.clone()).collect(),
             self.inner.auth.is_some(),
             self.inner.cfg.model.is_some(),
+            anthropic::Ask::Count,
         )?;
         let rt = self
             .rt
@@ -1838,6 +1839,7 @@ impl EngineDriver for UpstreamDriver {
                 served_ids,
                 self.inner.auth.is_some(),
                 self.inner.cfg.model.is_some(),
+                anthropic::Ask::Reply,
             )?,
         };
         let rt = self
