@@ -57,6 +57,7 @@ fn openai(m: ModelInfo, created: u64) -> oa::Model {
         created,
         owned_by: m.owned_by,
         context_length: m.context_length as u64,
+        max_model_len: None,
     }
 }
 

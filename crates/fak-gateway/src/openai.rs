@@ -622,6 +622,7 @@ impl ChunkHead {
                 delta,
                 logprobs,
                 finish_reason: finish,
+                stop_reason: None,
             }],
             usage: self.include_usage.then_some(None),
             fak: None,
@@ -796,6 +797,7 @@ pub(crate) async fn completions(
             index: index as u32,
             logprobs: lp,
             finish_reason: finish,
+            stop_reason: None,
         }],
         usage: None,
     };

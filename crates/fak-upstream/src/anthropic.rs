@@ -53,7 +53,7 @@
 //! [`EngineError::Upstream`] with its message.
 
 use super::{
-    error_value_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
+    body_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
     PartialCall, Progress, MAX_EVENT_BYTES,
 };
 use fak_engine::{
@@ -77,9 +77,22 @@ pub const DEFAULT_MAX_TOKENS: usize = 4096;
 /// The client headers passed on, lowercase.
 const PASSED_ON: [&str; 3] = ["x-api-key", VERSION, "anthropic-beta"];
 
-/// The upstream request for `req` on `model` (see the module docs). `operator_key`:
-/// the driver sends its own key, so the client's is not passed on. `named`: the model was
-/// named by this server's configuration (a refusal is then reported in the upstream's words).
+/// What an Anthropic-wire request asks of the upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Ask {
+    /// The reply (`POST /v1/messages`, streamed unless the client asked for one JSON
+    /// message).
+    Reply,
+    /// The prompt's token count (`POST /v1/messages/count_tokens`, one JSON answer).
+    Count,
+}
+
+/// The upstream request for `req` on `model` (see the module docs): `ask` picks the
+/// path, the translated body ([`request_body`] or [`prompt`]) and what is accepted. The
+/// client's body goes as it came when the request carries it. `operator_key`: the
+/// driver sends its own key, so the client's is not passed on. `named`: the model was
+/// named by this server's configuration (a refusal is then reported in the upstream's
+/// words).
 ///
 /// # Errors
 /// [`EngineError::InvalidRequest`] for what this wire cannot carry (see
@@ -90,65 +103,7 @@ pub(super) fn job(
     served: Vec<String>,
     operator_key: bool,
     named: bool,
-) -> Result<Job, EngineError> {
-    let translated = |m: &str| json_bytes(&request_body(req, m)?);
-    make_job(
-        req,
-        model,
-        served,
-        operator_key,
-        named,
-        "/v1/messages",
-        translated,
-    )
-}
-
-/// The upstream request counting `req`'s prompt tokens (`POST /v1/messages/count_tokens`):
-/// the client's body as it came when the request carries it, else [`prompt`]'s body;
-/// the client's headers and keys as for [`job`].
-///
-/// # Errors
-/// As [`job`].
-pub(super) fn count_job(
-    req: &GenerateRequest,
-    model: String,
-    served: Vec<String>,
-    operator_key: bool,
-    named: bool,
-) -> Result<Job, EngineError> {
-    let translated = |m: &str| json_bytes(&prompt(req, m)?);
-    let mut job = make_job(
-        req,
-        model,
-        served,
-        operator_key,
-        named,
-        "/v1/messages/count_tokens",
-        translated,
-    )?;
-    job.accept = "application/json";
-    Ok(job)
-}
-
-/// A typed body as JSON bytes.
-///
-/// # Errors
-/// [`EngineError::Internal`] if it cannot be written (a map with non-string keys; none
-/// of fak-wire's types has one).
-fn json_bytes<T: serde::Serialize>(body: &T) -> Result<Bytes, EngineError> {
-    serde_json::to_vec(body)
-        .map(Bytes::from)
-        .map_err(|e| EngineError::Internal(format!("writing the upstream request: {e}")))
-}
-
-fn make_job(
-    req: &GenerateRequest,
-    model: String,
-    served: Vec<String>,
-    operator_key: bool,
-    named: bool,
-    path: &'static str,
-    translated: impl FnOnce(&str) -> Result<Bytes, EngineError>,
+    ask: Ask,
 ) -> Result<Job, EngineError> {
     let (body, headers, stream, client_key) = match &req.raw {
         Some(raw) => {
@@ -177,14 +132,23 @@ fn make_job(
             }
             (raw.body.clone(), headers, raw.stream, client_key)
         }
-        None => (translated(&model)?, Vec::new(), true, false),
+        None => {
+            let body = match ask {
+                Ask::Reply => json_bytes(&request_body(req, &model)?)?,
+                Ask::Count => json_bytes(&prompt(req, &model)?)?,
+            };
+            (body, Vec::new(), true, false)
+        }
     };
     Ok(Job {
-        path,
+        path: match ask {
+            Ask::Reply => "/v1/messages",
+            Ask::Count => "/v1/messages/count_tokens",
+        },
         body,
         headers,
         client_key,
-        accept: if stream {
+        accept: if stream && ask == Ask::Reply {
             "text/event-stream"
         } else {
             "application/json"
@@ -196,6 +160,17 @@ fn make_job(
         max_tokens: Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)),
         named,
     })
+}
+
+/// A typed body as JSON bytes.
+///
+/// # Errors
+/// [`EngineError::Internal`] if it cannot be written (a map with non-string keys; none
+/// of fak-wire's types has one).
+fn json_bytes<T: serde::Serialize>(body: &T) -> Result<Bytes, EngineError> {
+    serde_json::to_vec(body)
+        .map(Bytes::from)
+        .map_err(|e| EngineError::Internal(format!("writing the upstream request: {e}")))
 }
 
 /// A text block, or none for empty text (Anthropic rejects empty text blocks).
@@ -401,7 +376,7 @@ struct Usage {
 
 impl Usage {
     fn merge(&mut self, u: &Value) {
-        let get = |k: &str| super::as_usize(u.get(k));
+        let get = |k: &str| u.get(k).and_then(Value::as_u64).map(super::as_usize);
         self.input = get("input_tokens").or(self.input);
         self.creation = get("cache_creation_input_tokens").or(self.creation);
         self.read = get("cache_read_input_tokens").or(self.read);
@@ -592,8 +567,7 @@ impl EventReply for Reply<'_> {
             "error" => {
                 return Err(bad(format!(
                     "the upstream failed mid-reply: {}",
-                    v.get("error")
-                        .map_or_else(|| excerpt(data), error_value_message)
+                    body_message(data.as_bytes())
                 )))
             }
             // ping, content_block_stop, and event types added later.
@@ -645,8 +619,7 @@ impl Reply<'_> {
         if v.get("type").and_then(Value::as_str) == Some("error") {
             return Err(bad(format!(
                 "the upstream failed: {}",
-                v.get("error")
-                    .map_or_else(|| excerpt(&v.to_string()), error_value_message)
+                body_message(v.to_string().as_bytes())
             )));
         }
         let Some(content) = v.get("content").and_then(Value::as_array) else {
@@ -894,6 +867,25 @@ mod tests {
     }
 
     #[test]
+    fn a_reply_and_a_count_differ_only_in_path_body_and_accept() {
+        let r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
+        let reply = job(&r, "m".into(), vec!["m".into()], false, false, Ask::Reply).unwrap();
+        let count = job(&r, "m".into(), vec!["m".into()], false, false, Ask::Count).unwrap();
+        assert_eq!(
+            (reply.path, reply.accept),
+            ("/v1/messages", "text/event-stream")
+        );
+        assert_eq!(
+            (count.path, count.accept),
+            ("/v1/messages/count_tokens", "application/json")
+        );
+        let reply: Value = serde_json::from_slice(&reply.body).unwrap();
+        let count: Value = serde_json::from_slice(&count.body).unwrap();
+        assert_eq!(reply["messages"], count["messages"]);
+        assert!(reply.get("max_tokens").is_some() && count.get("max_tokens").is_none());
+    }
+
+    #[test]
     fn only_the_passed_on_headers_go_and_an_operator_key_replaces_the_clients() {
         let mut r = GenerateRequest::chat(vec![Message::new("user", "hi")]);
         r.raw = Some(fak_engine::RawRequest {
@@ -905,19 +897,19 @@ mod tests {
             ],
             stream: false,
         });
-        let j = job(&r, "m".into(), vec!["m".into()], false, false).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], false, false, Ask::Reply).unwrap();
         assert_eq!(&j.body[..], b"{ \"x\" : 1 }");
         assert_eq!(j.accept, "application/json");
         let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["x-api-key", "anthropic-beta"]);
         assert!(j.client_key);
-        let j = job(&r, "m".into(), vec!["m".into()], true, false).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], true, false, Ask::Reply).unwrap();
         let names: Vec<&str> = j.headers.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names, ["anthropic-beta"]);
         assert!(!j.client_key);
         // Without a body of the client's: translated, streamed.
         r.raw = None;
-        let j = job(&r, "m".into(), vec!["m".into()], false, false).unwrap();
+        let j = job(&r, "m".into(), vec!["m".into()], false, false, Ask::Reply).unwrap();
         assert_eq!(j.accept, "text/event-stream");
         let v: Value = serde_json::from_slice(&j.body).unwrap();
         assert_eq!(v["messages"][0]["content"][0]["text"], "hi");

@@ -29,7 +29,14 @@
 //! here, and sending it would make every such request sample alike); `top_k`, `min_p`
 //! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set.
 //!
-//! **Replies.** The upstream's server-sent events map to [`EngineEvent`]s:
+//! **Replies.** Each server-sent event is read as fak-wire's
+//! [`ChatCompletionChunk`](wire::ChatCompletionChunk) (chat) or
+//! [`Completion`](wire::Completion) (completions), the types the gateway writes; the
+//! models list as [`ModelList`](wire::ModelList). Fields the API does not define are
+//! ignored (llama.cpp's `timings` and `reasoning_content`, vLLM's `stop_reason` is
+//! read), missing ones take their defaults; a field of another type is an
+//! [`EngineError::Upstream`] naming its path (`choices[0].delta.content`). The events
+//! map to [`EngineEvent`]s:
 //!
 //! - `Start` as soon as the upstream answers `200` (so a 4xx or 429 from the upstream is
 //!   still this server's status, not an error inside a stream). Its counts are 0: an
@@ -55,8 +62,10 @@
 //! upstream's message. Connection failures, 5xx and timeouts are retried
 //! ([`UpstreamConfig::retries`], backoff 0.25 s doubling) as long as nothing has been
 //! relayed to the client, then become [`EngineError::Upstream`] (502) or
-//! [`EngineError::UpstreamTimeout`] (504). An event that is not JSON, an `error` event,
-//! or a stream that ends before the reply finished is an error, never a panic.
+//! [`EngineError::UpstreamTimeout`] (504). An event that is not JSON, a field of the
+//! wrong type, an `error` event ([`wire::ServerError`]: vLLM's and llama.cpp's carry an
+//! integer `code`), or a stream that ends before the reply finished is an error, never
+//! a panic.
 //!
 //! **Timeouts.** [`UpstreamConfig::timeout`] bounds connecting and the wait for the
 //! response head; [`UpstreamConfig::idle_timeout`] bounds each wait for the next piece of
@@ -419,27 +428,12 @@ fn excerpt(s: &str) -> String {
     }
 }
 
-/// The message of an OpenAI-style error value (`{"message"}`, a string, ...).
-fn error_value_message(e: &Value) -> String {
-    match e {
-        Value::String(s) => excerpt(s),
-        Value::Object(o) => o
-            .get("message")
-            .and_then(Value::as_str)
-            .map_or_else(|| excerpt(&e.to_string()), excerpt),
-        _ => excerpt(&e.to_string()),
-    }
-}
-
-/// The message of an error body: `error.message`, `error`, `message` or `detail` of a
-/// JSON body, else the text itself.
+/// The message of an error body or error event ([`wire::ServerError`]: `error.message`,
+/// `error`, `message` or `detail` of a JSON object), else the text itself.
 fn body_message(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
-    let msg = match serde_json::from_str::<Value>(&text) {
-        Ok(v) => ["error", "message", "detail"]
-            .iter()
-            .find_map(|k| v.get(k))
-            .map_or_else(|| excerpt(&text), error_value_message),
+    let msg = match serde_json::from_str::<wire::ServerError>(&text) {
+        Ok(e) => e.text().map_or_else(|| excerpt(&text), excerpt),
         Err(_) => excerpt(&text),
     };
     if msg.is_empty() {
@@ -447,6 +441,33 @@ fn body_message(body: &[u8]) -> String {
     } else {
         msg
     }
+}
+
+/// Parses an upstream's reply or event `text` as `T`. The error says whether the text
+/// was not JSON at all or which field (its path, e.g. `choices[0].index`) is not of
+/// the API's type, and quotes the start of the text.
+fn parse<'a, T: serde::Deserialize<'a>>(text: &'a str, what: &str) -> Result<T, String> {
+    let not_json = |e: serde_json::Error| {
+        format!(
+            "{what} that is not JSON of the API's shape ({e}): {}",
+            excerpt(text)
+        )
+    };
+    let mut d = serde_json::Deserializer::from_str(text);
+    let v = serde_path_to_error::deserialize(&mut d).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if inner.is_syntax() || inner.is_eof() || path == "." {
+            not_json(inner)
+        } else {
+            format!(
+                "{what} whose `{path}` is not of the API's type ({inner}): {}",
+                excerpt(text)
+            )
+        }
+    })?;
+    d.end().map_err(not_json)?;
+    Ok(v)
 }
 
 /// A failed attempt: the error and whether another attempt may help.
@@ -633,24 +654,17 @@ impl Inner {
         if !status.is_success() {
             return Err(format!("{url} answered {status}: {}", body_message(&body)));
         }
-        let v: Value =
-            serde_json::from_slice(&body).map_err(|e| format!("{url} did not answer JSON: {e}"))?;
-        let listed: Vec<ModelInfo> = v
-            .get("data")
-            .and_then(Value::as_array)
-            .ok_or_else(|| format!("{url} answered no `data` list"))?
-            .iter()
-            .filter_map(|m| {
-                let id = m.get("id")?.as_str()?.to_string();
-                let context_length = ["context_length", "max_model_len"]
-                    .iter()
-                    .find_map(|k| m.get(k).and_then(Value::as_u64))
-                    .map_or(0, |n| usize::try_from(n).unwrap_or(usize::MAX));
-                Some(ModelInfo {
-                    id,
-                    context_length,
-                    owned_by: owned_by.into(),
-                })
+        let list: wire::ModelList = parse(
+            &String::from_utf8_lossy(&body),
+            &format!("{url} answered a models list"),
+        )?;
+        let listed: Vec<ModelInfo> = list
+            .data
+            .into_iter()
+            .map(|m| ModelInfo {
+                context_length: usize::try_from(m.window()).unwrap_or(usize::MAX),
+                id: m.id,
+                owned_by: owned_by.into(),
             })
             .collect();
         if let Some(name) = &self.cfg.model {
@@ -934,99 +948,111 @@ struct Reply<'a> {
     sink: &'a EventSink,
     progress: &'a mut Progress,
     calls: BTreeMap<u64, PartialCall>,
-    finish_reason: Option<String>,
+    finish_reason: Option<wire::FinishReason>,
+    /// vLLM's `stop_reason`, when it was a stop string.
     stop_reason: Option<String>,
-    usage: Option<Value>,
+    usage: Option<wire::Usage>,
     pieces: usize,
 }
 
-fn as_usize(v: Option<&Value>) -> Option<usize> {
-    v.and_then(Value::as_u64)
-        .map(|n| usize::try_from(n).unwrap_or(usize::MAX))
+fn as_usize(n: u64) -> usize {
+    usize::try_from(n).unwrap_or(usize::MAX)
 }
 
-/// A record from OpenAI's `{token, logprob, bytes?}` (chat `logprobs.content` entry or
-/// one of its `top_logprobs`).
-fn top_record(v: &Value) -> TopLogprob {
-    let bytes = v
-        .get("bytes")
-        .and_then(Value::as_array)
-        .map(|b| {
-            b.iter()
-                .filter_map(|x| x.as_u64().and_then(|x| u8::try_from(x).ok()))
-                .collect()
-        })
-        .unwrap_or_else(|| {
-            v.get("token")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .as_bytes()
-                .to_vec()
-        });
+/// A record of one token or alternative: its `bytes` when the server sent them, else
+/// the UTF-8 of its text.
+fn top_record(token: &str, logprob: f64, bytes: Option<&[u8]>) -> TopLogprob {
     TopLogprob {
         id: 0,
-        bytes,
-        logprob: v
-            .get("logprob")
-            .and_then(Value::as_f64)
-            .unwrap_or(f64::NEG_INFINITY),
+        bytes: bytes.map_or_else(|| token.as_bytes().to_vec(), <[u8]>::to_vec),
+        logprob,
     }
 }
 
-/// A choice's logprob records: chat `logprobs.content` or the legacy parallel lists.
-fn records(lp: &Value) -> Vec<TokenLogprob> {
-    if let Some(content) = lp.get("content").and_then(Value::as_array) {
-        return content
-            .iter()
-            .map(|e| {
-                let t = top_record(e);
-                TokenLogprob {
-                    id: 0,
-                    bytes: t.bytes,
-                    logprob: t.logprob,
-                    top: e
-                        .get("top_logprobs")
-                        .and_then(Value::as_array)
-                        .map(|a| a.iter().map(top_record).collect())
-                        .unwrap_or_default(),
-                }
-            })
-            .collect();
-    }
-    let (Some(tokens), Some(lps)) = (
-        lp.get("tokens").and_then(Value::as_array),
-        lp.get("token_logprobs").and_then(Value::as_array),
-    ) else {
-        return Vec::new();
-    };
-    let tops = lp.get("top_logprobs").and_then(Value::as_array);
-    tokens
+/// A chat choice's logprob records (`logprobs.content`).
+fn chat_records(lp: &wire::ChoiceLogprobs) -> Vec<TokenLogprob> {
+    lp.content
         .iter()
-        .zip(lps)
+        .flatten()
+        .map(|e| {
+            let t = top_record(&e.token, e.logprob, e.bytes.as_deref());
+            TokenLogprob {
+                id: 0,
+                bytes: t.bytes,
+                logprob: t.logprob,
+                top: e
+                    .top_logprobs
+                    .iter()
+                    .map(|a| top_record(&a.token, a.logprob, a.bytes.as_deref()))
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// A completion choice's logprob records (the legacy parallel lists; alternatives
+/// highest first).
+fn completion_records(lp: &wire::CompletionLogprobs) -> Vec<TokenLogprob> {
+    lp.tokens
+        .iter()
+        .zip(&lp.token_logprobs)
         .enumerate()
-        .map(|(i, (t, l))| {
-            let mut top: Vec<TopLogprob> = tops
-                .and_then(|a| a.get(i))
-                .and_then(Value::as_object)
-                .map(|o| {
-                    o.iter()
-                        .map(|(k, v)| TopLogprob {
-                            id: 0,
-                            bytes: k.as_bytes().to_vec(),
-                            logprob: v.as_f64().unwrap_or(f64::NEG_INFINITY),
-                        })
-                        .collect()
-                })
+        .map(|(i, (t, &l))| {
+            let mut top: Vec<TopLogprob> = lp
+                .top_logprobs
+                .get(i)
+                .map(|o| o.iter().map(|(k, &v)| top_record(k, v, None)).collect())
                 .unwrap_or_default();
             top.sort_by(|a, b| b.logprob.total_cmp(&a.logprob));
             TokenLogprob {
                 id: 0,
-                bytes: t.as_str().unwrap_or("").as_bytes().to_vec(),
-                logprob: l.as_f64().unwrap_or(f64::NEG_INFINITY),
+                bytes: t.as_bytes().to_vec(),
+                logprob: l,
                 top,
             }
         })
         .collect()
+}
+
+/// What one event brings for choice 0, whichever API the stream is of.
+#[derive(Default)]
+struct ChoiceEvent {
+    text: Option<String>,
+    records: Vec<TokenLogprob>,
+    calls: Vec<wire::ToolCallDelta>,
+    finish_reason: Option<wire::FinishReason>,
+    stop_reason: Option<wire::StopReason>,
+}
+
+impl ChoiceEvent {
+    /// Choice 0 of a chat chunk (n = 1: only choice 0 is asked for; any other an
+    /// upstream sends is not this reply's).
+    fn chat(chunk: wire::ChatCompletionChunk) -> Option<Self> {
+        let c = chunk.choices.into_iter().find(|c| c.index == 0)?;
+        Some(ChoiceEvent {
+            records: c.logprobs.as_ref().map(chat_records).unwrap_or_default(),
+            text: c.delta.content,
+            calls: c.delta.tool_calls.unwrap_or_default(),
+            finish_reason: c.finish_reason,
+            stop_reason: c.stop_reason,
+        })
+    }
+
+    /// Choice 0 of a completions chunk.
+    fn completion(chunk: wire::Completion) -> Option<Self> {
+        let c = chunk.choices.into_iter().find(|c| c.index == 0)?;
+        Some(ChoiceEvent {
+            records: c
+                .logprobs
+                .as_ref()
+                .map(completion_records)
+                .unwrap_or_default(),
+            text: Some(c.text),
+            calls: Vec::new(),
+            finish_reason: c.finish_reason,
+            stop_reason: c.stop_reason,
+        })
+    }
 }
 
 impl<'a> Reply<'a> {
@@ -1071,84 +1097,68 @@ impl EventReply for Reply<'_> {
             }
             return Ok(Flow::End);
         }
-        let v = event_object(data)?;
-        if let Some(e) = v.get("error") {
-            return Err(bad(format!(
-                "the upstream failed mid-reply: {}",
-                error_value_message(e)
-            )));
-        }
-        if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
-            self.usage = Some(u.clone());
-        }
-        let choices = match v.get("choices") {
-            None | Some(Value::Null) => return Ok(Flow::More),
-            Some(Value::Array(a)) => a,
-            Some(_) => {
+        // An error event (vLLM, llama.cpp's server: `{"error": {...}}` mid-reply).
+        if data.trim_start().starts_with('{') {
+            if let Ok(e @ wire::ServerError { error: Some(_), .. }) =
+                serde_json::from_str::<wire::ServerError>(data)
+            {
                 return Err(bad(format!(
-                    "the upstream sent `choices` that is not a list: {}",
-                    excerpt(data)
-                )))
+                    "the upstream failed mid-reply: {}",
+                    e.text().map_or_else(|| excerpt(data), excerpt)
+                )));
             }
+        }
+        let what = "the upstream sent an event";
+        let (usage, choice) = if self.job.chat {
+            let mut chunk: wire::ChatCompletionChunk = parse(data, what).map_err(bad)?;
+            (chunk.usage.take().flatten(), ChoiceEvent::chat(chunk))
+        } else {
+            let mut chunk: wire::Completion = parse(data, what).map_err(bad)?;
+            (chunk.usage.take(), ChoiceEvent::completion(chunk))
         };
-        // n = 1: only choice 0 is asked for; any other an upstream sends is not
-        // this reply's.
-        let Some(c) = choices
-            .iter()
-            .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
-        else {
+        if usage.is_some() {
+            self.usage = usage;
+        }
+        let Some(c) = choice else {
             return Ok(Flow::More);
         };
-        let (text, calls) = if self.job.chat {
-            let delta = c.get("delta");
-            (
-                delta.and_then(|d| d.get("content")).and_then(Value::as_str),
-                delta
-                    .and_then(|d| d.get("tool_calls"))
-                    .and_then(Value::as_array),
-            )
-        } else {
-            (c.get("text").and_then(Value::as_str), None)
-        };
-        if let Some(t) = text.filter(|t| !t.is_empty()) {
+        if let Some(t) = c.text.filter(|t| !t.is_empty()) {
             if self.progress.over(t.len(), true) {
-                self.finish_reason = Some("length".into());
+                self.finish_reason = Some(wire::FinishReason::Length);
                 return Ok(Flow::End);
             }
-            let recs = c.get("logprobs").map(records).unwrap_or_default();
-            if !recs.is_empty() && !self.relay(EngineEvent::Logprobs(recs)) {
+            if !c.records.is_empty() && !self.relay(EngineEvent::Logprobs(c.records)) {
                 return Ok(Flow::Gone);
             }
             self.pieces += 1;
-            if !self.relay(EngineEvent::Text(t.to_string())) {
+            if !self.relay(EngineEvent::Text(t)) {
                 return Ok(Flow::Gone);
             }
         }
         let mut over = false;
-        for (pos, d) in calls.into_iter().flatten().enumerate() {
-            let index = d.get("index").and_then(Value::as_u64).unwrap_or(pos as u64);
-            let p = self.calls.entry(index).or_default();
-            if let Some(id) = d.get("id").and_then(Value::as_str) {
+        for d in c.calls {
+            let p = self.calls.entry(u64::from(d.index)).or_default();
+            if let Some(id) = &d.id {
                 p.id.push_str(id);
             }
-            if let Some(f) = d.get("function") {
-                if let Some(n) = f.get("name").and_then(Value::as_str) {
+            if let Some(f) = d.function {
+                if let Some(n) = &f.name {
                     p.name.push_str(n);
                 }
-                if let Some(a) = f.get("arguments").and_then(Value::as_str) {
+                if let Some(a) = &f.arguments {
                     p.arguments.push_str(a);
                     over |= self.progress.over(a.len(), false);
                 }
             }
         }
         if over {
-            self.finish_reason = Some("length".into());
+            self.finish_reason = Some(wire::FinishReason::Length);
             return Ok(Flow::End);
         }
-        if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
-            self.finish_reason = Some(f.to_string());
+        if let Some(f) = c.finish_reason {
+            self.finish_reason = Some(f);
         }
-        if let Some(s) = c.get("stop_reason").and_then(Value::as_str) {
+        if let Some(s) = c.stop_reason.as_ref().and_then(wire::StopReason::sequence) {
             self.stop_reason = Some(s.to_string());
         }
         Ok(Flow::More)
@@ -1162,19 +1172,17 @@ impl EventReply for Reply<'_> {
             }
         }
         let u = self.usage.as_ref();
-        let completion_tokens =
-            as_usize(u.and_then(|u| u.get("completion_tokens"))).unwrap_or(self.pieces);
-        let prompt_usage = as_usize(u.and_then(|u| u.get("prompt_tokens"))).map(|p| PromptUsage {
-            prompt_tokens: p,
-            cached_tokens: as_usize(
-                u.and_then(|u| u.pointer("/prompt_tokens_details/cached_tokens")),
-            )
-            .unwrap_or(0)
-            .min(p),
-            cache_creation_tokens: 0,
+        let completion_tokens = u.map_or(self.pieces, |u| as_usize(u.completion_tokens));
+        let prompt_usage = u.map(|u| {
+            let p = as_usize(u.prompt_tokens);
+            PromptUsage {
+                prompt_tokens: p,
+                cached_tokens: as_usize(u.cached_tokens()).min(p),
+                cache_creation_tokens: 0,
+            }
         });
-        let finish_reason = match self.finish_reason.as_deref() {
-            Some("length") => FinishReason::Length,
+        let finish_reason = match self.finish_reason {
+            Some(wire::FinishReason::Length) => FinishReason::Length,
             _ => FinishReason::Stop,
         };
         let stop_sequence = self
@@ -1756,12 +1764,13 @@ impl EngineDriver for UpstreamDriver {
                 .map(|m| m.id.clone())
                 .ok_or_else(|| EngineError::NotReady("the upstream serves no model".into()))?,
         };
-        let job = anthropic::count_job(
+        let job = anthropic::job(
             req,
             model,
             served.iter().map(|m| m.id.clone()).collect(),
             self.inner.auth.is_some(),
             self.inner.cfg.model.is_some(),
+            anthropic::Ask::Count,
         )?;
         let rt = self
             .rt
@@ -1830,6 +1839,7 @@ impl EngineDriver for UpstreamDriver {
                 served_ids,
                 self.inner.auth.is_some(),
                 self.inner.cfg.model.is_some(),
+                anthropic::Ask::Reply,
             )?,
         };
         let rt = self
@@ -2351,6 +2361,144 @@ data: [DONE]\n\n",
 
     /// A loopback server answering each request with the reply of the first route whose
     /// prefix its head starts with (else a 404).
+    /// An HTTP reply streaming `events` (each one `data:` line) as server-sent events.
+    fn sse(events: &[&str]) -> &'static [u8] {
+        let mut r =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n"
+                .to_vec();
+        for e in events {
+            r.extend_from_slice(format!("data: {e}\n\n").as_bytes());
+        }
+        Box::leak(r.into_boxed_slice())
+    }
+
+    /// All events of one chat generation.
+    fn events_of(d: &UpstreamDriver) -> Vec<EngineEvent> {
+        let mut s = d
+            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
+            .unwrap();
+        let mut evs = Vec::new();
+        while let Some(e) = s.blocking_next() {
+            evs.push(e);
+        }
+        evs
+    }
+
+    #[test]
+    fn llama_cpp_server_chunks_parse_with_their_extra_fields() {
+        // Chunks as llama.cpp's server (llama-server, builds b6097 and b6881) sent them,
+        // quoted from captured streams: a first chunk with `"content": null`, a
+        // `reasoning_content` delta (not relayed: it is not the reply's text), and a last
+        // chunk carrying `usage` and llama.cpp's own `timings`.
+        let d = driver(
+            fake_upstream(sse(&[
+                r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],"created":1762593253,"id":"chatcmpl-DHvcEyFobkuV4Xu1QSYo4bqNv18TDqaA","model":"gpt-oss:120b","system_fingerprint":"b6881-8b11deea4","object":"chat.completion.chunk"}"#,
+                r#"{"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":"We"}}],"created":1762593253,"id":"chatcmpl-DHvcEyFobkuV4Xu1QSYo4bqNv18TDqaA","model":"gpt-oss:120b","system_fingerprint":"b6881-8b11deea4","object":"chat.completion.chunk"}"#,
+                r#"{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"created":1754524122,"id":"chatcmpl-yPk7z9nC22CofOlh100qQdHVEDMNYCb1","model":"gpt-oss:20b","system_fingerprint":"b6097-9515c613","object":"chat.completion.chunk","usage":{"completion_tokens":247,"prompt_tokens":1085,"total_tokens":1332},"timings":{"prompt_n":1085,"prompt_ms":203.378,"prompt_per_token_ms":0.18744516129032257,"prompt_per_second":5334.893646313762,"predicted_n":247,"predicted_ms":933.63,"predicted_per_token_ms":3.7798785425101213,"predicted_per_second":264.5587652496171}}"#,
+                "[DONE]",
+            ])),
+            5000,
+        );
+        let c = ask(&d).unwrap();
+        assert_eq!(c.text, "");
+        assert_eq!((c.prompt_tokens, c.cached_tokens), (1085, 0));
+        let done = c.done.unwrap();
+        assert_eq!(done.finish_reason, FinishReason::Stop);
+        assert_eq!(done.completion_tokens, 247);
+    }
+
+    #[test]
+    fn a_vllm_error_event_with_an_integer_code_is_its_message() {
+        // vLLM's streaming error: `{"error": ErrorResponse}` with its `object` and an
+        // integer `code` (create_streaming_error_response in vLLM's OpenAI server).
+        let d = driver(
+            fake_upstream(sse(&[
+                r#"{"error": {"object": "error", "message": "This model's maximum context length is 2048 tokens.", "type": "BadRequestError", "param": null, "code": 400}}"#,
+            ])),
+            5000,
+        );
+        let e = ask(&d).unwrap_err();
+        assert!(
+            matches!(&e, EngineError::Upstream(m)
+                if m == "the upstream failed mid-reply: This model's maximum context length is 2048 tokens."),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_field_of_the_wrong_type_is_an_error_naming_it() {
+        for (event, path) in [
+            (
+                r#"{"choices":[{"index":0,"delta":{"content":5}}]}"#,
+                "`choices[0].delta.content`",
+            ),
+            (
+                r#"{"choices":[{"index":"0","delta":{"content":"a"}}]}"#,
+                "`choices[0].index`",
+            ),
+            (
+                r#"{"choices":[],"usage":{"prompt_tokens":"11","completion_tokens":4}}"#,
+                "`usage.prompt_tokens`",
+            ),
+            (
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":{"a":1}}}]}}]}"#,
+                "`choices[0].delta.tool_calls[0].function.arguments`",
+            ),
+        ] {
+            let evs = events_of(&driver(fake_upstream(sse(&[event, "[DONE]"])), 5000));
+            assert!(
+                matches!(evs.last(), Some(EngineEvent::Error(EngineError::Upstream(m)))
+                    if m.contains(path) && m.contains("not of the API's type")),
+                "{event}: {evs:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_vllm_models_list_gives_the_context_window() {
+        // vLLM's `GET /v1/models`, as a vLLM server answered it (quoted from a vendor's
+        // API reference built on vLLM): `max_model_len`, `root`, `parent`, `permission`.
+        const VLLM: &[u8] = br#"HTTP/1.1 200 OK
+content-type: application/json
+connection: close
+
+{"data":[{"created":1756885796,"id":"seongil-dn/bge-m3-3800_steps_v2_234","max_model_len":1024,"object":"model","owned_by":"vllm","parent":null,"permission":[{"allow_create_engine":false,"allow_fine_tuning":false,"allow_logprobs":true,"allow_sampling":true,"allow_search_indices":false,"allow_view":true,"created":1756885796,"group":null,"id":"modelperm-cb01ad02375f4989a5730d7e103b03ab","is_blocking":false,"object":"model_permission","organization":"*"}],"root":"seongil-dn/bge-m3-3800_steps_v2_234"}],"object":"list"}"#;
+        let addr = routed_upstream(vec![(b"GET /v1/models", VLLM)]);
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{addr}")],
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let m = d.models();
+        assert_eq!(m.len(), 1);
+        assert_eq!(
+            (m[0].id.as_str(), m[0].context_length),
+            ("seongil-dn/bge-m3-3800_steps_v2_234", 1024)
+        );
+        // A list whose entry has a field of the wrong type: down, the field named.
+        let bad = routed_upstream(vec![(
+            b"GET /v1/models",
+            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"m\", \"max_model_len\": \"big\"}]}",
+        )]);
+        let d = UpstreamDriver::start(UpstreamConfig {
+            base_urls: vec![format!("http://{bad}")],
+            ..UpstreamConfig::default()
+        })
+        .unwrap();
+        let t = Instant::now();
+        while d.upstreams()[0].error.is_none() {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.upstreams());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let e = d.upstreams()[0].error.clone().unwrap();
+        assert!(e.contains("`data[0].max_model_len`"), "{e}");
+    }
+
     fn routed_upstream(routes: Vec<(&'static [u8], &'static [u8])>) -> std::net::SocketAddr {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();

@@ -53,3 +53,73 @@ where
         _e: PhantomData,
     })
 }
+
+/// `null` read as `T::default()` (a field some servers send as `null` where the API
+/// has a value, e.g. an empty list).
+pub(crate) fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
+
+/// A list that may be `null` (read as empty) and whose `null` elements read as
+/// `T::default()`: vLLM's legacy `top_logprobs` (`Optional[List[Optional[Dict]]]`).
+pub(crate) fn list_with_nulls<'de, D, T>(d: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de> + Default,
+{
+    Ok(Option::<Vec<Option<T>>>::deserialize(d)?
+        .unwrap_or_default()
+        .into_iter()
+        .map(Option::unwrap_or_default)
+        .collect())
+}
+
+/// A list of logprobs whose `null` elements (the legacy `token_logprobs` of a token
+/// with no probability, e.g. the first echoed prompt token; vLLM:
+/// `List[Optional[float]]`) read as `-inf`, which is also what serde_json writes as
+/// `null`. A `null` list reads as empty.
+pub(crate) fn logprobs_with_nulls<'de, D>(d: D) -> Result<Vec<f64>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    Ok(Option::<Vec<Option<f64>>>::deserialize(d)?
+        .unwrap_or_default()
+        .into_iter()
+        .map(|l| l.unwrap_or(f64::NEG_INFINITY))
+        .collect())
+}
+
+/// An error `code` as a string: OpenAI sends a string or `null`; vLLM and llama.cpp's
+/// server send the HTTP status as an integer, read here as its decimal text.
+pub(crate) fn code_text<'de, D>(d: D) -> Result<Option<String>, D::Error>
+where
+    D: Deserializer<'de>,
+{
+    struct V;
+    impl<'de> Visitor<'de> for V {
+        type Value = Option<String>;
+        fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+            f.write_str("a string, an integer or null")
+        }
+        fn visit_str<E: de::Error>(self, s: &str) -> Result<Self::Value, E> {
+            Ok(Some(s.to_string()))
+        }
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
+            Ok(Some(n.to_string()))
+        }
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+            Ok(Some(n.to_string()))
+        }
+        fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+    }
+    d.deserialize_any(V)
+}

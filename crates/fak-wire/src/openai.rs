@@ -81,7 +81,8 @@ pub struct Usage {
     pub prompt_tokens: u64,
     /// Tokens generated.
     pub completion_tokens: u64,
-    /// Their sum.
+    /// Their sum (taken as 0 when a server leaves it out).
+    #[serde(default)]
     pub total_tokens: u64,
     /// Breakdown of the prompt tokens.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -133,6 +134,10 @@ pub enum FinishReason {
     ContentFilter,
     /// The deprecated `function_call` (never sent by fak).
     FunctionCall,
+    /// Another word some OpenAI-compatible servers send (vLLM's and SGLang's `abort`),
+    /// read from an upstream as a plain stop; never sent by fak.
+    #[serde(other)]
+    Other,
 }
 
 /// The `type` of a tool, tool call or named tool choice: only `"function"` is
@@ -159,17 +164,75 @@ pub struct ErrorResponse {
 /// The inner object of [`ErrorResponse`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ErrorObject {
-    /// What was wrong, for a person.
+    /// What was wrong, for a person (empty when a server sends none).
+    #[serde(default)]
     pub message: String,
-    /// The type word (`invalid_request_error`, `authentication_error`, ...).
-    #[serde(rename = "type")]
+    /// The type word (`invalid_request_error`, `authentication_error`, ...; empty when
+    /// a server sends none).
+    #[serde(rename = "type", default)]
     pub kind: String,
     /// The request field at fault, when known (`null` otherwise).
     #[serde(default)]
     pub param: Option<String>,
-    /// A machine-readable code, when there is one (`null` otherwise).
-    #[serde(default)]
+    /// A machine-readable code, when there is one (`null` otherwise). vLLM and
+    /// llama.cpp's server send the HTTP status here as an integer, read as its text.
+    #[serde(default, deserialize_with = "crate::de::code_text")]
     pub code: Option<String>,
+}
+
+/// An error as another server sends it, read by the upstream driver: an error body
+/// (any status), or an error event inside a stream (`data: {"error": ...}`, as vLLM and
+/// llama.cpp's server send one mid-reply). The message is under `error` (OpenAI, vLLM,
+/// llama.cpp's server, and Anthropic, whose `error` has the same `type` and `message`),
+/// `message`, or `detail` (FastAPI's); each as an [`ErrorObject`] or a bare string.
+/// Other members are ignored. Read only: fak writes [`ErrorResponse`].
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
+pub struct ServerError {
+    /// `error`: OpenAI's and Anthropic's place.
+    #[serde(default)]
+    pub error: Option<ErrorDetail>,
+    /// `message`: a bare message (some servers).
+    #[serde(default)]
+    pub message: Option<ErrorDetail>,
+    /// `detail`: FastAPI's (a string, or a list of validation errors).
+    #[serde(default)]
+    pub detail: Option<ErrorDetail>,
+}
+
+impl ServerError {
+    /// The first message found (`error`, then `message`, then `detail`); `None` when
+    /// none of them carries one.
+    pub fn text(&self) -> Option<&str> {
+        [&self.error, &self.message, &self.detail]
+            .into_iter()
+            .flatten()
+            .find_map(ErrorDetail::text)
+    }
+}
+
+/// One place of a [`ServerError`]: an object with a `message`, a string, or anything
+/// else (kept as no message).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum ErrorDetail {
+    /// A bare message.
+    Text(String),
+    /// OpenAI's error object (Anthropic's reads as one too).
+    Object(ErrorObject),
+    /// Something else (a FastAPI validation list, a number): no message.
+    Other(serde::de::IgnoredAny),
+}
+
+impl ErrorDetail {
+    /// The message, when there is a non-empty one.
+    pub fn text(&self) -> Option<&str> {
+        match self {
+            ErrorDetail::Text(t) => Some(t.as_str()),
+            ErrorDetail::Object(o) => Some(o.message.as_str()),
+            ErrorDetail::Other(_) => None,
+        }
+        .filter(|t| !t.trim().is_empty())
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -802,8 +865,8 @@ pub struct TokenLogprob {
     /// Its exact bytes (UTF-8 of part of a character, possibly).
     #[serde(default)]
     pub bytes: Option<Vec<u8>>,
-    /// The most likely tokens at its position, highest first.
-    #[serde(default)]
+    /// The most likely tokens at its position, highest first (`null` read as none).
+    #[serde(default, deserialize_with = "crate::de::null_as_default")]
     pub top_logprobs: Vec<TopLogprob>,
 }
 
@@ -820,20 +883,29 @@ pub struct TopLogprob {
 }
 
 /// One server-sent event of a chat stream. SDK: `openai.types.chat.ChatCompletionChunk`.
+///
+/// Read from an upstream, every field may be missing (empty, 0) and fields the API does
+/// not define are ignored: llama.cpp's server adds `timings`, and `reasoning_content`
+/// to the delta; vLLM adds `stop_reason` to the choice (kept: [`ChunkChoice::stop_reason`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChatCompletionChunk {
     /// The same on every chunk of a stream.
+    #[serde(default)]
     pub id: String,
     /// [`CHAT_COMPLETION_CHUNK_OBJECT`].
+    #[serde(default)]
     pub object: String,
     /// Unix seconds, the same on every chunk.
+    #[serde(default)]
     pub created: u64,
     /// The model id.
+    #[serde(default)]
     pub model: String,
     /// `"fak"`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_fingerprint: Option<String>,
-    /// The choices' deltas (empty on the usage chunk).
+    /// The choices' deltas (empty on the usage chunk; absent or `null` read as empty).
+    #[serde(default, deserialize_with = "crate::de::null_as_default")]
     pub choices: Vec<ChunkChoice>,
     /// Absent unless `stream_options.include_usage`; then `null` on every chunk but the
     /// last, which has empty `choices` and the request's usage.
@@ -851,9 +923,11 @@ pub struct ChatCompletionChunk {
 /// SDK: `openai.types.chat.chat_completion_chunk.Choice`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ChunkChoice {
-    /// The choice's index.
+    /// The choice's index (0 when a server leaves it out).
+    #[serde(default)]
     pub index: u32,
-    /// What this chunk adds.
+    /// What this chunk adds (nothing when absent).
+    #[serde(default)]
     pub delta: Delta,
     /// The logprobs of the tokens this chunk's text releases, when asked for.
     #[serde(default)]
@@ -861,6 +935,31 @@ pub struct ChunkChoice {
     /// Set on the choice's last chunk.
     #[serde(default)]
     pub finish_reason: Option<FinishReason>,
+    /// vLLM's extension: what stopped the choice (see [`StopReason`]); never sent by fak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
+}
+
+/// vLLM's `stop_reason` on a choice (`Union[int, str, None]` in its protocol): the stop
+/// string that ended the choice, or the id of the stop token (`stop_token_ids`);
+/// `null` when it ended at an end-of-sequence token or the length limit.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    /// A stop string of the request.
+    Sequence(String),
+    /// A stop token's id.
+    Token(u64),
+}
+
+impl StopReason {
+    /// The stop string, when it was one.
+    pub fn sequence(&self) -> Option<&str> {
+        match self {
+            StopReason::Sequence(s) => Some(s),
+            StopReason::Token(_) => None,
+        }
+    }
 }
 
 /// SDK: `openai.types.chat.chat_completion_chunk.ChoiceDelta`.
@@ -884,7 +983,8 @@ pub struct Delta {
 /// `index`, in pieces whose `arguments` concatenate.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ToolCallDelta {
-    /// Which call of the reply.
+    /// Which call of the reply (0 when a server leaves it out).
+    #[serde(default)]
     pub index: u32,
     /// On the call's first piece.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1084,17 +1184,25 @@ impl<'de> Deserialize<'de> for CompletionPrompt {
 }
 
 /// A Completions reply, and each chunk of its stream. SDK: `openai.types.Completion`.
+/// Read from an upstream, as [`ChatCompletionChunk`]: fields may be missing, extras are
+/// ignored.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Completion {
     /// `cmpl-...`, the same on every chunk.
+    #[serde(default)]
     pub id: String,
     /// [`TEXT_COMPLETION_OBJECT`].
+    #[serde(default)]
     pub object: String,
     /// Unix seconds.
+    #[serde(default)]
     pub created: u64,
     /// The model id.
+    #[serde(default)]
     pub model: String,
-    /// The choices (of a chunk: their deltas; empty on the usage chunk).
+    /// The choices (of a chunk: their deltas; empty on the usage chunk; absent or
+    /// `null` read as empty).
+    #[serde(default, deserialize_with = "crate::de::null_as_default")]
     pub choices: Vec<CompletionChoice>,
     /// Token counts (of a stream: on its last chunk, with
     /// `stream_options.include_usage`).
@@ -1105,9 +1213,12 @@ pub struct Completion {
 /// SDK: `openai.types.CompletionChoice`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CompletionChoice {
-    /// The text (of a chunk: the text to append).
+    /// The text (of a chunk: the text to append; empty when absent).
+    #[serde(default)]
     pub text: String,
-    /// The choice's index: its prompt's position in the request's list of prompts.
+    /// The choice's index: its prompt's position in the request's list of prompts (0
+    /// when a server leaves it out).
+    #[serde(default)]
     pub index: u32,
     /// The legacy logprobs, when asked for.
     #[serde(default)]
@@ -1115,6 +1226,9 @@ pub struct CompletionChoice {
     /// Why it ended (on the choice's last chunk).
     #[serde(default)]
     pub finish_reason: Option<FinishReason>,
+    /// vLLM's extension: see [`ChunkChoice::stop_reason`]; never sent by fak.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_reason: Option<StopReason>,
 }
 
 /// The legacy logprobs. SDK: `openai.types.completion_choice.Logprobs`.
@@ -1123,11 +1237,13 @@ pub struct CompletionLogprobs {
     /// Each token's text.
     #[serde(default)]
     pub tokens: Vec<String>,
-    /// Each token's logprob.
-    #[serde(default)]
+    /// Each token's logprob (a `null` entry, which OpenAI and vLLM send for a token
+    /// without one, is read as `-inf`).
+    #[serde(default, deserialize_with = "crate::de::logprobs_with_nulls")]
     pub token_logprobs: Vec<f64>,
-    /// Per token: the most likely tokens' text → logprob (the chosen one included).
-    #[serde(default)]
+    /// Per token: the most likely tokens' text → logprob (the chosen one included; a
+    /// `null` entry is read as empty).
+    #[serde(default, deserialize_with = "crate::de::list_with_nulls")]
     pub top_logprobs: Vec<BTreeMap<String, f64>>,
     /// Per token: its offset in the completion text, in characters.
     #[serde(default)]
@@ -1166,21 +1282,42 @@ pub struct Model {
     /// The id requests send as `model`.
     pub id: String,
     /// [`MODEL_OBJECT`].
+    #[serde(default)]
     pub object: String,
-    /// Unix seconds (fak: when the server started).
+    /// Unix seconds (fak: when the server started; 0 when a server leaves it out, as
+    /// llama-cpp-python does).
+    #[serde(default)]
     pub created: u64,
     /// Who serves it (fak: `fak` for the in-process model, else the engine's id).
+    #[serde(default)]
     pub owned_by: String,
     /// fak's extension (as vLLM's `max_model_len`): the context window, tokens; 0 when
     /// the engine does not know it.
     #[serde(default)]
     pub context_length: u64,
+    /// vLLM's extension: the context window, tokens (read from an upstream; fak writes
+    /// [`Model::context_length`] instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_model_len: Option<u64>,
+}
+
+impl Model {
+    /// The context window the entry states, tokens: `context_length` (fak), else
+    /// `max_model_len` (vLLM), else 0 (unknown).
+    pub fn window(&self) -> u64 {
+        if self.context_length > 0 {
+            self.context_length
+        } else {
+            self.max_model_len.unwrap_or(0)
+        }
+    }
 }
 
 /// The model list (`GET /v1/models`). SDK: `SyncPage[Model]` (one page, no cursor).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelList {
     /// [`LIST_OBJECT`].
+    #[serde(default)]
     pub object: String,
     /// The models.
     pub data: Vec<Model>,
@@ -1211,6 +1348,49 @@ mod tests {
         assert!(e.contains("prompt[1]") && e.contains("mix"), "{e}");
         let e = p("[1.5]").unwrap_err().to_string();
         assert!(e.contains("prompt[0] is 1.5"), "{e}");
+    }
+
+    #[test]
+    fn server_errors_read_in_each_servers_shape() {
+        let text = |s: &str| {
+            serde_json::from_str::<ServerError>(s)
+                .unwrap()
+                .text()
+                .map(str::to_string)
+        };
+        // vLLM: the error object with its `object` and an integer `code`.
+        let e: ErrorResponse = serde_json::from_str(
+            r#"{"error": {"object": "error", "message": "bad", "type": "BadRequestError", "param": null, "code": 400}}"#,
+        )
+        .unwrap();
+        assert_eq!(e.error.code.as_deref(), Some("400"));
+        // Anthropic's error body (API reference, "Errors").
+        assert_eq!(
+            text(r#"{"type": "error", "error": {"type": "not_found_error", "message": "The requested resource could not be found."}}"#).as_deref(),
+            Some("The requested resource could not be found.")
+        );
+        // FastAPI's 404 and its validation list (no message in it).
+        assert_eq!(
+            text(r#"{"detail": "Not Found"}"#).as_deref(),
+            Some("Not Found")
+        );
+        assert_eq!(text(r#"{"detail": [{"loc": ["body"], "msg": "x"}]}"#), None);
+        assert_eq!(text(r#"{"error": "boom"}"#).as_deref(), Some("boom"));
+    }
+
+    #[test]
+    fn legacy_logprobs_take_nulls_and_unknown_finish_reasons_read_as_other() {
+        // vLLM's CompletionLogProbs: `token_logprobs: list[Optional[float]]`,
+        // `top_logprobs: list[Optional[dict[str, float]]]` (the first echoed prompt
+        // token has neither).
+        let c: Completion = serde_json::from_str(
+            r#"{"choices": [{"index": 0, "text": "a b", "finish_reason": "abort", "logprobs": {"tokens": ["a", " b"], "token_logprobs": [null, -0.5], "top_logprobs": [null, {" b": -0.5}], "text_offset": [0, 1]}}]}"#,
+        )
+        .unwrap();
+        let lp = c.choices[0].logprobs.as_ref().unwrap();
+        assert_eq!(lp.token_logprobs, vec![f64::NEG_INFINITY, -0.5]);
+        assert!(lp.top_logprobs[0].is_empty() && lp.top_logprobs[1][" b"] == -0.5);
+        assert_eq!(c.choices[0].finish_reason, Some(FinishReason::Other));
     }
 
     #[test]
