@@ -19,7 +19,6 @@
 //! `NOT_ALLOWED`, which constrained decoding does not change.
 
 #[path = "../tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use fak_engine::inkernel::InKernelDriver;
@@ -28,7 +27,7 @@ use fak_gateway::GatewayConfig;
 use fak_model::{catalog, load_text, Model, WeightMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -232,7 +231,7 @@ impl Tally {
 }
 
 /// A gateway over the in-kernel SmolLM2, with the call grammar on or off.
-fn server(constrain: bool, path: &PathBuf) -> common::Server {
+fn server(constrain: bool, path: &Path) -> common::Server {
     let m = Arc::new(Model::load_with(path, WeightMode::Native).expect("load the model"));
     let (tok, tmpl) = load_text(path, m.config()).expect("load the tokenizer");
     let cfg = EngineConfig {
