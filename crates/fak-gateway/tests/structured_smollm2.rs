@@ -227,7 +227,7 @@ fn messages_parse_request_gets_text_valid_for_its_schema() {
 #[fak_testkit::real_model]
 fn a_lark_grammar_constrains_chat_and_completions() {
     let srv = server();
-    let lark = r#"start: ("yes" | "no") " because " /[a-z ]{1,40}/ "."#;
+    let lark = r##"start: ("yes" | "no") " because " /[a-z ]{1,40}/ ".""##;
     let ok = |t: &str| {
         let rest = t
             .strip_prefix("yes because ")
