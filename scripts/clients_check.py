@@ -17,6 +17,10 @@ carry a `resp_` id: it came from `/v1/responses`). Checks, for each framework an
 - a call the policy denies (`delete_files`, DEFAULT_DENY under the built-in policy) never
   reaches the framework's tool.
 
+Then structured outputs through every client (scripts/structured_check.py's, pydantic-ai
+`NativeOutput`, LangChain `with_structured_output` json_schema and json_mode, `llm
+--schema`, the SDKs' `parse`) on two prompts each, every output checked against its schema.
+
 Prints one `clients: N passed, M failed` line and exits non-zero on any failure.
 """
 
@@ -26,6 +30,7 @@ import os
 import pathlib
 import tempfile
 
+import structured_check
 from checklib import BASE, KEY, MESSAGES, MOCK_BASE, MOCK_REPLY, MODEL, TEXT, call_directive, check, eq, finish
 
 QUESTION = MESSAGES[0]["content"]
@@ -198,7 +203,7 @@ def llm_models():
     pathlib.Path(d, "keys.json").write_text(json.dumps({"fak": KEY}))
     pathlib.Path(d, "extra-openai-models.yaml").write_text(
         f"- model_id: fak-real\n  model_name: {MODEL}\n  api_base: {BASE}/v1\n  api_key_name: fak\n"
-        f"  supports_tools: true\n"
+        f"  supports_tools: true\n  supports_schema: true\n"
         f"- model_id: fak-mock\n  model_name: mock\n  api_base: {MOCK_BASE}/v1\n  api_key_name: fak\n"
         f"  supports_tools: true\n"
     )
@@ -252,6 +257,9 @@ def main():
         ("llm tool round trip", llm_tool_round_trip),
     ]:
         check(name, fn)
+    # Structured outputs through each client, on a few prompts (the full run:
+    # scripts/structured-check).
+    structured_check.run_in_ci(check)
     finish("clients")
 
 

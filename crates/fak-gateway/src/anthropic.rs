@@ -7,7 +7,10 @@
 //! does not fit is a 400), `messages`, `system` (a string or `text` blocks),
 //! `stop_sequences`, `temperature` (default 1; 0 to 1, the API's range), `top_p`, `top_k`, `stream`, `tools`
 //! (client tools: `name`, `description`, `input_schema`), `tool_choice` (`auto`, `any`,
-//! `tool` with a `name`, `none`), and the fields of
+//! `tool` with a `name`, `none`), structured outputs (`output_config.format`, or the
+//! beta's `output_format`: `{"type": "json_schema", "schema"}`, enforced by constrained
+//! decoding on an engine that can, a 400 on any other; [`crate::structured`]), and the
+//! fields of
 //! [`fak_wire::anthropic::IGNORED_REQUEST_FIELDS`] (accepted, no effect). Any other
 //! top-level field is a 400 naming it.
 //!
@@ -67,9 +70,10 @@
 use crate::error::{ApiError, Flavor};
 use crate::openai::sse_stream;
 use crate::splice::{rewrite_tool_results, Rewrite};
+use crate::structured;
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
-    fak_field, offered_tools, request_taint, screen_messages, Adjudicated,
+    fak_field, finish_detail, offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     body_bytes, cache_partition, constant_time_eq, finish, new_id, parse_json, positive, start,
@@ -553,7 +557,9 @@ fn stop_reason(d: &Done, a: &Adjudicated) -> StopReason {
         return StopReason::ToolUse;
     }
     match (d.finish_reason, &d.stop_sequence) {
-        (FinishReason::Length, _) => StopReason::MaxTokens,
+        // A grammar's dead end: the reply is cut short of its format, as at max_tokens
+        // (the SDK's `stop_reason` has no other word for it); `fak.finish_detail` says why.
+        (FinishReason::Length | FinishReason::GrammarDeadEnd, _) => StopReason::MaxTokens,
         (_, Some(_)) => StopReason::StopSequence,
         _ => StopReason::EndTurn,
     }
@@ -797,6 +803,16 @@ pub(crate) async fn messages(
         Some(k) if k >= 0 => k as usize,
         Some(k) => return Err(bad(format!("top_k must be >= 0 (got {k})"))),
     };
+    let field = if r.prompt.output_format.is_some() {
+        "output_format"
+    } else {
+        "output_config.format"
+    };
+    let grammar = r
+        .prompt
+        .output_format()
+        .map(|f| structured::schema(f.schema.clone()));
+    let grammar = structured::enforced(&s, &r.prompt.model, field, grammar, F)?;
     let model = r.prompt.model;
     let req = GenerateRequest {
         model: Some(model.clone()),
@@ -806,6 +822,7 @@ pub(crate) async fn messages(
             temperature: r.temperature.unwrap_or(1.0),
             top_p: r.top_p.unwrap_or(1.0),
             top_k,
+            grammar,
             ..SamplingParams::default()
         },
         stop: r
@@ -924,7 +941,7 @@ pub(crate) async fn messages(
                         stop_sequence: d.stop_sequence.clone(),
                     },
                     usage,
-                    fak: fak_field(&results, &a),
+                    fak: finish_detail(fak_field(&results, &a), d.finish_reason),
                 }));
                 out.push(event(&StreamEvent::MessageStop));
                 out
@@ -958,7 +975,7 @@ pub(crate) async fn messages(
             f.done.prompt_usage.map_or(0, |u| u.cache_creation_tokens),
             f.done.completion_tokens,
         ),
-        fak: fak_field(&results, &a),
+        fak: finish_detail(fak_field(&results, &a), f.done.finish_reason),
     };
     let body = serde_json::to_value(&body)
         .map_err(|e| ApiError::internal(format!("writing the reply: {e}")).with_flavor(F))?;

@@ -72,6 +72,7 @@ pub mod models;
 mod openai;
 mod responses;
 mod splice;
+mod structured;
 mod tools;
 
 use axum::body::Bytes;

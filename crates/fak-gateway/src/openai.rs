@@ -18,7 +18,10 @@
 //! [`fak_wire::openai::Ignored`]; sampling controls accepted only at their neutral value
 //! in [`fak_wire::openai::NeutralOnly`]; `response_format` `json_object` and
 //! `json_schema` constrain the reply's tokens to the schema on an engine that can
-//! (the in-kernel one; [`fak_kv::grammar`]) and are a 400 on any other;
+//! (the in-kernel one; [`fak_kv::grammar`]) and are a 400 on any other, as is the
+//! `grammar` field (llguidance's Lark syntax; GBNF is a 400) on both routes
+//! ([`crate::structured`]); a grammar's dead end finishes the choice `length` with
+//! `fak.finish_detail: "grammar_dead_end"`;
 //! `modalities` other than `["text"]`, the fields of
 //! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
 //! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
@@ -55,9 +58,10 @@
 
 use crate::error::{ApiError, Flavor};
 use crate::extract::{OpenAiJson, WireJson};
+use crate::structured;
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, denial_suffix, fak_field,
-    offered_tools, request_taint, screen_messages, Adjudicated,
+    finish_detail, offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, positive, prompt_counts, start, unix_now, with_note, AppState,
@@ -203,9 +207,15 @@ fn check_n(n: Option<i64>) -> Result<(), ApiError> {
     }
 }
 
+/// The wire's `finish_reason` for how generation ended. A grammar dead end
+/// ([`FinishReason::GrammarDeadEnd`]) is `length`: the content is cut short and does not
+/// complete its format, which is what `length` tells a client (the `openai` SDK's
+/// `parse()` raises `LengthFinishReasonError` rather than a JSON error, and the SDK
+/// types allow no other word); the reply's `fak.finish_detail` says why
+/// ([`crate::tools::finish_detail`]).
 fn finish_word(f: FinishReason) -> wire::FinishReason {
     match f {
-        FinishReason::Length => wire::FinishReason::Length,
+        FinishReason::Length | FinishReason::GrammarDeadEnd => wire::FinishReason::Length,
         _ => wire::FinishReason::Stop,
     }
 }
@@ -323,19 +333,13 @@ fn response_grammar(
     f: Option<wire::ResponseFormat>,
 ) -> Result<Option<GrammarSpec>, ApiError> {
     let spec = match f {
-        None | Some(wire::ResponseFormat::Text) => return Ok(None),
-        Some(wire::ResponseFormat::JsonObject) => GrammarSpec::JsonObject,
+        None | Some(wire::ResponseFormat::Text) => None,
+        Some(wire::ResponseFormat::JsonObject) => Some(GrammarSpec::JsonObject),
         Some(wire::ResponseFormat::JsonSchema { json_schema }) => {
-            GrammarSpec::JsonSchema(Value::Object(json_schema.schema.unwrap_or_default()))
+            Some(structured::schema(json_schema.schema.unwrap_or_default()))
         }
     };
-    if !s.driver.constrains_output(Some(model)) {
-        return Err(ApiError::bad_request(
-            "`response_format` other than `text` is not supported by this engine".to_string(),
-        )
-        .with_flavor(F));
-    }
-    Ok(Some(spec))
+    structured::enforced(s, model, "response_format", spec, F)
 }
 
 /// `POST /v1/chat/completions`.
@@ -349,6 +353,7 @@ pub(crate) async fn chat_completions(
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
     let grammar = response_grammar(&s, &r.model, r.response_format.clone())?;
+    let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), grammar, F)?;
     let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
         Some(v) => Some(positive(
             if r.max_completion_tokens.is_some() {
@@ -454,7 +459,7 @@ pub(crate) async fn chat_completions(
             f.done.completion_tokens,
             f.cached_tokens,
         )),
-        fak: fak_field(&results, &a),
+        fak: finish_detail(fak_field(&results, &a), f.done.finish_reason),
     };
     Ok(f.respond(&body))
 }
@@ -705,7 +710,7 @@ fn chat_stream(
             let lp =
                 (logprobs && !held_lp.is_empty()).then(|| chat_lp(&std::mem::take(&mut held_lp)));
             let mut last = head.chunk(wire::Delta::default(), Some(finish_for(&d, &a)), lp);
-            last.fak = fak_field(&check.results, &a);
+            last.fak = finish_detail(fak_field(&check.results, &a), d.finish_reason);
             out.push(data(&last));
             if head.include_usage {
                 let (prompt, cached) = prompt_counts(&d, prompt, cached);
@@ -760,6 +765,7 @@ pub(crate) async fn completions(
     let max_tokens = positive("max_tokens", r.max_tokens.unwrap_or(16), F)?;
     let stop = stops(r.stop)?;
     let partition = cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?;
+    let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), None, F)?;
     let mut started = Vec::with_capacity(prompts.len());
     for p in prompts {
         let req = GenerateRequest {
@@ -769,7 +775,10 @@ pub(crate) async fn completions(
                 wire::PromptInput::Tokens(ids) => Prompt::Tokens(ids),
             },
             max_tokens: Some(max_tokens),
-            sampling: sampling(r.temperature, r.top_p, r.seed, &r.extensions),
+            sampling: SamplingParams {
+                grammar: grammar.clone(),
+                ..sampling(r.temperature, r.top_p, r.seed, &r.extensions)
+            },
             stop: stop.clone(),
             tools: Vec::new(),
             tool_choice: ToolChoice::None,

@@ -15,6 +15,10 @@
 //! their reasons in the Response's `fak` field.
 //! `max_output_tokens` reached (or the end of the context window) ends the Response
 //! `incomplete` with `incomplete_details.reason: "max_output_tokens"`.
+//! `text.format` `json_schema` (what the SDK's `responses.parse(text_format=Model)` sends)
+//! and `json_object` constrain the reply to the format on an engine that can, and are a
+//! 400 on any other ([`crate::structured`]); a grammar's dead end also ends it
+//! `incomplete` (`fak.finish_detail: "grammar_dead_end"`).
 //!
 //! **Streaming** sends the events the SDK parses, each with `event:` its `type` and a
 //! `sequence_number`: `response.created`, `response.in_progress`; for text
@@ -47,9 +51,10 @@
 //! not valid percent-encoded UTF-8.
 
 use crate::error::{ApiError, Flavor};
+use crate::structured;
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, denial_suffix, fak_field,
-    offered_tools, request_taint, screen_messages, Adjudicated,
+    finish_detail, offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, parse_body, positive, start, unix_now, with_note, AppState,
@@ -333,14 +338,6 @@ fn check_request(r: &CreateResponse) -> Result<(), ApiError> {
             "`{name}` is not supported (got {v})"
         )));
     }
-    if let Some(f) = r.text.as_ref().and_then(|t| t.format.as_ref()) {
-        if f.kind != "text" {
-            return Err(ApiError::bad_request(format!(
-                "text.format type '{}' is not supported yet (only \"text\")",
-                f.kind
-            )));
-        }
-    }
     Ok(())
 }
 
@@ -385,7 +382,14 @@ impl Echo {
                     Tool::Unsupported(_) => None,
                 })
                 .collect(),
-            text: TextConfig::plain(),
+            text: match &r.text {
+                Some(t) if t.format.is_some() => t.clone(),
+                Some(t) => TextConfig {
+                    verbosity: t.verbosity.clone(),
+                    ..TextConfig::plain()
+                },
+                None => TextConfig::plain(),
+            },
             truncation: r.truncation.clone().unwrap_or_else(|| "disabled".into()),
             user: r.user.clone(),
             reasoning: r.reasoning.clone(),
@@ -405,7 +409,8 @@ fn finished_response(
     usage: Usage,
     fak: Option<serde_json::Value>,
 ) -> Response {
-    let incomplete = finish == FinishReason::Length;
+    // A grammar's dead end is cut short of its format, as at max_output_tokens.
+    let incomplete = matches!(finish, FinishReason::Length | FinishReason::GrammarDeadEnd);
     let status = if incomplete {
         ItemStatus::Incomplete
     } else {
@@ -431,7 +436,7 @@ fn finished_response(
             reason: "max_output_tokens".into(),
         });
     }
-    r.fak = fak;
+    r.fak = finish_detail(fak, finish);
     r
 }
 
@@ -496,6 +501,13 @@ pub(crate) async fn create(
         );
     };
     check_request(&r).map_err(|e| e.with_flavor(F))?;
+    let grammar = structured::enforced(
+        &s,
+        &model,
+        "text.format",
+        structured::text_format(r.text.as_ref().and_then(|t| t.format.as_ref())),
+        F,
+    )?;
     let (tools, tool_choice) = engine_tools(
         r.tools.as_deref().unwrap_or_default(),
         &r.tool_choice.clone().unwrap_or_default(),
@@ -542,6 +554,7 @@ pub(crate) async fn create(
         sampling: SamplingParams {
             temperature: r.temperature.unwrap_or(1.0),
             top_p: r.top_p.unwrap_or(1.0),
+            grammar,
             ..SamplingParams::default()
         },
         stop: Vec::new(),

@@ -457,6 +457,24 @@ pub(crate) fn fak_field(results: &[Value], a: &Adjudicated) -> Option<Value> {
     (v.as_object().is_some_and(|o| !o.is_empty())).then_some(v)
 }
 
+/// The word in a reply's `fak.finish_detail` when a grammar (`response_format`,
+/// `text.format`, `output_format`, `grammar`) allowed no next token: the text so far
+/// does not complete the requested format. The wire's own word is then the one for a
+/// reply cut short (`length`, `max_tokens`, `incomplete`).
+pub(crate) const GRAMMAR_DEAD_END: &str = "grammar_dead_end";
+
+/// A reply's `fak` field with `finish_detail` set to [`GRAMMAR_DEAD_END`] when
+/// generation ended at a grammar's dead end (`fak` unchanged otherwise): the wires'
+/// finish words cannot tell it apart from a token limit.
+pub(crate) fn finish_detail(fak: Option<Value>, finish: fak_engine::FinishReason) -> Option<Value> {
+    if finish != fak_engine::FinishReason::GrammarDeadEnd {
+        return fak;
+    }
+    let mut v = fak.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    v["finish_detail"] = Value::from(GRAMMAR_DEAD_END);
+    Some(v)
+}
+
 /// `POST /v1/fak/revoke` body.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]

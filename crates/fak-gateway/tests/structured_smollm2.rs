@@ -152,3 +152,127 @@ fn an_engine_that_cannot_constrain_refuses_response_format() {
     );
     assert_eq!(r.status, 200, "{}", r.body);
 }
+
+/// The body `openai` 3.57.0 sends for `client.responses.parse(model=ID, input=...,
+/// text_format=Person, temperature=0)` (Person as above), captured byte for byte.
+const SDK_RESPONSES_PARSE_BODY: &str = r#"{"model":"smollm2-135m-instruct","input":"Describe a fictional pirate captain.","temperature":0,"text":{"format":{"type":"json_schema","strict":true,"name":"Person","schema":{"properties":{"name":{"title":"Name","type":"string"},"age":{"title":"Age","type":"integer"}},"required":["name","age"],"title":"Person","type":"object","additionalProperties":false}}}}"#;
+
+/// The body `anthropic` 2.14.0 sends for `client.messages.parse(model=ID,
+/// max_tokens=100, messages=[...], output_format=Person)`, captured byte for byte.
+const SDK_MESSAGES_PARSE_BODY: &str = r#"{"max_tokens":100,"messages":[{"role":"user","content":"Describe a fictional pirate captain."}],"model":"smollm2-135m-instruct","output_config":{"format":{"schema":{"type":"object","title":"Person","properties":{"name":{"type":"string","title":"Name"},"age":{"type":"integer","title":"Age"}},"additionalProperties":false,"required":["name","age"]},"type":"json_schema"}}}"#;
+
+/// `text` parsed as JSON and checked against `schema` by the `jsonschema` crate.
+fn assert_valid(schema: &Value, text: &str) {
+    let validator = jsonschema::validator_for(schema).unwrap();
+    let out: Value =
+        serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let errors: Vec<String> = validator.iter_errors(&out).map(|e| e.to_string()).collect();
+    assert!(errors.is_empty(), "{text}: {errors:?}");
+}
+
+const PROMPTS: [&str; 3] = [
+    "Describe a fictional pirate captain.",
+    "Who wrote Hamlet, and how old was he when he died?",
+    "Invent a character for a children's story.",
+];
+
+/// The Responses API's `text.format` (the SDK's `responses.parse` body): the
+/// Response completes and its `output_text` validates against the schema.
+#[fak_testkit::real_model]
+fn responses_parse_request_gets_output_valid_for_its_schema() {
+    let srv = server();
+    let body: Value = serde_json::from_str(SDK_RESPONSES_PARSE_BODY).unwrap();
+    let schema = body["text"]["format"]["schema"].clone();
+    for prompt in PROMPTS {
+        let mut b = body.clone();
+        b["input"] = json!(prompt);
+        let r = post(srv.addr, "/v1/responses", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["status"], "completed", "{v}");
+        let text = v["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no output text: {v}"));
+        assert_valid(&schema, text);
+        println!("{prompt:?} -> {text}");
+    }
+}
+
+/// Anthropic structured outputs (the SDK's `messages.parse` body, `output_config.format`):
+/// the reply ends `end_turn` and its text validates against the schema.
+#[fak_testkit::real_model]
+fn messages_parse_request_gets_text_valid_for_its_schema() {
+    let srv = server();
+    let body: Value = serde_json::from_str(SDK_MESSAGES_PARSE_BODY).unwrap();
+    let schema = body["output_config"]["format"]["schema"].clone();
+    for prompt in PROMPTS {
+        let mut b = body.clone();
+        b["messages"][0]["content"] = json!(prompt);
+        b["temperature"] = json!(0);
+        let r = post(srv.addr, "/v1/messages", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["stop_reason"], "end_turn", "{v}");
+        let text = v["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no text: {v}"));
+        assert_valid(&schema, text);
+        println!("{prompt:?} -> {text}");
+    }
+}
+
+/// A user's own Lark grammar (`grammar`) on Chat Completions and Completions: the
+/// reply is one of the grammar's sentences; GBNF and a grammar that does not compile
+/// are 400s naming why.
+#[fak_testkit::real_model]
+fn a_lark_grammar_constrains_chat_and_completions() {
+    let srv = server();
+    let lark = r##"start: ("yes" | "no") " because " /[a-z ]{1,40}/ ".""##;
+    let ok = |t: &str| {
+        let rest = t
+            .strip_prefix("yes because ")
+            .or_else(|| t.strip_prefix("no because "))
+            .unwrap_or_else(|| panic!("{t:?}"));
+        let body = rest.strip_suffix('.').unwrap_or_else(|| panic!("{t:?}"));
+        assert!(
+            (1..=40).contains(&body.len())
+                && body.bytes().all(|b| b.is_ascii_lowercase() || b == b' '),
+            "{t:?}"
+        );
+    };
+    let r = post(
+        srv.addr,
+        "/v1/chat/completions",
+        &json!({"model": ID, "temperature": 0, "grammar": lark,
+                "messages": [{"role": "user", "content": "Is the sky blue?"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    ok(content(&v));
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": ID, "temperature": 0, "grammar": lark, "max_tokens": 60,
+                "prompt": "Q: Is water wet?\nA:"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    ok(v["choices"][0]["text"].as_str().unwrap());
+
+    for (grammar, needle) in [
+        ("root ::= \"yes\" | \"no\"", "GBNF"),
+        ("start: (", "grammar"),
+    ] {
+        let r = post(
+            srv.addr,
+            "/v1/chat/completions",
+            &json!({"model": ID, "grammar": grammar,
+                    "messages": [{"role": "user", "content": "hi"}]}),
+        );
+        assert_eq!(r.status, 400, "{}", r.body);
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains(needle), "{msg}");
+    }
+}

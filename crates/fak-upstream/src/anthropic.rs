@@ -282,6 +282,7 @@ pub fn prompt(req: &GenerateRequest, model: &str) -> Result<wire::CountTokensReq
         tool_choice,
         thinking: None,
         output_config: None,
+        output_format: None,
         other: BTreeMap::new(),
     })
 }

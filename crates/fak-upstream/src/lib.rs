@@ -1353,6 +1353,7 @@ pub fn request_body(
         logprobs,
         suffix: None,
         cache_salt: None,
+        grammar: None,
         extensions: extensions.clone(),
         ignored: wire::Ignored::default(),
         neutral: wire::NeutralOnly::default(),

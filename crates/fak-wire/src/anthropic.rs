@@ -91,10 +91,15 @@ pub struct CountTokensRequest {
     /// Extended-thinking configuration (accepted, ignored: see [`IGNORED_REQUEST_FIELDS`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<ThinkingConfig>,
-    /// Structured-output and effort settings (SDK: `OutputConfigParam`); `format` would
-    /// change the output and is refused, `effort` is ignored.
+    /// Structured-output and effort settings (SDK: `OutputConfigParam`): `format`
+    /// constrains the reply to a JSON schema, `effort` is ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_config: Option<OutputConfig>,
+    /// The structured-outputs beta's form of `output_config.format` (SDK:
+    /// `anthropic.types.beta` `MessageCreateParams.output_format`, sent with
+    /// `anthropic-beta: structured-outputs-2025-11-13`). Giving both is a 400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_format: Option<JsonOutputFormat>,
     /// Every other top-level field: [`IGNORED_REQUEST_FIELDS`] or a 400.
     #[serde(flatten)]
     pub other: BTreeMap<String, Value>,
@@ -112,17 +117,20 @@ impl CountTokensRequest {
                 "`{k}` is not supported by this server (it would change the output)"
             ));
         }
-        if self
-            .output_config
-            .as_ref()
-            .is_some_and(|o| o.format.as_ref().is_some_and(|f| !f.is_null()))
-        {
-            return Some(
-                "`output_config.format` (structured outputs) is not supported by this server"
-                    .into(),
-            );
+        if self.output_format.is_some() && self.output_config_format().is_some() {
+            return Some("give `output_config.format` or `output_format`, not both".into());
         }
         None
+    }
+
+    /// The JSON output format asked for: `output_config.format`, or the beta's
+    /// `output_format`; `None` for free text.
+    pub fn output_format(&self) -> Option<&JsonOutputFormat> {
+        self.output_config_format().or(self.output_format.as_ref())
+    }
+
+    fn output_config_format(&self) -> Option<&JsonOutputFormat> {
+        self.output_config.as_ref().and_then(|o| o.format.as_ref())
     }
 }
 
@@ -132,9 +140,28 @@ pub struct OutputConfig {
     /// How much effort to spend (`low`, `medium`, `high`, ...): ignored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub effort: Option<String>,
-    /// A JSON-schema output format: refused ([`CountTokensRequest::unsupported_field`]).
+    /// The reply's JSON format (`null` or absent: free text).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub format: Option<Value>,
+    pub format: Option<JsonOutputFormat>,
+}
+
+/// A JSON output format (SDK: `JSONOutputFormatParam`, `{"type": "json_schema",
+/// "schema": {...}}`): the reply's text is JSON valid for `schema`.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+pub struct JsonOutputFormat {
+    /// Always `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: JsonSchemaType,
+    /// The JSON Schema, an object.
+    pub schema: serde_json::Map<String, Value>,
+}
+
+/// The word `json_schema`, the one output format type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JsonSchemaType {
+    /// `json_schema`.
+    JsonSchema,
 }
 
 /// A message's role (SDK: `MessageParam`, a union of `UserMessageParam`,

@@ -480,6 +480,12 @@ pub struct ChatCompletionRequest {
     /// vLLM's prefix-cache salt: only requests with the same salt share a cached prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// A grammar the reply must follow, in llguidance's Lark syntax (`start: ...`; the
+    /// field's name is llama.cpp's server's, which takes GBNF there: GBNF is refused
+    /// with a 400, llguidance converts it only in its Python tools). Not with a
+    /// `response_format` other than `text`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
     /// vLLM / llama.cpp sampling controls.
     #[serde(flatten)]
     pub extensions: SamplingExtensions,
@@ -1055,6 +1061,9 @@ pub struct CompletionRequest {
     /// As [`ChatCompletionRequest::cache_salt`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// As [`ChatCompletionRequest::grammar`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grammar: Option<String>,
     /// vLLM / llama.cpp sampling controls.
     #[serde(flatten)]
     pub extensions: SamplingExtensions,

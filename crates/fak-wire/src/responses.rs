@@ -21,8 +21,8 @@
 //! its schema is denied `MALFORMED` by the boundary either way), and `reasoning` input
 //! items (dropped: they carry no text a non-reasoning model can use). Every other field
 //! that would change the output (`background`, `conversation`, `prompt`,
-//! `max_tool_calls`, `top_logprobs` other than 0, `context_management`, a `text.format`
-//! other than `text`, …) is refused with a 400 naming it; an unknown field too
+//! `max_tool_calls`, `top_logprobs` other than 0, `context_management`, …) is refused
+//! with a 400 naming it; an unknown field too
 //! ([`CreateResponse::other`]).
 
 use serde::de::Error as _;
@@ -61,7 +61,8 @@ pub struct CreateResponse {
     pub parallel_tool_calls: Option<bool>,
     /// Inert: up to 16 string pairs, echoed in the Response.
     pub metadata: Option<BTreeMap<String, String>>,
-    /// Output text format; only `{"format": {"type": "text"}}` is served.
+    /// Output text format: plain text (the default), `json_schema` or `json_object`
+    /// ([`TextFormat`]).
     pub text: Option<TextConfig>,
     /// Inert (see the module docs).
     pub reasoning: Option<Value>,
@@ -426,22 +427,44 @@ pub struct TextConfig {
     pub verbosity: Option<String>,
 }
 
-/// `text.format`: `{"type": "text"}` is served; `json_schema` / `json_object` are not
-/// yet (their other fields are not read).
+/// `text.format` (SDK: `ResponseFormatTextConfigParam`, a union of
+/// `ResponseFormatTextParam`, `ResponseFormatTextJSONSchemaConfigParam` and
+/// `ResponseFormatJSONObjectParam`): plain text, a JSON value valid for a schema (what
+/// the SDK's `responses.parse(text_format=Model)` sends), or any JSON object. Another
+/// `type` does not parse (a 400 naming the accepted ones).
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
-pub struct TextFormat {
-    /// `text`, `json_schema` or `json_object`.
-    #[serde(rename = "type")]
-    pub kind: String,
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum TextFormat {
+    /// Free text (the default).
+    Text,
+    /// JSON valid for a schema.
+    JsonSchema(JsonSchemaTextFormat),
+    /// Any JSON object (JSON mode).
+    JsonObject,
+}
+
+/// `text.format` of type `json_schema` (SDK: `ResponseFormatTextJSONSchemaConfigParam`).
+/// Unlike Chat Completions' `response_format`, the fields sit beside `type`, not under
+/// a `json_schema` key.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+pub struct JsonSchemaTextFormat {
+    /// The format's name (the API takes `[a-zA-Z0-9_-]`, at most 64).
+    pub name: String,
+    /// The JSON Schema, an object.
+    pub schema: Map<String, Value>,
+    /// What the format is for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Strict adherence (fak enforces the schema whether set or not).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 impl TextConfig {
-    /// Plain text, as a Response echoes it.
+    /// Plain text, as a Response echoes it when the request named no format.
     pub fn plain() -> Self {
         TextConfig {
-            format: Some(TextFormat {
-                kind: "text".into(),
-            }),
+            format: Some(TextFormat::Text),
             verbosity: None,
         }
     }
@@ -504,7 +527,7 @@ pub struct Response {
     pub tool_choice: ToolChoice,
     /// Echoed function tools.
     pub tools: Vec<FunctionTool>,
-    /// Echoed: `{"format": {"type": "text"}}`.
+    /// Echoed (`{"format": {"type": "text"}}` when the request named none).
     pub text: TextConfig,
     /// Echoed (default `disabled`).
     pub truncation: String,
