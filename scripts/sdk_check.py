@@ -262,7 +262,10 @@ def anthropic_count_tokens():
     eq(r.usage.input_tokens + (r.usage.cache_read_input_tokens or 0), n)
 
 
-def real_model_malformed_call_fails_closed():
+def real_model_forced_call_is_well_formed():
+    # A forced call is constrained to the offered tools' call grammar (issue 27): the
+    # 135M model, which cannot write the call format unaided, names the tool and gives
+    # arguments valid for its schema; the policy still adjudicates it.
     r = oa.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
@@ -271,10 +274,14 @@ def real_model_malformed_call_fails_closed():
         temperature=0,
         max_tokens=40,
     )
-    eq(r.choices[0].message.tool_calls, None)
-    eq(r.choices[0].finish_reason, "length")
+    calls = r.choices[0].message.tool_calls
+    eq(len(calls), 1)
+    eq(calls[0].function.name, "get_weather")
+    args = json.loads(calls[0].function.arguments)
+    eq(sorted(args), ["city"])
+    eq(type(args["city"]), str)
     verdicts = r.model_extra["fak"]["tool_calls"]
-    eq([(v["name"], v["verdict"], v["reason"]) for v in verdicts], [("get_weather", "deny", "MALFORMED")])
+    eq([(v["name"], v["verdict"]) for v in verdicts], [("get_weather", "allow")])
 
 
 def openai_tool_call():
@@ -473,7 +480,7 @@ for name, fn in [
     ("anthropic max_tokens=32000 capped to what fits", anthropic_max_tokens_32000),
     ("anthropic prefill continued", anthropic_prefill),
     ("anthropic count_tokens == usage of the same messages", anthropic_count_tokens),
-    ("real model: a malformed forced tool call fails closed", real_model_malformed_call_fails_closed),
+    ("real model: a forced tool call is well-formed", real_model_forced_call_is_well_formed),
     ("mock: openai tool call, result sent back", openai_tool_call),
     ("mock: openai tool call streamed", openai_tool_call_stream),
     ("mock: openai denied call removed, forced tool_choice", openai_denied_and_forced),
