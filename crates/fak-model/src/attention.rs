@@ -8,10 +8,10 @@
 //! group's heads ([`dot_strided_multi`], [`weighted_rows_accumulate`] with several
 //! sums), a chunk's groups take the keys in blocks of [`KEY_BLOCK`] together, so a
 //! cache entry is read once for all of them, and the scores stay in the core's cache
-//! from the dots through the softmax to the weighted sum. Cutting the work
-//! finer, into key and element ranges in three hand-offs, balanced 2 threads better but
-//! was slower (2 threads, 512-token context, five alternating runs: 215.6 against
-//! 229.6 tokens/s), the scores crossing between the cores at each hand-off.
+//! from the dots through the softmax to the weighted sum. Cutting the work finer, into
+//! key and element ranges in several hand-offs, balances 2 threads better but was
+//! slower: the scores then cross between the cores at each hand-off (docs/performance.md,
+//! "Tried and kept out").
 //!
 //! Every value is computed by the same kernels in the same order as one query head at
 //! a time: each key's score is [`fak_tensor::dot`]'s bits whichever of the
@@ -30,10 +30,7 @@ use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 /// `Σ p·v`) are done for all of them before the next block, so the cache entries of a
 /// block (every KV head's K row side by side, `kv_dim` elements) are read from memory
 /// once rather than once per KV head. It pays once a layer's K and V outgrow the core's
-/// L2: SmolLM2-135M Q4_1, 1 thread, 1,536-token prompt then 64 decode steps, three
-/// alternating runs each, 117.3–122.1 decode tokens/s against 106.4–115.8 with one
-/// whole pass per KV head; 8-key blocks were slower than either, and at a 512-token
-/// context the difference was within the machine's noise.
+/// L2 (long contexts); 8-key blocks were slower than one whole pass per KV head.
 const KEY_BLOCK: usize = 128;
 
 /// The shapes of one layer's decode attention.

@@ -569,26 +569,19 @@ pub enum LogitsWanted {
 /// Default of [`Model::set_prefill_chunk`]: most tokens one batch of a forward pass
 /// runs through the layers at once (llama.cpp's default micro-batch, `n_ubatch`, is
 /// also 512). A pass's activations take ~28 KB a token for SmolLM2 (hidden 576, MLP
-/// 1536), so a 4,096-token prompt in one batch held ~115 MB of them. On the Intel Xeon
-/// (family 6 model 207), `fak bench`, 2 threads, 2,048-token prompt, alternating runs:
-/// F32 SmolLM2 peak RSS 756.3 → 713.1 MB and prefill 497.9 → 526.6 tokens/s (medians
-/// of 4, 4 of 4 faster; batches of 256: 513.2); Q4_1 SmolLM2 peak RSS 326.6 → 275.0 MB,
-/// prefill 468.5 → 480.5 (medians of 3). At a 512-token prompt, batches of 256 or 128
-/// prefilled the F32 file 6% and 15% slower than one batch (median ratios of 4
-/// alternating rounds; each batch reads every weight again), so prompts up to 512
-/// tokens still run as one.
+/// 1536), so a 4,096-token prompt in one batch held ~115 MB of them. Batches bound that
+/// memory without costing speed on long prompts; smaller batches make a prompt slower,
+/// since each batch reads every weight again, so prompts up to 512 tokens run as one.
+/// Measured figures: docs/performance.md, "Why it is fast".
 pub const PREFILL_CHUNK: usize = 512;
 
 /// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
-/// full head ([`Model::head_rows_pay`]). Measured by fak-kv's `head_rows` example on
-/// SmolLM2's `[49152, 576]` head (AMD EPYC family 25, 2 vCPUs, heavily loaded: load
-/// average ~15 from other work; medians of 31
-/// alternating runs, scattered rows): the subset took 0.12-0.21 of the full head's
-/// time at 2,048-4,096 rows on the native Q4_1 path (2 threads; 1 thread 0.12-0.54),
-/// 0.64-0.68 at 8,192 and 1.0-1.2 from 16,384; on the exact path 0.10-0.23 at 4,096
-/// and about 1.0 from 16,384-32,768 (each row a scattered read the full head streams).
-/// An idle machine's 2-thread full head is about twice as fast as the loaded one's,
-/// halving the crossover, hence 4,096. (docs/performance.md.)
+/// full head ([`Model::head_rows_pay`]). Each row of the subset is a scattered read
+/// that the full head streams, so the subset's cost per row rises with its size; the
+/// crossover with the full head, measured by fak-kv's `head_rows` example on SmolLM2's
+/// `[49152, 576]` head, lies above this bound on both weight paths, with room for a
+/// faster full head (an idle machine's), which moves the crossover down (figures:
+/// docs/performance.md, "Constrained decoding: the mask and the reachable-rows head").
 pub const HEAD_ROWS_MAX: usize = 4096;
 
 /// [`Model::head_rows_pay`]'s bound as a fraction of the vocabulary: at most

@@ -4,11 +4,11 @@
 //! (`is_x86_feature_detected!`). Some choices that give the same bits either way (a
 //! prefetch hint, how many weight rows one f32 kernel call streams side by side, how a
 //! one-token product's rows are shared between two threads) were measured to go
-//! opposite ways on the two CPUs this project has run on: an AMD Zen 5 and an Intel
-//! Xeon (family 6, model 207). Those choices follow the CPU's vendor, read once from
-//! `cpuid`; `FAK_CPU_VENDOR=AuthenticAMD|GenuineIntel|…` overrides it for every choice
-//! that follows it (to measure one CPU's choices on the other), and each choice's own
-//! documentation gives the figures it rests on. See `docs/performance.md`.
+//! opposite ways on an AMD Zen 5 and an Intel Xeon. Those choices follow the CPU's
+//! vendor, read once from `cpuid`; `FAK_CPU_VENDOR=AuthenticAMD|GenuineIntel|…`
+//! overrides it for every choice that follows it (to measure one CPU's choices on the
+//! other). Each choice's documentation says what it does on each vendor and why; the
+//! figures are in `docs/performance.md` ("Why it is fast").
 
 use std::sync::OnceLock;
 

@@ -428,7 +428,7 @@ pub(crate) mod avx2 {
     /// bytes at a multiple of 64 from it, so no load of the tile spans two cache lines.
     /// A `Vec<f32>` is only 4-byte aligned by its type (16 by the allocator here), and
     /// with the pairs unaligned every one of the tile's four pair loads per step was
-    /// split: a C probe of the same 6 × 8 tile went ~155 → 97-146 GFLOP/s.
+    /// split over two cache lines.
     pub fn pair_tokens(x: &[f32], n: usize, cols: usize, pairs: &mut Vec<f32>) -> usize {
         let n8 = cols / LANES * LANES;
         pairs.clear();
@@ -492,9 +492,7 @@ pub(crate) mod avx2 {
         // At least one step (`n8 > 0`): the accumulators are then always the loop's
         // registers, and the compiler no longer zeroes a stack copy of all `R × P` of
         // them (1.5 KB for the 6 × 4 tile, a `memset` call) on every call in case the
-        // loop is skipped. That call was ~2% of a 2-thread F32 prefill's samples (`perf`);
-        // the prefill was level to 1.5% faster without it (Intel Xeon, alternating
-        // repeats in one process: 690.6/691.9, 713.6/702.9 tokens/s; 1 thread 405.5/399.7).
+        // loop is skipped; that call showed in a prefill's profile.
         loop {
             let mut xv = [_mm512_setzero_ps(); P];
             for (p, v) in xv.iter_mut().enumerate() {

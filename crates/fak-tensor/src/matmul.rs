@@ -173,12 +173,11 @@ const GROUP_MIN_TOKENS: usize = 32;
 /// 32 (`GROUP_MIN_TOKENS`) each and about four per thread; a thread claims a chunk and
 /// computes every row of every product for its tokens, writing its own contiguous
 /// rows of each output. Claiming evens out a thread that starts late or runs slowly,
-/// where a fixed split into one row range per thread leaves the others waiting for it
-/// (a 2-thread F32 SmolLM2 prefill went from ~1,125 to ~1,200 tokens/s), and the
-/// outputs need no copying back. A one-token input on two threads, where each product
-/// would be shared from both ends, runs as one job over all the products' row chunks
-/// (`one_token_group`); otherwise [`matmul`] per product (its rows split between the
-/// threads). Small groups run on the calling thread.
+/// where a fixed split into one row range per thread leaves the others waiting for it,
+/// and the outputs need no copying back. A one-token input on two threads, where each
+/// product would be shared from both ends, runs as one job over all the products' row
+/// chunks (`one_token_group`); otherwise [`matmul`] per product (its rows split between
+/// the threads). Small groups run on the calling thread.
 ///
 /// # Panics
 /// If a slice is shorter than its shape (a programming error).
@@ -345,9 +344,9 @@ fn matvec_on(
 /// Bytes of weights per chunk of [`matvec_two_ended`] (as whole rows: the rows that
 /// fit, then rounded up to a multiple of 8): large enough that each of the eight runs
 /// [`one_token_rows`] cuts a chunk into is several rows long (56 rows of SmolLM2's 576
-/// columns, runs of 7; 32 KB chunks gave runs of two rows and no gain from the runs:
-/// 31.4 against 31.6 tokens/s, 64 KB 31.6, 128 KB 35.0, 256 KB 35.1, 4 alternating
-/// rounds; over 6 more, 128 KB 37.9, 256 KB 37.3, 512 KB 36.6).
+/// columns, runs of 7; 32 KB chunks gave runs of two rows and lost the long streams'
+/// gain). Of the sizes measured, 32 KB to 512 KB, 128 KB and 256 KB were the fastest,
+/// level with each other.
 const TWO_ENDED_CHUNK_BYTES: usize = 128 * 1024;
 
 /// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long f32
@@ -364,20 +363,16 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 /// `MAX_ONE_TOKEN_GROUP`): each product's rows are cut into chunks of about 128 KB
 /// (`TWO_ENDED_CHUNK_BYTES`, a multiple of 8 rows), the products' chunks are laid end to
 /// end in one list, part 0 claims chunks from the first on, part 1 from the last back,
-/// and they meet wherever the faster one has got to. Each thread still reads one region of the matrix
-/// in order (part 1's chunks one after another downwards), as with one fixed range per
-/// thread, but neither waits for the other at the end when one runs slower (a busy
-/// host's other tenants, a late wake-up). Every row is computed by the same kernel
-/// whichever thread claims it: the same bits.
+/// and they meet wherever the faster one has got to. Each thread still reads one region
+/// of the matrix in order (part 1's chunks one after another downwards), as with one
+/// fixed range per thread, but neither waits for the other at the end when one runs
+/// slower (a busy host's other tenants, a late wake-up). Every row is computed by the
+/// same kernel whichever thread claims it: the same bits.
 ///
-/// Chosen where [`crate::cpu::tuned_for_amd`] is false. On the Intel Xeon (family 6
-/// model 207) F32 SmolLM2 decode on 2 threads went 32.7 → 35.2 tokens/s (medians of 10
-/// alternating runs, 8 of 10 faster; the chunk counts and sizes tried, 16 KB to 512 KB
-/// and 8 to 256 chunks per product, were within noise of each other with adjacent rows
-/// side by side; with [`one_token_rows`]'s long streams 128 KB is best). On the AMD
-/// Zen 5, claiming 256 KB chunks in order (not from both ends) was slower than one
-/// range per thread (F32 decode ~81 against ~86 tokens/s); this form was not measured
-/// there.
+/// Chosen where [`crate::cpu::tuned_for_amd`] is false: measured faster than one fixed
+/// range per thread on an Intel Xeon. On an AMD Zen 5, claimed chunks taken in order
+/// were slower than one range per thread, and this form was not measured there
+/// (docs/performance.md, "Why it is fast" and "Tried and kept out").
 fn matvec_two_ended(items: &mut [Linear<'_>], cols: usize, x: &[f32], pool: Option<&mut Pool>) {
     assert!(
         items.len() <= MAX_ONE_TOKEN_GROUP,
@@ -434,11 +429,9 @@ const MAX_ONE_TOKEN_GROUP: usize = 4;
 /// one product's would.) Each output is the bits of [`matmul`] on its own, as every row
 /// is computed by the same kernel on the same input.
 ///
-/// On the Intel Xeon (family 6 model 207), F32 SmolLM2 decode on 2 threads (q, k, v and
-/// gate, up as two jobs instead of five): a step took 24.20 against 24.45 ms and 25.62
-/// against 26.07 ms (medians of 384 and 258 steps, the two forms alternating step by step
-/// in one process), 1-1.7% faster: a hand-off itself costs under a microsecond here,
-/// and the rest is the slower thread's last chunk that each job waits for.
+/// What it saves is less the hand-off itself (under a microsecond) than the wait for
+/// the slower thread's last chunk, which each job has once: two jobs a layer (q, k, v;
+/// gate, up) instead of five.
 fn one_token_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], threads: Threads) -> bool {
     if items.len() < 2 || items.len() > MAX_ONE_TOKEN_GROUP || crate::cpu::tuned_for_amd() {
         return false;
@@ -533,22 +526,18 @@ fn matmul_serial(
 ///
 /// One row at a time keeps the weights one forward stream; its one chain of fused
 /// multiply-adds (a 576-element row is 72 dependent steps) then bounds a row's time.
-/// On the AMD Zen 5 eight rows interleaved were no faster (F32 SmolLM2 decode, 1 thread
-/// 51-52 against 53-54 tokens/s, 2 threads level). On the Intel Xeon (family 6 model
-/// 207) eight rows were faster on both: 1 thread 15.5 → 17.8 tokens/s (medians of 4
-/// alternating runs; 4 rows 18.0), 2 threads 27.5 → 31.6 (6 runs, 5 faster).
+/// Eight chains side by side hide that latency: faster on an Intel Xeon on 1 and 2
+/// threads, no faster on an AMD Zen 5.
 ///
 /// The eight rows are not adjacent: the rows of each serial piece of a product (a
 /// thread's range, or a chunk of [`matvec_two_ended`]) are cut into eight runs of
 /// `rows / 8` adjacent rows, and each step takes the next row of every run, so the
 /// weights are read as eight long forward streams, one per run; the last `rows % 8`
 /// rows follow one at a time. Eight adjacent rows made eight streams of one row each
-/// (2.3 KB for SmolLM2's 576 columns), interleaved within a few 4 KB pages; on the
-/// Intel Xeon the long streams took F32 decode from 33.8 to 37.9 tokens/s on 2 threads
-/// (with [`matvec_two_ended`]'s chunks at 128 KB; medians of 6 alternating runs, 6 of
-/// 6 faster) and 19.2 → 20.2 on 1 thread (4 of 4). A plain C probe of the same reads
-/// over the mapped F32 file agreed: 16.4 GB/s for adjacent rows against 18.2-21.8 for
-/// runs of 4 or more rows.
+/// (2.3 KB for SmolLM2's 576 columns), interleaved within a few 4 KB pages, each one
+/// restarting the hardware prefetcher; long runs read faster on 1 and 2 threads (with
+/// [`matvec_two_ended`]'s chunks at 128 KB). Figures: docs/performance.md, "Why it is
+/// fast".
 fn one_token_rows() -> usize {
     if crate::cpu::tuned_for_amd() {
         1
@@ -559,14 +548,10 @@ fn one_token_rows() -> usize {
 
 /// How far ahead (bytes) of each of its eight streams the one-token f32 product asks
 /// for the weights (`prefetcht0`, [`crate::dot::avx2::dot_rows_strided`]'s `AHEAD`).
-/// The hardware prefetchers follow eight interleaved streams less far than one: on the
-/// Intel Xeon (family 6 model 207) a C probe of these reads over the mapped F32 file
-/// (2 threads, alternating in one process) gave 24.0 GB/s without the hint, 26.9-27.3
-/// with it 512 B-1 KB ahead, 25.0 at 4 KB, against 28.5-29.0 for a plain sum. In `fak
-/// bench` (F32 SmolLM2, 512 + 128 tokens, 6 alternating rounds) decode went +3.7% on 2
-/// threads (6 of 6 faster; 256 B +3.0%, 768 B +3.3%, 1 KB +3.2%), +5.1% on 1 (4 of 4),
-/// and `--weights exact` +2.6% (4 of 4). Not measured on the AMD Zen 5, where
-/// [`one_token_rows`] streams one row at a time and this path is not taken.
+/// The hardware prefetchers follow eight interleaved streams less far ahead than one,
+/// so the kernel asks for each stream's next lines itself; 512 B to 1 KB ahead read
+/// fastest of the distances measured (256 B to 4 KB), closer to a plain sum's rate.
+/// Only taken where [`one_token_rows`] is 8 (not on AMD).
 #[cfg(target_arch = "x86_64")]
 const STREAM_AHEAD: usize = 512;
 
@@ -576,11 +561,9 @@ const ROW_BLOCK: usize = 64;
 
 /// Rows and token pairs of one 512-bit f32 tile ([`crate::dot::avx2::dot_tile_512`]:
 /// `ZMM_R` rows × `2 * ZMM_P` tokens, 24 accumulator registers of the 32). Six rows
-/// load each token pair once for 6 fused multiply-adds where four rows did for 4: on
-/// the Intel Xeon (family 6 model 207) the tile in cache (`[1536, 576]` × 64 tokens,
-/// one thread, best of 200) went ~98 → ~110 GFLOP/s with the pairs laid out by
-/// [`crate::dot::avx2::pair_tokens`] (~100 with the pairs alone); on the AMD Zen 5 an
-/// earlier 6-row × 8-token tile (pairs inserted per step) was no faster than 4 rows.
+/// load each token pair once for 6 fused multiply-adds where four rows did for 4, which
+/// pays with the pairs laid out once by [`crate::dot::avx2::pair_tokens`] (a 6-row tile
+/// that inserted the pairs at each step was no faster than 4 rows).
 /// A block's last rows run as 4-row and then 1-row tiles.
 #[cfg(target_arch = "x86_64")]
 const ZMM_R: usize = 6;
@@ -632,10 +615,8 @@ unsafe fn serial_avx2(
     if n == 1 {
         // One row at a time, so the weights are read as one forward stream. Eight rows
         // interleaved (eight independent chains, eight streams 1-6 KB long) were no
-        // faster on this project's 2-core test machine (F32 SmolLM2 decode, 16-token
-        // context, alternating runs: 1 thread 51-52 vs 53-54 tokens/s, an earlier
-        // round 53 vs 60; 2 threads level, 72.5 vs 72.2); 2, 3, 4 and 6 rows, 512-bit
-        // row pairs and a software prefetch were slower or level.
+        // faster on AMD; 2, 3, 4 and 6 rows, 512-bit row pairs and a software prefetch
+        // were slower or level.
         for r in 0..rows {
             dot_rows_strided::<1, 0>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
         }

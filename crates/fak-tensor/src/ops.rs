@@ -262,9 +262,8 @@ pub fn weighted_rows_accumulate<const Q: usize>(
 /// and [`crate::dot_strided_multi`]'s 512-bit loops) prefetch the K and V rows they
 /// are about to read: a row of one KV head is a few cache lines in every `kv_dim`-wide
 /// cache entry, a strided pattern the hardware prefetchers follow only part of the way.
-/// SmolLM2-135M Q4_1 decode, alternating runs: 1,536-token prompt, 1 thread 123.9
-/// against 116.0 tokens/s (medians of 5); 512-token prompt, 1 thread 181.3 against
-/// 176.4 and 2 threads 254.6 against 251.5 (medians of 6). Twelve rows ahead was level.
+/// The distance was chosen by measuring decode at short and long contexts (12 rows
+/// ahead gained nothing; figures in docs/performance.md, "Why it is fast").
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH_ROWS: usize = 32;
 

@@ -1289,19 +1289,17 @@ fn chunk_rows(row_bytes: usize, chunk_bytes: usize) -> usize {
 /// one-token product is bound by streaming its weights from memory: each chunk is a
 /// claim on a counter both threads write and a new stream for the prefetchers to pick
 /// up, and chunks claimed alternately leave each thread's reads jumping over the
-/// other's. On this project's 2-core test machine, 128 KB chunks against one range per
-/// thread (2 threads, 512-token prompt, 128 decode steps, alternating runs): SmolLM2
-/// Q4_1 decode ~254 → ~263 tokens/s, its Q8_0 file ~186 → ~214, Gemma 3 Q4_K_M (whose
-/// 262,144-row head was ~1,300 chunks) ~122 → ~156. The claims still hand a range to
-/// whichever thread is free, so a late thread delays a product by at most one range.
+/// other's (Gemma 3's 262,144-row head was ~1,300 chunks of 128 KB). One range per
+/// thread was faster on every model file measured (docs/performance.md, "Why it is
+/// fast"). The claims still hand a range to whichever thread is free, so a late thread
+/// delays a product by at most one range.
 fn matvec_range_rows(rows: usize, parts: usize) -> usize {
     rows.div_ceil(parts.max(1)).div_ceil(4).max(1) * 4
 }
 
 /// Weight bytes per chunk of a pooled multi-token product (prefill). Each chunk's
 /// weights are read once for all tokens, so the work per byte is many times a
-/// matvec's and small chunks balance the threads better (128 KB chunks were ~5% slower
-/// here).
+/// matvec's and small chunks balance the threads better (128 KB chunks were slower).
 const MATMUL_CHUNK_BYTES: usize = 32 * 1024;
 
 /// [`matvec`] with the output rows split into one contiguous range per thread of the
@@ -1528,7 +1526,7 @@ pub fn matmul_threads(
     let tile = TileActs::new(ty, acts, TileIsa::Zmm);
     let Some(pool) = guard.as_deref_mut() else {
         // One thread: all rows at once, straight into `out` (in chunks through a buffer,
-        // as below, was 2-3% slower here: every chunk re-reads all tokens' tile forms).
+        // as below, was slower: every chunk re-reads all tokens' tile forms).
         let mut by_token: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
         return matmul_rows(ty, w, rb, acts, tile.as_ref(), &mut by_token);
     };
@@ -1536,7 +1534,7 @@ pub fn matmul_threads(
     let chunks = rows.div_ceil(per);
     // slots[c][t]: chunk c's rows of token t's output. The chunk's kernels write a
     // buffer of its own, `[n, m]`, copied into them after (written straight into the
-    // output, Gemma 3's 2-thread prefill was 12% slower; the cause is not pinned down).
+    // output, Gemma 3's 2-thread prefill was slower; the cause is not pinned down).
     let mut slots: Vec<Vec<&mut [f32]>> = (0..chunks).map(|_| Vec::with_capacity(n)).collect();
     for row in out.chunks_mut(rows) {
         for (c, part) in row.chunks_mut(per).enumerate() {
@@ -2008,10 +2006,8 @@ const TILE512_P: usize = 2;
 
 /// Rows × tokens of one multi-token tile (see [`tiles`]). 2 × 4 keeps the eight
 /// accumulators and the activations of a block in registers; in `qdot_bench`'s
-/// multi-token section (64 tokens, one thread, GB/s × tokens) it beat the earlier 8 × 2
-/// for every 32-element type on this project's test machine (Q8_0 with AVX-VNNI
-/// ~44 -> ~46, without ~37 -> ~42; Q4_1 ~22 -> ~25), and 1 × 8, 4 × 2, 2 × 3, 2 × 6,
-/// 3 × 3, 3 × 4 and 4 × 3 were slower for Q8_0.
+/// multi-token section it beat the earlier 8 × 2 for every 32-element type, and 1 × 8,
+/// 4 × 2, 2 × 3, 2 × 6, 3 × 3, 3 × 4 and 4 × 3 were slower for Q8_0.
 #[cfg(target_arch = "x86_64")]
 const TILE_R: usize = 2;
 #[cfg(target_arch = "x86_64")]

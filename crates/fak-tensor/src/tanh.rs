@@ -4,7 +4,7 @@
 //! Gemma's MLP applies GELU with the tanh approximation to every element of its gate
 //! (`crate::ops::gelu_tanh`): over a 512-token prefill of Gemma 3 270M that is 19 M
 //! calls of `tanhf`, each a library call computing one value (with `expm1f` inside),
-//! 28% of a 1-thread prefill. [`gelu_tanh_mul_in_place`] computes eight values per
+//! a large share of a prefill's time. [`gelu_tanh_mul_in_place`] computes eight values per
 //! AVX2 instruction stream and gives exactly the bits of the scalar form, so the exact
 //! path's numbers (and every bit-exact invariant) do not move.
 //!

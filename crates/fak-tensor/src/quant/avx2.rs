@@ -401,7 +401,7 @@ unsafe fn dp(w: __m256i, a: __m256i) -> __m256i {
 /// first 16 bits are used, the compiler narrows the load to `vpinsrw`, a 16-bit insert
 /// that keeps the rest of a register of its choosing; in the 512-bit row-pair kernel it
 /// chose an accumulator of the loop, so every block waited for the previous block's
-/// sum (Q4_0's rows ran at 13.6 GB/s in cache against Q4_1's 28).
+/// sum (Q4_0's rows ran at half Q4_1's rate in cache).
 ///
 /// # Safety
 /// F16C (the caller has it enabled); `wb.len() >= 4` (asserted).
@@ -433,9 +433,9 @@ unsafe fn two_f16(wb: &[u8]) -> (f32, f32) {
 /// How far ahead of the rows being read [`rows`] prefetches the weights. Decode
 /// streams every weight from memory once per token; with the next group only (~1.4 KB
 /// for SmolLM2's Q4_1 rows) the loads still waited on memory, and more so with two
-/// threads streaming at once: 8 KB ahead took the pooled Q4_1 product from ~26 to
-/// ~38 GB/s on two threads of this project's 2-core test machine (1 thread: ~17 to ~21,
-/// the in-cache speed). Larger distances gained nothing more.
+/// threads streaming at once. 8 KB ahead let the pooled Q4_1 product stream at its
+/// in-cache rate on one thread and much faster on two (`qdot_bench`); larger distances
+/// gained nothing more.
 ///
 /// The hint of the prefetches is chosen per CPU ([`nta_prefetch`]).
 const PREFETCH_BYTES: usize = 8 * 1024;
@@ -445,17 +445,13 @@ const PREFETCH_BYTES: usize = 8 * 1024;
 /// ([`crate::cpu::tuned_for_amd`]), unless `FAK_PREFETCH_NTA=0` (or `=1` forces it
 /// elsewhere). A prefetch is a hint; either choice gives the same bits.
 ///
-/// On the AMD Zen 5 this project was first measured on, each weight is read once per
-/// token and the matrices (96.6 MB for SmolLM2 Q4_1) are three times its 32 MB L3, so
-/// keeping them there only evicts what is read again soon, the KV cache (24-29 MB of
-/// f32 K and V at a 512-640-token context): with `T0` hints 1-thread decode at that
-/// context ran 154-166 tokens/s against 171-180 with `NTA` (3 alternating pairs; 2
-/// threads ~+3%, a 16-token context 1 thread ~+5%, 2 threads level). On an Intel Xeon
-/// (family 6 model 207, 2 vCPUs, 260 MB L3) `NTA` was the slow choice by far: SmolLM2
-/// Q4_1 decode 103-110 tokens/s on 2 threads against 149-175 with `T0`, `T1` or `T2`
-/// (3 alternating rounds of each), and 58-59 against 78-86 on 1 thread; `qdot_bench`'s
-/// pooled Q4_1 head 7.9 → 15.7 GB/s on one thread. (Intel's `prefetchnta` fills the L1
-/// only, where a line 8 KB ahead of its use is not sure to stay.)
+/// Each weight is read once per token, and the matrices (96.6 MB for SmolLM2 Q4_1) are
+/// larger than an L3 (32 MB on the AMD Zen 5 this was measured on), so keeping them
+/// there only evicts what is read again soon, the KV cache (24-29 MB of f32 K and V at
+/// a 512-640-token context): on AMD, `NTA` made decode faster. On an Intel Xeon `NTA`
+/// was the slow choice by far, since Intel's `prefetchnta` fills the L1 only, where a
+/// line 8 KB ahead of its use is not sure to stay; `T0`, `T1` and `T2` were alike there.
+/// Figures: docs/performance.md, "Why it is fast".
 pub(super) fn nta_prefetch() -> bool {
     use std::sync::OnceLock;
     static NTA: OnceLock<bool> = OnceLock::new();
@@ -700,8 +696,7 @@ impl Block32 for Q8_0 {
     }
     /// Off: in the one-token rows each weight block is used once, so its reordering
     /// (`vpermq`, `vpshufb`, `vpxor`) is not shared between tokens, and the widening
-    /// kernel was ~5% faster (`qdot_bench` Q8_0 hot 29.4 vs 28.0 GB/s, stream 28.5 vs
-    /// 27.0, on this project's test machine).
+    /// kernel was faster (`qdot_bench` Q8_0, in cache and streaming).
     const VNNI_ROWS: bool = false;
     /// The quants in VNNI order ([`q8_0_vnni_order`]) plus 128, as unsigned bytes.
     type VW = __m256i;
@@ -986,10 +981,9 @@ impl Tile512 for Q8_0 {
 /// Q5_1) run in two lanes of one register, each lane the scalar code's rounded product
 /// and rounded add in the same order; Q4_0 and Q4_1 unpack both rows' nibbles at once
 /// ([`Tile512::unpack_pair512`]); the block reads are bounds-checked once, up front.
-/// Against the per-row scalar scales, separate unpacking and per-read checks:
-/// `qdot_bench` Q4_1 in cache 28.3 → 38.9 GB/s, Q5_1 26.7 → 32.0, Q4_0 26.6 → 34.4;
-/// SmolLM2 Q4_1 decode (medians of 5–8 alternating runs, in two steps) 1 thread
-/// ~190 → ~206 tokens/s, 2 threads ~261 → ~273, each step level or better.
+/// That is fewer instructions per block than per-row scalar scales, separate unpacking
+/// and per-read checks, and measured faster in cache and in decode (docs/performance.md,
+/// "Why it is fast").
 ///
 /// `a` is the activation row in its VNNI form ([`vnni_acts`]).
 ///
@@ -1044,7 +1038,7 @@ pub(super) unsafe fn rows_pairs_512<K: Tile512>(
             // the scalar code forms.
             // Without a minimum, the bytes after `d` are quants: zeroed rather than
             // widened as f16 (random bits, sometimes subnormal or NaN, which made the
-            // conversion slow: Q5_0 in cache ~18 against ~26 GB/s).
+            // conversion slow).
             let keep = if K::HAS_MIN { u32::MAX } else { 0xffff };
             let sa = u32::from_le_bytes([wa[0], wa[1], wa[2], wa[3]]) & keep;
             let sb = u32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]) & keep;
