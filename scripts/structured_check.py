@@ -129,8 +129,14 @@ def langchain_json_schema(q):
 
 def langchain_json_mode(q):
     # JSON mode asks the prompt to say so (OpenAI's API refuses a json_object request
-    # whose messages never mention JSON).
-    out = chat_openai().with_structured_output(None, method="json_mode").invoke(q + " Answer in JSON.")
+    # whose messages never mention JSON), and LangChain's docstring of json_mode says the
+    # call must include instructions for formatting the output into the desired schema
+    # (the model is given none): here, the keys.
+    out = (
+        chat_openai()
+        .with_structured_output(None, method="json_mode")
+        .invoke(q + ' Answer in JSON with the keys "name" and "age".')
+    )
     assert isinstance(out, dict), out
     return json.dumps(out), OBJECT
 

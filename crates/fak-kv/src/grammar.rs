@@ -8,7 +8,15 @@
 //!
 //! - [`GrammarCompiler`] holds the token trie, built once per tokenizer from each
 //!   token's raw bytes ([`Tokenizer::token_bytes`]; a control token is marked with a
-//!   leading `0xFF` byte, which no UTF-8 text contains, so a grammar never produces one).
+//!   leading `0xFF` byte, which no UTF-8 text contains, so a grammar's text never
+//!   produces one). Lark's special-token syntax (`<|im_end|>`, `<[id]>`) could name one
+//!   directly, so the mask also removes every control token except the caller's stop
+//!   ids where the grammar can end: a grammar that needs a control token mid-reply is a
+//!   dead end there, never a role marker written into the reply.
+//! - A grammar or schema is at most [`GRAMMAR_MAX_BYTES`] and compiles on a thread of
+//!   its own with a [`COMPILE_STACK_BYTES`] stack: llguidance's compiler recurses along
+//!   chains of `$ref`s and Lark rules (a chain of ~1,000 overflowed a 2 MiB stack, which
+//!   aborts the process), and the size cap bounds the chain.
 //! - [`GrammarCompiler::compile`] turns a request's [`GrammarSpec`] into a [`Grammar`],
 //!   or a [`GrammarError`] naming what did not compile (an unsupported schema keyword,
 //!   a Lark syntax error), before any token is generated.
@@ -97,6 +105,8 @@ impl TokenizerEnv for Vocab {
 /// tokens in `tests/grammar_smollm2.rs`, printed by that test).
 pub struct GrammarCompiler {
     factory: ParserFactory,
+    /// The control tokens' ids (ascending), never allowed but as stop ids.
+    special: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for GrammarCompiler {
@@ -161,7 +171,8 @@ impl GrammarCompiler {
         )
         .map_err(|e| GrammarError::Trie(e.to_string()))?;
         factory.quiet();
-        Ok(GrammarCompiler { factory })
+        let special: Arc<[u32]> = (0..n).filter(|&id| tokenizer.is_special(id)).collect();
+        Ok(GrammarCompiler { factory, special })
     }
 
     /// The vocabulary size the trie covers (`[vocab]`).
@@ -179,6 +190,16 @@ impl GrammarCompiler {
     /// [`GrammarError::Compile`] naming the cause: a schema that is not a JSON object,
     /// an unsupported keyword, an unsatisfiable schema, a Lark syntax error.
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
+        let bytes = match spec {
+            GrammarSpec::JsonObject => 0,
+            GrammarSpec::JsonSchema(schema) => schema.to_string().len(),
+            GrammarSpec::Lark(text) => text.len(),
+        };
+        if bytes > GRAMMAR_MAX_BYTES {
+            return Err(GrammarError::Compile(format!(
+                "the grammar is {bytes} bytes; at most {GRAMMAR_MAX_BYTES} are compiled"
+            )));
+        }
         let top = match spec {
             GrammarSpec::JsonObject => {
                 TopLevelGrammar::from_json_schema(json_options(serde_json::Value::Object(
@@ -193,25 +214,66 @@ impl GrammarCompiler {
             GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),
         };
         let factory = &self.factory;
-        let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            factory.create_parser(top)
-        }))
-        .map_err(|e| GrammarError::Compile(e.to_string()))?;
-        let matcher = Matcher::new(Ok(parser));
+        // On a thread with a deep stack (see the module docs); a panic inside
+        // llguidance is caught there and is a compile error like any other.
+        let compiled = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("fak-grammar".into())
+                .stack_size(COMPILE_STACK_BYTES)
+                .spawn_scoped(scope, || {
+                    llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        factory.create_parser(top)
+                    }))
+                    .map(|parser| Matcher::new(Ok(parser)))
+                })
+                .map_err(|e| GrammarError::Compile(format!("cannot start the compiler: {e}")))?
+                .join()
+                .map_err(|_| GrammarError::Compile("the compiler panicked".into()))
+        })?;
+        let matcher = compiled.map_err(|e| GrammarError::Compile(clip(e.to_string())))?;
         if let Some(e) = matcher.get_error() {
-            return Err(GrammarError::Compile(e));
+            return Err(GrammarError::Compile(clip(e)));
         }
         Ok(Grammar {
             spec: spec.clone(),
             matcher,
             vocab_size: self.vocab_size(),
+            special: Arc::clone(&self.special),
         })
     }
 }
 
+/// The largest grammar or schema [`GrammarCompiler::compile`] takes, in bytes (a
+/// schema as compact JSON text): 512 KiB, four times OpenAI's documented limit on a
+/// structured-output schema's names, enum values and consts (120,000 characters).
+pub const GRAMMAR_MAX_BYTES: usize = 512 << 10;
+
+/// The compiling thread's stack: 256 MiB of address space (pages are committed only as
+/// the recursion touches them). A 2 MiB stack held chains of ~900 `$ref`s or Lark rules;
+/// [`GRAMMAR_MAX_BYTES`] of chain (~30 bytes a link) needs about 40 MiB.
+pub const COMPILE_STACK_BYTES: usize = 256 << 20;
+
+/// The longest compile error passed on, in bytes: llguidance quotes the offending input,
+/// which can be the whole grammar.
+const ERROR_MAX_BYTES: usize = 1024;
+
+/// `msg` cut to [`ERROR_MAX_BYTES`] (at a character boundary) with `…` appended.
+fn clip(mut msg: String) -> String {
+    if msg.len() > ERROR_MAX_BYTES {
+        let mut end = ERROR_MAX_BYTES;
+        while !msg.is_char_boundary(end) {
+            end -= 1;
+        }
+        msg.truncate(end);
+        msg.push('…');
+    }
+    msg
+}
+
 /// `schema` with the JSON options [`GrammarCompiler::compile`] uses (compact `, ` and
-/// `: ` separators, no other whitespace) set in its `x-guidance` key: for a schema
-/// embedded in a Lark grammar (`%json { ... }`), so it is written as a
+/// `: ` separators, no other whitespace) set in its `x-guidance` key, and every
+/// integer without bounds bounded to the interoperable range ([`bound_integers`]): for
+/// a schema embedded in a Lark grammar (`%json { ... }`), so it is written as a
 /// [`GrammarSpec::JsonSchema`] would be.
 ///
 /// # Errors
@@ -222,6 +284,7 @@ pub fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, 
             "a JSON schema must be a JSON object, not {schema}"
         )));
     }
+    bound_integers(&mut schema);
     let opts = JsonCompileOptions {
         item_separator: ", ".into(),
         key_separator: ": ".into(),
@@ -232,6 +295,53 @@ pub fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, 
     Ok(schema)
 }
 
+/// The largest integer JSON parsers agree on: 2^53 − 1 (RFC 8259, section 6: integers
+/// in `[-(2^53)+1, (2^53)-1]` are interoperable; JavaScript's `Number.MAX_SAFE_INTEGER`).
+pub const INTEROPERABLE_INT_MAX: i64 = (1 << 53) - 1;
+
+/// Bounds every `"type": "integer"` subschema of `schema` that gives no bound of its own
+/// to `[-INTEROPERABLE_INT_MAX, INTEROPERABLE_INT_MAX]` (`minimum` / `maximum`; a bound
+/// the schema states, inclusive or exclusive, is kept and only the missing side is
+/// added).
+///
+/// Why: JSON Schema's `integer` has no size limit, so its grammar allows any number of
+/// digits, and a sampled reply (a small model at temperature 1) can write digits until
+/// `max_tokens` cuts the JSON off. With the bound an integer has at most 16 digits, as
+/// llama.cpp's JSON-schema grammars allow (their integral part is at most 16 digits),
+/// and every integer the grammar lets through survives a round trip through any JSON
+/// parser. The walk descends into every subschema keyword (`properties`, `items`,
+/// `anyOf`, `$defs`, ...) and never into values that are data (`const`, `enum`,
+/// `default`, `examples`). Numbers (`"type": "number"`) are left as they are.
+pub fn bound_integers(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let Value::Object(m) = schema else {
+        if let Value::Array(items) = schema {
+            items.iter_mut().for_each(bound_integers);
+        }
+        return;
+    };
+    let is_integer = match m.get("type") {
+        Some(Value::String(t)) => t == "integer",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+        _ => false,
+    };
+    // Only a `type` that is a keyword here: inside `properties` a key named "type" holds
+    // a subschema (an object), which the test above does not match.
+    if is_integer {
+        if !m.contains_key("minimum") && !m.contains_key("exclusiveMinimum") {
+            m.insert("minimum".into(), Value::from(-INTEROPERABLE_INT_MAX));
+        }
+        if !m.contains_key("maximum") && !m.contains_key("exclusiveMaximum") {
+            m.insert("maximum".into(), Value::from(INTEROPERABLE_INT_MAX));
+        }
+    }
+    for (k, v) in m.iter_mut() {
+        if !matches!(k.as_str(), "const" | "enum" | "default" | "examples") {
+            bound_integers(v);
+        }
+    }
+}
+
 /// A compiled grammar, ready to constrain replies ([`Grammar::start`]). Cloning it is
 /// cheap (the compiled grammar is shared); two are equal when their specs are.
 #[derive(Clone)]
@@ -239,6 +349,7 @@ pub struct Grammar {
     spec: GrammarSpec,
     matcher: Matcher,
     vocab_size: usize,
+    special: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for Grammar {
@@ -265,6 +376,7 @@ impl Grammar {
             matcher: self.matcher.clone(),
             allowed: SimpleVob::new(),
             vocab_size: self.vocab_size,
+            special: Arc::clone(&self.special),
         }
     }
 }
@@ -275,6 +387,8 @@ pub struct Constraint {
     /// The last step's allowed set (llguidance's mask, adjusted for stop ids).
     allowed: SimpleVob,
     vocab_size: usize,
+    /// The control tokens' ids: never allowed but as stop ids.
+    special: Arc<[u32]>,
 }
 
 impl std::fmt::Debug for Constraint {
@@ -332,10 +446,19 @@ impl Constraint {
             .tok_env()
             .map(|env| env.tok_trie().eos_tokens().to_vec())
             .unwrap_or_default();
-        let can_end = trie_eos.iter().any(|&e| mask.is_allowed(e));
+        // The grammar can end where llguidance allows EOS and its input so far is
+        // complete: a grammar that names the EOS token itself (Lark's `<|im_end|>`)
+        // gets it allowed mid-reply, which is not an end.
+        let can_end = trie_eos.iter().any(|&e| mask.is_allowed(e))
+            && (self.matcher.is_accepting().unwrap_or(false) || self.matcher.is_stopped());
         self.allowed = mask;
         for &e in &trie_eos {
             self.allowed.disallow_token(e);
+        }
+        for &t in self.special.iter() {
+            if (t as usize) < self.allowed.len() {
+                self.allowed.disallow_token(t);
+            }
         }
         for &s in stop_ids {
             if (s as usize) < self.vocab_size.min(self.allowed.len()) {

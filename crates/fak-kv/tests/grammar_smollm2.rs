@@ -298,3 +298,185 @@ fn token_trie_load_cost() {
         assert!(tok.token_bytes(id).starts_with(b"{"), "token {id}");
     }
 }
+
+/// The tokens of `text` accepted one by one; the constraint after them.
+fn constraint_after(g: &fak_kv::grammar::Grammar, tok: &Tokenizer, text: &str) -> Constraint {
+    let mut c = g.start();
+    for id in tok.encode(text).unwrap() {
+        assert!(
+            c.allowed(&[]).unwrap().contains(id),
+            "{text:?}: token {id} refused"
+        );
+        c.accept(id).unwrap();
+    }
+    c
+}
+
+/// An integer with no bounds of its own has at most 16 digits (the interoperable range,
+/// 2^53 − 1): after 16 digits only the end of the number is allowed, so a sampled reply
+/// cannot write digits until `max_tokens` cuts its JSON off (the anthropic SDK's
+/// `messages.parse` at its default temperature 1 did, on 3 prompts of 50). A bound the
+/// schema states is kept.
+#[fak_testkit::real_model]
+fn integers_without_bounds_end_within_sixteen_digits() {
+    let (model, tok, _) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let schema = |n: serde_json::Value| {
+        GrammarSpec::JsonSchema(serde_json::json!({
+            "type": "object", "properties": {"n": n}, "required": ["n"]
+        }))
+    };
+    let digits: Vec<u32> = (0..10)
+        .map(|d| tok.encode(&d.to_string()).unwrap()[0])
+        .collect();
+    let close = tok.encode("}").unwrap()[0];
+
+    let g = compiler
+        .compile(&schema(serde_json::json!({"type": "integer"})))
+        .unwrap();
+    let mut c = constraint_after(&g, &tok, r#"{"n": 1234567890123456"#);
+    let allowed = c.allowed(&[]).unwrap();
+    assert!(allowed.contains(close));
+    for &d in &digits {
+        assert!(!allowed.contains(d), "a 17th digit ({d}) is allowed");
+    }
+    // The bound itself, and its negative, are reachable.
+    for text in [r#"{"n": 9007199254740991}"#, r#"{"n": -9007199254740991}"#] {
+        let mut c = constraint_after(&g, &tok, text);
+        assert!(c.is_complete(), "{text}");
+    }
+    let mut c = constraint_after(&g, &tok, r#"{"n": 900719925474099"#);
+    let allowed = c.allowed(&[]).unwrap();
+    assert!(allowed.contains(digits[1]) && !allowed.contains(digits[2]));
+
+    // A stated bound is the schema's, not ours: 17 digits and more under `maximum` 1e20.
+    let g = compiler
+        .compile(&schema(
+            serde_json::json!({"type": "integer", "maximum": 100_000_000_000_000_000_000.0}),
+        ))
+        .unwrap();
+    let mut c = constraint_after(&g, &tok, r#"{"n": 1234567890123456"#);
+    assert!(c.allowed(&[]).unwrap().contains(digits[7]));
+}
+
+/// [`fak_kv::grammar::bound_integers`] bounds integer subschemas wherever they are
+/// (properties, items, anyOf, $defs) and leaves data (`const`, `enum`, `default`) and
+/// numbers alone.
+#[test]
+fn bound_integers_walks_subschemas_not_data() {
+    let mut s = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "type": {"type": "integer"},
+            "xs": {"type": "array", "items": {"type": ["integer", "null"], "minimum": 0}},
+            "u": {"anyOf": [{"$ref": "#/$defs/i"}, {"type": "number"}]},
+            "c": {"const": {"type": "integer"}},
+            "e": {"enum": [{"type": "integer"}]},
+            "d": {"type": "integer", "exclusiveMaximum": 10, "default": {"type": "integer"}}
+        },
+        "$defs": {"i": {"type": "integer"}}
+    });
+    fak_kv::grammar::bound_integers(&mut s);
+    let max = fak_kv::grammar::INTEROPERABLE_INT_MAX;
+    let p = &s["properties"];
+    assert_eq!(
+        p["type"],
+        serde_json::json!({"type": "integer", "minimum": -max, "maximum": max})
+    );
+    assert_eq!(
+        p["xs"]["items"],
+        serde_json::json!({"type": ["integer", "null"], "minimum": 0, "maximum": max})
+    );
+    assert_eq!(s["$defs"]["i"]["maximum"], max);
+    assert_eq!(p["u"]["anyOf"][1], serde_json::json!({"type": "number"}));
+    assert_eq!(p["c"]["const"], serde_json::json!({"type": "integer"}));
+    assert_eq!(p["e"]["enum"][0], serde_json::json!({"type": "integer"}));
+    assert_eq!(p["d"]["default"], serde_json::json!({"type": "integer"}));
+    assert_eq!(p["d"]["minimum"], -max);
+    assert!(p["d"].get("maximum").is_none());
+    assert!(s.get("minimum").is_none());
+}
+
+/// A chain of 3,000 `$ref`s and one of 3,000 Lark rules compile on the compiler's own
+/// deep stack (a chain of ~1,000 overflowed a request thread's 2 MiB stack and aborted
+/// the server); a grammar over `GRAMMAR_MAX_BYTES` is an error naming its size; a long
+/// compile error is cut to about 1 KiB rather than quoting the whole grammar back.
+#[fak_testkit::real_model]
+fn deep_and_large_grammars_are_compiled_or_refused_never_a_crash() {
+    let (model, tok, _) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let n = 3000;
+    let mut defs = serde_json::Map::new();
+    for i in 0..n {
+        defs.insert(
+            format!("d{i}"),
+            serde_json::json!({"$ref": format!("#/$defs/d{}", i + 1)}),
+        );
+    }
+    defs.insert(format!("d{n}"), serde_json::json!({"type": "integer"}));
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"n": {"$ref": "#/$defs/d0"}},
+        "required": ["n"],
+        "$defs": defs
+    });
+    // Compiled or refused: either way this process is still here to look.
+    let r = compiler.compile(&GrammarSpec::JsonSchema(schema));
+    println!("{n}-link $ref chain: {:?}", r.as_ref().map(|_| "compiled"));
+    let mut lark = String::from("start: r0\n");
+    for i in 0..n {
+        lark.push_str(&format!("r{i}: r{}\n", i + 1));
+    }
+    lark.push_str(&format!("r{n}: \"x\"\n"));
+    let g = compiler.compile(&GrammarSpec::Lark(lark)).unwrap();
+    let x = tok.encode("x").unwrap()[0];
+    assert!(g.start().allowed(&[]).unwrap().contains(x));
+
+    let big = format!(
+        "start: \"{}\"",
+        "a".repeat(fak_kv::grammar::GRAMMAR_MAX_BYTES)
+    );
+    match compiler.compile(&GrammarSpec::Lark(big)) {
+        Err(GrammarError::Compile(m)) => assert!(m.contains("bytes"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let bad = format!("start: \"a\"\nfoo: \"{}\" (", "b".repeat(100_000));
+    match compiler.compile(&GrammarSpec::Lark(bad)) {
+        Err(GrammarError::Compile(m)) => assert!(m.len() <= 1100, "{} bytes", m.len()),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Lark's special-token syntax cannot put a control token into a reply: where the
+/// grammar needs one, no token is allowed (a dead end), and the stop ids stay allowed
+/// only where the grammar can end.
+#[fak_testkit::real_model]
+fn a_grammar_cannot_produce_control_tokens() {
+    let (model, tok, tmpl) = load(WeightMode::Native);
+    let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
+    let stop_ids = tmpl.stop_token_ids(&tok);
+    let im_start = tok.token_to_id("<|im_start|>").unwrap();
+    assert!(tok.is_special(im_start));
+
+    let g = compiler
+        .compile(&GrammarSpec::Lark("start: \"a\" <|im_start|> \"b\"".into()))
+        .unwrap();
+    let mut c = g.start();
+    let a = tok.encode("a").unwrap()[0];
+    assert!(c.allowed(&stop_ids).unwrap().contains(a));
+    c.accept(a).unwrap();
+    match c.allowed(&stop_ids) {
+        Err(_) => {}
+        Ok(set) => panic!(
+            "allowed after \"a\": {:?} (<|im_start|> is {im_start})",
+            set.ids()
+        ),
+    }
+
+    // A grammar that opens with the end-of-turn token: not an empty "complete" reply.
+    let g = compiler
+        .compile(&GrammarSpec::Lark("start: <|im_end|> \"hello\"".into()))
+        .unwrap();
+    let mut c = g.start();
+    assert!(c.allowed(&stop_ids).is_err());
+}
