@@ -4,7 +4,9 @@
 //! tokenizer); with `openai-upstream`, whose wire has no count endpoint, a 400 in
 //! Anthropic's error shape saying so, never a count fak made up. And `POST /v1/responses`
 //! with `openai-upstream`: translated to the upstream's chat API, answered as the
-//! upstream answers it.
+//! upstream answers it. And structured outputs through both upstream drivers in front of
+//! an in-kernel `fak serve`, which constrains its reply to the forwarded format, so the
+//! front's check of the reply passes.
 
 mod common;
 
@@ -245,5 +247,127 @@ fn responses_through_openai_upstream_mode_answer_as_the_upstream_does() {
     assert_eq!(
         through["usage"]["input_tokens"], direct["usage"]["input_tokens"],
         "{through}"
+    );
+}
+
+/// A schema whose every value is short (so the 135M model's constrained reply finishes
+/// well within `max_tokens`).
+fn verdict_schema() -> Value {
+    json!({"type": "object",
+        "properties": {"answer": {"type": "string", "enum": ["yes", "no"]},
+            "sure": {"type": "boolean"}},
+        "required": ["answer", "sure"], "additionalProperties": false})
+}
+
+/// Whether `text` is a JSON object valid for [`verdict_schema`].
+fn is_verdict(text: &str) -> bool {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    let o = v
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {text}"));
+    o.len() == 2
+        && matches!(o.get("answer").and_then(Value::as_str), Some("yes" | "no"))
+        && o.get("sure").is_some_and(Value::is_boolean)
+}
+
+/// `response_format` through `openai-upstream` and `output_config.format` through
+/// `anthropic-upstream` (and a chat `response_format` translated to it), in front of
+/// an in-kernel `fak serve`: the upstream constrains its reply to the format it was
+/// sent, so the front's check passes and the client gets the valid JSON, streamed or
+/// not. A Lark `grammar`, which the in-kernel server itself takes, is a 400 at the
+/// front: it is not forwarded.
+#[fak_testkit::real_model]
+fn structured_outputs_go_up_and_come_back_valid() {
+    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    let up = serve(&["--kv-budget-mb", "16"]);
+    wait_ready(&up.addr);
+    let base = format!("http://{}", up.addr);
+    let front = |engine: &str| {
+        let s = serve(&[
+            "--engine",
+            engine,
+            "--base-url",
+            &base,
+            "--upstream-health-interval-s",
+            "1",
+        ]);
+        wait_ready(&s.addr);
+        s
+    };
+    let model = "smollm2-135m-instruct";
+    let question = "Is Paris the capital of France? Answer in JSON.";
+    let chat = |stream: bool| {
+        json!({"model": model, "temperature": 0, "max_tokens": 40, "stream": stream,
+            "messages": [{"role": "user", "content": question}],
+            "response_format": {"type": "json_schema", "json_schema": {
+                "name": "Verdict", "strict": true, "schema": verdict_schema()}}})
+    };
+
+    let openai = front("openai-upstream");
+    let (status, resp) = http(
+        &openai.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat(false).to_string(),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{resp}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(is_verdict(text), "{text}");
+    let (status, resp) = http(
+        &openai.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat(true).to_string(),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let mut streamed = String::new();
+    for d in resp.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        if d == "[DONE]" {
+            continue;
+        }
+        let c: Value = serde_json::from_str(d).unwrap();
+        assert!(c.get("error").is_none(), "{resp}");
+        streamed.push_str(c["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+    }
+    assert_eq!(streamed, text, "{resp}");
+    let mut lark = chat(false);
+    lark.as_object_mut().unwrap().remove("response_format");
+    lark["grammar"] = json!("start: \"yes\" | \"no\"");
+    let (status, resp) = http(&up.addr, "POST", "/v1/chat/completions", &lark.to_string());
+    assert_eq!(status, 200, "the in-kernel server takes it: {resp}");
+    let (status, resp) = http(
+        &openai.addr,
+        "POST",
+        "/v1/chat/completions",
+        &lark.to_string(),
+    );
+    assert_eq!(status, 400, "{resp}");
+    assert!(resp.contains("`grammar`"), "{resp}");
+
+    let anthropic = front("anthropic-upstream");
+    let body = json!({"model": model, "max_tokens": 40, "temperature": 0,
+        "messages": [{"role": "user", "content": question}],
+        "output_config": {"format": {"type": "json_schema", "schema": verdict_schema()}}});
+    let (status, resp) = http(&anthropic.addr, "POST", "/v1/messages", &body.to_string());
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert_eq!(v["stop_reason"], "end_turn", "{resp}");
+    assert!(
+        is_verdict(v["content"][0]["text"].as_str().unwrap()),
+        "{resp}"
+    );
+    let (status, resp) = http(
+        &anthropic.addr,
+        "POST",
+        "/v1/chat/completions",
+        &chat(false).to_string(),
+    );
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    assert!(
+        is_verdict(v["choices"][0]["message"]["content"].as_str().unwrap()),
+        "{resp}"
     );
 }

@@ -285,6 +285,16 @@ impl EngineDriver for AliasedDriver {
         self.inner.constrains_output(target.as_deref().or(model))
     }
 
+    fn accepts_grammar(
+        &self,
+        model: Option<&str>,
+        spec: &crate::GrammarSpec,
+    ) -> Result<(), String> {
+        let target = model.and_then(|m| self.resolve_model(m));
+        self.inner
+            .accepts_grammar(target.as_deref().or(model), spec)
+    }
+
     fn resolve_model(&self, id: &str) -> Option<String> {
         // A `*` in an id is a pattern's text (`claude-*` itself), not a model a client
         // names: it resolves to nothing, so `GET /v1/models/claude-*` is a 404.

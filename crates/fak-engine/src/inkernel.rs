@@ -763,7 +763,7 @@ impl InKernelDriver {
             return Ok(None);
         }
         let compiles = |schema: &serde_json::Value| {
-            l.compile_grammar(&GrammarSpec::JsonSchema(schema.clone()))
+            l.compile_grammar(&GrammarSpec::json_schema(schema.clone()))
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };

@@ -820,6 +820,26 @@ pub trait EngineDriver: Send + Sync + 'static {
         false
     }
 
+    /// Whether a request for `model` (`None`: the default) may ask for `spec`: `Ok`
+    /// when the driver constrains its output to it ([`EngineDriver::constrains_output`])
+    /// or forwards it to a server that does and checks the reply (the upstream
+    /// drivers: JSON mode and JSON Schemas, not Lark grammars).
+    ///
+    /// # Errors
+    /// Why the driver cannot serve `spec`, for the client's 400. Default: `Ok` exactly
+    /// when [`EngineDriver::constrains_output`].
+    fn accepts_grammar(&self, model: Option<&str>, spec: &GrammarSpec) -> Result<(), String> {
+        let _ = spec;
+        if self.constrains_output(model) {
+            Ok(())
+        } else {
+            Err(format!(
+                "the {} engine cannot constrain its output",
+                self.id()
+            ))
+        }
+    }
+
     /// The number of prompt tokens `req` would have if submitted (the prompt rendered
     /// and tokenized exactly as [`EngineDriver::submit`] would, nothing generated): the
     /// Anthropic `count_tokens` route. `max_tokens` and sampling are not checked.

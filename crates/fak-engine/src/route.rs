@@ -315,6 +315,17 @@ impl EngineDriver for RoutedDriver {
         self.find(model)
             .is_some_and(|(m, d)| d.constrains_output(Some(m)))
     }
+
+    fn accepts_grammar(
+        &self,
+        model: Option<&str>,
+        spec: &crate::GrammarSpec,
+    ) -> Result<(), String> {
+        match self.find(model) {
+            Some((m, d)) => d.accepts_grammar(Some(m), spec),
+            None => Err("no engine serves this model".into()),
+        }
+    }
 }
 
 #[cfg(test)]

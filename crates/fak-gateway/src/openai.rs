@@ -325,8 +325,8 @@ fn check_chat_fields(r: &wire::ChatCompletionRequest) -> Result<(), ApiError> {
 /// The grammar a chat request's `response_format` asks for: `None` for none or
 /// `text`; `json_object` is any JSON object; `json_schema` is its `schema` (any JSON
 /// value when absent), enforced whether `strict` is set or not. A grammar is refused
-/// (400 naming `response_format`) by a driver that cannot constrain its output
-/// ([`fak_engine::EngineDriver::constrains_output`]); one that does not compile is the engine's 400.
+/// (400 naming `response_format`) by a driver that cannot serve it
+/// ([`fak_engine::EngineDriver::accepts_grammar`]); one that does not compile is the engine's 400.
 fn response_grammar(
     s: &AppState,
     model: &str,
@@ -336,7 +336,7 @@ fn response_grammar(
         None | Some(wire::ResponseFormat::Text) => None,
         Some(wire::ResponseFormat::JsonObject) => Some(GrammarSpec::JsonObject),
         Some(wire::ResponseFormat::JsonSchema { json_schema }) => {
-            Some(structured::schema(json_schema.schema.unwrap_or_default()))
+            Some(structured::chat_schema(json_schema))
         }
     };
     structured::enforced(s, model, "response_format", spec, F)

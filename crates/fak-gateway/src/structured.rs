@@ -10,9 +10,13 @@
 //!   beta's top-level `output_format` (`anthropic-beta: structured-outputs-2025-11-13`),
 //!   both `{"type": "json_schema", "schema": {...}}`.
 //!
-//! `strict` is not read: the in-kernel engine enforces a schema either way. The
+//! `strict` is not read by the in-kernel engine: it enforces a schema either way. The
 //! schema's keywords are llguidance's to accept or refuse (a 400 naming the keyword,
-//! from the engine, before any token is generated).
+//! from the engine, before any token is generated). A format's `name`, `description`
+//! and `strict` ride along in the [`GrammarSpec`] as the client gave them, for an
+//! upstream driver, which forwards JSON mode and schemas to its server and checks the
+//! reply (see the `fak-upstream` crate); a Lark `grammar` has no portable upstream
+//! form and is a 400 there ([`fak_engine::EngineDriver::accepts_grammar`]).
 
 use crate::error::{ApiError, Flavor};
 use crate::AppState;
@@ -23,9 +27,9 @@ use serde_json::{Map, Value};
 /// enforce it (`None` passes through).
 ///
 /// # Errors
-/// A 400 naming `field` when the engine cannot constrain its output
-/// ([`fak_engine::EngineDriver::constrains_output`]): a reply that silently ignored the
-/// format would look like an answer to the request and not be one.
+/// A 400 naming `field` and why when the engine can neither constrain its output to
+/// `spec` nor forward it ([`fak_engine::EngineDriver::accepts_grammar`]): a reply that
+/// silently ignored the format would look like an answer to the request and not be one.
 pub(crate) fn enforced(
     s: &AppState,
     model: &str,
@@ -33,18 +37,33 @@ pub(crate) fn enforced(
     spec: Option<GrammarSpec>,
     flavor: Flavor,
 ) -> Result<Option<GrammarSpec>, ApiError> {
-    match spec {
-        Some(_) if !s.driver.constrains_output(Some(model)) => Err(ApiError::bad_request(format!(
-            "`{field}` other than plain text is not supported by this engine"
-        ))
-        .with_flavor(flavor)),
-        spec => Ok(spec),
+    if let Some(g) = &spec {
+        if let Err(why) = s.driver.accepts_grammar(Some(model), g) {
+            return Err(ApiError::bad_request(format!(
+                "`{field}` other than plain text is not supported by this engine: {why}"
+            ))
+            .with_flavor(flavor));
+        }
     }
+    Ok(spec)
 }
 
-/// The grammar of a JSON Schema given as an object.
+/// The grammar of a JSON Schema given as an object, with no name (Anthropic's
+/// `JSONOutputFormatParam` has none).
 pub(crate) fn schema(m: Map<String, Value>) -> GrammarSpec {
-    GrammarSpec::JsonSchema(Value::Object(m))
+    GrammarSpec::json_schema(Value::Object(m))
+}
+
+/// The grammar of a Chat Completions `response_format.json_schema` (SDK:
+/// `ResponseFormatJSONSchema.JSONSchema`): its `schema` (any JSON value when absent),
+/// with its `name`, `description` and `strict`.
+pub(crate) fn chat_schema(f: fak_wire::openai::JsonSchemaFormat) -> GrammarSpec {
+    GrammarSpec::JsonSchema {
+        schema: Value::Object(f.schema.unwrap_or_default()),
+        name: Some(f.name),
+        description: f.description,
+        strict: f.strict,
+    }
 }
 
 /// The grammar of a Responses request's `text.format` (`None`: plain text).
@@ -53,7 +72,12 @@ pub(crate) fn text_format(f: Option<&fak_wire::responses::TextFormat>) -> Option
     match f? {
         TextFormat::Text => None,
         TextFormat::JsonObject => Some(GrammarSpec::JsonObject),
-        TextFormat::JsonSchema(j) => Some(schema(j.schema.clone())),
+        TextFormat::JsonSchema(j) => Some(GrammarSpec::JsonSchema {
+            schema: Value::Object(j.schema.clone()),
+            name: Some(j.name.clone()),
+            description: j.description.clone(),
+            strict: j.strict,
+        }),
     }
 }
 

@@ -12,33 +12,19 @@
 
 mod common;
 
-use common::{post, start, Server};
-use fak_engine::inkernel::InKernelDriver;
+use common::{post, smollm2_server, Server};
 use fak_engine::EngineConfig;
-use fak_gateway::GatewayConfig;
 use fak_model::oracle::Oracle;
-use fak_model::{catalog, load_text, Model};
+use fak_model::WeightMode;
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::sync::Arc;
 
-const ID: &str = "smollm2-135m-instruct";
+const ID: &str = common::SMOLLM2_ID;
 /// 2 × the design's logits bound (see the module docs).
 const TOL: f64 = 2e-4;
 
 fn server() -> Server {
-    let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
-    };
-    let m = Arc::new(Model::load(&path).unwrap());
-    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
-    let cfg = EngineConfig {
-        kv_budget_bytes: 0,
-        ..EngineConfig::default()
-    };
-    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
-    start(Arc::new(d), GatewayConfig::default())
+    smollm2_server(WeightMode::Exact, EngineConfig::default())
 }
 
 fn testdata() -> PathBuf {

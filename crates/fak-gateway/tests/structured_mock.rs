@@ -16,23 +16,28 @@ use fak_engine::{
 use fak_gateway::GatewayConfig;
 use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 const ID: &str = "scripted";
 
-/// Answers every request with `text` and `finish`, and keeps the last request's grammar.
+/// Answers every request with a set text and finish reason ([`Scripted::answer`]), and
+/// keeps the last request's grammar.
 struct Scripted {
-    text: String,
-    finish: FinishReason,
+    answer: Mutex<(String, FinishReason)>,
     grammar: Mutex<Option<Option<GrammarSpec>>>,
 }
 
 impl Scripted {
     fn new(text: &str, finish: FinishReason) -> Arc<Self> {
         Arc::new(Scripted {
-            text: text.into(),
-            finish,
+            answer: Mutex::new((text.into(), finish)),
             grammar: Mutex::new(None),
         })
+    }
+
+    /// Answers later requests with `text` and `finish`.
+    fn answer(&self, text: &str, finish: FinishReason) {
+        *self.answer.lock().unwrap() = (text.into(), finish);
     }
 
     /// The grammar of the last request (panics when none came).
@@ -73,11 +78,12 @@ impl EngineDriver for Scripted {
             prompt_tokens: 3,
             cached_tokens: 0,
         });
-        sink.send(EngineEvent::Text(self.text.clone()));
+        let (text, finish_reason) = self.answer.lock().unwrap().clone();
+        sink.send(EngineEvent::Text(text));
         sink.send(EngineEvent::Done(Done {
             completion_tokens: 2,
             completion_ids: vec![1, 2],
-            finish_reason: self.finish,
+            finish_reason,
             stop_sequence: None,
             ttft_s: 0.0,
             decode_s: 0.0,
@@ -209,8 +215,14 @@ fn responses_text_format_becomes_the_grammar() {
     let r = post(srv.addr, "/v1/responses", &body);
     assert_eq!(r.status, 200, "{}", r.body);
     let v = r.json();
-    let schema = body["text"]["format"]["schema"].clone();
-    assert_eq!(d.last_grammar(), Some(GrammarSpec::JsonSchema(schema)));
+    let format = &body["text"]["format"];
+    let want = GrammarSpec::JsonSchema {
+        schema: format["schema"].clone(),
+        name: format["name"].as_str().map(String::from),
+        description: None,
+        strict: format["strict"].as_bool(),
+    };
+    assert_eq!(d.last_grammar(), Some(want));
     assert_eq!(v["status"], "completed", "{v}");
     assert_eq!(v["text"]["format"], body["text"]["format"], "{v}");
 
@@ -256,7 +268,7 @@ fn anthropic_output_format_becomes_the_grammar() {
     assert_eq!(r.json()["stop_reason"], "end_turn");
     assert_eq!(
         d.last_grammar(),
-        Some(GrammarSpec::JsonSchema(schema.clone()))
+        Some(GrammarSpec::json_schema(schema.clone()))
     );
 
     let mut beta = body.clone();
@@ -264,7 +276,7 @@ fn anthropic_output_format_becomes_the_grammar() {
     beta.as_object_mut().unwrap().remove("output_config");
     let r = post(srv.addr, "/v1/messages", &beta);
     assert_eq!(r.status, 200, "{}", r.body);
-    assert_eq!(d.last_grammar(), Some(GrammarSpec::JsonSchema(schema)));
+    assert_eq!(d.last_grammar(), Some(GrammarSpec::json_schema(schema)));
 
     let mut both = body.clone();
     both["output_format"] = body["output_config"]["format"].clone();
@@ -350,4 +362,319 @@ fn the_grammar_field_becomes_the_grammar() {
     let r = post(mock.addr, "/v1/chat/completions", &b);
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("`grammar`"), "{}", r.body);
+}
+
+// ---------------------------------------------------------------------------------------
+// Upstream mode: the format forwarded to the upstream, its reply checked here.
+//
+// The upstream is a gateway over `Scripted` (which says it constrains its output, so
+// that gateway takes the format and records the grammar it became); the front, which
+// the test talks to, is a gateway over an upstream driver pointing at it.
+
+/// A front over `wire`'s upstream driver in front of a gateway over `d`, both ready.
+/// Keep both servers alive for the test.
+fn upstream_pair(d: &Arc<Scripted>, wire: fak_upstream::Wire) -> (common::Server, common::Server) {
+    let up = server(d);
+    let cfg = fak_upstream::UpstreamConfig {
+        base_urls: vec![format!("http://{}", up.addr)],
+        timeout: Duration::from_secs(10),
+        idle_timeout: Duration::from_secs(10),
+        retries: 0,
+        health_interval: Duration::from_millis(200),
+        ..fak_upstream::UpstreamConfig::default()
+    };
+    let driver = fak_upstream::UpstreamDriver::start_wire(cfg, wire).unwrap();
+    let front = start(Arc::new(driver), GatewayConfig::default());
+    let t = Instant::now();
+    while common::get(front.addr, "/health").status != 200 {
+        assert!(
+            t.elapsed() < Duration::from_secs(20),
+            "the front never got ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (front, up)
+}
+
+/// The schema `SDK_RESPONSES_PARSE_BODY` asks for (the SDK's strict `Person`).
+fn person_format() -> Value {
+    let b: Value = serde_json::from_str(SDK_RESPONSES_PARSE_BODY).unwrap();
+    b["text"]["format"].clone()
+}
+
+fn chat_with_format(format: Value, stream: bool) -> Value {
+    json!({
+        "model": ID,
+        "messages": [{"role": "user", "content": "Describe a pirate."}],
+        "response_format": format,
+        "stream": stream,
+    })
+}
+
+/// The Chat Completions `response_format` of the SDK's `parse(response_format=Person)`.
+fn person_response_format() -> Value {
+    let f = person_format();
+    json!({"type": "json_schema", "json_schema": {
+        "name": f["name"], "strict": f["strict"], "schema": f["schema"]}})
+}
+
+/// On the OpenAI wire, `response_format` reaches the upstream as the client sent it
+/// (JSON mode; a schema with its name and `strict`), and so does a Responses request's
+/// `text.format` (sent as the chat request's `response_format`); a Lark `grammar` has
+/// no portable upstream form and is a 400 naming it.
+#[test]
+fn openai_upstream_is_sent_the_format_as_the_client_gave_it() {
+    let d = Scripted::new(r#"{"name": "Ann", "age": 3}"#, FinishReason::Stop);
+    let (front, _up) = upstream_pair(&d, fak_upstream::Wire::OpenAi);
+    let f = person_format();
+    let want = GrammarSpec::JsonSchema {
+        schema: f["schema"].clone(),
+        name: Some("Person".into()),
+        description: None,
+        strict: Some(true),
+    };
+
+    let r = post(
+        front.addr,
+        "/v1/chat/completions",
+        &chat_with_format(person_response_format(), false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(d.last_grammar(), Some(want.clone()));
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        r#"{"name": "Ann", "age": 3}"#
+    );
+
+    let r = post(
+        front.addr,
+        "/v1/chat/completions",
+        &chat_with_format(json!({"type": "json_object"}), false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(d.last_grammar(), Some(GrammarSpec::JsonObject));
+
+    let r = post(
+        front.addr,
+        "/v1/responses",
+        &serde_json::from_str(SDK_RESPONSES_PARSE_BODY).unwrap(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(d.last_grammar(), Some(want));
+
+    let mut b = chat_with_format(json!({"type": "text"}), false);
+    b["grammar"] = json!("start: \"yes\" | \"no\"");
+    let r = post(front.addr, "/v1/chat/completions", &b);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(m.contains("`grammar`") && m.contains("Lark"), "{m}");
+}
+
+/// On the Anthropic wire, the client's `output_config.format` goes in its own body,
+/// and a chat request's `response_format` is sent as `output_config.format` (its name
+/// has no Anthropic field).
+#[test]
+fn anthropic_upstream_is_sent_the_format() {
+    let d = Scripted::new(r#"{"name": "Ann", "age": 3}"#, FinishReason::Stop);
+    let (front, _up) = upstream_pair(&d, fak_upstream::Wire::Anthropic);
+    let body: Value = serde_json::from_str(SDK_MESSAGES_PARSE_BODY).unwrap();
+    let r = post(front.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        d.last_grammar(),
+        Some(GrammarSpec::json_schema(
+            body["output_config"]["format"]["schema"].clone()
+        ))
+    );
+    assert_eq!(
+        r.json()["content"][0]["text"],
+        r#"{"name": "Ann", "age": 3}"#
+    );
+
+    let r = post(
+        front.addr,
+        "/v1/chat/completions",
+        &chat_with_format(person_response_format(), false),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        d.last_grammar(),
+        Some(GrammarSpec::json_schema(person_format()["schema"].clone()))
+    );
+}
+
+/// The `data:` payloads of an Anthropic stream with their event names.
+fn named_events(body: &str) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    let mut name = String::new();
+    for l in body.lines() {
+        if let Some(n) = l.strip_prefix("event: ") {
+            name = n.to_string();
+        } else if let Some(d) = l.strip_prefix("data: ") {
+            out.push((
+                name.clone(),
+                serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")),
+            ));
+        }
+    }
+    out
+}
+
+/// A reply that breaks the schema is a 502 on Chat Completions naming the first
+/// failure, never a 200; streamed, its text has gone out and the stream ends with an
+/// `error` chunk in place of the finish; a reply that is not JSON is named so; a reply
+/// cut off by `max_tokens` is `length`, not a schema error; JSON mode takes any object
+/// and nothing else.
+#[test]
+fn openai_upstream_replies_are_checked_against_the_format() {
+    let d = Scripted::new(r#"{"name": "Ann"}"#, FinishReason::Stop);
+    let (front, _up) = upstream_pair(&d, fak_upstream::Wire::OpenAi);
+    let url = "/v1/chat/completions";
+
+    let r = post(
+        front.addr,
+        url,
+        &chat_with_format(person_response_format(), false),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    let e = &r.json()["error"];
+    assert_eq!(e["type"], "api_error", "{e}");
+    let m = e["message"].as_str().unwrap();
+    assert!(
+        m.contains("response format") && m.contains("\"age\" is a required property"),
+        "{m}"
+    );
+
+    let r = post(
+        front.addr,
+        url,
+        &chat_with_format(person_response_format(), true),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let chunks = sse_data(&r.body);
+    assert!(
+        chunks
+            .iter()
+            .any(|c| c["choices"][0]["delta"]["content"] == r#"{"name": "Ann"}"#),
+        "{}",
+        r.body
+    );
+    let err = chunks
+        .iter()
+        .find(|c| c.get("error").is_some())
+        .unwrap_or_else(|| panic!("no error chunk: {}", r.body));
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"age\""),
+        "{err}"
+    );
+    assert!(
+        chunks
+            .iter()
+            .all(|c| c["choices"][0]["finish_reason"].is_null()),
+        "a finish after the error: {}",
+        r.body
+    );
+
+    d.answer(r#"{"name": "Ann", "age": "#, FinishReason::Stop);
+    let r = post(
+        front.addr,
+        url,
+        &chat_with_format(person_response_format(), false),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("not JSON"), "{}", r.body);
+
+    d.answer(r#"{"name": "Ann", "age": "#, FinishReason::Length);
+    for stream in [false, true] {
+        let r = post(
+            front.addr,
+            url,
+            &chat_with_format(person_response_format(), stream),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let finish = if stream {
+            sse_data(&r.body)
+                .into_iter()
+                .find_map(|c| c["choices"][0]["finish_reason"].as_str().map(String::from))
+        } else {
+            r.json()["choices"][0]["finish_reason"]
+                .as_str()
+                .map(String::from)
+        };
+        assert_eq!(finish.as_deref(), Some("length"), "{}", r.body);
+    }
+
+    d.answer("[1, 2]", FinishReason::Stop);
+    let r = post(
+        front.addr,
+        url,
+        &chat_with_format(json!({"type": "json_object"}), false),
+    );
+    assert_eq!(r.status, 502, "{}", r.body);
+    assert!(r.body.contains("not a JSON object"), "{}", r.body);
+    d.answer(r#"{"any": ["thing"]}"#, FinishReason::Stop);
+    let r = post(
+        front.addr,
+        url,
+        &chat_with_format(json!({"type": "json_object"}), true),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        sse_data(&r.body)
+            .iter()
+            .any(|c| c["choices"][0]["finish_reason"] == "stop"),
+        "{}",
+        r.body
+    );
+}
+
+/// On the Anthropic wire the same: a 502 in Anthropic's error shape, not a 200;
+/// streamed, an `error` event and no `message_stop`; a reply that validates is served.
+#[test]
+fn anthropic_upstream_replies_are_checked_against_the_format() {
+    let d = Scripted::new(r#"{"name": 7, "age": 3}"#, FinishReason::Stop);
+    let (front, _up) = upstream_pair(&d, fak_upstream::Wire::Anthropic);
+    let body: Value = serde_json::from_str(SDK_MESSAGES_PARSE_BODY).unwrap();
+
+    let r = post(front.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 502, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "api_error", "{v}");
+    let m = v["error"]["message"].as_str().unwrap();
+    assert!(m.contains("at /name") && m.contains("string"), "{m}");
+
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let r = post(front.addr, "/v1/messages", &streamed);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = named_events(&r.body);
+    let (_, err) = events
+        .iter()
+        .find(|(n, _)| n == "error")
+        .unwrap_or_else(|| panic!("no error event: {}", r.body));
+    assert_eq!(err["type"], "error", "{err}");
+    assert!(
+        err["error"]["message"].as_str().unwrap().contains("/name"),
+        "{err}"
+    );
+    assert!(
+        events.iter().all(|(n, _)| n != "message_stop"),
+        "a message_stop after the error: {}",
+        r.body
+    );
+
+    d.answer(r#"{"name": "Ann", "age": 3}"#, FinishReason::Stop);
+    let r = post(front.addr, "/v1/messages", &streamed);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let events = named_events(&r.body);
+    assert!(
+        events.iter().any(|(n, _)| n == "message_stop"),
+        "{}",
+        r.body
+    );
+    assert!(events.iter().all(|(n, _)| n != "error"), "{}", r.body);
 }

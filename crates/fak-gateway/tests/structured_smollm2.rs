@@ -10,17 +10,15 @@
 
 mod common;
 
-use common::{post, start, Server};
-use fak_engine::inkernel::InKernelDriver;
+use common::{post, smollm2_server, start, Server};
 use fak_engine::mock::MockDriver;
 use fak_engine::EngineConfig;
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model, WeightMode};
+use fak_model::WeightMode;
 use serde_json::{json, Value};
-use std::path::PathBuf;
 use std::sync::Arc;
 
-const ID: &str = "smollm2-135m-instruct";
+const ID: &str = common::SMOLLM2_ID;
 
 /// The body `openai` 3.57.0 (pydantic 2.14.4) sends for
 /// `client.chat.completions.parse(model=ID, messages=[...], response_format=Person,
@@ -29,18 +27,7 @@ const ID: &str = "smollm2-135m-instruct";
 const SDK_PARSE_BODY: &str = r#"{"model":"smollm2-135m-instruct","stream":false,"messages":[{"role":"user","content":"Tell me about a famous scientist: their name and their age when they died."}],"response_format":{"type":"json_schema","json_schema":{"schema":{"properties":{"name":{"title":"Name","type":"string"},"age":{"title":"Age","type":"integer"}},"required":["name","age"],"title":"Person","type":"object","additionalProperties":false},"name":"Person","strict":true}},"temperature":0}"#;
 
 fn server() -> Server {
-    let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
-    };
-    let m = Arc::new(Model::load_with(&path, WeightMode::Native).unwrap());
-    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
-    let cfg = EngineConfig {
-        kv_budget_bytes: 0,
-        ..EngineConfig::default()
-    };
-    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
-    start(Arc::new(d), GatewayConfig::default())
+    smollm2_server(WeightMode::Native, EngineConfig::default())
 }
 
 fn content(v: &Value) -> &str {

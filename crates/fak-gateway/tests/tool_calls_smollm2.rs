@@ -13,31 +13,19 @@
 
 mod common;
 
-use common::{post, start, Server};
-use fak_engine::inkernel::InKernelDriver;
+use common::{post, smollm2_server, Server};
 use fak_engine::EngineConfig;
-use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model, WeightMode};
+use fak_model::WeightMode;
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::Arc;
 
-const ID: &str = "smollm2-135m-instruct";
+const ID: &str = common::SMOLLM2_ID;
 
 fn server(constrain: bool) -> Server {
-    let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
-        Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
-    };
-    let m = Arc::new(Model::load_with(&path, WeightMode::Native).unwrap());
-    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
-        kv_budget_bytes: 0,
         constrain_tool_calls: constrain,
         ..EngineConfig::default()
     };
-    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
-    start(Arc::new(d), GatewayConfig::default())
+    smollm2_server(WeightMode::Native, cfg)
 }
 
 /// The tools offered, in the OpenAI Chat Completions shape, with schemas as clients

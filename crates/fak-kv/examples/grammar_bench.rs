@@ -105,7 +105,7 @@ fn main() {
             t0.elapsed().as_secs_f64() * 1e3
         );
         let grammar = compiler
-            .compile(&GrammarSpec::JsonSchema(schema()))
+            .compile(&GrammarSpec::json_schema(schema()))
             .expect("grammar");
         let stop_ids = tmpl.stop_token_ids(&tok);
         let max_tokens = 96;

@@ -50,12 +50,36 @@ use std::sync::Arc;
 pub enum GrammarSpec {
     /// Any JSON object (OpenAI's JSON mode).
     JsonObject,
-    /// A JSON value valid for this JSON Schema (a JSON object; drafts 4 to 2020-12 as
-    /// llguidance reads them, local `$ref`s included). An unsupported keyword is an
-    /// error at compile time, not ignored.
-    JsonSchema(serde_json::Value),
+    /// A JSON value valid for a JSON Schema. An unsupported keyword is an error at
+    /// compile time, not ignored.
+    JsonSchema {
+        /// The schema (a JSON object; drafts 4 to 2020-12 as llguidance reads them,
+        /// local `$ref`s included).
+        schema: serde_json::Value,
+        /// The format's name as the request gave it (Chat Completions
+        /// `json_schema.name`, Responses `text.format.name`; Anthropic's format has
+        /// none). Not read by constrained decoding; an upstream is sent it.
+        name: Option<String>,
+        /// The format's `description`, as the request gave it (likewise).
+        description: Option<String>,
+        /// The format's `strict`, as the request gave it (likewise: the in-kernel
+        /// engine enforces the schema either way).
+        strict: Option<bool>,
+    },
     /// A grammar in llguidance's Lark syntax (`start: ...`).
     Lark(String),
+}
+
+impl GrammarSpec {
+    /// A [`GrammarSpec::JsonSchema`] of `schema` with no name, description or `strict`.
+    pub fn json_schema(schema: serde_json::Value) -> Self {
+        GrammarSpec::JsonSchema {
+            schema,
+            name: None,
+            description: None,
+            strict: None,
+        }
+    }
 }
 
 /// A grammar or a token trie that could not be built; the message names the cause as
@@ -208,7 +232,7 @@ impl GrammarCompiler {
                         .collect(),
                 ))?)
             }
-            GrammarSpec::JsonSchema(schema) => {
+            GrammarSpec::JsonSchema { schema, .. } => {
                 TopLevelGrammar::from_json_schema(json_options(schema.clone())?)
             }
             GrammarSpec::Lark(text) => TopLevelGrammar::from_lark(text.clone()),

@@ -98,7 +98,7 @@ fn mask_invariant_on(mode: WeightMode) {
     let vocab = model.config().vocab_size;
     let compiler = GrammarCompiler::new(&tok, vocab).unwrap();
     let grammar = compiler
-        .compile(&GrammarSpec::JsonSchema(person_schema()))
+        .compile(&GrammarSpec::json_schema(person_schema()))
         .unwrap();
     let stop_ids = tmpl.stop_token_ids(&tok);
     let ids = prompt_ids(&tok, &tmpl);
@@ -244,12 +244,12 @@ fn bad_grammars_are_errors_naming_the_cause() {
         Err(GrammarError::Compile(m)) => m,
         other => panic!("{spec:?}: {other:?}"),
     };
-    let m = err(GrammarSpec::JsonSchema(serde_json::json!({
+    let m = err(GrammarSpec::json_schema(serde_json::json!({
         "type": "object",
         "properties": {"a": {"type": "string", "not": {"const": "x"}}}
     })));
     assert!(m.contains("not"), "{m}");
-    let m = err(GrammarSpec::JsonSchema(serde_json::json!(true)));
+    let m = err(GrammarSpec::json_schema(serde_json::json!(true)));
     assert!(m.contains("JSON object"), "{m}");
     let m = err(GrammarSpec::Lark("start: (".into()));
     assert!(!m.is_empty());
@@ -283,7 +283,7 @@ fn token_trie_load_cost() {
     let mib = LIVE.load(Ordering::Relaxed).saturating_sub(live0) as f64 / (1 << 20) as f64;
     let t1 = Instant::now();
     let g = compiler
-        .compile(&GrammarSpec::JsonSchema(person_schema()))
+        .compile(&GrammarSpec::json_schema(person_schema()))
         .unwrap();
     let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
     println!(

@@ -141,7 +141,7 @@ fn constrained_reply_same_as_full_head_on(mode: WeightMode) {
     let vocab = model.config().vocab_size;
     let compiler = GrammarCompiler::new(&tok, vocab).unwrap();
     let grammar = compiler
-        .compile(&GrammarSpec::JsonSchema(person_schema()))
+        .compile(&GrammarSpec::json_schema(person_schema()))
         .unwrap();
     let stop_ids = tmpl.stop_token_ids(&tok);
     let ids = prompt_ids(

@@ -20,7 +20,9 @@
 //! [`EngineError::InvalidRequest`]; `max_tokens` (Anthropic requires one; default
 //! [`DEFAULT_MAX_TOKENS`]), `temperature`, `top_p` (when below 1), `top_k` (when set),
 //! `stop` → `stop_sequences`; always `stream: true`. `seed`, `min_p` and
-//! `repetition_penalty` have no Anthropic field and are not sent. Plain-text prompts
+//! `repetition_penalty` have no Anthropic field and are not sent. A structured output
+//! goes as `output_config.format` ([`output_config`]); the reply is checked against it
+//! as on the OpenAI wire. Plain-text prompts
 //! (`/v1/completions`) and logprobs are not available from this wire
 //! ([`EngineError::InvalidRequest`]).
 //!
@@ -318,6 +320,8 @@ pub fn request_body(
         ));
     }
     let s = &req.sampling;
+    let mut prompt = prompt(req, model)?;
+    prompt.output_config = s.grammar.as_ref().map(output_config).transpose()?;
     Ok(wire::MessagesRequest {
         max_tokens: i64::try_from(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)).unwrap_or(i64::MAX),
         stream: Some(true),
@@ -326,7 +330,38 @@ pub fn request_body(
         top_p: (s.top_p < 1.0).then_some(s.top_p),
         top_k: (s.top_k != 0).then(|| i64::try_from(s.top_k).unwrap_or(i64::MAX)),
         cache_salt: None,
-        prompt: prompt(req, model)?,
+        prompt,
+    })
+}
+
+/// The `output_config` an Anthropic upstream is sent for `spec` (SDK:
+/// `OutputConfigParam`, its `format` a `JSONOutputFormatParam`): a JSON Schema as it
+/// is, JSON mode as the schema `{"type": "object"}` (the Messages API has no JSON mode
+/// of its own; a server that refuses that schema answers with its 400). The format's
+/// name, description and `strict` have no Anthropic field and are not sent.
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for a Lark grammar or a schema that is not a JSON
+/// object.
+fn output_config(spec: &fak_engine::GrammarSpec) -> Result<wire::OutputConfig, EngineError> {
+    use fak_engine::GrammarSpec;
+    let schema = match spec {
+        GrammarSpec::JsonObject => {
+            serde_json::Map::from_iter([("type".to_string(), Value::from("object"))])
+        }
+        GrammarSpec::JsonSchema { schema, .. } => super::schema_object(schema)?,
+        GrammarSpec::Lark(_) => {
+            return Err(EngineError::InvalidRequest(
+                super::LARK_NOT_FORWARDED.into(),
+            ))
+        }
+    };
+    Ok(wire::OutputConfig {
+        effort: None,
+        format: Some(wire::JsonOutputFormat {
+            kind: wire::JsonSchemaType::JsonSchema,
+            schema,
+        }),
     })
 }
 

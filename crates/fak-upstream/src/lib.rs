@@ -27,7 +27,13 @@
 //! `temperature`, `top_p`, `stop`, `logprobs` (`top_logprobs` on chat, the legacy count
 //! on completions); `seed` only when not 0 (0 is what a request without a seed carries
 //! here, and sending it would make every such request sample alike); `top_k`, `min_p`
-//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set.
+//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set. A request's
+//! structured output ([`SamplingParams::grammar`](fak_engine::SamplingParams::grammar))
+//! goes as `response_format` on chat (`json_object`; `json_schema` with the client's
+//! `name`, `description`, `strict`); a Lark grammar is refused
+//! ([`EngineDriver::accepts_grammar`]), and so is a format on a completions prompt. The
+//! reply is then checked against the format (the `reply_check` module: a reply that
+//! breaks it ends in an [`EngineError::Upstream`] in place of its `Done`).
 //!
 //! **Replies.** Each server-sent event is read as fak-wire's
 //! [`ChatCompletionChunk`](wire::ChatCompletionChunk) (chat) or
@@ -103,8 +109,8 @@ use fak_engine::tools::new_call_id;
 pub use fak_engine::upstream::{normalize_base_url, UpstreamConfig};
 use fak_engine::{
     check_model, event_channel, Done, EngineConfig, EngineDriver, EngineError, EngineEvent,
-    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, ModelInfo, Prompt,
-    PromptUsage, Readiness, TokenLogprob, ToolCall, ToolChoice, TopLogprob,
+    EngineStats, EventSink, EventStream, FinishReason, GenerateRequest, GrammarSpec, ModelInfo,
+    Prompt, PromptUsage, Readiness, TokenLogprob, ToolCall, ToolChoice, TopLogprob,
 };
 use fak_wire::openai as wire;
 use http_body_util::{BodyExt, Full};
@@ -121,6 +127,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod anthropic;
+mod reply_check;
 
 /// The upstream drivers' registry entries, in the order [`register`] adds them.
 pub const SPECS: [DriverSpec; 2] = [SPEC, ANTHROPIC_SPEC];
@@ -1358,6 +1365,13 @@ pub fn request_body(
         ignored: wire::Ignored::default(),
         neutral: wire::NeutralOnly::default(),
     };
+    if s.grammar.is_some() && !matches!(req.prompt, Prompt::Chat(_)) {
+        return Err(EngineError::InvalidRequest(
+            "a response format on a completions prompt has no upstream form (only chat \
+             completions take `response_format`)"
+                .into(),
+        ));
+    }
     let written = match &req.prompt {
         Prompt::Text(t) => {
             serde_json::to_string(&completion(wire::CompletionPrompt::Text(t.clone())))
@@ -1397,6 +1411,7 @@ pub fn request_body(
             serde_json::to_string(&wire::ChatCompletionRequest {
                 model: model.to_string(),
                 messages,
+                response_format: s.grammar.as_ref().map(response_format).transpose()?,
                 max_tokens,
                 temperature: Some(s.temperature),
                 top_p: Some(s.top_p),
@@ -1421,6 +1436,58 @@ pub fn request_body(
         written.map_err(|e| EngineError::Internal(format!("writing the upstream request: {e}")))?;
     Ok((path, body))
 }
+
+/// The name a JSON Schema format is sent with when the request gave none (an
+/// Anthropic `output_config.format` has no name; OpenAI's `json_schema.name` is
+/// required).
+pub const DEFAULT_FORMAT_NAME: &str = "response";
+
+/// The `response_format` an OpenAI-compatible upstream is sent for `spec`: `json_object`
+/// for JSON mode, `json_schema` with the `name`, `description`, `strict` and `schema`
+/// the client gave (SDK: `ResponseFormatJSONObject` / `ResponseFormatJSONSchema`; name
+/// [`DEFAULT_FORMAT_NAME`] when it gave none).
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] for a Lark grammar (no portable upstream form;
+/// [`EngineDriver::accepts_grammar`] refuses it first) or a schema that is not a JSON
+/// object.
+fn response_format(spec: &GrammarSpec) -> Result<wire::ResponseFormat, EngineError> {
+    match spec {
+        GrammarSpec::JsonObject => Ok(wire::ResponseFormat::JsonObject),
+        GrammarSpec::JsonSchema {
+            schema,
+            name,
+            description,
+            strict,
+        } => Ok(wire::ResponseFormat::JsonSchema {
+            json_schema: wire::JsonSchemaFormat {
+                name: name.clone().unwrap_or_else(|| DEFAULT_FORMAT_NAME.into()),
+                description: description.clone(),
+                schema: Some(schema_object(schema)?),
+                strict: *strict,
+            },
+        }),
+        GrammarSpec::Lark(_) => Err(EngineError::InvalidRequest(LARK_NOT_FORWARDED.into())),
+    }
+}
+
+/// A format's schema as the JSON object the wires carry.
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] when it is not an object.
+fn schema_object(schema: &Value) -> Result<serde_json::Map<String, Value>, EngineError> {
+    schema.as_object().cloned().ok_or_else(|| {
+        EngineError::InvalidRequest(format!(
+            "a JSON schema must be a JSON object, not {}",
+            excerpt(&schema.to_string())
+        ))
+    })
+}
+
+/// Why a Lark `grammar` is not sent to an upstream.
+const LARK_NOT_FORWARDED: &str = "an upstream server takes no portable form of a Lark \
+     grammar (llama.cpp's server takes GBNF, vLLM and SGLang their own guided-decoding \
+     fields), so it cannot be forwarded; JSON mode and JSON schemas are";
 
 struct ActiveGuard(Arc<Inner>);
 
@@ -1688,6 +1755,15 @@ impl EngineDriver for UpstreamDriver {
         self.inner.wire == Wire::Anthropic
     }
 
+    /// JSON mode and JSON schemas are forwarded (see the module docs); a Lark grammar
+    /// is not.
+    fn accepts_grammar(&self, _model: Option<&str>, spec: &GrammarSpec) -> Result<(), String> {
+        match spec {
+            GrammarSpec::JsonObject | GrammarSpec::JsonSchema { .. } => Ok(()),
+            GrammarSpec::Lark(_) => Err(LARK_NOT_FORWARDED.into()),
+        }
+    }
+
     fn models(&self) -> Vec<ModelInfo> {
         let (served, _) = self.inner.served();
         if !served.is_empty() {
@@ -1817,6 +1893,10 @@ impl EngineDriver for UpstreamDriver {
                 .ok_or_else(|| EngineError::NotReady("the upstream serves no model".into()))?,
         };
         let served_ids: Vec<String> = served.iter().map(|m| m.id.clone()).collect();
+        let check = match &req.sampling.grammar {
+            Some(spec) => reply_check::ReplyCheck::new(spec)?,
+            None => None,
+        };
         let job = match self.inner.wire {
             Wire::OpenAi => {
                 let (path, body) = request_body(&req, &model)?;
@@ -1850,7 +1930,16 @@ impl EngineDriver for UpstreamDriver {
         let (sink, stream) = event_channel();
         self.inner.active.fetch_add(1, Ordering::SeqCst);
         let guard = ActiveGuard(Arc::clone(&self.inner));
-        rt.spawn(run(guard, job, sink));
+        match check {
+            None => {
+                rt.spawn(run(guard, job, sink));
+            }
+            Some(check) => {
+                let (upstream_sink, upstream) = event_channel();
+                rt.spawn(run(guard, job, upstream_sink));
+                rt.spawn(reply_check::relay(upstream, sink, check, MAX_REPLY_BYTES));
+            }
+        }
         Ok(stream)
     }
 }

@@ -11,6 +11,28 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The id SmolLM2-135M-Instruct is served under in the real-model tests.
+pub const SMOLLM2_ID: &str = "smollm2-135m-instruct";
+
+/// A gateway over the in-kernel engine serving SmolLM2-135M-Instruct as
+/// [`SMOLLM2_ID`]: the file at `FAK_SMOLLM2_GGUF`, else the cached one (missing, this
+/// panics with the command that fetches it), its weights kept as `mode`, with `cfg`'s
+/// settings but no KV reuse cache (`kv_budget_bytes` 0: each request prefills anew).
+pub fn smollm2_server(mode: fak_model::WeightMode, cfg: fak_engine::EngineConfig) -> Server {
+    let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
+        Some(p) => std::path::PathBuf::from(p),
+        None => fak_model::catalog::require_cached(SMOLLM2_ID).unwrap_or_else(|m| panic!("{m}")),
+    };
+    let m = Arc::new(fak_model::Model::load_with(&path, mode).unwrap());
+    let (tok, tmpl) = fak_model::load_text(&path, m.config()).unwrap();
+    let cfg = fak_engine::EngineConfig {
+        kv_budget_bytes: 0,
+        ..cfg
+    };
+    let d = fak_engine::inkernel::InKernelDriver::from_loaded(m, tok, tmpl, SMOLLM2_ID, cfg);
+    start(Arc::new(d), GatewayConfig::default())
+}
+
 /// A running server; dropping it shuts it down.
 pub struct Server {
     pub addr: SocketAddr,
