@@ -216,7 +216,7 @@ impl GrammarCompiler {
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let bytes = match spec {
             GrammarSpec::JsonObject => 0,
-            GrammarSpec::JsonSchema(schema) => schema.to_string().len(),
+            GrammarSpec::JsonSchema { schema, .. } => schema.to_string().len(),
             GrammarSpec::Lark(text) => text.len(),
         };
         if bytes > GRAMMAR_MAX_BYTES {

@@ -322,7 +322,7 @@ fn integers_without_bounds_end_within_sixteen_digits() {
     let (model, tok, _) = load(WeightMode::Native);
     let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
     let schema = |n: serde_json::Value| {
-        GrammarSpec::JsonSchema(serde_json::json!({
+        GrammarSpec::json_schema(serde_json::json!({
             "type": "object", "properties": {"n": n}, "required": ["n"]
         }))
     };
@@ -421,7 +421,7 @@ fn deep_and_large_grammars_are_compiled_or_refused_never_a_crash() {
         "$defs": defs
     });
     // Compiled or refused: either way this process is still here to look.
-    let r = compiler.compile(&GrammarSpec::JsonSchema(schema));
+    let r = compiler.compile(&GrammarSpec::json_schema(schema));
     println!("{n}-link $ref chain: {:?}", r.as_ref().map(|_| "compiled"));
     let mut lark = String::from("start: r0\n");
     for i in 0..n {
