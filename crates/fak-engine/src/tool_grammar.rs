@@ -186,7 +186,7 @@ pub fn forced_call_grammar(
 }
 
 /// The grammar of a call the model opens under `tool_choice` `auto` (or none given)
-/// over `tools`: the text after `<tool_call>` ([`TOOL_CALL_OPEN`], the lazy grammar's
+/// over `tools`: the text after `<tool_call>` ([`crate::tools::TOOL_CALL_OPEN`], the lazy grammar's
 /// trigger, [`fak_kv::Grammar::lazy`]), i.e. optional blanks (the prompt's format puts
 /// a newline there), then `{"name": "` and one offered tool's call through
 /// `</tool_call>`, then the end of the turn: one call, as for a forced call. `None`
