@@ -743,9 +743,11 @@ fn render_prompt(
 
 impl InKernelDriver {
     /// The grammar of a call that `req`'s `tool_choice` forces on a chat prompt
-    /// ([`crate::tool_grammar`]), compiled; `None` when no call is forced or
-    /// [`EngineConfig::constrain_tool_calls`] is off. It takes the place of a
-    /// `response_format` grammar: the reply is the call. A tool whose schema does not
+    /// ([`crate::tool_grammar`]), compiled; under `auto`, the lazy grammar of a call
+    /// the model opens ([`crate::tool_grammar::auto_call_grammar`]); `None` when no
+    /// tools are offered, under `auto` with a `response_format` grammar, or with
+    /// [`EngineConfig::constrain_tool_calls`] off. A forced call's grammar takes the
+    /// place of a `response_format` grammar: the reply is the call. A tool whose schema does not
     /// compile is constrained to any JSON object, with a warning naming it.
     ///
     /// # Errors
@@ -767,9 +769,18 @@ impl InKernelDriver {
                 .map(|_| ())
                 .map_err(|e| e.to_string())
         };
-        let Some(g) =
+        // Under `auto` a call is constrained once opened, unless a `response_format`
+        // grammar constrains the reply.
+        let auto = req.tool_choice == crate::ToolChoice::Auto;
+        let g = if auto {
+            if req.sampling.grammar.is_some() {
+                return Ok(None);
+            }
+            crate::tool_grammar::auto_call_grammar(&req.tools, &compiles)
+        } else {
             crate::tool_grammar::forced_call_grammar(&req.tools, &req.tool_choice, &compiles)
-        else {
+        };
+        let Some(g) = g else {
             return Ok(None);
         };
         for (name, why) in &g.fallbacks {
@@ -778,7 +789,12 @@ impl InKernelDriver {
                 "the arguments of tool '{name}' are constrained to any JSON object: its schema cannot be constrained ({why})"
             );
         }
-        l.compile_grammar(&GrammarSpec::Lark(g.lark)).map(Some)
+        let grammar = l.compile_grammar(&GrammarSpec::Lark(g.lark))?;
+        Ok(Some(if auto {
+            grammar.lazy(crate::tools::TOOL_CALL_OPEN)
+        } else {
+            grammar
+        }))
     }
 }
 

@@ -696,10 +696,10 @@ pub struct EngineConfig {
     /// may still hold content revoked after it was cached).
     pub kv_evict: bool,
     /// Whether the in-kernel driver constrains a call that `tool_choice` forces
-    /// (`required`, a named tool) to the call grammar of the offered tools
-    /// ([`tool_grammar`]; default on). Off, the reply is the model's own continuation
-    /// of the forced head, as before constrained decoding (kept for measuring the
-    /// difference).
+    /// (`required`, a named tool), and a call the model opens under `auto`, to the
+    /// call grammar of the offered tools ([`tool_grammar`]; default on). Off, the
+    /// reply is the model's own text, as before constrained decoding (kept for
+    /// measuring the difference).
     pub constrain_tool_calls: bool,
     /// The upstream server (`openai-upstream`, `anthropic-upstream`).
     pub upstream: upstream::UpstreamConfig,

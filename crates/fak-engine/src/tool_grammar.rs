@@ -1,4 +1,17 @@
-//! The grammar of a tool call: what a reply may be when `tool_choice` forces a call.
+//! The grammar of a tool call: what a reply may be when `tool_choice` forces a call,
+//! and what a call the model opens under `tool_choice` `auto` may be.
+//!
+//! **`auto`** (or no `tool_choice`, with tools offered; [`auto_call_grammar`]). The
+//! reply is free text until the model writes `<tool_call>` (text, not a token, in
+//! SmolLM2's and Gemma 3's vocabularies); from there the rest of the call is
+//! constrained as below, the grammar being lazy ([`fak_kv::Grammar::lazy`]): the steps
+//! before the tag are exactly the unconstrained steps. After `</tool_call>` only the
+//! end of the turn is allowed, as for a forced call, whatever `parallel_tool_calls`
+//! says (the engine request does not carry it): SmolLM2-135M, allowed more, repeats
+//! its call until `max_tokens` cuts the last one off (as found for forced calls), and
+//! one whole call serves a client better than a truncated second.
+//! A request with a `response_format` (or `grammar`) keeps that grammar instead, and
+//! its calls are not constrained.
 //!
 //! For `tool_choice` `required` (Anthropic `any`) or a named tool, the reply is
 //! constrained from its first token ([`fak_kv::grammar`]) to one call in the format of
@@ -98,6 +111,44 @@ fn json_inner(name: &str) -> String {
     quoted[1..quoted.len() - 1].to_string()
 }
 
+/// The rules of each offered tool's call (`arguments_i`, its arguments; `rest_i`, its
+/// call from the name on, through `</tool_call>`), with the fallbacks they needed.
+fn call_rules(
+    offered: &[&ToolSpec],
+    compiles: &dyn Fn(&Value) -> Result<(), String>,
+) -> (String, Vec<(String, String)>) {
+    let mut fallbacks = Vec::new();
+    let mut rules = String::new();
+    for (i, t) in offered.iter().enumerate() {
+        let schema = match arguments_schema(&t.parameters) {
+            None => Err("its type does not allow a JSON object".to_string()),
+            Some(s) => match fak_kv::grammar::json_options(s) {
+                Ok(s) => compiles(&s).map(|()| s),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        let schema = schema.unwrap_or_else(|why| {
+            fallbacks.push((t.name.clone(), why));
+            fak_kv::grammar::json_options(any_object()).unwrap_or_else(|_| any_object())
+        });
+        rules.push_str(&format!("arguments_{i}: %json {schema}\n"));
+        rules.push_str(&format!(
+            "rest_{i}: {} arguments_{i} {}\n",
+            lit(&format!("{}\", \"arguments\": ", json_inner(&t.name))),
+            lit(&format!("}}\n{TOOL_CALL_CLOSE}"))
+        ));
+    }
+    (rules, fallbacks)
+}
+
+/// `rest_0 | rest_1 | ...` over `n` tools.
+fn any_rest(n: usize) -> String {
+    (0..n)
+        .map(|i| format!("rest_{i}"))
+        .collect::<Vec<_>>()
+        .join(" | ")
+}
+
 /// The grammar of the reply after the forced head for `choice` over `tools`, or `None`
 /// when `choice` forces no call (`auto`, `none`) or names no offered tool.
 ///
@@ -118,41 +169,42 @@ pub fn forced_call_grammar(
     if offered.is_empty() {
         return None;
     }
-    let mut fallbacks = Vec::new();
-    let mut rules = String::new();
-    for (i, t) in offered.iter().enumerate() {
-        let schema = match arguments_schema(&t.parameters) {
-            None => Err("its type does not allow a JSON object".to_string()),
-            Some(s) => match fak_kv::grammar::json_options(s) {
-                Ok(s) => compiles(&s).map(|()| s),
-                Err(e) => Err(e.to_string()),
-            },
-        };
-        let schema = schema.unwrap_or_else(|why| {
-            fallbacks.push((t.name.clone(), why));
-            fak_kv::grammar::json_options(any_object()).unwrap_or_else(|_| any_object())
-        });
-        // `arguments_i`: the tool's arguments; `rest_i`: its call from the name on.
-        rules.push_str(&format!("arguments_{i}: %json {schema}\n"));
-        rules.push_str(&format!(
-            "rest_{i}: {} arguments_{i} {}\n",
-            lit(&format!("{}\", \"arguments\": ", json_inner(&t.name))),
-            lit(&format!("}}\n{TOOL_CALL_CLOSE}"))
-        ));
-    }
-    let any_rest = (0..offered.len())
-        .map(|i| format!("rest_{i}"))
-        .collect::<Vec<_>>()
-        .join(" | ");
+    let (rules, fallbacks) = call_rules(&offered, compiles);
     let start = match choice {
         // One call, from its name on.
-        ToolChoice::Required => format!("start: {any_rest}\n"),
+        ToolChoice::Required => format!("start: {}\n", any_rest(offered.len())),
         // The one call, from its arguments on.
         _ => format!(
             "start: arguments_0 {}\n",
             lit(&format!("}}\n{TOOL_CALL_CLOSE}"))
         ),
     };
+    Some(ToolGrammar {
+        lark: format!("{start}{rules}"),
+        fallbacks,
+    })
+}
+
+/// The grammar of a call the model opens under `tool_choice` `auto` (or none given)
+/// over `tools`: the text after `<tool_call>` ([`crate::tools::TOOL_CALL_OPEN`], the lazy grammar's
+/// trigger, [`fak_kv::Grammar::lazy`]), i.e. optional blanks (the prompt's format puts
+/// a newline there), then `{"name": "` and one offered tool's call through
+/// `</tool_call>`, then the end of the turn: one call, as for a forced call. `None`
+/// when no tool is offered. `compiles` and the fallbacks as in [`forced_call_grammar`].
+pub fn auto_call_grammar(
+    tools: &[ToolSpec],
+    compiles: &dyn Fn(&Value) -> Result<(), String>,
+) -> Option<ToolGrammar> {
+    if tools.is_empty() {
+        return None;
+    }
+    let offered: Vec<&ToolSpec> = tools.iter().collect();
+    let (rules, fallbacks) = call_rules(&offered, compiles);
+    let start = format!(
+        "start: blank? {} ({})\nblank: /[ \\t]*\\n[ \\t]*|[ \\t]+/\n",
+        lit("{\"name\": \""),
+        any_rest(offered.len())
+    );
     Some(ToolGrammar {
         lark: format!("{start}{rules}"),
         fallbacks,
@@ -210,6 +262,25 @@ mod tests {
         let g = forced_call_grammar(&tools, &ToolChoice::Named("a".into()), &ok).unwrap();
         assert!(g.lark.starts_with("start: arguments_0 "), "{}", g.lark);
         assert!(g.fallbacks.is_empty());
+    }
+
+    #[test]
+    fn an_auto_call_starts_after_the_tag_and_names_any_offered_tool() {
+        let tools = vec![tool("a", json!({})), tool("b", json!({}))];
+        let ok = |_: &Value| Ok(());
+        assert!(auto_call_grammar(&[], &ok).is_none());
+        let g = auto_call_grammar(&tools, &ok).unwrap();
+        assert!(
+            g.lark
+                .starts_with("start: blank? \"{\\\"name\\\": \\\"\" (rest_0 | rest_1)\n"),
+            "{}",
+            g.lark
+        );
+        assert!(
+            g.lark.contains("rest_1: \"b\\\", \\\"arguments\\\": \""),
+            "{}",
+            g.lark
+        );
     }
 
     #[test]

@@ -1,16 +1,17 @@
 //! The forced-call measurement of issue 27: N tool-calling prompts (default 200, made
 //! deterministically from a catalogue of 12 tools and question templates; no model hub)
 //! sent to an in-kernel `fak serve` of SmolLM2-135M-Instruct over HTTP
-//! (`POST /v1/chat/completions`, `tool_choice: "required"`, greedy), once with the
-//! call grammar off (the model continues the forced call head on its own, as before
-//! constrained decoding) and once with it on. For each run it prints the boundary's
+//! (`POST /v1/chat/completions`, `tool_choice: "required"` unless TOOL_CHOICE says
+//! `auto`, greedy), once with the call grammar off (the model continues the forced call
+//! head, or writes a call under `auto`, on its own, as before constrained decoding) and
+//! once with it on. For each run it prints the boundary's
 //! verdicts of the proposed calls (the response's `fak.tool_calls`): allowed,
 //! `MALFORMED` (apart: those `max_tokens` cut off before `</tool_call>`),
 //! `UNKNOWN_TOOL`, other denials by reason, replies with no call, how many
 //! calls name the tool the question was written for, and the wall time.
 //!
 //! ```text
-//! cargo run --release -p fak-gateway --example tool_calls_check [-- N [MAX_TOKENS]]
+//! cargo run --release -p fak-gateway --example tool_calls_check [-- N [MAX_TOKENS [TOOL_CHOICE]]]
 //! ```
 //!
 //! The model is read from `FAK_SMOLLM2_GGUF` or the model cache (`fak model pull
@@ -246,15 +247,15 @@ fn server(constrain: bool, path: &Path) -> common::Server {
 }
 
 /// Sends prompt `i` to `srv` and counts the verdicts of its proposed calls.
-fn ask(srv: &common::Server, cat: &[Entry], i: usize, max_tokens: usize, tally: &mut Tally) {
+fn ask(srv: &common::Server, cat: &[Entry], i: usize, ask: &Ask, tally: &mut Tally) {
     let (question, intended, tools) = prompt(cat, i);
     let body = json!({
         "model": ID,
         "messages": [{"role": "user", "content": question}],
         "tools": tools,
-        "tool_choice": "required",
+        "tool_choice": ask.tool_choice,
         "temperature": 0,
-        "max_tokens": max_tokens
+        "max_tokens": ask.max_tokens
     });
     let conversation = format!("check-{i}");
     let t0 = Instant::now();
@@ -293,8 +294,18 @@ fn ask(srv: &common::Server, cat: &[Entry], i: usize, max_tokens: usize, tally: 
         }
     }
     if std::env::var_os("FAK_CHECK_VERBOSE").is_some() {
-        eprintln!("{i} {question:?} -> {}", v["fak"]);
+        eprintln!(
+            "{i} {question:?} -> {} {}",
+            v["fak"], v["choices"][0]["message"]
+        );
     }
+}
+
+/// What every prompt is sent with.
+struct Ask {
+    max_tokens: usize,
+    /// `required` or `auto`.
+    tool_choice: String,
 }
 
 fn main() {
@@ -303,12 +314,17 @@ fn main() {
         .next()
         .map_or(200, |a| a.parse().expect("N: a count of prompts"));
     let max_tokens: usize = args.next().map_or(200, |a| a.parse().expect("MAX_TOKENS"));
+    let tool_choice = args.next().unwrap_or_else(|| "required".into());
+    assert!(
+        ["required", "auto"].contains(&tool_choice.as_str()),
+        "TOOL_CHOICE: required or auto"
+    );
     let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
         None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
     };
     println!(
-        "{n} prompts, tool_choice required, greedy, max_tokens {max_tokens}, {ID} (native weights)"
+        "{n} prompts, tool_choice {tool_choice}, greedy, max_tokens {max_tokens}, {ID} (native weights)"
     );
     // Both servers side by side, each prompt sent to one then the other, so that a
     // partial run still compares the same prompts.
@@ -316,9 +332,13 @@ fn main() {
     let constrained = server(true, &path);
     let cat = catalogue();
     let (mut a, mut b) = (Tally::default(), Tally::default());
+    let ask_with = Ask {
+        max_tokens,
+        tool_choice,
+    };
     for i in 0..n {
-        ask(&plain, &cat, i, max_tokens, &mut a);
-        ask(&constrained, &cat, i, max_tokens, &mut b);
+        ask(&plain, &cat, i, &ask_with, &mut a);
+        ask(&constrained, &cat, i, &ask_with, &mut b);
         if (i + 1) % 25 == 0 || i + 1 == n {
             println!("after {} prompts:", i + 1);
             println!("{}", a.line("unconstrained"));

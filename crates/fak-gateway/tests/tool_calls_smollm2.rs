@@ -1,4 +1,4 @@
-//! Forced tool calls on the real SmolLM2-135M-Instruct, constrained to the call grammar
+//! Tool calls on the real SmolLM2-135M-Instruct, constrained to the call grammar
 //! of the offered tools (issue 27): with `tool_choice: "required"` (OpenAI Chat
 //! Completions), a named function, and Anthropic `{"type": "any"}` / `{"type": "tool"}`,
 //! the reply is one call that names an offered tool (the named one for a named choice)
@@ -6,7 +6,10 @@
 //! call with arguments valid for that tool's schema, checked here by
 //! the `jsonschema` crate against the schema the client sent (not by our grammar code).
 //! The boundary still adjudicates each call: a call of a tool the policy does not allow
-//! is denied with its reason, constrained or not.
+//! is denied with its reason, constrained or not. Under `tool_choice: "auto"` (Chat
+//! Completions, Responses and Anthropic) the reply is free text, the same text as
+//! unconstrained, until the model writes `<tool_call>`; the call it then writes is
+//! constrained in the same way.
 //!
 //! Without the model file the real-model tests fail with the fetch command
 //! (`FAK_SKIP_REAL_MODEL=1` reports them as ignored, never in CI).
@@ -270,4 +273,227 @@ fn without_the_grammar_some_forced_calls_are_malformed() {
             .count();
     }
     assert!(bad > 0, "every unconstrained call was well-formed");
+}
+
+/// Prompts on which SmolLM2-135M opens a call under `tool_choice: "auto"` (greedy,
+/// with [`openai_tools`] offered). Asked plainly it answers in text and never writes
+/// `<tool_call>`; asked to start with the tag, it does on these three, and without the
+/// grammar writes no JSON after it.
+const AUTO_PROMPTS: [&str; 3] = [
+    "What's the weather like in Lisbon right now? Start your reply with <tool_call>",
+    "How warm is it in Tokyo? Start your reply with <tool_call>",
+    "What's the weather in Paris? Start your reply with <tool_call>",
+];
+
+/// The calls of one Chat Completions reply, from the `fak` report, as
+/// `(name, reason)`; none when the model answered in text.
+fn reported(v: &Value) -> Vec<(String, String)> {
+    v["fak"]["tool_calls"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|r| {
+            (
+                r["name"].as_str().unwrap_or("").to_string(),
+                r["reason"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+/// Under `tool_choice: "auto"` (and with no `tool_choice`, which means the same) the
+/// reply is free text until the model writes `<tool_call>`; the call it then writes is
+/// constrained: it names an offered tool and its arguments validate against the
+/// client's schema (`jsonschema`; checked on the calls the policy allows, whose
+/// arguments the reply carries). One call per reply: after `</tool_call>` only the end
+/// of the turn is allowed. As for forced calls, a call `max_tokens` cuts off is still
+/// denied `MALFORMED` ("cut off", finish reason `length`; `check_calls`).
+#[fak_testkit::real_model]
+fn auto_calls_the_model_opens_are_well_formed() {
+    let srv = server(true);
+    let tools = openai_tools();
+    for choice in [Some(json!("auto")), None] {
+        let (mut with_calls, mut allowed) = (0, 0);
+        for prompt in AUTO_PROMPTS {
+            let mut body = chat(prompt, &tools, json!("auto"));
+            if choice.is_none() {
+                body.as_object_mut().unwrap().remove("tool_choice");
+            }
+            let r = post(srv.addr, "/v1/chat/completions", &body);
+            assert_eq!(r.status, 200, "{}", r.body);
+            let v = r.json();
+            println!("{prompt:?} -> {}", v["fak"]);
+            if reported(&v).is_empty() {
+                continue;
+            }
+            with_calls += 1;
+            let calls = check_calls(&v, &tools, None);
+            assert_eq!(calls.len(), 1, "{v}");
+            allowed += calls.iter().filter(|(_, v, _)| v == "allow").count();
+        }
+        // Not vacuous: the model opens calls on these prompts, and one at least is
+        // passed on with its arguments.
+        assert!(
+            with_calls >= 2,
+            "{choice:?}: {with_calls} replies with calls"
+        );
+        assert!(allowed >= 1, "{choice:?}: no call allowed");
+    }
+}
+
+/// The negative control of the test above: the same `auto` prompts without the call
+/// grammar. The model opens calls on them too, and at least one names no offered tool
+/// (it writes no JSON after the tag), which the test above asserts never happens.
+#[fak_testkit::real_model]
+fn without_the_grammar_auto_calls_are_broken() {
+    let srv = server(false);
+    let tools = openai_tools();
+    let mut bad = 0;
+    for prompt in AUTO_PROMPTS {
+        let r = post(
+            srv.addr,
+            "/v1/chat/completions",
+            &chat(prompt, &tools, json!("auto")),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        println!("{prompt:?} -> {}", v["fak"]);
+        bad += reported(&v)
+            .iter()
+            .filter(|(name, reason)| {
+                schema_of(&tools, name).is_none()
+                    && (reason == "MALFORMED" || reason == "UNKNOWN_TOOL")
+            })
+            .count();
+    }
+    assert!(
+        bad > 0,
+        "every unconstrained auto call named an offered tool"
+    );
+}
+
+/// A prompt the model answers in text under `auto`: the lazy grammar never starts, so
+/// the text is the unconstrained run's, token for token.
+#[fak_testkit::real_model]
+fn auto_text_replies_are_the_unconstrained_text() {
+    let tools = openai_tools();
+    let prompts = [
+        "Write one sentence about the sea.",
+        "Is it raining in Oslo? Start your reply with <tool_call>",
+    ];
+    let mut texts = Vec::new();
+    for constrain in [true, false] {
+        let srv = server(constrain);
+        let mut out = Vec::new();
+        for prompt in prompts {
+            let r = post(
+                srv.addr,
+                "/v1/chat/completions",
+                &chat(prompt, &tools, json!("auto")),
+            );
+            assert_eq!(r.status, 200, "{}", r.body);
+            let v = r.json();
+            println!("{constrain} {prompt:?} -> {v}");
+            assert!(reported(&v).is_empty(), "{v}");
+            let text = v["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{v}"))
+                .to_string();
+            assert!(!text.is_empty(), "{v}");
+            out.push((text, v["usage"]["completion_tokens"].clone()));
+        }
+        texts.push(out);
+    }
+    assert_eq!(texts[0], texts[1]);
+}
+
+/// Anthropic `tool_choice` `{"type": "auto"}`: a `tool_use` block the model opens has
+/// an offered name and an `input` valid for its `input_schema`.
+#[fak_testkit::real_model]
+fn anthropic_auto_tool_use_blocks_are_valid() {
+    let srv = server(true);
+    let tools: Vec<Value> = openai_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"name": f["name"], "description": f["description"],
+                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
+        })
+        .collect();
+    let mut blocks = 0;
+    for prompt in AUTO_PROMPTS {
+        let body = json!({
+            "model": ID, "max_tokens": 200, "temperature": 0,
+            "messages": [{"role": "user", "content": prompt}],
+            "tools": tools, "tool_choice": {"type": "auto"}
+        });
+        let r = post(srv.addr, "/v1/messages", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        println!("{prompt:?} -> {}", v["fak"]);
+        for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
+            assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
+            if r["reason"] == "MALFORMED" {
+                assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+            }
+        }
+        for block in v["content"].as_array().unwrap() {
+            if block["type"] == "tool_use" {
+                blocks += 1;
+                let t = tools.iter().find(|t| t["name"] == block["name"]).unwrap();
+                let validator = jsonschema::validator_for(&t["input_schema"]).unwrap();
+                assert!(validator.is_valid(&block["input"]), "{block}");
+            }
+        }
+    }
+    assert!(blocks >= 1, "no tool_use block");
+}
+
+/// The Responses API's `tool_choice: "auto"` (function tools in its flat shape): each
+/// `function_call` output item names an offered tool and its `arguments` validate
+/// against the tool's `parameters`; no call is denied `UNKNOWN_TOOL`, nor `MALFORMED`
+/// unless `max_output_tokens` cut it off.
+#[fak_testkit::real_model]
+fn responses_auto_function_calls_are_valid() {
+    let srv = server(true);
+    let tools: Vec<Value> = openai_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"type": "function", "name": f["name"], "description": f["description"],
+                "parameters": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
+        })
+        .collect();
+    let mut calls = 0;
+    for prompt in AUTO_PROMPTS {
+        let body = json!({
+            "model": ID, "max_output_tokens": 200, "temperature": 0, "store": false,
+            "input": prompt, "tools": tools, "tool_choice": "auto"
+        });
+        let r = post(srv.addr, "/v1/responses", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        println!("{prompt:?} -> {}", v["output"]);
+        for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
+            assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
+            if r["reason"] == "MALFORMED" {
+                assert_eq!(v["status"], "incomplete", "{v}");
+            }
+        }
+        for item in v["output"].as_array().unwrap() {
+            if item["type"] == "function_call" {
+                calls += 1;
+                let t = tools.iter().find(|t| t["name"] == item["name"]).unwrap();
+                let args: Value =
+                    serde_json::from_str(item["arguments"].as_str().unwrap()).unwrap();
+                let validator = jsonschema::validator_for(&t["parameters"]).unwrap();
+                assert!(validator.is_valid(&args), "{item}");
+            }
+        }
+    }
+    assert!(calls >= 1, "no function_call item");
 }

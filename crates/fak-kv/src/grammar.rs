@@ -27,6 +27,12 @@
 //!   the KV cache never sees the mask (it masks the logits a step produced, after the
 //!   step wrote its K/V rows).
 //!
+//! A **lazy** grammar ([`Grammar::lazy`]) constrains nothing until the generated text
+//! reaches its trigger (e.g. a tool call's opening tag): the steps before are exactly
+//! unconstrained (no mask is computed or applied), and from the trigger on each step is
+//! masked as above, the grammar taking the text after the trigger, as llama.cpp's lazy
+//! grammars do ([`crate::text`] runs it).
+//!
 //! Stopping: when the grammar can end (its start symbol is complete), the caller's stop
 //! ids (EOS, end of turn) are allowed, and choosing one ends the reply as it does
 //! unconstrained. A step with no allowed token is a [`DeadEnd`]: the reply ends there
@@ -263,6 +269,7 @@ impl GrammarCompiler {
             matcher,
             vocab_size: self.vocab_size(),
             special: Arc::clone(&self.special),
+            trigger: None,
         })
     }
 }
@@ -374,17 +381,24 @@ pub struct Grammar {
     matcher: Matcher,
     vocab_size: usize,
     special: Arc<[u32]>,
+    /// The text that starts the constraint of a lazy grammar ([`Grammar::lazy`]).
+    trigger: Option<String>,
 }
 
 impl std::fmt::Debug for Grammar {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Grammar").field("spec", &self.spec).finish()
+        f.debug_struct("Grammar")
+            .field("spec", &self.spec)
+            .field("trigger", &self.trigger)
+            .finish()
     }
 }
 
 impl PartialEq for Grammar {
     fn eq(&self, other: &Self) -> bool {
-        self.spec == other.spec && self.vocab_size == other.vocab_size
+        self.spec == other.spec
+            && self.vocab_size == other.vocab_size
+            && self.trigger == other.trigger
     }
 }
 
@@ -392,6 +406,23 @@ impl Grammar {
     /// The spec it was compiled from.
     pub fn spec(&self) -> &GrammarSpec {
         &self.spec
+    }
+
+    /// This grammar made lazy: a reply is unconstrained until its text contains
+    /// `trigger` (bytes of the generated tokens, control tokens excluded), and the
+    /// grammar constrains the text after the trigger's first occurrence, starting with
+    /// the bytes the token that completed the trigger carries past it (see
+    /// [`crate::text::TextParams::grammar`]). An empty `trigger` starts at once.
+    #[must_use]
+    pub fn lazy(mut self, trigger: impl Into<String>) -> Grammar {
+        self.trigger = Some(trigger.into());
+        self
+    }
+
+    /// The trigger of a lazy grammar ([`Grammar::lazy`]); `None` for one that
+    /// constrains from the first token.
+    pub fn trigger(&self) -> Option<&str> {
+        self.trigger.as_deref()
     }
 
     /// A fresh constraint at the grammar's start, for one reply.
@@ -519,6 +550,35 @@ impl Constraint {
             matcher.consume_token(id)
         }))
         .map_err(|e| DeadEnd(e.to_string()))
+    }
+}
+
+impl Constraint {
+    /// Advances past `bytes` of text (as many tokens as the trie's greedy tokenization
+    /// of them; the lexer reads bytes, so any tokenization leads to the same state):
+    /// the text a lazy grammar's trigger token carried past the trigger.
+    ///
+    /// # Errors
+    /// [`DeadEnd`] if the grammar refuses any of it (the constraint is then unusable).
+    pub fn accept_bytes(&mut self, bytes: &[u8]) -> Result<(), DeadEnd> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        let env = self.matcher.tok_env().map_err(|e| DeadEnd(e.to_string()))?;
+        let ids = env.tok_trie().greedy_tokenize(bytes);
+        let matcher = &mut self.matcher;
+        let took = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            matcher.try_consume_tokens(&ids)
+        }))
+        .map_err(|e| DeadEnd(e.to_string()))?;
+        if took == ids.len() {
+            Ok(())
+        } else {
+            Err(DeadEnd(format!(
+                "the grammar refuses the text {:?}",
+                String::from_utf8_lossy(bytes)
+            )))
+        }
     }
 }
 

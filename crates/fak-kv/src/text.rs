@@ -32,7 +32,12 @@ pub struct TextParams {
     /// ([`crate::grammar`]): disallowed rows of the logits get no probability, the
     /// allowed rows are the step's own bits, and `stop_ids` are allowed only where the
     /// grammar can end. Logprob records still come from the unmasked logits. `None`:
-    /// unconstrained, and no extra work.
+    /// unconstrained, and no extra work. A lazy grammar ([`Grammar::lazy`]) starts
+    /// only once the generated text (the tokens' bytes, control tokens excluded)
+    /// contains its trigger: the steps before are unconstrained, bit for bit the
+    /// steps of a run without it, and the grammar then takes the bytes the trigger's
+    /// token carried past the trigger and masks every later step. Should it refuse
+    /// those bytes, the text goes on unconstrained until the trigger comes again.
     pub grammar: Option<Grammar>,
 }
 
@@ -227,7 +232,18 @@ pub fn generate_text_with_logprobs(
     }
     let prefill_s = t0.elapsed().as_secs_f64();
     let mut sampler = Sampler::new(params.sampling.clone());
-    let mut constraint = params.grammar.as_ref().map(Grammar::start);
+    // A lazy grammar waits for its trigger; `seen` holds the free text's last bytes
+    // (at most the trigger's length before each new token's).
+    let lazy = params
+        .grammar
+        .as_ref()
+        .and_then(|g| g.trigger().map(|t| (g, t.as_bytes())))
+        .filter(|(_, t)| !t.is_empty());
+    let mut constraint = match lazy {
+        Some(_) => None,
+        None => params.grammar.as_ref().map(Grammar::start),
+    };
+    let mut seen: Vec<u8> = Vec::new();
     // The masked copy of a step's logits (grown once, reused every step).
     let mut masked: Vec<f32> = Vec::new();
     // The next step's allowed set, when it was computed before the decode step that
@@ -312,6 +328,21 @@ pub fn generate_text_with_logprobs(
                 break;
             }
         }
+        if let (None, Some((g, trigger))) = (&constraint, lazy) {
+            if !tokenizer.is_special(next) {
+                seen.extend_from_slice(tokenizer.token_bytes(next));
+            }
+            if let Some(at) = find_bytes(&seen, trigger) {
+                let mut c = g.start();
+                if c.accept_bytes(&seen[at + trigger.len()..]).is_ok() {
+                    constraint = Some(c);
+                }
+                seen.clear();
+            } else {
+                let keep = trigger.len().saturating_sub(1);
+                seen.drain(..seen.len().saturating_sub(keep));
+            }
+        }
         let piece = decoder.push(tokenizer, next);
         if let Some(n) = params.logprobs {
             release.pending.push_back(Pending {
@@ -378,6 +409,14 @@ pub fn generate_text_with_logprobs(
     }
     out.decode_s = t1.elapsed().as_secs_f64();
     Ok(out)
+}
+
+/// Where `needle` first occurs in `haystack` (`Some(0)` for an empty needle).
+fn find_bytes(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() {
+        return Some(0);
+    }
+    haystack.windows(needle.len()).position(|w| w == needle)
 }
 
 /// Whether `n` is 0 (a count left out of the serialized output).
