@@ -457,11 +457,13 @@ fn parse<'a, T: serde::Deserialize<'a>>(text: &'a str, what: &str) -> Result<T, 
     let v = serde_path_to_error::deserialize(&mut d).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        // Inside the wire's tagged unions the rest of the path is in the message.
+        let (path, message) = fak_wire::error_path(&path, &inner.to_string());
         if inner.is_syntax() || inner.is_eof() || path == "." {
             not_json(inner)
         } else {
             format!(
-                "{what} whose `{path}` is not of the API's type ({inner}): {}",
+                "{what} whose `{path}` is not of the API's type ({message}): {}",
                 excerpt(text)
             )
         }
@@ -771,25 +773,6 @@ async fn relay_openai(
         }
     }
     pump(&mut body, Reply::new(job, sink, progress)).await
-}
-
-/// One event's data parsed as the JSON object both wires send; anything else is a
-/// fatal upstream error naming what came.
-fn event_object(data: &str) -> Result<Value, Failure> {
-    let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
-    let v: Value = serde_json::from_str(data).map_err(|e| {
-        bad(format!(
-            "the upstream sent an event that is not JSON ({e}): {}",
-            excerpt(data)
-        ))
-    })?;
-    if !v.is_object() {
-        return Err(bad(format!(
-            "the upstream sent an event that is not a JSON object: {}",
-            excerpt(data)
-        )));
-    }
-    Ok(v)
 }
 
 /// A reply assembled from server-sent events, on either wire.

@@ -19,3 +19,26 @@ pub mod openai;
 pub mod responses;
 
 mod de;
+
+/// The full path and message of a deserialization error: `path` is where
+/// `serde_path_to_error` stopped (`.` for the top, `content[1]`, ...), `message` the
+/// error's text. Inside the wire's tagged unions (stream events, content blocks, deltas:
+/// read without serde's buffer, see the types' docs) the message starts with the rest of
+/// the path, `` at `input.x`: ``; the two are joined here. Returns (`.` or the path,
+/// the message without the path).
+pub fn error_path(path: &str, message: &str) -> (String, String) {
+    let Some((rest, message)) = message
+        .strip_prefix("at `")
+        .and_then(|m| m.split_once("`: "))
+    else {
+        return (path.to_string(), message.to_string());
+    };
+    let full = if path == "." {
+        rest.to_string()
+    } else if rest.starts_with('[') {
+        format!("{path}{rest}")
+    } else {
+        format!("{path}.{rest}")
+    };
+    (full, message.to_string())
+}
