@@ -187,13 +187,6 @@ fn field<T: de::DeserializeOwned, E: de::Error>(name: &str, v: serde_json::Value
     serde_path_to_error::deserialize(v).map_err(|e| {
         let inner = e.path().to_string();
         let (path, message) = crate::error_path(&inner, &e.into_inner().to_string());
-        let path = if path == "." {
-            name.to_string()
-        } else if path.starts_with('[') {
-            format!("{name}{path}")
-        } else {
-            format!("{name}.{path}")
-        };
-        E::custom(format!("at `{path}`: {message}"))
+        E::custom(format!("at `{}`: {message}", crate::join_path(name, &path)))
     })
 }

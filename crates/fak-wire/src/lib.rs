@@ -33,12 +33,18 @@ pub fn error_path(path: &str, message: &str) -> (String, String) {
     else {
         return (path.to_string(), message.to_string());
     };
-    let full = if path == "." {
-        rest.to_string()
-    } else if rest.starts_with('[') {
-        format!("{path}{rest}")
+    (join_path(path, rest), message.to_string())
+}
+
+/// `inner`, a path inside the value at `outer` (`.`: the top), as one path.
+fn join_path(outer: &str, inner: &str) -> String {
+    if outer == "." {
+        inner.to_string()
+    } else if inner == "." {
+        outer.to_string()
+    } else if inner.starts_with('[') {
+        format!("{outer}{inner}")
     } else {
-        format!("{path}.{rest}")
-    };
-    (full, message.to_string())
+        format!("{outer}.{inner}")
+    }
 }
