@@ -2235,13 +2235,7 @@ data: [DONE]\n\n",
             fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: }\n\n"),
             5000,
         );
-        let mut s = d
-            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
-            .unwrap();
-        let mut evs = Vec::new();
-        while let Some(e) = s.blocking_next() {
-            evs.push(e);
-        }
+        let evs = events_of(&d);
         assert!(matches!(evs[0], EngineEvent::Start { .. }));
         assert_eq!(evs[1], EngineEvent::Text("a".into()));
         assert!(
@@ -2268,13 +2262,7 @@ data: [DONE]\n\n",
             fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"The sky\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n"),
             5000,
         );
-        let mut s = d
-            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
-            .unwrap();
-        let mut evs = Vec::new();
-        while let Some(e) = s.blocking_next() {
-            evs.push(e);
-        }
+        let evs = events_of(&d);
         assert_eq!(evs[1], EngineEvent::Text("The sky".into()));
         assert!(
             matches!(&evs[2], EngineEvent::Error(EngineError::Upstream(m)) if m.contains("finish_reason")),
