@@ -33,7 +33,12 @@
 //! as `Text` as it arrives; each `tool_use` block is assembled (its `input_json_delta`s
 //! concatenated, else its `input`) and sent as a whole [`ToolCall`] only once the
 //! message is over, for the gateway to adjudicate. Other block types (thinking, server
-//! tools) are not relayed. `Done`: `stop_reason` `max_tokens` → `Length`, anything
+//! tools, and types the API adds later) are not relayed, nor are their deltas (a server
+//! tool's `input_json_delta` included). Events, messages and blocks are read into
+//! [`fak_wire::anthropic`]'s types (`StreamEvent`, `Message`, `ContentBlock`,
+//! `BlockDelta`, `ErrorResponse`): an unknown event, block or delta type, or stop
+//! reason, is skipped; fields the API does not define are ignored; a field of the wrong
+//! type is an [`EngineError::Upstream`] naming its path (e.g. `delta.text`). `Done`: `stop_reason` `max_tokens` → `Length`, anything
 //! else → `Stop`; `stop_sequence` kept; `completion_tokens` from `output_tokens`; the
 //! prompt's counts again in [`Done::prompt_usage`], with the cache writes.
 //!
@@ -55,8 +60,7 @@
 //! [`EngineError::Upstream`] with its message.
 
 use super::{
-    body_message, event_object, excerpt, pump, BodyReader, EventReply, Failure, Flow, Job,
-    PartialCall, Progress, MAX_EVENT_BYTES,
+    parse, pump, BodyReader, EventReply, Failure, Flow, Job, PartialCall, Progress, MAX_EVENT_BYTES,
 };
 use fak_engine::{
     Done, EngineError, EngineEvent, EventSink, FinishReason, GenerateRequest, Prompt, PromptUsage,
@@ -388,13 +392,7 @@ pub(super) async fn relay(
             }
             buf.extend_from_slice(&d);
         }
-        let v: Value = serde_json::from_slice(&buf).map_err(|e| {
-            fatal(format!(
-                "the upstream sent a reply that is not JSON ({e}): {}",
-                excerpt(&String::from_utf8_lossy(&buf))
-            ))
-        })?;
-        return Reply::new(sink, progress).message(&v);
+        return Reply::new(sink, progress).message(&String::from_utf8_lossy(&buf));
     }
     Err(fatal(format!(
         "{url} answered '{ctype}', neither JSON nor an event stream"
@@ -411,12 +409,17 @@ struct Usage {
 }
 
 impl Usage {
-    fn merge(&mut self, u: &Value) {
-        let get = |k: &str| u.get(k).and_then(Value::as_u64).map(super::as_usize);
-        self.input = get("input_tokens").or(self.input);
-        self.creation = get("cache_creation_input_tokens").or(self.creation);
-        self.read = get("cache_read_input_tokens").or(self.read);
-        self.output = get("output_tokens").or(self.output);
+    /// Takes a `message_delta`'s counts (those present); zero usage, which is what a
+    /// `message_delta` without `usage` reads as, changes nothing.
+    fn merge(&mut self, u: wire::DeltaUsage) {
+        if u == wire::DeltaUsage::default() {
+            return;
+        }
+        let n = |v: Option<u64>| v.map(super::as_usize);
+        self.input = n(u.input_tokens).or(self.input);
+        self.creation = n(u.cache_creation_input_tokens).or(self.creation);
+        self.read = n(u.cache_read_input_tokens).or(self.read);
+        self.output = Some(super::as_usize(u.output_tokens));
     }
 
     /// The prompt's counts, when the upstream gave any.
@@ -441,8 +444,9 @@ impl Usage {
 enum Block {
     Text,
     /// A `tool_use`: the call being assembled and the `input` it started with.
-    Tool(PartialCall, Option<Value>),
-    /// Anything else (thinking, server tools): not relayed.
+    Tool(PartialCall, Value),
+    /// Anything else (thinking, server tools, types added later): not relayed; its
+    /// deltas (a server tool's `input_json_delta` too) are skipped.
     Other,
 }
 
@@ -450,8 +454,8 @@ enum Block {
 struct Reply<'a> {
     sink: &'a EventSink,
     progress: &'a mut Progress,
-    blocks: BTreeMap<u64, Block>,
-    stop_reason: Option<String>,
+    blocks: BTreeMap<usize, Block>,
+    stop_reason: Option<wire::StopReason>,
     stop_sequence: Option<String>,
     usage: Usage,
     pieces: usize,
@@ -494,7 +498,7 @@ impl<'a> Reply<'a> {
             return Flow::More;
         }
         if self.progress.over(t.len(), true) {
-            self.stop_reason = Some("max_tokens".into());
+            self.stop_reason = Some(wire::StopReason::MaxTokens);
             return Flow::End;
         }
         if let Flow::Gone = self.start() {
@@ -513,24 +517,24 @@ impl<'a> Reply<'a> {
     }
 
     /// The block a `content_block_start` (or a JSON message's `content` entry) opens.
-    fn open(&mut self, index: u64, b: &Value) -> Flow {
-        match b.get("type").and_then(Value::as_str) {
-            Some("text") => {
+    fn open(&mut self, index: usize, b: wire::ContentBlock) -> Flow {
+        match b {
+            wire::ContentBlock::Text { text } => {
                 self.blocks.insert(index, Block::Text);
-                self.text(b.get("text").and_then(Value::as_str).unwrap_or(""))
+                self.text(&text)
             }
-            Some("tool_use") => {
-                let s = |k: &str| b.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            wire::ContentBlock::ToolUse { id, name, input } => {
                 let call = PartialCall {
-                    id: s("id"),
-                    name: s("name"),
+                    id,
+                    name,
                     arguments: String::new(),
                 };
-                self.blocks
-                    .insert(index, Block::Tool(call, b.get("input").cloned()));
+                self.blocks.insert(index, Block::Tool(call, input));
                 Flow::More
             }
-            _ => {
+            wire::ContentBlock::Thinking { .. }
+            | wire::ContentBlock::RedactedThinking { .. }
+            | wire::ContentBlock::Unknown(_) => {
                 self.blocks.insert(index, Block::Other);
                 Flow::More
             }
@@ -546,68 +550,62 @@ impl EventReply for Reply<'_> {
     /// Reads one event's data.
     fn event(&mut self, data: &str) -> Result<Flow, Failure> {
         let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
-        let v = event_object(data)?;
-        let index = v.get("index").and_then(Value::as_u64);
-        Ok(match v.get("type").and_then(Value::as_str).unwrap_or("") {
-            "message_start" => {
-                if let Some(u) = v.pointer("/message/usage") {
-                    self.usage.merge(u);
-                }
+        let event: wire::StreamEvent = parse(data, "the upstream sent an event").map_err(bad)?;
+        Ok(match event {
+            wire::StreamEvent::MessageStart { message } => {
+                self.usage.merge(message.usage.into());
                 self.start()
             }
-            "content_block_start" => {
-                let index = index.unwrap_or(self.blocks.len() as u64);
-                let block = v.get("content_block").cloned().unwrap_or(Value::Null);
-                self.open(index, &block)
-            }
-            "content_block_delta" => {
-                let d = v.get("delta").cloned().unwrap_or(Value::Null);
-                let s = |k: &str| d.get(k).and_then(Value::as_str).unwrap_or("");
-                match s("type") {
-                    "text_delta" => self.text(s("text")),
-                    "input_json_delta" => {
-                        let at = index.unwrap_or(0);
-                        match self.blocks.get_mut(&at) {
-                            Some(Block::Tool(call, _)) => {
-                                call.arguments.push_str(s("partial_json"));
-                                if self.progress.over(s("partial_json").len(), false) {
-                                    self.stop_reason = Some("max_tokens".into());
-                                    Flow::End
-                                } else {
-                                    Flow::More
-                                }
-                            }
-                            _ => {
-                                return Err(bad(format!(
-                                    "the upstream sent tool input for block {at}, which is not a tool_use block"
-                                )))
+            wire::StreamEvent::ContentBlockStart {
+                index,
+                content_block,
+            } => self.open(index, content_block),
+            wire::StreamEvent::ContentBlockDelta { index, delta } => match delta {
+                wire::BlockDelta::TextDelta { text } => self.text(&text),
+                wire::BlockDelta::InputJsonDelta { partial_json } => {
+                    match self.blocks.get_mut(&index) {
+                        Some(Block::Tool(call, _)) => {
+                            call.arguments.push_str(&partial_json);
+                            if self.progress.over(partial_json.len(), false) {
+                                self.stop_reason = Some(wire::StopReason::MaxTokens);
+                                Flow::End
+                            } else {
+                                Flow::More
                             }
                         }
+                        // A server tool's input: not this reply's call.
+                        Some(Block::Other) => Flow::More,
+                        Some(Block::Text) | None => {
+                            return Err(bad(format!(
+                                "the upstream sent tool input for block {index}, which is not a tool_use block"
+                            )))
+                        }
                     }
-                    _ => Flow::More,
                 }
-            }
-            "message_delta" => {
-                if let Some(r) = v.pointer("/delta/stop_reason").and_then(Value::as_str) {
-                    self.stop_reason = Some(r.to_string());
+                wire::BlockDelta::ThinkingDelta { .. }
+                | wire::BlockDelta::SignatureDelta { .. }
+                | wire::BlockDelta::Unknown(_) => Flow::More,
+            },
+            wire::StreamEvent::MessageDelta { delta, usage, .. } => {
+                if let Some(r) = delta.stop_reason {
+                    self.stop_reason = Some(r);
                 }
-                if let Some(q) = v.pointer("/delta/stop_sequence").and_then(Value::as_str) {
-                    self.stop_sequence = Some(q.to_string());
+                if let Some(q) = delta.stop_sequence {
+                    self.stop_sequence = Some(q);
                 }
-                if let Some(u) = v.get("usage") {
-                    self.usage.merge(u);
-                }
+                self.usage.merge(usage);
                 Flow::More
             }
-            "message_stop" => Flow::End,
-            "error" => {
+            wire::StreamEvent::MessageStop => Flow::End,
+            wire::StreamEvent::Error { error } => {
                 return Err(bad(format!(
                     "the upstream failed mid-reply: {}",
-                    body_message(data.as_bytes())
+                    error.message
                 )))
             }
-            // ping, content_block_stop, and event types added later.
-            _ => Flow::More,
+            wire::StreamEvent::ContentBlockStop { .. }
+            | wire::StreamEvent::Ping
+            | wire::StreamEvent::Unknown(_) => Flow::More,
         })
     }
 
@@ -621,19 +619,19 @@ impl EventReply for Reply<'_> {
                 continue;
             };
             if call.arguments.trim().is_empty() {
-                call.arguments = input.map(|v| v.to_string()).unwrap_or_default();
+                call.arguments = input.to_string();
             }
             if !self.sink.send(EngineEvent::ToolCall(call.into_call())) {
                 return;
             }
         }
-        let finish_reason = match self.stop_reason.as_deref() {
-            Some("max_tokens") => FinishReason::Length,
+        let finish_reason = match self.stop_reason {
+            Some(wire::StopReason::MaxTokens) => FinishReason::Length,
             _ => FinishReason::Stop,
         };
         let stop_sequence = self
             .stop_sequence
-            .filter(|_| self.stop_reason.as_deref() == Some("stop_sequence"));
+            .filter(|_| self.stop_reason == Some(wire::StopReason::StopSequence));
         let now = Instant::now();
         let first = self.progress.first_text.unwrap_or(now);
         self.sink.send(EngineEvent::Done(Done {
@@ -649,37 +647,21 @@ impl EventReply for Reply<'_> {
 }
 
 impl Reply<'_> {
-    /// Reads a whole (non-streamed) message and ends the generation.
-    fn message(mut self, v: &Value) -> Result<(), Failure> {
-        let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
-        if v.get("type").and_then(Value::as_str) == Some("error") {
-            return Err(bad(format!(
-                "the upstream failed: {}",
-                body_message(v.to_string().as_bytes())
-            )));
+    /// Reads a whole (non-streamed) message, or an error body, and ends the generation.
+    fn message(mut self, text: &str) -> Result<(), Failure> {
+        let fatal = |m: String| Failure::fatal(EngineError::Upstream(m));
+        if let Ok(e) = serde_json::from_str::<wire::ErrorResponse>(text) {
+            return Err(fatal(format!("the upstream failed: {}", e.error.message)));
         }
-        let Some(content) = v.get("content").and_then(Value::as_array) else {
-            return Err(bad(format!(
-                "the upstream answered a message without a `content` list: {}",
-                excerpt(&v.to_string())
-            )));
-        };
-        if let Some(u) = v.get("usage") {
-            self.usage.merge(u);
-        }
-        self.stop_reason = v
-            .get("stop_reason")
-            .and_then(Value::as_str)
-            .map(str::to_string);
-        self.stop_sequence = v
-            .get("stop_sequence")
-            .and_then(Value::as_str)
-            .map(str::to_string);
+        let m: wire::Message = parse(text, "the upstream sent a reply").map_err(fatal)?;
+        self.usage.merge(m.usage.into());
+        self.stop_reason = m.stop_reason;
+        self.stop_sequence = m.stop_sequence;
         if let Flow::Gone = self.start() {
             return Ok(());
         }
-        for (i, b) in content.iter().enumerate() {
-            match self.open(i as u64, b) {
+        for (i, b) in m.content.into_iter().enumerate() {
+            match self.open(i, b) {
                 Flow::Gone => return Ok(()),
                 Flow::End => break,
                 Flow::More => {}
@@ -724,7 +706,7 @@ mod tests {
         let mut p = progress();
         let mut r = Reply::new(&sink, &mut p);
         let evs = [
-            r#"{"type":"message_start","message":{"id":"msg_1","usage":{"input_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":30,"output_tokens":1}}}"#,
+            r#"{"type":"message_start","message":{"id":"msg_1","content":[],"usage":{"input_tokens":5,"cache_creation_input_tokens":2,"cache_read_input_tokens":30,"output_tokens":1}}}"#,
             r#"{"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}"#,
             r#"{"type":"ping"}"#,
             r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Hel"}}"#,
@@ -783,12 +765,12 @@ mod tests {
         let (sink, stream) = event_channel();
         let mut p = progress();
         let v = json!({"type": "message", "content": [
-            {"type": "thinking", "thinking": "hidden"},
+            {"type": "thinking", "thinking": "hidden", "signature": "s"},
             {"type": "text", "text": "done"},
             {"type": "tool_use", "id": "toolu_2", "name": "f", "input": {"a": [1]}}],
             "stop_reason": "stop_sequence", "stop_sequence": "END",
             "usage": {"input_tokens": 4, "output_tokens": 2}});
-        Reply::new(&sink, &mut p).message(&v).unwrap();
+        Reply::new(&sink, &mut p).message(&v.to_string()).unwrap();
         let got = events(sink, stream);
         assert_eq!(
             got[0],
@@ -811,7 +793,9 @@ mod tests {
         ] {
             let (sink, _s) = event_channel();
             let mut p = progress();
-            let e = Reply::new(&sink, &mut p).message(&bad).unwrap_err();
+            let e = Reply::new(&sink, &mut p)
+                .message(&bad.to_string())
+                .unwrap_err();
             assert!(matches!(e.error, EngineError::Upstream(_)), "{bad}");
         }
         for bad in [
@@ -823,6 +807,146 @@ mod tests {
             let (sink, _s) = event_channel();
             let mut p = progress();
             assert!(Reply::new(&sink, &mut p).event(bad).is_err(), "{bad}");
+        }
+    }
+
+    /// The events of the SSE text `sse` fed to one reply, and the events it sent.
+    fn read_stream(sse: &str) -> Vec<EngineEvent> {
+        let (sink, stream) = event_channel();
+        let mut p = progress();
+        let mut r = Reply::new(&sink, &mut p);
+        let mut parser = super::super::SseParser::default();
+        let mut evs = parser.push(sse.as_bytes()).unwrap();
+        evs.extend(parser.finish());
+        assert!(evs.len() > 10, "{evs:?}");
+        let mut ended = false;
+        for e in evs {
+            assert!(!ended, "an event after message_stop: {e}");
+            match r.event(&e) {
+                Ok(Flow::More) => {}
+                Ok(Flow::End) => ended = true,
+                Ok(Flow::Gone) => panic!("the sink is held"),
+                Err(f) => panic!("{e}: {:?}", f.error),
+            }
+        }
+        assert!(ended, "no message_stop");
+        r.finish();
+        events(sink, stream)
+    }
+
+    /// What the SDK-written reply (thinking, redacted thinking, a server tool's use and
+    /// result, text with a citation, a tool call) must come to: its text and its one
+    /// client tool call, the rest skipped.
+    fn assert_sdk_reply(got: &[EngineEvent], texts: &[&str]) {
+        assert_eq!(
+            got[0],
+            EngineEvent::Start {
+                prompt_tokens: 55,
+                cached_tokens: 40
+            }
+        );
+        let text: Vec<_> = got[1..=texts.len()].to_vec();
+        let want: Vec<_> = texts
+            .iter()
+            .map(|t| EngineEvent::Text(t.to_string()))
+            .collect();
+        assert_eq!(text, want);
+        let rest = &got[texts.len() + 1..];
+        let EngineEvent::ToolCall(c) = &rest[0] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (c.id.as_str(), c.name.as_str(), c.arguments.as_str()),
+            ("toolu_1", "get_forecast", r#"{"city":"Paris"}"#)
+        );
+        let EngineEvent::Done(d) = &rest[1] else {
+            panic!("{got:?}")
+        };
+        assert_eq!(
+            (d.completion_tokens, d.finish_reason),
+            (87, FinishReason::Stop)
+        );
+        assert_eq!(rest.len(), 2, "{got:?}");
+    }
+
+    /// A stream written by the `anthropic` SDK's own types (testdata/anthropic: see
+    /// make_sdk_stream.py) with the block and delta types fak does not relay
+    /// (`thinking_delta`, `signature_delta`, `citations_delta`, a `server_tool_use` whose
+    /// input streams as `input_json_delta`, `web_search_tool_result`): they are skipped,
+    /// the text and the client tool call come through. The old reader failed here (a
+    /// server tool's `input_json_delta` was "tool input for a block that is not a
+    /// tool_use block").
+    #[test]
+    fn an_sdk_stream_with_thinking_and_server_tools_relays_only_text_and_calls() {
+        let got = read_stream(include_str!("../../../testdata/anthropic/sdk_stream.sse"));
+        assert_sdk_reply(&got, &["It is ", "sunny."]);
+    }
+
+    /// The same reply whole, as the SDK's `Message` writes it.
+    #[test]
+    fn an_sdk_message_with_thinking_and_server_tools_relays_only_text_and_calls() {
+        let (sink, stream) = event_channel();
+        let mut p = progress();
+        Reply::new(&sink, &mut p)
+            .message(include_str!("../../../testdata/anthropic/sdk_message.json"))
+            .unwrap();
+        assert_sdk_reply(&events(sink, stream), &["It is sunny."]);
+    }
+
+    /// A field of the wrong type, inside an event's delta or a message's block, is an
+    /// upstream error naming the field's path; a block type fak does not know is no
+    /// error whatever its fields.
+    #[test]
+    fn a_field_of_the_wrong_type_is_an_error_naming_its_path() {
+        let upstream = |f: Failure| match f.error {
+            EngineError::Upstream(m) => m,
+            e => panic!("{e:?}"),
+        };
+        for (data, path) in [
+            (
+                r#"{"index":0,"delta":{"text":5,"type":"text_delta"},"type":"content_block_delta"}"#,
+                "`delta.text`",
+            ),
+            (
+                r#"{"type":"content_block_start","index":"0","content_block":{"type":"text","text":""}}"#,
+                "`index`",
+            ),
+            (
+                r#"{"type":"message_start","message":{"content":[],"usage":{"input_tokens":"many"}}}"#,
+                "`message.usage.input_tokens`",
+            ),
+            (
+                r#"{"type":"message_delta","delta":{"stop_reason":7},"usage":{"output_tokens":1}}"#,
+                "`delta.stop_reason`",
+            ),
+        ] {
+            let (sink, _s) = event_channel();
+            let mut p = progress();
+            let m = upstream(Reply::new(&sink, &mut p).event(data).err().expect(data));
+            assert!(m.contains(path), "{path}: {m}");
+        }
+        let (sink, _s) = event_channel();
+        let mut p = progress();
+        let m = upstream(
+            Reply::new(&sink, &mut p)
+                .message(
+                    r#"{"content":[{"type":"future_block","x":1},{"type":"tool_use","id":"t","name":["f"],"input":{}}]}"#,
+                )
+                .unwrap_err(),
+        );
+        assert!(m.contains("`content[1].name`"), "{m}");
+        // An unknown event type, block type or delta type is skipped, even with fields
+        // fak would not read.
+        let (sink, _s) = event_channel();
+        let mut p = progress();
+        let mut r = Reply::new(&sink, &mut p);
+        for e in [
+            r#"{"type":"future_event","index":"x"}"#,
+            r#"{"type":"content_block_start","index":0,"content_block":{"type":"future_block","text":7}}"#,
+            r#"{"type":"content_block_delta","index":0,"delta":{"type":"future_delta","text":7}}"#,
+            r#"{"type":"message_delta","delta":{"stop_reason":"future_reason"},"usage":{"output_tokens":1}}"#,
+        ] {
+            assert!(matches!(r.event(e), Ok(Flow::More)), "{e}");
         }
     }
 

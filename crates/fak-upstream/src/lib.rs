@@ -464,11 +464,13 @@ fn parse<'a, T: serde::Deserialize<'a>>(text: &'a str, what: &str) -> Result<T, 
     let v = serde_path_to_error::deserialize(&mut d).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
+        // Inside the wire's tagged unions the rest of the path is in the message.
+        let (path, message) = fak_wire::error_path(&path, &inner.to_string());
         if inner.is_syntax() || inner.is_eof() || path == "." {
             not_json(inner)
         } else {
             format!(
-                "{what} whose `{path}` is not of the API's type ({inner}): {}",
+                "{what} whose `{path}` is not of the API's type ({message}): {}",
                 excerpt(text)
             )
         }
@@ -778,25 +780,6 @@ async fn relay_openai(
         }
     }
     pump(&mut body, Reply::new(job, sink, progress)).await
-}
-
-/// One event's data parsed as the JSON object both wires send; anything else is a
-/// fatal upstream error naming what came.
-fn event_object(data: &str) -> Result<Value, Failure> {
-    let bad = |why: String| Failure::fatal(EngineError::Upstream(why));
-    let v: Value = serde_json::from_str(data).map_err(|e| {
-        bad(format!(
-            "the upstream sent an event that is not JSON ({e}): {}",
-            excerpt(data)
-        ))
-    })?;
-    if !v.is_object() {
-        return Err(bad(format!(
-            "the upstream sent an event that is not a JSON object: {}",
-            excerpt(data)
-        )));
-    }
-    Ok(v)
 }
 
 /// A reply assembled from server-sent events, on either wire.
@@ -2136,33 +2119,73 @@ mod tests {
         assert!(c.malformed.unwrap().contains("no function name"));
     }
 
-    /// An HTTP server on loopback: answers each connection with `reply` (after reading
-    /// the request head), and `GET /v1/models` with one model, `fake`.
-    fn fake_upstream(reply: &'static [u8]) -> std::net::SocketAddr {
+    /// A models list of one model, `fake`.
+    const MODELS: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n";
+
+    /// What a mock upstream does with one request.
+    enum Answer {
+        /// Writes the bytes and closes the connection.
+        Reply(&'static [u8]),
+        /// Writes the bytes and holds the connection open until the client closes it.
+        Hold(&'static [u8]),
+    }
+
+    /// An HTTP server on loopback: each connection on a thread of its own, its request
+    /// head read, then answered as `answer` says for that head.
+    fn mock_upstream(
+        answer: impl Fn(&[u8]) -> Answer + Send + Sync + 'static,
+    ) -> std::net::SocketAddr {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        let answer = Arc::new(answer);
         std::thread::spawn(move || {
             for s in l.incoming() {
                 let Ok(mut s) = s else { return };
+                let answer = Arc::clone(&answer);
                 std::thread::spawn(move || {
                     let mut buf = vec![0u8; 65536];
-                    let mut got = Vec::new();
-                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let mut head = Vec::new();
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
                         match s.read(&mut buf) {
                             Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
                         }
                     }
-                    let body: &[u8] = if got.starts_with(b"GET ") {
-                        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
-                    } else {
-                        reply
-                    };
-                    let _ = s.write_all(body);
+                    match answer(&head) {
+                        Answer::Reply(r) => {
+                            let _ = s.write_all(r);
+                        }
+                        Answer::Hold(r) => {
+                            let _ = s.write_all(r);
+                            while matches!(s.read(&mut buf), Ok(n) if n > 0) {}
+                        }
+                    }
                 });
             }
         });
         addr
+    }
+
+    /// A mock upstream answering `GET`s with [`MODELS`] and every other request with
+    /// `reply`.
+    fn fake_upstream(reply: &'static [u8]) -> std::net::SocketAddr {
+        mock_upstream(move |head| {
+            Answer::Reply(if head.starts_with(b"GET ") {
+                MODELS
+            } else {
+                reply
+            })
+        })
+    }
+
+    /// `d` once it is ready (within 10 s).
+    fn ready(d: UpstreamDriver) -> UpstreamDriver {
+        let t = Instant::now();
+        while d.readiness() != Readiness::Ready {
+            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        d
     }
 
     fn driver(addr: std::net::SocketAddr, idle_ms: u64) -> UpstreamDriver {
@@ -2174,12 +2197,7 @@ mod tests {
             ..UpstreamConfig::default()
         })
         .unwrap();
-        let t = Instant::now();
-        while d.readiness() != Readiness::Ready {
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        d
+        ready(d)
     }
 
     fn ask(d: &UpstreamDriver) -> Result<fak_engine::Collected, EngineError> {
@@ -2228,17 +2246,14 @@ mod tests {
     #[test]
     fn a_named_model_the_upstream_refuses_is_reported_in_the_upstreams_words() {
         let addr = fake_upstream(b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 56\r\nconnection: close\r\n\r\n{\"error\": {\"message\": \"the model 'big' does not exist\"}}\n\n");
-        let d = UpstreamDriver::start(UpstreamConfig {
-            base_urls: vec![format!("http://{addr}")],
-            model: Some("big".into()),
-            ..UpstreamConfig::default()
-        })
-        .unwrap();
-        let t = Instant::now();
-        while d.readiness() != Readiness::Ready {
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let d = ready(
+            UpstreamDriver::start(UpstreamConfig {
+                base_urls: vec![format!("http://{addr}")],
+                model: Some("big".into()),
+                ..UpstreamConfig::default()
+            })
+            .unwrap(),
+        );
         let e = ask(&d).unwrap_err();
         assert!(
             matches!(&e, EngineError::Upstream(m) if m.contains("does not serve 'big'")
@@ -2309,13 +2324,7 @@ data: [DONE]\n\n",
             fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: }\n\n"),
             5000,
         );
-        let mut s = d
-            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
-            .unwrap();
-        let mut evs = Vec::new();
-        while let Some(e) = s.blocking_next() {
-            evs.push(e);
-        }
+        let evs = events_of(&d);
         assert!(matches!(evs[0], EngineEvent::Start { .. }));
         assert_eq!(evs[1], EngineEvent::Text("a".into()));
         assert!(
@@ -2342,13 +2351,7 @@ data: [DONE]\n\n",
             fake_upstream(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"The sky\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n"),
             5000,
         );
-        let mut s = d
-            .submit(GenerateRequest::chat(vec![Message::new("user", "hi")]))
-            .unwrap();
-        let mut evs = Vec::new();
-        while let Some(e) = s.blocking_next() {
-            evs.push(e);
-        }
+        let evs = events_of(&d);
         assert_eq!(evs[1], EngineEvent::Text("The sky".into()));
         assert!(
             matches!(&evs[2], EngineEvent::Error(EngineError::Upstream(m)) if m.contains("finish_reason")),
@@ -2359,22 +2362,12 @@ data: [DONE]\n\n",
 
     #[test]
     fn a_stall_mid_reply_is_a_timeout() {
-        // Head and one event, then silence (the connection stays open).
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut buf = vec![0u8; 65536];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let reply: &[u8] = if buf[..n].starts_with(b"GET ") {
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
-                } else {
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"
-                };
-                let _ = s.write_all(reply);
-                held.push(s);
+        // The head of an event stream, then silence (the connection stays open).
+        let addr = mock_upstream(|head| {
+            if head.starts_with(b"GET ") {
+                Answer::Reply(MODELS)
+            } else {
+                Answer::Hold(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n")
             }
         });
         let d = driver(addr, 200);
@@ -2391,55 +2384,37 @@ data: [DONE]\n\n",
     #[test]
     fn a_5xx_before_any_token_is_retried_and_a_silent_head_times_out() {
         // The first generation request is answered 500, the next one properly.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
         let posts = Arc::new(AtomicUsize::new(0));
         let p = Arc::clone(&posts);
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut buf = vec![0u8; 65536];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let reply: &[u8] = if buf[..n].starts_with(b"GET ") {
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
-                } else if p.fetch_add(1, Ordering::SeqCst) == 0 {
-                    b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops"
-                } else {
-                    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
-                };
-                let _ = s.write_all(reply);
-            }
+        let addr = mock_upstream(move |head| {
+            Answer::Reply(if head.starts_with(b"GET ") {
+                MODELS
+            } else if p.fetch_add(1, Ordering::SeqCst) == 0 {
+                b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 4\r\nconnection: close\r\n\r\noops"
+            } else {
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {\"choices\":[{\"delta\":{\"content\":\"ok\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n"
+            })
         });
         let d = driver(addr, 5000);
         assert_eq!(ask(&d).unwrap().text, "ok");
         assert_eq!(posts.load(Ordering::SeqCst), 2);
         // A server that takes the request and never answers: the head timeout.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut buf = vec![0u8; 65536];
-                let n = s.read(&mut buf).unwrap_or(0);
-                if buf[..n].starts_with(b"GET ") {
-                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n");
-                }
-                held.push(s);
+        let addr = mock_upstream(|head| {
+            if head.starts_with(b"GET ") {
+                Answer::Reply(MODELS)
+            } else {
+                Answer::Hold(b"")
             }
         });
-        let d = UpstreamDriver::start(UpstreamConfig {
-            base_urls: vec![format!("http://{addr}")],
-            timeout: Duration::from_millis(300),
-            retries: 0,
-            ..UpstreamConfig::default()
-        })
-        .unwrap();
-        let t = Instant::now();
-        while d.readiness() != Readiness::Ready {
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let d = ready(
+            UpstreamDriver::start(UpstreamConfig {
+                base_urls: vec![format!("http://{addr}")],
+                timeout: Duration::from_millis(300),
+                retries: 0,
+                ..UpstreamConfig::default()
+            })
+            .unwrap(),
+        );
         let t = Instant::now();
         let e = ask(&d).unwrap_err();
         assert!(
@@ -2554,16 +2529,13 @@ connection: close
 
 {"data":[{"created":1756885796,"id":"seongil-dn/bge-m3-3800_steps_v2_234","max_model_len":1024,"object":"model","owned_by":"vllm","parent":null,"permission":[{"allow_create_engine":false,"allow_fine_tuning":false,"allow_logprobs":true,"allow_sampling":true,"allow_search_indices":false,"allow_view":true,"created":1756885796,"group":null,"id":"modelperm-cb01ad02375f4989a5730d7e103b03ab","is_blocking":false,"object":"model_permission","organization":"*"}],"root":"seongil-dn/bge-m3-3800_steps_v2_234"}],"object":"list"}"#;
         let addr = routed_upstream(vec![(b"GET /v1/models", VLLM)]);
-        let d = UpstreamDriver::start(UpstreamConfig {
-            base_urls: vec![format!("http://{addr}")],
-            ..UpstreamConfig::default()
-        })
-        .unwrap();
-        let t = Instant::now();
-        while d.readiness() != Readiness::Ready {
-            assert!(t.elapsed() < Duration::from_secs(10), "{:?}", d.readiness());
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let d = ready(
+            UpstreamDriver::start(UpstreamConfig {
+                base_urls: vec![format!("http://{addr}")],
+                ..UpstreamConfig::default()
+            })
+            .unwrap(),
+        );
         let m = d.models();
         assert_eq!(m.len(), 1);
         assert_eq!(
@@ -2589,30 +2561,24 @@ connection: close
         assert!(e.contains("`data[0].max_model_len`"), "{e}");
     }
 
+    /// A mock upstream answering each request with the reply of the first route whose
+    /// prefix its head starts with (else a 404).
     fn routed_upstream(routes: Vec<(&'static [u8], &'static [u8])>) -> std::net::SocketAddr {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut buf = vec![0u8; 65536];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let reply = routes
+        mock_upstream(move |head| {
+            Answer::Reply(
+                routes
                     .iter()
-                    .find(|(p, _)| buf[..n].starts_with(p))
-                    .map_or(
-                        &b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"[..],
-                        |(_, r)| r,
-                    );
-                let _ = s.write_all(reply);
-            }
-        });
-        addr
+                    .find(|(p, _)| head.starts_with(p))
+                    .map_or(NOT_FOUND, |(_, r)| r),
+            )
+        })
     }
+
+    const NOT_FOUND: &[u8] =
+        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
 
     #[test]
     fn health_checks_fall_back_to_the_models_list_and_a_failing_one_is_out() {
-        const MODELS: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n";
         // No /health route at all: the models list decides.
         let plain = routed_upstream(vec![(b"GET /v1/models", MODELS)]);
         // A /health that says it is not ready, though its models list answers.
@@ -2666,24 +2632,16 @@ connection: close
     fn health_checks_ask_the_models_list_only_while_the_models_are_unknown() {
         // llama.cpp's Python server: no /health route, and a models request interrupts
         // the generation under way. Count what the checks ask.
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap();
         let (health, models) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let (h, m) = (Arc::clone(&health), Arc::clone(&models));
-        std::thread::spawn(move || {
-            for s in l.incoming() {
-                let Ok(mut s) = s else { return };
-                let mut buf = vec![0u8; 65536];
-                let n = s.read(&mut buf).unwrap_or(0);
-                let reply: &[u8] = if buf[..n].starts_with(b"GET /v1/models") {
-                    m.fetch_add(1, Ordering::SeqCst);
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\nconnection: close\r\n\r\n{\"data\": [{\"id\": \"fake\"}]}\n"
-                } else {
-                    h.fetch_add(1, Ordering::SeqCst);
-                    b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-                };
-                let _ = s.write_all(reply);
-            }
+        let addr = mock_upstream(move |head| {
+            Answer::Reply(if head.starts_with(b"GET /v1/models") {
+                m.fetch_add(1, Ordering::SeqCst);
+                MODELS
+            } else {
+                h.fetch_add(1, Ordering::SeqCst);
+                NOT_FOUND
+            })
         });
         let d = UpstreamDriver::start(UpstreamConfig {
             base_urls: vec![format!("http://{addr}")],

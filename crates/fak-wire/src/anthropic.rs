@@ -13,6 +13,7 @@
 //! ([`CountTokensRequest::unsupported_field`]): a field fak does not know could change
 //! the output, and a silently different answer is worse than a clear refusal.
 
+use crate::de::Tagged;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -175,6 +176,13 @@ pub enum Role {
     Assistant,
     /// Instructions; servers merge these into the system turn in order.
     System,
+}
+
+impl Role {
+    /// [`Role::Assistant`], a reply's role (serde's default for [`Message::role`]).
+    pub fn assistant() -> Self {
+        Role::Assistant
+    }
 }
 
 /// One message of `messages`.
@@ -451,24 +459,35 @@ pub enum ThinkingConfig {
 
 /// The response of `POST /v1/messages` (SDK: `Message`), and the `message` of a
 /// `message_start` event (with empty `content` and `stop_reason: null`).
+///
+/// Read from an upstream, only `content` is required (as fak's reader always needed
+/// it); the other fields may be missing (empty, `assistant`, no counts) and fields the
+/// API does not define are ignored. `content` blocks of types fak does not know are
+/// [`ContentBlock::Unknown`].
 #[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 pub struct Message {
     /// `msg_...`.
+    #[serde(default)]
     pub id: String,
     /// Always `message`.
-    #[serde(rename = "type")]
+    #[serde(rename = "type", default)]
     pub kind: MessageType,
     /// Always `assistant`.
+    #[serde(default = "Role::assistant")]
     pub role: Role,
     /// The model that answered.
+    #[serde(default)]
     pub model: String,
     /// The reply's blocks.
     pub content: Vec<ContentBlock>,
     /// Why generation ended (`null` in `message_start`).
+    #[serde(default)]
     pub stop_reason: Option<StopReason>,
     /// The stop sequence that ended it, if one did.
+    #[serde(default)]
     pub stop_sequence: Option<String>,
-    /// Token counts.
+    /// Token counts (all 0 when absent).
+    #[serde(default)]
     pub usage: Usage,
     /// fak's extension: the boundary's verdicts on tool results and calls.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -502,10 +521,21 @@ pub enum StopReason {
     Refusal,
     /// The context window was filled.
     ModelContextWindowExceeded,
+    /// A reason fak does not know, read from an upstream (the API adds reasons over
+    /// time). Never written: serializing it is an error.
+    #[serde(other, skip_serializing)]
+    Unknown,
 }
 
-/// A block of a reply (SDK: `ContentBlock`).
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+/// A block of a reply (SDK: `ContentBlock`: `TextBlock`, `ToolUseBlock`,
+/// `ThinkingBlock`, `RedactedThinkingBlock`; the server tools' blocks are
+/// [`ContentBlock::Unknown`]).
+///
+/// Read with [`Deserialize`] by its `type`: a known type's fields are checked (a field
+/// of the wrong type is an error naming its path, see [`crate::error_path`]; fields the
+/// SDK has and fak does not use, like a text block's `citations`, are ignored), an
+/// unknown type is [`ContentBlock::Unknown`] whatever its fields.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum ContentBlock {
     /// Text.
@@ -534,13 +564,34 @@ pub enum ContentBlock {
         /// The opaque data.
         data: String,
     },
+    /// A block of a type fak does not know (`server_tool_use`, `web_search_tool_result`,
+    /// and types the API adds later), read from an upstream and skipped.
+    #[serde(skip_serializing)]
+    Unknown(UnknownType),
+}
+
+/// The `type` word of a tagged value fak read but does not know (an upstream's
+/// [`StreamEvent`], [`ContentBlock`] or [`BlockDelta`] of a type added to the API
+/// later). Only reading makes one: its field is private, so the gateway cannot write an
+/// `Unknown` variant, and serializing one is an error (serde's `skip_serializing`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownType {
+    kind: String,
+}
+
+impl UnknownType {
+    /// The `type` word as it came.
+    pub fn type_name(&self) -> &str {
+        &self.kind
+    }
 }
 
 /// Token counts of a reply (SDK: `Usage`). `input_tokens` counts the prompt tokens
 /// neither read from nor written to a cache; the prompt is the sum of the three.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Usage {
-    /// Prompt tokens not read from and not written to a cache.
+    /// Prompt tokens not read from and not written to a cache (0 when absent).
+    #[serde(default)]
     pub input_tokens: u64,
     /// Prompt tokens written to a cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -548,7 +599,8 @@ pub struct Usage {
     /// Prompt tokens read from a cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_input_tokens: Option<u64>,
-    /// Generated tokens.
+    /// Generated tokens (0 when absent).
+    #[serde(default)]
     pub output_tokens: u64,
 }
 
@@ -568,7 +620,11 @@ impl Usage {
 /// One server-sent event of a streamed reply (SDK: `RawMessageStreamEvent`, plus the
 /// `ping` and `error` events the API sends). The SSE event name is
 /// [`StreamEvent::event_name`], the data this value as JSON.
-#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+///
+/// Read with [`Deserialize`] by its `type` as [`ContentBlock`] is: an event of a type
+/// fak does not know is [`StreamEvent::Unknown`]; a `message_delta` without `usage`
+/// reads as zero usage ([`DeltaUsage::default`]).
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum StreamEvent {
     /// The reply begins: a [`Message`] with no content and usage so far.
@@ -614,11 +670,14 @@ pub enum StreamEvent {
         /// What went wrong.
         error: ErrorDetail,
     },
+    /// An event of a type fak does not know, read from an upstream and skipped.
+    #[serde(skip_serializing)]
+    Unknown(UnknownType),
 }
 
 impl StreamEvent {
     /// The SSE `event:` name: the `type` word.
-    pub fn event_name(&self) -> &'static str {
+    pub fn event_name(&self) -> &str {
         match self {
             StreamEvent::MessageStart { .. } => "message_start",
             StreamEvent::ContentBlockStart { .. } => "content_block_start",
@@ -628,12 +687,15 @@ impl StreamEvent {
             StreamEvent::MessageStop => "message_stop",
             StreamEvent::Ping => "ping",
             StreamEvent::Error { .. } => "error",
+            StreamEvent::Unknown(u) => u.type_name(),
         }
     }
 }
 
-/// A `content_block_delta`'s `delta` (SDK: `RawContentBlockDelta`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+/// A `content_block_delta`'s `delta` (SDK: `RawContentBlockDelta`; its
+/// `citations_delta`, and types added later, are [`BlockDelta::Unknown`]). Read as
+/// [`ContentBlock`] is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BlockDelta {
     /// More text.
@@ -656,6 +718,9 @@ pub enum BlockDelta {
         /// The signature.
         signature: String,
     },
+    /// A delta of a type fak does not know, read from an upstream and skipped.
+    #[serde(skip_serializing)]
+    Unknown(UnknownType),
 }
 
 /// A `message_delta`'s `delta` (SDK: `RawMessageDeltaEvent.Delta`).
@@ -680,7 +745,8 @@ pub struct DeltaUsage {
     /// Prompt tokens read from a cache.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_read_input_tokens: Option<u64>,
-    /// Generated tokens so far.
+    /// Generated tokens so far (0 when absent).
+    #[serde(default)]
     pub output_tokens: u64,
 }
 
@@ -838,6 +904,90 @@ impl<'de> Deserialize<'de> for ToolResultContent {
     }
 }
 
+impl<'de> Deserialize<'de> for StreamEvent {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut t = Tagged::read(d, "a stream event")?;
+        Ok(match t.kind() {
+            "message_start" => StreamEvent::MessageStart {
+                message: t.take("message")?,
+            },
+            "content_block_start" => StreamEvent::ContentBlockStart {
+                index: t.take("index")?,
+                content_block: t.take("content_block")?,
+            },
+            "content_block_delta" => StreamEvent::ContentBlockDelta {
+                index: t.take("index")?,
+                delta: t.take("delta")?,
+            },
+            "content_block_stop" => StreamEvent::ContentBlockStop {
+                index: t.take("index")?,
+            },
+            "message_delta" => StreamEvent::MessageDelta {
+                delta: t.take("delta")?,
+                usage: t.take_or_default("usage")?,
+                fak: t.take_or_default("fak")?,
+            },
+            "message_stop" => StreamEvent::MessageStop,
+            "ping" => StreamEvent::Ping,
+            "error" => StreamEvent::Error {
+                error: t.take("error")?,
+            },
+            _ => StreamEvent::Unknown(UnknownType {
+                kind: t.into_kind(),
+            }),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for ContentBlock {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut t = Tagged::read(d, "a content block")?;
+        Ok(match t.kind() {
+            "text" => ContentBlock::Text {
+                text: t.take("text")?,
+            },
+            "tool_use" => ContentBlock::ToolUse {
+                id: t.take("id")?,
+                name: t.take("name")?,
+                input: t.take("input")?,
+            },
+            "thinking" => ContentBlock::Thinking {
+                thinking: t.take("thinking")?,
+                signature: t.take("signature")?,
+            },
+            "redacted_thinking" => ContentBlock::RedactedThinking {
+                data: t.take("data")?,
+            },
+            _ => ContentBlock::Unknown(UnknownType {
+                kind: t.into_kind(),
+            }),
+        })
+    }
+}
+
+impl<'de> Deserialize<'de> for BlockDelta {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let mut t = Tagged::read(d, "a delta")?;
+        Ok(match t.kind() {
+            "text_delta" => BlockDelta::TextDelta {
+                text: t.take("text")?,
+            },
+            "input_json_delta" => BlockDelta::InputJsonDelta {
+                partial_json: t.take("partial_json")?,
+            },
+            "thinking_delta" => BlockDelta::ThinkingDelta {
+                thinking: t.take("thinking")?,
+            },
+            "signature_delta" => BlockDelta::SignatureDelta {
+                signature: t.take("signature")?,
+            },
+            _ => BlockDelta::Unknown(UnknownType {
+                kind: t.into_kind(),
+            }),
+        })
+    }
+}
+
 enum Either<B> {
     Text(String),
     Blocks(Vec<B>),
@@ -920,6 +1070,84 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("hologram"), "{e}");
+    }
+
+    /// A type the API added after fak's types (or one fak does not read) is the
+    /// `Unknown` variant, whatever its fields; a known type keeps its fields wherever
+    /// `type` is in the object (the SDK writes it last); the `Unknown` read cannot be
+    /// written back.
+    #[test]
+    fn unknown_types_read_as_unknown_and_cannot_be_written() {
+        let e: StreamEvent = serde_json::from_str(
+            r#"{"delta":{"citation":{"type":"char_location"},"type":"citations_delta"},"index":2,"type":"content_block_delta"}"#,
+        )
+        .unwrap();
+        let StreamEvent::ContentBlockDelta {
+            index: 2,
+            delta: BlockDelta::Unknown(u),
+        } = &e
+        else {
+            panic!("{e:?}")
+        };
+        assert_eq!(u.type_name(), "citations_delta");
+        assert!(serde_json::to_string(&e).is_err());
+        let b: ContentBlock = serde_json::from_str(
+            r#"{"type":"server_tool_use","id":"s","input":{},"name":"web_search"}"#,
+        )
+        .unwrap();
+        assert!(matches!(&b, ContentBlock::Unknown(u) if u.type_name() == "server_tool_use"));
+        assert!(serde_json::to_string(&b).is_err());
+        let e: StreamEvent = serde_json::from_str(r#"{"type":"future","index":"x"}"#).unwrap();
+        assert_eq!(e.event_name(), "future");
+        let r: StopReason = serde_json::from_str(r#""future_reason""#).unwrap();
+        assert_eq!(r, StopReason::Unknown);
+        assert!(serde_json::to_string(&r).is_err());
+        let m: Message = serde_json::from_str(
+            r#"{"content":[{"signature":"s","thinking":"t","type":"thinking"},{"citations":null,"text":"a","type":"text"}],"usage":{"output_tokens":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            m.content,
+            [
+                ContentBlock::Thinking {
+                    thinking: "t".into(),
+                    signature: "s".into()
+                },
+                ContentBlock::Text { text: "a".into() }
+            ]
+        );
+        assert_eq!((m.role, m.usage.output_tokens), (Role::Assistant, 3));
+    }
+
+    /// An error inside a tagged value names the field's path (serde's derived tagged
+    /// enums lose it), joined by [`crate::error_path`] with the path outside.
+    #[test]
+    fn an_error_inside_a_tagged_value_names_its_path() {
+        let e = serde_json::from_str::<StreamEvent>(
+            r#"{"type":"message_start","message":{"content":[{"type":"text","text":"a"},{"type":"tool_use","id":"t","name":"f","input":{},"x":1},{"type":"text","text":false}]}}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.starts_with("at `message.content[2].text`: invalid type: boolean"),
+            "{e}"
+        );
+        let e = serde_json::from_str::<StreamEvent>(r#"{"type":"content_block_stop"}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("missing field `index`"), "{e}");
+        assert_eq!(
+            crate::error_path("content[1]", "at `input.x`: bad"),
+            ("content[1].input.x".to_string(), "bad".to_string())
+        );
+        assert_eq!(
+            crate::error_path("message", "at `[0]`: bad"),
+            ("message[0]".to_string(), "bad".to_string())
+        );
+        assert_eq!(
+            crate::error_path("a", "bad"),
+            ("a".to_string(), "bad".to_string())
+        );
     }
 
     #[test]

@@ -123,3 +123,70 @@ where
     }
     d.deserialize_any(V)
 }
+
+/// A JSON object with a string `type` (an internally tagged union of the wire), read
+/// whole so that its other fields can be taken one by one. serde's derived internally
+/// tagged enums read through a buffer that forgets where an error is (a wrong type
+/// inside a variant is reported without its path) and cannot keep an unknown `type`
+/// with the known variants' fields; an enum read through `Tagged` names the field at
+/// fault (`at `delta.text`: ...`, see [`crate::error_path`]) and turns an unknown
+/// `type` into its `Unknown` variant.
+pub(crate) struct Tagged {
+    kind: String,
+    fields: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Tagged {
+    /// Reads an object with a string `type`; `what` names it in errors.
+    pub(crate) fn read<'de, D: Deserializer<'de>>(d: D, what: &str) -> Result<Self, D::Error> {
+        let mut fields = serde_json::Map::<String, serde_json::Value>::deserialize(d)?;
+        match fields.remove("type") {
+            Some(serde_json::Value::String(kind)) => Ok(Tagged { kind, fields }),
+            Some(_) => Err(de::Error::custom(format!(
+                "at `type`: {what}'s `type` must be a string"
+            ))),
+            None => Err(de::Error::custom(format!("{what} without a `type`"))),
+        }
+    }
+
+    /// The `type` word.
+    pub(crate) fn kind(&self) -> &str {
+        &self.kind
+    }
+
+    /// The `type` word, taken (for an unknown type).
+    pub(crate) fn into_kind(self) -> String {
+        self.kind
+    }
+
+    /// The required field `name`.
+    pub(crate) fn take<T: de::DeserializeOwned, E: de::Error>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<T, E> {
+        match self.fields.remove(name) {
+            Some(v) => field(name, v),
+            None => Err(E::missing_field(name)),
+        }
+    }
+
+    /// The field `name`, `T::default()` when absent or `null`.
+    pub(crate) fn take_or_default<T: de::DeserializeOwned + Default, E: de::Error>(
+        &mut self,
+        name: &'static str,
+    ) -> Result<T, E> {
+        match self.fields.remove(name) {
+            None | Some(serde_json::Value::Null) => Ok(T::default()),
+            Some(v) => field(name, v),
+        }
+    }
+}
+
+/// The value `v` of field `name` as `T`; an error says where in `v` it is.
+fn field<T: de::DeserializeOwned, E: de::Error>(name: &str, v: serde_json::Value) -> Result<T, E> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let inner = e.path().to_string();
+        let (path, message) = crate::error_path(&inner, &e.into_inner().to_string());
+        E::custom(format!("at `{}`: {message}", crate::join_path(name, &path)))
+    })
+}

@@ -19,3 +19,32 @@ pub mod openai;
 pub mod responses;
 
 mod de;
+
+/// The full path and message of a deserialization error: `path` is where
+/// `serde_path_to_error` stopped (`.` for the top, `content[1]`, ...), `message` the
+/// error's text. Inside the wire's tagged unions (stream events, content blocks, deltas:
+/// read without serde's buffer, see the types' docs) the message starts with the rest of
+/// the path, `` at `input.x`: ``; the two are joined here. Returns (`.` or the path,
+/// the message without the path).
+pub fn error_path(path: &str, message: &str) -> (String, String) {
+    let Some((rest, message)) = message
+        .strip_prefix("at `")
+        .and_then(|m| m.split_once("`: "))
+    else {
+        return (path.to_string(), message.to_string());
+    };
+    (join_path(path, rest), message.to_string())
+}
+
+/// `inner`, a path inside the value at `outer` (`.`: the top), as one path.
+fn join_path(outer: &str, inner: &str) -> String {
+    if outer == "." {
+        inner.to_string()
+    } else if inner == "." {
+        outer.to_string()
+    } else if inner.starts_with('[') {
+        format!("{outer}{inner}")
+    } else {
+        format!("{outer}.{inner}")
+    }
+}
