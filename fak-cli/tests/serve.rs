@@ -4,46 +4,12 @@
 
 mod common;
 
-use common::Serve;
+use common::{fak, http, serve, wait_ready, Serve};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn fak() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_fak"))
-}
-
-fn serve(args: &[&str]) -> Serve {
-    Serve::spawn(fak().arg("serve").args(["--port", "0"]).args(args))
-}
-
-/// One HTTP/1.1 request; returns (status, body). The server answers with a
-/// Content-Length body for JSON.
-fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
-}
-
-fn wait_ready(addr: &str) {
-    let t = Instant::now();
-    while http(addr, "GET", "/health", "").0 != 200 {
-        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
 
 #[test]
 fn serve_with_the_mock_engine_answers() {

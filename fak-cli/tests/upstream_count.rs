@@ -10,50 +10,21 @@
 
 mod common;
 
-use common::Serve;
+use common::{fak, serve, wait_ready, Serve};
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn serve(args: &[&str]) -> Serve {
-    Serve::spawn(
-        Command::new(env!("CARGO_BIN_EXE_fak"))
-            .arg("serve")
-            .args(["--port", "0"])
-            .args(args),
-    )
-}
+/// The Anthropic version header every request here carries.
+const VERSION: &str = "anthropic-version: 2023-06-01\r\n";
 
 /// One HTTP/1.1 request with Anthropic's version header; returns (status, body).
 fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    http_with(addr, method, path, "", body)
+    common::http_with(addr, method, path, VERSION, body)
 }
 
 /// [`http`] with extra header lines (each ending in `\r\n`).
 fn http_with(addr: &str, method: &str, path: &str, extra: &str, body: &str) -> (u16, String) {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nanthropic-version: 2023-06-01\r\n{extra}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
-}
-
-fn wait_ready(addr: &str) {
-    let t = Instant::now();
-    while http(addr, "GET", "/health", "").0 != 200 {
-        assert!(t.elapsed() < Duration::from_secs(120), "never ready");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::http_with(addr, method, path, &format!("{VERSION}{extra}"), body)
 }
 
 fn count(addr: &str, body: &Value) -> u64 {
@@ -136,7 +107,7 @@ fn count_tokens_is_the_upstreams_own_count_in_anthropic_upstream_mode() {
 fn count_tokens_goes_up_with_the_clients_own_key() {
     fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let up = Serve::spawn(
-        Command::new(env!("CARGO_BIN_EXE_fak"))
+        fak()
             .args(["serve", "--port", "0", "--kv-budget-mb", "16"])
             .args(["--api-key-env", "FAK_TEST_UPSTREAM_KEY"])
             .env("FAK_TEST_UPSTREAM_KEY", "sk-upstream-123"),

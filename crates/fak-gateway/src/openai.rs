@@ -180,17 +180,13 @@ fn stops(s: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn sampling(
-    temperature: Option<f32>,
-    top_p: Option<f32>,
-    seed: Option<i64>,
-    x: &wire::SamplingExtensions,
-) -> SamplingParams {
+fn sampling(p: &wire::SamplingParams) -> SamplingParams {
     let d = SamplingParams::default();
+    let x = &p.extensions;
     SamplingParams {
-        temperature: temperature.unwrap_or(1.0),
-        top_p: top_p.unwrap_or(1.0),
-        seed: seed.map_or(0, |s| s as u64),
+        temperature: p.temperature.unwrap_or(1.0),
+        top_p: p.top_p.unwrap_or(1.0),
+        seed: p.seed.map_or(0, |s| s as u64),
         top_k: x.top_k.map_or(d.top_k, |k| k as usize),
         min_p: x.min_p.unwrap_or(d.min_p),
         repetition_penalty: x.repetition_penalty.unwrap_or(d.repetition_penalty),
@@ -348,13 +344,13 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     WireJson(r, _): OpenAiJson<wire::ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    check_n(r.n)?;
+    check_n(r.sampling.n)?;
     check_chat_fields(&r)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
     let grammar = response_grammar(&s, &r.model, r.response_format.clone())?;
     let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), grammar, F)?;
-    let max_tokens = match r.max_completion_tokens.or(r.max_tokens) {
+    let max_tokens = match r.max_completion_tokens.or(r.sampling.max_tokens) {
         Some(v) => Some(positive(
             if r.max_completion_tokens.is_some() {
                 "max_completion_tokens"
@@ -376,9 +372,9 @@ pub(crate) async fn chat_completions(
         max_tokens,
         sampling: SamplingParams {
             grammar,
-            ..sampling(r.temperature, r.top_p, r.seed, &r.extensions)
+            ..sampling(&r.sampling)
         },
-        stop: stops(r.stop)?,
+        stop: stops(r.sampling.stop)?,
         tools,
         tool_choice,
         logprobs,
@@ -743,9 +739,9 @@ struct Totals {
 pub(crate) async fn completions(
     State(s): State<AppState>,
     headers: HeaderMap,
-    WireJson(r, _): OpenAiJson<wire::CompletionRequest>,
+    WireJson(mut r, _): OpenAiJson<wire::CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    check_n(r.n)?;
+    check_n(r.sampling.n)?;
     r.neutral.check().map_err(refused)?;
     if r.echo == Some(true) {
         return Err(unsupported("echo"));
@@ -762,8 +758,8 @@ pub(crate) async fn completions(
         ))
         .with_flavor(F));
     }
-    let max_tokens = positive("max_tokens", r.max_tokens.unwrap_or(16), F)?;
-    let stop = stops(r.stop)?;
+    let max_tokens = positive("max_tokens", r.sampling.max_tokens.unwrap_or(16), F)?;
+    let stop = stops(r.sampling.stop.take())?;
     let partition = cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?;
     let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), None, F)?;
     let mut started = Vec::with_capacity(prompts.len());
@@ -777,7 +773,7 @@ pub(crate) async fn completions(
             max_tokens: Some(max_tokens),
             sampling: SamplingParams {
                 grammar: grammar.clone(),
-                ..sampling(r.temperature, r.top_p, r.seed, &r.extensions)
+                ..sampling(&r.sampling)
             },
             stop: stop.clone(),
             tools: Vec::new(),

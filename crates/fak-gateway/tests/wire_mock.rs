@@ -169,6 +169,9 @@ fn parse_errors_name_the_field() {
     for (extra, needle) in [
         (json!({"temperature": "hot"}), "temperature"),
         (json!({"stop": 3}), "stop"),
+        // vLLM's controls, flattened into the request: named too.
+        (json!({"top_k": "x"}), "top_k"),
+        (json!({"min_p": true}), "min_p"),
         (
             json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
             "messages[0].content[0]",

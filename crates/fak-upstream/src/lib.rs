@@ -1319,32 +1319,31 @@ pub fn request_body(
         include_usage: Some(true),
         include_obfuscation: None,
     });
-    let extensions = wire::SamplingExtensions {
-        top_k: (s.top_k != 0).then(|| u32::try_from(s.top_k).unwrap_or(u32::MAX)),
-        min_p: (s.min_p != 0.0).then_some(s.min_p),
-        repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+    let sampling = wire::SamplingParams {
+        max_tokens: req.max_tokens.map(|n| i64::try_from(n).unwrap_or(i64::MAX)),
+        temperature: Some(s.temperature),
+        top_p: Some(s.top_p),
+        seed: (s.seed != 0).then_some(s.seed as i64),
+        stop: (!req.stop.is_empty()).then(|| wire::Stop::Many(req.stop.clone())),
+        n: None,
+        extensions: wire::SamplingExtensions {
+            top_k: (s.top_k != 0).then(|| u32::try_from(s.top_k).unwrap_or(u32::MAX)),
+            min_p: (s.min_p != 0.0).then_some(s.min_p),
+            repetition_penalty: (s.repetition_penalty != 1.0).then_some(s.repetition_penalty),
+        },
     };
-    let max_tokens = req.max_tokens.map(|n| i64::try_from(n).unwrap_or(i64::MAX));
-    let seed = (s.seed != 0).then_some(s.seed as i64);
-    let stop = (!req.stop.is_empty()).then(|| wire::Stop::Many(req.stop.clone()));
     let logprobs = req.logprobs.map(|n| n as i64);
     let completion = |prompt: wire::CompletionPrompt| wire::CompletionRequest {
         model: model.to_string(),
         prompt,
-        max_tokens,
-        temperature: Some(s.temperature),
-        top_p: Some(s.top_p),
-        seed,
-        stop: stop.clone(),
         stream: Some(true),
         stream_options: stream_options.clone(),
-        n: None,
         echo: None,
         logprobs,
         suffix: None,
         cache_salt: None,
         grammar: None,
-        extensions: extensions.clone(),
+        sampling: sampling.clone(),
         ignored: wire::Ignored::default(),
         neutral: wire::NeutralOnly::default(),
     };
@@ -1395,18 +1394,13 @@ pub fn request_body(
                 model: model.to_string(),
                 messages,
                 response_format: s.grammar.as_ref().map(response_format).transpose()?,
-                max_tokens,
-                temperature: Some(s.temperature),
-                top_p: Some(s.top_p),
-                seed,
-                stop,
                 stream: Some(true),
                 stream_options,
                 tools,
                 tool_choice,
                 logprobs: logprobs.map(|_| true),
                 top_logprobs: logprobs,
-                extensions,
+                sampling,
                 ..wire::ChatCompletionRequest::default()
             })
         }

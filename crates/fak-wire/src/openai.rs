@@ -21,10 +21,11 @@
 //! - [`Unimplemented`]: fields that would change the output in a way fak cannot
 //!   honour; [`Unimplemented::check`] names the first one set.
 //!
-//! The sampling controls vLLM and llama.cpp add ([`SamplingExtensions`]) are acted on.
-//! Fields no version of the API defines otherwise are ignored by the parser.
+//! The sampling fields both generation requests share are one struct, [`SamplingParams`]
+//! (with the controls vLLM and llama.cpp add, [`SamplingExtensions`], acted on), flattened
+//! into each. Fields no version of the API defines otherwise are ignored by the parser.
 
-use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
@@ -352,6 +353,92 @@ pub struct SamplingExtensions {
     pub repetition_penalty: Option<f32>,
 }
 
+/// The sampling and length fields Chat Completions and Completions share (the names of
+/// vLLM's `SamplingParams`), flattened into [`ChatCompletionRequest`] and
+/// [`CompletionRequest`]. SDK: the same-named fields of both `completion_create_params`.
+///
+/// Its `Deserialize` is written out rather than derived: inside a `#[serde(flatten)]`
+/// a derived struct's errors lose the field's name (the flattened values are
+/// re-read from a buffer that `serde_path_to_error` does not see), so each error here
+/// starts with the field (`temperature: invalid type: string "hot", expected f32`). A
+/// field given twice is an error naming it, as a derived struct's is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SamplingParams {
+    /// Most tokens to generate. Chat: deprecated by OpenAI for `max_completion_tokens`,
+    /// which wins; Completions: default 16.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<i64>,
+    /// 0..=2, default 1; 0 is greedy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Sampling seed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    /// Stop strings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop: Option<Stop>,
+    /// Choices to generate (Completions: per prompt).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<i64>,
+    /// vLLM / llama.cpp sampling controls.
+    #[serde(flatten)]
+    pub extensions: SamplingExtensions,
+}
+
+impl<'de> Deserialize<'de> for SamplingParams {
+    /// The fields above from a map (the request's remaining fields, under `flatten`);
+    /// other keys are left to the request's other parts.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = SamplingParams;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a request object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SamplingParams, A::Error> {
+                /// `key`'s value, its error prefixed with `key`; an error if seen before.
+                fn take<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
+                    map: &mut A,
+                    slot: &mut Option<T>,
+                    key: &str,
+                ) -> Result<(), A::Error> {
+                    if slot.is_some() {
+                        // `null` then a value would pass; serde's derive has the same gap.
+                        return Err(de::Error::custom(format_args!("duplicate field `{key}`")));
+                    }
+                    *slot = map
+                        .next_value::<Option<T>>()
+                        .map_err(|e| de::Error::custom(format_args!("{key}: {e}")))?;
+                    Ok(())
+                }
+                let mut p = SamplingParams::default();
+                let x = &mut p.extensions;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    match &*key {
+                        "max_tokens" => take(&mut map, &mut p.max_tokens, &key)?,
+                        "temperature" => take(&mut map, &mut p.temperature, &key)?,
+                        "top_p" => take(&mut map, &mut p.top_p, &key)?,
+                        "seed" => take(&mut map, &mut p.seed, &key)?,
+                        "stop" => take(&mut map, &mut p.stop, &key)?,
+                        "n" => take(&mut map, &mut p.n, &key)?,
+                        "top_k" => take(&mut map, &mut x.top_k, &key)?,
+                        "min_p" => take(&mut map, &mut x.min_p, &key)?,
+                        "repetition_penalty" => take(&mut map, &mut x.repetition_penalty, &key)?,
+                        _ => {
+                            map.next_value::<de::IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(p)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 /// Chat request fields that would change the output in a way fak cannot honour:
 /// any value but `null` is refused ([`Unimplemented::check`]). Their shapes are kept
 /// as JSON until fak implements them.
@@ -428,33 +515,15 @@ pub struct ChatCompletionRequest {
     pub model: String,
     /// The conversation, oldest first.
     pub messages: Vec<ChatMessage>,
-    /// Most tokens to generate (deprecated by OpenAI for `max_completion_tokens`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<i64>,
     /// Most tokens to generate; wins over `max_tokens`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_completion_tokens: Option<i64>,
-    /// 0..=2, default 1; 0 is greedy.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
-    /// Nucleus sampling mass, default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f32>,
-    /// Sampling seed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    /// Stop strings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
     /// Stream server-sent events of [`ChatCompletionChunk`]s, ending `data: [DONE]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Stream settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Choices to generate.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<i64>,
     /// Tools the model may call.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tools: Option<Vec<Tool>>,
@@ -486,9 +555,9 @@ pub struct ChatCompletionRequest {
     /// `response_format` other than `text`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
-    /// vLLM / llama.cpp sampling controls.
+    /// `max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` and vLLM's controls.
     #[serde(flatten)]
-    pub extensions: SamplingExtensions,
+    pub sampling: SamplingParams,
     /// Fields accepted and not acted on.
     #[serde(flatten)]
     pub ignored: Ignored,
@@ -1024,30 +1093,12 @@ pub struct CompletionRequest {
     pub model: String,
     /// The prompt(s): text or token ids.
     pub prompt: CompletionPrompt,
-    /// Most tokens to generate (default 16).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub max_tokens: Option<i64>,
-    /// 0..=2, default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub temperature: Option<f32>,
-    /// Nucleus sampling mass, default 1.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub top_p: Option<f32>,
-    /// Sampling seed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i64>,
-    /// Stop strings.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stop: Option<Stop>,
     /// Stream server-sent events of [`Completion`] chunks, ending `data: [DONE]`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Stream settings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream_options: Option<StreamOptions>,
-    /// Choices per prompt.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub n: Option<i64>,
     /// Return the prompt before the completion.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub echo: Option<bool>,
@@ -1064,9 +1115,9 @@ pub struct CompletionRequest {
     /// As [`ChatCompletionRequest::grammar`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
-    /// vLLM / llama.cpp sampling controls.
+    /// `max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` and vLLM's controls.
     #[serde(flatten)]
-    pub extensions: SamplingExtensions,
+    pub sampling: SamplingParams,
     /// Fields accepted and not acted on.
     #[serde(flatten)]
     pub ignored: Ignored,
@@ -1335,6 +1386,111 @@ pub struct ModelList {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A body with `field` set to `v` (raw JSON) for each generation request.
+    fn bodies(field: &str, v: &str) -> [String; 2] {
+        [
+            format!(r#"{{"model": "m", "messages": [], "{field}": {v}}}"#),
+            format!(r#"{{"model": "m", "prompt": "p", "{field}": {v}}}"#),
+        ]
+    }
+
+    /// The parse error of `body` as `T`, as the gateway words it: the path
+    /// `serde_path_to_error` finds (none: `.`), then the message.
+    fn error<T: serde::de::DeserializeOwned + fmt::Debug>(body: &str) -> String {
+        let de = &mut serde_json::Deserializer::from_str(body);
+        let e = serde_path_to_error::deserialize::<_, T>(de).unwrap_err();
+        format!("{}: {}", e.path(), e.inner())
+    }
+
+    fn errors(field: &str, v: &str) -> [String; 2] {
+        let [chat, completion] = bodies(field, v);
+        [
+            error::<ChatCompletionRequest>(&chat),
+            error::<CompletionRequest>(&completion),
+        ]
+    }
+
+    #[test]
+    fn a_sampling_field_of_the_wrong_type_is_named_on_both_requests() {
+        for (field, v) in [
+            ("max_tokens", r#""many""#),
+            ("temperature", r#""hot""#),
+            ("top_p", "[]"),
+            ("seed", "1.5"),
+            ("stop", "3"),
+            ("stop", r#"["a", 1]"#),
+            ("n", "{}"),
+            ("top_k", r#""x""#),
+            ("min_p", "true"),
+            ("repetition_penalty", r#""1""#),
+        ] {
+            for e in errors(field, v) {
+                // By the path (`stop[1]: ...`), or, under `flatten`, by the message.
+                let named = e
+                    .strip_prefix(field)
+                    .is_some_and(|r| r.starts_with([':', '[']))
+                    || e.starts_with(&format!(".: {field}: "));
+                assert!(named, "{field} = {v}: {e}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_sampling_field_given_twice_is_named() {
+        for (field, v) in [("temperature", "0.5"), ("top_k", "3")] {
+            for body in bodies(field, v) {
+                let body = body.replace('}', &format!(r#", "{field}": {v}}}"#));
+                let e = match body.contains("prompt") {
+                    true => serde_json::from_str::<CompletionRequest>(&body).map(|_| ()),
+                    false => serde_json::from_str::<ChatCompletionRequest>(&body).map(|_| ()),
+                }
+                .unwrap_err()
+                .to_string();
+                assert!(e.contains(&format!("duplicate field `{field}`")), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn both_requests_read_the_same_sampling_params_and_write_them_flat() {
+        let fields = r#""max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3,
+            "stop": ["x", "y"], "n": 1, "top_k": 4, "min_p": 0.1, "repetition_penalty": 1.1,
+            "user": "u", "frequency_penalty": 0"#;
+        let chat: ChatCompletionRequest =
+            serde_json::from_str(&format!(r#"{{"model": "m", "messages": [], {fields}}}"#))
+                .unwrap();
+        let completion: CompletionRequest =
+            serde_json::from_str(&format!(r#"{{"model": "m", "prompt": "p", {fields}}}"#)).unwrap();
+        let want = SamplingParams {
+            max_tokens: Some(7),
+            temperature: Some(0.5),
+            top_p: Some(0.9),
+            seed: Some(3),
+            stop: Some(Stop::Many(vec!["x".into(), "y".into()])),
+            n: Some(1),
+            extensions: SamplingExtensions {
+                top_k: Some(4),
+                min_p: Some(0.1),
+                repetition_penalty: Some(1.1),
+            },
+        };
+        assert_eq!(chat.sampling, want);
+        assert_eq!(completion.sampling, want);
+        // The other flattened parts still get their fields.
+        assert_eq!(chat.ignored.user.as_deref(), Some("u"));
+        assert_eq!(completion.neutral.frequency_penalty, Some(0.0));
+        // Written flat, as the API has them, and read back the same.
+        let v = serde_json::to_value(&chat).unwrap();
+        assert_eq!(v["temperature"], 0.5);
+        assert_eq!(v["top_k"], 4);
+        assert!(
+            v.get("sampling").is_none() && v.get("extensions").is_none(),
+            "{v}"
+        );
+        let back: ChatCompletionRequest = serde_json::from_value(v).unwrap();
+        assert_eq!(back, chat);
+    }
 
     #[test]
     fn prompt_forms_parse_and_bad_ids_are_named() {
