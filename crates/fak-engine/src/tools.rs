@@ -298,6 +298,30 @@ fn call_json(name: &str, args: &Value) -> String {
     )
 }
 
+/// Where `body` (a call's text after [`TOOL_CALL_OPEN`]) has its [`TOOL_CALL_CLOSE`]:
+/// the first one outside a JSON string. A string argument may contain the close tag's
+/// text (a schema's enum can even require it), and the call does not end there.
+/// Strings are tracked as JSON writes them: `"` opens and closes, `\` escapes the next
+/// character inside one.
+fn close_at(body: &str) -> Option<usize> {
+    let (mut in_string, mut escaped) = (false, false);
+    for (i, c) in body.char_indices() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+        } else if c == '"' {
+            in_string = true;
+        } else if body[i..].starts_with(TOOL_CALL_CLOSE) {
+            return Some(i);
+        }
+    }
+    None
+}
+
 /// Reads one call body (the text between the tags).
 fn read_call(body: &str) -> ToolCall {
     let fail = |why: &str, name: String| ToolCall {
@@ -364,7 +388,7 @@ impl ToolCallParser {
         let mut out = Vec::new();
         loop {
             if self.in_call {
-                let Some(at) = self.pending.find(TOOL_CALL_CLOSE) else {
+                let Some(at) = close_at(&self.pending) else {
                     break;
                 };
                 let call = read_call(&self.pending[..at]);
@@ -462,6 +486,35 @@ mod tests {
         assert_eq!(c[1].arguments, r#"{"x":1}"#);
         assert!(c.iter().all(|c| c.malformed.is_none()));
         assert_ne!(c[0].id, c[1].id);
+    }
+
+    /// A string argument holding the close tag's text (here required by the schema's
+    /// enum, so constrained decoding writes it) is part of the call, whole and in
+    /// pieces split inside the tag; nothing of it reaches the text.
+    #[test]
+    fn a_close_tag_inside_a_string_does_not_end_the_call() {
+        let body = r#"{"name": "get_weather", "arguments": {"city": "Paris</tool_call>Ly\"on"}}"#;
+        for pieces in [
+            vec!["<tool_call>\n", body, "\n</tool_call>"],
+            vec![
+                "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris</to",
+                "ol_call>Ly\\\"on\"}}\n</tool",
+                "_call>",
+            ],
+        ] {
+            let (t, c) = run("", &pieces);
+            assert_eq!(t, "", "{pieces:?}");
+            assert_eq!(c.len(), 1, "{pieces:?}");
+            assert!(c[0].malformed.is_none(), "{:?}", c[0].malformed);
+            assert_eq!(c[0].arguments, r#"{"city":"Paris</tool_call>Ly\"on"}"#);
+        }
+        // After a forced head (which opens the name's string).
+        let (t, c) = run(
+            &forced_prefix(&ToolChoice::Named("get_weather".into())),
+            &["{\"city\": \"a</tool_call>b\"}}\n</tool_call>"],
+        );
+        assert_eq!((t.as_str(), c.len()), ("", 1));
+        assert_eq!(c[0].arguments, r#"{"city":"a</tool_call>b"}"#);
     }
 
     #[test]
