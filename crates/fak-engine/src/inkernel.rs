@@ -3,8 +3,10 @@
 //! The model, tokenizer and chat template are loaded once (in the background: the
 //! driver reports [`Readiness::Loading`] until done) and shared by `Arc`. `parallel`
 //! worker threads take jobs from a FIFO queue of at most `max_queue` waiting requests
-//! (more are [`EngineError::Overloaded`]). Each job starts from the longest cached
-//! prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its text through
+//! (more are [`EngineError::Overloaded`]). A request's prompt is rendered and checked
+//! against the context before it is queued; its grammar, if any, is compiled by the
+//! worker that takes it, before [`EngineEvent::Start`] (see [`GrammarWork`]). Each job
+//! starts from the longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its text through
 //! the job's channel, and stops within one token once the stream is dropped. Its final
 //! session is then kept for later requests, within `kv_budget_bytes`.
 
@@ -15,7 +17,9 @@ use crate::{
     EngineError, EngineEvent, EngineStats, EventSink, EventStream, FinishReason, GenerateRequest,
     ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
 };
-use fak_kv::{generate_text_with_logprobs, Grammar, GrammarCompiler, GrammarSpec, TextParams};
+use fak_kv::{
+    generate_text_with_logprobs, Grammar, GrammarCompiler, GrammarError, GrammarSpec, TextParams,
+};
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer, WeightMode};
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -73,9 +77,20 @@ impl Loaded {
     ///
     /// # Errors
     /// [`EngineError::InvalidRequest`] naming what does not compile (an unsupported
-    /// schema keyword, a grammar syntax error); [`EngineError::Internal`] if the token
+    /// schema keyword, a grammar syntax error, a grammar past
+    /// [`fak_kv::grammar::compile_limits`]); [`EngineError::Internal`] if the token
     /// trie cannot be built for this tokenizer.
     fn compile_grammar(&self, spec: &GrammarSpec) -> Result<Grammar, EngineError> {
+        self.try_compile(spec)?
+            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
+    }
+
+    /// As [`Loaded::compile_grammar`], with the compile error as llguidance's kind
+    /// (the outer error is the token trie's).
+    fn try_compile(
+        &self,
+        spec: &GrammarSpec,
+    ) -> Result<Result<Grammar, GrammarError>, EngineError> {
         let compiler = self
             .grammars
             .get_or_init(|| {
@@ -84,10 +99,98 @@ impl Loaded {
             })
             .as_ref()
             .map_err(|e| EngineError::Internal(e.clone()))?;
-        compiler
-            .compile(spec)
-            .map_err(|e| EngineError::InvalidRequest(e.to_string()))
+        Ok(compiler.compile(spec))
     }
+
+    /// The grammar `work` asks for, compiled (by the worker that took the job, inside
+    /// its slot): the tool-call grammar if it has one (see [`call_grammar`]), else its
+    /// `response_format` / `grammar` spec; `None` when it asks for neither.
+    ///
+    /// # Errors
+    /// As [`Loaded::compile_grammar`].
+    fn compile_work(&self, work: &GrammarWork) -> Result<Option<Grammar>, EngineError> {
+        if let Some((tools, choice)) = &work.call {
+            if let Some(g) = self.call_grammar(tools, choice)? {
+                return Ok(Some(g));
+            }
+        }
+        work.spec
+            .as_ref()
+            .map(|spec| self.compile_grammar(spec))
+            .transpose()
+    }
+
+    /// The grammar of a call that `choice` forces ([`crate::tool_grammar`]), compiled;
+    /// under `auto`, the lazy grammar of a call the model opens
+    /// ([`crate::tool_grammar::auto_call_grammar`]); `None` when `choice` forces no call
+    /// of an offered tool. A tool whose schema does not compile is constrained to any
+    /// JSON object, with a warning naming it.
+    ///
+    /// The whole grammar (every tool's schema in it) is compiled first; only when that
+    /// fails but for its size is each schema compiled on its own to find the ones that
+    /// fall back, and the grammar compiled again. (Checking each schema first, always,
+    /// compiled every schema twice.)
+    ///
+    /// # Errors
+    /// As [`Loaded::compile_grammar`], for the whole call grammar.
+    fn call_grammar(
+        &self,
+        tools: &[crate::ToolSpec],
+        choice: &crate::ToolChoice,
+    ) -> Result<Option<Grammar>, EngineError> {
+        let auto = *choice == crate::ToolChoice::Auto;
+        let build = |compiles: &dyn Fn(&serde_json::Value) -> Result<(), String>| {
+            if auto {
+                crate::tool_grammar::auto_call_grammar(tools, compiles)
+            } else {
+                crate::tool_grammar::forced_call_grammar(tools, choice, compiles)
+            }
+        };
+        let Some(g) = build(&|_| Ok(())) else {
+            return Ok(None);
+        };
+        let grammar = match self.try_compile(&GrammarSpec::Lark(g.lark))? {
+            Ok(grammar) => grammar,
+            Err(e @ GrammarError::TooLarge(_)) => {
+                return Err(EngineError::InvalidRequest(e.to_string()))
+            }
+            Err(_) => {
+                let compiles = |schema: &serde_json::Value| {
+                    self.compile_grammar(&GrammarSpec::json_schema(schema.clone()))
+                        .map(|_| ())
+                        .map_err(|e| e.to_string())
+                };
+                let Some(g) = build(&compiles) else {
+                    return Ok(None);
+                };
+                for (name, why) in &g.fallbacks {
+                    tracing::warn!(
+                        tool = %name,
+                        "the arguments of tool '{name}' are constrained to any JSON object: its schema cannot be constrained ({why})"
+                    );
+                }
+                self.compile_grammar(&GrammarSpec::Lark(g.lark))?
+            }
+        };
+        Ok(Some(if auto {
+            grammar.lazy(crate::tools::TOOL_CALL_OPEN)
+        } else {
+            grammar
+        }))
+    }
+}
+
+/// What a job's grammar is compiled from. The worker that takes the job compiles it,
+/// inside its slot (so at most `parallel` grammars compile at once, each after its
+/// prompt passed the context-length check) and before the reply's
+/// [`EngineEvent::Start`], so a grammar that does not compile is still the request's
+/// error before any token.
+struct GrammarWork {
+    /// The offered tools and the `tool_choice` whose call grammar constrains the reply
+    /// (see [`Loaded::call_grammar`]).
+    call: Option<(Vec<crate::ToolSpec>, crate::ToolChoice)>,
+    /// The `response_format` / `grammar` spec, when no call grammar takes its place.
+    spec: Option<GrammarSpec>,
 }
 
 enum LoadState {
@@ -98,7 +201,10 @@ enum LoadState {
 
 struct Job {
     ids: Vec<u32>,
+    /// Its sampling, with `grammar` still `None`: compiled from `grammar` when a worker
+    /// takes the job.
     params: TextParams,
+    grammar: GrammarWork,
     sink: EventSink,
     /// For a chat request: the reply's forced head (may be empty), for the tool-call
     /// parser. Every chat reply is parsed, tools offered or not, so that call markup never
@@ -383,7 +489,8 @@ fn set_running(s: &Shared, index: usize, h: Option<CancelHandle>) {
 fn run_job(s: &Shared, l: &Loaded, job: Job) {
     let Job {
         ids,
-        params,
+        mut params,
+        grammar,
         sink,
         tools,
         ledger,
@@ -391,6 +498,16 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
     } = job;
     if sink.is_closed() {
         return; // the client left while queued
+    }
+    params.grammar = match l.compile_work(&grammar) {
+        Ok(g) => g,
+        Err(e) => {
+            sink.send(EngineEvent::Error(e));
+            return;
+        }
+    };
+    if sink.is_closed() || sink.cancel_handle().is_cancelled() {
+        return; // the client left while its grammar compiled
     }
     let hit = if s.config.kv_budget_bytes > 0 {
         lock(&s.prefix).lookup_in(&partition, &ids)
@@ -742,59 +859,24 @@ fn render_prompt(
 }
 
 impl InKernelDriver {
-    /// The grammar of a call that `req`'s `tool_choice` forces on a chat prompt
-    /// ([`crate::tool_grammar`]), compiled; under `auto`, the lazy grammar of a call
-    /// the model opens ([`crate::tool_grammar::auto_call_grammar`]); `None` when no
-    /// tools are offered, under `auto` with a `response_format` grammar, or with
-    /// [`EngineConfig::constrain_tool_calls`] off. A forced call's grammar takes the
-    /// place of a `response_format` grammar: the reply is the call. A tool whose schema does not
-    /// compile is constrained to any JSON object, with a warning naming it.
-    ///
-    /// # Errors
-    /// As [`Loaded::compile_grammar`], for the whole call grammar.
-    fn forced_call_grammar(
-        &self,
-        l: &Loaded,
-        req: &GenerateRequest,
-    ) -> Result<Option<Grammar>, EngineError> {
-        if !self.shared.config.constrain_tool_calls
-            || !req.tools_active()
-            || req.continue_final_message
-            || !matches!(req.prompt, Prompt::Chat(_))
-        {
-            return Ok(None);
+    /// What `req`'s grammar is compiled from ([`GrammarWork`]): the call grammar of its
+    /// offered tools, unless none are offered, under `auto` with a `response_format`
+    /// grammar, for a completion (no chat) or a continued final message, or with
+    /// [`EngineConfig::constrain_tool_calls`] off; and its `response_format` /
+    /// `grammar` spec. A forced call's grammar takes the place of a `response_format`
+    /// grammar: the reply is the call.
+    fn grammar_work(&self, req: &GenerateRequest) -> GrammarWork {
+        let call = self.shared.config.constrain_tool_calls
+            && req.tools_active()
+            && !req.continue_final_message
+            && matches!(req.prompt, Prompt::Chat(_))
+            // Under `auto` a call is constrained once opened, unless a
+            // `response_format` grammar constrains the reply.
+            && !(req.tool_choice == crate::ToolChoice::Auto && req.sampling.grammar.is_some());
+        GrammarWork {
+            call: call.then(|| (req.tools.clone(), req.tool_choice.clone())),
+            spec: req.sampling.grammar.clone(),
         }
-        let compiles = |schema: &serde_json::Value| {
-            l.compile_grammar(&GrammarSpec::json_schema(schema.clone()))
-                .map(|_| ())
-                .map_err(|e| e.to_string())
-        };
-        // Under `auto` a call is constrained once opened, unless a `response_format`
-        // grammar constrains the reply.
-        let auto = req.tool_choice == crate::ToolChoice::Auto;
-        let g = if auto {
-            if req.sampling.grammar.is_some() {
-                return Ok(None);
-            }
-            crate::tool_grammar::auto_call_grammar(&req.tools, &compiles)
-        } else {
-            crate::tool_grammar::forced_call_grammar(&req.tools, &req.tool_choice, &compiles)
-        };
-        let Some(g) = g else {
-            return Ok(None);
-        };
-        for (name, why) in &g.fallbacks {
-            tracing::warn!(
-                tool = %name,
-                "the arguments of tool '{name}' are constrained to any JSON object: its schema cannot be constrained ({why})"
-            );
-        }
-        let grammar = l.compile_grammar(&GrammarSpec::Lark(g.lark))?;
-        Ok(Some(if auto {
-            grammar.lazy(crate::tools::TOOL_CALL_OPEN)
-        } else {
-            grammar
-        }))
     }
 }
 
@@ -882,15 +964,9 @@ impl EngineDriver for InKernelDriver {
         req.sampling
             .validate()
             .map_err(EngineError::InvalidRequest)?;
-        // Compiled before anything is queued: a grammar that does not compile is the
-        // request's error, before any token is generated.
-        let grammar = match self.forced_call_grammar(&l, &req)? {
-            Some(g) => Some(g),
-            None => match &req.sampling.grammar {
-                Some(spec) => Some(l.compile_grammar(spec)?),
-                None => None,
-            },
-        };
+        // Compiled by the worker that takes the job (see `GrammarWork`), after the
+        // prompt is checked here.
+        let grammar = self.grammar_work(&req);
         let context = l.model.config().max_position_embeddings;
         let Rendered {
             ids,
@@ -918,7 +994,7 @@ impl EngineDriver for InKernelDriver {
             stop: req.stop,
             stop_ids,
             logprobs: req.logprobs,
-            grammar,
+            grammar: None,
         };
         let (sink, stream) = event_channel();
         {
@@ -937,6 +1013,7 @@ impl EngineDriver for InKernelDriver {
             q.push_back(Job {
                 ids,
                 params,
+                grammar,
                 sink,
                 tools,
                 ledger,
