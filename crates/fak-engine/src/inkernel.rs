@@ -5,10 +5,11 @@
 //! worker threads take jobs from a FIFO queue of at most `max_queue` waiting requests
 //! (more are [`EngineError::Overloaded`]). A request's prompt is rendered and checked
 //! against the context before it is queued; its grammar, if any, is compiled by the
-//! worker that takes it, before [`EngineEvent::Start`] (see [`GrammarWork`]). Each job
-//! starts from the longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its text through
-//! the job's channel, and stops within one token once the stream is dropped. Its final
-//! session is then kept for later requests, within `kv_budget_bytes`.
+//! worker that takes it, before [`EngineEvent::Start`]. Each job starts from the
+//! longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its
+//! text through the job's channel, and stops within one token once the stream is
+//! dropped. Its final session is then kept for later requests, within
+//! `kv_budget_bytes`.
 
 use crate::prefix::{start_session, Partition, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, ToolCallParser, ToolPrompt};
