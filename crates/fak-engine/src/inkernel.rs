@@ -164,6 +164,8 @@ impl Loaded {
                 let Some(g) = build(&compiles) else {
                     return Ok(None);
                 };
+                g.check_strict(tools)
+                    .map_err(EngineError::InvalidRequest)?;
                 for (name, why) in &g.fallbacks {
                     tracing::warn!(
                         tool = %name,
@@ -552,15 +554,19 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             if out.finish_reason == FinishReason::Cancelled {
                 return;
             }
-            if !sender.finish() {
+            if !sender.finish(out.finish_reason) {
                 return;
             }
             let stop_sequence = stop_sequence_hit(&out, &params, &l.tokenizer);
+            if let Some(why) = &out.dead_end {
+                tracing::warn!("the reply's grammar allowed no next token: {why}");
+            }
             sink.send(EngineEvent::Done(Done {
                 completion_tokens: out.completion_ids.len(),
                 completion_ids: out.completion_ids,
                 finish_reason: out.finish_reason,
                 stop_sequence,
+                dead_end: out.dead_end,
                 ttft_s: out.ttft_s,
                 decode_s: out.decode_s,
                 prompt_usage: None,
@@ -1137,6 +1143,7 @@ mod tests {
             name: "get_weather".into(),
             description: Some("Weather of a city".into()),
             parameters: serde_json::json!({"type": "object"}),
+            strict: false,
         };
         let cases: Vec<(Vec<fak_model::Message>, Vec<crate::ToolSpec>)> = vec![
             (many_results(3), vec![]),

@@ -226,6 +226,9 @@ pub struct Done {
     pub finish_reason: FinishReason,
     /// The stop string that ended generation, if one did.
     pub stop_sequence: Option<String>,
+    /// With [`FinishReason::GrammarDeadEnd`]: why the grammar allowed no token
+    /// (llguidance's message; [`fak_kv::TextOutput::dead_end`]); else `None`.
+    pub dead_end: Option<String>,
     /// Seconds from the start of this request's prefill to the first generated token.
     pub ttft_s: f64,
     /// Seconds of the decode steps after the first token (0 for a one-token reply).
@@ -513,9 +516,12 @@ impl<'a> PieceSender<'a> {
     }
 
     /// Ends the text: the parser's last events, then any records still held.
-    pub(crate) fn finish(mut self) -> bool {
+    /// `finish` is how generation ended (a call cut off at `Length` is truncated,
+    /// [`ToolCall::truncated`]).
+    pub(crate) fn finish(mut self, finish: FinishReason) -> bool {
         if let Some(p) = self.parser.take() {
-            if !p.finish().into_iter().all(|x| self.send_parsed(x)) {
+            let cut = finish == FinishReason::Length;
+            if !p.finish(cut).into_iter().all(|x| self.send_parsed(x)) {
                 return false;
             }
         }

@@ -444,7 +444,7 @@ impl EngineDriver for MockDriver {
                 n += 1;
                 text = candidate;
             }
-            if !sender.finish() {
+            if !sender.finish(finish) {
                 return;
             }
             sink.send(EngineEvent::Done(Done {
@@ -452,6 +452,7 @@ impl EngineDriver for MockDriver {
                 completion_ids: (0..n as u32).collect(),
                 finish_reason: finish,
                 stop_sequence,
+                dead_end: None,
                 ttft_s: 0.0,
                 decode_s: 0.0,
                 prompt_usage: None,
@@ -543,6 +544,7 @@ mod tests {
             name: "get_time".into(),
             description: None,
             parameters: serde_json::json!({}),
+            strict: false,
         }];
         let mut r = GenerateRequest::chat(vec![Message::new(
             "user",
@@ -584,6 +586,7 @@ mod tests {
             name: "get_weather".into(),
             description: None,
             parameters: schema,
+            strict: false,
         }];
         r.tool_choice = ToolChoice::Named("get_weather".into());
         let c = run(r);

@@ -64,6 +64,10 @@ pub enum DenyReason {
     UnknownTool,
     /// The arguments are not a JSON object or break an argument rule.
     Malformed,
+    /// The reply's token budget (`max_tokens` or the context's end) ran out inside the
+    /// call, before its arguments were whole ([`crate::ToolCall::truncated`]): not a
+    /// call the model wrote wrong, and not the call it meant (never passed on).
+    Truncated,
     /// Too many calls in this conversation's window.
     RateLimited,
     /// Not allowed by any rule: the default.
@@ -83,6 +87,7 @@ impl DenyReason {
             DenyReason::SecretExfil => "SECRET_EXFIL",
             DenyReason::UnknownTool => "UNKNOWN_TOOL",
             DenyReason::Malformed => "MALFORMED",
+            DenyReason::Truncated => "TRUNCATED",
             DenyReason::RateLimited => "RATE_LIMITED",
             DenyReason::DefaultDeny => "DEFAULT_DENY",
             DenyReason::TaintedSink => "TAINTED_SINK",

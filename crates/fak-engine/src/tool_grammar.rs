@@ -33,7 +33,7 @@
 //! one call, not several. (Allowed more, SmolLM2-135M repeats its call until
 //! `max_tokens` cuts the last one off, which the boundary must then deny `MALFORMED`.)
 //! Within the token budget a call is always whole; a call that `max_tokens` cuts off is
-//! still denied `MALFORMED` ("cut off before `</tool_call>`").
+//! denied `TRUNCATED` ([`crate::policy::DenyReason::Truncated`]), never passed on.
 //!
 //! The grammar is written in llguidance's Lark dialect, each tool's arguments as a
 //! `%json { ... }` schema, with the same compact separators as a `json_schema`
@@ -47,7 +47,9 @@
 //! validates against the client's schema). A schema llguidance cannot compile (a
 //! keyword it does not implement, such as `not`) does not fail the request: that tool's
 //! arguments fall back to any JSON object and a warning names the tool and the cause
-//! ([`ToolGrammar::fallbacks`]). Constrained means well-formed, not allowed: the policy
+//! ([`ToolGrammar::fallbacks`]), unless the tool is `strict`: then the request is a 400
+//! naming the tool and the cause ([`ToolGrammar::check_strict`]). Constrained means
+//! well-formed, not allowed: the policy
 //! above still adjudicates every call.
 
 use crate::tools::{ToolChoice, ToolSpec, TOOL_CALL_CLOSE};
@@ -62,6 +64,29 @@ pub struct ToolGrammar {
     /// `(tool name, why)` for each tool whose schema did not compile, whose arguments
     /// are constrained to any JSON object instead.
     pub fallbacks: Vec<(String, String)>,
+}
+
+impl ToolGrammar {
+    /// Refuses a fallback for a tool the client marked `strict` ([`ToolSpec::strict`]):
+    /// its schema must be enforced as given, so one the grammar cannot constrain is the
+    /// request's error, not "any JSON object". Tools without `strict` keep the fallback.
+    ///
+    /// # Errors
+    /// The first strict tool of [`ToolGrammar::fallbacks`]: a message naming the tool
+    /// and why its schema cannot be constrained (llguidance's message, naming the
+    /// construct).
+    pub fn check_strict(&self, tools: &[ToolSpec]) -> Result<(), String> {
+        match self
+            .fallbacks
+            .iter()
+            .find(|(name, _)| tools.iter().any(|t| t.strict && &t.name == name))
+        {
+            None => Ok(()),
+            Some((name, why)) => Err(format!(
+                "tool '{name}' is `strict` but its schema cannot be constrained: {why}"
+            )),
+        }
+    }
 }
 
 /// A tool's `parameters` schema as the grammar constrains its arguments (see the module
@@ -248,6 +273,7 @@ mod tests {
             name: name.into(),
             description: None,
             parameters,
+            strict: false,
         }
     }
 

@@ -47,6 +47,11 @@ pub struct ToolSpec {
     pub description: Option<String>,
     /// JSON Schema of its arguments (an object schema; `{}` when none was given).
     pub parameters: Value,
+    /// The client asked for strict schema adherence (OpenAI `function.strict`,
+    /// Anthropic `strict`): a schema the engine cannot constrain is then the request's
+    /// error instead of a fallback to any JSON object
+    /// ([`crate::tool_grammar::ToolGrammar::check_strict`]).
+    pub strict: bool,
 }
 
 /// Which calls the model may or must make.
@@ -76,6 +81,10 @@ pub struct ToolCall {
     /// Why the call could not be read (not JSON, no `name`, arguments not an object);
     /// `None` for a well-formed call.
     pub malformed: Option<String>,
+    /// The reply's token budget (`max_tokens`, or the context's end) ran out inside this
+    /// call, before `</tool_call>`, and what arrived does not read as a call (`malformed`
+    /// is set): the layer above denies it `TRUNCATED` rather than `MALFORMED`.
+    pub truncated: bool,
 }
 
 /// The prompt of a tool-using chat request, ready for the template.
@@ -329,6 +338,7 @@ fn read_call(body: &str) -> ToolCall {
         name,
         arguments: body.trim().to_string(),
         malformed: Some(why.to_string()),
+        truncated: false,
     };
     let v: Value = match serde_json::from_str(body.trim()) {
         Ok(v) => v,
@@ -364,6 +374,7 @@ fn read_call(body: &str) -> ToolCall {
         name: name.to_string(),
         arguments: args.to_string(),
         malformed: None,
+        truncated: false,
     }
 }
 
@@ -418,13 +429,16 @@ impl ToolCallParser {
 
     /// Ends the reply: an unclosed call is read from what arrived (malformed unless its
     /// JSON is whole); held text is released (whitespace only when no call was read).
-    pub fn finish(mut self) -> Vec<Parsed> {
+    /// `budget_ran_out`: the reply ended at its token budget (finish reason `length`),
+    /// so a malformed unclosed call is marked [`ToolCall::truncated`].
+    pub fn finish(mut self, budget_ran_out: bool) -> Vec<Parsed> {
         let mut out = Vec::new();
         let rest = std::mem::take(&mut self.pending);
         if self.in_call {
             let mut call = read_call(&rest);
             if let Some(why) = &mut call.malformed {
                 *why = format!("the call was cut off before {TOOL_CALL_CLOSE}: {why}");
+                call.truncated = budget_ran_out;
             }
             self.calls += 1;
             out.push(Parsed::Call(call));
@@ -442,7 +456,7 @@ mod tests {
     fn run(prefix: &str, pieces: &[&str]) -> (String, Vec<ToolCall>) {
         let mut p = ToolCallParser::new(prefix);
         let mut all: Vec<Parsed> = pieces.iter().flat_map(|x| p.push(x)).collect();
-        all.extend(p.finish());
+        all.extend(p.finish(false));
         let mut text = String::new();
         let mut calls = Vec::new();
         for x in all {
@@ -560,6 +574,7 @@ mod tests {
             name: "get_weather".into(),
             description: Some("Weather for a city".into()),
             parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            strict: false,
         }];
         let mut asst = Message::new("assistant", "");
         asst.tool_calls = Some(json!([{"id": "call_1", "type": "function",

@@ -42,6 +42,7 @@ fn request(field: &str, text: &str) -> (Vec<Message>, Vec<ToolSpec>) {
         parameters: json!({"type": "object", "properties": {
             f("parameter name", "city"): {"type": "string",
                 "description": f("parameter description", "The city")}}}),
+        strict: false,
     }];
     (
         vec![Message::new("user", "Weather in Paris?"), asst, tool],

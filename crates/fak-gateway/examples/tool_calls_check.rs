@@ -6,8 +6,8 @@
 //! head, or writes a call under `auto`, on its own, as before constrained decoding) and
 //! once with it on. For each run it prints the boundary's
 //! verdicts of the proposed calls (the response's `fak.tool_calls`): allowed,
-//! `MALFORMED` (apart: those `max_tokens` cut off before `</tool_call>`),
-//! `UNKNOWN_TOOL`, other denials by reason, replies with no call, how many
+//! `MALFORMED`, `TRUNCATED` (calls `max_tokens` cut off before their arguments were
+//! whole), `UNKNOWN_TOOL`, other denials by reason, replies with no call, how many
 //! calls name the tool the question was written for, and the wall time.
 //!
 //! ```text
@@ -195,9 +195,6 @@ fn prompt(cat: &[Entry], i: usize) -> (String, String, Value) {
     (q.replace("{}", v), name, Value::Array(tools))
 }
 
-/// The tally's key of a `MALFORMED` call cut off by `max_tokens`.
-const CUT: &str = "MALFORMED (cut off)";
-
 #[derive(Default)]
 struct Tally {
     verdicts: BTreeMap<String, usize>,
@@ -213,15 +210,17 @@ impl Tally {
         let others: Vec<String> = self
             .verdicts
             .iter()
-            .filter(|(k, _)| !["allowed", "MALFORMED", "UNKNOWN_TOOL", CUT].contains(&k.as_str()))
+            .filter(|(k, _)| {
+                !["allowed", "MALFORMED", "TRUNCATED", "UNKNOWN_TOOL"].contains(&k.as_str())
+            })
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
         format!(
-            "{label:>13}: {} calls: allowed {}, MALFORMED {} (+ {} cut off by max_tokens), UNKNOWN_TOOL {}, other [{}]; no call {}; intended tool {}; {:.1} s",
+            "{label:>13}: {} calls: allowed {}, MALFORMED {}, TRUNCATED {}, UNKNOWN_TOOL {}, other [{}]; no call {}; intended tool {}; {:.1} s",
             self.calls,
             get("allowed"),
             get("MALFORMED"),
-            get(CUT),
+            get("TRUNCATED"),
             get("UNKNOWN_TOOL"),
             others.join(", "),
             self.no_call,
@@ -281,10 +280,8 @@ fn ask(srv: &common::Server, cat: &[Entry], i: usize, ask: &Ask, tally: &mut Tal
     }
     for c in &report {
         tally.calls += 1;
-        let cut = c["detail"].as_str().unwrap_or("").contains("cut off");
         let word = match (c["verdict"].as_str(), c["reason"].as_str()) {
             (Some("allow"), _) => "allowed".to_string(),
-            (_, Some("MALFORMED")) if cut => CUT.to_string(),
             (_, Some(r)) => r.to_string(),
             _ => "other".to_string(),
         };

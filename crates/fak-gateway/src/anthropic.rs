@@ -73,7 +73,7 @@ use crate::splice::{rewrite_tool_results, Rewrite};
 use crate::structured;
 use crate::tools::{
     adjudicate, arguments_object, check_tool_name, check_tools, conversation_key, denial_text,
-    fak_field, finish_detail, offered_tools, request_taint, screen_messages, Adjudicated,
+    fak_field, offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     body_bytes, cache_partition, constant_time_eq, finish, new_id, parse_json, positive, start,
@@ -188,6 +188,7 @@ fn parse_tools(
             name: t.name,
             description: t.description,
             parameters,
+            strict: t.strict == Some(true),
         });
     }
     let choice = match choice {
@@ -941,7 +942,7 @@ pub(crate) async fn messages(
                         stop_sequence: d.stop_sequence.clone(),
                     },
                     usage,
-                    fak: finish_detail(fak_field(&results, &a), d.finish_reason),
+                    fak: structured::dead_end_detail(fak_field(&results, &a), &d),
                 }));
                 out.push(event(&StreamEvent::MessageStop));
                 out
@@ -975,7 +976,7 @@ pub(crate) async fn messages(
             f.done.prompt_usage.map_or(0, |u| u.cache_creation_tokens),
             f.done.completion_tokens,
         ),
-        fak: finish_detail(fak_field(&results, &a), f.done.finish_reason),
+        fak: structured::dead_end_detail(fak_field(&results, &a), &f.done),
     };
     let body = serde_json::to_value(&body)
         .map_err(|e| ApiError::internal(format!("writing the reply: {e}")).with_flavor(F))?;

@@ -18,10 +18,11 @@
 //! [`fak_wire::openai::Ignored`]; sampling controls accepted only at their neutral value
 //! in [`fak_wire::openai::NeutralOnly`]; `response_format` `json_object` and
 //! `json_schema` constrain the reply's tokens to the schema on an engine that can
-//! (the in-kernel one; [`fak_kv::grammar`]) and are a 400 on any other, as is the
-//! `grammar` field (llguidance's Lark syntax; GBNF is a 400) on both routes
-//! ([`crate::structured`]); a grammar's dead end finishes the choice `length` with
-//! `fak.finish_detail: "grammar_dead_end"`;
+//! (the in-kernel one; [`fak_kv::grammar`]) and are a 400 on any other, on both
+//! routes (`/v1/completions` takes `response_format` as vLLM does), as is the
+//! `grammar` field (llguidance's Lark syntax; GBNF is a 400) ([`crate::structured`]);
+//! a grammar's dead end finishes the choice `length` with
+//! `fak.finish_detail: "grammar_dead_end"` and `fak.grammar_error` (why);
 //! `modalities` other than `["text"]`, the fields of
 //! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
 //! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
@@ -61,7 +62,7 @@ use crate::extract::{OpenAiJson, WireJson};
 use crate::structured;
 use crate::tools::{
     adjudicate, check_tool_name, check_tools, conversation_key, denial_suffix, fak_field,
-    finish_detail, offered_tools, request_taint, screen_messages, Adjudicated,
+    offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
     cache_partition, finish, new_id, positive, prompt_counts, start, unix_now, with_note, AppState,
@@ -239,6 +240,7 @@ fn parse_tools(
                 m.insert("properties".into(), Value::Object(serde_json::Map::new()));
                 m
             })),
+            strict: f.strict == Some(true),
         });
     }
     let choice = match choice {
@@ -455,7 +457,7 @@ pub(crate) async fn chat_completions(
             f.done.completion_tokens,
             f.cached_tokens,
         )),
-        fak: finish_detail(fak_field(&results, &a), f.done.finish_reason),
+        fak: structured::dead_end_detail(fak_field(&results, &a), &f.done),
     };
     Ok(f.respond(&body))
 }
@@ -706,7 +708,7 @@ fn chat_stream(
             let lp =
                 (logprobs && !held_lp.is_empty()).then(|| chat_lp(&std::mem::take(&mut held_lp)));
             let mut last = head.chunk(wire::Delta::default(), Some(finish_for(&d, &a)), lp);
-            last.fak = finish_detail(fak_field(&check.results, &a), d.finish_reason);
+            last.fak = structured::dead_end_detail(fak_field(&check.results, &a), &d);
             out.push(data(&last));
             if head.include_usage {
                 let (prompt, cached) = prompt_counts(&d, prompt, cached);
@@ -761,7 +763,8 @@ pub(crate) async fn completions(
     let max_tokens = positive("max_tokens", r.sampling.max_tokens.unwrap_or(16), F)?;
     let stop = stops(r.sampling.stop.take())?;
     let partition = cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?;
-    let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), None, F)?;
+    let format = response_grammar(&s, &r.model, r.response_format.take())?;
+    let grammar = structured::with_grammar(&s, &r.model, r.grammar.clone(), format, F)?;
     let mut started = Vec::with_capacity(prompts.len());
     for p in prompts {
         let req = GenerateRequest {

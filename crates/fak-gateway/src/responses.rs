@@ -306,6 +306,7 @@ fn engine_tools(
             name: f.name.clone(),
             description: f.description.clone(),
             parameters,
+            strict: f.strict == Some(true),
         });
     }
     let choice = match choice {

@@ -23,6 +23,18 @@ use crate::AppState;
 use fak_engine::GrammarSpec;
 use serde_json::{Map, Value};
 
+/// A reply's `fak` field with `finish_detail` ([`crate::tools::finish_detail`]) and, at
+/// a grammar's dead end, `grammar_error`: why the grammar allowed no next token
+/// ([`fak_engine::Done::dead_end`], llguidance's message), so a client can tell a format
+/// it cannot be given from a token limit.
+pub(crate) fn dead_end_detail(fak: Option<Value>, done: &fak_engine::Done) -> Option<Value> {
+    let mut fak = crate::tools::finish_detail(fak, done.finish_reason);
+    if let (Some(v), Some(why)) = (fak.as_mut(), done.dead_end.as_deref()) {
+        v["grammar_error"] = Value::from(why);
+    }
+    fak
+}
+
 /// `spec`, asked for by the request field `field`, when the engine serving `model` can
 /// enforce it (`None` passes through).
 ///

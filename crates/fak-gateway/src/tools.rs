@@ -170,7 +170,11 @@ pub(crate) fn adjudicate(
         let verdict = if let Some(why) = &call.malformed {
             CallVerdict {
                 allowed: false,
-                reason: Some(fak_engine::policy::DenyReason::Malformed),
+                reason: Some(if call.truncated {
+                    fak_engine::policy::DenyReason::Truncated
+                } else {
+                    fak_engine::policy::DenyReason::Malformed
+                }),
                 detail: why.clone(),
             }
         } else if let Some(t) = offered.iter().find(|t| t.name == call.name) {

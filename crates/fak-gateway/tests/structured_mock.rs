@@ -3,7 +3,8 @@
 //! set text with a set finish reason. What it checks is the gateway's part: which
 //! [`GrammarSpec`] each wire's field becomes, and how a grammar's dead end
 //! ([`FinishReason::GrammarDeadEnd`]) is told on each wire (the finish word for a reply
-//! cut short, and `fak.finish_detail: "grammar_dead_end"`). The in-kernel engine's
+//! cut short, `fak.finish_detail: "grammar_dead_end"` and, on Chat Completions and
+//! Anthropic Messages, `fak.grammar_error`, the engine's reason). The in-kernel engine's
 //! part (that the output then validates) is `structured_smollm2.rs`.
 
 mod common;
@@ -85,6 +86,7 @@ impl EngineDriver for Scripted {
             completion_ids: vec![1, 2],
             finish_reason,
             stop_sequence: None,
+            dead_end: (finish_reason == FinishReason::GrammarDeadEnd).then(|| DEAD_END.to_string()),
             ttft_s: 0.0,
             decode_s: 0.0,
             prompt_usage: None,
@@ -92,6 +94,9 @@ impl EngineDriver for Scripted {
         Ok(stream)
     }
 }
+
+/// The reason the scripted driver gives for a dead end ([`Done::dead_end`]).
+const DEAD_END: &str = "no token is allowed at this step";
 
 fn server(d: &Arc<Scripted>) -> common::Server {
     start(d.clone(), GatewayConfig::default())
@@ -123,6 +128,7 @@ fn chat_dead_end_is_length_with_the_detail() {
     let v = r.json();
     assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
     assert_eq!(v["fak"]["finish_detail"], "grammar_dead_end", "{v}");
+    assert_eq!(v["fak"]["grammar_error"], DEAD_END, "{v}");
     assert_eq!(d.last_grammar(), Some(GrammarSpec::JsonObject));
 
     let mut b = body.clone();
@@ -136,6 +142,7 @@ fn chat_dead_end_is_length_with_the_detail() {
         .unwrap_or_else(|| panic!("no finish chunk: {}", r.body));
     assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
     assert_eq!(last["fak"]["finish_detail"], "grammar_dead_end", "{last}");
+    assert_eq!(last["fak"]["grammar_error"], DEAD_END, "{last}");
 
     let d = Scripted::new("{}", FinishReason::Stop);
     let srv = server(&d);
@@ -181,6 +188,7 @@ fn anthropic_dead_end_is_max_tokens_with_the_detail() {
     let v = r.json();
     assert_eq!(v["stop_reason"], "max_tokens", "{v}");
     assert_eq!(v["fak"]["finish_detail"], "grammar_dead_end", "{v}");
+    assert_eq!(v["fak"]["grammar_error"], DEAD_END, "{v}");
 
     let mut b = body.clone();
     b["stream"] = json!(true);
@@ -192,6 +200,47 @@ fn anthropic_dead_end_is_max_tokens_with_the_detail() {
         .unwrap_or_else(|| panic!("no message_delta: {}", r.body));
     assert_eq!(delta["delta"]["stop_reason"], "max_tokens", "{delta}");
     assert_eq!(delta["fak"]["finish_detail"], "grammar_dead_end", "{delta}");
+    assert_eq!(delta["fak"]["grammar_error"], DEAD_END, "{delta}");
+}
+
+/// `response_format` on `/v1/completions` (as vLLM takes it) asks the engine for the
+/// same grammar as on Chat Completions, instead of being ignored; with `grammar` too it
+/// is a 400.
+#[test]
+fn completions_response_format_becomes_the_grammar() {
+    let d = Scripted::new("{}", FinishReason::Stop);
+    let srv = server(&d);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": ID, "prompt": "hi", "response_format": {"type": "json_schema",
+                "json_schema": {"name": "A", "schema": schema, "strict": true}}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(
+        d.last_grammar(),
+        Some(GrammarSpec::JsonSchema {
+            schema,
+            name: Some("A".into()),
+            description: None,
+            strict: Some(true),
+        })
+    );
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": ID, "prompt": "hi", "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(d.last_grammar(), Some(GrammarSpec::JsonObject));
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": ID, "prompt": "hi", "grammar": "start: \"x\"",
+                "response_format": {"type": "json_object"}}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
 }
 
 /// The body `openai` 3.57.0 sends for `client.responses.parse(model=ID, input=...,

@@ -263,3 +263,91 @@ fn a_lark_grammar_constrains_chat_and_completions() {
         assert!(msg.contains(needle), "{msg}");
     }
 }
+
+/// Stop strings are not matched inside a constrained reply: the grammar decides where
+/// it ends. A schema reply holds `"`, `,` and `:` at every key, so with these stops
+/// it was cut at its first key (`finish_reason: "stop"`, content `{`); now it is whole
+/// JSON valid for the schema, on Chat Completions and Completions.
+#[fak_testkit::real_model]
+fn stop_strings_do_not_cut_a_constrained_reply() {
+    let srv = server();
+    let body: Value = serde_json::from_str(SDK_PARSE_BODY).unwrap();
+    let schema = body["response_format"]["json_schema"]["schema"].clone();
+    for stop in [json!("\""), json!([",", ":"])] {
+        let mut b = body.clone();
+        b["stop"] = stop.clone();
+        b["max_tokens"] = json!(100);
+        let r = post(srv.addr, "/v1/chat/completions", &b);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_valid(&schema, content(&v));
+
+        let r = post(
+            srv.addr,
+            "/v1/completions",
+            &json!({"model": ID, "temperature": 0, "max_tokens": 100, "stop": stop,
+                    "prompt": "A famous scientist as JSON:",
+                    "grammar": "start: %json { \"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}}, \"required\": [\"name\"], \"additionalProperties\": false }"}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        let text = v["choices"][0]["text"].as_str().unwrap();
+        let out: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+        assert!(out["name"].is_string(), "{text}");
+    }
+}
+
+/// A grammar whose language is empty (a rule that recurses with no base case) is a
+/// 400 saying the grammar accepts no output, before any token is generated, on each
+/// way a request gives one; it was an empty reply finished `grammar_dead_end`.
+#[fak_testkit::real_model]
+fn a_grammar_with_an_empty_language_is_a_400() {
+    let srv = server();
+    let never = json!({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]});
+    for (path, body) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": ID, "messages": [{"role": "user", "content": "hi"}],
+                   "grammar": "start: a\na: \"x\" a"}),
+        ),
+        (
+            "/v1/completions",
+            json!({"model": ID, "prompt": "hi", "grammar": "start: a\na: \"x\" a"}),
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": ID, "messages": [{"role": "user", "content": "hi"}],
+                   "response_format": {"type": "json_schema",
+                        "json_schema": {"name": "Never", "schema": never}}}),
+        ),
+    ] {
+        let r = post(srv.addr, path, &body);
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.body);
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+        assert!(msg.contains("accepts no output"), "{msg}");
+    }
+}
+
+/// `response_format` on `/v1/completions` (vLLM takes it there) constrains the reply:
+/// a `json_schema` gives JSON valid for it (it was ignored: free text, not JSON).
+#[fak_testkit::real_model]
+fn completions_response_format_gives_valid_json() {
+    let srv = server();
+    let body: Value = serde_json::from_str(SDK_PARSE_BODY).unwrap();
+    let format = body["response_format"].clone();
+    let schema = format["json_schema"]["schema"].clone();
+    for prompt in ["Q: Who was Marie Curie?\nA:", "The captain of the ship was"] {
+        let r = post(
+            srv.addr,
+            "/v1/completions",
+            &json!({"model": ID, "prompt": prompt, "temperature": 0, "max_tokens": 100,
+                    "response_format": format}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        assert_valid(&schema, v["choices"][0]["text"].as_str().unwrap());
+    }
+}

@@ -2,7 +2,7 @@
 //! of the offered tools (issue 27): with `tool_choice: "required"` (OpenAI Chat
 //! Completions), a named function, and Anthropic `{"type": "any"}` / `{"type": "tool"}`,
 //! the reply is one call that names an offered tool (the named one for a named choice)
-//! and, unless `max_tokens` cuts it off (then denied `MALFORMED`, "cut off"), reads as a
+//! and, unless `max_tokens` cuts it off (then denied `TRUNCATED`), reads as a
 //! call with arguments valid for that tool's schema, checked here by
 //! the `jsonschema` crate against the schema the client sent (not by our grammar code).
 //! The boundary still adjudicates each call: a call of a tool the policy does not allow
@@ -61,6 +61,21 @@ fn openai_tools() -> Value {
     ])
 }
 
+/// `tools` (the OpenAI shape) in Anthropic's shape (`name`, `description`,
+/// `input_schema`).
+fn anthropic_tools(tools: &Value) -> Vec<Value> {
+    tools
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"name": f["name"], "description": f["description"],
+                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
+        })
+        .collect()
+}
+
 /// The client's schema of `name`'s arguments (`{}` when it gave none, which any
 /// object satisfies).
 fn schema_of(tools: &Value, name: &str) -> Option<Value> {
@@ -87,13 +102,11 @@ fn check_calls(v: &Value, tools: &Value, only: Option<&str>) -> Vec<(String, Str
         let name = r["name"].as_str().unwrap_or("").to_string();
         let reason = r["reason"].as_str().unwrap_or("").to_string();
         assert_ne!(reason, "UNKNOWN_TOOL", "{v}");
-        if reason == "MALFORMED" {
-            // Only a call that max_tokens cut off (the grammar holds within the budget).
+        // The grammar holds within the budget: a call is denied for its form only
+        // when max_tokens cut it off, and then as TRUNCATED.
+        assert_ne!(reason, "MALFORMED", "{v}");
+        if reason == "TRUNCATED" {
             assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-            assert!(
-                r["detail"].as_str().unwrap_or("").contains("cut off"),
-                "{v}"
-            );
         }
         let schema = schema_of(tools, &name).unwrap_or_else(|| panic!("not offered: {v}"));
         if let Some(n) = only {
@@ -167,6 +180,52 @@ fn required_calls_name_an_offered_tool_with_valid_arguments() {
     }
 }
 
+/// A forced call that `max_tokens` cuts off before its arguments are whole: denied
+/// `TRUNCATED` (not `MALFORMED`: the budget cut it, the model did not write it wrong),
+/// never passed on, and the reply's finish reason stays `length`. On both wires.
+#[fak_testkit::real_model]
+fn a_call_max_tokens_cuts_off_is_denied_truncated() {
+    let srv = server(true);
+    let tools = openai_tools();
+    let mut body = chat(PROMPTS[0], &tools, json!("required"));
+    body["max_tokens"] = json!(6);
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+    let report = v["fak"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(report.len(), 1, "{v}");
+    assert_eq!(report[0]["verdict"], "deny", "{v}");
+    assert_eq!(report[0]["reason"], "TRUNCATED", "{v}");
+
+    let r = post(
+        srv.addr,
+        "/v1/messages",
+        &json!({"model": ID, "max_tokens": 6, "temperature": 0,
+                "messages": [{"role": "user", "content": PROMPTS[0]}],
+                "tools": anthropic_tools(&tools), "tool_choice": {"type": "any"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+    let report = v["fak"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert_eq!(report.len(), 1, "{v}");
+    assert_eq!(report[0]["reason"], "TRUNCATED", "{v}");
+    assert!(
+        v["content"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|b| b["type"] != "tool_use"),
+        "{v}"
+    );
+}
+
 #[fak_testkit::real_model]
 fn a_named_function_gets_one_call_of_that_function() {
     let srv = server(true);
@@ -226,12 +285,9 @@ fn anthropic_any_and_tool_choices_get_valid_tool_use_blocks() {
         assert!(!report.is_empty(), "{v}");
         for r in report {
             assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-            if r["reason"] == "MALFORMED" {
+            assert_ne!(r["reason"], "MALFORMED", "{v}");
+            if r["reason"] == "TRUNCATED" {
                 assert_eq!(v["stop_reason"], "max_tokens", "{v}");
-                assert!(
-                    r["detail"].as_str().unwrap_or("").contains("cut off"),
-                    "{v}"
-                );
             }
             if i % 2 == 1 {
                 assert_eq!(r["name"], "get_weather", "{v}");
@@ -306,8 +362,8 @@ fn reported(v: &Value) -> Vec<(String, String)> {
 /// constrained: it names an offered tool and its arguments validate against the
 /// client's schema (`jsonschema`; checked on the calls the policy allows, whose
 /// arguments the reply carries). One call per reply: after `</tool_call>` only the end
-/// of the turn is allowed. As for forced calls, a call `max_tokens` cuts off is still
-/// denied `MALFORMED` ("cut off", finish reason `length`; `check_calls`).
+/// of the turn is allowed. As for forced calls, a call `max_tokens` cuts off is denied
+/// `TRUNCATED` (finish reason `length`; `check_calls`).
 #[fak_testkit::real_model]
 fn auto_calls_the_model_opens_are_well_formed() {
     let srv = server(true);
@@ -496,4 +552,38 @@ fn responses_auto_function_calls_are_valid() {
         }
     }
     assert!(calls >= 1, "no function_call item");
+}
+
+/// A tool whose schema the call grammar cannot constrain (`not` is a keyword llguidance
+/// does not implement): marked `strict` (OpenAI `function.strict`, Anthropic `strict`)
+/// the request is a 400 naming the tool and the construct; without `strict` the tool's
+/// arguments fall back to any JSON object and the request is answered.
+#[fak_testkit::real_model]
+fn a_strict_tool_whose_schema_cannot_be_constrained_is_a_400() {
+    let srv = server(true);
+    let params = json!({"type": "object", "properties": {"city": {"not": {"type": "integer"}}}});
+    for strict in [true, false] {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": params, "strict": strict}}]);
+        let mut body = chat(PROMPTS[0], &tools, json!("required"));
+        body["max_tokens"] = json!(30);
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        let anthropic = json!({"model": ID, "max_tokens": 30,
+            "messages": [{"role": "user", "content": PROMPTS[0]}],
+            "tools": [{"name": "get_weather", "input_schema": params, "strict": strict}],
+            "tool_choice": {"type": "any"}});
+        let r2 = post(srv.addr, "/v1/messages", &anthropic);
+        for (r, wire) in [(r, "openai"), (r2, "anthropic")] {
+            if strict {
+                assert_eq!(r.status, 400, "{wire}: {}", r.body);
+                let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+                assert!(
+                    msg.contains("get_weather") && msg.contains("strict") && msg.contains("not"),
+                    "{wire}: {msg}"
+                );
+            } else {
+                assert_eq!(r.status, 200, "{wire}: {}", r.body);
+            }
+        }
+    }
 }

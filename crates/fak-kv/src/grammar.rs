@@ -37,8 +37,10 @@
 //!
 //! Stopping: when the grammar can end (its start symbol is complete), the caller's stop
 //! ids (EOS, end of turn) are allowed, and choosing one ends the reply as it does
-//! unconstrained. A step with no allowed token is a [`DeadEnd`]: the reply ends there
-//! (see [`crate::FinishReason::GrammarDeadEnd`]), never a hang.
+//! unconstrained. A grammar with no allowed token at its first step, or one whose forced
+//! text has no end, does not compile ([`GrammarError::Empty`]); a later step with no allowed token is a [`DeadEnd`]: the
+//! reply ends there (see [`crate::FinishReason::GrammarDeadEnd`], llguidance's message
+//! in [`crate::TextOutput::dead_end`]), never a hang.
 
 use fak_model::Tokenizer;
 use llguidance::api::TopLevelGrammar;
@@ -104,6 +106,13 @@ pub enum GrammarError {
     /// The token trie could not be built from the tokenizer.
     #[error("cannot build the token trie: {0}")]
     Trie(String),
+    /// The grammar compiles but no reply can complete it from its first step: no token
+    /// (and no end) is allowed there, or the text it forces from there has no end, as
+    /// for a rule that recurses with no base case (Lark `start: a` / `a: "x" a`, a JSON
+    /// schema whose object requires itself), where llguidance's forced-text walk stops
+    /// at its item limit. The message is llguidance's, or says which.
+    #[error("the grammar accepts no output: no reply can complete it ({0})")]
+    Empty(String),
 }
 
 /// Why a constrained reply cannot go on: no token is allowed at this step, or the
@@ -224,8 +233,10 @@ impl GrammarCompiler {
     ///
     /// # Errors
     /// [`GrammarError::Compile`] naming the cause: a schema that is not a JSON object,
-    /// an unsupported keyword, an unsatisfiable schema, a Lark syntax error.
-    /// [`GrammarError::TooLarge`] naming the limit a grammar passed.
+    /// an unsupported keyword, an unsatisfiable schema, a Lark syntax error;
+    /// [`GrammarError::TooLarge`] naming the limit a grammar passed;
+    /// [`GrammarError::Empty`] when no reply can complete the grammar from its first
+    /// step (its language is empty).
     pub fn compile(&self, spec: &GrammarSpec) -> Result<Grammar, GrammarError> {
         let bytes = match spec {
             GrammarSpec::JsonObject => 0,
@@ -271,13 +282,21 @@ impl GrammarCompiler {
         if let Some(e) = matcher.get_error() {
             return Err(compile_error(e));
         }
-        Ok(Grammar {
+        let grammar = Grammar {
             spec: spec.clone(),
             matcher,
             vocab_size: self.vocab_size(),
             special: Arc::clone(&self.special),
             trigger: None,
-        })
+        };
+        // A grammar with nothing to write at its first step (and no end there) would
+        // give every reply an empty dead end: it is the request's error instead, before
+        // any token is generated. One mask and one forced-bytes computation, on a fresh
+        // constraint.
+        if let Err(DeadEnd(why)) = grammar.start().check_start() {
+            return Err(GrammarError::Empty(clip(why)));
+        }
+        Ok(grammar)
     }
 }
 
@@ -595,6 +614,19 @@ impl Constraint {
 }
 
 impl Constraint {
+    /// Whether a reply can start under this grammar: a token (or the end) is allowed at
+    /// the first step, and the grammar takes the first allowed token (the lowest id)
+    /// with no error: taking a token computes the text the grammar forces after it
+    /// (llguidance's forced tokens), which for a grammar that forces an endless text
+    /// fails at llguidance's parser limits, as it would at a reply's second step.
+    fn check_start(&mut self) -> Result<(), DeadEnd> {
+        let first = self.allowed(&[])?.ids().first().copied();
+        match first {
+            None => Ok(()),
+            Some(id) => self.accept(id),
+        }
+    }
+
     /// Advances past `bytes` of text (as many tokens as the trie's greedy tokenization
     /// of them; the lexer reads bytes, so any tokenization leads to the same state):
     /// the text a lazy grammar's trigger token carried past the trigger.

@@ -61,6 +61,12 @@ impl StopStrings {
         }
     }
 
+    /// Whether it watches for no stop string (then [`StopStrings::push`] releases every
+    /// piece as it comes).
+    pub fn is_empty(&self) -> bool {
+        self.stops.is_empty()
+    }
+
     /// Ends generation without a stop: releases what was held back.
     pub fn finish(&mut self) -> String {
         std::mem::take(&mut self.held)

@@ -20,6 +20,10 @@ pub struct TextParams {
     /// Most new tokens.
     pub max_tokens: usize,
     /// Stop strings: generation ends before the first occurrence, which is not returned.
+    /// They are matched in the text a grammar ([`TextParams::grammar`]) does not
+    /// constrain only: never inside a constrained reply (the grammar decides where it
+    /// ends, so a JSON reply is never cut mid-object), and for a lazy grammar only in the
+    /// free text up to and including its trigger's token.
     pub stop: Vec<String>,
     /// Stop token ids (EOS, end of turn): generation ends after one, which is returned in
     /// `completion_ids` but not in the text.
@@ -52,7 +56,8 @@ pub enum FinishReason {
     /// The caller cancelled.
     Cancelled,
     /// A grammar ([`TextParams::grammar`]) allowed no token at a step, or its parser
-    /// failed: the text so far is kept and does not complete the grammar.
+    /// failed: the text so far is kept and does not complete the grammar
+    /// ([`TextOutput::dead_end`] says why).
     GrammarDeadEnd,
 }
 
@@ -65,6 +70,10 @@ pub struct TextOutput {
     pub text: String,
     /// Why it ended.
     pub finish_reason: FinishReason,
+    /// With [`FinishReason::GrammarDeadEnd`]: why the grammar allowed no token
+    /// (llguidance's message, or "no token is allowed at this step"); else `None`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dead_end: Option<String>,
     /// Tokens prefilled for this request (the new ones only).
     pub prefill_tokens: usize,
     /// Time to the first generated token: prefill plus one sampling.
@@ -252,11 +261,18 @@ pub fn generate_text_with_logprobs(
     let mut ready: Option<Result<(), DeadEnd>> = None;
     let mut rows: Vec<u32> = Vec::new();
     let mut decoder = StreamDecoder::new(true);
-    let mut stops = StopStrings::new(&params.stop);
+    // Stop strings apply to unconstrained text only (see [`TextParams::stop`]): none
+    // under a grammar that constrains from the first token; under a lazy one, until
+    // its trigger.
+    let mut stops = match (&params.grammar, lazy) {
+        (Some(_), None) => StopStrings::default(),
+        _ => StopStrings::new(&params.stop),
+    };
     let mut out = TextOutput {
         completion_ids: Vec::new(),
         text: String::new(),
         finish_reason: FinishReason::Length,
+        dead_end: None,
         prefill_tokens: new_ids.len(),
         ttft_s: 0.0,
         prefill_s,
@@ -295,8 +311,9 @@ pub fn generate_text_with_logprobs(
                 };
                 let allowed = c.current();
                 match step {
-                    Err(_) => {
+                    Err(DeadEnd(why)) => {
                         out.finish_reason = FinishReason::GrammarDeadEnd;
+                        out.dead_end = Some(why);
                         break;
                     }
                     // Complete, with no stop id to end on: the grammar's end is the stop.
@@ -320,11 +337,12 @@ pub fn generate_text_with_logprobs(
             break;
         }
         if let Some(c) = constraint.as_mut() {
-            if c.accept(next).is_err() {
+            if let Err(DeadEnd(why)) = c.accept(next) {
                 // Not reachable for a token the mask allowed; ends the reply rather than
                 // continuing unconstrained.
                 out.completion_ids.pop();
                 out.finish_reason = FinishReason::GrammarDeadEnd;
+                out.dead_end = Some(why);
                 break;
             }
         }
@@ -363,6 +381,14 @@ pub fn generate_text_with_logprobs(
             break;
         }
         release.emit(&check.emit, Moment::Mid, &mut out);
+        if constraint.is_some() && !stops.is_empty() {
+            // A lazy grammar's trigger came: from here the grammar decides where the
+            // reply ends, so the text held back as a possible stop string's start goes
+            // out and no stop string is matched any more.
+            let held = stops.finish();
+            release.emit(&held, Moment::Mid, &mut out);
+            stops = StopStrings::default();
+        }
         if out.completion_ids.len() == params.max_tokens {
             break;
         }

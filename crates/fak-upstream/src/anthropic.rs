@@ -258,6 +258,7 @@ pub fn prompt(req: &GenerateRequest, model: &str) -> Result<wire::CountTokensReq
                 name: t.name.clone(),
                 description: t.description.clone(),
                 input_schema: Some(t.parameters.clone()),
+                strict: t.strict.then_some(true),
             })
             .collect()
     });
@@ -639,6 +640,7 @@ impl EventReply for Reply<'_> {
             completion_ids: Vec::new(),
             finish_reason,
             stop_sequence,
+            dead_end: None,
             ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
             decode_s: now.duration_since(first).as_secs_f64(),
             prompt_usage: self.usage.prompt(),
@@ -996,6 +998,7 @@ mod tests {
             name: "get_x".into(),
             description: None,
             parameters: json!({"type": "object"}),
+            strict: false,
         }];
         r.tool_choice = ToolChoice::Required;
         let b = serde_json::to_value(request_body(&r, "m").unwrap()).unwrap();

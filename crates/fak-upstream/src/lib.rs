@@ -928,6 +928,7 @@ impl PartialCall {
             name: self.name,
             arguments,
             malformed,
+            truncated: false,
         }
     }
 }
@@ -1185,6 +1186,7 @@ impl EventReply for Reply<'_> {
             completion_ids: Vec::new(),
             finish_reason,
             stop_sequence,
+            dead_end: None,
             ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
             decode_s: now.duration_since(first).as_secs_f64(),
             prompt_usage,
@@ -1343,6 +1345,7 @@ pub fn request_body(
         suffix: None,
         cache_salt: None,
         grammar: None,
+        response_format: None,
         sampling: sampling.clone(),
         ignored: wire::Ignored::default(),
         neutral: wire::NeutralOnly::default(),
@@ -1375,7 +1378,7 @@ pub fn request_body(
                             name: t.name.clone(),
                             description: t.description.clone(),
                             parameters: t.parameters.as_object().cloned(),
-                            strict: None,
+                            strict: t.strict.then_some(true),
                         },
                     })
                     .collect();
@@ -1962,6 +1965,7 @@ mod tests {
             name: "get_x".into(),
             description: Some("x".into()),
             parameters: json!({"type": "object"}),
+            strict: false,
         }];
         r.tool_choice = ToolChoice::Named("get_x".into());
         let (path, b) = request_body(&r, "m").unwrap();

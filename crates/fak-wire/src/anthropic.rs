@@ -377,7 +377,7 @@ pub enum ToolResultContent {
     Blocks(Vec<ContentBlockParam>),
 }
 
-/// A tool definition (SDK: `ToolParam`; `cache_control`, `strict`, `defer_loading`,
+/// A tool definition (SDK: `ToolParam`; `cache_control`, `defer_loading`,
 /// `input_examples`, `eager_input_streaming` ignored). A server tool (`type` other than
 /// `custom`, e.g. `web_search_20250305`) parses too, for the server to refuse by name.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -393,6 +393,9 @@ pub struct Tool {
     /// A JSON Schema of its `input` (required for a client tool).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub input_schema: Option<Value>,
+    /// Strict schema adherence of the tool's name and `input` (SDK: `ToolParam.strict`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
 }
 
 /// `tool_choice` (SDK: `ToolChoiceParam`).

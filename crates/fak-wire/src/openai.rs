@@ -728,8 +728,10 @@ pub struct FunctionDefinition {
     /// A JSON Schema object of the arguments; absent means no arguments.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parameters: Option<Map<String, Value>>,
-    /// Strict schema adherence (accepted; fak checks arguments against the schema
-    /// either way).
+    /// Strict schema adherence: on the in-kernel engine a schema its call grammar cannot
+    /// constrain is then a 400 naming the tool and the construct (without it, that
+    /// tool's arguments fall back to any JSON object); fak checks arguments against the
+    /// schema either way.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
 }
@@ -1115,6 +1117,10 @@ pub struct CompletionRequest {
     /// As [`ChatCompletionRequest::grammar`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grammar: Option<String>,
+    /// As [`ChatCompletionRequest::response_format`]: not in OpenAI's Completions API,
+    /// taken as vLLM's OpenAI-compatible server takes it on `/v1/completions`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<ResponseFormat>,
     /// `max_tokens`, `temperature`, `top_p`, `seed`, `stop`, `n` and vLLM's controls.
     #[serde(flatten)]
     pub sampling: SamplingParams,

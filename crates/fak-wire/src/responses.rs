@@ -17,8 +17,10 @@
 //! reply are always allowed), `reasoning` (no served model reasons; no reasoning items are
 //! produced), `truncation` (fak never drops input items: a conversation over the window
 //! is a 400 either way), `include` (fak has no encrypted reasoning or hosted-tool outputs
-//! to include), `text.verbosity`, a function tool's `strict` (a call whose arguments break
-//! its schema is denied `MALFORMED` by the boundary either way), and `reasoning` input
+//! to include), `text.verbosity`, a function tool's `strict` beyond its use by the
+//! in-kernel call grammar (a schema it cannot constrain is a 400 for a strict tool; a
+//! call whose arguments break its schema is denied `MALFORMED` by the boundary either
+//! way), and `reasoning` input
 //! items (dropped: they carry no text a non-reasoning model can use). Every other field
 //! that would change the output (`background`, `conversation`, `prompt`,
 //! `max_tool_calls`, `top_logprobs` other than 0, `context_management`, …) is refused
@@ -341,7 +343,8 @@ pub struct FunctionTool {
     /// JSON Schema of its arguments (`None`: no arguments).
     #[serde(default)]
     pub parameters: Option<Map<String, Value>>,
-    /// Inert (see the module docs).
+    /// Strict schema adherence: as Chat Completions' `function.strict` (see the module
+    /// docs).
     #[serde(default)]
     pub strict: Option<bool>,
 }
