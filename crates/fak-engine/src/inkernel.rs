@@ -744,14 +744,9 @@ fn stop_sequence_hit(
     params: &TextParams,
     tok: &Tokenizer,
 ) -> Option<String> {
-    if out.finish_reason != FinishReason::Stop || params.stop.is_empty() {
-        return None;
-    }
-    if out
-        .completion_ids
-        .last()
-        .is_some_and(|id| params.stop_ids.contains(id))
-    {
+    // Only a stop string's end names one: a grammar's end (with no stop token) is also
+    // `Stop`, and a constrained reply may contain a stop string's text.
+    if !out.stop_string || params.stop.is_empty() {
         return None;
     }
     let full = tok.decode(&out.completion_ids, true).ok()?;

@@ -91,11 +91,12 @@ fn a_big_schema_waits_in_the_queue_and_the_next_request_is_a_429_at_once() {
     assert_eq!(third.status, 429, "{}", third.body);
     assert!(waited < Duration::from_secs(1), "the 429 took {waited:?}");
     // The slot frees when the long reply's client leaves; the queued request then
-    // compiles its grammar and is answered (its reply is cut at once: 2,000 optional
-    // properties pass llguidance's per-step limits, a dead end at the first token).
+    // compiles its grammar in the worker and is answered there: a 400, as 2,000 optional
+    // properties pass llguidance's per-step limits at the first token.
     drop(busy);
     let queued = queued.join().unwrap();
-    assert_eq!(queued.status, 200, "{}", queued.body);
+    assert_eq!(queued.status, 400, "{}", queued.body);
+    assert!(message(&queued).contains("accepts no output"), "{}", queued.body);
 }
 
 #[fak_testkit::real_model]

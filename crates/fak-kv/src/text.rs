@@ -74,6 +74,9 @@ pub struct TextOutput {
     /// (llguidance's message, or "no token is allowed at this step"); else `None`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dead_end: Option<String>,
+    /// Whether one of [`TextParams::stop`]'s strings ended it (with
+    /// [`FinishReason::Stop`]); `false` when a stop token or a grammar's end did.
+    pub stop_string: bool,
     /// Tokens prefilled for this request (the new ones only).
     pub prefill_tokens: usize,
     /// Time to the first generated token: prefill plus one sampling.
@@ -273,6 +276,7 @@ pub fn generate_text_with_logprobs(
         text: String::new(),
         finish_reason: FinishReason::Length,
         dead_end: None,
+        stop_string: false,
         prefill_tokens: new_ids.len(),
         ttft_s: 0.0,
         prefill_s,
@@ -377,6 +381,7 @@ pub fn generate_text_with_logprobs(
         if check.stopped {
             release.emit(&check.emit, Moment::Stopped, &mut out);
             out.finish_reason = FinishReason::Stop;
+            out.stop_string = true;
             stopped = true;
             break;
         }
@@ -427,6 +432,7 @@ pub fn generate_text_with_logprobs(
         if check.stopped {
             release.emit(&check.emit, Moment::Stopped, &mut out);
             out.finish_reason = FinishReason::Stop;
+            out.stop_string = true;
         } else {
             release.emit(&check.emit, Moment::Mid, &mut out);
             let rest = stops.finish();
