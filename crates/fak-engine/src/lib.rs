@@ -40,6 +40,7 @@ pub mod prefix;
 pub mod presets;
 pub mod registry;
 pub mod route;
+pub mod schema;
 pub mod tool_grammar;
 pub mod tools;
 pub mod upstream;

@@ -620,16 +620,7 @@ fn schema_error(tool: &ToolSpec, call: &ToolCall) -> Option<String> {
         Ok(v) => v,
         Err(e) => return Some(format!("the tool's schema cannot be used: {e}")),
     };
-    let first = v.iter_errors(&args).next()?;
-    let at = first.instance_path().to_string();
-    Some(format!(
-        "arguments do not match the tool's schema{}: {first}",
-        if at.is_empty() {
-            String::new()
-        } else {
-            format!(" at {at}")
-        }
-    ))
+    fak_engine::schema::first_schema_error(&v, &args, "arguments do not match the tool's schema")
 }
 
 /// The sentence a client sees for a denied call: Anthropic's explanatory text block, and
