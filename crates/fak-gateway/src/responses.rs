@@ -797,7 +797,7 @@ struct StreamWriter {
     conversation: String,
     taint: fak_engine::policy::Taint,
     offered: Vec<ToolSpec>,
-    results: Vec<serde_json::Value>,
+    results: Vec<crate::tools::ResultReport>,
     keep: Option<ToKeep>,
 }
 
