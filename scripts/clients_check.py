@@ -25,13 +25,23 @@ Prints one `clients: N passed, M failed` line and exits non-zero on any failure.
 """
 
 import asyncio
-import json
-import os
-import pathlib
-import tempfile
 
 import structured_check
-from checklib import BASE, KEY, MESSAGES, MOCK_BASE, MOCK_REPLY, MODEL, TEXT, call_directive, check, eq, finish
+from checklib import (
+    BASE,
+    MESSAGES,
+    MOCK_BASE,
+    MOCK_REPLY,
+    MODEL,
+    TEXT,
+    call_directive,
+    chat_openai,
+    check,
+    eq,
+    finish,
+    llm_models,
+    pydantic_model,
+)
 
 QUESTION = MESSAGES[0]["content"]
 assert [m["role"] for m in MESSAGES] == ["user"], "the fixture is one user turn"
@@ -59,13 +69,8 @@ def delete_files(path: str) -> str:
 def pydantic_agent(base, model, tools=(), responses=False):
     """An Agent on fak; `responses`: pydantic-ai's Responses API model class."""
     from pydantic_ai import Agent
-    from pydantic_ai.models.openai import OpenAIChatModel, OpenAIResponsesModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-    from openai import AsyncOpenAI
 
-    client = AsyncOpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
-    cls = OpenAIResponsesModel if responses else OpenAIChatModel
-    m = cls(model, provider=OpenAIProvider(openai_client=client))
+    m = pydantic_model(base, model, responses)
     return Agent(m, tools=list(tools), model_settings={"temperature": 0})
 
 
@@ -119,16 +124,6 @@ def pydantic_denied(responses=False):
 
 
 # ---------------------------------------------------------------- LangChain
-
-
-def chat_openai(base, model, responses=False):
-    """`ChatOpenAI` on fak; `responses`: `use_responses_api=True`, whose message content
-    is a list of blocks (`.text` joins their text)."""
-    from langchain_openai import ChatOpenAI
-
-    return ChatOpenAI(
-        model=model, base_url=f"{base}/v1", api_key=KEY, temperature=0, max_retries=0, use_responses_api=responses
-    )
 
 
 def langchain_from_responses(ai):
@@ -193,20 +188,6 @@ def langchain_denied(responses=False):
 
 
 # ---------------------------------------------------------------- llm
-
-
-def llm_models():
-    """Registers fak's two servers as OpenAI-compatible models in a fresh llm user dir
-    (llm's documented `extra-openai-models.yaml`), with the key in its keys.json."""
-    d = tempfile.mkdtemp(prefix="llm-user-")
-    os.environ["LLM_USER_PATH"] = d
-    pathlib.Path(d, "keys.json").write_text(json.dumps({"fak": KEY}))
-    pathlib.Path(d, "extra-openai-models.yaml").write_text(
-        f"- model_id: fak-real\n  model_name: {MODEL}\n  api_base: {BASE}/v1\n  api_key_name: fak\n"
-        f"  supports_tools: true\n  supports_schema: true\n"
-        f"- model_id: fak-mock\n  model_name: mock\n  api_base: {MOCK_BASE}/v1\n  api_key_name: fak\n"
-        f"  supports_tools: true\n"
-    )
 
 
 def llm_chat():

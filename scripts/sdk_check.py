@@ -31,16 +31,29 @@ import anthropic
 import openai
 import pydantic
 
-from checklib import BASE, CASE, KEY, MESSAGES, MOCK_BASE, MODEL, TEXT, call_directive, check, eq, finish, raises
+from checklib import (
+    CASE,
+    MESSAGES,
+    MOCK_BASE,
+    MODEL,
+    TEXT,
+    anthropic_client,
+    call_directive,
+    check,
+    eq,
+    finish,
+    openai_client,
+    raises,
+)
 
 N_PROMPT = len(CASE["prompt_ids"])
 N_COMPLETION = len(CASE["completion_ids"])
 
 
-oa = openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
-an = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0)
-om = openai.OpenAI(base_url=f"{MOCK_BASE}/v1", api_key=KEY, max_retries=0)
-am = anthropic.Anthropic(base_url=MOCK_BASE, api_key=KEY, max_retries=0)
+oa = openai_client()
+an = anthropic_client()
+om = openai_client(MOCK_BASE)
+am = anthropic_client(MOCK_BASE)
 WEATHER_SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 OA_TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Weather for a city", "parameters": WEATHER_SCHEMA}},
@@ -153,7 +166,7 @@ def openai_errors():
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=[]))
     huge = [{"role": "user", "content": "x" * (9 << 20)}]  # over the 8 MB default limit
     raises(openai.APIStatusError, 413, lambda: oa.chat.completions.create(model=MODEL, messages=huge))
-    bad = openai.OpenAI(base_url=f"{BASE}/v1", api_key="wrong", max_retries=0)
+    bad = openai_client(key="wrong")
     raises(openai.AuthenticationError, 401, lambda: bad.models.list())
 
 
@@ -217,7 +230,7 @@ def anthropic_errors():
         lambda: an.messages.create(model=MODEL, max_tokens=5, messages=[{"role": "user", "content": "word " * 9000}]),
         needle="context window",
     )
-    bad = anthropic.Anthropic(base_url=BASE, api_key="wrong", max_retries=0)
+    bad = anthropic_client(key="wrong")
     raises(anthropic.AuthenticationError, 401, lambda: bad.messages.create(model=MODEL, max_tokens=5, messages=MESSAGES))
 
 
@@ -419,7 +432,7 @@ def get_weather(city: str) -> str:
 
 def agent():
     agents.set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=f"{MOCK_BASE}/v1", api_key=KEY, max_retries=0)
+    client = openai_client(MOCK_BASE, async_=True)
     agents.set_default_openai_client(client, use_for_tracing=False)
     # A model id string: the SDK's default provider and model class (Responses API).
     a = agents.Agent(name="weather", instructions="Use the tool.", model="mock", tools=[get_weather])

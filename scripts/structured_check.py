@@ -22,17 +22,20 @@ non-zero unless every output validated. scripts/clients_check.py runs a few of t
 
 import argparse
 import json
-import os
 import pathlib
 import subprocess
 import sys
-import tempfile
 import time
 
 import jsonschema
 import pydantic
 
-from checklib import BASE, KEY, MODEL
+from checklib import BASE, MODEL, anthropic_client, chat_openai, llm_models, openai_client, pydantic_model
+
+# The reply's token limit where a client sends none of its own (LangChain, llm): a user
+# of a small local model sets one, as a 135M model at temperature 0 can repeat itself
+# inside a string until the context window is full.
+MAX_TOKENS = 200
 
 
 class Person(pydantic.BaseModel):
@@ -69,12 +72,6 @@ PROMPTS = [f.format(r) for f in FRAMES for r in ROLES]
 assert len(PROMPTS) == 50
 
 
-def openai_client():
-    import openai
-
-    return openai.OpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
-
-
 def openai_chat_parse(q):
     r = openai_client().chat.completions.parse(
         model=MODEL, messages=[{"role": "user", "content": q}], response_format=Person, temperature=0
@@ -90,39 +87,28 @@ def openai_responses_parse(q):
 
 
 def anthropic_parse(q):
-    import anthropic
-
-    c = anthropic.Anthropic(base_url=BASE, api_key=KEY, max_retries=0)
-    r = c.messages.parse(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": q}], output_format=Person)
+    r = anthropic_client().messages.parse(model=MODEL, max_tokens=200, messages=[{"role": "user", "content": q}], output_format=Person)
     assert isinstance(r.parsed_output, Person), r
     return r.content[0].text, SCHEMA
 
 
 def pydantic_native(q):
-    from openai import AsyncOpenAI
     from pydantic_ai import Agent, NativeOutput
-    from pydantic_ai.models.openai import OpenAIChatModel
-    from pydantic_ai.providers.openai import OpenAIProvider
 
-    client = AsyncOpenAI(base_url=f"{BASE}/v1", api_key=KEY, max_retries=0)
-    m = OpenAIChatModel(MODEL, provider=OpenAIProvider(openai_client=client))
-    agent = Agent(m, output_type=NativeOutput(Person), model_settings={"temperature": 0})
+    agent = Agent(pydantic_model(BASE, MODEL), output_type=NativeOutput(Person), model_settings={"temperature": 0})
     out = agent.run_sync(q).output
     assert isinstance(out, Person), out
     return out.model_dump_json(), SCHEMA
 
 
-def chat_openai():
-    from langchain_openai import ChatOpenAI
-
-    # max_tokens as a user of a small local model sets it: LangChain sends none, and in
-    # JSON mode (any object) a 135M model at temperature 0 can repeat itself inside a
-    # string until the context window is full.
-    return ChatOpenAI(model=MODEL, base_url=f"{BASE}/v1", api_key=KEY, temperature=0, max_retries=0, max_tokens=200)
+def langchain_chat():
+    # LangChain sends no max_tokens; in JSON mode (any object) the model is held to no
+    # schema's end.
+    return chat_openai(BASE, MODEL, max_tokens=MAX_TOKENS)
 
 
 def langchain_json_schema(q):
-    out = chat_openai().with_structured_output(Person, method="json_schema").invoke(q)
+    out = langchain_chat().with_structured_output(Person, method="json_schema").invoke(q)
     assert isinstance(out, Person), out
     return out.model_dump_json(), SCHEMA
 
@@ -133,7 +119,7 @@ def langchain_json_mode(q):
     # call must include instructions for formatting the output into the desired schema
     # (the model is given none): here, the keys.
     out = (
-        chat_openai()
+        langchain_chat()
         .with_structured_output(None, method="json_mode")
         .invoke(q + ' Answer in JSON with the keys "name" and "age".')
     )
@@ -141,25 +127,13 @@ def langchain_json_mode(q):
     return json.dumps(out), OBJECT
 
 
-def llm_setup():
-    """A fresh llm user dir with fak's real model registered (llm's documented
-    `extra-openai-models.yaml`, `supports_schema` so that `--schema` is sent as
-    `response_format`), unless LLM_USER_PATH already has one (clients_check.py's)."""
-    if os.environ.get("LLM_USER_PATH"):
-        return
-    d = tempfile.mkdtemp(prefix="llm-user-")
-    os.environ["LLM_USER_PATH"] = d
-    pathlib.Path(d, "keys.json").write_text(json.dumps({"fak": KEY}))
-    pathlib.Path(d, "extra-openai-models.yaml").write_text(
-        f"- model_id: fak-real\n  model_name: {MODEL}\n  api_base: {BASE}/v1\n  api_key_name: fak\n"
-        f"  supports_schema: true\n"
-    )
-
-
 def llm_schema(q):
     llm = pathlib.Path(sys.executable).parent / "llm"
     out = subprocess.run(
-        [str(llm), "-m", "fak-real", "--schema", json.dumps(SCHEMA), "-o", "temperature", "0", q],
+        # `max_tokens`: llm's OpenAI chat models' option (SharedOptions in its
+        # default_plugins/openai_models.py), sent as the request's `max_tokens`.
+        [str(llm), "-m", "fak-real", "--schema", json.dumps(SCHEMA), "-o", "temperature", "0"]
+        + ["-o", "max_tokens", str(MAX_TOKENS), q],
         capture_output=True,
         text=True,
         timeout=300,
@@ -189,7 +163,7 @@ def one(fn, q):
 
 def run_in_ci(check, n=2):
     """Adds one check per client (scripts/checklib.py's `check`), each on `n` prompts."""
-    llm_setup()
+    llm_models()
     for name, fn in CLIENTS:
         if fn is langchain_json_mode:
             # Not in CI: JSON mode constrains to any object, and SmolLM2-135M at
@@ -206,7 +180,7 @@ def main():
     ap.add_argument("--verbose", action="store_true", help="print every output")
     args = ap.parse_args()
     prompts = PROMPTS[: args.n]
-    llm_setup()
+    llm_models()
     ok = True
     for name, fn in CLIENTS:
         passed, t0 = 0, time.monotonic()

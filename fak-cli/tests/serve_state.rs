@@ -6,53 +6,23 @@ mod common;
 
 use common::Serve;
 use serde_json::{json, Value};
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::Path;
-use std::process::Command;
-use std::time::Duration;
 
 fn serve(home: &Path, args: &[&str]) -> Serve {
     let srv = Serve::spawn(
-        Command::new(env!("CARGO_BIN_EXE_fak"))
+        common::fak()
             .env("FAK_HOME", home)
             .args(["serve", "--engine", "mock", "--port", "0"])
             .args(args),
     );
-    let addr = &srv.addr;
-    // Ready when /health answers 200.
-    for _ in 0..600 {
-        let mut c = TcpStream::connect(addr).unwrap();
-        let _ = write!(
-            c,
-            "GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-        );
-        let mut buf = String::new();
-        let _ = c.read_to_string(&mut buf);
-        if buf.starts_with("HTTP/1.1 200") {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    common::wait_ready(&srv.addr);
     srv
 }
 
-/// One HTTP/1.1 POST; returns (status, body).
+/// One HTTP/1.1 POST of `body`; returns (status, body as JSON, `null` when not JSON).
 fn post(addr: &str, path: &str, body: &Value) -> (u16, Value) {
-    let body = body.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).unwrap();
-    let (head, body) = buf.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, serde_json::from_str(body).unwrap_or(Value::Null))
+    let (status, body) = common::http(addr, "POST", path, &body.to_string());
+    (status, serde_json::from_str(&body).unwrap_or(Value::Null))
 }
 
 fn with_result(result: &str) -> Value {
@@ -120,7 +90,7 @@ fn bad_state_flags_are_refused() {
         &["--max-tool-result-kb", "5000"],
         &["--store-max-items", "x"],
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_fak"))
+        let out = common::fak()
             .env("FAK_HOME", home.path())
             .args(["serve", "--engine", "mock", "--port", "0"])
             .args(args)

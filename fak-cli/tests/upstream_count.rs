@@ -241,6 +241,20 @@ fn is_verdict(text: &str) -> bool {
         && o.get("sure").is_some_and(Value::is_boolean)
 }
 
+/// `body` POSTed to `/v1/chat/completions` at `addr`: the 200 reply, whose message
+/// text is asserted to be a verdict ([`is_verdict`]), and that text.
+fn chat_verdict(addr: &str, body: &Value) -> (Value, String) {
+    let (status, resp) = http(addr, "POST", "/v1/chat/completions", &body.to_string());
+    assert_eq!(status, 200, "{resp}");
+    let v: Value = serde_json::from_str(&resp).unwrap();
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{resp}"))
+        .to_string();
+    assert!(is_verdict(&text), "{resp}");
+    (v, text)
+}
+
 /// `response_format` through `openai-upstream` and `output_config.format` through
 /// `anthropic-upstream` (and a chat `response_format` translated to it), in front of
 /// an in-kernel `fak serve`: the upstream constrains its reply to the format it was
@@ -275,17 +289,8 @@ fn structured_outputs_go_up_and_come_back_valid() {
     };
 
     let openai = front("openai-upstream");
-    let (status, resp) = http(
-        &openai.addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat(false).to_string(),
-    );
-    assert_eq!(status, 200, "{resp}");
-    let v: Value = serde_json::from_str(&resp).unwrap();
-    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{resp}");
-    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
-    assert!(is_verdict(text), "{text}");
+    let (v, text) = chat_verdict(&openai.addr, &chat(false));
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
     let (status, resp) = http(
         &openai.addr,
         "POST",
@@ -329,16 +334,5 @@ fn structured_outputs_go_up_and_come_back_valid() {
         is_verdict(v["content"][0]["text"].as_str().unwrap()),
         "{resp}"
     );
-    let (status, resp) = http(
-        &anthropic.addr,
-        "POST",
-        "/v1/chat/completions",
-        &chat(false).to_string(),
-    );
-    assert_eq!(status, 200, "{resp}");
-    let v: Value = serde_json::from_str(&resp).unwrap();
-    assert!(
-        is_verdict(v["choices"][0]["message"]["content"].as_str().unwrap()),
-        "{resp}"
-    );
+    chat_verdict(&anthropic.addr, &chat(false));
 }

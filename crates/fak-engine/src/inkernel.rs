@@ -164,8 +164,7 @@ impl Loaded {
                 let Some(g) = build(&compiles) else {
                     return Ok(None);
                 };
-                g.check_strict(tools)
-                    .map_err(EngineError::InvalidRequest)?;
+                g.check_strict(tools).map_err(EngineError::InvalidRequest)?;
                 for (name, why) in &g.fallbacks {
                     tracing::warn!(
                         tool = %name,

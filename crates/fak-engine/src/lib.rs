@@ -40,6 +40,7 @@ pub mod prefix;
 pub mod presets;
 pub mod registry;
 pub mod route;
+pub mod schema;
 pub mod tool_grammar;
 pub mod tools;
 pub mod upstream;
@@ -650,13 +651,14 @@ impl Collected {
 
 /// Content to take out of every cached conversation: a tool result named by the
 /// sha256 of its text ([`fak_ctxmmu::digest`]) or by the id of the call it answered.
-/// Either field matching is enough.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Either field matching is enough. Serialized as `/v1/fak/revoke`'s reply names it
+/// (`{"tool_call_id": ..., "digest": ...}`, each `null` when not given).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Revocation {
-    /// sha256 hex of the result's text as it entered the prompt.
-    pub digest: Option<String>,
     /// The `tool_call_id` (OpenAI) / `tool_use_id` (Anthropic) the result answered.
     pub tool_call_id: Option<String>,
+    /// sha256 hex of the result's text as it entered the prompt.
+    pub digest: Option<String>,
 }
 
 /// What a revocation did to the KV cache.

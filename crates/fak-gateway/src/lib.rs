@@ -88,7 +88,6 @@ use fak_ctxmmu::{Screen, ScreenConfig};
 use fak_engine::policy::Policy;
 use fak_engine::{EngineDriver, EngineError, EngineEvent, EventStream, GenerateRequest, Readiness};
 use metrics::Metrics;
-use serde_json::json;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -571,6 +570,17 @@ struct HealthReady<'a> {
     down: Vec<ModelDown>,
 }
 
+/// `/health`'s body (with a 503) while the engine loads or after it failed to.
+#[derive(serde::Serialize)]
+struct HealthNotReady<'a> {
+    /// `loading` or `failed`.
+    status: &'static str,
+    engine: &'a str,
+    /// Why loading failed (left out while loading).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
 /// One entry of [`HealthReady::down`].
 #[derive(serde::Serialize)]
 struct ModelDown {
@@ -599,12 +609,20 @@ async fn health(State(s): State<AppState>, down: Option<axum::Extension<ModelsDo
         Readiness::Loading => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "5")],
-            Json(json!({"status": "loading", "engine": s.driver.id()})),
+            Json(HealthNotReady {
+                status: "loading",
+                engine: s.driver.id(),
+                error: None,
+            }),
         )
             .into_response(),
         Readiness::Failed(m) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            Json(json!({"status": "failed", "engine": s.driver.id(), "error": m})),
+            Json(HealthNotReady {
+                status: "failed",
+                engine: s.driver.id(),
+                error: Some(m),
+            }),
         )
             .into_response(),
     }

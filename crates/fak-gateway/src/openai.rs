@@ -572,7 +572,7 @@ struct CallCheck {
     taint: fak_engine::policy::Taint,
     offered: Vec<ToolSpec>,
     /// The `fak.tool_results` entries of the request's screening.
-    results: Vec<Value>,
+    results: Vec<crate::tools::ResultReport>,
 }
 
 /// An allowed call in OpenAI's shape.

@@ -798,7 +798,7 @@ struct StreamWriter {
     conversation: String,
     taint: fak_engine::policy::Taint,
     offered: Vec<ToolSpec>,
-    results: Vec<serde_json::Value>,
+    results: Vec<crate::tools::ResultReport>,
     keep: Option<ToKeep>,
 }
 

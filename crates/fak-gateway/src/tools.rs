@@ -38,7 +38,7 @@ use axum::Json;
 use fak_ctxmmu::{AuditRecord, RevokeError, ScreenError, ToolResult, Verdict};
 use fak_engine::policy::{CallVerdict, Taint, ToolCall as PolicyCall};
 use fak_engine::{Message, Revocation, ToolCall, ToolChoice, ToolSpec};
-use serde_json::{json, Value};
+use serde_json::{Map, Value};
 use std::hash::{Hash, Hasher};
 
 /// Tool names as OpenAI accepts them: 1 to 64 of `[A-Za-z0-9_-]`.
@@ -146,8 +146,59 @@ pub(crate) struct Adjudicated {
     pub allowed: Vec<ToolCall>,
     /// Denied calls and why.
     pub denied: Vec<(ToolCall, CallVerdict)>,
-    /// The `fak` extension field (`None` when no call was proposed).
-    pub report: Option<Value>,
+    /// The `fak.tool_calls` entries, one per proposed call in order (empty when none
+    /// was proposed).
+    pub report: Vec<CallReport>,
+}
+
+/// One entry of a reply's `fak.tool_calls`: the boundary's decision on one proposed
+/// call. fak's own extension (no API reference has it); see docs/ctxmmu.md.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct CallReport {
+    /// The call's id, as the reply gives it to the client.
+    pub id: String,
+    /// The tool named by the call.
+    pub name: String,
+    /// `allow` or `deny`.
+    pub verdict: &'static str,
+    /// The deny reason (`DEFAULT_DENY`, `MALFORMED`, `UNKNOWN_TOOL`, ...); `null` when
+    /// allowed.
+    pub reason: Option<&'static str>,
+    /// Why, in words.
+    pub detail: String,
+}
+
+/// One entry of a reply's `fak.tool_results`: a tool result of the request that the
+/// screen did not admit as it was (admitted results are not listed). fak's own
+/// extension; see docs/ctxmmu.md.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct ResultReport {
+    /// The `tool_call_id` / `tool_use_id` the result answered, `null` when it had none.
+    pub tool_call_id: Option<String>,
+    /// The tool that produced it (from the call it answers), `unknown` when not named.
+    pub tool: String,
+    /// `page_out` or `quarantine`.
+    pub verdict: &'static str,
+    /// The quarantine reason (`TRUST_VIOLATION`, ..., [`UNSCREENABLE`]); `null` for a
+    /// page-out.
+    pub reason: Option<&'static str>,
+    /// The page-out store's id of the original (`null` for a withheld block's result).
+    pub id: Option<String>,
+    /// The text the model sees in the result's place.
+    pub stub: String,
+}
+
+/// A reply's `fak` field (fak's extension to each wire's reply): what the boundary did
+/// on this request. Each list is left out when empty; `finish_detail` is added by
+/// [`finish_detail`].
+#[derive(serde::Serialize)]
+struct FakField<'a> {
+    /// The decisions on the reply's proposed calls.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tool_calls: &'a [CallReport],
+    /// The request's tool results not admitted as they were.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    tool_results: &'a [ResultReport],
 }
 
 /// Decides every proposed call (see the module docs). Always returns quickly: the
@@ -221,13 +272,13 @@ pub(crate) fn adjudicate(
             digest: fak_ctxmmu::digest(&call.arguments),
             kept: None,
         });
-        report.push(json!({
-            "id": call.id,
-            "name": call.name,
-            "verdict": if verdict.allowed { "allow" } else { "deny" },
-            "reason": verdict.reason.map(|r| r.as_str()),
-            "detail": verdict.detail,
-        }));
+        report.push(CallReport {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            verdict: word,
+            reason,
+            detail: verdict.detail.clone(),
+        });
         if verdict.allowed {
             out.allowed.push(call);
         } else {
@@ -249,15 +300,15 @@ pub(crate) fn adjudicate(
                 reason: Some(fak_engine::policy::DenyReason::PolicyBlock),
                 detail: "the audit log cannot be written and the server is fail-closed (--audit-fail-closed)".into(),
             };
-            if let Some(e) = report.iter_mut().find(|e| e["id"] == call.id.as_str()) {
-                e["verdict"] = Value::from("deny");
-                e["reason"] = Value::from(v.reason.map(|r| r.as_str()));
-                e["detail"] = Value::from(v.detail.clone());
+            if let Some(e) = report.iter_mut().find(|e| e.id == call.id) {
+                e.verdict = "deny";
+                e.reason = v.reason.map(|r| r.as_str());
+                e.detail.clone_from(&v.detail);
             }
             out.denied.push((call, v));
         }
     }
-    out.report = Some(json!({ "tool_calls": report }));
+    out.report = report;
     out
 }
 
@@ -351,7 +402,7 @@ pub(crate) async fn screen_messages(
     messages: Vec<Message>,
     withheld: &[bool],
     flavor: Flavor,
-) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
+) -> Result<(Vec<Message>, Vec<ResultReport>), ApiError> {
     if !messages.iter().any(|m| m.role == "tool") {
         return Ok((messages, Vec::new()));
     }
@@ -369,7 +420,7 @@ fn screen_blocking(
     mut messages: Vec<Message>,
     withheld: &[bool],
     flavor: Flavor,
-) -> Result<(Vec<Message>, Vec<Value>), ApiError> {
+) -> Result<(Vec<Message>, Vec<ResultReport>), ApiError> {
     let mut report = Vec::new();
     let mut revoke = Vec::new();
     let names = call_names(&messages);
@@ -418,10 +469,14 @@ fn screen_blocking(
                 // A withheld block's stub is inside the admitted text; the text is what
                 // the model sees.
                 let stub = verdict.context_text(&m.content).to_string();
-                report.push(json!({
-                    "tool_call_id": m.tool_call_id, "tool": tool, "verdict": word,
-                    "reason": reason, "id": id, "stub": stub,
-                }));
+                report.push(ResultReport {
+                    tool_call_id: m.tool_call_id.clone(),
+                    tool,
+                    verdict: word,
+                    reason,
+                    id,
+                    stub: stub.clone(),
+                });
                 m.content = stub;
             }
         }
@@ -453,12 +508,15 @@ fn screen_error(e: &ScreenError) -> ApiError {
 
 /// The response's `fak` field: the screened results and the adjudicated calls, or
 /// `None` when there is nothing to say.
-pub(crate) fn fak_field(results: &[Value], a: &Adjudicated) -> Option<Value> {
-    let mut v = a.report.clone().unwrap_or_else(|| json!({}));
-    if !results.is_empty() {
-        v["tool_results"] = Value::Array(results.to_vec());
+pub(crate) fn fak_field(results: &[ResultReport], a: &Adjudicated) -> Option<Value> {
+    if results.is_empty() && a.report.is_empty() {
+        return None;
     }
-    (v.as_object().is_some_and(|o| !o.is_empty())).then_some(v)
+    serde_json::to_value(FakField {
+        tool_calls: &a.report,
+        tool_results: results,
+    })
+    .ok()
 }
 
 /// The word in a reply's `fak.finish_detail` when a grammar (`response_format`,
@@ -474,7 +532,7 @@ pub(crate) fn finish_detail(fak: Option<Value>, finish: fak_engine::FinishReason
     if finish != fak_engine::FinishReason::GrammarDeadEnd {
         return fak;
     }
-    let mut v = fak.unwrap_or_else(|| Value::Object(serde_json::Map::new()));
+    let mut v = fak.unwrap_or_else(|| Value::Object(Map::new()));
     v["finish_detail"] = Value::from(GRAMMAR_DEAD_END);
     Some(v)
 }
@@ -487,13 +545,32 @@ struct RevokeBody {
     digest: Option<String>,
 }
 
+/// `POST /v1/fak/revoke`'s reply: what was revoked (as named, the digest lowercased) and
+/// what it cut out of the KV cache.
+#[derive(serde::Serialize)]
+pub(crate) struct RevokeReply {
+    revoked: Revocation,
+    kv: fak_engine::RevokeReport,
+}
+
+/// `POST /v1/fak/policy/reload`'s reply: the manifest now in force and where it was
+/// read.
+#[derive(serde::Serialize)]
+pub(crate) struct ReloadReply {
+    /// Always `true` (a failed reload is an error instead).
+    reloaded: bool,
+    /// The `--policy` file.
+    path: String,
+    manifest: fak_engine::policy::Manifest,
+}
+
 /// `POST /v1/fak/revoke`: from now on the named content is quarantined (`REVOKED`)
 /// wherever it arrives, and it is cut out of every cached conversation now (unless the
 /// engine runs with `--no-kv-evict`). Answers what was cut.
 pub(crate) async fn revoke(
     State(s): State<AppState>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RevokeReply>, ApiError> {
     let f = Flavor::OpenAi;
     let b: RevokeBody = parse_body(&s, body, f)?;
     if b.tool_call_id.is_none() && b.digest.is_none() {
@@ -560,15 +637,14 @@ pub(crate) async fn revoke(
     if let Some(e) = unpersisted {
         return Err(ApiError::unavailable(e).with_flavor(f));
     }
-    Ok(Json(json!({
-        "revoked": {"tool_call_id": r.tool_call_id, "digest": r.digest},
-        "kv": {"sessions": k.sessions, "tokens_dropped": k.tokens_dropped},
-    })))
+    Ok(Json(RevokeReply { revoked: r, kv: k }))
 }
 
 /// `POST /v1/fak/policy/reload`: reads the `--policy` file again. An unreadable or
 /// invalid manifest is a 400 saying why, and the policy in force stays.
-pub(crate) async fn reload_policy(State(s): State<AppState>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn reload_policy(
+    State(s): State<AppState>,
+) -> Result<Json<ReloadReply>, ApiError> {
     let f = Flavor::OpenAi;
     let Some(path) = s.config.policy_path.clone() else {
         return Err(ApiError::bad_request(
@@ -611,9 +687,11 @@ pub(crate) async fn reload_policy(State(s): State<AppState>) -> Result<Json<Valu
             fak_ctxmmu::digest(&text),
         ));
     tracing::info!(target: "fak::boundary", "policy reloaded from {}", path.display());
-    Ok(Json(
-        json!({"reloaded": true, "path": path.display().to_string(), "manifest": m}),
-    ))
+    Ok(Json(ReloadReply {
+        reloaded: true,
+        path: path.display().to_string(),
+        manifest: m,
+    }))
 }
 
 /// Why `call`'s arguments break `tool`'s schema, if they do (the first error, with the
@@ -624,16 +702,7 @@ fn schema_error(tool: &ToolSpec, call: &ToolCall) -> Option<String> {
         Ok(v) => v,
         Err(e) => return Some(format!("the tool's schema cannot be used: {e}")),
     };
-    let first = v.iter_errors(&args).next()?;
-    let at = first.instance_path().to_string();
-    Some(format!(
-        "arguments do not match the tool's schema{}: {first}",
-        if at.is_empty() {
-            String::new()
-        } else {
-            format!(" at {at}")
-        }
-    ))
+    fak_engine::schema::first_schema_error(&v, &args, "arguments do not match the tool's schema")
 }
 
 /// The sentence a client sees for a denied call: Anthropic's explanatory text block, and
@@ -667,6 +736,6 @@ pub(crate) fn denial_suffix(empty: bool, a: &Adjudicated) -> String {
 pub(crate) fn arguments_object(call: &ToolCall) -> Value {
     match serde_json::from_str(&call.arguments) {
         Ok(v @ Value::Object(_)) => v,
-        _ => json!({}),
+        _ => Value::Object(Map::new()),
     }
 }

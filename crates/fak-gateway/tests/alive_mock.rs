@@ -40,15 +40,7 @@ const PIPELINED: &str = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
 /// Sends `body` to `path` (followed by `then`, raw) and returns the socket once the
 /// response head has arrived, with that head.
 fn head_then_socket(addr: SocketAddr, path: &str, body: &Value, then: &str) -> (TcpStream, String) {
-    let body = body.to_string();
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}{then}",
-        body.len()
-    )
-    .unwrap();
+    let mut s = send(addr, path, body, then);
     let mut got = Vec::new();
     let mut buf = [0u8; 1024];
     while !got.windows(4).any(|w| w == b"\r\n\r\n") {

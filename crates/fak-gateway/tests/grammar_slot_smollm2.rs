@@ -96,7 +96,11 @@ fn a_big_schema_waits_in_the_queue_and_the_next_request_is_a_429_at_once() {
     drop(busy);
     let queued = queued.join().unwrap();
     assert_eq!(queued.status, 400, "{}", queued.body);
-    assert!(message(&queued).contains("accepts no output"), "{}", queued.body);
+    assert!(
+        message(&queued).contains("accepts no output"),
+        "{}",
+        queued.body
+    );
 }
 
 #[fak_testkit::real_model]

@@ -149,20 +149,75 @@ fn chat(prompt: &str, tools: &Value, choice: Value) -> Value {
     })
 }
 
+/// Sends [`chat`]'s body to Chat Completions (`choice`: its `tool_choice`; `None`: left
+/// out) and returns the reply, asserting 200 and printing its `fak` report.
+fn chat_reply(srv: &Server, prompt: &str, tools: &Value, choice: Option<Value>) -> Value {
+    let mut body = chat(prompt, tools, choice.clone().unwrap_or(Value::Null));
+    if choice.is_none() {
+        body.as_object_mut().unwrap().remove("tool_choice");
+    }
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    println!("{prompt:?} -> {}", v["fak"]);
+    v
+}
+
+/// [`openai_tools`] in Anthropic's shape (`input_schema`).
+fn anthropic_tools() -> Vec<Value> {
+    openai_tools()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            json!({"name": f["name"], "description": f["description"],
+                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
+        })
+        .collect()
+}
+
+/// Sends `prompt` with `tools` ([`anthropic_tools`]) and `choice` to `/v1/messages` and
+/// returns the reply and its `tool_use` blocks' count, asserting: 200, no call denied
+/// `UNKNOWN_TOOL` or `MALFORMED` (one denied `TRUNCATED` only when `max_tokens` cut the
+/// reply off), and
+/// each `tool_use` block's `input` valid for its tool's `input_schema` (`jsonschema`).
+fn anthropic_reply(srv: &Server, tools: &[Value], prompt: &str, choice: Value) -> (Value, usize) {
+    let body = json!({
+        "model": ID, "max_tokens": 200, "temperature": 0,
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": tools, "tool_choice": choice
+    });
+    let r = post(srv.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    println!("{prompt:?} -> {}", v["fak"]);
+    for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
+        assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
+        assert_ne!(r["reason"], "MALFORMED", "{v}");
+        if r["reason"] == "TRUNCATED" {
+            assert_eq!(v["stop_reason"], "max_tokens", "{v}");
+        }
+    }
+    let mut blocks = 0;
+    for block in v["content"].as_array().unwrap() {
+        if block["type"] == "tool_use" {
+            blocks += 1;
+            let t = tools.iter().find(|t| t["name"] == block["name"]).unwrap();
+            let validator = jsonschema::validator_for(&t["input_schema"]).unwrap();
+            assert!(validator.is_valid(&block["input"]), "{block}");
+        }
+    }
+    (v, blocks)
+}
+
 #[fak_testkit::real_model]
 fn required_calls_name_an_offered_tool_with_valid_arguments() {
     let srv = server(true);
     let tools = openai_tools();
     let mut verdicts = Vec::new();
     for prompt in PROMPTS {
-        let r = post(
-            srv.addr,
-            "/v1/chat/completions",
-            &chat(prompt, &tools, json!("required")),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
+        let v = chat_reply(&srv, prompt, &tools, Some(json!("required")));
         let calls = check_calls(&v, &tools, None);
         assert_eq!(calls.len(), 1, "{v}");
         verdicts.extend(calls);
@@ -236,14 +291,7 @@ fn a_named_function_gets_one_call_of_that_function() {
             .zip(["search_flights", "get_weather", "get_time", "get_weather"])
     {
         let choice = json!({"type": "function", "function": {"name": name}});
-        let r = post(
-            srv.addr,
-            "/v1/chat/completions",
-            &chat(prompt, &tools, choice),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
+        let v = chat_reply(&srv, prompt, &tools, Some(choice));
         let calls = check_calls(&v, &tools, Some(name));
         assert_eq!(calls.len(), 1, "{v}");
     }
@@ -254,31 +302,14 @@ fn a_named_function_gets_one_call_of_that_function() {
 #[fak_testkit::real_model]
 fn anthropic_any_and_tool_choices_get_valid_tool_use_blocks() {
     let srv = server(true);
-    let tools: Vec<Value> = openai_tools()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let f = &t["function"];
-            json!({"name": f["name"], "description": f["description"],
-                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
-        })
-        .collect();
+    let tools = anthropic_tools();
     for (i, prompt) in PROMPTS.iter().enumerate() {
         let choice = if i % 2 == 0 {
             json!({"type": "any"})
         } else {
             json!({"type": "tool", "name": "get_weather"})
         };
-        let body = json!({
-            "model": ID, "max_tokens": 200, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}],
-            "tools": tools, "tool_choice": choice
-        });
-        let r = post(srv.addr, "/v1/messages", &body);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
+        let (v, _) = anthropic_reply(&srv, &tools, prompt, choice);
         let report = v["fak"]["tool_calls"]
             .as_array()
             .unwrap_or_else(|| panic!("{v}"));
@@ -291,13 +322,6 @@ fn anthropic_any_and_tool_choices_get_valid_tool_use_blocks() {
             }
             if i % 2 == 1 {
                 assert_eq!(r["name"], "get_weather", "{v}");
-            }
-        }
-        for block in v["content"].as_array().unwrap() {
-            if block["type"] == "tool_use" {
-                let t = tools.iter().find(|t| t["name"] == block["name"]).unwrap();
-                let validator = jsonschema::validator_for(&t["input_schema"]).unwrap();
-                assert!(validator.is_valid(&block["input"]), "{block}");
             }
         }
     }
@@ -313,14 +337,7 @@ fn without_the_grammar_some_forced_calls_are_malformed() {
     let tools = openai_tools();
     let mut bad = 0;
     for prompt in PROMPTS {
-        let r = post(
-            srv.addr,
-            "/v1/chat/completions",
-            &chat(prompt, &tools, json!("required")),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
+        let v = chat_reply(&srv, prompt, &tools, Some(json!("required")));
         bad += v["fak"]["tool_calls"]
             .as_array()
             .into_iter()
@@ -371,14 +388,7 @@ fn auto_calls_the_model_opens_are_well_formed() {
     for choice in [Some(json!("auto")), None] {
         let (mut with_calls, mut allowed) = (0, 0);
         for prompt in AUTO_PROMPTS {
-            let mut body = chat(prompt, &tools, json!("auto"));
-            if choice.is_none() {
-                body.as_object_mut().unwrap().remove("tool_choice");
-            }
-            let r = post(srv.addr, "/v1/chat/completions", &body);
-            assert_eq!(r.status, 200, "{}", r.body);
-            let v = r.json();
-            println!("{prompt:?} -> {}", v["fak"]);
+            let v = chat_reply(&srv, prompt, &tools, choice.clone());
             if reported(&v).is_empty() {
                 continue;
             }
@@ -406,14 +416,7 @@ fn without_the_grammar_auto_calls_are_broken() {
     let tools = openai_tools();
     let mut bad = 0;
     for prompt in AUTO_PROMPTS {
-        let r = post(
-            srv.addr,
-            "/v1/chat/completions",
-            &chat(prompt, &tools, json!("auto")),
-        );
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
+        let v = chat_reply(&srv, prompt, &tools, Some(json!("auto")));
         bad += reported(&v)
             .iter()
             .filter(|(name, reason)| {
@@ -442,14 +445,7 @@ fn auto_text_replies_are_the_unconstrained_text() {
         let srv = server(constrain);
         let mut out = Vec::new();
         for prompt in prompts {
-            let r = post(
-                srv.addr,
-                "/v1/chat/completions",
-                &chat(prompt, &tools, json!("auto")),
-            );
-            assert_eq!(r.status, 200, "{}", r.body);
-            let v = r.json();
-            println!("{constrain} {prompt:?} -> {v}");
+            let v = chat_reply(&srv, prompt, &tools, Some(json!("auto")));
             assert!(reported(&v).is_empty(), "{v}");
             let text = v["choices"][0]["message"]["content"]
                 .as_str()
@@ -468,49 +464,18 @@ fn auto_text_replies_are_the_unconstrained_text() {
 #[fak_testkit::real_model]
 fn anthropic_auto_tool_use_blocks_are_valid() {
     let srv = server(true);
-    let tools: Vec<Value> = openai_tools()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let f = &t["function"];
-            json!({"name": f["name"], "description": f["description"],
-                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
-        })
-        .collect();
+    let tools = anthropic_tools();
     let mut blocks = 0;
     for prompt in AUTO_PROMPTS {
-        let body = json!({
-            "model": ID, "max_tokens": 200, "temperature": 0,
-            "messages": [{"role": "user", "content": prompt}],
-            "tools": tools, "tool_choice": {"type": "auto"}
-        });
-        let r = post(srv.addr, "/v1/messages", &body);
-        assert_eq!(r.status, 200, "{}", r.body);
-        let v = r.json();
-        println!("{prompt:?} -> {}", v["fak"]);
-        for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
-            assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-            if r["reason"] == "MALFORMED" {
-                assert_eq!(v["stop_reason"], "max_tokens", "{v}");
-            }
-        }
-        for block in v["content"].as_array().unwrap() {
-            if block["type"] == "tool_use" {
-                blocks += 1;
-                let t = tools.iter().find(|t| t["name"] == block["name"]).unwrap();
-                let validator = jsonschema::validator_for(&t["input_schema"]).unwrap();
-                assert!(validator.is_valid(&block["input"]), "{block}");
-            }
-        }
+        blocks += anthropic_reply(&srv, &tools, prompt, json!({"type": "auto"})).1;
     }
     assert!(blocks >= 1, "no tool_use block");
 }
 
 /// The Responses API's `tool_choice: "auto"` (function tools in its flat shape): each
 /// `function_call` output item names an offered tool and its `arguments` validate
-/// against the tool's `parameters`; no call is denied `UNKNOWN_TOOL`, nor `MALFORMED`
-/// unless `max_output_tokens` cut it off.
+/// against the tool's `parameters`; no call is denied `UNKNOWN_TOOL` or `MALFORMED`
+/// (`TRUNCATED` only when `max_output_tokens` cut it off).
 #[fak_testkit::real_model]
 fn responses_auto_function_calls_are_valid() {
     let srv = server(true);
@@ -536,7 +501,8 @@ fn responses_auto_function_calls_are_valid() {
         println!("{prompt:?} -> {}", v["output"]);
         for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
             assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-            if r["reason"] == "MALFORMED" {
+            assert_ne!(r["reason"], "MALFORMED", "{v}");
+            if r["reason"] == "TRUNCATED" {
                 assert_eq!(v["status"], "incomplete", "{v}");
             }
         }

@@ -8,30 +8,18 @@
 //! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
 //! reports them as ignored, never in CI).
 
+mod common;
+
+use common::{load, prompt_ids};
 use fak_kv::grammar::{mask_logits, Constraint};
 use fak_kv::{
     generate_text, FinishReason, GrammarCompiler, GrammarError, GrammarSpec, Session, TextParams,
 };
-use fak_model::{catalog, ChatTemplate, Message, Model, Tokenizer, WeightMode};
+use fak_model::{Tokenizer, WeightMode};
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
-
-fn smollm2_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return PathBuf::from(p);
-    }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
-}
-
-fn load(mode: WeightMode) -> (Arc<Model>, Tokenizer, ChatTemplate) {
-    let path = smollm2_path();
-    let model = Arc::new(Model::load_with(&path, mode).unwrap());
-    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
-    (model, tok, tmpl)
-}
 
 /// Counts the heap bytes live in this test process, to measure what the trie holds.
 struct Counting;
@@ -67,14 +55,8 @@ fn person_schema() -> serde_json::Value {
     })
 }
 
-fn prompt_ids(tok: &Tokenizer, tmpl: &ChatTemplate) -> Vec<u32> {
-    let messages = [Message::new(
-        "user",
-        "Tell me about a famous scientist: their name and their age when they died.",
-    )];
-    let text = tmpl.render(&messages, true, None).unwrap();
-    tok.encode_with_special(&text).unwrap()
-}
+/// The one-turn prompt the constrained replies here answer.
+const PROMPT: &str = "Tell me about a famous scientist: their name and their age when they died.";
 
 /// The reply parses as JSON, is an object with exactly `name` (a string) and `age`
 /// (an integer in range): the schema, checked by hand (not by our grammar code).
@@ -101,7 +83,7 @@ fn mask_invariant_on(mode: WeightMode) {
         .compile(&GrammarSpec::json_schema(person_schema()))
         .unwrap();
     let stop_ids = tmpl.stop_token_ids(&tok);
-    let ids = prompt_ids(&tok, &tmpl);
+    let ids = prompt_ids(&tok, &tmpl, PROMPT);
     let params = TextParams {
         sampling: Default::default(),
         max_tokens: 64,
@@ -204,7 +186,7 @@ fn json_object_replies_parse_at_temperature_one() {
     let (model, tok, tmpl) = load(WeightMode::Native);
     let compiler = GrammarCompiler::new(&tok, model.config().vocab_size).unwrap();
     let grammar = compiler.compile(&GrammarSpec::JsonObject).unwrap();
-    let ids = prompt_ids(&tok, &tmpl);
+    let ids = prompt_ids(&tok, &tmpl, PROMPT);
     let mut complete = 0;
     for seed in 0..4 {
         let params = TextParams {

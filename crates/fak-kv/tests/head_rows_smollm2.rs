@@ -9,31 +9,13 @@
 //! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
 //! reports them as ignored, never in CI).
 
+mod common;
+
+use common::{load, prompt_ids};
 use fak_kv::grammar::mask_logits;
 use fak_kv::{generate_text, FinishReason, GrammarCompiler, GrammarSpec, Session, TextParams};
-use fak_model::{catalog, ChatTemplate, Message, Model, Tokenizer, WeightMode};
-use std::path::PathBuf;
+use fak_model::WeightMode;
 use std::sync::Arc;
-
-fn smollm2_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return PathBuf::from(p);
-    }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
-}
-
-fn load(mode: WeightMode) -> (Arc<Model>, Tokenizer, ChatTemplate) {
-    let path = smollm2_path();
-    let model = Arc::new(Model::load_with(&path, mode).unwrap());
-    let (tok, tmpl) = fak_model::load_text(&path, model.config()).unwrap();
-    (model, tok, tmpl)
-}
-
-fn prompt_ids(tok: &Tokenizer, tmpl: &ChatTemplate, text: &str) -> Vec<u32> {
-    let messages = [Message::new("user", text)];
-    tok.encode_with_special(&tmpl.render(&messages, true, None).unwrap())
-        .unwrap()
-}
 
 /// Every K, pre-RoPE K and V value of the two sessions' caches, bit for bit.
 fn assert_same_cache(a: &Session, b: &Session, what: &str) {

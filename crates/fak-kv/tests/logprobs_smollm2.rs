@@ -13,18 +13,14 @@
 //! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
 //! reports them as ignored, never in CI).
 
+mod common;
+
+use common::smollm2_path;
 use fak_kv::{generate_text_with_logprobs, FinishReason, Session, TextParams, TokenLogprob};
 use fak_model::oracle::{oracle_files_in, Oracle};
-use fak_model::{catalog, Model, StreamDecoder, Tokenizer};
+use fak_model::{Model, StreamDecoder, Tokenizer};
 use std::path::PathBuf;
 use std::sync::Arc;
-
-fn smollm2_path() -> PathBuf {
-    if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
-        return PathBuf::from(p);
-    }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
-}
 
 fn testdata() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../testdata")

@@ -62,18 +62,11 @@ impl ReplyCheck {
                 "the reply is not a JSON object but {}",
                 kind(&value)
             )),
-            ReplyCheck::Schema(v) => {
-                let first = v.iter_errors(&value).next()?;
-                let at = first.instance_path().to_string();
-                Some(format!(
-                    "the reply does not match the schema{}: {first}",
-                    if at.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" at {at}")
-                    }
-                ))
-            }
+            ReplyCheck::Schema(v) => fak_engine::schema::first_schema_error(
+                v,
+                &value,
+                "the reply does not match the schema",
+            ),
         }
     }
 }

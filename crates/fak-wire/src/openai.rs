@@ -360,7 +360,8 @@ pub struct SamplingExtensions {
 /// Its `Deserialize` is written out rather than derived: inside a `#[serde(flatten)]`
 /// a derived struct's errors lose the field's name (the flattened values are
 /// re-read from a buffer that `serde_path_to_error` does not see), so each error here
-/// starts with the field (`temperature: invalid type: string "hot", expected f32`). A
+/// starts with the field and the path inside it (`temperature: invalid type: string
+/// "hot", expected f32`, ``stop[1]: invalid type: integer `5`, expected a string``). A
 /// field given twice is an error naming it, as a derived struct's is.
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SamplingParams {
@@ -399,7 +400,8 @@ impl<'de> Deserialize<'de> for SamplingParams {
                 f.write_str("a request object")
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SamplingParams, A::Error> {
-                /// `key`'s value, its error prefixed with `key`; an error if seen before.
+                /// `key`'s value, its error prefixed with its path from `key` (`stop[1]: ...`);
+                /// an error if seen before.
                 fn take<'de, A: MapAccess<'de>, T: Deserialize<'de>>(
                     map: &mut A,
                     slot: &mut Option<T>,
@@ -409,10 +411,24 @@ impl<'de> Deserialize<'de> for SamplingParams {
                         // `null` then a value would pass; serde's derive has the same gap.
                         return Err(de::Error::custom(format_args!("duplicate field `{key}`")));
                     }
-                    *slot = map
-                        .next_value::<Option<T>>()
-                        .map_err(|e| de::Error::custom(format_args!("{key}: {e}")))?;
+                    *slot = map.next_value_seed(Field::<T>(key, std::marker::PhantomData))?;
                     Ok(())
+                }
+                /// The value of field `.0` as `Option<T>`, read through
+                /// `serde_path_to_error` so that an error inside it (an element of a
+                /// list) keeps its path under the field.
+                struct Field<'k, T>(&'k str, std::marker::PhantomData<T>);
+                impl<'de, T: Deserialize<'de>> de::DeserializeSeed<'de> for Field<'_, T> {
+                    type Value = Option<T>;
+                    fn deserialize<D: Deserializer<'de>>(
+                        self,
+                        d: D,
+                    ) -> Result<Option<T>, D::Error> {
+                        serde_path_to_error::deserialize(d).map_err(|e| {
+                            let path = crate::join_path(self.0, &e.path().to_string());
+                            de::Error::custom(format_args!("{path}: {}", e.into_inner()))
+                        })
+                    }
                 }
                 let mut p = SamplingParams::default();
                 let x = &mut p.extensions;
@@ -1434,11 +1450,23 @@ mod tests {
             for e in errors(field, v) {
                 // By the path (`stop[1]: ...`), or, under `flatten`, by the message.
                 let named = e
+                    .strip_prefix(".: ")
+                    .unwrap_or(&e)
                     .strip_prefix(field)
-                    .is_some_and(|r| r.starts_with([':', '[']))
-                    || e.starts_with(&format!(".: {field}: "));
+                    .is_some_and(|r| r.starts_with([':', '[']));
                 assert!(named, "{field} = {v}: {e}");
             }
+        }
+    }
+
+    #[test]
+    fn an_error_inside_a_stop_list_names_the_element() {
+        // Under `flatten` the path is the top (`.`); the message carries the rest.
+        for e in errors("stop", r#"["a", 5]"#) {
+            assert!(
+                e.starts_with(".: stop[1]: invalid type: integer `5`, expected a string"),
+                "{e}"
+            );
         }
     }
 
