@@ -3,8 +3,8 @@
 //! the round-to-nearest-even narrowing of the activation quantizers.
 
 /// Widen IEEE binary16 bits to `f32` exactly (subnormals normalized, NaN payload
-/// shifted into place and kept signalling; the same bits as `fak_weights`'
-/// `f16_bits_to_f32` and numpy's `astype(np.float32)`).
+/// shifted into place and kept signalling; the bits of numpy's `astype(np.float32)`;
+/// `fak_weights` re-exports it as `f16_bits_to_f32`, the widening of its dequantizers).
 #[inline]
 pub fn f16_to_f32(h: u16) -> f32 {
     let sign = ((h as u32) & 0x8000) << 16;

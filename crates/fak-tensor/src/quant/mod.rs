@@ -143,12 +143,13 @@ pub use q8_0::{
 pub use q8_1::{quantize_q8_1, quantize_q8_1_into, BlockQ8_1};
 pub use q8_k::{quantize_q8_k, quantize_q8_k_into, BlockQ8K};
 pub use threads::{matmul_threads, matvec_many, matvec_pool, matvec_threads, Matvec};
+pub use unpack::k4_scale_min;
 
 // Shared with the kernels in the files beside this one.
 use dispatch::matvec_with;
 use f16::f16_at;
 use q8_0::q8_block_ref;
-use unpack::{k4_scale_min, k_mins};
+use unpack::k_mins;
 
 // Internals the tests reach through `use super::*`.
 #[cfg(test)]

@@ -23,8 +23,12 @@ pub(crate) fn five_bit(qh: &[u8], qs: &[u8]) -> [i32; QK] {
     q
 }
 
-/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`).
-pub(crate) fn k4_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`)
+/// from its 12-byte `scales` field; also the dequantizers' (`fak_weights::dequant`).
+///
+/// Shapes: `s` is the block's `scales` field, bytes 4..16 of the block; only `s[..12]`
+/// is read, and a slice shorter than 12 bytes panics (every caller passes the field).
+pub fn k4_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
     let mut sc = [0u8; 8];
     let mut mn = [0u8; 8];
     for j in 0..4 {
