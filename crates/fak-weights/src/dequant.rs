@@ -12,6 +12,7 @@
 
 use crate::ggml_type::{GgmlType, QK_K};
 use bytemuck::{Pod, Zeroable};
+use fak_tensor::quant::k4_scale_min;
 use std::mem::size_of;
 
 /// Why a buffer could not be dequantized.
@@ -50,26 +51,10 @@ pub enum DequantError {
 /// NaN stays signalling, unlike `half::f16::to_f32` and torch, which set the quiet
 /// bit; see [`crate::widen_f16`] for that variant).
 ///
-/// This is the conversion gguf-py applies to every f16 scale and to F16 tensors.
-#[inline]
-pub fn f16_bits_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) & 0x8000) << 16;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x03ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: value = man * 2^-24. Normalize the mantissa.
-            let shift = man.leading_zeros() - 21; // bring the top set bit to bit 10
-            let man = (man << shift) & 0x03ff;
-            let exp = 127 - 15 + 1 - shift;
-            sign | (exp << 23) | (man << 13)
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
+/// This is the conversion gguf-py applies to every f16 scale and to F16 tensors; it is
+/// fak-tensor's [`fak_tensor::quant::f16_to_f32`], the widening of the quantized dot
+/// products too, defined once there.
+pub use fak_tensor::quant::f16_to_f32 as f16_bits_to_f32;
 
 #[inline]
 fn f16_le(b: [u8; 2]) -> f32 {
@@ -466,19 +451,6 @@ pub fn dequantize_q3_k(blocks: &[BlockQ3K], out: &mut [f32]) {
             *x = dl * q as f32;
         }
     }
-}
-
-/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`).
-fn k4_scale_min(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let mut sc = [0u8; 8];
-    let mut mn = [0u8; 8];
-    for j in 0..4 {
-        sc[j] = s[j] & 0x3f;
-        mn[j] = s[j + 4] & 0x3f;
-        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30);
-        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
-    }
-    (sc, mn)
 }
 
 /// Q4_K: per group of 32, `dg = d * scale`, `mg = dmin * min`, `x = (dg * q) - mg`

@@ -120,8 +120,8 @@ const ALL: [GgmlType; 32] = [
     GgmlType::MXFP4,
 ];
 
-/// Elements per K-quant super-block (ggml's `QK_K`).
-pub const QK_K: usize = 256;
+/// Elements per K-quant super-block (ggml's `QK_K`), fak-tensor's constant.
+pub use fak_tensor::quant::QK_K;
 
 impl GgmlType {
     /// Every type this crate knows, in id order.

@@ -1,8 +1,8 @@
 //! AVX2 kernels of the quantized dot products. Each one computes the same exact
-//! integer lane sums as its scalar reference in `quant.rs` (`maddubs` pairs adjacent
-//! bytes into i16, `madd` pairs adjacent i16 into i32, so i32 lane `m` holds bytes
-//! `4m..4m+4` of a 32-byte chunk) and combines them with the same float operations in
-//! the same order (module docs of `quant`).
+//! integer lane sums as its scalar reference in the type's file (`q4_0.rs` …
+//! `q6_k.rs`; `maddubs` pairs adjacent bytes into i16, `madd` pairs adjacent i16 into
+//! i32, so i32 lane `m` holds bytes `4m..4m+4` of a 32-byte chunk) and combines them
+//! with the same float operations in the same order (module docs of `quant`).
 //!
 //! Saturation: `_mm256_maddubs_epi16` saturates its i16 pair sums, so every use keeps
 //! the unsigned operand below 64 (|pair| ≤ 2 · 63 · 128 = 16128 < 32767). Offsets are
@@ -13,7 +13,8 @@
 //! (`VnniQ8_0`).
 //!
 //! Every function here requires AVX2 and F16C (`# Safety`) and that `w` holds exactly
-//! `a.len()` blocks, which the dispatchers in `quant.rs` check before calling.
+//! `a.len()` blocks, which the dispatchers (`vec_dot_*` in each type's file,
+//! `dispatch.rs`, `tiles.rs`) check before calling.
 
 use super::{k4_scale_min, k_mins, BlockQ8K, BlockQ8_0, BlockQ8_1};
 use crate::dot::reduce_lanes;

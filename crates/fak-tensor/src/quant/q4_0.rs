@@ -1,0 +1,30 @@
+//! Q4_0 weights (ggml `block_q4_0`, 18-byte blocks of 32: an f16 scale and 4-bit quants
+//! offset by 8) × Q8_0 activations: the scalar reference and its dispatch.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
+use super::unpack::{accumulate, lanes4, nibbles};
+use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_0, QType, QuantError};
+use crate::dot::reduce_lanes;
+
+/// Scalar reference of Q4_0 × Q8_0 in the canonical order ([`super`] docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q4_0 blocks (`18 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q4_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
+    check_row(QType::Q4_0, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(18).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        let q = nibbles(&wb[2..18]).map(|v| v - 8);
+        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+dispatch!(
+    /// Q4_0 weights × Q8_0 activations, one row: `Σ_e w_e x_e` over the row.
+    vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref, dot_q4_0_q8_0, QType::Q4_0, BlockQ8_0
+);

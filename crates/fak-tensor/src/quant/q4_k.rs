@@ -1,0 +1,60 @@
+//! Q4_K weights (ggml `block_q4_K`, 144-byte super-blocks of 256: eight groups of 32
+//! with 6-bit scales and mins) × Q8_K activations: the scalar reference (and the one it
+//! shares with Q5_K) and its dispatch.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
+use super::unpack::{accumulate, k4_scale_min, k_mins, lanes4};
+use super::{check_row, f16_at, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
+use crate::dot::reduce_lanes;
+
+/// Scalar reference shared by Q4_K and Q5_K: `q(wb, e)` gives the unsigned quant of
+/// element `e`.
+pub(crate) fn k45_ref(
+    w: &[u8],
+    a: &[BlockQ8K],
+    bytes: usize,
+    q: impl Fn(&[u8], usize) -> i32,
+) -> f32 {
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
+        let (sc, mn) = k4_scale_min(&wb[4..16]);
+        let mut l = [0i32; 8];
+        for (g, &s) in sc.iter().enumerate() {
+            let mut wg = [0i32; QK];
+            for (lane, v) in wg.iter_mut().enumerate() {
+                *v = q(wb, 32 * g + lane);
+            }
+            let lg = lanes4(&wg, &ab.qs[32 * g..32 * g + 32]);
+            for m in 0..8 {
+                l[m] += s as i32 * lg[m];
+            }
+        }
+        let d = ab.d * f16_at(wb, 0);
+        let dmin = ab.d * f16_at(wb, 2);
+        accumulate(&mut acc, d, &l);
+        summ += dmin * k_mins(&mn, &ab.bsums) as f32;
+    }
+    reduce_lanes(&acc) - summ
+}
+
+/// Scalar reference of Q4_K × Q8_K in the canonical order ([`super`] docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q4_K super-blocks (`144 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q4_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
+    check_row(QType::Q4K, w.len(), a.len())?;
+    // Element e: group g = e / 32 = 2c + h takes nibble h of qs[32c + e % 32].
+    Ok(k45_ref(w, a, 144, |wb, e| {
+        let (g, lane) = (e / 32, e % 32);
+        ((wb[16 + 32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f) as i32
+    }))
+}
+
+dispatch!(
+    /// Q4_K weights × Q8_K activations, one row.
+    vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, dot_q4_k_q8_k, QType::Q4K, BlockQ8K
+);

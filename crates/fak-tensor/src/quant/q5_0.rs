@@ -1,0 +1,30 @@
+//! Q5_0 weights (ggml `block_q5_0`, 22-byte blocks of 32: an f16 scale and 5-bit quants
+//! offset by 16) × Q8_0 activations: the scalar reference and its dispatch.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
+use super::unpack::{accumulate, five_bit, lanes4};
+use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_0, QType, QuantError};
+use crate::dot::reduce_lanes;
+
+/// Scalar reference of Q5_0 × Q8_0 in the canonical order ([`super`] docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q5_0 blocks (`22 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q5_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
+    check_row(QType::Q5_0, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    for (wb, ab) in w.chunks_exact(22).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        let q = five_bit(&wb[2..6], &wb[6..22]).map(|v| v - 16);
+        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+    }
+    Ok(reduce_lanes(&acc))
+}
+
+dispatch!(
+    /// Q5_0 weights × Q8_0 activations, one row.
+    vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, dot_q5_0_q8_0, QType::Q5_0, BlockQ8_0
+);

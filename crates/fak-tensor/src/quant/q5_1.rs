@@ -1,0 +1,35 @@
+//! Q5_1 weights (ggml `block_q5_1`, 24-byte blocks of 32: f16 scale and minimum, 5-bit
+//! quants) × Q8_1 activations: the scalar reference and its dispatch.
+
+#[cfg(target_arch = "x86_64")]
+use super::avx2;
+use super::unpack::{accumulate, five_bit, lanes4};
+use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
+use crate::dot::reduce_lanes;
+
+/// Scalar reference of Q5_1 × Q8_1 in the canonical order ([`super`] docs).
+///
+/// Shapes: `w` is one row of `a.len()` Q5_1 blocks (`24 · a.len()` bytes).
+///
+/// # Errors
+/// [`QuantError::RowLength`] when the byte length does not match.
+pub fn vec_dot_q5_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantError> {
+    check_row(QType::Q5_1, w.len(), a.len())?;
+    let mut acc = [0f32; 8];
+    let mut summ = 0f32;
+    for (wb, ab) in w.chunks_exact(24).zip(a) {
+        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
+        accumulate(
+            &mut acc,
+            d,
+            &lanes4(&five_bit(&wb[4..8], &wb[8..24]), &ab.qs),
+        );
+        summ += f16_at(wb, 2) * f16_to_f32(ab.s);
+    }
+    Ok(reduce_lanes(&acc) + summ)
+}
+
+dispatch!(
+    /// Q5_1 weights × Q8_1 activations, one row.
+    vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, dot_q5_1_q8_1, QType::Q5_1, BlockQ8_1
+);

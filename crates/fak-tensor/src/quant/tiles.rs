@@ -1,0 +1,489 @@
+//! The x86 drivers of the SIMD kernels ([`super::avx2`], [`super::transposed`],
+//! [`super::transposed_k`]): a one-token product four rows at a time, and a
+//! multi-token product in tiles of rows × tokens, with the activation forms each
+//! instruction set reads prepared once per product.
+
+#[cfg(target_arch = "x86_64")]
+use super::{avx2, transposed, transposed_k};
+use super::{has_avx2_f16c, has_avx512_bw_vl, has_avx512_vnni, has_avx_vnni};
+use super::{BlockQ8K, BlockQ8_0, BlockQ8_1, QType, QuantizedActs};
+
+/// The 32-element types' matvec: four rows at a time through the interleaved AVX2
+/// kernel (each row in exactly its single-row order), the last `rows % 4` one by one;
+/// with AVX-VNNI lane sums when the CPU has them and the type asks for them
+/// (`Block32::VNNI_ROWS`; the same bits). Returns `true` (it always handles the
+/// product).
+///
+/// # Safety
+/// AVX2 and F16C are available, and AVX-VNNI when `vnni`; `rb == K::BYTES * a.len()`;
+/// `w.len() == rb * out.len()`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn rows4<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    a: &[K::Act],
+    out: &mut [f32],
+    vnni: bool,
+) -> bool
+where
+    K::Act: avx2::ActBlock,
+{
+    let scales = avx2::ActScales::new(a);
+    let sc = scales.get();
+    let va = (vnni && K::VNNI_ROWS).then(|| avx2::vnni_acts::<K>(a));
+    let mut outs = out.chunks_exact_mut(4);
+    let mut ws = w.chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 4>(wc, rb, va, sc, o),
+            None => avx2::rows::<K, 4>(wc, rb, a, sc, o),
+        }
+    }
+    let rest = outs.into_remainder();
+    for (o, wr) in rest
+        .chunks_exact_mut(1)
+        .zip(ws.remainder().chunks_exact(rb))
+    {
+        match &va {
+            Some(va) => avx2::rows_vnni::<K, 1>(wr, rb, va, sc, o),
+            None => avx2::rows::<K, 1>(wr, rb, a, sc, o),
+        }
+    }
+    true
+}
+
+/// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
+/// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
+///
+/// # Safety
+/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI are available;
+/// `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn rows4_512<K: avx2::Tile512>(
+    w: &[u8],
+    rb: usize,
+    a: &[K::Act],
+    out: &mut [f32],
+) -> bool
+where
+    K::Act: avx2::ActBlock,
+{
+    let scales = avx2::ActScales::new(a);
+    let sc = scales.get();
+    let va = avx2::vnni_acts::<K>(a);
+    let mut outs = out.chunks_exact_mut(4);
+    let mut ws = w.chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        avx2::rows_pairs_512::<K>(wc, rb, &va, sc, o);
+    }
+    let rest = outs.into_remainder();
+    for (o, wr) in rest
+        .chunks_exact_mut(1)
+        .zip(ws.remainder().chunks_exact(rb))
+    {
+        avx2::rows_vnni::<K, 1>(wr, rb, &va, sc, o);
+    }
+    true
+}
+
+/// The multi-token K-quant kernel's form of `ty` (`None`: not a K-quant).
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn k_quant(ty: QType) -> Option<avx2::KQuant> {
+    use avx2::KQuant;
+    match ty {
+        QType::Q4K => Some(KQuant::Q4),
+        QType::Q5K => Some(KQuant::Q5),
+        QType::Q6K => Some(KQuant::Q6),
+        _ => None,
+    }
+}
+
+/// Which lane sums the multi-token tiles compute (all give the same bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TileIsa {
+    /// AVX2 `maddubs`/`madd`.
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` ([`has_avx_vnni`]).
+    Vnni,
+    /// AVX-VNNI in code compiled with AVX-512BW and AVX-512VL too
+    /// ([`has_avx512_bw_vl`]).
+    Vnni512,
+    /// As `Vnni512`, and for Q4_1, Q5_0 and Q5_1 the 512-bit tiles holding two tokens
+    /// per register ([`tiles_512`], [`has_avx512_vnni`]).
+    Zmm,
+}
+
+impl TileIsa {
+    /// The best this CPU has, at most `cap`.
+    pub(crate) fn at_most(cap: TileIsa) -> TileIsa {
+        let best = match (has_avx_vnni(), has_avx512_bw_vl()) {
+            (true, true) if has_avx512_vnni() => TileIsa::Zmm,
+            (true, true) => TileIsa::Vnni512,
+            (true, false) => TileIsa::Vnni,
+            _ => TileIsa::Avx2,
+        };
+        best.min(cap)
+    }
+}
+
+/// A multi-token product's activation rows in the forms the tiles of its weight type
+/// read (for the 32-element types scales widened and the AVX-VNNI form when used; the
+/// token-transposed forms with AVX-512), prepared once per product rather than once
+/// per chunk of rows.
+pub(crate) enum TileActs<'a> {
+    #[cfg(target_arch = "x86_64")]
+    Q4_0(Tiled<'a, avx2::Q4_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q4_1(Tiled<'a, avx2::Q4_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_0(Tiled<'a, avx2::Q5_0>),
+    #[cfg(target_arch = "x86_64")]
+    Q5_1(Tiled<'a, avx2::Q5_1>),
+    #[cfg(target_arch = "x86_64")]
+    Q8_0(Tiled<'a, avx2::Q8_0>),
+    /// Q4_K, Q5_K, Q6_K.
+    #[cfg(target_arch = "x86_64")]
+    K(KTiled<'a>),
+    /// (No tiles elsewhere.)
+    #[cfg(not(target_arch = "x86_64"))]
+    #[allow(dead_code)]
+    Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
+}
+
+/// [`TileActs`] of one type: every token's blocks, their [`avx2::act_scales`] and, with
+/// AVX-VNNI, their [`avx2::vnni_acts`].
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct Tiled<'a, K: avx2::Block32> {
+    a: Vec<&'a [K::Act]>,
+    sc: Vec<Vec<[f32; 2]>>,
+    va: Option<Vec<std::borrow::Cow<'a, [K::VAct]>>>,
+    /// [`TileIsa::Vnni512`] or above (with `va`).
+    wide: bool,
+    /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
+    /// them).
+    zmm: bool,
+    /// [`TileIsa::Zmm`] and 16 tokens or more: the first multiple of 16 tokens in the
+    /// form of the token-transposed tiles ([`transposed`]).
+    tt: Option<transposed::Acts>,
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a, K: avx2::Block32> Tiled<'a, K>
+where
+    K::Act: avx2::ActBlock,
+{
+    /// # Safety
+    /// AVX2 and F16C are available, and what `isa` needs ([`TileIsa::at_most`]).
+    unsafe fn new(a: Vec<&'a [K::Act]>, isa: TileIsa) -> Self {
+        let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
+        let va =
+            (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
+        let wide = isa >= TileIsa::Vnni512;
+        let zmm = isa == TileIsa::Zmm;
+        // The token-transposed form needs AVX2 and F16C (this function's contract); its
+        // tiles, which need AVX-512 and AVX512-VNNI, run only when `zmm`.
+        let tt = if zmm {
+            transposed::Acts::new::<K>(&a)
+        } else {
+            None
+        };
+        Tiled {
+            a,
+            sc,
+            va,
+            wide,
+            zmm,
+            tt,
+        }
+    }
+}
+
+/// [`TileActs`] of a K-quant: every token's Q8_K blocks and, with [`TileIsa::Zmm`] and
+/// 16 tokens or more, the first multiple of 16 in the form of the token-transposed
+/// tiles ([`transposed_k`]); the rest run several tokens at a time against each row
+/// ([`avx2::k_tokens`], or [`avx2::k_tokens_wide`] when `wide`).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct KTiled<'a> {
+    kind: avx2::KQuant,
+    a: Vec<&'a [BlockQ8K]>,
+    /// AVX-512F/BW/VL ([`has_avx512_bw_vl`]).
+    wide: bool,
+    tt: Option<transposed_k::Acts>,
+}
+
+impl<'a> TileActs<'a> {
+    /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, or
+    /// activations of another kind than `ty` pairs with).
+    pub(crate) fn new(ty: QType, acts: &'a [QuantizedActs], isa: TileIsa) -> Option<Self> {
+        #[cfg(target_arch = "x86_64")]
+        if has_avx2_f16c() {
+            fn q8_0s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_0]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_0(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            fn q8_1s(a: &[QuantizedActs]) -> Option<Vec<&[BlockQ8_1]>> {
+                a.iter()
+                    .map(|q| match q {
+                        QuantizedActs::Q8_1(v) => Some(&v[..]),
+                        _ => None,
+                    })
+                    .collect()
+            }
+            let isa = TileIsa::at_most(isa);
+            // SAFETY (all arms): AVX2 and F16C were detected, and what `isa` needs
+            // (`at_most` gives only what was detected).
+            return match ty {
+                QType::Q4_0 => q8_0s(acts).map(|a| TileActs::Q4_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_0 => q8_0s(acts).map(|a| TileActs::Q5_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, isa) })),
+                QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, isa) })),
+                QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, isa) })),
+                QType::Q4K | QType::Q5K | QType::Q6K => {
+                    let a: Vec<&[BlockQ8K]> = acts
+                        .iter()
+                        .map(|q| match q {
+                            QuantizedActs::Q8K(v) => Some(&v[..]),
+                            _ => None,
+                        })
+                        .collect::<Option<_>>()?;
+                    let tt = if isa == TileIsa::Zmm {
+                        transposed_k::Acts::new(&a)
+                    } else {
+                        None
+                    };
+                    Some(TileActs::K(KTiled {
+                        kind: k_quant(ty)?,
+                        a,
+                        wide: has_avx512_bw_vl(),
+                        tt,
+                    }))
+                }
+            };
+        }
+        let _ = (ty, acts, isa);
+        None
+    }
+
+    /// `out[t][r] = dot(row r of w, token t)` through the tiles.
+    ///
+    /// # Safety
+    /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
+    /// multiple of `rb`; `out` holds one slice of `w.len() / rb` outputs per token.
+    pub(crate) unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [&mut [f32]]) {
+        // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
+        // (and AVX-VNNI when it holds the VNNI form, AVX-512BW and AVX-512VL too when
+        // `wide`, AVX-512F/DQ and AVX512-VNNI too when `zmm`); the shapes are this
+        // function's contract.
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_0(t) => {
+                let t0 = tiles_transposed(w, rb, t, out);
+                tiles(w, rb, t, out, t0)
+            }
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q4_1(t) => tiles_any(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_0(t) => tiles_any(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q5_1(t) => tiles_any(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::Q8_0(t) => tiles_any(w, rb, t, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::K(t) => {
+                let t0 = match &t.tt {
+                    Some(tt) => {
+                        transposed_k::tiles(w, rb, t.kind, tt, out);
+                        tt.tokens()
+                    }
+                    None => 0,
+                };
+                let (rest, out) = (&t.a[t0..], &mut out[t0..]);
+                if t.wide {
+                    avx2::k_tokens_wide(w, rb, rest, t.kind, out);
+                } else {
+                    avx2::k_tokens(w, rb, rest, t.kind, out);
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            TileActs::Never(never, _) => match *never {},
+        }
+    }
+}
+
+/// The token-transposed tiles ([`transposed::tiles`]) for the first multiple of 16
+/// tokens when `p` holds their form; returns the first token they did not cover.
+///
+/// # Safety
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI when `p.tt` is set.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_transposed<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [&mut [f32]],
+) -> usize
+where
+    K::Act: avx2::ActBlock,
+{
+    match &p.tt {
+        Some(tt) => {
+            transposed::tiles::<K>(w, rb, tt, out);
+            tt.tokens()
+        }
+        None => 0,
+    }
+}
+
+/// Every token through the best tiles `p` allows: the token-transposed ones for the
+/// first multiple of 16, then [`tiles_512`] or [`tiles`].
+///
+/// # Safety
+/// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_any<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [&mut [f32]])
+where
+    K::Act: avx2::ActBlock,
+{
+    let t0 = tiles_transposed(w, rb, p, out);
+    if p.zmm {
+        tiles_512(w, rb, p, out, t0)
+    } else {
+        tiles(w, rb, p, out, t0)
+    }
+}
+
+/// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
+/// [`avx2::rows_tokens_vnni`] / [`avx2::rows_tokens_vnni512`] when `p` holds the VNNI
+/// form) over all of `w` and the tokens of `p` from `t0` on, with 1-row and 1-token
+/// tiles at the edges; `out` is `[tokens, rows of w]` (rows of tokens before `t0`
+/// untouched).
+///
+/// # Safety
+/// AVX2 and F16C (and AVX-VNNI when `p.va` is set, AVX-512BW and AVX-512VL too when
+/// `p.wide`); every `p.a[t]` is `rb / K::BYTES`
+/// blocks; `w.len()` is a multiple of `rb`; `out.len() == p.a.len() * w.len() / rb`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles<K: avx2::Block32>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [&mut [f32]],
+    t0: usize,
+) {
+    let (a, sc) = (&p.a, &p.sc);
+    let (m, n) = (w.len() / rb, a.len());
+    let mut r = 0;
+    while r < m {
+        let wr = &w[r * rb..];
+        let rr = if m - r >= TILE_R { TILE_R } else { 1 };
+        let mut t = t0;
+        while t < n {
+            let tt = if n - t >= TILE_T { TILE_T } else { 1 };
+            macro_rules! tile {
+                ($r:expr, $t:expr) => {{
+                    let mut o = [[0f32; $r]; $t];
+                    let ss: [&[[f32; 2]]; $t] = std::array::from_fn(|j| &sc[t + j][..]);
+                    if let Some(va) = &p.va {
+                        let ts: [&[K::VAct]; $t] = std::array::from_fn(|j| &va[t + j][..]);
+                        if p.wide {
+                            avx2::rows_tokens_vnni512::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        } else {
+                            avx2::rows_tokens_vnni::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                        }
+                    } else {
+                        let ts: [&[K::Act]; $t] = std::array::from_fn(|j| a[t + j]);
+                        avx2::rows_tokens::<K, $r, $t>(wr, rb, ts, ss, &mut o);
+                    }
+                    for (j, oj) in o.iter().enumerate() {
+                        out[t + j][r..r + $r].copy_from_slice(oj);
+                    }
+                }};
+            }
+            match (rr, tt) {
+                (TILE_R, TILE_T) => tile!(TILE_R, TILE_T),
+                (TILE_R, _) => tile!(TILE_R, 1),
+                (_, TILE_T) => tile!(1, TILE_T),
+                _ => tile!(1, 1),
+            }
+            t += tt;
+        }
+        r += rr;
+    }
+}
+
+/// [`tiles`] with the 512-bit kernel ([`avx2::rows_tokens_512`]: `TILE512_R` rows ×
+/// `2 * TILE512_P` tokens, two tokens per register, 1-row tiles at the row edge) for
+/// the tokens from `t0` on; the last `(n - t0) % (2 * TILE512_P)` go through
+/// [`tiles`]. The same bits as [`tiles`].
+///
+/// # Safety
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI ([`TileIsa::Zmm`]).
+#[cfg(target_arch = "x86_64")]
+unsafe fn tiles_512<K: avx2::Tile512>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    out: &mut [&mut [f32]],
+    t0: usize,
+) where
+    K::Act: avx2::ActBlock,
+{
+    const T: usize = 2 * TILE512_P;
+    let Some(a) = &p.va else {
+        return tiles(w, rb, p, out, t0);
+    };
+    let sc = &p.sc;
+    let (m, n) = (w.len() / rb, a.len());
+    let n_main = n - (n - t0.min(n)) % T;
+    let mut r = 0;
+    while r < m {
+        let wr = &w[r * rb..];
+        let rr = if m - r >= TILE512_R { TILE512_R } else { 1 };
+        for t in (t0.min(n_main)..n_main).step_by(T) {
+            macro_rules! tile {
+                ($r:expr) => {{
+                    let mut o = [[[0f32; $r]; 2]; TILE512_P];
+                    let ts: [[&[K::VAct]; 2]; TILE512_P] =
+                        std::array::from_fn(|p| [&a[t + 2 * p][..], &a[t + 2 * p + 1][..]]);
+                    let ss: [[&[[f32; 2]]; 2]; TILE512_P] =
+                        std::array::from_fn(|p| [&sc[t + 2 * p][..], &sc[t + 2 * p + 1][..]]);
+                    avx2::rows_tokens_512::<K, $r, TILE512_P>(wr, rb, ts, ss, &mut o);
+                    for (p, op) in o.iter().enumerate() {
+                        for (h, oh) in op.iter().enumerate() {
+                            let tj = t + 2 * p + h;
+                            out[tj][r..r + $r].copy_from_slice(oh);
+                        }
+                    }
+                }};
+            }
+            if rr == TILE512_R {
+                tile!(TILE512_R)
+            } else {
+                tile!(1)
+            }
+        }
+        r += rr;
+    }
+    if n_main < n {
+        tiles(w, rb, p, out, n_main);
+    }
+}
+
+/// Rows and token pairs of one 512-bit multi-token tile (see [`tiles_512`]).
+#[cfg(target_arch = "x86_64")]
+const TILE512_R: usize = 4;
+#[cfg(target_arch = "x86_64")]
+const TILE512_P: usize = 2;
+
+/// Rows × tokens of one multi-token tile (see [`tiles`]). 2 × 4 keeps the eight
+/// accumulators and the activations of a block in registers; in `qdot_bench`'s
+/// multi-token section it beat the earlier 8 × 2 for every 32-element type, and 1 × 8,
+/// 4 × 2, 2 × 3, 2 × 6, 3 × 3, 3 × 4 and 4 × 3 were slower for Q8_0.
+#[cfg(target_arch = "x86_64")]
+const TILE_R: usize = 2;
+#[cfg(target_arch = "x86_64")]
+const TILE_T: usize = 4;

@@ -1,0 +1,69 @@
+//! Weight unpacking shared by the scalar references (and the K scale tables by AVX2),
+//! and the two steps of the canonical order every reference shares ([`super`] docs).
+
+use super::QK;
+
+/// The 32 4-bit quants of a Q4_0/Q4_1 `qs` field, element order.
+pub(crate) fn nibbles(qs: &[u8]) -> [i32; QK] {
+    let mut q = [0i32; QK];
+    for j in 0..16 {
+        q[j] = (qs[j] & 0x0f) as i32;
+        q[j + 16] = (qs[j] >> 4) as i32;
+    }
+    q
+}
+
+/// The 32 5-bit quants of a Q5_0/Q5_1 block: nibbles plus bit `e` of `qh` as bit 4.
+pub(crate) fn five_bit(qh: &[u8], qs: &[u8]) -> [i32; QK] {
+    let h = u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]]);
+    let mut q = nibbles(qs);
+    for (e, v) in q.iter_mut().enumerate() {
+        *v |= (((h >> e) & 1) << 4) as i32;
+    }
+    q
+}
+
+/// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`)
+/// from its 12-byte `scales` field; also the dequantizers' (`fak_weights::dequant`).
+///
+/// Shapes: `s` is the block's `scales` field, bytes 4..16 of the block; only `s[..12]`
+/// is read, and a slice shorter than 12 bytes panics (every caller passes the field).
+pub fn k4_scale_min(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let mut sc = [0u8; 8];
+    let mut mn = [0u8; 8];
+    for j in 0..4 {
+        sc[j] = s[j] & 0x3f;
+        mn[j] = s[j + 4] & 0x3f;
+        sc[j + 4] = (s[j + 8] & 0x0f) | ((s[j] >> 2) & 0x30);
+        mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 2) & 0x30);
+    }
+    (sc, mn)
+}
+
+/// `Σ_g mn_g (bsum_{2g} + bsum_{2g+1})`, exact in `i32` (|·| ≤ 8·63·65534).
+pub(crate) fn k_mins(mn: &[u8; 8], bsums: &[i16; 16]) -> i32 {
+    let mut s = 0i32;
+    for g in 0..8 {
+        s += mn[g] as i32 * (bsums[2 * g] as i32 + bsums[2 * g + 1] as i32);
+    }
+    s
+}
+
+/// Lane sums of one 32-element chunk: `L[m] = Σ_{k<4} w[4m+k] a[4m+k]`.
+pub(crate) fn lanes4(w: &[i32; QK], a: &[i8]) -> [i32; 8] {
+    let mut l = [0i32; 8];
+    for (m, lm) in l.iter_mut().enumerate() {
+        for k in 0..4 {
+            *lm += w[4 * m + k] * a[4 * m + k] as i32;
+        }
+    }
+    l
+}
+
+/// `acc[m] = acc[m] + d * (L[m] as f32)`: step 2 of the canonical order.
+#[inline(always)]
+pub(crate) fn accumulate(acc: &mut [f32; 8], d: f32, l: &[i32; 8]) {
+    for m in 0..8 {
+        acc[m] += d * l[m] as f32;
+    }
+}
