@@ -163,20 +163,6 @@ fn chat_reply(srv: &Server, prompt: &str, tools: &Value, choice: Option<Value>) 
     v
 }
 
-/// [`openai_tools`] in Anthropic's shape (`input_schema`).
-fn anthropic_tools() -> Vec<Value> {
-    openai_tools()
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|t| {
-            let f = &t["function"];
-            json!({"name": f["name"], "description": f["description"],
-                "input_schema": f.get("parameters").cloned().unwrap_or(json!({"type": "object"}))})
-        })
-        .collect()
-}
-
 /// Sends `prompt` with `tools` ([`anthropic_tools`]) and `choice` to `/v1/messages` and
 /// returns the reply and its `tool_use` blocks' count, asserting: 200, no call denied
 /// `UNKNOWN_TOOL` or `MALFORMED` (one denied `TRUNCATED` only when `max_tokens` cut the
@@ -302,7 +288,7 @@ fn a_named_function_gets_one_call_of_that_function() {
 #[fak_testkit::real_model]
 fn anthropic_any_and_tool_choices_get_valid_tool_use_blocks() {
     let srv = server(true);
-    let tools = anthropic_tools();
+    let tools = anthropic_tools(&openai_tools());
     for (i, prompt) in PROMPTS.iter().enumerate() {
         let choice = if i % 2 == 0 {
             json!({"type": "any"})
@@ -464,7 +450,7 @@ fn auto_text_replies_are_the_unconstrained_text() {
 #[fak_testkit::real_model]
 fn anthropic_auto_tool_use_blocks_are_valid() {
     let srv = server(true);
-    let tools = anthropic_tools();
+    let tools = anthropic_tools(&openai_tools());
     let mut blocks = 0;
     for prompt in AUTO_PROMPTS {
         blocks += anthropic_reply(&srv, &tools, prompt, json!({"type": "auto"})).1;
