@@ -364,8 +364,9 @@ fn clip(mut msg: String) -> String {
 }
 
 /// `schema` with the JSON options [`GrammarCompiler::compile`] uses (compact `, ` and
-/// `: ` separators, no other whitespace) set in its `x-guidance` key, and every
-/// integer without bounds bounded to the interoperable range ([`bound_integers`]): for
+/// `: ` separators, no other whitespace) set in its `x-guidance` key, every
+/// integer without bounds bounded to the interoperable range ([`bound_integers`]) and
+/// every object that lists its properties closed to others ([`close_objects`]): for
 /// a schema embedded in a Lark grammar (`%json { ... }`), so it is written as a
 /// [`GrammarSpec::JsonSchema`] would be.
 ///
@@ -378,6 +379,7 @@ pub fn json_options(mut schema: serde_json::Value) -> Result<serde_json::Value, 
         )));
     }
     bound_integers(&mut schema);
+    close_objects(&mut schema);
     let opts = JsonCompileOptions {
         item_separator: ", ".into(),
         key_separator: ": ".into(),
@@ -407,30 +409,111 @@ pub const INTEROPERABLE_INT_MAX: i64 = (1 << 53) - 1;
 /// `default`, `examples`). Numbers (`"type": "number"`) are left as they are.
 pub fn bound_integers(schema: &mut serde_json::Value) {
     use serde_json::Value;
-    let Value::Object(m) = schema else {
-        if let Value::Array(items) = schema {
-            items.iter_mut().for_each(bound_integers);
+    visit_subschemas(schema, &mut |m| {
+        let is_integer = match m.get("type") {
+            Some(Value::String(t)) => t == "integer",
+            Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+            _ => false,
+        };
+        if is_integer {
+            if !m.contains_key("minimum") && !m.contains_key("exclusiveMinimum") {
+                m.insert("minimum".into(), Value::from(-INTEROPERABLE_INT_MAX));
+            }
+            if !m.contains_key("maximum") && !m.contains_key("exclusiveMaximum") {
+                m.insert("maximum".into(), Value::from(INTEROPERABLE_INT_MAX));
+            }
         }
+    });
+}
+
+/// Gives every object subschema of `schema` that lists `properties` and says nothing of
+/// extra ones (no `additionalProperties`, `patternProperties` or
+/// `unevaluatedProperties`) `"additionalProperties": false`: the reply writes the
+/// declared properties and no others. What it writes still validates against the
+/// client's schema (a closed object is one of the objects the open one allows).
+///
+/// Why: with extra properties open, a small model can invent keys (a `"genres"` list
+/// the schema never asked for) and loop inside them until `max_tokens` cuts the JSON
+/// off; OpenAI's strict mode requires `additionalProperties: false` on every object.
+/// Left open: an object whose `required` names a property it does not list (closing it
+/// would leave no valid reply), and the whole schema when it uses `allOf` or a `$ref`
+/// beside `properties` (subschemas that combine must stay open to combine).
+pub fn close_objects(schema: &mut serde_json::Value) {
+    use serde_json::Value;
+    let mut combines = false;
+    visit_subschemas(schema, &mut |m| {
+        combines |=
+            m.contains_key("allOf") || (m.contains_key("$ref") && m.contains_key("properties"));
+    });
+    if combines {
+        return;
+    }
+    visit_subschemas(schema, &mut |m| {
+        let Some(Value::Object(props)) = m.get("properties") else {
+            return;
+        };
+        let listed = match m.get("required") {
+            Some(Value::Array(req)) => req
+                .iter()
+                .all(|r| r.as_str().is_some_and(|r| props.contains_key(r))),
+            _ => true,
+        };
+        let open = [
+            "additionalProperties",
+            "patternProperties",
+            "unevaluatedProperties",
+        ]
+        .iter()
+        .any(|k| m.contains_key(*k));
+        if listed && !open {
+            m.insert("additionalProperties".into(), Value::Bool(false));
+        }
+    });
+}
+
+/// Calls `f` on `schema` (when it is an object) and on each of its subschemas, found
+/// through JSON Schema's applicator keywords (draft 4 to 2020-12): the maps
+/// `properties`, `patternProperties`, `$defs`, `definitions`, `dependentSchemas`,
+/// `dependencies`; the lists `allOf`, `anyOf`, `oneOf`, `prefixItems`; and `items`
+/// (a schema or a list), `additionalItems`, `additionalProperties`,
+/// `unevaluatedProperties`, `unevaluatedItems`, `contains`, `propertyNames`, `not`,
+/// `if`, `then`, `else`. Values that are data (`const`, `enum`, `default`,
+/// `examples`) and unknown keywords are not walked, nor is a property *named* like a
+/// keyword mistaken for one.
+fn visit_subschemas(
+    schema: &mut serde_json::Value,
+    f: &mut dyn FnMut(&mut serde_json::Map<String, serde_json::Value>),
+) {
+    use serde_json::Value;
+    let Value::Object(m) = schema else {
         return;
     };
-    let is_integer = match m.get("type") {
-        Some(Value::String(t)) => t == "integer",
-        Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
-        _ => false,
-    };
-    // Only a `type` that is a keyword here: inside `properties` a key named "type" holds
-    // a subschema (an object), which the test above does not match.
-    if is_integer {
-        if !m.contains_key("minimum") && !m.contains_key("exclusiveMinimum") {
-            m.insert("minimum".into(), Value::from(-INTEROPERABLE_INT_MAX));
-        }
-        if !m.contains_key("maximum") && !m.contains_key("exclusiveMaximum") {
-            m.insert("maximum".into(), Value::from(INTEROPERABLE_INT_MAX));
-        }
-    }
+    f(m);
     for (k, v) in m.iter_mut() {
-        if !matches!(k.as_str(), "const" | "enum" | "default" | "examples") {
-            bound_integers(v);
+        match (k.as_str(), v) {
+            (
+                "properties" | "patternProperties" | "$defs" | "definitions" | "dependentSchemas"
+                | "dependencies",
+                Value::Object(named),
+            ) => named.values_mut().for_each(|s| visit_subschemas(s, f)),
+            ("allOf" | "anyOf" | "oneOf" | "prefixItems" | "items", Value::Array(list)) => {
+                list.iter_mut().for_each(|s| visit_subschemas(s, f))
+            }
+            (
+                "items"
+                | "additionalItems"
+                | "additionalProperties"
+                | "unevaluatedProperties"
+                | "unevaluatedItems"
+                | "contains"
+                | "propertyNames"
+                | "not"
+                | "if"
+                | "then"
+                | "else",
+                s,
+            ) => visit_subschemas(s, f),
+            _ => {}
         }
     }
 }
