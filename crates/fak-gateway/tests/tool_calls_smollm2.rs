@@ -85,6 +85,18 @@ fn schema_of(tools: &Value, name: &str) -> Option<Value> {
     })
 }
 
+/// Asserts that call report `r` of reply `v` is a well-formed call's: the grammar holds
+/// within the budget, so a call is never denied `UNKNOWN_TOOL` or `MALFORMED`, and
+/// `TRUNCATED` only when `max_tokens` cut the reply off (`v` at JSON pointer `finish`
+/// is `cut`: `length`, `max_tokens` or `incomplete` by wire).
+fn assert_well_formed(v: &Value, r: &Value, finish: &str, cut: &str) {
+    assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
+    assert_ne!(r["reason"], "MALFORMED", "{v}");
+    if r["reason"] == "TRUNCATED" {
+        assert_eq!(v.pointer(finish), Some(&Value::from(cut)), "{v}");
+    }
+}
+
 /// Checks one OpenAI reply's proposed calls (from the `fak` report, which lists every
 /// call whatever its verdict) and returns them as `(name, verdict, reason)`; the
 /// arguments of each allowed call are checked against the client's schema.
@@ -101,13 +113,7 @@ fn check_calls(v: &Value, tools: &Value, only: Option<&str>) -> Vec<(String, Str
     for r in report {
         let name = r["name"].as_str().unwrap_or("").to_string();
         let reason = r["reason"].as_str().unwrap_or("").to_string();
-        assert_ne!(reason, "UNKNOWN_TOOL", "{v}");
-        // The grammar holds within the budget: a call is denied for its form only
-        // when max_tokens cut it off, and then as TRUNCATED.
-        assert_ne!(reason, "MALFORMED", "{v}");
-        if reason == "TRUNCATED" {
-            assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
-        }
+        assert_well_formed(v, r, "/choices/0/finish_reason", "length");
         let schema = schema_of(tools, &name).unwrap_or_else(|| panic!("not offered: {v}"));
         if let Some(n) = only {
             assert_eq!(name, n, "{v}");
@@ -179,11 +185,7 @@ fn anthropic_reply(srv: &Server, tools: &[Value], prompt: &str, choice: Value) -
     let v = r.json();
     println!("{prompt:?} -> {}", v["fak"]);
     for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
-        assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-        assert_ne!(r["reason"], "MALFORMED", "{v}");
-        if r["reason"] == "TRUNCATED" {
-            assert_eq!(v["stop_reason"], "max_tokens", "{v}");
-        }
+        assert_well_formed(&v, r, "/stop_reason", "max_tokens");
     }
     let mut blocks = 0;
     for block in v["content"].as_array().unwrap() {
@@ -301,11 +303,6 @@ fn anthropic_any_and_tool_choices_get_valid_tool_use_blocks() {
             .unwrap_or_else(|| panic!("{v}"));
         assert!(!report.is_empty(), "{v}");
         for r in report {
-            assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-            assert_ne!(r["reason"], "MALFORMED", "{v}");
-            if r["reason"] == "TRUNCATED" {
-                assert_eq!(v["stop_reason"], "max_tokens", "{v}");
-            }
             if i % 2 == 1 {
                 assert_eq!(r["name"], "get_weather", "{v}");
             }
@@ -486,11 +483,7 @@ fn responses_auto_function_calls_are_valid() {
         let v = r.json();
         println!("{prompt:?} -> {}", v["output"]);
         for r in v["fak"]["tool_calls"].as_array().into_iter().flatten() {
-            assert_ne!(r["reason"], "UNKNOWN_TOOL", "{v}");
-            assert_ne!(r["reason"], "MALFORMED", "{v}");
-            if r["reason"] == "TRUNCATED" {
-                assert_eq!(v["status"], "incomplete", "{v}");
-            }
+            assert_well_formed(&v, r, "/status", "incomplete");
         }
         for item in v["output"].as_array().unwrap() {
             if item["type"] == "function_call" {
