@@ -150,6 +150,9 @@ impl Loaded {
         let Some(g) = build(&|_| Ok(())) else {
             return Ok(None);
         };
+        // A strict tool whose schema cannot describe arguments at all (its `type`
+        // excludes `object`) falls back before any compile: refused here.
+        g.check_strict(tools).map_err(EngineError::InvalidRequest)?;
         let grammar = match self.try_compile(&GrammarSpec::Lark(g.lark))? {
             Ok(grammar) => grammar,
             Err(e @ GrammarError::TooLarge(_)) => {
@@ -803,6 +806,11 @@ fn render_prompt(
                         "a final assistant message cannot be continued when tool_choice forces a call".into(),
                     ));
                 }
+                if req.sampling.grammar.is_some() {
+                    return Err(EngineError::InvalidRequest(
+                        "a final assistant message cannot be continued under a response format or grammar: the constrained reply starts after the prompt, so the message's text would sit outside the format".into(),
+                    ));
+                }
             }
             let text = l
                 .template
@@ -975,6 +983,14 @@ impl EngineDriver for InKernelDriver {
             tools,
             prep,
         } = render_prompt(&l, &req, context)?;
+        // A reply held to a JSON format is that JSON, not call markup: it is not
+        // parsed for tool calls (a string value may hold `<tool_call>` as data). A
+        // forced call's grammar takes the format's place, and its reply is parsed.
+        let json_format = matches!(
+            grammar.spec,
+            Some(GrammarSpec::JsonObject | GrammarSpec::JsonSchema { .. })
+        );
+        let tools = tools.filter(|_| grammar.call.is_some() || !json_format);
         let max_tokens = budget(
             ids.len(),
             req.max_tokens_within(ids.len(), context),

@@ -351,3 +351,57 @@ fn completions_response_format_gives_valid_json() {
         assert_valid(&schema, v["choices"][0]["text"].as_str().unwrap());
     }
 }
+
+/// A reply held to a JSON format is that JSON, not tool-call markup: a string value
+/// that reads `<tool_call>` (forced here by a `const`) reaches the client as the JSON
+/// the schema asked for, with tools offered under `auto` or none offered, and no call
+/// is reported.
+#[fak_testkit::real_model]
+fn a_json_format_reply_is_not_parsed_for_tool_calls() {
+    let srv = server();
+    let schema = json!({"type": "object", "properties": {"t": {"const": "<tool_call>"}},
+        "required": ["t"], "additionalProperties": false});
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    for offered in [true, false] {
+        let mut body = json!({"model": ID, "temperature": 0, "max_tokens": 30,
+            "messages": [{"role": "user", "content": "Say something."}],
+            "response_format": {"type": "json_schema",
+                "json_schema": {"name": "T", "schema": schema}}});
+        if offered {
+            body["tools"] = tools.clone();
+        }
+        let r = post(srv.addr, "/v1/chat/completions", &body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let v = r.json();
+        assert_eq!(content(&v), r#"{"t": "<tool_call>"}"#, "{v}");
+        assert!(v["choices"][0]["message"]["tool_calls"].is_null(), "{v}");
+        assert!(
+            v["fak"]["tool_calls"]
+                .as_array()
+                .is_none_or(|a| a.is_empty()),
+            "{v}"
+        );
+    }
+}
+
+/// A continued final assistant message (Anthropic's prefill) under a response format is
+/// a 400 naming the conflict, before any token: the constrained reply would start after
+/// the prefilled text, so the two together would not be valid JSON.
+#[fak_testkit::real_model]
+fn a_prefilled_reply_under_a_format_is_a_400() {
+    let srv = server();
+    let mut body: Value = serde_json::from_str(SDK_MESSAGES_PARSE_BODY).unwrap();
+    body["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "assistant", "content": "{\"name\": \""}));
+    let r = post(srv.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 400, "{}", r.body);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("continued") && msg.contains("format"), "{msg}");
+    // Without the format the same prefill is answered.
+    body.as_object_mut().unwrap().remove("output_config");
+    let r = post(srv.addr, "/v1/messages", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+}

@@ -100,7 +100,8 @@ pub enum GrammarError {
     #[error("the grammar does not compile: {0}")]
     Compile(String),
     /// The grammar passed one of the [`compile_limits`] (its size in grammar symbols,
-    /// its lexer's size); the message is llguidance's, naming the limit.
+    /// its lexer's size; the message is llguidance's, naming the limit) or its text
+    /// passed [`GRAMMAR_MAX_BYTES`].
     #[error("the grammar is too large to compile: {0}")]
     TooLarge(String),
     /// The token trie could not be built from the tokenizer.
@@ -246,7 +247,7 @@ impl GrammarCompiler {
             GrammarSpec::Lark(text) => text.len(),
         };
         if bytes > GRAMMAR_MAX_BYTES {
-            return Err(GrammarError::Compile(format!(
+            return Err(GrammarError::TooLarge(format!(
                 "the grammar is {bytes} bytes; at most {GRAMMAR_MAX_BYTES} are compiled"
             )));
         }
@@ -350,8 +351,16 @@ pub const COMPILE_STACK_BYTES: usize = 256 << 20;
 /// which can be the whole grammar.
 const ERROR_MAX_BYTES: usize = 1024;
 
-/// `msg` cut to [`ERROR_MAX_BYTES`] (at a character boundary) with `…` appended.
-fn clip(mut msg: String) -> String {
+/// `msg` on one line (its lines trimmed, blank ones dropped, joined by `; `: llguidance
+/// puts context such as the offending source line on lines of their own), cut to
+/// [`ERROR_MAX_BYTES`] (at a character boundary) with `…` appended.
+fn clip(msg: String) -> String {
+    let mut msg = msg
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ");
     if msg.len() > ERROR_MAX_BYTES {
         let mut end = ERROR_MAX_BYTES;
         while !msg.is_char_boundary(end) {

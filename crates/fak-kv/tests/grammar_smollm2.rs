@@ -235,6 +235,9 @@ fn bad_grammars_are_errors_naming_the_cause() {
     assert!(m.contains("JSON object"), "{m}");
     let m = err(GrammarSpec::Lark("start: (".into()));
     assert!(!m.is_empty());
+    // llguidance's multi-line messages (a cause, then the grammar's line) come on one.
+    let m = err(GrammarSpec::Lark("start: \"a\" bar\n".into()));
+    assert!(m.contains("bar") && !m.contains('\n'), "{m}");
 }
 
 /// A parser driven off its grammar is a dead end at the next step (an error, not an
@@ -493,12 +496,15 @@ fn deep_and_large_grammars_are_compiled_or_refused_never_a_crash() {
         "a".repeat(fak_kv::grammar::GRAMMAR_MAX_BYTES)
     );
     match compiler.compile(&GrammarSpec::Lark(big)) {
-        Err(GrammarError::Compile(m)) => assert!(m.contains("bytes"), "{m}"),
+        Err(GrammarError::TooLarge(m)) => assert!(m.contains("bytes"), "{m}"),
         other => panic!("{other:?}"),
     }
     let bad = format!("start: \"a\"\nfoo: \"{}\" (", "b".repeat(100_000));
     match compiler.compile(&GrammarSpec::Lark(bad)) {
-        Err(GrammarError::Compile(m)) => assert!(m.len() <= 1100, "{} bytes", m.len()),
+        Err(GrammarError::Compile(m)) => {
+            assert!(m.len() <= 1100, "{} bytes", m.len());
+            assert!(!m.contains('\n'), "one line: {m}");
+        }
         other => panic!("{other:?}"),
     }
 }
