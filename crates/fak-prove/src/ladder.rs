@@ -22,8 +22,8 @@
 //! Each rung that computed something also records a [`Rung::digest`] of the bits it
 //! compared, so two runs (say with 1 and 2 threads) can be checked for identical results.
 
-use crate::{GenerateParams, KvCache, Session};
-use fak_model::oracle::{measure, oracle_files_in, Oracle};
+use crate::oracle::{measure, oracle_files_in, Oracle};
+use fak_kv::{GenerateParams, KvCache, Session};
 use fak_model::{window_start, Model, WeightMode};
 use serde::Serialize;
 use std::path::Path;
@@ -402,7 +402,7 @@ fn r2a(model: &Arc<Model>, ids: &[u32], approx: bool) -> Rung {
     } else {
         "R1-proven full prefill"
     };
-    let run = || -> Result<Rung, crate::SessionError> {
+    let run = || -> Result<Rung, fak_kv::SessionError> {
         let total = ids.len().min(model.config().max_position_embeddings);
         if total < 5 {
             return Ok(fail("R2a", claim, witness, "prompt too short"));
@@ -570,7 +570,7 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
         stop_at_eos: true,
     };
     let total = c.prefix.len() + c.poison.len() + c.query.len() + 16;
-    let run = || -> Result<Vec<Rung>, crate::SessionError> {
+    let run = || -> Result<Vec<Rung>, fak_kv::SessionError> {
         let new = || Session::with_capacity(Arc::clone(model), total);
         // Write-time eviction: the poison is removed before anything attends to it.
         let mut ev = new();
@@ -678,7 +678,7 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
     let claim =
         "mid-span evict: every moved survivor's K == one rotation of its k_raw at its new position";
     let witness = "Model::rope_in_place on k_raw";
-    let run = || -> Result<Rung, crate::SessionError> {
+    let run = || -> Result<Rung, fak_kv::SessionError> {
         let n = ids
             .len()
             .min(16)
@@ -719,7 +719,7 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
 fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
     let claim = "from_prefix(prefix, suffix) == full recompute; prefix not recomputed";
     let witness = "R2a-proven full prefill";
-    let run = || -> Result<Rung, crate::SessionError> {
+    let run = || -> Result<Rung, fak_kv::SessionError> {
         let n = ids
             .len()
             .min(model.config().max_position_embeddings.saturating_sub(8));

@@ -7,7 +7,7 @@
 //! `greedy_ids` (HF `generate(do_sample=False)`). [`measure`] runs a model on the oracle's
 //! prompt and reports the figures docs/design.md bounds; the callers judge them.
 
-use crate::{generate_greedy, ForwardTrace, LogitsWanted, Model, VecKvCache};
+use fak_model::{generate_greedy, ForwardTrace, LogitsWanted, Model, VecKvCache};
 use safetensors::{Dtype, SafeTensors};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -166,7 +166,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 fn argmax(v: &[f32]) -> usize {
-    crate::argmax(v) as usize
+    fak_model::argmax(v) as usize
 }
 
 /// Figures of one oracle comparison.
