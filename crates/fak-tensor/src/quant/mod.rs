@@ -23,7 +23,11 @@
 //! (conversions), `unpack.rs` (the unpacking the references share), `features.rs` (CPU
 //! detection), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on
 //! the thread pool), `tiles.rs` (the x86 drivers: row groups and multi-token tiles),
-//! and the x86 kernels `avx2.rs`, `transposed.rs` and `transposed_k.rs`.
+//! and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
+//! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
+//! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
+//! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`),
+//! `transposed.rs` and `transposed_k.rs`.
 //!
 //! # Canonical order
 //!
