@@ -20,14 +20,15 @@
 //! each struct with its size asserted) and, per weight type, the scalar reference
 //! `vec_dot_*_ref` beside the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`,
 //! `q5_1.rs`, `q8_0.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`). Around them: `f16.rs`
-//! (conversions), `unpack.rs` (the unpacking the references share), `features.rs` (CPU
-//! detection), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on
-//! the thread pool), `tiles.rs` (the x86 drivers: row groups and multi-token tiles),
-//! and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
+//! (conversions), `unpack.rs` (the unpacking the references share), `dispatch.rs` (the
+//! type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
+//! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
 //! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
 //! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
 //! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`),
-//! `transposed.rs` and `transposed_k.rs`.
+//! `transposed.rs` and `transposed_k.rs`. Which kernels this CPU runs is detected in
+//! [`crate::cpu`] ([`has_avx2_f16c`], [`has_avx_vnni`], [`has_avx512_vnni`], re-exported
+//! here).
 //!
 //! # Canonical order
 //!
@@ -107,7 +108,6 @@ macro_rules! dispatch {
 mod avx2;
 mod dispatch;
 mod f16;
-mod features;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -126,14 +126,14 @@ mod transposed;
 mod transposed_k;
 mod unpack;
 
+pub(crate) use crate::cpu::has_avx512_bw_vl;
+pub use crate::cpu::{has_avx2_f16c, has_avx512_vnni, has_avx_vnni};
 pub(crate) use dispatch::check_matvec;
 pub use dispatch::{
     matvec, matvec_ref, quantize_activation, quantize_activation_into, vec_dot, vec_dot_ref,
     QuantizedActs,
 };
 pub use f16::{f16_to_f32, f32_to_f16};
-pub(crate) use features::has_avx512_bw_vl;
-pub use features::{has_avx2_f16c, has_avx512_vnni, has_avx_vnni};
 pub use q4_0::{vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref};
 pub use q4_1::{vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref};
 pub use q4_k::{vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref};
