@@ -108,6 +108,8 @@ macro_rules! dispatch {
 mod avx2;
 mod dispatch;
 mod f16;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -134,18 +136,21 @@ pub use dispatch::{
     QuantizedActs,
 };
 pub use f16::{f16_to_f32, f32_to_f16};
-pub use q4_0::{vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref};
-pub use q4_1::{vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref};
-pub use q4_k::{vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref};
-pub use q5_0::{vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref};
-pub use q5_1::{vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref};
-pub use q5_k::{vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_ref};
-pub use q6_k::{vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref};
+pub use q2_k::{dequantize_q2_k, BlockQ2K};
+pub use q3_k::{dequantize_q3_k, BlockQ3K};
+pub use q4_0::{dequantize_q4_0, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref, BlockQ4_0};
+pub use q4_1::{dequantize_q4_1, vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref, BlockQ4_1};
+pub use q4_k::{dequantize_q4_k, vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, BlockQ4K};
+pub use q5_0::{dequantize_q5_0, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, BlockQ5_0};
+pub use q5_1::{dequantize_q5_1, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, BlockQ5_1};
+pub use q5_k::{dequantize_q5_k, vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_ref, BlockQ5K};
+pub use q6_k::{dequantize_q6_k, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref, BlockQ6K};
 pub use q8_0::{
-    quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref, BlockQ8_0,
+    dequantize_q8_0, quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref,
+    BlockQ8_0,
 };
 pub use q8_1::{quantize_q8_1, quantize_q8_1_into, BlockQ8_1};
-pub use q8_k::{quantize_q8_k, quantize_q8_k_into, BlockQ8K};
+pub use q8_k::{dequantize_q8_k, quantize_q8_k, quantize_q8_k_into, BlockQ8K};
 pub use threads::{matmul_threads, matvec_many, matvec_pool, matvec_threads, Matvec};
 pub use unpack::k4_scale_min;
 

@@ -67,3 +67,15 @@ pub(crate) fn accumulate(acc: &mut [f32; 8], d: f32, l: &[i32; 8]) {
         acc[m] += d * l[m] as f32;
     }
 }
+
+/// The 5-bit quant of element `j` (0..32) of a Q5_0/Q5_1 block, unbiased.
+#[inline]
+pub(crate) fn q5_value(qh: u32, qs: &[u8; 16], j: usize) -> u8 {
+    let lo = if j < 16 {
+        qs[j] & 0x0f
+    } else {
+        qs[j - 16] >> 4
+    };
+    let hi = ((qh >> j) & 1) as u8;
+    lo | (hi << 4)
+}
