@@ -8,8 +8,10 @@
 //! | Q4_1, Q5_1 | [`BlockQ8_1`] (carries `d * Σq`) | 32 |
 //! | Q4_K, Q5_K, Q6_K | [`BlockQ8K`] (f32 scale, 16-element sums) | 256 |
 //!
-//! Weight block layouts are ggml's `ggml-common.h` (the GGUF tensor data), the same
-//! ones `fak_weights::dequant` documents; a weight row is passed as its raw bytes.
+//! Weight block layouts are ggml's `ggml-common.h` (the GGUF tensor data), each
+//! defined once, in its format's file, as a block struct with its size asserted and
+//! its gguf-py-exact dequantizer (`dequantize_*`, which `fak_weights` uses); a weight
+//! row is passed to the dot products as its raw bytes.
 //! Activation quantizers follow ggml's reference functions `quantize_row_q8_0_ref`,
 //! `quantize_row_q8_1_ref` and `quantize_row_q8_K_ref` (`ggml/src/ggml-quants.c`).
 //!
@@ -17,9 +19,11 @@
 //!
 //! One file per block format: the activation blocks with their quantizers
 //! ([`BlockQ8_0`] in `q8_0.rs`, [`BlockQ8_1`] in `q8_1.rs`, [`BlockQ8K`] in `q8_k.rs`;
-//! each struct with its size asserted) and, per weight type, the scalar reference
-//! `vec_dot_*_ref` beside the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`,
-//! `q5_1.rs`, `q8_0.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`). Around them: `f16.rs`
+//! each struct with its size asserted) and, per weight type, the block struct with its
+//! size asserted and its dequantizer, and the scalar reference `vec_dot_*_ref` beside
+//! the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`, `q5_1.rs`, `q8_0.rs`,
+//! `q4_k.rs`, `q5_k.rs`, `q6_k.rs`; `q2_k.rs` and `q3_k.rs` hold a block and its
+//! dequantizer only). Around them: `f16.rs`
 //! (conversions), `unpack.rs` (the unpacking the references share), `dispatch.rs` (the
 //! type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
 //! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one

@@ -24,7 +24,8 @@ pub(crate) fn five_bit(qh: &[u8], qs: &[u8]) -> [i32; QK] {
 }
 
 /// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`)
-/// from its 12-byte `scales` field; also the dequantizers' (`fak_weights::dequant`).
+/// from its 12-byte `scales` field; also the dequantizers'
+/// ([`super::dequantize_q4_k`], [`super::dequantize_q5_k`]).
 ///
 /// Shapes: `s` is the block's `scales` field, bytes 4..16 of the block; only `s[..12]`
 /// is read, and a slice shorter than 12 bytes panics (every caller passes the field).
