@@ -37,43 +37,8 @@ pub fn dot_ref(a: &[f32], b: &[f32]) -> f32 {
     s
 }
 
-/// Whether the AVX2+FMA kernels can run on this CPU (detected once).
-#[inline]
-pub fn has_avx2_fma() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// Whether the f32 multi-token tiles use 512-bit registers (`avx2::dot_tile_512`:
-/// two tokens per register, the same bits): AVX2/FMA and AVX-512F/DQ detected at run
-/// time, and `FAK_NO_AVX512=1` not set.
-pub fn has_avx512_f32() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static HAS: OnceLock<bool> = OnceLock::new();
-        *HAS.get_or_init(|| {
-            has_avx2_fma()
-                && std::is_x86_feature_detected!("avx512f")
-                && std::is_x86_feature_detected!("avx512dq")
-                && std::env::var_os("FAK_NO_AVX512").is_none_or(|v| v != "1")
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
+// The CPU probes that choose these kernels live in `crate::cpu` with all the others.
+pub use crate::cpu::{has_avx2_fma, has_avx512_f32};
 
 /// Canonical dot product, using AVX2/FMA when available; bit-identical to [`dot_ref`].
 ///

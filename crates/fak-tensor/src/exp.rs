@@ -82,13 +82,13 @@ const SPECIAL_TOP12: i32 = 0x42b;
 /// Whether the eight-wide kernel runs here (AVX2 and FMA, detected once).
 #[inline]
 pub fn has_simd_exp() -> bool {
-    crate::dot::has_avx2_fma()
+    crate::cpu::has_avx2_fma()
 }
 
 /// `x[i] = x[i].exp()` for every element, bit-identical to `f32::exp` (module docs).
 pub fn exp_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
+    if crate::cpu::has_avx512_f32() {
         // SAFETY: AVX2, FMA and AVX-512F/DQ were detected at run time.
         unsafe { avx512::exp_in_place(x) };
         return;
@@ -111,7 +111,7 @@ pub fn exp_in_place(x: &mut [f32]) {
 pub fn silu_mul_in_place(gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul_in_place: lengths differ");
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
+    if crate::cpu::has_avx512_f32() {
         // SAFETY: AVX2, FMA and AVX-512F/DQ were detected at run time; the lengths are
         // equal.
         unsafe { avx512::silu_mul_in_place(gate, up) };
@@ -360,7 +360,7 @@ mod tests {
             ));
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx512_f32() {
+        if crate::cpu::has_avx512_f32() {
             // SAFETY (both): AVX2, FMA and AVX-512F/DQ were detected; equal lengths.
             k.push((
                 "avx512",

@@ -4,7 +4,8 @@
 //! not depend on how many tokens are in the batch, how rows are tiled, or how many
 //! threads share the work: each (row, token) pair is always reduced in the same order.
 
-use crate::dot::{dot_ref, has_avx2_fma};
+use crate::cpu::has_avx2_fma;
+use crate::dot::dot_ref;
 use crate::pool::{Disjoint, Pool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
@@ -506,7 +507,7 @@ fn matmul_serial(
                 n,
                 out,
                 ldo,
-                crate::dot::has_avx512_f32(),
+                crate::cpu::has_avx512_f32(),
                 one_token_rows(),
             )
         };
@@ -842,9 +843,9 @@ mod tests {
     /// tail.
     #[cfg(target_arch = "x86_64")]
     fn f32_tiles_give_the_reference_bits(zmm: bool) {
-        assert!(crate::dot::has_avx2_fma(), "this CPU lacks AVX2/FMA");
+        assert!(crate::cpu::has_avx2_fma(), "this CPU lacks AVX2/FMA");
         assert!(
-            !zmm || crate::dot::has_avx512_f32(),
+            !zmm || crate::cpu::has_avx512_f32(),
             "this CPU lacks AVX-512F/DQ (or FAK_NO_AVX512=1 is set)"
         );
         // 6-row tiles, then a block's 4-row and 1-row edge (blocks of 64 rows: 130 is

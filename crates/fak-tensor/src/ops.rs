@@ -228,7 +228,7 @@ pub fn weighted_rows_accumulate<const Q: usize>(
         rows.len()
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
+    if crate::cpu::has_avx512_f32() {
         let mut c = 0;
         // SAFETY (both calls): AVX-512F was detected; the bounds were checked above and
         // `c + 16 K <= len`.
@@ -249,7 +249,7 @@ pub fn weighted_rows_accumulate<const Q: usize>(
     }
     for (pq, oq) in p.iter().zip(out.iter_mut()) {
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx2_fma() {
+        if crate::cpu::has_avx2_fma() {
             // SAFETY: AVX2 was detected; the bounds were checked above.
             unsafe { weighted_rows_accumulate_avx2(pq, rows, stride, oq) };
             continue;
@@ -438,7 +438,7 @@ mod tests {
             assert!(same(&got, &want), "len={len} stride={stride} n={n}");
             // The AVX2 kernel too (the machine may have taken the 512-bit one above).
             #[cfg(target_arch = "x86_64")]
-            if crate::dot::has_avx2_fma() && n > 0 {
+            if crate::cpu::has_avx2_fma() && n > 0 {
                 let mut got = vec![0f32; len];
                 // SAFETY: AVX2 was detected; the shapes are those checked above.
                 unsafe { weighted_rows_accumulate_avx2(&p, &rows, stride, &mut got) };

@@ -46,14 +46,14 @@ pub fn gelu_tanh_mul_in_place(gate: &mut [f32], up: &[f32]) {
         "gelu_tanh_mul_in_place: lengths differ"
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
+    if crate::cpu::has_avx512_f32() {
         // SAFETY: AVX2, AVX-512F and AVX-512DQ were detected at run time; the lengths
         // are equal.
         unsafe { avx512::gelu_tanh_mul_in_place(gate, up) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::quant::has_avx2_f16c() {
+    if crate::cpu::has_avx2_f16c() {
         // SAFETY: AVX2 was detected at run time; the lengths are equal.
         unsafe { avx2::gelu_tanh_mul_in_place(gate, up) };
         return;
@@ -66,13 +66,13 @@ pub fn gelu_tanh_mul_in_place(gate: &mut [f32], up: &[f32]) {
 /// `x[i] = x[i].tanh()` for every element, bit-identical to `f32::tanh` (module docs).
 pub fn tanh_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::dot::has_avx512_f32() {
+    if crate::cpu::has_avx512_f32() {
         // SAFETY: AVX2, AVX-512F and AVX-512DQ were detected at run time.
         unsafe { avx512::tanh_in_place(x) };
         return;
     }
     #[cfg(target_arch = "x86_64")]
-    if crate::quant::has_avx2_f16c() {
+    if crate::cpu::has_avx2_f16c() {
         // SAFETY: AVX2 was detected at run time.
         unsafe { avx2::tanh_in_place(x) };
         return;
@@ -504,7 +504,7 @@ mod tests {
         let mut k: Vec<(&'static str, fn(&mut [f32]), fn(&mut [f32], &[f32]))> =
             vec![("dispatch", tanh_in_place, gelu_tanh_mul_in_place)];
         #[cfg(target_arch = "x86_64")]
-        if crate::quant::has_avx2_f16c() {
+        if crate::cpu::has_avx2_f16c() {
             // SAFETY (both): AVX2 was detected; the lengths are equal.
             k.push((
                 "avx2",
@@ -513,7 +513,7 @@ mod tests {
             ));
         }
         #[cfg(target_arch = "x86_64")]
-        if crate::dot::has_avx512_f32() {
+        if crate::cpu::has_avx512_f32() {
             // SAFETY (both): AVX2, AVX-512F and AVX-512DQ were detected; equal lengths.
             k.push((
                 "avx512",

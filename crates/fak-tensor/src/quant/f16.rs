@@ -75,3 +75,9 @@ pub fn f32_to_f16(x: f32) -> u16 {
 pub(crate) fn f16_at(bytes: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
 }
+
+/// The little-endian f16 `b` (a block's scale field) widened by [`f16_to_f32`].
+#[inline]
+pub(crate) fn f16_le(b: [u8; 2]) -> f32 {
+    f16_to_f32(u16::from_le_bytes(b))
+}

@@ -8,8 +8,10 @@
 //! | Q4_1, Q5_1 | [`BlockQ8_1`] (carries `d * Σq`) | 32 |
 //! | Q4_K, Q5_K, Q6_K | [`BlockQ8K`] (f32 scale, 16-element sums) | 256 |
 //!
-//! Weight block layouts are ggml's `ggml-common.h` (the GGUF tensor data), the same
-//! ones `fak_weights::dequant` documents; a weight row is passed as its raw bytes.
+//! Weight block layouts are ggml's `ggml-common.h` (the GGUF tensor data), each
+//! defined once, in its format's file, as a block struct with its size asserted and
+//! its gguf-py-exact dequantizer (`dequantize_*`, which `fak_weights` uses); a weight
+//! row is passed to the dot products as its raw bytes.
 //! Activation quantizers follow ggml's reference functions `quantize_row_q8_0_ref`,
 //! `quantize_row_q8_1_ref` and `quantize_row_q8_K_ref` (`ggml/src/ggml-quants.c`).
 //!
@@ -17,13 +19,20 @@
 //!
 //! One file per block format: the activation blocks with their quantizers
 //! ([`BlockQ8_0`] in `q8_0.rs`, [`BlockQ8_1`] in `q8_1.rs`, [`BlockQ8K`] in `q8_k.rs`;
-//! each struct with its size asserted) and, per weight type, the scalar reference
-//! `vec_dot_*_ref` beside the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`,
-//! `q5_1.rs`, `q8_0.rs`, `q4_k.rs`, `q5_k.rs`, `q6_k.rs`). Around them: `f16.rs`
-//! (conversions), `unpack.rs` (the unpacking the references share), `features.rs` (CPU
-//! detection), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on
-//! the thread pool), `tiles.rs` (the x86 drivers: row groups and multi-token tiles),
-//! and the x86 kernels `avx2.rs`, `transposed.rs` and `transposed_k.rs`.
+//! each struct with its size asserted) and, per weight type, the block struct with its
+//! size asserted and its dequantizer, and the scalar reference `vec_dot_*_ref` beside
+//! the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`, `q5_1.rs`, `q8_0.rs`,
+//! `q4_k.rs`, `q5_k.rs`, `q6_k.rs`; `q2_k.rs` and `q3_k.rs` hold a block and its
+//! dequantizer only). Around them: `f16.rs`
+//! (conversions), `unpack.rs` (the unpacking the references share), `dispatch.rs` (the
+//! type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
+//! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
+//! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
+//! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
+//! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`),
+//! `transposed.rs` and `transposed_k.rs`. Which kernels this CPU runs is detected in
+//! [`crate::cpu`] ([`has_avx2_f16c`], [`has_avx_vnni`], [`has_avx512_vnni`], re-exported
+//! here).
 //!
 //! # Canonical order
 //!
@@ -103,7 +112,8 @@ macro_rules! dispatch {
 mod avx2;
 mod dispatch;
 mod f16;
-mod features;
+mod q2_k;
+mod q3_k;
 mod q4_0;
 mod q4_1;
 mod q4_k;
@@ -122,26 +132,29 @@ mod transposed;
 mod transposed_k;
 mod unpack;
 
+pub(crate) use crate::cpu::has_avx512_bw_vl;
+pub use crate::cpu::{has_avx2_f16c, has_avx512_vnni, has_avx_vnni};
 pub(crate) use dispatch::check_matvec;
 pub use dispatch::{
     matvec, matvec_ref, quantize_activation, quantize_activation_into, vec_dot, vec_dot_ref,
     QuantizedActs,
 };
 pub use f16::{f16_to_f32, f32_to_f16};
-pub(crate) use features::has_avx512_bw_vl;
-pub use features::{has_avx2_f16c, has_avx512_vnni, has_avx_vnni};
-pub use q4_0::{vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref};
-pub use q4_1::{vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref};
-pub use q4_k::{vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref};
-pub use q5_0::{vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref};
-pub use q5_1::{vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref};
-pub use q5_k::{vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_ref};
-pub use q6_k::{vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref};
+pub use q2_k::{dequantize_q2_k, BlockQ2K};
+pub use q3_k::{dequantize_q3_k, BlockQ3K};
+pub use q4_0::{dequantize_q4_0, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref, BlockQ4_0};
+pub use q4_1::{dequantize_q4_1, vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref, BlockQ4_1};
+pub use q4_k::{dequantize_q4_k, vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, BlockQ4K};
+pub use q5_0::{dequantize_q5_0, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, BlockQ5_0};
+pub use q5_1::{dequantize_q5_1, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, BlockQ5_1};
+pub use q5_k::{dequantize_q5_k, vec_dot_q5_k_q8_k, vec_dot_q5_k_q8_k_ref, BlockQ5K};
+pub use q6_k::{dequantize_q6_k, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref, BlockQ6K};
 pub use q8_0::{
-    quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref, BlockQ8_0,
+    dequantize_q8_0, quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref,
+    BlockQ8_0,
 };
 pub use q8_1::{quantize_q8_1, quantize_q8_1_into, BlockQ8_1};
-pub use q8_k::{quantize_q8_k, quantize_q8_k_into, BlockQ8K};
+pub use q8_k::{dequantize_q8_k, quantize_q8_k, quantize_q8_k_into, BlockQ8K};
 pub use threads::{matmul_threads, matvec_many, matvec_pool, matvec_threads, Matvec};
 pub use unpack::k4_scale_min;
 

@@ -1,12 +1,16 @@
 //! Q4_K weights (ggml `block_q4_K`, 144-byte super-blocks of 256: eight groups of 32
 //! with 6-bit scales and mins) × Q8_K activations: the scalar reference (and the one it
-//! shares with Q5_K) and its dispatch.
+//! shares with Q5_K) and its dispatch; the block struct and its dequantizer.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+use super::f16::f16_le;
 use super::unpack::{accumulate, k4_scale_min, k_mins, lanes4};
+use super::QK_K;
 use super::{check_row, f16_at, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
 use crate::dot::reduce_lanes;
+use bytemuck::{Pod, Zeroable};
+use std::mem::size_of;
 
 /// Scalar reference shared by Q4_K and Q5_K: `q(wb, e)` gives the unsigned quant of
 /// element `e`.
@@ -58,3 +62,40 @@ dispatch!(
     /// Q4_K weights × Q8_K activations, one row.
     vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, dot_q4_k_q8_k, QType::Q4K, BlockQ8K
 );
+
+/// Q4_K super-block (ggml `block_q4_K`, 144 bytes, 256 elements in 8 groups of 32).
+///
+/// Group `g = 2c + h` takes nibble `h` (0 low, 1 high) of `qs[32c .. 32c + 32]`.
+/// Scales and mins are 6-bit, packed in 12 bytes as in ggml's `get_scale_min_k4`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ4K {
+    /// Super-block scale for the scales, f16.
+    pub d: [u8; 2],
+    /// Super-block scale for the mins, f16.
+    pub dmin: [u8; 2],
+    /// Packed 6-bit scales and mins.
+    pub scales: [u8; 12],
+    /// 4-bit quants.
+    pub qs: [u8; QK_K / 2],
+}
+const _: () = assert!(size_of::<BlockQ4K>() == 144);
+
+/// Q4_K: per group of 32, `dg = d * scale`, `mg = dmin * min`, `x = (dg * q) - mg`
+/// (gguf-py `Q4_K.dequantize_blocks`).
+pub fn dequantize_q4_k(blocks: &[BlockQ4K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = f16_le(b.d);
+        let dmin = f16_le(b.dmin);
+        let (sc, mn) = k4_scale_min(&b.scales);
+        for (g, og) in o.chunks_exact_mut(32).enumerate() {
+            let dg = d * sc[g] as f32;
+            let mg = dmin * mn[g] as f32;
+            let (c, h) = (g / 2, g % 2);
+            for (lane, x) in og.iter_mut().enumerate() {
+                let q = (b.qs[c * 32 + lane] >> (4 * h)) & 0x0f;
+                *x = dg * q as f32 - mg;
+            }
+        }
+    }
+}

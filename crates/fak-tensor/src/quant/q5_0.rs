@@ -1,11 +1,16 @@
 //! Q5_0 weights (ggml `block_q5_0`, 22-byte blocks of 32: an f16 scale and 5-bit quants
-//! offset by 16) × Q8_0 activations: the scalar reference and its dispatch.
+//! offset by 16) × Q8_0 activations: the scalar reference and its dispatch; the block
+//! struct and its dequantizer.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+use super::f16::f16_le;
+use super::unpack::q5_value;
 use super::unpack::{accumulate, five_bit, lanes4};
 use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_0, QType, QuantError};
 use crate::dot::reduce_lanes;
+use bytemuck::{Pod, Zeroable};
+use std::mem::size_of;
 
 /// Scalar reference of Q5_0 × Q8_0 in the canonical order ([`super`] docs).
 ///
@@ -28,3 +33,29 @@ dispatch!(
     /// Q5_0 weights × Q8_0 activations, one row.
     vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, dot_q5_0_q8_0, QType::Q5_0, BlockQ8_0
 );
+
+/// Q5_0 block (ggml `block_q5_0`, 22 bytes): `d` (f16), `qh` the fifth bit of
+/// element `j` at bit `j` of a little-endian u32, `qs` the low nibbles as in Q4_0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ5_0 {
+    /// Scale, f16.
+    pub d: [u8; 2],
+    /// High bits, u32 little-endian.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; 16],
+}
+const _: () = assert!(size_of::<BlockQ5_0>() == 22);
+
+/// Q5_0: `x = d * (q - 16)` (gguf-py `Q5_0.dequantize_blocks`).
+pub fn dequantize_q5_0(blocks: &[BlockQ5_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let d = f16_le(b.d);
+        let qh = u32::from_le_bytes(b.qh);
+        for (j, x) in o.iter_mut().enumerate() {
+            let q = q5_value(qh, &b.qs, j) as i8 - 16;
+            *x = d * q as f32;
+        }
+    }
+}

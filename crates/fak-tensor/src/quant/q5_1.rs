@@ -1,11 +1,16 @@
 //! Q5_1 weights (ggml `block_q5_1`, 24-byte blocks of 32: f16 scale and minimum, 5-bit
-//! quants) × Q8_1 activations: the scalar reference and its dispatch.
+//! quants) × Q8_1 activations: the scalar reference and its dispatch; the block struct
+//! and its dequantizer.
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
+use super::f16::f16_le;
+use super::unpack::q5_value;
 use super::unpack::{accumulate, five_bit, lanes4};
 use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
 use crate::dot::reduce_lanes;
+use bytemuck::{Pod, Zeroable};
+use std::mem::size_of;
 
 /// Scalar reference of Q5_1 × Q8_1 in the canonical order ([`super`] docs).
 ///
@@ -33,3 +38,31 @@ dispatch!(
     /// Q5_1 weights × Q8_1 activations, one row.
     vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, dot_q5_1_q8_1, QType::Q5_1, BlockQ8_1
 );
+
+/// Q5_1 block (ggml `block_q5_1`, 24 bytes): `d`, `m` (f16), `qh`, `qs` as in Q5_0.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+pub struct BlockQ5_1 {
+    /// Scale, f16.
+    pub d: [u8; 2],
+    /// Minimum, f16.
+    pub m: [u8; 2],
+    /// High bits, u32 little-endian.
+    pub qh: [u8; 4],
+    /// Low nibbles.
+    pub qs: [u8; 16],
+}
+const _: () = assert!(size_of::<BlockQ5_1>() == 24);
+
+/// Q5_1: `x = (d * q) + m` (gguf-py `Q5_1.dequantize_blocks`).
+pub fn dequantize_q5_1(blocks: &[BlockQ5_1], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let d = f16_le(b.d);
+        let m = f16_le(b.m);
+        let qh = u32::from_le_bytes(b.qh);
+        for (j, x) in o.iter_mut().enumerate() {
+            let q = q5_value(qh, &b.qs, j) as f32;
+            *x = d * q + m;
+        }
+    }
+}

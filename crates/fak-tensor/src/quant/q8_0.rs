@@ -7,11 +7,12 @@ use super::unpack::accumulate;
 use super::{check_multiple, check_row, f16_at, f16_to_f32, f32_to_f16, has_avx2_f16c};
 use super::{QType, QuantError, QK};
 use crate::dot::reduce_lanes;
+use bytemuck::{Pod, Zeroable};
 
 /// Q8_0 block (ggml `block_q8_0`, 34 bytes on little-endian targets): 32 elements
 /// `x_e ≈ f16(d) * qs[e]`.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Pod, Zeroable)]
 pub struct BlockQ8_0 {
     /// Scale, IEEE f16 bits.
     pub d: u16,
@@ -109,3 +110,13 @@ dispatch!(
     /// Q8_0 weights × Q8_0 activations, one row.
     vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref, dot_q8_0_q8_0, QType::Q8_0, BlockQ8_0
 );
+
+/// Q8_0: `x = q * d` (gguf-py `Q8_0.dequantize_blocks`). `out.len() == 32 * blocks.len()`.
+pub fn dequantize_q8_0(blocks: &[BlockQ8_0], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(32)) {
+        let d = f16_to_f32(b.d);
+        for (x, &q) in o.iter_mut().zip(b.qs.iter()) {
+            *x = q as f32 * d;
+        }
+    }
+}

@@ -5,11 +5,12 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::{check_multiple, has_avx2_f16c, QuantError, QK_K};
+use bytemuck::{Pod, Zeroable};
 
 /// Q8_K super-block (ggml `block_q8_K`, 292 bytes): 256 elements `x_e ≈ d * qs[e]`
 /// with an `f32` scale and the sums of each 16 consecutive quants.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Pod, Zeroable)]
 pub struct BlockQ8K {
     /// Scale.
     pub d: f32,
@@ -89,4 +90,15 @@ pub(crate) fn q8k_block_ref(c: &[f32]) -> BlockQ8K {
     }
     b.d = 1.0 / iscale;
     b
+}
+
+/// Q8_K: `x = d * q` (ggml `dequantize_row_q8_K`; gguf-py has no Q8_K dequantizer).
+/// `out.len() == 256 * blocks.len()`.
+pub fn dequantize_q8_k(blocks: &[BlockQ8K], out: &mut [f32]) {
+    for (b, o) in blocks.iter().zip(out.chunks_exact_mut(QK_K)) {
+        let d = b.d;
+        for (x, &q) in o.iter_mut().zip(b.qs.iter()) {
+            *x = d * q as f32;
+        }
+    }
 }

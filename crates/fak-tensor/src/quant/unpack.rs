@@ -24,7 +24,8 @@ pub(crate) fn five_bit(qh: &[u8], qs: &[u8]) -> [i32; QK] {
 }
 
 /// The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K block (ggml `get_scale_min_k4`)
-/// from its 12-byte `scales` field; also the dequantizers' (`fak_weights::dequant`).
+/// from its 12-byte `scales` field; also the dequantizers'
+/// ([`super::dequantize_q4_k`], [`super::dequantize_q5_k`]).
 ///
 /// Shapes: `s` is the block's `scales` field, bytes 4..16 of the block; only `s[..12]`
 /// is read, and a slice shorter than 12 bytes panics (every caller passes the field).
@@ -66,4 +67,16 @@ pub(crate) fn accumulate(acc: &mut [f32; 8], d: f32, l: &[i32; 8]) {
     for m in 0..8 {
         acc[m] += d * l[m] as f32;
     }
+}
+
+/// The 5-bit quant of element `j` (0..32) of a Q5_0/Q5_1 block, unbiased.
+#[inline]
+pub(crate) fn q5_value(qh: u32, qs: &[u8; 16], j: usize) -> u8 {
+    let lo = if j < 16 {
+        qs[j] & 0x0f
+    } else {
+        qs[j - 16] >> 4
+    };
+    let hi = ((qh >> j) & 1) as u8;
+    lo | (hi << 4)
 }
