@@ -130,8 +130,9 @@ pub fn cached(name: &str) -> Option<PathBuf> {
 /// name whose file is cached.
 ///
 /// # Errors
-/// [`ModelError::Fetch`] naming `fak model pull NAME` when a catalog model is not cached,
-/// or listing the catalog when the argument is neither a path nor a known name.
+/// [`ModelError::NotCached`] naming `fak model pull NAME` when a catalog model is not
+/// cached; [`ModelError::NotFound`] listing the catalog when the argument is neither a
+/// path nor a known name.
 pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
     let p = Path::new(name_or_path);
     if p.exists() {
