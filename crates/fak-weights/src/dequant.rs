@@ -118,10 +118,10 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Dequ
         F32 => dequantize_f32(data, out),
         F16 => dequantize_f16(data, out),
         BF16 => dequantize_bf16(data, out),
-        Q4_0 => dequantize_q4_0(blocks(data), out),
-        Q4_1 => dequantize_q4_1(blocks(data), out),
-        Q5_0 => dequantize_q5_0(blocks(data), out),
-        Q5_1 => dequantize_q5_1(blocks(data), out),
+        Q4_0 => dequantize_q4_0(blocks(ty, n, data)?, out),
+        Q4_1 => dequantize_q4_1(blocks(ty, n, data)?, out),
+        Q5_0 => dequantize_q5_0(blocks(ty, n, data)?, out),
+        Q5_1 => dequantize_q5_1(blocks(ty, n, data)?, out),
         Q8_0 => {
             for (c, o) in data.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
                 // One block from file bytes of any alignment; its f16 scale is little-endian.
@@ -130,11 +130,11 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Dequ
                 dequantize_q8_0(&[BlockQ8_0 { d, ..b }], o);
             }
         }
-        Q2_K => dequantize_q2_k(blocks(data), out),
-        Q3_K => dequantize_q3_k(blocks(data), out),
-        Q4_K => dequantize_q4_k(blocks(data), out),
-        Q5_K => dequantize_q5_k(blocks(data), out),
-        Q6_K => dequantize_q6_k(blocks(data), out),
+        Q2_K => dequantize_q2_k(blocks(ty, n, data)?, out),
+        Q3_K => dequantize_q3_k(blocks(ty, n, data)?, out),
+        Q4_K => dequantize_q4_k(blocks(ty, n, data)?, out),
+        Q5_K => dequantize_q5_k(blocks(ty, n, data)?, out),
+        Q6_K => dequantize_q6_k(blocks(ty, n, data)?, out),
         Q8_K => {
             for (c, o) in data.chunks_exact(292).zip(out.chunks_exact_mut(256)) {
                 // One block from file bytes of any alignment; its f32 scale is
@@ -149,11 +149,21 @@ pub fn dequantize(ty: GgmlType, data: &[u8], out: &mut [f32]) -> Result<(), Dequ
     Ok(())
 }
 
-/// View bytes as blocks. The caller has checked that `data.len()` is a whole number
-/// of blocks; blocks have alignment 1, so the cast cannot fail (an empty slice is
-/// returned if it somehow did, and the output is then left as is).
-fn blocks<B: Pod>(data: &[u8]) -> &[B] {
-    bytemuck::try_cast_slice(data).unwrap_or(&[])
+/// View bytes as blocks of `ty`. The caller has checked that `data.len()` is a whole
+/// number of `ty`'s blocks, and every block struct has alignment 1 (asserted at compile
+/// time), so the cast fails only if `B` is not `ty`'s block: then it is
+/// [`DequantError::LengthMismatch`] for `n` elements, never a panic or a silent no-op.
+fn blocks<B: Pod>(ty: GgmlType, n: usize, data: &[u8]) -> Result<&[B], DequantError> {
+    const { assert!(std::mem::align_of::<B>() == 1) };
+    bytemuck::try_cast_slice(data)
+        .ok()
+        .filter(|_| std::mem::size_of::<B>() == ty.type_size())
+        .ok_or(DequantError::LengthMismatch {
+            ty,
+            n_elements: n,
+            expected: (n / ty.block_size()).saturating_mul(std::mem::size_of::<B>()),
+            got: data.len(),
+        })
 }
 
 /// F32: little-endian copy. `out.len() * 4 == data.len()`.
