@@ -32,12 +32,15 @@ pub fn rms_norm(x: &[f32], weight: &[f32], weight_offset: f32, eps: f32, out: &m
     }
 }
 
-/// Rotary position embedding tables (Su et al. 2021, RoFormer), computed as HF's default
-/// rope init does: `inv_freq[i] = 1 / base^(2i/d)` in `f32`, `freq = pos * inv_freq[i]`
-/// as an `f32` product, then `cos`/`sin` of that `f32` angle.
+/// Rotary position embedding tables (Su et al. 2021, RoFormer), computed as HF's rope
+/// init functions do (`transformers.modeling_rope_utils`): `inv_freq[i] = 1 / base^(2i/d)`
+/// in `f32` (or `1 / (factor[i] · base^(2i/d))` for per-dimension scaling such as
+/// `longrope`), `freq = pos * inv_freq[i]` as an `f32` product, then `cos`/`sin` of that
+/// `f32` angle, each times the attention factor (1 unless the scaling sets one).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeTable {
     inv_freq: Vec<f32>,
+    attention_factor: f32,
 }
 
 impl RopeTable {
@@ -50,7 +53,38 @@ impl RopeTable {
                 1.0 / theta.powf(e)
             })
             .collect();
-        RopeTable { inv_freq }
+        RopeTable {
+            inv_freq,
+            attention_factor: 1.0,
+        }
+    }
+
+    /// Table with per-dimension frequency factors and an attention factor, as HF's
+    /// `_compute_longrope_parameters` returns them: `inv_freq[i] = 1 / (factors[i] ·
+    /// base^(2i/d))` (the product in `f32`, as torch computes it), and `cos`/`sin` each
+    /// multiplied by `attention_factor`. `factors` has `rot_dim / 2` entries (HF
+    /// `short_factor` or `long_factor`); `None` when it has not.
+    pub fn scaled(
+        rot_dim: usize,
+        theta: f32,
+        factors: &[f32],
+        attention_factor: f32,
+    ) -> Option<Self> {
+        if factors.len() != rot_dim / 2 {
+            return None;
+        }
+        let inv_freq = factors
+            .iter()
+            .enumerate()
+            .map(|(i, &f)| {
+                let e = (2 * i) as f32 / rot_dim as f32;
+                1.0 / (f * theta.powf(e))
+            })
+            .collect();
+        Some(RopeTable {
+            inv_freq,
+            attention_factor,
+        })
     }
 
     /// Half the rotary dimension: the length of the `cos`/`sin` rows.
@@ -58,13 +92,15 @@ impl RopeTable {
         self.inv_freq.len()
     }
 
-    /// Writes `cos` and `sin` (each `[rot_dim/2]`) of the angles at absolute position `pos`.
+    /// Writes `cos` and `sin` (each `[rot_dim/2]`) of the angles at absolute position `pos`,
+    /// times the attention factor (an exact no-op when it is 1).
     pub fn cos_sin(&self, pos: u32, cos: &mut [f32], sin: &mut [f32]) {
         let p = pos as f32;
+        let m = self.attention_factor;
         for ((c, s), &f) in cos.iter_mut().zip(sin.iter_mut()).zip(&self.inv_freq) {
             let a = p * f;
-            *c = (a as f64).cos() as f32;
-            *s = (a as f64).sin() as f32;
+            *c = ((a as f64).cos() as f32) * m;
+            *s = ((a as f64).sin() as f32) * m;
         }
     }
 }
@@ -375,6 +411,24 @@ mod tests {
         let before = x.clone();
         rope_rotate_half(&mut x, &c, &s);
         assert_eq!(x, before);
+    }
+
+    #[test]
+    fn scaled_rope_divides_each_frequency_and_scales_cos_sin() {
+        let plain = RopeTable::new(8, 10000.0);
+        assert_eq!(
+            RopeTable::scaled(8, 10000.0, &[1.0; 4], 1.0),
+            Some(plain.clone())
+        );
+        assert_eq!(RopeTable::scaled(8, 10000.0, &[1.0; 3], 1.0), None);
+        // Factor 2 on the first dimension: its angle at position 2 is the plain one at 1.
+        let t = RopeTable::scaled(8, 10000.0, &[2.0, 1.0, 1.0, 1.0], 1.5).unwrap();
+        let (mut c, mut s, mut pc, mut ps) = ([0f32; 4], [0f32; 4], [0f32; 4], [0f32; 4]);
+        t.cos_sin(2, &mut c, &mut s);
+        plain.cos_sin(1, &mut pc, &mut ps);
+        assert_eq!((c[0], s[0]), (pc[0] * 1.5, ps[0] * 1.5));
+        plain.cos_sin(2, &mut pc, &mut ps);
+        assert_eq!((c[1], s[1]), (pc[1] * 1.5, ps[1] * 1.5));
     }
 
     #[test]
