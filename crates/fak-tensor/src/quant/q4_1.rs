@@ -5,8 +5,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::unpack::{accumulate, lanes4, nibbles};
-use super::{check_row, f16_at, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
+use super::unpack::{accumulate, lanes4, nibbles, weight_blocks};
+use super::{check_row, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
 use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
@@ -21,10 +21,10 @@ pub fn vec_dot_q4_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantErro
     check_row(QType::Q4_1, w.len(), a.len())?;
     let mut acc = [0f32; 8];
     let mut summ = 0f32;
-    for (wb, ab) in w.chunks_exact(20).zip(a) {
-        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
-        accumulate(&mut acc, d, &lanes4(&nibbles(&wb[4..20]), &ab.qs));
-        summ += f16_at(wb, 2) * f16_to_f32(ab.s);
+    for (wb, ab) in weight_blocks::<BlockQ4_1>(w).zip(a) {
+        let d = f16_le(wb.d) * f16_to_f32(ab.d);
+        accumulate(&mut acc, d, &lanes4(&nibbles(&wb.qs), &ab.qs));
+        summ += f16_le(wb.m) * f16_to_f32(ab.s);
     }
     Ok(reduce_lanes(&acc) + summ)
 }

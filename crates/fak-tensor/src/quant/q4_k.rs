@@ -5,38 +5,47 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::unpack::{accumulate, k4_scale_min, k_mins, lanes4};
+use super::unpack::{accumulate, k4_scale_min, k_mins, lanes4, weight_blocks};
 use super::QK_K;
-use super::{check_row, f16_at, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
+use super::{check_row, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
 use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
 
-/// Scalar reference shared by Q4_K and Q5_K: `q(wb, e)` gives the unsigned quant of
+/// The head Q4_K and Q5_K super-blocks share: `d`, `dmin` (f16) and the twelve bytes of
+/// packed 6-bit scales and minimums.
+pub(crate) trait KHead: Pod {
+    /// `(d, dmin, scales)`.
+    fn head(&self) -> ([u8; 2], [u8; 2], [u8; 12]);
+}
+
+impl KHead for BlockQ4K {
+    fn head(&self) -> ([u8; 2], [u8; 2], [u8; 12]) {
+        (self.d, self.dmin, self.scales)
+    }
+}
+
+/// Scalar reference shared by Q4_K and Q5_K: `q(block, e)` gives the unsigned quant of
 /// element `e`.
-pub(crate) fn k45_ref(
-    w: &[u8],
-    a: &[BlockQ8K],
-    bytes: usize,
-    q: impl Fn(&[u8], usize) -> i32,
-) -> f32 {
+pub(crate) fn k45_ref<B: KHead>(w: &[u8], a: &[BlockQ8K], q: impl Fn(&B, usize) -> i32) -> f32 {
     let mut acc = [0f32; 8];
     let mut summ = 0f32;
-    for (wb, ab) in w.chunks_exact(bytes).zip(a) {
-        let (sc, mn) = k4_scale_min(&wb[4..16]);
+    for (wb, ab) in weight_blocks::<B>(w).zip(a) {
+        let (d, dmin, scales) = wb.head();
+        let (sc, mn) = k4_scale_min(&scales);
         let mut l = [0i32; 8];
         for (g, &s) in sc.iter().enumerate() {
             let mut wg = [0i32; QK];
             for (lane, v) in wg.iter_mut().enumerate() {
-                *v = q(wb, 32 * g + lane);
+                *v = q(&wb, 32 * g + lane);
             }
             let lg = lanes4(&wg, &ab.qs[32 * g..32 * g + 32]);
             for m in 0..8 {
                 l[m] += s as i32 * lg[m];
             }
         }
-        let d = ab.d * f16_at(wb, 0);
-        let dmin = ab.d * f16_at(wb, 2);
+        let d = ab.d * f16_le(d);
+        let dmin = ab.d * f16_le(dmin);
         accumulate(&mut acc, d, &l);
         summ += dmin * k_mins(&mn, &ab.bsums) as f32;
     }
@@ -52,9 +61,9 @@ pub(crate) fn k45_ref(
 pub fn vec_dot_q4_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
     check_row(QType::Q4K, w.len(), a.len())?;
     // Element e: group g = e / 32 = 2c + h takes nibble h of qs[32c + e % 32].
-    Ok(k45_ref(w, a, 144, |wb, e| {
+    Ok(k45_ref(w, a, |b: &BlockQ4K, e| {
         let (g, lane) = (e / 32, e % 32);
-        ((wb[16 + 32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f) as i32
+        ((b.qs[32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f) as i32
     }))
 }
 

@@ -5,7 +5,7 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::q4_k::k45_ref;
+use super::q4_k::{k45_ref, KHead};
 use super::unpack::k4_scale_min;
 use super::QK_K;
 use super::{check_row, has_avx2_f16c, BlockQ8K, QType, QuantError};
@@ -20,11 +20,11 @@ use std::mem::size_of;
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q5_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
     check_row(QType::Q5K, w.len(), a.len())?;
-    // As Q4_K (qs at 48), plus bit g of qh[e % 32] as bit 4.
-    Ok(k45_ref(w, a, 176, |wb, e| {
+    // As Q4_K, plus bit g of qh[e % 32] as bit 4.
+    Ok(k45_ref(w, a, |b: &BlockQ5K, e| {
         let (g, lane) = (e / 32, e % 32);
-        let lo = (wb[48 + 32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f;
-        let hi = (wb[16 + lane] >> g) & 1;
+        let lo = (b.qs[32 * (g / 2) + lane] >> (4 * (g % 2))) & 0x0f;
+        let hi = (b.qh[lane] >> g) & 1;
         (lo | (hi << 4)) as i32
     }))
 }
@@ -51,6 +51,12 @@ pub struct BlockQ5K {
     pub qs: [u8; QK_K / 2],
 }
 const _: () = assert!(size_of::<BlockQ5K>() == 176);
+
+impl KHead for BlockQ5K {
+    fn head(&self) -> ([u8; 2], [u8; 2], [u8; 12]) {
+        (self.d, self.dmin, self.scales)
+    }
+}
 
 /// Q5_K: as Q4_K with a fifth bit per quant (gguf-py `Q5_K.dequantize_blocks`).
 pub fn dequantize_q5_k(blocks: &[BlockQ5K], out: &mut [f32]) {

@@ -5,9 +5,9 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::unpack::{accumulate, lanes4};
+use super::unpack::{accumulate, lanes4, weight_blocks};
 use super::QK_K;
-use super::{check_row, f16_at, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
+use super::{check_row, has_avx2_f16c, BlockQ8K, QType, QuantError, QK};
 use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
@@ -21,8 +21,8 @@ use std::mem::size_of;
 pub fn vec_dot_q6_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError> {
     check_row(QType::Q6K, w.len(), a.len())?;
     let mut acc = [0f32; 8];
-    for (wb, ab) in w.chunks_exact(210).zip(a) {
-        let (ql, qh, scales) = (&wb[0..128], &wb[128..192], &wb[192..208]);
+    for (wb, ab) in weight_blocks::<BlockQ6K>(w).zip(a) {
+        let (ql, qh, scales) = (&wb.ql, &wb.qh, &wb.scales);
         let mut l = [0i32; 8];
         for c in 0..8 {
             // Element e (half e / 128, r = e % 128): low nibble r / 64 of
@@ -40,7 +40,7 @@ pub fn vec_dot_q6_k_q8_k_ref(w: &[u8], a: &[BlockQ8K]) -> Result<f32, QuantError
                 l[m] += (scales[2 * c + m / 4] as i8) as i32 * lc[m];
             }
         }
-        accumulate(&mut acc, ab.d * f16_at(wb, 208), &l);
+        accumulate(&mut acc, ab.d * f16_le(wb.d), &l);
     }
     Ok(reduce_lanes(&acc))
 }

@@ -3,8 +3,8 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
-use super::unpack::accumulate;
-use super::{check_multiple, check_row, f16_at, f16_to_f32, f32_to_f16, has_avx2_f16c};
+use super::unpack::{accumulate, weight_blocks};
+use super::{check_multiple, check_row, f16_to_f32, f32_to_f16, has_avx2_f16c};
 use super::{QType, QuantError, QK};
 use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
@@ -92,13 +92,14 @@ pub fn quantize_q8_0_into(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), Qua
 pub fn vec_dot_q8_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
     check_row(QType::Q8_0, w.len(), a.len())?;
     let mut acc = [0f32; 8];
-    for (wb, ab) in w.chunks_exact(34).zip(a) {
-        let d = f16_at(wb, 0) * f16_to_f32(ab.d);
-        let q = &wb[2..34];
+    for (wb, ab) in weight_blocks::<BlockQ8_0>(w).zip(a) {
+        // A weight block's f16 scale is little-endian in the file.
+        let d = f16_to_f32(u16::from_le(wb.d)) * f16_to_f32(ab.d);
+        let q = &wb.qs;
         let mut l = [0i32; 8];
         for (m, lm) in l.iter_mut().enumerate() {
             for e in [2 * m, 2 * m + 1, 2 * m + 16, 2 * m + 17] {
-                *lm += (q[e] as i8) as i32 * ab.qs[e] as i32;
+                *lm += q[e] as i32 * ab.qs[e] as i32;
             }
         }
         accumulate(&mut acc, d, &l);

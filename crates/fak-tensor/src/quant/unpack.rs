@@ -4,6 +4,14 @@
 use super::QK;
 
 /// The 32 4-bit quants of a Q4_0/Q4_1 `qs` field, element order.
+/// The blocks of one row of weights as they lie in the file, each read by value: a
+/// weight row may start at any byte, so the blocks are copied out rather than viewed
+/// in place (the scalar references' reading; the SIMD kernels read the bytes).
+pub(crate) fn weight_blocks<B: bytemuck::Pod>(w: &[u8]) -> impl Iterator<Item = B> + '_ {
+    w.chunks_exact(std::mem::size_of::<B>())
+        .map(bytemuck::pod_read_unaligned)
+}
+
 pub(crate) fn nibbles(qs: &[u8]) -> [i32; QK] {
     let mut q = [0i32; QK];
     for j in 0..16 {
