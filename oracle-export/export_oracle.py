@@ -11,8 +11,10 @@ Subcommands (run from the repository root; see oracle-export/README.md):
 
     dequant                      testdata/dequant/<TYPE>.safetensors
     widen                        testdata/widen/widen.safetensors
-    tiny                         testdata/tiny/llama-{untied,tied}/ + testdata/oracles/tiny-llama-*/
-    tiny-gguf                    testdata/tiny-gguf/llama-{untied,tied}.f32.gguf, llama-tied.f32.align2.gguf
+    tiny [--only NAMES]          testdata/tiny/<NAME>/ + testdata/oracles/tiny-<NAME>/ for NAME in llama-untied,
+                                 llama-tied, qwen2, qwen3, gemma3, phi3, olmo2 (phi3 and olmo2 with their r3/)
+    tiny-gguf [--only NAMES]     testdata/tiny-gguf/llama-{untied,tied}.f32.gguf, llama-tied.f32.align2.gguf,
+                                 phi3.f32.gguf, olmo2.f32.gguf (+ their .facts.json)
     oracle --model DIR_OR_GGUF --name NAME     testdata/oracles/NAME/
     r3 --gguf FILE               testdata/oracles/{tiny-llama-*,smollm2-135m-instruct}/r3/<case>.safetensors
     greedy32 --model GGUF --name NAME          testdata/oracles/NAME/greedy32.json
@@ -684,6 +686,72 @@ TINY_ARCH_SPECS = {
 }
 
 
+# Phi-3's LongRoPE factors for the tiny phi3 (head_dim 16: 8 per list), seeded: short factors in [1, 1.5),
+# long factors in [1, 16), each list sorted ascending (as in the real Phi-3 configs, the low-frequency
+# dimensions are stretched most) and rounded so config.json shows them exactly as HF reads them.
+SEED_LONGROPE = 4323
+
+
+def longrope_factors(n: int) -> tuple[list[float], list[float]]:
+    rng = np.random.default_rng(SEED_LONGROPE)
+    short = sorted(round(float(v), 4) for v in 1.0 + 0.5 * rng.random(n))
+    long_ = sorted(round(float(v), 3) for v in 1.0 + 15.0 * rng.random(n))
+    assert len(set(short)) == n and len(set(long_)) == n
+    return short, long_
+
+
+PHI3_SHORT_FACTOR, PHI3_LONG_FACTOR = longrope_factors(8)
+# original_max_position_embeddings 48 (not 32): the longest short-regime sequence of the usual fixtures is
+# rand20 + 16 greedy tokens = 36 positions, and r3 rand3_12_9 poisoned + 16 = 40; with 32 HF would switch
+# to the long factors in the middle of generate (see PHI3_LONGROPE_RULE), so those fixtures would not stay
+# short. Only cross40 crosses, on purpose. max_position_embeddings 192: factor 192/48 = 4, attention factor sqrt(1 + ln 4 / ln 48).
+TINY_ARCH_SPECS.update({
+    "phi3": dict(
+        # seed 1254: of 1247 and 1250..1254 the only one whose smallest greedy top-1/top-2 margin over the
+        # prompts, long64 and the r3 sequences is above 0.005 (0.0079; with 1247 it was 0.0003)
+        model="Phi3ForCausalLM", config="Phi3Config", seed=SEED_TINY + 20, norms="around1", biases=False,
+        kwargs=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, hidden_act="silu",
+            max_position_embeddings=192, original_max_position_embeddings=48,
+            initializer_range=0.2, rms_norm_eps=1e-5,
+            rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 1.0,
+                             "short_factor": PHI3_SHORT_FACTOR, "long_factor": PHI3_LONG_FACTOR},
+            # Phi-3-mini-4k has a sliding window (2047); 16 here, so rand20 (short factors) and long64
+            # (long factors) attend through it and rand7 / rand12 do not
+            sliding_window=16,
+            tie_word_embeddings=False, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype="float32",
+        ),
+    ),
+    "olmo2": dict(
+        model="Olmo2ForCausalLM", config="Olmo2Config", seed=SEED_TINY + 14, norms="around1", biases=False,
+        kwargs=dict(
+            vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, hidden_act="silu", max_position_embeddings=256,
+            initializer_range=0.2, rms_norm_eps=1e-6,
+            rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+            tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
+            bos_token_id=None, eos_token_id=None, pad_token_id=None, dtype="float32",
+        ),
+    ),
+})
+# Families added after the first five tinies also get R3 cases (as the llama tinies) from `tiny` itself.
+TINY_R3 = {"phi3", "olmo2"}
+# Extra tiny prompts by oracle name: (prompt id, length); ids from default_rng(SEED_PROMPTS + 1).
+# long64: one prefill longer than Phi-3's original_max_position_embeddings (48), so the long factors are used.
+# cross40: a 40-token prefill (short factors) whose 16 greedy tokens cross 48: HF re-prefills all 49 tokens
+# in the long regime at that step (PHI3_LONGROPE_RULE).
+TINY_EXTRA_PROMPTS = {"tiny-phi3": [
+    ("long64", 64, "rope regime LONG: one 64-token prefill > original_max_position_embeddings 48, so every "
+                   "position of the prompt and of the 16 greedy steps uses long_factor"),
+    ("cross40", 40, "rope regime CROSSES: the 40-token prefill (all tensors here) uses short_factor; greedy step 9 "
+                    "makes the sequence 49 tokens long and HF generate re-prefills all 49 in the long regime "
+                    "(Phi3ForCausalLM.prepare_inputs_for_generation drops the cache), so greedy_ids[9:] are "
+                    "long-regime tokens"),
+]}
+
+
 def build_tiny_arch(name: str, out_dir: Path) -> Path:
     import torch
     import transformers
@@ -741,6 +809,8 @@ def cmd_tiny(args) -> None:
         if only is None or name in only:
             d = build_tiny_arch(name, out)
             make_oracle(str(d), f"tiny-{name}", out)
+            if name in TINY_R3:
+                make_r3(str(d), f"tiny-{name}", out, f"{PY} tiny --only {name}")
 
 
 # ---------------------------------------------------------------------------------------
@@ -833,12 +903,154 @@ def check_tiny_gguf(src: Path, path: Path) -> None:
         assert torch.equal(ref(ids).logits, got(ids).logits), f"{path.name}: logits differ"
 
 
+# F32 GGUFs of the issue-28 families, written as llama.cpp's convert_hf_to_gguf.py writes them
+# (`Phi3MiniModel`, `Olmo2Model`, `--outtype f32`): (source under tiny/, output under tiny-gguf/)
+TINY_GGUF_ARCH = [("phi3", "phi3.f32.gguf"), ("olmo2", "olmo2.f32.gguf")]
+
+
+def write_tiny_gguf_arch(src: Path, path: Path) -> dict:
+    """phi3 / olmo2 as F32 GGUF. Neither converter permutes Q/K (llama.cpp runs both with NeoX RoPE, the
+    rotate-half pairing HF uses), so every tensor is the safetensors tensor under its GGUF name. phi3 adds
+    `rope_factors_long.weight` / `rope_factors_short.weight` (F32 [d/2]) and the rope scaling keys."""
+    import math
+
+    import gguf
+    from safetensors.numpy import load_file
+
+    cfg = json.loads((src / "config.json").read_text())
+    sd = load_file(str(src / "model.safetensors"))
+    arch = {"phi3": gguf.MODEL_ARCH.PHI3, "olmo2": gguf.MODEL_ARCH.OLMO2}[cfg["model_type"]]
+    n_layers, n_head, n_kv = cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hidden = cfg["hidden_size"]
+    rope = cfg["rope_parameters"]
+    w = gguf.GGUFWriter(str(path), gguf.MODEL_ARCH_NAMES[arch])
+    w.add_name(f"fak tiny {src.name}")
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(hidden)
+    w.add_block_count(n_layers)
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(n_head)
+    w.add_head_count_kv(n_kv)
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(rope["rope_theta"])
+    rot = int(rope.get("partial_rotary_factor", 1.0) * hidden) // n_head
+    w.add_rope_dimension_count(rot)
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    extra = {}
+    if arch == gguf.MODEL_ARCH.PHI3:
+        orig, mx = cfg["original_max_position_embeddings"], cfg["max_position_embeddings"]
+        scale = mx / orig
+        attn_factor = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+        w.add_rope_scaling_orig_ctx_len(orig)
+        w.add_rope_scaling_attn_factors(attn_factor)
+        # the converter writes 0 when the HF config has no window ("to distinguish Phi-4")
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
+        extra = {"rope_factors_long.weight": np.array(rope["long_factor"], dtype=np.float32),
+                 "rope_factors_short.weight": np.array(rope["short_factor"], dtype=np.float32)}
+        assert all(len(v) == rot // 2 for v in extra.values())
+    w.add_string("fak.fixture.source", f"testdata/tiny/{src.name} (config.json, model.safetensors)")
+    w.add_string("fak.fixture.command", f"{PY} tiny-gguf --only {src.name}")
+    w.add_string("fak.fixture.versions", json.dumps(versions(), sort_keys=True))
+    tmap = gguf.get_tensor_name_map(arch, n_layers)
+    names = {}
+    for name in sorted(sd):
+        new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert new is not None, name
+        names[new] = name
+        w.add_tensor(new, np.ascontiguousarray(sd[name], dtype=np.float32))
+    for new, t in extra.items():
+        w.add_tensor(new, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return names
+
+
+def check_tiny_gguf_arch(src: Path, path: Path, names: dict) -> dict:
+    """The witnesses: gguf-py's reader gives back every tensor bit for bit under its GGUF name (and the
+    rope factors as the config's f32 values); transformers' GGUF loader, where it knows the architecture,
+    builds a model whose parameters are torch.equal to the safetensors model's."""
+    import gguf
+    import torch
+    from safetensors.numpy import load_file
+    from transformers import AutoModelForCausalLM
+
+    cfg = json.loads((src / "config.json").read_text())
+    sd = load_file(str(src / "model.safetensors"))
+    r = gguf.GGUFReader(str(path))
+    tens = {t.name: t for t in r.tensors}
+    facts = {"gguf_tensors": {t.name: [t.tensor_type.name, [int(x) for x in reversed(t.shape)]]
+                              for t in r.tensors}}
+    for new, hf in names.items():
+        got = np.array(tens[new].data).reshape(sd[hf].shape)
+        assert tens[new].tensor_type == gguf.GGMLQuantizationType.F32 and np.array_equal(got, sd[hf]), new
+    facts["hf_name_of_gguf_tensor"] = names
+    if cfg["model_type"] == "phi3":
+        for key, fac in (("rope_factors_long.weight", "long_factor"), ("rope_factors_short.weight", "short_factor")):
+            assert np.array_equal(np.array(tens[key].data), np.array(cfg["rope_parameters"][fac], dtype=np.float32))
+    facts["gguf_metadata"] = {f.name: f.contents() for f in r.fields.values()
+                              if f.name.startswith(cfg["model_type"] + ".")}
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    try:
+        # The file has no tokenizer and so no token ids; Phi3Config's defaults (eos/pad 32000) would not fit
+        # the 256-token vocabulary, so the tinies' "no special ids" is passed to the loader.
+        got = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, bos_token_id=None,
+                                                   eos_token_id=None, pad_token_id=None, **kw).eval()
+    except Exception as e:
+        facts["transformers_gguf_loader"] = f"cannot load it: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return facts
+    ref = AutoModelForCausalLM.from_pretrained(str(src), **kw).eval()
+    rp, gp = dict(ref.named_parameters()), dict(got.named_parameters())
+    assert sorted(rp) == sorted(gp), (sorted(rp), sorted(gp))
+    for n, p in rp.items():
+        assert gp[n].dtype == torch.float32 and torch.equal(gp[n], p), f"{path.name}: {n} differs"
+    gc = got.config
+    facts["transformers_gguf_loader"] = (
+        "loads it; every parameter torch.equal to the safetensors model's. Its config: "
+        f"rope_parameters={gc.rope_parameters}, sliding_window={getattr(gc, 'sliding_window', None)}, "
+        f"max_position_embeddings={gc.max_position_embeddings}, "
+        f"original_max_position_embeddings={getattr(gc, 'original_max_position_embeddings', None)}")
+    ids = torch.tensor([tiny_prompts(ref.config.vocab_size)[0][2]])
+    with torch.no_grad():
+        same = torch.equal(ref(ids).logits, got(ids).logits)
+    facts["transformers_gguf_logits_equal_on_rand7"] = same
+    if cfg["model_type"] == "phi3":
+        facts["transformers_gguf_note"] = (
+            "transformers' GGUF config mapping for phi3 reads no rope.scaling.* key, no rope_factors_* tensor and "
+            "no sliding_window, so the model it builds uses plain RoPE without a window: its logits differ from "
+            "the safetensors model's (expected, recorded); the tensors are the witness here, the rope factors and "
+            "scaling keys are checked against config.json with gguf-py's reader")
+    return facts
+
+
 def cmd_tiny_gguf(args) -> None:
     import gguf
 
     out = Path(args.out)
+    only = set(args.only.split(",")) if getattr(args, "only", None) else None
     (out / "tiny-gguf").mkdir(parents=True, exist_ok=True)
+    for src_name, file_name in TINY_GGUF_ARCH:
+        if only is not None and src_name not in only:
+            continue
+        src = out / "tiny" / src_name
+        if not (src / "model.safetensors").exists():
+            raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{PY} tiny --only {src_name}` first")
+        path = out / "tiny-gguf" / file_name
+        names = write_tiny_gguf_arch(src, path)
+        facts = check_tiny_gguf_arch(src, path, names)
+        facts = {"file": f"testdata/tiny-gguf/{file_name}", "source": f"testdata/tiny/{src_name}",
+                 "command": f"{PY} tiny-gguf --only {src_name}", **facts, **versions()}
+        fp = path.with_suffix(".facts.json")
+        fp.write_text(json.dumps(facts, indent=1, default=str) + "\n")
+        log(f"tiny-gguf {file_name}: {len(facts['gguf_tensors'])} tensors read back bit-exact by gguf-py; "
+            f"transformers: {facts['transformers_gguf_loader']}; logits on rand7 equal: "
+            f"{facts.get('transformers_gguf_logits_equal_on_rand7')} -> {rel(path)} ({path.stat().st_size} B)")
+        log(f"  metadata: {facts['gguf_metadata']}")
     for src_name, file_name, alignment in TINY_GGUF:
+        if only is not None and src_name not in only:
+            continue
         src = out / "tiny" / src_name
         if not (src / "model.safetensors").exists():
             raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{PY} tiny` first")
@@ -979,6 +1191,16 @@ def tiny_prompts(vocab: int):
     return out
 
 
+def tiny_extra_prompts(name: str, vocab: int):
+    rng = np.random.default_rng(SEED_PROMPTS + 1)
+    out = []
+    for pid, n, note in TINY_EXTRA_PROMPTS.get(name, []):
+        ids = rng.integers(0, vocab, size=n).tolist()
+        out.append((pid, None, ids, {"prompt_kind": "random ids", "prompt_seed": str(SEED_PROMPTS + 1),
+                                     "note": note}))
+    return out
+
+
 def arch_semantics(model, src: str) -> dict | None:
     """What this transformers actually computes for qwen2 / qwen3 / gemma3 (checked numerically on the
     loaded model, not read from docs). None for llama, whose fixtures predate this and stay unchanged."""
@@ -989,6 +1211,8 @@ def arch_semantics(model, src: str) -> dict | None:
 
     cfg = model.config
     mt = cfg.model_type
+    if mt in ("phi3", "olmo2"):
+        return family_semantics(model)
     if mt not in ("qwen2", "qwen3", "gemma3_text", "gemma3"):
         return None
     m = model.model
@@ -1113,6 +1337,270 @@ def arch_semantics(model, src: str) -> dict | None:
     return out
 
 
+# How HF transformers 5.24 applies Phi-3's LongRoPE (modeling_rope_utils.py `_compute_longrope_parameters`,
+# `dynamic_rope_update` -> `longrope_frequency_update`; modeling_phi3.py `Phi3RotaryEmbedding.forward`).
+PHI3_LONGROPE_RULE = (
+    "Per forward call (one prefill, or one decode step with the cache), HF computes seq_len = max(position_ids) + 1 "
+    "of the positions in THAT call and uses the long factors iff seq_len > original_max_position_embeddings, else "
+    "the short factors, for every position of the call. generate does not mix regimes in its cache: "
+    "Phi3ForCausalLM.prepare_inputs_for_generation drops the cache the first time the sequence reaches "
+    "original_max_position_embeddings + 1 tokens (cache length <= original_max_position_embeddings) and runs the "
+    "whole sequence again as one prefill, now in the long regime (every layer's K and V change, not only the "
+    "rotation), so generate equals a no-cache recompute across the boundary (fixture cross40). "
+    "inv_freq[i] = 1 / (f32(factor[i]) * f32(rope_theta ** (2i / d))), i = 0..d/2-1, d = head_dim * "
+    "partial_rotary_factor, all in f32 (factor[i] from short_factor or long_factor). The attention factor "
+    "a = sqrt(1 + ln(max_position_embeddings / original_max_position_embeddings) / "
+    "ln(original_max_position_embeddings)) (1.0 if the ratio <= 1; rope_parameters.attention_factor if set) "
+    "multiplies cos and sin in BOTH regimes, as an f32 multiply by f32(a) (torch casts the Python float; the GGUF's "
+    "f32 rope.scaling.attn_factor is the same f32): cos = cos(pos * inv_freq) * a, sin = sin(pos * inv_freq) * a, "
+    "so q.k scores carry a^2. Rotate-half (NeoX) pairing: dim j pairs with j + d/2, the frequency of pair j is "
+    "inv_freq[j]. Attention scale head_dim^-0.5 on top."
+)
+
+
+def _ref_forward(model, ids: list[int], variant: str | None = None):
+    """A reading of the Phi-3 / OLMo 2 forward written from the HF source, to check that the description
+    written into facts.json (and handed to the Rust side) is what HF computes. It is not a witness: no
+    fixture value comes from it. `variant` breaks one family-specific piece (the negative controls)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    cfg, m = model.config, model.model
+    mt = cfg.model_type
+    nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    d = cfg.hidden_size // nh
+    T = len(ids)
+    rp = cfg.rope_parameters
+    base = rp["rope_theta"]
+    shape = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    af = 1.0
+    if rp["rope_type"] == "longrope":
+        orig = rp["original_max_position_embeddings"]
+        long_ = T > orig  # seq_len = max(position_ids) + 1 = T for one prefill from position 0
+        if variant == "short_factors_on_long":
+            long_ = False
+        fac = torch.tensor(rp["long_factor"] if long_ else rp["short_factor"], dtype=torch.float32)
+        if variant == "no_rope_factors":
+            fac = torch.ones_like(fac)
+        ratio = cfg.max_position_embeddings / orig
+        af = math.sqrt(1 + math.log(ratio) / math.log(orig)) if ratio > 1 else 1.0
+        if variant == "attention_factor_1":
+            af = 1.0
+        inv = 1.0 / (fac * base ** shape)
+    else:
+        inv = 1.0 / (base ** shape)
+    freqs = torch.arange(T).float()[:, None] * inv[None]
+    emb = torch.cat((freqs, freqs), -1)
+    cos, sin = emb.cos() * af, emb.sin() * af
+
+    def rms(x, w, eps):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+    def rope(x):  # [T, heads, d]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos[:, None] + torch.cat((-x2, x1), -1) * sin[:, None]
+
+    window = getattr(cfg, "sliding_window", None)
+    if variant == "no_window":
+        window = None
+    qpos = torch.arange(T)[:, None]
+    kpos = torch.arange(T)[None, :]
+    allowed = kpos <= qpos
+    if window is not None:
+        allowed &= kpos > qpos - window
+
+    def attend(q, k, v):  # q [T, nh*d], k/v [T, nkv*d]
+        q, k, v = rope(q.view(T, nh, d)), rope(k.view(T, nkv, d)), v.view(T, nkv, d)
+        g = nh // nkv
+        out = []
+        for h in range(nh):
+            sc = (q[:, h] @ k[:, h // g].T) * d ** -0.5
+            sc = sc.masked_fill(~allowed, float("-inf"))
+            out.append(torch.softmax(sc, -1) @ v[:, h // g])
+        return torch.cat(out, -1)
+
+    eps = cfg.rms_norm_eps
+    x = m.embed_tokens.weight[torch.tensor(ids)]
+    hidden = []
+    with torch.no_grad():
+        for layer in m.layers:
+            a = layer.self_attn
+            if mt == "phi3":
+                h = rms(x, layer.input_layernorm.weight, eps)
+                qkv = h @ a.qkv_proj.weight.T
+                q, k, v = qkv[:, :nh * d], qkv[:, nh * d:(nh + nkv) * d], qkv[:, (nh + nkv) * d:]
+                if variant == "qkv_split_kvq":  # a wrong split order
+                    k, v, q = qkv[:, :nkv * d], qkv[:, nkv * d:2 * nkv * d], qkv[:, 2 * nkv * d:]
+                x = x + attend(q, k, v) @ a.o_proj.weight.T
+                h = rms(x, layer.post_attention_layernorm.weight, eps)
+                gu = h @ layer.mlp.gate_up_proj.weight.T
+                inter = gu.shape[-1] // 2
+                gate, up = gu[:, :inter], gu[:, inter:]
+                if variant == "gate_up_swapped":
+                    gate, up = up, gate
+                x = x + (up * F.silu(gate)) @ layer.mlp.down_proj.weight.T
+            else:
+                qp, kp = x @ a.q_proj.weight.T, x @ a.k_proj.weight.T
+                if variant == "qk_norm_per_head":  # Qwen3-style: normalize each head on its own
+                    q = rms(qp.view(T, nh, d), a.q_norm.weight.view(nh, d), eps).reshape(T, nh * d)
+                    k = rms(kp.view(T, nkv, d), a.k_norm.weight.view(nkv, d), eps).reshape(T, nkv * d)
+                else:
+                    q, k = rms(qp, a.q_norm.weight, eps), rms(kp, a.k_norm.weight, eps)
+                v = x @ a.v_proj.weight.T
+                if variant == "pre_norm":  # the same norms placed before attention / MLP (Llama order)
+                    h = rms(x, layer.post_attention_layernorm.weight, eps)
+                    qp, kp = h @ a.q_proj.weight.T, h @ a.k_proj.weight.T
+                    q, k = rms(qp, a.q_norm.weight, eps), rms(kp, a.k_norm.weight, eps)
+                    x = x + attend(q, k, h @ a.v_proj.weight.T) @ a.o_proj.weight.T
+                    h = rms(x, layer.post_feedforward_layernorm.weight, eps)
+                    mlp = layer.mlp
+                    x = x + (F.silu(h @ mlp.gate_proj.weight.T) * (h @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+                else:
+                    o = attend(q, k, v) @ a.o_proj.weight.T
+                    x = x + rms(o, layer.post_attention_layernorm.weight, eps)
+                    mlp = layer.mlp
+                    f = (F.silu(x @ mlp.gate_proj.weight.T) * (x @ mlp.up_proj.weight.T)) @ mlp.down_proj.weight.T
+                    x = x + rms(f, layer.post_feedforward_layernorm.weight, eps)
+            hidden.append(x)
+        logits = rms(x, m.norm.weight, eps) @ model.lm_head.weight.T
+    return logits, hidden
+
+
+PHI3_CONTROLS = ["qkv_split_kvq", "gate_up_swapped", "attention_factor_1", "no_rope_factors",
+                 "short_factors_on_long", "no_window"]
+OLMO2_CONTROLS = ["qk_norm_per_head", "pre_norm"]
+
+
+def family_semantics(model) -> dict:
+    """arch_semantics for the families added by issue 28 (phi3, olmo2): module layout, tensor names and
+    shapes, the RoPE actually in the rotary embedding (checked with torch.equal against the formula), and a
+    check that the written description of the forward reproduces HF's logits, with the controls that break
+    one family-specific piece each (how far from HF each lands)."""
+    import math
+
+    import torch
+    import torch.nn.functional as F
+
+    cfg, m = model.config, model.model
+    mt = cfg.model_type
+    L = cfg.num_hidden_layers
+    l0, a0 = m.layers[0], m.layers[0].self_attn
+    d = a0.head_dim
+    out = {
+        "model_type": mt,
+        "model_class": type(model).__name__,
+        "lm_head_tied_to_embed": model.lm_head.weight.data_ptr() == m.embed_tokens.weight.data_ptr(),
+        "head_dim": d,
+        "layer0_tensors": [[n, list(p.shape)] for n, p in l0.named_parameters()],
+        "any_bias": any(n.endswith(".bias") for n, _ in model.named_parameters()),
+        "attention_scaling_per_layer": [float(l.self_attn.scaling) for l in m.layers],
+        "head_dim_pow_minus_half": float(d ** -0.5),
+        "decoder_layer_submodules": [n for n, _ in l0.named_children()],
+        "attention_submodules": [n for n, _ in a0.named_children()],
+        "rope_parameters": cfg.rope_parameters,
+        "sliding_window": getattr(cfg, "sliding_window", None),
+        "norm_class": type(m.norm).__name__,
+        "norm_eps": float(m.norm.variance_epsilon),
+    }
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, cfg.hidden_size, generator=g)
+    act = l0.mlp.activation_fn if mt == "phi3" else l0.mlp.act_fn
+    with torch.no_grad():
+        out["act_equals_silu"] = bool(torch.equal(act(x), F.silu(x)))
+        n = m.norm
+        base = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + n.variance_epsilon)
+        out["norm_equals_x_rsqrt_times_w"] = bool(torch.equal(n(x), n.weight * base))
+    if mt == "phi3":
+        nh, nkv = cfg.num_attention_heads, cfg.num_key_value_heads
+        out["qkv_proj_rows"] = {"q": [0, nh * d], "k": [nh * d, (nh + nkv) * d],
+                                "v": [(nh + nkv) * d, (nh + 2 * nkv) * d]}
+        out["gate_up_proj_rows"] = {"gate": [0, cfg.intermediate_size],
+                                    "up": [cfg.intermediate_size, 2 * cfg.intermediate_size]}
+        out["mlp"] = "gate, up = gate_up_proj(x).chunk(2, -1); down_proj(up * silu(gate))"
+        out["decoder_layer"] = ("x = x + o_proj(attn(input_layernorm(x))); "
+                                "x = x + down_proj(mlp(post_attention_layernorm(x))) (pre-norm, as Llama)")
+        re_ = m.rotary_emb
+        rp = cfg.rope_parameters
+        orig = rp["original_max_position_embeddings"]
+        ratio = cfg.max_position_embeddings / orig
+        af = math.sqrt(1 + math.log(ratio) / math.log(orig)) if ratio > 1 else 1.0
+        shape = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+        rope = {"rule": PHI3_LONGROPE_RULE, "original_max_position_embeddings": orig,
+                "max_position_embeddings": cfg.max_position_embeddings, "factor_max_over_orig": ratio,
+                "attention_factor_formula_f64": af, "attention_scaling_in_model": float(re_.attention_scaling),
+                "attention_scaling_equals_formula": float(re_.attention_scaling) == af,
+                "short_factor": rp["short_factor"], "long_factor": rp["long_factor"]}
+        probe = torch.zeros(1, 1, d)
+        for regime, T, fac in (("short", orig, rp["short_factor"]), ("long", orig + 1, rp["long_factor"])):
+            want = 1.0 / (torch.tensor(fac, dtype=torch.float32) * rp["rope_theta"] ** shape)
+            pos = torch.arange(T)[None]
+            with torch.no_grad():
+                cos, sin = re_(probe, pos)
+            inv = re_.inv_freq.detach().clone()
+            emb = torch.cat((pos[0, :, None].float() * want, pos[0, :, None].float() * want), -1)
+            rope[f"{regime}_regime"] = {
+                "probe": f"one forward with positions 0..{T - 1} (seq_len {T})",
+                "inv_freq": [float(v) for v in inv],
+                "inv_freq_equals_formula": bool(torch.equal(inv, want)),
+                "cos_sin_equal_formula_times_attention_factor": bool(
+                    torch.equal(cos[0], emb.cos() * af) and torch.equal(sin[0], emb.sin() * af)),
+            }
+        # and back: a short forward after a long one uses the short factors again
+        with torch.no_grad():
+            re_(probe, torch.arange(4)[None])
+        rope["short_after_long_uses_short"] = bool(torch.equal(
+            re_.inv_freq, torch.tensor(rope["short_regime"]["inv_freq"], dtype=torch.float32)))
+        regimes = {}
+        for pid, _, ids, _ in tiny_prompts(cfg.vocab_size) + tiny_extra_prompts(f"tiny-{mt}", cfg.vocab_size):
+            n, last = len(ids), len(ids) + 16
+            regimes[pid] = ("long" if n > orig else "crosses at greedy step %d" % (orig + 1 - n) if last - 1 > orig
+                            else "short") + f" (prefill {n}, prefill + 16 greedy = {last} positions; boundary {orig})"
+        for case, pre, poi, q, _ in r3_tiny_cases(cfg.vocab_size):
+            regimes[f"r3/{case}"] = (f"short (clean {len(pre) + len(q)} + 16, poisoned "
+                                     f"{len(pre) + len(poi) + len(q)} + 16 positions <= {orig})")
+            assert len(pre) + len(poi) + len(q) + 15 <= orig
+        rope["regime_of_fixtures"] = regimes
+        out["rope"] = rope
+        controls = PHI3_CONTROLS
+    else:
+        out["q_norm_shape"] = list(a0.q_norm.weight.shape)
+        out["k_norm_shape"] = list(a0.k_norm.weight.shape)
+        out["qk_norm"] = ("q = q_norm(q_proj(x)) over the whole [heads*head_dim] row, k = k_norm(k_proj(x)) over "
+                          "[kv_heads*head_dim], before the split into heads and before RoPE; v unnormed")
+        out["decoder_layer"] = ("x = x + post_attention_layernorm(o_proj(attn(x))); "
+                                "x = x + post_feedforward_layernorm(mlp(x)) (no norm before attention or MLP)")
+        out["mlp"] = "down_proj(silu(gate_proj(x)) * up_proj(x))"
+        inv = m.rotary_emb.inv_freq
+        out["rope"] = {"rope_type": cfg.rope_parameters["rope_type"],
+                       "inv_freq": [float(v) for v in inv],
+                       "inv_freq_equals_default_formula": bool(torch.equal(inv, 1.0 / (
+                           cfg.rope_parameters["rope_theta"] ** (torch.arange(0, d, 2, dtype=torch.float) / d)))),
+                       "attention_scaling": float(m.rotary_emb.attention_scaling)}
+        controls = OLMO2_CONTROLS
+    # the written description against HF, and the controls
+    prompts = [p for p in tiny_prompts(cfg.vocab_size) + tiny_extra_prompts(f"tiny-{mt}", cfg.vocab_size)
+               if p[0] in ("rand20", "long64")]
+    check = {}
+    for pid, _, ids, _ in prompts:
+        with torch.no_grad():
+            hf = model(input_ids=torch.tensor([ids]), use_cache=False).logits[0]
+        ref, _ = _ref_forward(model, ids)
+        row = {"description_vs_hf_max_abs_logit_diff": float((ref - hf).abs().max()),
+               "description_argmax_equal": bool(torch.equal(ref.argmax(-1), hf.argmax(-1)))}
+        for v in controls:
+            if v in ("short_factors_on_long",) and len(ids) <= cfg.rope_parameters.get(
+                    "original_max_position_embeddings", 1 << 30):
+                continue
+            bad, _ = _ref_forward(model, ids, v)
+            row[f"control_{v}_max_abs_logit_diff"] = float((bad - hf).abs().max())
+        check[pid] = row
+        assert row["description_vs_hf_max_abs_logit_diff"] < 1e-4, (mt, pid, row)
+    out["description_check"] = check
+    return out
+
+
 def make_oracle(src: str, name: str, out_root: Path) -> None:
     import torch
 
@@ -1159,10 +1647,12 @@ def make_oracle(src: str, name: str, out_root: Path) -> None:
                  f"dir, gguf_file=..., dtype=torch.float32, attn_implementation='eager')"
         cmd = f"{PY} oracle --model {src_arg} --name {name}"
     else:
-        prompts = tiny_prompts(V)
+        prompts = tiny_prompts(V) + tiny_extra_prompts(name, V)
         source = f"{src_desc} (config.json + model.safetensors) loaded by transformers " \
                  f"AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, attn_implementation='eager')"
         cmd = f"{PY} tiny" if name.startswith("tiny-") else f"{PY} oracle --model {src_arg} --name {name}"
+        if name.startswith("tiny-") and name[len("tiny-"):] in TINY_R3:
+            cmd = f"{PY} tiny --only {name[len('tiny-'):]}"
 
     gen_cfg = model.generation_config
     eos = gen_cfg.eos_token_id
@@ -1710,8 +2200,11 @@ def main(argv=None) -> None:
     t = sub.add_parser("tiny", help="tiny random models (llama, qwen2, qwen3, gemma3) and their oracles")
     t.add_argument("--only", help="comma-separated subset of: " + ", ".join([*TINY_SPECS, *TINY_ARCH_SPECS]))
     t.set_defaults(fn=cmd_tiny)
-    sub.add_parser("tiny-gguf", help="F32 GGUFs of the llama tinies (witness: transformers' GGUF loader)").set_defaults(
-        fn=cmd_tiny_gguf)
+    tg = sub.add_parser("tiny-gguf", help="F32 GGUFs of the llama, phi3 and olmo2 tinies (witnesses: gguf-py's "
+                                          "reader, transformers' GGUF loader)")
+    tg.add_argument("--only", help="comma-separated subset of: " + ", ".join(
+        sorted({n for n, _, _ in TINY_GGUF} | {n for n, _ in TINY_GGUF_ARCH})))
+    tg.set_defaults(fn=cmd_tiny_gguf)
     o = sub.add_parser("oracle", help="per-prompt oracles for one model (witness: transformers)")
     o.add_argument("--model", help="HF model directory or a .gguf file")
     o.add_argument("--gguf", help="a .gguf file (same as --model FILE)")
