@@ -156,7 +156,7 @@ def rel(p: Path) -> str:
         return str(p)
 
 
-# Models of fak's catalog (crates/fak-model/src/catalog.rs) by sha256, so fixture metadata can name a
+# Models of fak's catalog (crates/fak-catalog/src/lib.rs) by sha256, so fixture metadata can name a
 # GGUF without the machine path it was read from; `fak model path NAME` prints where it is cached.
 #   sha256: (catalog name, file name, pip requirement the file comes from)
 CATALOG = {

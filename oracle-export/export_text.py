@@ -43,7 +43,7 @@ PY = "HF_HUB_OFFLINE=1 python " + SCRIPT
 
 SEED_CORPUS = 20250417
 
-# fak's catalog (crates/fak-model/src/catalog.rs), by sha256: fixtures name a GGUF by catalog name.
+# fak's catalog (crates/fak-catalog/src/lib.rs), by sha256: fixtures name a GGUF by catalog name.
 #   sha256: (catalog name, CLI flag, file name, pip requirement(s) the file comes from)
 CATALOG = {
     "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53":

@@ -9,8 +9,8 @@
 use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
 };
+use fak_catalog::DEFAULT_MODEL;
 use fak_kv::Session;
-use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::{argmax, Model};
 use serde_json::json;
 use std::sync::Arc;

@@ -2,8 +2,8 @@
 
 use crate::run::SamplingArgs;
 use crate::{load_model_with, parse_threads, resolve_or_pull, CliError, WeightsArg};
+use fak_catalog::DEFAULT_MODEL;
 use fak_kv::{ChatSession, TurnStats};
-use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::load_text;
 use std::io::{BufRead, IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, Ordering};

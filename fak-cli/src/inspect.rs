@@ -1,7 +1,7 @@
 //! `fak model inspect`: what a checkpoint holds, whether or not fak can run it.
 
 use crate::{fail, outln, CliError, Format};
-use fak_model::{catalog, WeightSource};
+use fak_model::WeightSource;
 use fak_weights::{GgufFile, MetaValue};
 use serde_json::{json, Value};
 
@@ -50,7 +50,7 @@ fn summarize(v: &MetaValue, max: usize) -> String {
 }
 
 pub(crate) fn inspect(model: &str, format: Format) -> Result<(), CliError> {
-    let path = catalog::resolve(model)?;
+    let path = fak_catalog::resolve(model)?;
     if path.is_dir() && !path.join("config.json").is_file() {
         return Err(fail(format!(
             "{} is a folder without config.json; give a .gguf file or a safetensors model folder",

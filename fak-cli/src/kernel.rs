@@ -3,7 +3,6 @@
 use crate::{fail, outln, CliError};
 use fak_ctxmmu::{PageStore, StoredKind};
 use fak_engine::policy::{Policy, Taint, ToolCall};
-use fak_model::catalog;
 use std::path::{Path, PathBuf};
 
 #[derive(clap::Subcommand)]
@@ -65,7 +64,7 @@ pub(crate) enum QuarantineCmd {
 
 /// The quarantine store folder: `$FAK_HOME/quarantine`.
 pub(crate) fn store_dir() -> PathBuf {
-    catalog::fak_home().join("quarantine")
+    fak_catalog::fak_home().join("quarantine")
 }
 
 /// A `--policy` value: a manifest file, or `preset:NAME`, a manifest shipped in the

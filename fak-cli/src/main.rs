@@ -1,7 +1,8 @@
 //! `fak`: the command-line front of the fak crates. Wiring only: every piece of logic a
-//! library user would need lives in a library crate (fak-model's `catalog`, `Model`,
-//! `Tokenizer`, `ChatTemplate`; fak-kv's `Session`, `ChatSession`, `generate_text`;
-//! fak-prove's `prove`; fak-weights' readers; fak-engine's drivers; fak-gateway's router). This crate parses arguments and prints.
+//! library user would need lives in a library crate (fak-catalog's `find`, `resolve`,
+//! `pull`; fak-model's `Model`, `Tokenizer`, `ChatTemplate`; fak-kv's `Session`,
+//! `ChatSession`, `generate_text`; fak-prove's `prove`; fak-weights' readers; fak-engine's
+//! drivers; fak-gateway's router). This crate parses arguments and prints.
 
 mod bench;
 mod chat;
@@ -12,7 +13,7 @@ mod run;
 mod serve;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use fak_model::catalog::{self, PullProgress, DEFAULT_MODEL};
+use fak_catalog::{CatalogEntry, PullProgress, DEFAULT_MODEL};
 use fak_model::{Model, ModelError, WeightMode};
 use fak_tensor::Threads;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -225,10 +226,10 @@ impl PullProgress for BarProgress {
 }
 
 fn pull(name: &str) -> Result<PathBuf, CliError> {
-    let entry = catalog::find(name).ok_or_else(|| {
+    let entry = fak_catalog::find(name).ok_or_else(|| {
         fail(format!(
             "'{name}' is not in the catalog (known: {})",
-            catalog::CATALOG
+            fak_catalog::CATALOG
                 .iter()
                 .map(|e| e.name)
                 .collect::<Vec<_>>()
@@ -236,24 +237,29 @@ fn pull(name: &str) -> Result<PathBuf, CliError> {
         ))
     })?;
     let mut p = BarProgress { bar: None };
-    let path = catalog::pull(entry, &mut p);
+    let path = fak_catalog::pull(entry, &mut p);
     if let Some(b) = p.bar {
         b.finish_and_clear();
     }
     Ok(path?)
 }
 
+/// Whether fak can run a catalog model's architecture (see [`fak_model::Family`]).
+fn runnable(e: &CatalogEntry) -> bool {
+    fak_model::Family::from_name(e.architecture).is_ok()
+}
+
 /// Resolves `--model`, pulling a catalog model that is not cached yet.
 pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
-    if let Some(e) = catalog::find(model).filter(|e| !e.runnable()) {
+    if let Some(e) = fak_catalog::find(model).filter(|e| !runnable(e)) {
         return Err(fail(format!(
             "{} has the {} architecture, which fak cannot run yet (`fak model pull {}` still fetches it, and `fak model inspect` reads it)",
             e.name, e.architecture, e.name
         )));
     }
-    match catalog::resolve(model) {
+    match fak_catalog::resolve(model) {
         Ok(p) => Ok(p),
-        Err(e) => match catalog::find(model) {
+        Err(e) => match fak_catalog::find(model) {
             Some(entry) => {
                 eprintln!("{} is not cached; fetching it", entry.name);
                 pull(entry.name)
@@ -307,12 +313,12 @@ fn model_cmd(cmd: ModelCmd) -> Result<(), CliError> {
             outln!("{}", path.display())?;
         }
         ModelCmd::List => {
-            let cached = catalog::list_cached();
-            for e in catalog::CATALOG {
+            let cached = fak_catalog::list_cached();
+            for e in fak_catalog::CATALOG {
                 let c = cached.iter().find(|c| c.name == e.name);
                 let mut state =
                     c.map_or("not cached".to_string(), |c| c.path.display().to_string());
-                if !e.runnable() {
+                if !runnable(e) {
                     state.push_str("; not runnable yet");
                 }
                 outln!(
@@ -325,7 +331,7 @@ fn model_cmd(cmd: ModelCmd) -> Result<(), CliError> {
             }
         }
         ModelCmd::Path { name } => {
-            let path = catalog::resolve(&name)?;
+            let path = fak_catalog::resolve(&name)?;
             outln!("{}", path.display())?;
         }
         ModelCmd::Inspect { model, format } => inspect::inspect(&model, format)?,
@@ -346,10 +352,10 @@ fn default_oracle_dir(name: &str) -> Option<PathBuf> {
 fn prove(args: ProveArgs) -> Result<(), CliError> {
     let path = resolve_or_pull(&args.model)?;
     // The catalog name of the model, by argument or by file name.
-    let name = catalog::find(&args.model)
+    let name = fak_catalog::find(&args.model)
         .or_else(|| {
             let file = path.file_name()?.to_str()?;
-            catalog::CATALOG.iter().find(|e| e.file_name == file)
+            fak_catalog::CATALOG.iter().find(|e| e.file_name == file)
         })
         .map(|e| e.name);
     let oracles = args.oracles.or_else(|| name.and_then(default_oracle_dir));

@@ -3,8 +3,8 @@
 use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
 };
+use fak_catalog::DEFAULT_MODEL;
 use fak_kv::{generate_text, SamplingParams, Session, TextParams};
-use fak_model::catalog::DEFAULT_MODEL;
 use fak_model::{load_text, Message};
 use serde_json::json;
 use std::io::Write;

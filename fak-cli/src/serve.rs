@@ -1,12 +1,12 @@
 //! `fak serve`: the HTTP APIs of fak-gateway over a fak-engine driver. Wiring only.
 
 use crate::{fail, parse_threads, resolve_or_pull, CliError, WeightsArg};
+use fak_catalog::DEFAULT_MODEL;
 use fak_engine::alias::{Alias, AliasedDriver};
 use fak_engine::registry::Registry;
 use fak_engine::route::{Route, RoutedDriver};
 use fak_engine::{upstream, EngineConfig, EngineDriver, Readiness};
 use fak_gateway::{router_with_metrics, Boundary, GatewayConfig};
-use fak_model::catalog::{self, DEFAULT_MODEL};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -295,7 +295,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
     let audit_path = args
         .audit_log
         .clone()
-        .unwrap_or_else(|| catalog::fak_home().join("audit.jsonl"));
+        .unwrap_or_else(|| fak_catalog::fak_home().join("audit.jsonl"));
     let audit = fak_ctxmmu::AuditLog::to_file_with(
         &audit_path,
         fak_ctxmmu::AuditConfig {
@@ -359,7 +359,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
     }
     if engines.contains(&fak_engine::inkernel::SPEC.id) {
         config.model_path = Some(resolve_or_pull(&args.model)?);
-        config.model_id = catalog::find(&args.model).map(|e| e.name.to_string());
+        config.model_id = fak_catalog::find(&args.model).map(|e| e.name.to_string());
     }
     let t0 = Instant::now();
     // Kept as the router too (when routing), to say which routes are down at start.

@@ -98,8 +98,8 @@ fn bench_reports_the_threads_it_used() {
 /// kernels run (the tiny model is f32, so native mode there is the exact path).
 #[fak_testkit::real_model]
 fn bench_reports_every_figure_on_the_real_model_native() {
-    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
+    let path =
+        fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let v = json_of(&[
         "bench",
         "--model",
@@ -148,8 +148,8 @@ fn bench_refuses_a_prompt_past_the_context() {
 #[fak_testkit::real_model]
 fn run_takes_prompt_ids_and_a_weight_mode() {
     // `fak run` needs a tokenizer, which the tiny model lacks: the real default model.
-    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
+    let path =
+        fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let m = path.display().to_string();
     for weights in ["exact", "native"] {
         let v = json_of(&[
@@ -176,8 +176,8 @@ fn run_takes_prompt_ids_and_a_weight_mode() {
 fn run_without_a_first_token_or_a_decode_step_reports_no_such_figure() {
     // `--max-tokens 0`: a prefill but no token, so no TTFT and no decode rate;
     // `--max-tokens 1`: a TTFT but no decode step. Null, not a 0 that reads as measured.
-    let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
-        .unwrap_or_else(|m| panic!("{m}"));
+    let path =
+        fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let m = path.display().to_string();
     for (max, ttft, decode) in [("0", false, false), ("1", true, false), ("3", true, true)] {
         let v = json_of(&[

@@ -15,7 +15,7 @@ fn fak() -> Command {
 
 /// Fails naming the fetch command when the real model is not cached.
 fn need_model(name: &str) {
-    fak_model::catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"));
 }
 
 fn e2e() -> Value {

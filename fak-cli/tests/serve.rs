@@ -298,7 +298,7 @@ fn serve_refuses_bad_flags_in_one_line() {
 
 #[fak_testkit::real_model]
 fn greedy_http_answer_equals_fak_run_json() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--format", "json", prompt])
@@ -346,7 +346,7 @@ fn greedy_http_answer_equals_fak_run_json() {
 
 #[fak_testkit::real_model]
 fn serve_routes_the_inkernel_model_beside_another_engine() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--max-tokens", "8", "--format", "json", prompt])
@@ -408,7 +408,7 @@ fn greedy_chat(addr: &str, prompt: &str) -> (Value, Vec<f64>) {
 
 #[fak_testkit::real_model]
 fn serve_with_native_weights_answers_as_fak_run_native() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let prompt = "What is the capital of France?";
     let out = fak()
         .args(["run", "--weights", "native", "--max-tokens", "16"])
@@ -455,7 +455,7 @@ fn streamed_text(body: &str) -> String {
 
 #[fak_testkit::real_model]
 fn an_inkernel_fak_as_the_upstream_answers_alike_and_never_sees_a_poisoned_result() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let dir = tempfile::tempdir().unwrap();
     let up_log = dir.path().join("upstream-audit.jsonl");
     let front_log = dir.path().join("front-audit.jsonl");

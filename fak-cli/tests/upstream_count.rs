@@ -65,7 +65,7 @@ fn bodies() -> Vec<Value> {
 
 #[fak_testkit::real_model]
 fn count_tokens_is_the_upstreams_own_count_in_anthropic_upstream_mode() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let up = serve(&["--kv-budget-mb", "16"]);
     wait_ready(&up.addr);
     let base = format!("http://{}", up.addr);
@@ -105,7 +105,7 @@ fn count_tokens_is_the_upstreams_own_count_in_anthropic_upstream_mode() {
 /// set on the front.
 #[fak_testkit::real_model]
 fn count_tokens_goes_up_with_the_clients_own_key() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let up = Serve::spawn(
         fak()
             .args(["serve", "--port", "0", "--kv-budget-mb", "16"])
@@ -193,7 +193,7 @@ fn output_text(v: &Value) -> String {
 /// in-kernel server's own answer to the same Responses request.
 #[fak_testkit::real_model]
 fn responses_through_openai_upstream_mode_answer_as_the_upstream_does() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let up = serve(&["--kv-budget-mb", "16"]);
     wait_ready(&up.addr);
     let base = format!("http://{}/v1", up.addr);
@@ -263,7 +263,7 @@ fn chat_verdict(addr: &str, body: &Value) -> (Value, String) {
 /// front: it is not forwarded.
 #[fak_testkit::real_model]
 fn structured_outputs_go_up_and_come_back_valid() {
-    fak_model::catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
     let up = serve(&["--kv-budget-mb", "16"]);
     wait_ready(&up.addr);
     let base = format!("http://{}", up.addr);

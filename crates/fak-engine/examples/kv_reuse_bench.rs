@@ -38,7 +38,7 @@ fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3usize)
         .max(1);
-    let path = match fak_model::catalog::require_cached("smollm2-135m-instruct") {
+    let path = match fak_catalog::require_cached("smollm2-135m-instruct") {
         Ok(p) => p,
         Err(m) => {
             eprintln!("{m}");

@@ -1068,8 +1068,8 @@ mod tests {
     /// file the panic names the fetch command; `#[real_model]` reports the tests ignored
     /// under `FAK_SKIP_REAL_MODEL=1`).
     fn smollm2_text() -> (Tokenizer, ChatTemplate) {
-        let path = fak_model::catalog::require_cached("smollm2-135m-instruct")
-            .unwrap_or_else(|m| panic!("{m}"));
+        let path =
+            fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
         let model = Model::load(&path).unwrap();
         load_text(&path, model.config()).unwrap()
     }

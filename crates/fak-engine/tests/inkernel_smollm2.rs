@@ -6,7 +6,7 @@
 
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::{EngineConfig, EngineDriver, EngineEvent, GenerateRequest, Message};
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 
@@ -14,7 +14,7 @@ fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// The model, loaded once for every test of this file.

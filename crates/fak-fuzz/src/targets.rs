@@ -13,7 +13,7 @@
 //! with the command that fetches them when they are missing.
 
 use crate::{Outcome, Target};
-use fak_model::{catalog, ChatError, ChatTemplate, Message, RenderLimits, Tokenizer};
+use fak_model::{ChatError, ChatTemplate, Message, RenderLimits, Tokenizer};
 use fak_weights::{GgufFile, MetaValue, SafetensorsFile};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -325,7 +325,7 @@ pub fn safetensors() -> Target {
 
 /// A cached real model's GGUF, or the fetch command's message.
 fn real(name: &str) -> Result<GgufFile, String> {
-    let path = catalog::require_cached(name)?;
+    let path = fak_catalog::require_cached(name)?;
     GgufFile::open(&path).map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -25,7 +25,7 @@ mod common;
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::EngineConfig;
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model, WeightMode};
+use fak_model::{load_text, Model, WeightMode};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -318,7 +318,7 @@ fn main() {
     );
     let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
+        None => fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
     };
     println!(
         "{n} prompts, tool_choice {tool_choice}, greedy, max_tokens {max_tokens}, {ID} (native weights)"

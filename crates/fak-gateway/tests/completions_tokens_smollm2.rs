@@ -12,7 +12,7 @@ use common::{post, start, Server};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::EngineConfig;
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ const ID: &str = "smollm2-135m-instruct";
 /// The server, the vocabulary size, and [`PLAIN`] as the ids a text prompt becomes
 /// (the tokenizer proven equal to HF's, BOS as the model asks).
 fn server() -> (Server, usize, Vec<u32>) {
-    let path = catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"));
+    let path = fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"));
     let m = Arc::new(Model::load(&path).unwrap());
     let vocab = m.config().vocab_size;
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();

@@ -12,7 +12,7 @@ use common::{get, post, start, Resp, Server};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::{EngineConfig, EngineDriver};
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -34,7 +34,7 @@ fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
 }
 
 fn model() -> (PathBuf, Arc<Model>) {

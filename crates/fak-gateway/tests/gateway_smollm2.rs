@@ -13,7 +13,7 @@ use common::{post, start, Server};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::{EngineConfig, EngineDriver};
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
@@ -24,7 +24,7 @@ fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"))
 }
 
 fn model() -> (PathBuf, Arc<Model>) {

@@ -18,7 +18,7 @@ use common::{post, Resp};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::{EngineConfig, EngineDriver, EngineError, EngineEvent, GenerateRequest, Prompt};
 use fak_gateway::{router, serve_engine, GatewayConfig};
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use serde_json::{json, Value};
 use std::io::Read;
 use std::net::SocketAddr;
@@ -31,7 +31,7 @@ const ID: &str = "smollm2-135m-instruct";
 fn model() -> (PathBuf, Arc<Model>) {
     static M: OnceLock<(PathBuf, Arc<Model>)> = OnceLock::new();
     M.get_or_init(|| {
-        let path = catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"));
+        let path = fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}"));
         let m = Arc::new(Model::load(&path).unwrap());
         (path, m)
     })

@@ -12,7 +12,7 @@ use common::{post, start, Server};
 use fak_engine::inkernel::InKernelDriver;
 use fak_engine::EngineConfig;
 use fak_gateway::GatewayConfig;
-use fak_model::{catalog, load_text, Model};
+use fak_model::{load_text, Model};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -22,7 +22,7 @@ const ID: &str = "smollm2-135m-instruct";
 fn server() -> Server {
     let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
         Some(p) => PathBuf::from(p),
-        None => catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
+        None => fak_catalog::require_cached(ID).unwrap_or_else(|m| panic!("{m}")),
     };
     let m = Arc::new(Model::load(&path).unwrap());
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();

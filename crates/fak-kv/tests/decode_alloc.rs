@@ -16,7 +16,7 @@
 //! ignored, never in CI).
 
 use fak_kv::Session;
-use fak_model::{catalog, LogitsWanted, Model, VecKvCache, WeightMode};
+use fak_model::{LogitsWanted, Model, VecKvCache, WeightMode};
 use fak_tensor::Threads;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -65,7 +65,7 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn cached(name: &str) -> PathBuf {
-    catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// Prefills `prompt`, warms up with 3 decode steps, then counts 8 more; returns the

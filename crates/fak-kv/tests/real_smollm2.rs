@@ -4,14 +4,14 @@
 //! Without the model file these fail with the fetch command (`FAK_SKIP_REAL_MODEL=1`
 //! reports them as ignored, never in CI).
 
-use fak_model::{catalog, Model};
+use fak_model::Model;
 use std::path::PathBuf;
 
 fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// Text generation that reaches the end of the context stops as `length` and keeps its

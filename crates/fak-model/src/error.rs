@@ -67,15 +67,6 @@ pub enum ModelError {
     /// The path is neither a GGUF file nor a folder with config.json and *.safetensors.
     #[error("{0}: not a GGUF file or a folder holding config.json and *.safetensors")]
     UnknownFormat(PathBuf),
-    /// A catalog model is not in the cache (the message names the command that fetches it).
-    #[error("{0}")]
-    NotCached(String),
-    /// A `--model` argument names nothing fak can find.
-    #[error("{0}")]
-    NotFound(String),
-    /// Fetching a model into the cache failed.
-    #[error("model fetch: {0}")]
-    Fetch(String),
     /// A request argument is invalid (empty prompt, inconsistent positions, ...).
     #[error("invalid input: {0}")]
     InvalidInput(String),

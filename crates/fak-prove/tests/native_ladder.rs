@@ -7,7 +7,7 @@
 //! This is what `fak prove --weights native --threads N` prints. Without the model file
 //! the test fails with the fetch command.
 
-use fak_model::{catalog, Model, WeightMode};
+use fak_model::{Model, WeightMode};
 use fak_prove::{prove, Report, Verdict};
 use fak_tensor::Threads;
 use std::path::PathBuf;
@@ -16,7 +16,7 @@ fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
 fn ladder(path: &std::path::Path, threads: usize) -> Report {

@@ -3,7 +3,7 @@
 //! R14 and the window rungs. Without the model file this fails with the fetch command
 //! (`FAK_SKIP_REAL_MODEL=1` reports it as ignored, never in CI).
 
-use fak_model::{catalog, Model};
+use fak_model::Model;
 use fak_prove::{prove, Verdict};
 use std::path::PathBuf;
 
@@ -11,7 +11,7 @@ fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
 #[fak_testkit::real_model]

@@ -4,7 +4,7 @@
 //! - [`macro@real_model`]: a test that needs a real model file from the model cache. With
 //!   `FAK_SKIP_REAL_MODEL=1` (and `CI` unset) it is compiled as `#[ignore]`d; otherwise it
 //!   runs, and a missing file fails it with the command that fetches it
-//!   (`fak_model::catalog::require_cached`). `cargo test -- --include-ignored` runs it
+//!   (`fak_catalog::require_cached`). `cargo test -- --include-ignored` runs it
 //!   anyway.
 //! - [`macro@cpu`]: a test of a SIMD kernel that needs CPU features; on a CPU without one
 //!   of them it is compiled as `#[ignore]`d, naming the missing features.

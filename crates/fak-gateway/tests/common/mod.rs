@@ -21,7 +21,7 @@ pub const SMOLLM2_ID: &str = "smollm2-135m-instruct";
 pub fn smollm2_server(mode: fak_model::WeightMode, cfg: fak_engine::EngineConfig) -> Server {
     let path = match std::env::var_os("FAK_SMOLLM2_GGUF") {
         Some(p) => std::path::PathBuf::from(p),
-        None => fak_model::catalog::require_cached(SMOLLM2_ID).unwrap_or_else(|m| panic!("{m}")),
+        None => fak_catalog::require_cached(SMOLLM2_ID).unwrap_or_else(|m| panic!("{m}")),
     };
     let m = Arc::new(fak_model::Model::load_with(&path, mode).unwrap());
     let (tok, tmpl) = fak_model::load_text(&path, m.config()).unwrap();

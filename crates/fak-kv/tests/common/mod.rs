@@ -3,7 +3,7 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
-use fak_model::{catalog, ChatTemplate, Message, Model, Tokenizer, WeightMode};
+use fak_model::{ChatTemplate, Message, Model, Tokenizer, WeightMode};
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ pub fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         return PathBuf::from(p);
     }
-    catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// The model on weight path `mode`, with the tokenizer and chat template of its file.

@@ -4,7 +4,7 @@
 
 pub mod chatml;
 
-use fak_model::{catalog, KvStore};
+use fak_model::KvStore;
 pub use fak_prove::oracle::{measure, Figures, Oracle};
 use std::path::PathBuf;
 
@@ -32,7 +32,7 @@ pub fn oracle_files(name: &str) -> Vec<PathBuf> {
 }
 
 /// Path of the real SmolLM2 GGUF (`$FAK_SMOLLM2_GGUF`, else the model cache); fails with
-/// the fetch command when it is missing (see `catalog::require_cached`).
+/// the fetch command when it is missing (see `fak_catalog::require_cached`).
 pub fn smollm2_path() -> PathBuf {
     if let Some(p) = std::env::var_os("FAK_SMOLLM2_GGUF") {
         let p = PathBuf::from(p);
@@ -48,7 +48,7 @@ pub fn smollm2_path() -> PathBuf {
 
 /// The cached file of catalog model `name`, or a failure naming the fetch command.
 pub fn real_model(name: &str) -> PathBuf {
-    catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
+    fak_catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
 }
 
 /// [`measure`], then asserts docs/design.md's bounds and prints the figures.

