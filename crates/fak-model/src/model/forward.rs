@@ -1,0 +1,628 @@
+//! The forward pass: [`Model::forward`] and its variants, checking the input and
+//! running it through the layers in batches of at most [`Model::prefill_chunk`] tokens.
+
+use super::linear::{linear, linear_group};
+use super::scratch::SharedActs;
+use super::weights::NativeMatrix;
+use super::{ForwardScratch, Model};
+use crate::attention::{decode_attention, DecodeShape};
+use crate::kv::{window_start, KvStore};
+use crate::{Activation, Config, ModelError};
+use fak_tensor::{
+    add_assign, dot_strided, dot_strided_multi, parallel_chunks, rms_norm, rope_rotate_half,
+    softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, Threads,
+};
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill whose output is not needed).
+    None,
+    /// The last new token's row only, `[1, vocab]`.
+    Last,
+    /// Every new token's row, `[n_new, vocab]`.
+    All,
+}
+
+/// Intermediate activations of one forward pass, for proofs against HF's hooks.
+/// Every buffer is `[n_new, hidden]`, row-major.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardTrace {
+    /// Output of `embed_tokens` (times the embedding scale, if the family has one).
+    pub embed: Vec<f32>,
+    /// Residual stream after each decoder layer, `[num_layers][n_new * hidden]`.
+    pub layers: Vec<Vec<f32>>,
+    /// Output of the final `norm`.
+    pub final_norm: Vec<f32>,
+}
+
+/// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
+fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize, tmp: &mut Vec<f32>) {
+    tmp.resize(h, 0.0);
+    for row in rows.chunks_exact_mut(h) {
+        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, tmp);
+        row.copy_from_slice(tmp);
+    }
+}
+
+/// `gate[i] = act(gate[i]) · up[i]` (SwiGLU's `silu`, GeGLU's tanh GELU) over `[n, ff]`
+/// rows. A many-token input is split by token rows between the threads; each element
+/// is the same scalar function whichever thread computes it, so the bits do not depend
+/// on the thread count. (Serial, this was ~6% of a 2-thread prefill.)
+fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
+    let apply = |g: &mut [f32], u: &[f32]| match act {
+        Activation::Silu => fak_tensor::exp::silu_mul_in_place(g, u),
+        Activation::GeluTanh => fak_tensor::tanh::gelu_tanh_mul_in_place(g, u),
+    };
+    let n = gate.len() / ff.max(1);
+    // Tokens per chunk: a few chunks per thread, so a late thread holds up little.
+    const MIN_TOKENS: usize = 8;
+    if n < 2 * MIN_TOKENS || th.get() <= 1 {
+        apply(gate, up);
+        return;
+    }
+    let per = n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS) * ff;
+    let parts: Vec<std::sync::Mutex<&mut [f32]>> =
+        gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
+    parallel_chunks(parts.len(), th, &|i| {
+        let mut g = parts[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let u = &up[i * per..i * per + g.len()];
+        apply(&mut g, u);
+    });
+}
+
+impl Model {
+    /// [`Model::forward_into`] of a decode step whose output head computes only the
+    /// rows `rows` of the last token's logits: `logits` becomes `[vocab]` with each row
+    /// in `rows` the same bits as [`Model::forward_into`] with [`LogitsWanted::Last`]
+    /// gives (one dot product per row with the full head's kernel) and every other row
+    /// `-inf`, as a constrained-decoding mask would leave it (see fak-kv's `grammar`).
+    /// Everything before the head, and so the K/V rows appended to `kv`, is the same
+    /// pass. A step whose mask allows few tokens (a grammar's reachable rows) saves most
+    /// of the head's product; [`Model::head_rows_pay`] says when it is faster.
+    ///
+    /// # Errors
+    /// As [`Model::forward_into`], and [`ModelError::InvalidInput`] for a row not below
+    /// the vocabulary size (found before anything changes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_rows_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        rows: &[u32],
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let want = LogitsWanted::Last;
+        let r = self.forward_in(ids, positions, kv, want, Some(rows), None, scratch, logits);
+        if ids.len() > 1 {
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
+    /// Runs the new tokens `ids` at absolute positions `positions` through the model,
+    /// attending to everything already in `kv` and appending the new K/V rows to it.
+    ///
+    /// Returns logits as chosen by `want`: `[rows, vocab]` row-major (`rows` = 0, 1 or
+    /// `ids.len()`). Fills `trace` when given. More tokens than
+    /// [`Model::prefill_chunk`] run as consecutive batches of that many (one batch when
+    /// `trace` is given), the bits of one batch; the whole input is checked before any
+    /// batch runs.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
+    /// that do not strictly increase past the cache's last position;
+    /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when a position
+    /// would reach the context length or the entries would exceed the cache's capacity.
+    /// These are found before anything changes, so `kv` is then unchanged. A product's
+    /// own [`ModelError::Unsupported`] (shapes and types are checked at load, so no input
+    /// reaches one) could leave part of the pass appended; `fak_kv::Session` rolls its
+    /// cache back on any error.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        trace: Option<&mut ForwardTrace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut logits = Vec::new();
+        let mut scratch = ForwardScratch::new();
+        self.forward_into(ids, positions, kv, want, trace, &mut scratch, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] working in the caller's `scratch` and writing the logits into
+    /// `logits` (resized to `[rows, vocab]`; emptied for [`LogitsWanted::None`]), the same
+    /// bits. With a scratch kept between steps and a `logits` buffer that already holds
+    /// a vocabulary row, a decode step (one token, `trace` `None`) allocates nothing:
+    /// a test counts the heap allocations of such steps and asserts there are none.
+    ///
+    /// # Errors
+    /// As [`Model::forward`] (a refused input leaves `kv` unchanged); on error `logits`
+    /// is unspecified.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let r = self.forward_in(ids, positions, kv, want, None, trace, scratch, logits);
+        if ids.len() > 1 {
+            // A prefill's buffers are released rather than kept for the conversation.
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = ids.len();
+        if n == 0 {
+            return Err(ModelError::InvalidInput("no tokens to run".into()));
+        }
+        if positions.len() != n {
+            return Err(ModelError::InvalidInput(format!(
+                "{} token ids but {} positions",
+                n,
+                positions.len()
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        if let Some(&r) = head_rows.and_then(|r| r.iter().find(|&&r| r as usize >= c.vocab_size)) {
+            return Err(ModelError::InvalidInput(format!(
+                "logits row {r} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let mut prev = kv.positions().last().map(|&p| p as i64).unwrap_or(-1);
+        for &p in positions {
+            if p as i64 <= prev {
+                return Err(ModelError::InvalidInput(format!(
+                    "position {p} does not follow position {prev}"
+                )));
+            }
+            prev = p as i64;
+        }
+        // Positions are bounded by the context length, entries by the cache's capacity
+        // (in bounded mode old entries are dropped, so positions may outrun entries).
+        let last_pos = prev as usize + 1;
+        if last_pos > c.max_position_embeddings {
+            return Err(ModelError::ContextOverflow {
+                needed: last_pos,
+                limit: c.max_position_embeddings,
+            });
+        }
+        if kv.len() + n > kv.capacity_tokens() {
+            return Err(ModelError::ContextOverflow {
+                needed: kv.len() + n,
+                limit: kv.capacity_tokens(),
+            });
+        }
+
+        logits.clear();
+        let chunk = self.prefill_chunk;
+        if trace.is_some() || n <= chunk {
+            return self.run_batch(ids, positions, kv, want, head_rows, trace, scratch, logits);
+        }
+        // Validated as a whole above, so no batch is refused part way through.
+        if want == LogitsWanted::All {
+            logits.reserve(n * c.vocab_size);
+        }
+        let mut at = 0;
+        while at < n {
+            let end = (at + chunk).min(n);
+            let part = match want {
+                LogitsWanted::All => LogitsWanted::All,
+                LogitsWanted::Last if end == n => LogitsWanted::Last,
+                _ => LogitsWanted::None,
+            };
+            let (ids, positions) = (&ids[at..end], &positions[at..end]);
+            let rows = head_rows.filter(|_| end == n);
+            self.run_batch(ids, positions, kv, part, rows, None, scratch, logits)?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// [`Model::forward_in`]'s pass over one batch of already validated tokens, appending
+    /// the logits `want` asks for to `logits`.
+    #[allow(clippy::too_many_arguments)]
+    fn run_batch(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        mut trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = ids.len();
+        let (hd, h) = (c.head_dim, c.hidden_size);
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let (qd, kvd, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        let group = nh / nkv;
+        let th = self.threads;
+        let ForwardScratch {
+            x,
+            xn,
+            q,
+            k,
+            k_raw,
+            v,
+            attn,
+            proj,
+            gate,
+            up,
+            norm,
+            rope: rope_rows,
+            rope_used,
+            scores,
+            products,
+        } = scratch;
+        for (b, len) in [
+            (&mut *x, n * h),
+            (&mut *xn, n * h),
+            (&mut *q, n * qd),
+            (&mut *k, n * kvd),
+            (&mut *v, n * kvd),
+            (&mut *attn, n * qd),
+            (&mut *proj, n * h),
+            (&mut *gate, n * ff),
+            (&mut *up, n * ff),
+        ] {
+            b.clear();
+            b.resize(len, 0.0);
+        }
+
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            match &self.embed_native {
+                Some(NativeMatrix::Quant(e)) => e.dequantize_row(id as usize, row)?,
+                Some(NativeMatrix::F32(e)) => e.copy_row(id as usize, row)?,
+                None => {
+                    row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h])
+                }
+            }
+            if let Some(s) = c.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        if let Some(t) = trace.as_deref_mut() {
+            t.embed = x.clone();
+            t.layers.clear();
+        }
+
+        kv.append_positions(positions);
+        let half = hd / 2;
+        // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
+        // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
+        *rope_used = 0;
+        let scale = c.attention_scale;
+
+        for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
+            let slot = match rope_rows[..*rope_used]
+                .iter()
+                .position(|r| self.rope[r.0] == self.rope[l])
+            {
+                Some(i) => i,
+                None => {
+                    if rope_rows.len() == *rope_used {
+                        rope_rows.push((l, Vec::new(), Vec::new()));
+                    }
+                    let (first, cos, sin) = &mut rope_rows[*rope_used];
+                    *first = l;
+                    cos.resize(n * half, 0.0);
+                    sin.resize(n * half, 0.0);
+                    for (t, &p) in positions.iter().enumerate() {
+                        self.rope[l].cos_sin(
+                            p,
+                            &mut cos[t * half..(t + 1) * half],
+                            &mut sin[t * half..(t + 1) * half],
+                        );
+                    }
+                    *rope_used += 1;
+                    *rope_used - 1
+                }
+            };
+            let (_, cos, sin) = &rope_rows[slot];
+            // Self-attention.
+            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
+            }
+            // q, k and v read one input: it is quantized once for the three.
+            let mut xq = SharedActs::new(xn, h, n, th, products);
+            linear_group(
+                &mut [
+                    (&w.q_proj, nw.q.as_ref(), qd, &mut q[..]),
+                    (&w.k_proj, nw.k.as_ref(), kvd, &mut k[..]),
+                    (&w.v_proj, nw.v.as_ref(), kvd, &mut v[..]),
+                ],
+                &mut xq,
+                th,
+            )?;
+            if let Some((bq, bk, bv)) = &w.qkv_bias {
+                for (rows, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                    for row in rows.chunks_exact_mut(b.len()) {
+                        add_assign(row, b);
+                    }
+                }
+            }
+            if let Some((nq, nk)) = &w.qk_norm {
+                norm.resize(hd, 0.0);
+                for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
+                    for head in rows.chunks_exact_mut(hd) {
+                        rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
+                        head.copy_from_slice(norm);
+                    }
+                }
+            }
+            k_raw.clear();
+            k_raw.extend_from_slice(k);
+            for t in 0..n {
+                let (cs, sn) = (
+                    &cos[t * half..(t + 1) * half],
+                    &sin[t * half..(t + 1) * half],
+                );
+                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                    rope_rotate_half(head, cs, sn);
+                }
+                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                    rope_rotate_half(head, cs, sn);
+                }
+            }
+            kv.append_layer(l, k_raw, k, v);
+            let keys = kv.keys(l);
+            let vals = kv.values(l);
+            let pos = kv.positions();
+            let m = pos.len();
+            let window = c.sliding_window[l];
+            // One chunk per (block of up to QB consecutive tokens, query head): each writes
+            // its own output slices, with the same kernels in the same order whichever
+            // thread runs it. In a block the tokens share every K and V row load over the
+            // keys they all see; each (token, key) still gets exactly the canonical dot
+            // and each output the ascending sum, so the bits are those of one token at
+            // a time (decode == prefill).
+            if n == 1 {
+                let shape = DecodeShape {
+                    heads: nh,
+                    group,
+                    head_dim: hd,
+                    kv_dim: kvd,
+                    scale,
+                };
+                let first = window_start(pos, m - 1, window);
+                decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
+            } else {
+                const QB: usize = 4;
+                let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
+                    .chunks_exact_mut(hd)
+                    .map(std::sync::Mutex::new)
+                    .collect();
+                let blocks = n.div_ceil(QB);
+                parallel_chunks(blocks * nh, th, &|c| {
+                    let c = front_back(c, blocks * nh);
+                    let (tb, hq) = (c / nh, c % nh);
+                    let g = hq / group;
+                    let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
+                    let tokens = tb * QB..((tb + 1) * QB).min(n);
+                    // Token t attends to entries start..=end (end: its own entry).
+                    let ranges: Vec<(usize, usize)> = tokens
+                        .clone()
+                        .map(|t| {
+                            let end = m - n + t;
+                            (window_start(pos, end, window), end)
+                        })
+                        .collect();
+                    let qs: Vec<&[f32]> = tokens
+                        .clone()
+                        .map(|t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
+                        .collect();
+                    let mut scores: Vec<Vec<f32>> =
+                        ranges.iter().map(|&(s, e)| vec![0f32; e + 1 - s]).collect();
+                    let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = tokens
+                        .clone()
+                        .map(|t| {
+                            outs[t * nh + hq]
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        })
+                        .collect();
+                    // The keys every token of a full block sees: [lo, hi].
+                    let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
+                    let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+                    let shared = ranges.len() == QB && lo <= hi;
+                    // q · k_j for every key each token sees (each one canonical dot).
+                    for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+                        if shared {
+                            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
+                            dot_strided(
+                                rows_from(kvd, k_at, hi + 1),
+                                kvd,
+                                qs[i],
+                                &mut sc[hi + 1 - s..],
+                            );
+                        } else {
+                            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+                        }
+                    }
+                    if shared {
+                        let [s0, s1, s2, s3] = &mut scores[..] else {
+                            unreachable!("a full block has QB tokens")
+                        };
+                        let r = &ranges;
+                        dot_strided_multi(
+                            rows_from(kvd, k_at, lo),
+                            kvd,
+                            [qs[0], qs[1], qs[2], qs[3]],
+                            [
+                                &mut s0[lo - r[0].0..hi + 1 - r[0].0],
+                                &mut s1[lo - r[1].0..hi + 1 - r[1].0],
+                                &mut s2[lo - r[2].0..hi + 1 - r[2].0],
+                                &mut s3[lo - r[3].0..hi + 1 - r[3].0],
+                            ],
+                        );
+                    }
+                    for sc in scores.iter_mut() {
+                        sc.iter_mut().for_each(|s| *s *= scale);
+                    }
+                    // A full block's four rows side by side (the same bits as one by one).
+                    match &mut scores[..] {
+                        [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
+                        rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
+                    }
+                    // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
+                    // range, the shared range (four tokens at a time), the keys after it.
+                    for o in out.iter_mut() {
+                        o.fill(0.0);
+                    }
+                    for ((&(s, e), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                        let head = if shared { lo - s } else { e + 1 - s };
+                        weighted_rows_accumulate(
+                            [&sc[..head]],
+                            rows_from(kvd, v_at, s),
+                            kvd,
+                            [&mut o[..]],
+                        );
+                    }
+                    if shared {
+                        let r = &ranges;
+                        let p: [&[f32]; QB] =
+                            std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
+                        let [o0, o1, o2, o3] = &mut out[..] else {
+                            unreachable!("a full block has QB tokens")
+                        };
+                        weighted_rows_accumulate(
+                            p,
+                            rows_from(kvd, v_at, lo),
+                            kvd,
+                            [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
+                        );
+                        for ((&(s, _), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
+                            weighted_rows_accumulate(
+                                [&sc[hi + 1 - s..]],
+                                rows_from(kvd, v_at, hi + 1),
+                                kvd,
+                                [&mut o[..]],
+                            );
+                        }
+                    }
+                });
+                drop(outs);
+            }
+            let o_proj = nw.o.as_ref();
+            linear(&w.o_proj, o_proj, h, qd, attn, n, proj, th, products)?;
+            if let Some(g) = &w.attn_out_norm {
+                norm_rows(proj, g, c, h, norm);
+            }
+            add_assign(x, proj);
+            // MLP (SwiGLU or GeGLU).
+            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+                rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
+            }
+            // gate and up read one input: it is quantized once for the two.
+            let mut xq = SharedActs::new(xn, h, n, th, products);
+            linear_group(
+                &mut [
+                    (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate[..]),
+                    (&w.up_proj, nw.up.as_ref(), ff, &mut up[..]),
+                ],
+                &mut xq,
+                th,
+            )?;
+            gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
+            let down = nw.down.as_ref();
+            linear(&w.down_proj, down, h, ff, gate, n, proj, th, products)?;
+            if let Some(g) = &w.mlp_out_norm {
+                norm_rows(proj, g, c, h, norm);
+            }
+            add_assign(x, proj);
+            if let Some(t) = trace.as_deref_mut() {
+                t.layers.push(x.clone());
+            }
+        }
+
+        if want == LogitsWanted::None && trace.is_none() {
+            return Ok(());
+        }
+        for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            rms_norm(r, &self.norm, c.norm_weight_offset, c.rms_norm_eps, o);
+        }
+        if let Some(t) = trace {
+            t.final_norm = xn.clone();
+        }
+        let rows: &[f32] = match want {
+            LogitsWanted::None => return Ok(()),
+            LogitsWanted::Last => &xn[(n - 1) * h..],
+            LogitsWanted::All => xn,
+        };
+        let nr = rows.len() / h;
+        if let (Some(sel), 1) = (head_rows, nr) {
+            let from = logits.len();
+            logits.resize(from + c.vocab_size, 0.0);
+            return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
+        }
+        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
+        let from = logits.len();
+        logits.resize(from + nr * c.vocab_size, 0.0);
+        let head_native = self.head_native();
+        linear(
+            head,
+            head_native,
+            c.vocab_size,
+            h,
+            rows,
+            nr,
+            &mut logits[from..],
+            th,
+            products,
+        )
+    }
+}
+
+/// The `c`-th chunk claimed of `n` taken alternately from the front and the back
+/// (`0, n−1, 1, n−2, …`; a permutation of `0..n`). Two threads claiming a prefill's
+/// (token block, query head) chunks in turn then work from opposite ends, each on
+/// consecutive query heads, so a KV head's rows are mostly read by one thread and the
+/// group's other query heads find them in that core's cache. (A decode step goes by
+/// GQA group instead: `crate::attention`.)
+fn front_back(c: usize, n: usize) -> usize {
+    if c.is_multiple_of(2) {
+        c / 2
+    } else {
+        n - 1 - c / 2
+    }
+}
+
+/// The rows of a `[entries, kvd]` cache slice from entry `j` on (empty past the end,
+/// where no row is read).
+fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
+    &rows[(j * kvd).min(rows.len())..]
+}
