@@ -39,7 +39,7 @@ pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{
-    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode,
+    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Weight, WeightMode,
     HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
 };
 pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};

@@ -3,8 +3,7 @@
 
 use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
-use super::weights::NativeMatrix;
-use super::{ForwardScratch, Model};
+use super::{ForwardScratch, Model, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
 use crate::kv::{window_start, KvStore};
 use crate::{Activation, Config, ModelError};
@@ -301,11 +300,11 @@ impl Model {
         }
 
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
-            match &self.embed_native {
-                Some(NativeMatrix::Quant(e)) => e.dequantize_row(id as usize, row)?,
-                Some(NativeMatrix::F32(e)) => e.copy_row(id as usize, row)?,
-                None => {
-                    row.copy_from_slice(&self.embed_tokens[id as usize * h..(id as usize + 1) * h])
+            match &self.embed_tokens {
+                Weight::Quant(e) => e.dequantize_row(id as usize, row)?,
+                Weight::Mapped(e) => e.copy_row(id as usize, row)?,
+                Weight::Dense(embed_tokens) => {
+                    row.copy_from_slice(&embed_tokens[id as usize * h..(id as usize + 1) * h])
                 }
             }
             if let Some(s) = c.embedding_scale {
@@ -324,7 +323,7 @@ impl Model {
         *rope_used = 0;
         let scale = c.attention_scale;
 
-        for (l, (w, nw)) in self.layers.iter().zip(&self.native).enumerate() {
+        for (l, w) in self.layers.iter().enumerate() {
             let slot = match rope_rows[..*rope_used]
                 .iter()
                 .position(|r| self.rope[r.0] == self.rope[l])
@@ -358,9 +357,9 @@ impl Model {
             let mut xq = SharedActs::new(xn, h, n, th, products);
             linear_group(
                 &mut [
-                    (&w.q_proj, nw.q.as_ref(), qd, &mut q[..]),
-                    (&w.k_proj, nw.k.as_ref(), kvd, &mut k[..]),
-                    (&w.v_proj, nw.v.as_ref(), kvd, &mut v[..]),
+                    (&w.q_proj, qd, &mut q[..]),
+                    (&w.k_proj, kvd, &mut k[..]),
+                    (&w.v_proj, kvd, &mut v[..]),
                 ],
                 &mut xq,
                 th,
@@ -414,8 +413,7 @@ impl Model {
             } else {
                 prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
             }
-            let o_proj = nw.o.as_ref();
-            linear(&w.o_proj, o_proj, h, qd, attn, n, proj, th, products)?;
+            linear(&w.o_proj, h, qd, attn, n, proj, th, products)?;
             if let Some(g) = &w.attn_out_norm {
                 norm_rows(proj, g, c, h, norm);
             }
@@ -428,15 +426,14 @@ impl Model {
             let mut xq = SharedActs::new(xn, h, n, th, products);
             linear_group(
                 &mut [
-                    (&w.gate_proj, nw.gate.as_ref(), ff, &mut gate[..]),
-                    (&w.up_proj, nw.up.as_ref(), ff, &mut up[..]),
+                    (&w.gate_proj, ff, &mut gate[..]),
+                    (&w.up_proj, ff, &mut up[..]),
                 ],
                 &mut xq,
                 th,
             )?;
             gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
-            let down = nw.down.as_ref();
-            linear(&w.down_proj, down, h, ff, gate, n, proj, th, products)?;
+            linear(&w.down_proj, h, ff, gate, n, proj, th, products)?;
             if let Some(g) = &w.mlp_out_norm {
                 norm_rows(proj, g, c, h, norm);
             }
@@ -466,13 +463,10 @@ impl Model {
             logits.resize(from + c.vocab_size, 0.0);
             return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
         }
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let from = logits.len();
         logits.resize(from + nr * c.vocab_size, 0.0);
-        let head_native = self.head_native();
         linear(
-            head,
-            head_native,
+            self.head(),
             c.vocab_size,
             h,
             rows,

@@ -3,8 +3,7 @@
 
 use super::linear::{linear, mapped_f32_as};
 use super::scratch::{ProductScratch, SharedActs};
-use super::weights::NativeMatrix;
-use super::Model;
+use super::{Model, Weight};
 use crate::ModelError;
 use fak_tensor::quant::vec_dot;
 use fak_tensor::{dot, Threads};
@@ -23,13 +22,10 @@ pub const HEAD_ROWS_MAX: usize = 4096;
 pub const HEAD_ROWS_FRACTION: usize = 8;
 
 impl Model {
-    /// The output head held in the map (an untied `lm_head`, or the tied embedding).
-    pub(super) fn head_native(&self) -> Option<&NativeMatrix> {
-        if self.lm_head.is_some() {
-            self.head_native.as_ref()
-        } else {
-            self.embed_native.as_ref()
-        }
+    /// The output head's `[vocab, hidden]` matrix: an untied `lm_head`, or the tied
+    /// embedding.
+    pub(super) fn head(&self) -> &Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
     }
 
     /// Applies the logits head to rows that already went through the final norm:
@@ -44,11 +40,9 @@ impl Model {
             "rows are not whole"
         );
         let n = normed.len() / c.hidden_size;
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let mut logits = vec![0f32; n * c.vocab_size];
         let r = linear(
-            head,
-            self.head_native(),
+            self.head(),
             c.vocab_size,
             c.hidden_size,
             normed,
@@ -117,24 +111,23 @@ impl Model {
         let (v, h) = (c.vocab_size, c.hidden_size);
         let out = &mut out[..v];
         out.fill(f32::NEG_INFINITY);
-        let head = self.lm_head.as_deref().unwrap_or(&self.embed_tokens);
         let file_row =
             |order: &Option<Vec<u32>>, r: usize| order.as_ref().map_or(r, |o| o[r] as usize);
-        match self.head_native() {
-            None => {
+        match self.head() {
+            Weight::Dense(head) => {
                 for &r in sel {
                     let r = r as usize;
                     out[r] = dot(&head[r * h..(r + 1) * h], x);
                 }
             }
-            Some(NativeMatrix::F32(m)) => {
+            Weight::Mapped(m) => {
                 let w = mapped_f32_as(m, v, h)?;
                 for &r in sel {
                     let f = file_row(&m.row_order, r as usize);
                     out[r as usize] = dot(&w[f * h..(f + 1) * h], x);
                 }
             }
-            Some(NativeMatrix::Quant(q)) => {
+            Weight::Quant(q) => {
                 let qerr = |e| ModelError::Unsupported(format!("quantized {} head: {e}", q.ty));
                 let mut xs = SharedActs::new(x, h, 1, th, products);
                 let act = &xs.for_type(q.ty).map_err(qerr)?[0];

@@ -3,7 +3,7 @@
 //! ([`linear`], [`linear_shared`]) or several of one input ([`linear_group`]).
 
 use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
-use super::weights::NativeMatrix;
+use super::weights::Weight;
 use crate::source::MappedF32;
 use crate::ModelError;
 use fak_tensor::quant::{matmul_threads, matvec_many, matvec_threads, Matvec};
@@ -11,7 +11,7 @@ use fak_tensor::{matmul, matmul_group, Linear, Threads};
 
 /// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
 /// computed in the file's row order, put back in HF's (a permutation, so exact).
-pub(super) fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: usize) {
+fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: usize) {
     for (ot, ft) in out
         .chunks_exact_mut(rows)
         .zip(file_order.chunks_exact(rows))
@@ -25,12 +25,7 @@ pub(super) fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32
 /// [`rows_in_hf_order`] in place: `out` holds every token's `rows` outputs in the
 /// file's row order and is left in HF's, one token's row copied aside at a time into
 /// `file_row` (scratch, resized to `rows`).
-pub(super) fn rows_to_hf_order_in_place(
-    out: &mut [f32],
-    order: &[u32],
-    rows: usize,
-    file_row: &mut Vec<f32>,
-) {
+fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize, file_row: &mut Vec<f32>) {
     file_row.resize(rows, 0.0);
     for ot in out.chunks_exact_mut(rows) {
         file_row.copy_from_slice(ot);
@@ -40,13 +35,12 @@ pub(super) fn rows_to_hf_order_in_place(
     }
 }
 
-/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): over the matrix in
-/// the map when `q` holds one (the quantized product, or [`matmul`] over mapped F32),
-/// else the exact `f32` [`matmul`] over `w`. `scratch` holds the quantized input.
+/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
+/// product over [`Weight::Quant`], else the exact `f32` [`matmul`] over the values of
+/// [`Weight::Dense`] or [`Weight::Mapped`]. `scratch` holds the quantized input.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
-    w: &[f32],
-    q: Option<&NativeMatrix>,
+    w: &Weight,
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -56,7 +50,7 @@ pub(super) fn linear(
     scratch: &mut ProductScratch,
 ) -> Result<(), ModelError> {
     let mut x = SharedActs::new(x, cols, n, th, scratch);
-    linear_shared(w, q, rows, &mut x, out, th)
+    linear_shared(w, rows, &mut x, out, th)
 }
 
 /// The values of a mapped F32 matrix used as `[rows, cols]`, or an error when its
@@ -76,21 +70,20 @@ pub(super) fn mapped_f32_as(m: &MappedF32, rows: usize, cols: usize) -> Result<&
 
 /// [`linear`] reading its input from `x`, whose quantized rows other products of the
 /// same input reuse.
-pub(super) fn linear_shared(
-    w: &[f32],
-    q: Option<&NativeMatrix>,
+fn linear_shared(
+    w: &Weight,
     rows: usize,
     x: &mut SharedActs<'_>,
     out: &mut [f32],
     th: Threads,
 ) -> Result<(), ModelError> {
     let (cols, n) = (x.cols, x.n);
-    let q = match q {
-        None => {
+    let q = match w {
+        Weight::Dense(w) => {
             matmul(w, rows, cols, x.x, n, out, th);
             return Ok(());
         }
-        Some(NativeMatrix::F32(m)) => {
+        Weight::Mapped(m) => {
             // The same kernel on the same values as the copied form: the same bits.
             let w = mapped_f32_as(m, rows, cols)?;
             matmul(w, rows, cols, x.x, n, out, th);
@@ -100,7 +93,7 @@ pub(super) fn linear_shared(
             }
             return Ok(());
         }
-        Some(NativeMatrix::Quant(q)) => q,
+        Weight::Quant(q) => q,
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
     let out = &mut out[..n * rows];
@@ -130,9 +123,8 @@ pub(super) fn linear_shared(
     Ok(())
 }
 
-/// One product of a [`linear_group`]: exact weights, the matrix in the map if held,
-/// output rows, output.
-pub(super) type GroupItem<'a> = (&'a [f32], Option<&'a NativeMatrix>, usize, &'a mut [f32]);
+/// One product of a [`linear_group`]: the weight, output rows, output.
+type GroupItem<'a> = (&'a Weight, usize, &'a mut [f32]);
 
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
 /// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
@@ -146,12 +138,8 @@ pub(super) fn linear_group<const N: usize>(
     x: &mut SharedActs<'_>,
     th: Threads,
 ) -> Result<(), ModelError> {
-    let all_native = items
-        .iter()
-        .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_some());
-    let all_f32 = items
-        .iter()
-        .all(|(_, q, _, _)| q.and_then(NativeMatrix::quant).is_none());
+    let all_native = items.iter().all(|(w, _, _)| w.quant().is_some());
+    let all_f32 = items.iter().all(|(w, _, _)| w.quant().is_none());
     if all_f32 {
         // f32 weights (exact mode, or an F32 file read in place): one hand-off for the
         // group ([`matmul_group`]), each thread claiming chunks of tokens, or of rows
@@ -160,15 +148,16 @@ pub(super) fn linear_group<const N: usize>(
         // The weights of each product, checked first; then the products in an array, so
         // that a decode step allocates nothing.
         let mut ws: [&[f32]; N] = [&[]; N];
-        for ((w, q, rows, _), slot) in items.iter().zip(ws.iter_mut()) {
-            *slot = match q {
-                Some(NativeMatrix::F32(m)) => mapped_f32_as(m, *rows, cols)?,
-                _ => w,
+        for ((w, rows, _), slot) in items.iter().zip(ws.iter_mut()) {
+            *slot = match *w {
+                Weight::Mapped(m) => mapped_f32_as(m, *rows, cols)?,
+                Weight::Dense(w) => w,
+                Weight::Quant(_) => unreachable!("no matrix of an all-f32 group is quantized"),
             };
         }
         let mut it = items.iter_mut().zip(ws);
         let mut products: [Linear<'_>; N] = std::array::from_fn(|_| {
-            let ((_, _, rows, out), w) = it.next().expect("one weight per product");
+            let ((_, rows, out), w) = it.next().expect("one weight per product");
             Linear {
                 w,
                 rows: *rows,
@@ -176,8 +165,8 @@ pub(super) fn linear_group<const N: usize>(
             }
         });
         matmul_group(&mut products, cols, x.x, n, th);
-        for (_, q, rows, out) in items.iter_mut() {
-            if let Some(NativeMatrix::F32(m)) = q {
+        for (w, rows, out) in items.iter_mut() {
+            if let Weight::Mapped(m) = w {
                 if let Some(order) = &m.row_order {
                     let tmp = x.scratch.file_order(0, *rows);
                     rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows, tmp);
@@ -187,23 +176,23 @@ pub(super) fn linear_group<const N: usize>(
         return Ok(());
     }
     if x.n != 1 || !all_native || th.get() <= 1 {
-        for (w, q, rows, out) in items.iter_mut() {
-            linear_shared(w, *q, *rows, x, out, th)?;
+        for (w, rows, out) in items.iter_mut() {
+            linear_shared(w, *rows, x, out, th)?;
         }
         return Ok(());
     }
     let qerr = |e| ModelError::Unsupported(format!("quantized product: {e}"));
     let mut quant = [None; N];
-    for ((_, q, _, _), slot) in items.iter().zip(quant.iter_mut()) {
-        let q = q
-            .and_then(NativeMatrix::quant)
+    for ((w, _, _), slot) in items.iter().zip(quant.iter_mut()) {
+        let q = w
+            .quant()
             .ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
         x.for_type(q.ty).map_err(qerr)?;
         *slot = Some(q);
     }
     // Outputs in the file's row order where the matrix has one, put back after: each
     // product's buffer in the scratch, so nothing is allocated once they have grown.
-    for (i, (q, (_, _, rows, _))) in quant.iter().zip(items.iter()).enumerate() {
+    for (i, (q, (_, rows, _))) in quant.iter().zip(items.iter()).enumerate() {
         let len = if q.is_some_and(|q| q.row_order.is_some()) {
             *rows
         } else {
@@ -220,7 +209,7 @@ pub(super) fn linear_group<const N: usize>(
         let made = &made[..*fresh];
         let mut slots = items.iter_mut().zip(file_order.iter_mut()).zip(&quant);
         let mut products: [Matvec<'_>; N] = std::array::from_fn(|_| {
-            let (((_, _, rows, out), fo), q) = slots.next().expect("N items");
+            let (((_, rows, out), fo), q) = slots.next().expect("N items");
             let q = q.expect("checked above");
             let act = &acts_of(made, q.ty.act_kind()).expect("quantized above")[0];
             let out: &mut [f32] = if fo.is_empty() {
@@ -237,7 +226,7 @@ pub(super) fn linear_group<const N: usize>(
         });
         matvec_many(&mut products, th).map_err(qerr)?;
     }
-    for (i, ((_, _, _, out), q)) in items.iter_mut().zip(&quant).enumerate() {
+    for (i, ((_, _, out), q)) in items.iter_mut().zip(&quant).enumerate() {
         if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
             let fo = &x.scratch.file_order[i];
             rows_in_hf_order(&mut out[..order.len()], fo, order, order.len());

@@ -2,8 +2,7 @@
 //! every tensor of the architecture from a [`WeightSource`] and refuse a file with a
 //! tensor the architecture does not use.
 
-use super::weights::{NativeLayer, NativeMatrix};
-use super::{LayerWeights, Model, WeightMode, PREFILL_CHUNK};
+use super::{LayerWeights, Model, Weight, WeightMode, PREFILL_CHUNK};
 use crate::source::WeightSource;
 use crate::{Config, ModelError};
 use fak_tensor::{RopeTable, Threads};
@@ -50,20 +49,17 @@ impl Model {
         let c = &config;
         // A matrix in native mode: quantized when its type has a kernel, read in place
         // when it is F32 that can be borrowed, else an f32 copy.
-        let mat = |name: &str,
-                   shape: [usize; 2]|
-         -> Result<(Vec<f32>, Option<NativeMatrix>), ModelError> {
+        let mat = |name: &str, shape: [usize; 2]| -> Result<Weight, ModelError> {
             if mode == WeightMode::Native {
                 if let Some(q) = src.quantized(name, shape, c)? {
-                    return Ok((Vec::new(), Some(NativeMatrix::Quant(q))));
+                    return Ok(Weight::Quant(q));
                 }
                 if let Some(m) = src.mapped_f32(name, shape, c)? {
-                    return Ok((Vec::new(), Some(NativeMatrix::F32(m))));
+                    return Ok(Weight::Mapped(m));
                 }
             }
-            Ok((src.load(name, &shape, c)?, None))
+            Ok(Weight::Dense(src.load(name, &shape, c)?))
         };
-        let mut native = Vec::new();
         let (h, q, kv, ff, v) = (
             c.hidden_size,
             c.q_dim(),
@@ -71,7 +67,7 @@ impl Model {
             c.intermediate_size,
             c.vocab_size,
         );
-        let (embed_tokens, embed_native) = mat("model.embed_tokens.weight", [v, h])?;
+        let embed_tokens = mat("model.embed_tokens.weight", [v, h])?;
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
@@ -106,22 +102,13 @@ impl Model {
                     None,
                 )
             };
-            let (q_proj, nq) = mat(&p("self_attn.q_proj.weight"), [q, h])?;
-            let (k_proj, nk) = mat(&p("self_attn.k_proj.weight"), [kv, h])?;
-            let (v_proj, nv) = mat(&p("self_attn.v_proj.weight"), [kv, h])?;
-            let (o_proj, no) = mat(&p("self_attn.o_proj.weight"), [h, q])?;
-            let (gate_proj, ng) = mat(&p("mlp.gate_proj.weight"), [ff, h])?;
-            let (up_proj, nu) = mat(&p("mlp.up_proj.weight"), [ff, h])?;
-            let (down_proj, nd) = mat(&p("mlp.down_proj.weight"), [h, ff])?;
-            native.push(NativeLayer {
-                q: nq,
-                k: nk,
-                v: nv,
-                o: no,
-                gate: ng,
-                up: nu,
-                down: nd,
-            });
+            let q_proj = mat(&p("self_attn.q_proj.weight"), [q, h])?;
+            let k_proj = mat(&p("self_attn.k_proj.weight"), [kv, h])?;
+            let v_proj = mat(&p("self_attn.v_proj.weight"), [kv, h])?;
+            let o_proj = mat(&p("self_attn.o_proj.weight"), [h, q])?;
+            let gate_proj = mat(&p("mlp.gate_proj.weight"), [ff, h])?;
+            let up_proj = mat(&p("mlp.up_proj.weight"), [ff, h])?;
+            let down_proj = mat(&p("mlp.down_proj.weight"), [h, ff])?;
             layers.push(LayerWeights {
                 input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
                 q_proj,
@@ -139,11 +126,10 @@ impl Model {
             });
         }
         let norm = src.load("model.norm.weight", &[h], c)?;
-        let (lm_head, head_native) = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
-            let (w, q) = mat("lm_head.weight", [v, h])?;
-            (Some(w), q)
+        let lm_head = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
+            Some(mat("lm_head.weight", [v, h])?)
         } else if c.tie_word_embeddings {
-            (None, None)
+            None
         } else {
             return Err(ModelError::MissingTensor("lm_head.weight".into()));
         };
@@ -218,9 +204,6 @@ impl Model {
             threads: Threads::available(),
             prefill_chunk: PREFILL_CHUNK,
             mode,
-            native,
-            embed_native,
-            head_native,
         })
     }
 }

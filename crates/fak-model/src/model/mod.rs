@@ -7,7 +7,8 @@
 //! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
 //! does not depend on how many tokens share its forward pass or on the thread count.
 //!
-//! - `weights`: [`WeightMode`] and the weights of a decoder block ([`LayerWeights`]).
+//! - `weights`: [`WeightMode`], [`Weight`] (one matrix: `f32`, F32 in the memory map, or
+//!   a quantized block format) and the weights of a decoder block ([`LayerWeights`]).
 //! - `loader`: [`Model::from_source_with`] and the other constructors.
 //! - `forward`: [`Model::forward`] and the pass over one batch of tokens.
 //! - `head`: the logits head, over every row or over a subset of its rows.
@@ -24,11 +25,10 @@ mod weights;
 pub use forward::{ForwardTrace, LogitsWanted};
 pub use head::{HEAD_ROWS_FRACTION, HEAD_ROWS_MAX};
 pub use scratch::ForwardScratch;
-pub use weights::{LayerWeights, WeightMode};
+pub use weights::{LayerWeights, Weight, WeightMode};
 
 use crate::{Config, ModelError};
 use fak_tensor::{rope_rotate_half, RopeTable, Threads};
-use weights::{NativeLayer, NativeMatrix};
 
 /// Default of [`Model::set_prefill_chunk`]: most tokens one batch of a forward pass
 /// runs through the layers at once (llama.cpp's default micro-batch, `n_ubatch`, is
@@ -43,22 +43,16 @@ pub const PREFILL_CHUNK: usize = 512;
 /// Immutable after load: share it between sessions with `Arc<Model>`.
 pub struct Model {
     config: Config,
-    embed_tokens: Vec<f32>,
+    embed_tokens: Weight,
     layers: Vec<LayerWeights>,
     norm: Vec<f32>,
     /// `None` when the head is tied to `embed_tokens`.
-    lm_head: Option<Vec<f32>>,
+    lm_head: Option<Weight>,
     rope: Vec<RopeTable>,
     threads: Threads,
     /// Most tokens one batch of a pass runs at once ([`Model::set_prefill_chunk`]).
     prefill_chunk: usize,
     mode: WeightMode,
-    /// Per layer, the matrices held in the memory map (all `None` in exact mode).
-    native: Vec<NativeLayer>,
-    /// `embed_tokens` held in the map (then `embed_tokens` is empty).
-    embed_native: Option<NativeMatrix>,
-    /// An untied `lm_head` held in the map (then `lm_head` is `Some(empty)`).
-    head_native: Option<NativeMatrix>,
 }
 
 impl std::fmt::Debug for Model {
@@ -76,11 +70,12 @@ impl Model {
     }
 
     /// Every matrix held in the memory map ([`WeightMode::Native`]).
-    fn held(&self) -> impl Iterator<Item = &NativeMatrix> {
-        let layers = self.native.iter().flat_map(|l| l.all());
+    fn held(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self.layers.iter().flat_map(|l| l.matrices());
         layers
-            .chain([&self.embed_native, &self.head_native])
-            .flatten()
+            .chain([&self.embed_tokens])
+            .chain(self.lm_head.as_ref())
+            .filter(|w| w.is_mapped())
     }
 
     /// The block types of the matrices held quantized, with how many matrices of each
@@ -88,7 +83,7 @@ impl Model {
     /// matrices read from the map are not here: see [`Model::mapped_f32_matrices`].
     pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
-        for q in self.held().filter_map(NativeMatrix::quant) {
+        for q in self.held().filter_map(Weight::quant) {
             *counts.entry(q.ty.name()).or_default() += 1;
         }
         counts.into_iter().collect()
@@ -100,7 +95,7 @@ impl Model {
     /// embedding.
     pub fn mapped_f32_matrices(&self) -> usize {
         self.held()
-            .filter(|m| matches!(m, NativeMatrix::F32(_)))
+            .filter(|m| matches!(m, Weight::Mapped(_)))
             .count()
     }
 
@@ -146,8 +141,8 @@ impl Model {
 
     /// Mutable access to the decoder blocks' weights (for experiments and negative
     /// controls; the shapes must stay as the config implies). A matrix held in the
-    /// memory map in [`WeightMode::Native`] is an empty `Vec` here, and the forward
-    /// pass does not read it.
+    /// memory map in [`WeightMode::Native`] is a [`Weight::Mapped`] or [`Weight::Quant`]
+    /// here, whose values [`Weight::as_f32_mut`] does not give.
     pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
         &mut self.layers
     }
@@ -207,7 +202,7 @@ impl Model {
     /// ([`Model::owned_weight_bytes`]) plus, in [`WeightMode::Native`], the matrices
     /// read from the memory map (quantized, or F32 in place).
     pub fn weight_bytes(&self) -> usize {
-        let mapped: usize = self.held().map(NativeMatrix::byte_len).sum();
+        let mapped: usize = self.held().map(Weight::mapped_byte_len).sum();
         mapped + self.owned_weight_bytes()
     }
 
@@ -221,10 +216,10 @@ impl Model {
             .iter()
             .map(|w| {
                 w.input_norm.len()
-                    + w.q_proj.len()
-                    + w.k_proj.len()
-                    + w.v_proj.len()
-                    + w.o_proj.len()
+                    + w.q_proj.owned_len()
+                    + w.k_proj.owned_len()
+                    + w.v_proj.owned_len()
+                    + w.o_proj.owned_len()
                     + w.mlp_norm.len()
                     + w.attn_out_norm.as_ref().map_or(0, Vec::len)
                     + w.mlp_out_norm.as_ref().map_or(0, Vec::len)
@@ -232,14 +227,14 @@ impl Model {
                     + w.qkv_bias
                         .as_ref()
                         .map_or(0, |(a, b, c)| a.len() + b.len() + c.len())
-                    + w.gate_proj.len()
-                    + w.up_proj.len()
-                    + w.down_proj.len()
+                    + w.gate_proj.owned_len()
+                    + w.up_proj.owned_len()
+                    + w.down_proj.owned_len()
             })
             .sum();
         4 * (l
-            + self.embed_tokens.len()
+            + self.embed_tokens.owned_len()
             + self.norm.len()
-            + self.lm_head.as_ref().map_or(0, Vec::len))
+            + self.lm_head.as_ref().map_or(0, Weight::owned_len))
     }
 }

@@ -40,68 +40,86 @@ impl WeightMode {
     }
 }
 
-/// A matrix [`WeightMode::Native`] reads from the memory map instead of an `f32` copy.
+/// One weight matrix, held once in the form the forward pass reads (as candle's
+/// `QMatMul`): `f32` values of its own, F32 read in place from a GGUF file's memory map,
+/// or blocks of a quantized format in the map. [`WeightMode::Exact`] holds every matrix
+/// as [`Weight::Dense`]; [`WeightMode::Native`] holds what it can in the map.
 #[derive(Clone, Debug)]
-pub(super) enum NativeMatrix {
-    /// In its GGUF block format, through the quantized kernels.
+pub enum Weight {
+    /// Row-major `f32` values of its own (`[rows, cols]`), through the `f32` kernels.
+    Dense(Vec<f32>),
+    /// F32 read in place from the memory map, through the `f32` kernels.
+    Mapped(MappedF32),
+    /// In its GGUF block format in the memory map, through the quantized kernels.
     Quant(QuantMatrix),
-    /// F32 read in place, through the `f32` kernels.
-    F32(MappedF32),
 }
 
-impl NativeMatrix {
+impl Weight {
+    /// The values of a [`Weight::Dense`] matrix, row-major; `None` for a matrix in the
+    /// memory map.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Weight::Dense(w) => Some(w),
+            Weight::Mapped(_) | Weight::Quant(_) => None,
+        }
+    }
+
+    /// [`Weight::as_f32`], mutable (for experiments and negative controls; the length
+    /// cannot change).
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            Weight::Dense(w) => Some(w),
+            Weight::Mapped(_) | Weight::Quant(_) => None,
+        }
+    }
+
+    /// The quantized matrix, if the weight is held in a block format.
     pub(super) fn quant(&self) -> Option<&QuantMatrix> {
         match self {
-            NativeMatrix::Quant(q) => Some(q),
-            NativeMatrix::F32(_) => None,
+            Weight::Quant(q) => Some(q),
+            Weight::Dense(_) | Weight::Mapped(_) => None,
         }
     }
 
-    /// Bytes of the matrix in the map.
-    pub(super) fn byte_len(&self) -> usize {
+    /// Whether the weight is read from the memory map (not [`Weight::Dense`]).
+    pub(super) fn is_mapped(&self) -> bool {
+        !matches!(self, Weight::Dense(_))
+    }
+
+    /// Bytes of the matrix in the map (0 for [`Weight::Dense`]).
+    pub(super) fn mapped_byte_len(&self) -> usize {
         match self {
-            NativeMatrix::Quant(q) => q.bytes().len(),
-            NativeMatrix::F32(m) => m.byte_len(),
+            Weight::Dense(_) => 0,
+            Weight::Quant(q) => q.bytes().len(),
+            Weight::Mapped(m) => m.byte_len(),
+        }
+    }
+
+    /// `f32` values held in the model's own heap (the length of [`Weight::Dense`], 0
+    /// for a matrix in the map).
+    pub(super) fn owned_len(&self) -> usize {
+        match self {
+            Weight::Dense(w) => w.len(),
+            Weight::Mapped(_) | Weight::Quant(_) => 0,
         }
     }
 }
 
-/// The matrices of one block held in the memory map in [`WeightMode::Native`] (`None`:
-/// that matrix is in [`LayerWeights`] as `f32`).
-#[derive(Clone, Debug, Default)]
-pub(super) struct NativeLayer {
-    pub(super) q: Option<NativeMatrix>,
-    pub(super) k: Option<NativeMatrix>,
-    pub(super) v: Option<NativeMatrix>,
-    pub(super) o: Option<NativeMatrix>,
-    pub(super) gate: Option<NativeMatrix>,
-    pub(super) up: Option<NativeMatrix>,
-    pub(super) down: Option<NativeMatrix>,
-}
-
-impl NativeLayer {
-    pub(super) fn all(&self) -> [&Option<NativeMatrix>; 7] {
-        [
-            &self.q, &self.k, &self.v, &self.o, &self.gate, &self.up, &self.down,
-        ]
-    }
-}
-
-/// The weights of one decoder block, row-major `f32` (HF names in the comments). In
-/// [`WeightMode::Native`] a matrix read from the memory map (held quantized, or an F32
-/// GGUF matrix read in place) is an empty `Vec` here.
+/// The weights of one decoder block (HF names in the comments): the norms and biases
+/// row-major `f32`, each matrix a [`Weight`] (in [`WeightMode::Native`] one read from
+/// the memory map, held quantized or an F32 GGUF matrix read in place, is not `f32`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     /// `input_layernorm.weight`, `[hidden]`.
     pub input_norm: Vec<f32>,
     /// `self_attn.q_proj.weight`, `[q_dim, hidden]`.
-    pub q_proj: Vec<f32>,
+    pub q_proj: Weight,
     /// `self_attn.k_proj.weight`, `[kv_dim, hidden]`.
-    pub k_proj: Vec<f32>,
+    pub k_proj: Weight,
     /// `self_attn.v_proj.weight`, `[kv_dim, hidden]`.
-    pub v_proj: Vec<f32>,
+    pub v_proj: Weight,
     /// `self_attn.o_proj.weight`, `[hidden, q_dim]`.
-    pub o_proj: Vec<f32>,
+    pub o_proj: Weight,
     /// `self_attn.{q,k,v}_proj.bias` (Qwen2), `[q_dim]`, `[kv_dim]`, `[kv_dim]`.
     pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
     /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight` (Qwen3, Gemma 3), each
@@ -115,9 +133,24 @@ pub struct LayerWeights {
     /// Gemma's `post_feedforward_layernorm.weight` on the MLP output, `[hidden]`.
     pub mlp_out_norm: Option<Vec<f32>>,
     /// `mlp.gate_proj.weight`, `[intermediate, hidden]`.
-    pub gate_proj: Vec<f32>,
+    pub gate_proj: Weight,
     /// `mlp.up_proj.weight`, `[intermediate, hidden]`.
-    pub up_proj: Vec<f32>,
+    pub up_proj: Weight,
     /// `mlp.down_proj.weight`, `[hidden, intermediate]`.
-    pub down_proj: Vec<f32>,
+    pub down_proj: Weight,
+}
+
+impl LayerWeights {
+    /// The block's seven matrices: q, k, v, o, gate, up, down.
+    pub(super) fn matrices(&self) -> [&Weight; 7] {
+        [
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.o_proj,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
+    }
 }
