@@ -79,81 +79,118 @@ pub(crate) fn prefill_attention(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             })
             .collect();
-        // The keys every token of a full block sees: [lo, hi].
-        let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
-        let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
-        let shared = ranges.len() == QB && lo <= hi;
-        // q · k_j for every key each token sees (each one canonical dot).
-        for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
-            if shared {
-                dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
-                dot_strided(
-                    rows_from(kvd, k_at, hi + 1),
-                    kvd,
-                    qs[i],
-                    &mut sc[hi + 1 - s..],
-                );
-            } else {
-                dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
-            }
-        }
-        if shared {
-            let [s0, s1, s2, s3] = &mut scores[..] else {
-                unreachable!("a full block has QB tokens")
-            };
-            let r = &ranges;
-            dot_strided_multi(
-                rows_from(kvd, k_at, lo),
-                kvd,
-                [qs[0], qs[1], qs[2], qs[3]],
-                [
-                    &mut s0[lo - r[0].0..hi + 1 - r[0].0],
-                    &mut s1[lo - r[1].0..hi + 1 - r[1].0],
-                    &mut s2[lo - r[2].0..hi + 1 - r[2].0],
-                    &mut s3[lo - r[3].0..hi + 1 - r[3].0],
-                ],
-            );
-        }
-        for sc in scores.iter_mut() {
-            sc.iter_mut().for_each(|s| *s *= scale);
-        }
-        // A full block's four rows side by side (the same bits as one by one).
-        match &mut scores[..] {
-            [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
-            rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
-        }
-        // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
-        // range, the shared range (four tokens at a time), the keys after it.
-        for o in out.iter_mut() {
-            o.fill(0.0);
-        }
-        for ((&(s, e), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
-            let head = if shared { lo - s } else { e + 1 - s };
-            weighted_rows_accumulate([&sc[..head]], rows_from(kvd, v_at, s), kvd, [&mut o[..]]);
-        }
-        if shared {
-            let r = &ranges;
-            let p: [&[f32]; QB] = std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
-            let [o0, o1, o2, o3] = &mut out[..] else {
-                unreachable!("a full block has QB tokens")
-            };
-            weighted_rows_accumulate(
-                p,
-                rows_from(kvd, v_at, lo),
-                kvd,
-                [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
-            );
-            for ((&(s, _), sc), o) in ranges.iter().zip(&scores).zip(out.iter_mut()) {
-                weighted_rows_accumulate(
-                    [&sc[hi + 1 - s..]],
-                    rows_from(kvd, v_at, hi + 1),
-                    kvd,
-                    [&mut o[..]],
-                );
-            }
-        }
+        block_scores(&ranges, &qs, k_at, kvd, scale, &mut scores);
+        block_sums(&ranges, &scores, v_at, kvd, &mut out);
     });
     drop(outs);
+}
+
+/// The keys every token of a block sees, `[lo, hi]`, and whether the block shares them
+/// (a full block of [`QB`] tokens with such keys): `ranges` holds each token's
+/// `(first, last)` entry.
+fn shared_keys(ranges: &[(usize, usize)]) -> (usize, usize, bool) {
+    let lo = ranges.iter().map(|r| r.0).max().unwrap_or(0);
+    let hi = ranges.iter().map(|r| r.1).min().unwrap_or(0);
+    (lo, hi, ranges.len() == QB && lo <= hi)
+}
+
+/// The softmaxed scores of one block of tokens for one query head: for token `i`,
+/// `scores[i][j − first] = softmax(scale · qs[i] · k_j)` over its entries
+/// `ranges[i] = (first, last)`, `k_at` the layer's keys from this head's KV head on
+/// (`kvd` apart). The keys every token of a full block sees are read once for the four
+/// ([`dot_strided_multi`]); each dot is still the canonical one.
+fn block_scores(
+    ranges: &[(usize, usize)],
+    qs: &[&[f32]],
+    k_at: &[f32],
+    kvd: usize,
+    scale: f32,
+    scores: &mut [Vec<f32>],
+) {
+    let (lo, hi, shared) = shared_keys(ranges);
+    // q · k_j for every key each token sees (each one canonical dot).
+    for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+        if shared {
+            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
+            dot_strided(
+                rows_from(kvd, k_at, hi + 1),
+                kvd,
+                qs[i],
+                &mut sc[hi + 1 - s..],
+            );
+        } else {
+            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+        }
+    }
+    if shared {
+        let [s0, s1, s2, s3] = &mut scores[..] else {
+            unreachable!("a full block has QB tokens")
+        };
+        let r = ranges;
+        dot_strided_multi(
+            rows_from(kvd, k_at, lo),
+            kvd,
+            [qs[0], qs[1], qs[2], qs[3]],
+            [
+                &mut s0[lo - r[0].0..hi + 1 - r[0].0],
+                &mut s1[lo - r[1].0..hi + 1 - r[1].0],
+                &mut s2[lo - r[2].0..hi + 1 - r[2].0],
+                &mut s3[lo - r[3].0..hi + 1 - r[3].0],
+            ],
+        );
+    }
+    for sc in scores.iter_mut() {
+        sc.iter_mut().for_each(|s| *s *= scale);
+    }
+    // A full block's four rows side by side (the same bits as one by one).
+    match &mut scores[..] {
+        [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
+        rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
+    }
+}
+
+/// `out[i] = Σ_j scores[i][j − first] · v_j` for token `i` of a block over its entries
+/// `ranges[i] = (first, last)`, ascending `j`, per element, `v_at` the layer's values
+/// from this head's KV head on (`kvd` apart): the keys before the shared range, the
+/// shared range (four tokens at a time), the keys after it.
+fn block_sums(
+    ranges: &[(usize, usize)],
+    scores: &[Vec<f32>],
+    v_at: &[f32],
+    kvd: usize,
+    out: &mut [std::sync::MutexGuard<'_, &mut [f32]>],
+) {
+    let (lo, hi, shared) = shared_keys(ranges);
+    // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
+    // range, the shared range (four tokens at a time), the keys after it.
+    for o in out.iter_mut() {
+        o.fill(0.0);
+    }
+    for ((&(s, e), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
+        let head = if shared { lo - s } else { e + 1 - s };
+        weighted_rows_accumulate([&sc[..head]], rows_from(kvd, v_at, s), kvd, [&mut o[..]]);
+    }
+    if shared {
+        let r = ranges;
+        let p: [&[f32]; QB] = std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
+        let [o0, o1, o2, o3] = &mut out[..] else {
+            unreachable!("a full block has QB tokens")
+        };
+        weighted_rows_accumulate(
+            p,
+            rows_from(kvd, v_at, lo),
+            kvd,
+            [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
+        );
+        for ((&(s, _), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
+            weighted_rows_accumulate(
+                [&sc[hi + 1 - s..]],
+                rows_from(kvd, v_at, hi + 1),
+                kvd,
+                [&mut o[..]],
+            );
+        }
+    }
 }
 
 /// The `c`-th chunk claimed of `n` taken alternately from the front and the back

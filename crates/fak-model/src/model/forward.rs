@@ -3,7 +3,7 @@
 
 use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
-use super::{ForwardScratch, Model, Weight};
+use super::{ForwardScratch, LayerWeights, Model, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
 use crate::kv::{window_start, KvStore};
 use crate::{Activation, Config, ModelError};
@@ -30,6 +30,15 @@ pub struct ForwardTrace {
     pub layers: Vec<Vec<f32>>,
     /// Output of the final `norm`.
     pub final_norm: Vec<f32>,
+}
+
+/// RMSNorm of every `[hidden]` row of `x` into the same row of `out` (HF's
+/// `input_layernorm`, the norm before the MLP, the final `norm`).
+fn norm_rows_into(x: &[f32], g: &[f32], c: &Config, out: &mut [f32]) {
+    let h = c.hidden_size;
+    for (o, r) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+        rms_norm(r, g, c.norm_weight_offset, c.rms_norm_eps, o);
+    }
 }
 
 /// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
@@ -247,7 +256,8 @@ impl Model {
     }
 
     /// [`Model::forward_in`]'s pass over one batch of already validated tokens, appending
-    /// the logits `want` asks for to `logits`.
+    /// the logits `want` asks for to `logits`: the embedding, then per layer the
+    /// attention block and the MLP block, the final norm and the head.
     #[allow(clippy::too_many_arguments)]
     fn run_batch(
         &self,
@@ -262,43 +272,44 @@ impl Model {
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = ids.len();
-        let (hd, h) = (c.head_dim, c.hidden_size);
-        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
-        let (qd, kvd, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
-        let group = nh / nkv;
-        let th = self.threads;
-        let ForwardScratch {
-            x,
-            xn,
-            q,
-            k,
-            k_raw,
-            v,
-            attn,
-            proj,
-            gate,
-            up,
-            norm,
-            rope: rope_rows,
-            rope_used,
-            scores,
-            products,
-        } = scratch;
-        for (b, len) in [
-            (&mut *x, n * h),
-            (&mut *xn, n * h),
-            (&mut *q, n * qd),
-            (&mut *k, n * kvd),
-            (&mut *v, n * kvd),
-            (&mut *attn, n * qd),
-            (&mut *proj, n * h),
-            (&mut *gate, n * ff),
-            (&mut *up, n * ff),
-        ] {
-            b.clear();
-            b.resize(len, 0.0);
+        scratch.size_for(n, c);
+        self.embed(ids, &mut scratch.x)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.embed = scratch.x.clone();
+            t.layers.clear();
         }
 
+        kv.append_positions(positions);
+        // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
+        // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
+        scratch.rope_used = 0;
+        for (l, w) in self.layers.iter().enumerate() {
+            let rope = self.rope_rows(l, positions, scratch);
+            self.attention_block(l, w, rope, kv, n, scratch)?;
+            self.mlp_block(w, n, scratch)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.layers.push(scratch.x.clone());
+            }
+        }
+
+        if want == LogitsWanted::None && trace.is_none() {
+            return Ok(());
+        }
+        let ForwardScratch {
+            x, xn, products, ..
+        } = scratch;
+        norm_rows_into(x, &self.norm, c, xn);
+        if let Some(t) = trace {
+            t.final_norm = xn.clone();
+        }
+        self.head_into(xn, want, head_rows, logits, products)
+    }
+
+    /// `embed_tokens`' rows of `ids` into `x` (`[n, hidden]`), each times the family's
+    /// embedding scale if it has one (Gemma's `sqrt(hidden)`).
+    fn embed(&self, ids: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
+        let c = &self.config;
+        let h = c.hidden_size;
         for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
             match &self.embed_tokens {
                 Weight::Quant(e) => e.dequantize_row(id as usize, row)?,
@@ -311,169 +322,251 @@ impl Model {
                 row.iter_mut().for_each(|v| *v *= s);
             }
         }
-        if let Some(t) = trace.as_deref_mut() {
-            t.embed = x.clone();
-            t.layers.clear();
-        }
+        Ok(())
+    }
 
-        kv.append_positions(positions);
-        let half = hd / 2;
-        // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
-        // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
-        *rope_used = 0;
-        let scale = c.attention_scale;
+    /// The index in `scratch`'s RoPE rows of layer `l`'s cos and sin rows for the
+    /// tokens at `positions` (`[n, head_dim / 2]` each): those of an earlier layer of
+    /// this pass with an equal table, else computed into the next kept buffer.
+    fn rope_rows(&self, l: usize, positions: &[u32], scratch: &mut ForwardScratch) -> usize {
+        let ForwardScratch {
+            rope: rope_rows,
+            rope_used,
+            ..
+        } = scratch;
+        let n = positions.len();
+        let half = self.config.head_dim / 2;
+        match rope_rows[..*rope_used]
+            .iter()
+            .position(|r| self.rope[r.0] == self.rope[l])
+        {
+            Some(i) => i,
+            None => {
+                if rope_rows.len() == *rope_used {
+                    rope_rows.push((l, Vec::new(), Vec::new()));
+                }
+                let (first, cos, sin) = &mut rope_rows[*rope_used];
+                *first = l;
+                cos.resize(n * half, 0.0);
+                sin.resize(n * half, 0.0);
+                for (t, &p) in positions.iter().enumerate() {
+                    self.rope[l].cos_sin(
+                        p,
+                        &mut cos[t * half..(t + 1) * half],
+                        &mut sin[t * half..(t + 1) * half],
+                    );
+                }
+                *rope_used += 1;
+                *rope_used - 1
+            }
+        }
+    }
 
-        for (l, w) in self.layers.iter().enumerate() {
-            let slot = match rope_rows[..*rope_used]
-                .iter()
-                .position(|r| self.rope[r.0] == self.rope[l])
-            {
-                Some(i) => i,
-                None => {
-                    if rope_rows.len() == *rope_used {
-                        rope_rows.push((l, Vec::new(), Vec::new()));
-                    }
-                    let (first, cos, sin) = &mut rope_rows[*rope_used];
-                    *first = l;
-                    cos.resize(n * half, 0.0);
-                    sin.resize(n * half, 0.0);
-                    for (t, &p) in positions.iter().enumerate() {
-                        self.rope[l].cos_sin(
-                            p,
-                            &mut cos[t * half..(t + 1) * half],
-                            &mut sin[t * half..(t + 1) * half],
-                        );
-                    }
-                    *rope_used += 1;
-                    *rope_used - 1
-                }
-            };
-            let (_, cos, sin) = &rope_rows[slot];
-            // Self-attention.
-            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                rms_norm(r, &w.input_norm, c.norm_weight_offset, c.rms_norm_eps, o);
-            }
-            // q, k and v read one input: it is quantized once for the three.
-            let mut xq = SharedActs::new(xn, h, n, th, products);
-            linear_group(
-                &mut [
-                    (&w.q_proj, qd, &mut q[..]),
-                    (&w.k_proj, kvd, &mut k[..]),
-                    (&w.v_proj, kvd, &mut v[..]),
-                ],
-                &mut xq,
-                th,
-            )?;
-            if let Some((bq, bk, bv)) = &w.qkv_bias {
-                for (rows, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
-                    for row in rows.chunks_exact_mut(b.len()) {
-                        add_assign(row, b);
-                    }
-                }
-            }
-            if let Some((nq, nk)) = &w.qk_norm {
-                norm.resize(hd, 0.0);
-                for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
-                    for head in rows.chunks_exact_mut(hd) {
-                        rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
-                        head.copy_from_slice(norm);
-                    }
-                }
-            }
-            k_raw.clear();
-            k_raw.extend_from_slice(k);
-            for t in 0..n {
-                let (cs, sn) = (
-                    &cos[t * half..(t + 1) * half],
-                    &sin[t * half..(t + 1) * half],
-                );
-                for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
-                    rope_rotate_half(head, cs, sn);
-                }
-                for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
-                    rope_rotate_half(head, cs, sn);
-                }
-            }
-            kv.append_layer(l, k_raw, k, v);
-            let keys = kv.keys(l);
-            let vals = kv.values(l);
-            let pos = kv.positions();
-            let m = pos.len();
-            let window = c.sliding_window[l];
-            let shape = AttentionShape {
-                heads: nh,
-                group,
-                head_dim: hd,
-                kv_dim: kvd,
-                scale,
-            };
-            if n == 1 {
-                let first = window_start(pos, m - 1, window);
-                decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
-            } else {
-                prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
-            }
-            linear(&w.o_proj, h, qd, attn, n, proj, th, products)?;
-            if let Some(g) = &w.attn_out_norm {
-                norm_rows(proj, g, c, h, norm);
-            }
-            add_assign(x, proj);
-            // MLP (SwiGLU or GeGLU).
-            for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-                rms_norm(r, &w.mlp_norm, c.norm_weight_offset, c.rms_norm_eps, o);
-            }
-            // gate and up read one input: it is quantized once for the two.
-            let mut xq = SharedActs::new(xn, h, n, th, products);
-            linear_group(
-                &mut [
-                    (&w.gate_proj, ff, &mut gate[..]),
-                    (&w.up_proj, ff, &mut up[..]),
-                ],
-                &mut xq,
-                th,
-            )?;
-            gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
-            linear(&w.down_proj, h, ff, gate, n, proj, th, products)?;
-            if let Some(g) = &w.mlp_out_norm {
-                norm_rows(proj, g, c, h, norm);
-            }
-            add_assign(x, proj);
-            if let Some(t) = trace.as_deref_mut() {
-                t.layers.push(x.clone());
-            }
-        }
-
-        if want == LogitsWanted::None && trace.is_none() {
-            return Ok(());
-        }
-        for (o, r) in xn.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-            rms_norm(r, &self.norm, c.norm_weight_offset, c.rms_norm_eps, o);
-        }
-        if let Some(t) = trace {
-            t.final_norm = xn.clone();
-        }
-        let rows: &[f32] = match want {
-            LogitsWanted::None => return Ok(()),
-            LogitsWanted::Last => &xn[(n - 1) * h..],
-            LogitsWanted::All => xn,
-        };
-        let nr = rows.len() / h;
-        if let (Some(sel), 1) = (head_rows, nr) {
-            let from = logits.len();
-            logits.resize(from + c.vocab_size, 0.0);
-            return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
-        }
-        let from = logits.len();
-        logits.resize(from + nr * c.vocab_size, 0.0);
-        linear(
-            self.head(),
-            c.vocab_size,
-            h,
-            rows,
-            nr,
-            &mut logits[from..],
-            th,
+    /// Layer `l`'s self-attention block over the residual stream `scratch.x`
+    /// (`[n, hidden]`), HF's `input_layernorm` → `self_attn` → (Gemma's
+    /// `post_attention_layernorm`) → residual add: the q/k/v products
+    /// ([`Model::qkv`]), RoPE with the rows at `rope` in `scratch` (K kept unrotated
+    /// too), the K/V rows appended to `kv`, attention ([`Model::attention`]), `o_proj`.
+    fn attention_block(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        rope: usize,
+        kv: &mut dyn KvStore,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (h, qd) = (c.hidden_size, c.q_dim());
+        let th = self.threads;
+        norm_rows_into(&scratch.x, &w.input_norm, c, &mut scratch.xn);
+        self.qkv(w, n, scratch)?;
+        self.rope_qk(rope, n, scratch);
+        let ForwardScratch {
+            x,
+            q,
+            k,
+            k_raw,
+            v,
+            attn,
+            proj,
+            norm,
+            scores,
             products,
-        )
+            ..
+        } = scratch;
+        kv.append_layer(l, k_raw, k, v);
+        self.attention(l, &*kv, n, q, scores, attn);
+        linear(&w.o_proj, h, qd, attn, n, proj, th, products)?;
+        if let Some(g) = &w.attn_out_norm {
+            norm_rows(proj, g, c, h, norm);
+        }
+        add_assign(x, proj);
+        Ok(())
+    }
+
+    /// q, k and v (`[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`) of the normed input
+    /// `scratch.xn`: the three products of one input (quantized once for the three),
+    /// then Qwen2's biases and the per-head QK-norm (Qwen3, Gemma 3) where the family
+    /// has them.
+    fn qkv(
+        &self,
+        w: &LayerWeights,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (hd, h) = (c.head_dim, c.hidden_size);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let th = self.threads;
+        let ForwardScratch {
+            xn,
+            q,
+            k,
+            v,
+            norm,
+            products,
+            ..
+        } = scratch;
+        // q, k and v read one input: it is quantized once for the three.
+        let mut xq = SharedActs::new(xn, h, n, th, products);
+        linear_group(
+            &mut [
+                (&w.q_proj, qd, &mut q[..]),
+                (&w.k_proj, kvd, &mut k[..]),
+                (&w.v_proj, kvd, &mut v[..]),
+            ],
+            &mut xq,
+            th,
+        )?;
+        if let Some((bq, bk, bv)) = &w.qkv_bias {
+            for (rows, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                for row in rows.chunks_exact_mut(b.len()) {
+                    add_assign(row, b);
+                }
+            }
+        }
+        if let Some((nq, nk)) = &w.qk_norm {
+            norm.resize(hd, 0.0);
+            for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
+                for head in rows.chunks_exact_mut(hd) {
+                    rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
+                    head.copy_from_slice(norm);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// RoPE (rotate-half) of every head of `scratch.q` and `scratch.k` with the cos and
+    /// sin rows at `rope` in `scratch`, after the unrotated k is kept in `scratch.k_raw`
+    /// (the cache stores both).
+    fn rope_qk(&self, rope: usize, n: usize, scratch: &mut ForwardScratch) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let half = hd / 2;
+        let ForwardScratch {
+            q,
+            k,
+            k_raw,
+            rope: rope_rows,
+            ..
+        } = scratch;
+        let (_, cos, sin) = &rope_rows[rope];
+        k_raw.clear();
+        k_raw.extend_from_slice(k);
+        for t in 0..n {
+            let (cs, sn) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rope_rotate_half(head, cs, sn);
+            }
+            for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rope_rotate_half(head, cs, sn);
+            }
+        }
+    }
+
+    /// Attention of the batch's `n` queries `q` (`[n, q_dim]`, RoPE applied) over layer
+    /// `l`'s cache in `kv` (the batch's rows already appended, the layer's sliding window
+    /// applied) into `attn` (`[n, q_dim]`): a decode step's by GQA group
+    /// ([`decode_attention`], `scores` its scratch), a prefill's by token block and
+    /// query head ([`prefill_attention`]), the same bits either way.
+    fn attention(
+        &self,
+        l: usize,
+        kv: &dyn KvStore,
+        n: usize,
+        q: &[f32],
+        scores: &mut Vec<f32>,
+        attn: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let th = self.threads;
+        let keys = kv.keys(l);
+        let vals = kv.values(l);
+        let pos = kv.positions();
+        let m = pos.len();
+        let window = c.sliding_window[l];
+        let shape = AttentionShape {
+            heads: nh,
+            group: nh / nkv,
+            head_dim: c.head_dim,
+            kv_dim: c.kv_dim(),
+            scale: c.attention_scale,
+        };
+        if n == 1 {
+            let first = window_start(pos, m - 1, window);
+            decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
+        } else {
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
+        }
+    }
+
+    /// The MLP block over the residual stream `scratch.x` (`[n, hidden]`), HF's
+    /// `post_attention_layernorm` (Gemma's `pre_feedforward_layernorm`) → gated MLP
+    /// `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU) → (Gemma's
+    /// `post_feedforward_layernorm`) → residual add.
+    fn mlp_block(
+        &self,
+        w: &LayerWeights,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let th = self.threads;
+        let ForwardScratch {
+            x,
+            xn,
+            proj,
+            gate,
+            up,
+            norm,
+            products,
+            ..
+        } = scratch;
+        norm_rows_into(x, &w.mlp_norm, c, xn);
+        // gate and up read one input: it is quantized once for the two.
+        let mut xq = SharedActs::new(xn, h, n, th, products);
+        linear_group(
+            &mut [
+                (&w.gate_proj, ff, &mut gate[..]),
+                (&w.up_proj, ff, &mut up[..]),
+            ],
+            &mut xq,
+            th,
+        )?;
+        gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
+        linear(&w.down_proj, h, ff, gate, n, proj, th, products)?;
+        if let Some(g) = &w.mlp_out_norm {
+            norm_rows(proj, g, c, h, norm);
+        }
+        add_assign(x, proj);
+        Ok(())
     }
 }

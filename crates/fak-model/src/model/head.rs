@@ -3,7 +3,7 @@
 
 use super::linear::{linear, mapped_f32_as};
 use super::scratch::{ProductScratch, SharedActs};
-use super::{Model, Weight};
+use super::{LogitsWanted, Model, Weight};
 use crate::ModelError;
 use fak_tensor::quant::vec_dot;
 use fak_tensor::{dot, Threads};
@@ -26,6 +26,47 @@ impl Model {
     /// embedding.
     pub(super) fn head(&self) -> &Weight {
         self.lm_head.as_ref().unwrap_or(&self.embed_tokens)
+    }
+
+    /// The logits `want` asks for of a batch's rows after the final norm, `xn`
+    /// (`[n, hidden]`), appended to `logits` (`[rows, vocab]`): over the full head, or
+    /// for one row with `head_rows`, over those rows of it only
+    /// ([`Model::forward_rows_into`]).
+    pub(super) fn head_into(
+        &self,
+        xn: &[f32],
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        logits: &mut Vec<f32>,
+        products: &mut ProductScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let n = xn.len() / h;
+        let th = self.threads;
+        let rows: &[f32] = match want {
+            LogitsWanted::None => return Ok(()),
+            LogitsWanted::Last => &xn[(n - 1) * h..],
+            LogitsWanted::All => xn,
+        };
+        let nr = rows.len() / h;
+        if let (Some(sel), 1) = (head_rows, nr) {
+            let from = logits.len();
+            logits.resize(from + c.vocab_size, 0.0);
+            return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
+        }
+        let from = logits.len();
+        logits.resize(from + nr * c.vocab_size, 0.0);
+        linear(
+            self.head(),
+            c.vocab_size,
+            h,
+            rows,
+            nr,
+            &mut logits[from..],
+            th,
+            products,
+        )
     }
 
     /// Applies the logits head to rows that already went through the final norm:
@@ -99,7 +140,7 @@ impl Model {
     /// (`matvec_threads`' rows are that single-row order, any grouping or thread
     /// count). Runs on the calling thread; `sel` holds ids below the vocabulary size
     /// (checked by the callers).
-    pub(super) fn head_rows_into(
+    fn head_rows_into(
         &self,
         x: &[f32],
         sel: &[u32],

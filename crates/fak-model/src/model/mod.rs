@@ -10,7 +10,11 @@
 //! - `weights`: [`WeightMode`], [`Weight`] (one matrix: `f32`, F32 in the memory map, or
 //!   a quantized block format) and the weights of a decoder block ([`LayerWeights`]).
 //! - `loader`: [`Model::from_source_with`] and the other constructors.
-//! - `forward`: [`Model::forward`] and the pass over one batch of tokens.
+//! - `forward`: [`Model::forward`] and the pass over one batch of tokens as named
+//!   steps: `embed`, then per layer `attention_block` (norm, `qkv`, `rope_qk`, the KV
+//!   append, `attention`: decode or prefill, from `crate::attention`; `o_proj`,
+//!   residual) and `mlp_block` (norm, gate/up, activation, down, residual), the final
+//!   norm and the head.
 //! - `head`: the logits head, over every row or over a subset of its rows.
 //! - `linear`: the matrix products (`f32`, mapped F32 or quantized weights).
 //! - `scratch`: [`ForwardScratch`] and the products' buffers.

@@ -1,6 +1,7 @@
 //! The buffers of a forward pass, kept between passes: [`ForwardScratch`], and the
 //! matrix products' quantized inputs and file-order outputs.
 
+use crate::Config;
 use fak_tensor::pool::Disjoint;
 use fak_tensor::quant::{quantize_activation_into, ActKind, QType, QuantError, QuantizedActs};
 use fak_tensor::{parallel_chunks, Threads};
@@ -174,6 +175,28 @@ impl ForwardScratch {
     /// An empty scratch (nothing allocated until a pass uses it).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sizes the activation buffers for a batch of `n` tokens of a model with config
+    /// `c`, zeroed: `x`, `xn`, `proj` `[n, hidden]`; `q`, `attn` `[n, q_dim]`; `k`, `v`
+    /// `[n, kv_dim]`; `gate`, `up` `[n, intermediate]`.
+    pub(super) fn size_for(&mut self, n: usize, c: &Config) {
+        let h = c.hidden_size;
+        let (qd, kvd, ff) = (c.q_dim(), c.kv_dim(), c.intermediate_size);
+        for (b, len) in [
+            (&mut self.x, n * h),
+            (&mut self.xn, n * h),
+            (&mut self.q, n * qd),
+            (&mut self.k, n * kvd),
+            (&mut self.v, n * kvd),
+            (&mut self.attn, n * qd),
+            (&mut self.proj, n * h),
+            (&mut self.gate, n * ff),
+            (&mut self.up, n * ff),
+        ] {
+            b.clear();
+            b.resize(len, 0.0);
+        }
     }
 
     /// Bytes held by the buffers (their capacity; the quantized inputs by length).
