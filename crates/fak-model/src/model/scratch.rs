@@ -134,11 +134,11 @@ impl<'a> SharedActs<'a> {
 }
 
 /// The buffers a forward pass works in, kept by the caller between passes
-/// ([`Model::forward_into`]; a session keeps one per conversation), so that a decode
-/// step allocates nothing once they have grown: the residual stream, the
-/// normed input, q/k/v and the unrotated k, the attention output and scores, the MLP's
-/// gate and up, the RoPE rows, each product's quantized input and its outputs in the
-/// file's row order.
+/// ([`Model::forward_into`](super::Model::forward_into); a session keeps one per
+/// conversation), so that a decode step allocates nothing once they have grown: the
+/// residual stream, the normed input, q/k/v and the unrotated k, the attention output
+/// and scores, the MLP's gate and up, the RoPE rows, each product's quantized input and
+/// its outputs in the file's row order.
 ///
 /// After a pass of more than one token (a prefill) the buffers are released, so a
 /// conversation does not keep a long prompt's activations (tens of MB for a few
