@@ -251,7 +251,10 @@ fn clone_is_byte_exact_and_independent() {
 #[test]
 fn nan_logits_are_an_error_and_roll_back() {
     let mut m = tiny("llama-tied");
-    m.layer_weights_mut()[1].down_proj[0] = f32::NAN;
+    m.layer_weights_mut()[1]
+        .down_proj
+        .as_f32_mut()
+        .expect("exact weights")[0] = f32::NAN;
     let mut s = Session::new(Arc::new(m));
     assert!(matches!(
         s.prefill(&[1, 2, 3]),

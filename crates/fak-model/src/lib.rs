@@ -11,11 +11,16 @@
 //!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
 //!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
 //!   (F32, read in place).
-//! - [`Model`]: the weights and [`Model::forward`] over a [`KvStore`];
+//! - [`Model`] (`model/`): the weights and [`Model::forward`] over a [`KvStore`];
 //!   [`Model::forward_into`] works in a caller's [`ForwardScratch`] and logits buffer,
-//!   so a decode step allocates nothing.
-//! - `attention` (private): a decode step's attention by GQA group, bit-identical to
-//!   the per-head path a prefill takes.
+//!   so a decode step allocates nothing. Each matrix is one [`Weight`] (`f32`, F32 in
+//!   the memory map, or quantized blocks; `model/weights.rs`); the loader is
+//!   `model/loader.rs`; the forward pass, as named steps (embedding, per layer the
+//!   attention block and the MLP block, final norm, head), is `model/forward.rs`, the
+//!   head `model/head.rs`, the matrix products `model/linear.rs`.
+//! - `attention` (private): the attention of new tokens over a layer's cache, by phase:
+//!   `attention/decode.rs` (one token, by GQA group) and `attention/prefill.rs`
+//!   (several, by block of tokens and query head), bit-identical to each other.
 //! - [`generate_greedy`]: prefill + decode with a plain [`VecKvCache`].
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
@@ -36,7 +41,7 @@ pub use error::ModelError;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{
-    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, WeightMode,
+    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Weight, WeightMode,
     HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
 };
 pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};

@@ -5,7 +5,7 @@
 
 mod common;
 use common::*;
-use fak_model::Model;
+use fak_model::{Model, Weight};
 
 fn prove_tiny(name: &str) {
     let dir = testdata().join("tiny").join(name);
@@ -88,7 +88,10 @@ fn permuted_qk_rows_fail_r1() {
     let (src, cfg) = WeightSource::open(&testdata().join("tiny/llama-untied")).unwrap();
     let mut model = Model::from_source(&src, cfg.clone()).unwrap();
     let w = &mut model.layer_weights_mut()[0].q_proj;
-    *w = fak_weights::permute_qk_rows(w, cfg.num_attention_heads, cfg.hidden_size).unwrap();
+    let q = w.as_f32().expect("exact weights");
+    *w = Weight::Dense(
+        fak_weights::permute_qk_rows(q, cfg.num_attention_heads, cfg.hidden_size).unwrap(),
+    );
     let oracle = load_oracle(oracle_files("tiny-llama-untied").remove(0));
     let f = measure(&model, &oracle).unwrap();
     assert!(
@@ -134,10 +137,10 @@ fn interleaved_rope_pairing_fails_r1() {
     let mut model = Model::load(&testdata().join("tiny/qwen2")).unwrap();
     let c = model.config().clone();
     for w in model.layer_weights_mut() {
-        w.q_proj =
-            fak_weights::permute_qk_rows(&w.q_proj, c.num_attention_heads, c.hidden_size).unwrap();
-        w.k_proj =
-            fak_weights::permute_qk_rows(&w.k_proj, c.num_key_value_heads, c.hidden_size).unwrap();
+        let (q, k) = (w.q_proj.as_f32().unwrap(), w.k_proj.as_f32().unwrap());
+        let q = fak_weights::permute_qk_rows(q, c.num_attention_heads, c.hidden_size).unwrap();
+        let k = fak_weights::permute_qk_rows(k, c.num_key_value_heads, c.hidden_size).unwrap();
+        (w.q_proj, w.k_proj) = (Weight::Dense(q), Weight::Dense(k));
         if let Some((bq, bk, _)) = &mut w.qkv_bias {
             *bq = fak_weights::permute_qk_rows(bq, c.num_attention_heads, 1).unwrap();
             *bk = fak_weights::permute_qk_rows(bk, c.num_key_value_heads, 1).unwrap();

@@ -22,6 +22,7 @@
 //! changes. So the result is bit-identical to the
 //! per-head path a prefill takes, for any thread count (decode == prefill).
 
+use super::AttentionShape;
 use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
 use fak_tensor::pool::Disjoint;
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
@@ -32,21 +33,6 @@ use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 /// once rather than once per KV head. It pays once a layer's K and V outgrow the core's
 /// L2 (long contexts); 8-key blocks were slower than one whole pass per KV head.
 const KEY_BLOCK: usize = 128;
-
-/// The shapes of one layer's decode attention.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct DecodeShape {
-    /// Query heads.
-    pub heads: usize,
-    /// Query heads per KV head (GQA group size, `heads / kv_heads`).
-    pub group: usize,
-    /// Elements per head.
-    pub head_dim: usize,
-    /// Elements of one cache entry (`kv_heads × head_dim`): the stride of the K and V rows.
-    pub kv_dim: usize,
-    /// Multiplier of every score (HF's `scaling`).
-    pub scale: f32,
-}
 
 /// Attention of one token over cache entries `first..entries` of one layer:
 /// `out[h] = Σ_j softmax_j(scale · q_h · k_j) · v_j` for every query head `h`, `j` over
@@ -63,7 +49,7 @@ pub(crate) struct DecodeShape {
 /// error, not bad input).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn decode_attention(
-    s: DecodeShape,
+    s: AttentionShape,
     q: &[f32],
     keys: &[f32],
     values: &[f32],
@@ -261,7 +247,7 @@ mod tests {
     use fak_tensor::{dot, weighted_rows_sum};
 
     /// One query head at a time with the single-head kernels.
-    fn per_head(s: DecodeShape, q: &[f32], k: &[f32], v: &[f32], first: usize) -> Vec<f32> {
+    fn per_head(s: AttentionShape, q: &[f32], k: &[f32], v: &[f32], first: usize) -> Vec<f32> {
         let (hd, kvd) = (s.head_dim, s.kv_dim);
         let entries = k.len() / kvd;
         let mut out = vec![0f32; s.heads * hd];
@@ -298,7 +284,7 @@ mod tests {
             (6, 6, 8),
         ] {
             let kvd = kv_heads * hd;
-            let s = DecodeShape {
+            let s = AttentionShape {
                 heads,
                 group: heads / kv_heads,
                 head_dim: hd,

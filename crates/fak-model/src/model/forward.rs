@@ -1,0 +1,572 @@
+//! The forward pass: [`Model::forward`] and its variants, checking the input and
+//! running it through the layers in batches of at most [`Model::prefill_chunk`] tokens.
+
+use super::linear::{linear, linear_group};
+use super::scratch::SharedActs;
+use super::{ForwardScratch, LayerWeights, Model, Weight};
+use crate::attention::{decode_attention, prefill_attention, AttentionShape};
+use crate::kv::{window_start, KvStore};
+use crate::{Activation, Config, ModelError};
+use fak_tensor::{add_assign, parallel_chunks, rms_norm, rope_rotate_half, Threads};
+
+/// Which rows of logits a forward pass returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitsWanted {
+    /// None (a prefill whose output is not needed).
+    None,
+    /// The last new token's row only, `[1, vocab]`.
+    Last,
+    /// Every new token's row, `[n_new, vocab]`.
+    All,
+}
+
+/// Intermediate activations of one forward pass, for proofs against HF's hooks.
+/// Every buffer is `[n_new, hidden]`, row-major.
+#[derive(Clone, Debug, Default)]
+pub struct ForwardTrace {
+    /// Output of `embed_tokens` (times the embedding scale, if the family has one).
+    pub embed: Vec<f32>,
+    /// Residual stream after each decoder layer, `[num_layers][n_new * hidden]`.
+    pub layers: Vec<Vec<f32>>,
+    /// Output of the final `norm`.
+    pub final_norm: Vec<f32>,
+}
+
+/// RMSNorm of every `[hidden]` row of `x` into the same row of `out` (HF's
+/// `input_layernorm`, the norm before the MLP, the final `norm`).
+fn norm_rows_into(x: &[f32], g: &[f32], c: &Config, out: &mut [f32]) {
+    let h = c.hidden_size;
+    for (o, r) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+        rms_norm(r, g, c.norm_weight_offset, c.rms_norm_eps, o);
+    }
+}
+
+/// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
+fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize, tmp: &mut Vec<f32>) {
+    tmp.resize(h, 0.0);
+    for row in rows.chunks_exact_mut(h) {
+        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, tmp);
+        row.copy_from_slice(tmp);
+    }
+}
+
+/// `gate[i] = act(gate[i]) · up[i]` (SwiGLU's `silu`, GeGLU's tanh GELU) over `[n, ff]`
+/// rows. A many-token input is split by token rows between the threads; each element
+/// is the same scalar function whichever thread computes it, so the bits do not depend
+/// on the thread count. (Serial, this was ~6% of a 2-thread prefill.)
+fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
+    let apply = |g: &mut [f32], u: &[f32]| match act {
+        Activation::Silu => fak_tensor::exp::silu_mul_in_place(g, u),
+        Activation::GeluTanh => fak_tensor::tanh::gelu_tanh_mul_in_place(g, u),
+    };
+    let n = gate.len() / ff.max(1);
+    // Tokens per chunk: a few chunks per thread, so a late thread holds up little.
+    const MIN_TOKENS: usize = 8;
+    if n < 2 * MIN_TOKENS || th.get() <= 1 {
+        apply(gate, up);
+        return;
+    }
+    let per = n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS) * ff;
+    let parts: Vec<std::sync::Mutex<&mut [f32]>> =
+        gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
+    parallel_chunks(parts.len(), th, &|i| {
+        let mut g = parts[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let u = &up[i * per..i * per + g.len()];
+        apply(&mut g, u);
+    });
+}
+
+impl Model {
+    /// [`Model::forward_into`] of a decode step whose output head computes only the
+    /// rows `rows` of the last token's logits: `logits` becomes `[vocab]` with each row
+    /// in `rows` the same bits as [`Model::forward_into`] with [`LogitsWanted::Last`]
+    /// gives (one dot product per row with the full head's kernel) and every other row
+    /// `-inf`, as a constrained-decoding mask would leave it (see fak-kv's `grammar`).
+    /// Everything before the head, and so the K/V rows appended to `kv`, is the same
+    /// pass. A step whose mask allows few tokens (a grammar's reachable rows) saves most
+    /// of the head's product; [`Model::head_rows_pay`] says when it is faster.
+    ///
+    /// # Errors
+    /// As [`Model::forward_into`], and [`ModelError::InvalidInput`] for a row not below
+    /// the vocabulary size (found before anything changes).
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_rows_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        rows: &[u32],
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let want = LogitsWanted::Last;
+        let r = self.forward_in(ids, positions, kv, want, Some(rows), None, scratch, logits);
+        if ids.len() > 1 {
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
+    /// Runs the new tokens `ids` at absolute positions `positions` through the model,
+    /// attending to everything already in `kv` and appending the new K/V rows to it.
+    ///
+    /// Returns logits as chosen by `want`: `[rows, vocab]` row-major (`rows` = 0, 1 or
+    /// `ids.len()`). Fills `trace` when given. More tokens than
+    /// [`Model::prefill_chunk`] run as consecutive batches of that many (one batch when
+    /// `trace` is given), the bits of one batch; the whole input is checked before any
+    /// batch runs.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
+    /// that do not strictly increase past the cache's last position;
+    /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when a position
+    /// would reach the context length or the entries would exceed the cache's capacity.
+    /// These are found before anything changes, so `kv` is then unchanged. A product's
+    /// own [`ModelError::Unsupported`] (shapes and types are checked at load, so no input
+    /// reaches one) could leave part of the pass appended; `fak_kv::Session` rolls its
+    /// cache back on any error.
+    pub fn forward(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        trace: Option<&mut ForwardTrace>,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut logits = Vec::new();
+        let mut scratch = ForwardScratch::new();
+        self.forward_into(ids, positions, kv, want, trace, &mut scratch, &mut logits)?;
+        Ok(logits)
+    }
+
+    /// [`Model::forward`] working in the caller's `scratch` and writing the logits into
+    /// `logits` (resized to `[rows, vocab]`; emptied for [`LogitsWanted::None`]), the same
+    /// bits. With a scratch kept between steps and a `logits` buffer that already holds
+    /// a vocabulary row, a decode step (one token, `trace` `None`) allocates nothing:
+    /// a test counts the heap allocations of such steps and asserts there are none.
+    ///
+    /// # Errors
+    /// As [`Model::forward`] (a refused input leaves `kv` unchanged); on error `logits`
+    /// is unspecified.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_into(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let r = self.forward_in(ids, positions, kv, want, None, trace, scratch, logits);
+        if ids.len() > 1 {
+            // A prefill's buffers are released rather than kept for the conversation.
+            *scratch = ForwardScratch::new();
+        }
+        r
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = ids.len();
+        if n == 0 {
+            return Err(ModelError::InvalidInput("no tokens to run".into()));
+        }
+        if positions.len() != n {
+            return Err(ModelError::InvalidInput(format!(
+                "{} token ids but {} positions",
+                n,
+                positions.len()
+            )));
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= c.vocab_size) {
+            return Err(ModelError::TokenOutOfRange {
+                id,
+                vocab: c.vocab_size,
+            });
+        }
+        if let Some(&r) = head_rows.and_then(|r| r.iter().find(|&&r| r as usize >= c.vocab_size)) {
+            return Err(ModelError::InvalidInput(format!(
+                "logits row {r} is outside the vocabulary of {}",
+                c.vocab_size
+            )));
+        }
+        let mut prev = kv.positions().last().map(|&p| p as i64).unwrap_or(-1);
+        for &p in positions {
+            if p as i64 <= prev {
+                return Err(ModelError::InvalidInput(format!(
+                    "position {p} does not follow position {prev}"
+                )));
+            }
+            prev = p as i64;
+        }
+        // Positions are bounded by the context length, entries by the cache's capacity
+        // (in bounded mode old entries are dropped, so positions may outrun entries).
+        let last_pos = prev as usize + 1;
+        if last_pos > c.max_position_embeddings {
+            return Err(ModelError::ContextOverflow {
+                needed: last_pos,
+                limit: c.max_position_embeddings,
+            });
+        }
+        if kv.len() + n > kv.capacity_tokens() {
+            return Err(ModelError::ContextOverflow {
+                needed: kv.len() + n,
+                limit: kv.capacity_tokens(),
+            });
+        }
+
+        logits.clear();
+        let chunk = self.prefill_chunk;
+        if trace.is_some() || n <= chunk {
+            return self.run_batch(ids, positions, kv, want, head_rows, trace, scratch, logits);
+        }
+        // Validated as a whole above, so no batch is refused part way through.
+        if want == LogitsWanted::All {
+            logits.reserve(n * c.vocab_size);
+        }
+        let mut at = 0;
+        while at < n {
+            let end = (at + chunk).min(n);
+            let part = match want {
+                LogitsWanted::All => LogitsWanted::All,
+                LogitsWanted::Last if end == n => LogitsWanted::Last,
+                _ => LogitsWanted::None,
+            };
+            let (ids, positions) = (&ids[at..end], &positions[at..end]);
+            let rows = head_rows.filter(|_| end == n);
+            self.run_batch(ids, positions, kv, part, rows, None, scratch, logits)?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// [`Model::forward_in`]'s pass over one batch of already validated tokens, appending
+    /// the logits `want` asks for to `logits`: the embedding, then per layer the
+    /// attention block and the MLP block, the final norm and the head.
+    #[allow(clippy::too_many_arguments)]
+    fn run_batch(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &mut dyn KvStore,
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        mut trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let n = ids.len();
+        scratch.size_for(n, c);
+        self.embed(ids, &mut scratch.x)?;
+        if let Some(t) = trace.as_deref_mut() {
+            t.embed = scratch.x.clone();
+            t.layers.clear();
+        }
+
+        kv.append_positions(positions);
+        // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
+        // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
+        scratch.rope_used = 0;
+        for (l, w) in self.layers.iter().enumerate() {
+            let rope = self.rope_rows(l, positions, scratch);
+            self.attention_block(l, w, rope, kv, n, scratch)?;
+            self.mlp_block(w, n, scratch)?;
+            if let Some(t) = trace.as_deref_mut() {
+                t.layers.push(scratch.x.clone());
+            }
+        }
+
+        if want == LogitsWanted::None && trace.is_none() {
+            return Ok(());
+        }
+        let ForwardScratch {
+            x, xn, products, ..
+        } = scratch;
+        norm_rows_into(x, &self.norm, c, xn);
+        if let Some(t) = trace {
+            t.final_norm = xn.clone();
+        }
+        self.head_into(xn, want, head_rows, logits, products)
+    }
+
+    /// `embed_tokens`' rows of `ids` into `x` (`[n, hidden]`), each times the family's
+    /// embedding scale if it has one (Gemma's `sqrt(hidden)`).
+    fn embed(&self, ids: &[u32], x: &mut [f32]) -> Result<(), ModelError> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        for (row, &id) in x.chunks_exact_mut(h).zip(ids) {
+            match &self.embed_tokens {
+                Weight::Quant(e) => e.dequantize_row(id as usize, row)?,
+                Weight::Mapped(e) => e.copy_row(id as usize, row)?,
+                Weight::Dense(embed_tokens) => {
+                    row.copy_from_slice(&embed_tokens[id as usize * h..(id as usize + 1) * h])
+                }
+            }
+            if let Some(s) = c.embedding_scale {
+                row.iter_mut().for_each(|v| *v *= s);
+            }
+        }
+        Ok(())
+    }
+
+    /// The index in `scratch`'s RoPE rows of layer `l`'s cos and sin rows for the
+    /// tokens at `positions` (`[n, head_dim / 2]` each): those of an earlier layer of
+    /// this pass with an equal table, else computed into the next kept buffer.
+    fn rope_rows(&self, l: usize, positions: &[u32], scratch: &mut ForwardScratch) -> usize {
+        let ForwardScratch {
+            rope: rope_rows,
+            rope_used,
+            ..
+        } = scratch;
+        let n = positions.len();
+        let half = self.config.head_dim / 2;
+        match rope_rows[..*rope_used]
+            .iter()
+            .position(|r| self.rope[r.0] == self.rope[l])
+        {
+            Some(i) => i,
+            None => {
+                if rope_rows.len() == *rope_used {
+                    rope_rows.push((l, Vec::new(), Vec::new()));
+                }
+                let (first, cos, sin) = &mut rope_rows[*rope_used];
+                *first = l;
+                cos.resize(n * half, 0.0);
+                sin.resize(n * half, 0.0);
+                for (t, &p) in positions.iter().enumerate() {
+                    self.rope[l].cos_sin(
+                        p,
+                        &mut cos[t * half..(t + 1) * half],
+                        &mut sin[t * half..(t + 1) * half],
+                    );
+                }
+                *rope_used += 1;
+                *rope_used - 1
+            }
+        }
+    }
+
+    /// Layer `l`'s self-attention block over the residual stream `scratch.x`
+    /// (`[n, hidden]`), HF's `input_layernorm` → `self_attn` → (Gemma's
+    /// `post_attention_layernorm`) → residual add: the q/k/v products
+    /// ([`Model::qkv`]), RoPE with the rows at `rope` in `scratch` (K kept unrotated
+    /// too), the K/V rows appended to `kv`, attention ([`Model::attention`]), `o_proj`.
+    fn attention_block(
+        &self,
+        l: usize,
+        w: &LayerWeights,
+        rope: usize,
+        kv: &mut dyn KvStore,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (h, qd) = (c.hidden_size, c.q_dim());
+        let th = self.threads;
+        norm_rows_into(&scratch.x, &w.input_norm, c, &mut scratch.xn);
+        self.qkv(w, n, scratch)?;
+        self.rope_qk(rope, n, scratch);
+        let ForwardScratch {
+            x,
+            q,
+            k,
+            k_raw,
+            v,
+            attn,
+            proj,
+            norm,
+            scores,
+            products,
+            ..
+        } = scratch;
+        kv.append_layer(l, k_raw, k, v);
+        self.attention(l, &*kv, n, q, scores, attn);
+        linear(&w.o_proj, h, qd, attn, n, proj, th, products)?;
+        if let Some(g) = &w.attn_out_norm {
+            norm_rows(proj, g, c, h, norm);
+        }
+        add_assign(x, proj);
+        Ok(())
+    }
+
+    /// q, k and v (`[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`) of the normed input
+    /// `scratch.xn`: the three products of one input (quantized once for the three),
+    /// then Qwen2's biases and the per-head QK-norm (Qwen3, Gemma 3) where the family
+    /// has them.
+    fn qkv(
+        &self,
+        w: &LayerWeights,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (hd, h) = (c.head_dim, c.hidden_size);
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let th = self.threads;
+        let ForwardScratch {
+            xn,
+            q,
+            k,
+            v,
+            norm,
+            products,
+            ..
+        } = scratch;
+        // q, k and v read one input: it is quantized once for the three.
+        let mut xq = SharedActs::new(xn, h, n, th, products);
+        linear_group(
+            &mut [
+                (&w.q_proj, qd, &mut q[..]),
+                (&w.k_proj, kvd, &mut k[..]),
+                (&w.v_proj, kvd, &mut v[..]),
+            ],
+            &mut xq,
+            th,
+        )?;
+        if let Some((bq, bk, bv)) = &w.qkv_bias {
+            for (rows, b) in [(&mut *q, bq), (&mut *k, bk), (&mut *v, bv)] {
+                for row in rows.chunks_exact_mut(b.len()) {
+                    add_assign(row, b);
+                }
+            }
+        }
+        if let Some((nq, nk)) = &w.qk_norm {
+            norm.resize(hd, 0.0);
+            for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
+                for head in rows.chunks_exact_mut(hd) {
+                    rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
+                    head.copy_from_slice(norm);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// RoPE (rotate-half) of every head of `scratch.q` and `scratch.k` with the cos and
+    /// sin rows at `rope` in `scratch`, after the unrotated k is kept in `scratch.k_raw`
+    /// (the cache stores both).
+    fn rope_qk(&self, rope: usize, n: usize, scratch: &mut ForwardScratch) {
+        let c = &self.config;
+        let hd = c.head_dim;
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        let half = hd / 2;
+        let ForwardScratch {
+            q,
+            k,
+            k_raw,
+            rope: rope_rows,
+            ..
+        } = scratch;
+        let (_, cos, sin) = &rope_rows[rope];
+        k_raw.clear();
+        k_raw.extend_from_slice(k);
+        for t in 0..n {
+            let (cs, sn) = (
+                &cos[t * half..(t + 1) * half],
+                &sin[t * half..(t + 1) * half],
+            );
+            for head in q[t * qd..(t + 1) * qd].chunks_exact_mut(hd) {
+                rope_rotate_half(head, cs, sn);
+            }
+            for head in k[t * kvd..(t + 1) * kvd].chunks_exact_mut(hd) {
+                rope_rotate_half(head, cs, sn);
+            }
+        }
+    }
+
+    /// Attention of the batch's `n` queries `q` (`[n, q_dim]`, RoPE applied) over layer
+    /// `l`'s cache in `kv` (the batch's rows already appended, the layer's sliding window
+    /// applied) into `attn` (`[n, q_dim]`): a decode step's by GQA group
+    /// ([`decode_attention`], `scores` its scratch), a prefill's by token block and
+    /// query head ([`prefill_attention`]), the same bits either way.
+    fn attention(
+        &self,
+        l: usize,
+        kv: &dyn KvStore,
+        n: usize,
+        q: &[f32],
+        scores: &mut Vec<f32>,
+        attn: &mut [f32],
+    ) {
+        let c = &self.config;
+        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
+        let th = self.threads;
+        let keys = kv.keys(l);
+        let vals = kv.values(l);
+        let pos = kv.positions();
+        let m = pos.len();
+        let window = c.sliding_window[l];
+        let shape = AttentionShape {
+            heads: nh,
+            group: nh / nkv,
+            head_dim: c.head_dim,
+            kv_dim: c.kv_dim(),
+            scale: c.attention_scale,
+        };
+        if n == 1 {
+            let first = window_start(pos, m - 1, window);
+            decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
+        } else {
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
+        }
+    }
+
+    /// The MLP block over the residual stream `scratch.x` (`[n, hidden]`), HF's
+    /// `post_attention_layernorm` (Gemma's `pre_feedforward_layernorm`) → gated MLP
+    /// `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU) → (Gemma's
+    /// `post_feedforward_layernorm`) → residual add.
+    fn mlp_block(
+        &self,
+        w: &LayerWeights,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (h, ff) = (c.hidden_size, c.intermediate_size);
+        let th = self.threads;
+        let ForwardScratch {
+            x,
+            xn,
+            proj,
+            gate,
+            up,
+            norm,
+            products,
+            ..
+        } = scratch;
+        norm_rows_into(x, &w.mlp_norm, c, xn);
+        // gate and up read one input: it is quantized once for the two.
+        let mut xq = SharedActs::new(xn, h, n, th, products);
+        linear_group(
+            &mut [
+                (&w.gate_proj, ff, &mut gate[..]),
+                (&w.up_proj, ff, &mut up[..]),
+            ],
+            &mut xq,
+            th,
+        )?;
+        gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
+        linear(&w.down_proj, h, ff, gate, n, proj, th, products)?;
+        if let Some(g) = &w.mlp_out_norm {
+            norm_rows(proj, g, c, h, norm);
+        }
+        add_assign(x, proj);
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! The matrix products of the forward pass: `out = x · wᵀ` over `f32` weights, F32
+//! read in place from the memory map, or a quantized block format, one at a time
+//! ([`linear`], [`linear_shared`]) or several of one input ([`linear_group`]).
+
+use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
+use super::weights::Weight;
+use crate::source::MappedF32;
+use crate::ModelError;
+use fak_tensor::quant::{matmul_threads, matvec_many, matvec_threads, Matvec};
+use fak_tensor::{matmul, matmul_group, Linear, Threads};
+
+/// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
+/// computed in the file's row order, put back in HF's (a permutation, so exact).
+fn rows_in_hf_order(out: &mut [f32], file_order: &[f32], order: &[u32], rows: usize) {
+    for (ot, ft) in out
+        .chunks_exact_mut(rows)
+        .zip(file_order.chunks_exact(rows))
+    {
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = ft[src as usize];
+        }
+    }
+}
+
+/// [`rows_in_hf_order`] in place: `out` holds every token's `rows` outputs in the
+/// file's row order and is left in HF's, one token's row copied aside at a time into
+/// `file_row` (scratch, resized to `rows`).
+fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize, file_row: &mut Vec<f32>) {
+    file_row.resize(rows, 0.0);
+    for ot in out.chunks_exact_mut(rows) {
+        file_row.copy_from_slice(ot);
+        for (o, &src) in ot.iter_mut().zip(order) {
+            *o = file_row[src as usize];
+        }
+    }
+}
+
+/// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
+/// product over [`Weight::Quant`], else the exact `f32` [`matmul`] over the values of
+/// [`Weight::Dense`] or [`Weight::Mapped`]. `scratch` holds the quantized input.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear(
+    w: &Weight,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    th: Threads,
+    scratch: &mut ProductScratch,
+) -> Result<(), ModelError> {
+    let mut x = SharedActs::new(x, cols, n, th, scratch);
+    linear_shared(w, rows, &mut x, out, th)
+}
+
+/// The values of a mapped F32 matrix used as `[rows, cols]`, or an error when its
+/// shape is another.
+pub(super) fn mapped_f32_as(m: &MappedF32, rows: usize, cols: usize) -> Result<&[f32], ModelError> {
+    let w = m.as_f32();
+    if m.rows != rows || m.cols != cols || w.len() != rows * cols {
+        return Err(ModelError::Unsupported(format!(
+            "a mapped [{}, {}] f32 matrix ({} values) used as [{rows}, {cols}]",
+            m.rows,
+            m.cols,
+            w.len()
+        )));
+    }
+    Ok(w)
+}
+
+/// [`linear`] reading its input from `x`, whose quantized rows other products of the
+/// same input reuse.
+fn linear_shared(
+    w: &Weight,
+    rows: usize,
+    x: &mut SharedActs<'_>,
+    out: &mut [f32],
+    th: Threads,
+) -> Result<(), ModelError> {
+    let (cols, n) = (x.cols, x.n);
+    let q = match w {
+        Weight::Dense(w) => {
+            matmul(w, rows, cols, x.x, n, out, th);
+            return Ok(());
+        }
+        Weight::Mapped(m) => {
+            // The same kernel on the same values as the copied form: the same bits.
+            let w = mapped_f32_as(m, rows, cols)?;
+            matmul(w, rows, cols, x.x, n, out, th);
+            if let Some(order) = &m.row_order {
+                let tmp = x.scratch.file_order(0, rows);
+                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows, tmp);
+            }
+            return Ok(());
+        }
+        Weight::Quant(q) => q,
+    };
+    let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
+    let out = &mut out[..n * rows];
+    let Some(order) = &q.row_order else {
+        let acts = x.for_type(q.ty).map_err(qerr)?;
+        if n == 1 {
+            return matvec_threads(q.ty, q.bytes(), &acts[0], out, th).map_err(qerr);
+        }
+        return matmul_threads(q.ty, q.bytes(), acts, out, th).map_err(qerr);
+    };
+    // Rows in the file's order, then each token's outputs put back in HF's order.
+    x.for_type(q.ty).map_err(qerr)?;
+    let ProductScratch {
+        made,
+        fresh,
+        file_order,
+    } = &mut *x.scratch;
+    let acts = acts_of(&made[..*fresh], q.ty.act_kind())
+        .ok_or_else(|| ModelError::Unsupported("activation not quantized".into()))?;
+    let file_order = kept_buffer(file_order, 0, n * rows);
+    if n == 1 {
+        matvec_threads(q.ty, q.bytes(), &acts[0], file_order, th).map_err(qerr)?;
+    } else {
+        matmul_threads(q.ty, q.bytes(), acts, file_order, th).map_err(qerr)?;
+    }
+    rows_in_hf_order(out, file_order, order, rows);
+    Ok(())
+}
+
+/// One product of a [`linear_group`]: the weight, output rows, output.
+type GroupItem<'a> = (&'a Weight, usize, &'a mut [f32]);
+
+/// Several products of one input: q, k and v, or gate and up. A one-token input with
+/// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
+/// instead of one per product. An input with every matrix `f32` (exact mode, or an F32
+/// file read in place) runs as one [`matmul_group`], which makes it one hand-off for
+/// many tokens, and for one token where its products would be shared from both ends by
+/// two threads (not on AMD), else one per product. Anything else runs
+/// [`linear_shared`] per product. Either way each output is the same bits.
+pub(super) fn linear_group<const N: usize>(
+    items: &mut [GroupItem<'_>; N],
+    x: &mut SharedActs<'_>,
+    th: Threads,
+) -> Result<(), ModelError> {
+    let all_native = items.iter().all(|(w, _, _)| w.quant().is_some());
+    let all_f32 = items.iter().all(|(w, _, _)| w.quant().is_none());
+    if all_f32 {
+        // f32 weights (exact mode, or an F32 file read in place): one hand-off for the
+        // group ([`matmul_group`]), each thread claiming chunks of tokens, or of rows
+        // for one token.
+        let (cols, n) = (x.cols, x.n);
+        // The weights of each product, checked first; then the products in an array, so
+        // that a decode step allocates nothing.
+        let mut ws: [&[f32]; N] = [&[]; N];
+        for ((w, rows, _), slot) in items.iter().zip(ws.iter_mut()) {
+            *slot = match *w {
+                Weight::Mapped(m) => mapped_f32_as(m, *rows, cols)?,
+                Weight::Dense(w) => w,
+                Weight::Quant(_) => unreachable!("no matrix of an all-f32 group is quantized"),
+            };
+        }
+        let mut it = items.iter_mut().zip(ws);
+        let mut products: [Linear<'_>; N] = std::array::from_fn(|_| {
+            let ((_, rows, out), w) = it.next().expect("one weight per product");
+            Linear {
+                w,
+                rows: *rows,
+                out: &mut out[..n * *rows],
+            }
+        });
+        matmul_group(&mut products, cols, x.x, n, th);
+        for (w, rows, out) in items.iter_mut() {
+            if let Weight::Mapped(m) = w {
+                if let Some(order) = &m.row_order {
+                    let tmp = x.scratch.file_order(0, *rows);
+                    rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows, tmp);
+                }
+            }
+        }
+        return Ok(());
+    }
+    if x.n != 1 || !all_native || th.get() <= 1 {
+        for (w, rows, out) in items.iter_mut() {
+            linear_shared(w, *rows, x, out, th)?;
+        }
+        return Ok(());
+    }
+    let qerr = |e| ModelError::Unsupported(format!("quantized product: {e}"));
+    let mut quant = [None; N];
+    for ((w, _, _), slot) in items.iter().zip(quant.iter_mut()) {
+        let q = w
+            .quant()
+            .ok_or_else(|| ModelError::Unsupported("unquantized matrix".into()))?;
+        x.for_type(q.ty).map_err(qerr)?;
+        *slot = Some(q);
+    }
+    // Outputs in the file's row order where the matrix has one, put back after: each
+    // product's buffer in the scratch, so nothing is allocated once they have grown.
+    for (i, (q, (_, rows, _))) in quant.iter().zip(items.iter()).enumerate() {
+        let len = if q.is_some_and(|q| q.row_order.is_some()) {
+            *rows
+        } else {
+            0
+        };
+        x.scratch.file_order(i, len);
+    }
+    {
+        let ProductScratch {
+            made,
+            fresh,
+            file_order,
+        } = &mut *x.scratch;
+        let made = &made[..*fresh];
+        let mut slots = items.iter_mut().zip(file_order.iter_mut()).zip(&quant);
+        let mut products: [Matvec<'_>; N] = std::array::from_fn(|_| {
+            let (((_, rows, out), fo), q) = slots.next().expect("N items");
+            let q = q.expect("checked above");
+            let act = &acts_of(made, q.ty.act_kind()).expect("quantized above")[0];
+            let out: &mut [f32] = if fo.is_empty() {
+                &mut out[..*rows]
+            } else {
+                &mut fo[..]
+            };
+            Matvec {
+                ty: q.ty,
+                w: q.bytes(),
+                act,
+                out,
+            }
+        });
+        matvec_many(&mut products, th).map_err(qerr)?;
+    }
+    for (i, ((_, _, out), q)) in items.iter_mut().zip(&quant).enumerate() {
+        if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
+            let fo = &x.scratch.file_order[i];
+            rows_in_hf_order(&mut out[..order.len()], fo, order, order.len());
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,244 @@
+//! The decoder-only transformer: weights per layer and the forward pass (exact path).
+//!
+//! Mirrors HF's `modeling_llama.py` top to bottom: `embed_tokens` → for each
+//! `LlamaDecoderLayer`: `input_layernorm` → self-attention (q/k/v projections, RoPE,
+//! GQA with a causal mask, `o_proj`) → residual add → `post_attention_layernorm` →
+//! SwiGLU MLP (`down(silu(gate(x)) * up(x))`) → residual add; then `norm` and `lm_head`.
+//! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
+//! does not depend on how many tokens share its forward pass or on the thread count.
+//!
+//! - `weights`: [`WeightMode`], [`Weight`] (one matrix: `f32`, F32 in the memory map, or
+//!   a quantized block format) and the weights of a decoder block ([`LayerWeights`]).
+//! - `loader`: [`Model::from_source_with`] and the other constructors.
+//! - `forward`: [`Model::forward`] and the pass over one batch of tokens as named
+//!   steps: `embed`, then per layer `attention_block` (norm, `qkv`, `rope_qk`, the KV
+//!   append, `attention`: decode or prefill, from `crate::attention`; `o_proj`,
+//!   residual) and `mlp_block` (norm, gate/up, activation, down, residual), the final
+//!   norm and the head.
+//! - `head`: the logits head, over every row or over a subset of its rows.
+//! - `linear`: the matrix products (`f32`, mapped F32 or quantized weights).
+//! - `scratch`: [`ForwardScratch`] and the products' buffers.
+
+mod forward;
+mod head;
+mod linear;
+mod loader;
+mod scratch;
+mod weights;
+
+pub use forward::{ForwardTrace, LogitsWanted};
+pub use head::{HEAD_ROWS_FRACTION, HEAD_ROWS_MAX};
+pub use scratch::ForwardScratch;
+pub use weights::{LayerWeights, Weight, WeightMode};
+
+use crate::{Config, ModelError};
+use fak_tensor::{rope_rotate_half, RopeTable, Threads};
+
+/// Default of [`Model::set_prefill_chunk`]: most tokens one batch of a forward pass
+/// runs through the layers at once (llama.cpp's default micro-batch, `n_ubatch`, is
+/// also 512). A pass's activations take ~28 KB a token for SmolLM2 (hidden 576, MLP
+/// 1536), so a 4,096-token prompt in one batch held ~115 MB of them. Batches bound that
+/// memory without costing speed on long prompts; smaller batches make a prompt slower,
+/// since each batch reads every weight again, so prompts up to 512 tokens run as one.
+/// Measured figures: docs/performance.md, "Why it is fast".
+pub const PREFILL_CHUNK: usize = 512;
+
+/// A loaded model: config, weights, RoPE tables and the thread count its products use.
+/// Immutable after load: share it between sessions with `Arc<Model>`.
+pub struct Model {
+    config: Config,
+    embed_tokens: Weight,
+    layers: Vec<LayerWeights>,
+    norm: Vec<f32>,
+    /// `None` when the head is tied to `embed_tokens`.
+    lm_head: Option<Weight>,
+    rope: Vec<RopeTable>,
+    threads: Threads,
+    /// Most tokens one batch of a pass runs at once ([`Model::set_prefill_chunk`]).
+    prefill_chunk: usize,
+    mode: WeightMode,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    /// How this model keeps its weights.
+    pub fn weight_mode(&self) -> WeightMode {
+        self.mode
+    }
+
+    /// Every matrix held in the memory map ([`WeightMode::Native`]).
+    fn held(&self) -> impl Iterator<Item = &Weight> {
+        let layers = self.layers.iter().flat_map(|l| l.matrices());
+        layers
+            .chain([&self.embed_tokens])
+            .chain(self.lm_head.as_ref())
+            .filter(|w| w.is_mapped())
+    }
+
+    /// The block types of the matrices held quantized, with how many matrices of each
+    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32
+    /// matrices read from the map are not here: see [`Model::mapped_f32_matrices`].
+    pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
+        let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
+        for q in self.held().filter_map(Weight::quant) {
+            *counts.entry(q.ty.name()).or_default() += 1;
+        }
+        counts.into_iter().collect()
+    }
+
+    /// How many F32 matrices are read in place from a GGUF file's memory map instead of
+    /// being copied (0 in [`WeightMode::Exact`] and for files without F32 matrices),
+    /// e.g. 211 for an all-F32 SmolLM2 file: 30 × 7 linear layers and the tied
+    /// embedding.
+    pub fn mapped_f32_matrices(&self) -> usize {
+        self.held()
+            .filter(|m| matches!(m, Weight::Mapped(_)))
+            .count()
+    }
+
+    /// The model's configuration.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Sets the sliding attention window of every layer (`None` = full causal
+    /// attention), e.g. to run the window proofs on a model that has none.
+    ///
+    /// # Errors
+    /// [`ModelError::InvalidInput`] if `windows.len()` is not the layer count or a window
+    /// is 0.
+    pub fn set_sliding_windows(&mut self, windows: Vec<Option<usize>>) -> Result<(), ModelError> {
+        if windows.len() != self.config.num_hidden_layers {
+            return Err(ModelError::InvalidInput(format!(
+                "{} windows for {} layers",
+                windows.len(),
+                self.config.num_hidden_layers
+            )));
+        }
+        if windows.contains(&Some(0)) {
+            return Err(ModelError::InvalidInput(
+                "a sliding window of 0 tokens".into(),
+            ));
+        }
+        self.config.sliding_window = windows;
+        Ok(())
+    }
+
+    /// Sets the context length in tokens (e.g. to run a long bounded-window test on a
+    /// tiny model). RoPE has no table to outgrow, so any length is computable; the
+    /// model's training length is what makes longer contexts meaningful.
+    pub fn set_max_position_embeddings(&mut self, n: usize) {
+        self.config.max_position_embeddings = n.max(1);
+    }
+
+    /// The decoder blocks' weights, in layer order.
+    pub fn layer_weights(&self) -> &[LayerWeights] {
+        &self.layers
+    }
+
+    /// Mutable access to the decoder blocks' weights (for experiments and negative
+    /// controls; the shapes must stay as the config implies). A matrix held in the
+    /// memory map in [`WeightMode::Native`] is a [`Weight::Mapped`] or [`Weight::Quant`]
+    /// here, whose values [`Weight::as_f32_mut`] does not give.
+    pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
+        &mut self.layers
+    }
+
+    /// Applies layer `layer`'s RoPE at absolute position `pos` to `row`, a `[heads *
+    /// head_dim]` row of K (or Q) laid out head after head, in place: one rotation, the
+    /// same arithmetic the forward pass uses, so re-deriving K from `k_raw` at a new
+    /// position gives the bits a forward pass at that position would have given.
+    ///
+    /// # Panics
+    /// If `layer` is out of range or `row.len()` is not a multiple of `head_dim`.
+    pub fn rope_in_place(&self, layer: usize, pos: u32, row: &mut [f32]) {
+        let hd = self.config.head_dim;
+        assert!(
+            row.len().is_multiple_of(hd),
+            "rope_in_place: row is not whole heads"
+        );
+        let half = hd / 2;
+        let mut cos = vec![0f32; half];
+        let mut sin = vec![0f32; half];
+        self.rope[layer].cos_sin(pos, &mut cos, &mut sin);
+        for head in row.chunks_exact_mut(hd) {
+            rope_rotate_half(head, &cos, &sin);
+        }
+    }
+
+    /// Threads used by the matrix products.
+    pub fn threads(&self) -> Threads {
+        self.threads
+    }
+
+    /// Sets the threads used by the matrix products. Results are bit-identical for any
+    /// count.
+    pub fn set_threads(&mut self, threads: Threads) {
+        self.threads = threads;
+    }
+
+    /// Most tokens a forward pass runs through the layers at once (at least 1). A longer
+    /// pass runs as consecutive batches of this many tokens, each appending its K/V rows
+    /// before the next attends to them, so its activations take memory for one batch,
+    /// not the whole prompt. Every token's result is computed by the same operations in
+    /// the same order whatever the batch (the products' and attention's reduction orders
+    /// do not depend on how many tokens run together), so the bits are those of one
+    /// batch: a test checks logits and K/V rows for several sizes. A pass that fills a
+    /// [`ForwardTrace`] runs as one batch. Default [`PREFILL_CHUNK`].
+    pub fn set_prefill_chunk(&mut self, tokens: usize) {
+        self.prefill_chunk = tokens.max(1);
+    }
+
+    /// Most tokens a forward pass runs through the layers at once
+    /// ([`Model::set_prefill_chunk`]).
+    pub fn prefill_chunk(&self) -> usize {
+        self.prefill_chunk
+    }
+
+    /// Bytes of weights the model reads: its own `f32` buffers
+    /// ([`Model::owned_weight_bytes`]) plus, in [`WeightMode::Native`], the matrices
+    /// read from the memory map (quantized, or F32 in place).
+    pub fn weight_bytes(&self) -> usize {
+        let mapped: usize = self.held().map(Weight::mapped_byte_len).sum();
+        mapped + self.owned_weight_bytes()
+    }
+
+    /// Bytes of weights the model holds in its own heap buffers (`f32` copies made at
+    /// load): every weight in [`WeightMode::Exact`]; in [`WeightMode::Native`] only what
+    /// is not read from the memory map (norms, biases, matrices of types without a
+    /// kernel or that need widening). The map's pages are not counted here.
+    pub fn owned_weight_bytes(&self) -> usize {
+        let l: usize = self
+            .layers
+            .iter()
+            .map(|w| {
+                w.input_norm.len()
+                    + w.q_proj.owned_len()
+                    + w.k_proj.owned_len()
+                    + w.v_proj.owned_len()
+                    + w.o_proj.owned_len()
+                    + w.mlp_norm.len()
+                    + w.attn_out_norm.as_ref().map_or(0, Vec::len)
+                    + w.mlp_out_norm.as_ref().map_or(0, Vec::len)
+                    + w.qk_norm.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+                    + w.qkv_bias
+                        .as_ref()
+                        .map_or(0, |(a, b, c)| a.len() + b.len() + c.len())
+                    + w.gate_proj.owned_len()
+                    + w.up_proj.owned_len()
+                    + w.down_proj.owned_len()
+            })
+            .sum();
+        4 * (l
+            + self.embed_tokens.owned_len()
+            + self.norm.len()
+            + self.lm_head.as_ref().map_or(0, Weight::owned_len))
+    }
+}

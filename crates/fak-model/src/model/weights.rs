@@ -1,0 +1,156 @@
+//! How a model keeps its weights: [`WeightMode`], the `f32` weights of a decoder block
+//! ([`LayerWeights`]) and the matrices read from the memory map in native mode.
+
+use crate::source::{MappedF32, QuantMatrix};
+
+/// How a model keeps its large matrices, chosen at load.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum WeightMode {
+    /// Every weight dequantized or widened to `f32` at load; activations `f32`. The
+    /// path proven against HF (`docs/design.md`, numerics contract).
+    #[default]
+    Exact,
+    /// The fast path: the linear layers' matrices (attention q/k/v/o, MLP
+    /// gate/up/down, the output head or tied embedding) stay in their GGUF block format
+    /// inside the memory map when their type has a quantized dot product
+    /// (`fak_tensor::quant::QType`); each product quantizes its input row once
+    /// (Q8_0, Q8_1 or Q8_K, as the weight type pairs with) and runs the quantized
+    /// matvec. Embedding rows are dequantized on lookup. A GGUF's F32 matrices are read
+    /// in place from the memory map too ([`MappedF32`], no copy; a `llama` file's Q/K
+    /// row order undone on each product's output) and run the exact path's `f32`
+    /// kernels, so they give the exact path's bits; F32 data that cannot be borrowed
+    /// (not 4-byte aligned, a big-endian host) is copied as in exact mode. Norms,
+    /// biases and matrices of other types (F16 and BF16, which need widening, block
+    /// types without a kernel, anything from safetensors) are `f32` copies. Every
+    /// token goes through the same per-row kernels whether it is in a prefill or a
+    /// decode step, and the thread split never touches a reduction, so decode ==
+    /// prefill and thread-count independence still hold bit for bit; against
+    /// [`WeightMode::Exact`] the logits differ by the activation rounding of the
+    /// quantized products (measured in `tests/native.rs`).
+    Native,
+}
+
+impl WeightMode {
+    /// `"exact"` or `"native"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WeightMode::Exact => "exact",
+            WeightMode::Native => "native",
+        }
+    }
+}
+
+/// One weight matrix, held once in the form the forward pass reads (as candle's
+/// `QMatMul`): `f32` values of its own, F32 read in place from a GGUF file's memory map,
+/// or blocks of a quantized format in the map. [`WeightMode::Exact`] holds every matrix
+/// as [`Weight::Dense`]; [`WeightMode::Native`] holds what it can in the map.
+#[derive(Clone, Debug)]
+pub enum Weight {
+    /// Row-major `f32` values of its own (`[rows, cols]`), through the `f32` kernels.
+    Dense(Vec<f32>),
+    /// F32 read in place from the memory map, through the `f32` kernels.
+    Mapped(MappedF32),
+    /// In its GGUF block format in the memory map, through the quantized kernels.
+    Quant(QuantMatrix),
+}
+
+impl Weight {
+    /// The values of a [`Weight::Dense`] matrix, row-major; `None` for a matrix in the
+    /// memory map.
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Weight::Dense(w) => Some(w),
+            Weight::Mapped(_) | Weight::Quant(_) => None,
+        }
+    }
+
+    /// [`Weight::as_f32`], mutable (for experiments and negative controls; the length
+    /// cannot change).
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            Weight::Dense(w) => Some(w),
+            Weight::Mapped(_) | Weight::Quant(_) => None,
+        }
+    }
+
+    /// The quantized matrix, if the weight is held in a block format.
+    pub(super) fn quant(&self) -> Option<&QuantMatrix> {
+        match self {
+            Weight::Quant(q) => Some(q),
+            Weight::Dense(_) | Weight::Mapped(_) => None,
+        }
+    }
+
+    /// Whether the weight is read from the memory map (not [`Weight::Dense`]).
+    pub(super) fn is_mapped(&self) -> bool {
+        !matches!(self, Weight::Dense(_))
+    }
+
+    /// Bytes of the matrix in the map (0 for [`Weight::Dense`]).
+    pub(super) fn mapped_byte_len(&self) -> usize {
+        match self {
+            Weight::Dense(_) => 0,
+            Weight::Quant(q) => q.bytes().len(),
+            Weight::Mapped(m) => m.byte_len(),
+        }
+    }
+
+    /// `f32` values held in the model's own heap (the length of [`Weight::Dense`], 0
+    /// for a matrix in the map).
+    pub(super) fn owned_len(&self) -> usize {
+        match self {
+            Weight::Dense(w) => w.len(),
+            Weight::Mapped(_) | Weight::Quant(_) => 0,
+        }
+    }
+}
+
+/// The weights of one decoder block (HF names in the comments): the norms and biases
+/// row-major `f32`, each matrix a [`Weight`] (in [`WeightMode::Native`] one read from
+/// the memory map, held quantized or an F32 GGUF matrix read in place, is not `f32`).
+#[derive(Clone, Debug)]
+pub struct LayerWeights {
+    /// `input_layernorm.weight`, `[hidden]`.
+    pub input_norm: Vec<f32>,
+    /// `self_attn.q_proj.weight`, `[q_dim, hidden]`.
+    pub q_proj: Weight,
+    /// `self_attn.k_proj.weight`, `[kv_dim, hidden]`.
+    pub k_proj: Weight,
+    /// `self_attn.v_proj.weight`, `[kv_dim, hidden]`.
+    pub v_proj: Weight,
+    /// `self_attn.o_proj.weight`, `[hidden, q_dim]`.
+    pub o_proj: Weight,
+    /// `self_attn.{q,k,v}_proj.bias` (Qwen2), `[q_dim]`, `[kv_dim]`, `[kv_dim]`.
+    pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
+    /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight` (Qwen3, Gemma 3), each
+    /// `[head_dim]`, applied per head before RoPE.
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    /// Gemma's `post_attention_layernorm.weight` on the attention output, `[hidden]`.
+    pub attn_out_norm: Option<Vec<f32>>,
+    /// The norm before the MLP, `[hidden]`: Llama/Qwen `post_attention_layernorm`, Gemma
+    /// `pre_feedforward_layernorm`.
+    pub mlp_norm: Vec<f32>,
+    /// Gemma's `post_feedforward_layernorm.weight` on the MLP output, `[hidden]`.
+    pub mlp_out_norm: Option<Vec<f32>>,
+    /// `mlp.gate_proj.weight`, `[intermediate, hidden]`.
+    pub gate_proj: Weight,
+    /// `mlp.up_proj.weight`, `[intermediate, hidden]`.
+    pub up_proj: Weight,
+    /// `mlp.down_proj.weight`, `[hidden, intermediate]`.
+    pub down_proj: Weight,
+}
+
+impl LayerWeights {
+    /// The block's seven matrices: q, k, v, o, gate, up, down.
+    pub(super) fn matrices(&self) -> [&Weight; 7] {
+        [
+            &self.q_proj,
+            &self.k_proj,
+            &self.v_proj,
+            &self.o_proj,
+            &self.gate_proj,
+            &self.up_proj,
+            &self.down_proj,
+        ]
+    }
+}
