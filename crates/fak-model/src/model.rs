@@ -778,55 +778,79 @@ impl Model {
             Ok((src.load(name, &shape, c)?, None))
         };
         let mut native = Vec::new();
-        let (h, q, kv, ff, v) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.intermediate_size,
-            c.vocab_size,
-        );
+        let (h, v) = (c.hidden_size, c.vocab_size);
         let (embed_tokens, embed_native) = mat("model.embed_tokens.weight", [v, h])?;
+        // The family's per-layer tensor list gives every shape loaded below; each name
+        // loaded must be on it and every name on it loaded (counted per layer), and the
+        // unused-tensor check below uses the same list.
+        let listed = c.family.spec().layer_tensors(c);
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = |s: &str| format!("model.layers.{l}.{s}");
-            let hd = c.head_dim;
+            let loaded = std::cell::Cell::new(0usize);
+            let shape = |s: &str| -> Result<&[usize], ModelError> {
+                loaded.set(loaded.get() + 1);
+                listed
+                    .iter()
+                    .find(|(n, _)| *n == s)
+                    .map(|(_, d)| d.as_slice())
+                    .ok_or_else(|| {
+                        ModelError::Unsupported(format!(
+                            "'{s}' is not in the {} tensor list",
+                            c.family.name()
+                        ))
+                    })
+            };
+            let tensor = |s: &str| src.load(&p(s), shape(s)?, c);
+            let matrix = |s: &str| match *shape(s)? {
+                [rows, cols] => mat(&p(s), [rows, cols]),
+                _ => Err(ModelError::Unsupported(format!(
+                    "'{s}' is not a matrix in the {} tensor list",
+                    c.family.name()
+                ))),
+            };
             let qkv_bias = if c.attention_bias {
                 Some((
-                    src.load(&p("self_attn.q_proj.bias"), &[q], c)?,
-                    src.load(&p("self_attn.k_proj.bias"), &[kv], c)?,
-                    src.load(&p("self_attn.v_proj.bias"), &[kv], c)?,
+                    tensor("self_attn.q_proj.bias")?,
+                    tensor("self_attn.k_proj.bias")?,
+                    tensor("self_attn.v_proj.bias")?,
                 ))
             } else {
                 None
             };
             let qk_norm = if c.qk_norm {
                 Some((
-                    src.load(&p("self_attn.q_norm.weight"), &[hd], c)?,
-                    src.load(&p("self_attn.k_norm.weight"), &[hd], c)?,
+                    tensor("self_attn.q_norm.weight")?,
+                    tensor("self_attn.k_norm.weight")?,
                 ))
             } else {
                 None
             };
             let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.post_norms {
                 (
-                    Some(src.load(&p("post_attention_layernorm.weight"), &[h], c)?),
-                    src.load(&p("pre_feedforward_layernorm.weight"), &[h], c)?,
-                    Some(src.load(&p("post_feedforward_layernorm.weight"), &[h], c)?),
+                    Some(tensor("post_attention_layernorm.weight")?),
+                    tensor("pre_feedforward_layernorm.weight")?,
+                    Some(tensor("post_feedforward_layernorm.weight")?),
                 )
             } else {
-                (
-                    None,
-                    src.load(&p("post_attention_layernorm.weight"), &[h], c)?,
-                    None,
-                )
+                (None, tensor("post_attention_layernorm.weight")?, None)
             };
-            let (q_proj, nq) = mat(&p("self_attn.q_proj.weight"), [q, h])?;
-            let (k_proj, nk) = mat(&p("self_attn.k_proj.weight"), [kv, h])?;
-            let (v_proj, nv) = mat(&p("self_attn.v_proj.weight"), [kv, h])?;
-            let (o_proj, no) = mat(&p("self_attn.o_proj.weight"), [h, q])?;
-            let (gate_proj, ng) = mat(&p("mlp.gate_proj.weight"), [ff, h])?;
-            let (up_proj, nu) = mat(&p("mlp.up_proj.weight"), [ff, h])?;
-            let (down_proj, nd) = mat(&p("mlp.down_proj.weight"), [h, ff])?;
+            let (q_proj, nq) = matrix("self_attn.q_proj.weight")?;
+            let (k_proj, nk) = matrix("self_attn.k_proj.weight")?;
+            let (v_proj, nv) = matrix("self_attn.v_proj.weight")?;
+            let (o_proj, no) = matrix("self_attn.o_proj.weight")?;
+            let (gate_proj, ng) = matrix("mlp.gate_proj.weight")?;
+            let (up_proj, nu) = matrix("mlp.up_proj.weight")?;
+            let (down_proj, nd) = matrix("mlp.down_proj.weight")?;
+            let input_norm = tensor("input_layernorm.weight")?;
+            if loaded.get() != listed.len() {
+                return Err(ModelError::Unsupported(format!(
+                    "the loader read {} of the {} tensors the {} list names per layer",
+                    loaded.get(),
+                    listed.len(),
+                    c.family.name()
+                )));
+            }
             native.push(NativeLayer {
                 q: nq,
                 k: nk,
@@ -837,7 +861,7 @@ impl Model {
                 down: nd,
             });
             layers.push(LayerWeights {
-                input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
+                input_norm,
                 q_proj,
                 k_proj,
                 v_proj,
@@ -871,34 +895,7 @@ impl Model {
             used.push("lm_head.weight".into());
         }
         for l in 0..c.num_hidden_layers {
-            let mut parts = vec![
-                "input_layernorm.weight",
-                "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight",
-                "self_attn.o_proj.weight",
-                "post_attention_layernorm.weight",
-                "mlp.gate_proj.weight",
-                "mlp.up_proj.weight",
-                "mlp.down_proj.weight",
-            ];
-            if c.attention_bias {
-                parts.extend([
-                    "self_attn.q_proj.bias",
-                    "self_attn.k_proj.bias",
-                    "self_attn.v_proj.bias",
-                ]);
-            }
-            if c.qk_norm {
-                parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
-            }
-            if c.post_norms {
-                parts.extend([
-                    "pre_feedforward_layernorm.weight",
-                    "post_feedforward_layernorm.weight",
-                ]);
-            }
-            for s in parts {
+            for (s, _) in &listed {
                 used.push(format!("model.layers.{l}.{s}"));
             }
         }
