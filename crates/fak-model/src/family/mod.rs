@@ -27,8 +27,8 @@ use std::path::Path;
 
 pub(crate) use common::check_dim;
 
-/// The model families fak implements, resolved through the registry [`FAMILIES`].
-/// Names follow HF's `model_type`.
+/// The model families fak implements, each resolved through the registry (`FAMILIES`
+/// in `family/mod.rs`) to its file. Names follow HF's `model_type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Family {
