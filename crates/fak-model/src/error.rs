@@ -29,7 +29,7 @@ pub enum ModelError {
         reason: String,
     },
     /// The checkpoint's architecture is not one fak implements.
-    #[error("unknown architecture '{0}' (fak implements: llama)")]
+    #[error("unknown architecture '{0}' (fak implements: {known})", known = crate::Family::known_names().join(", "))]
     UnknownArchitecture(String),
     /// The checkpoint uses a feature fak does not implement; running it with a default
     /// would give wrong numbers, so it is refused.

@@ -7,6 +7,9 @@
 //! `docs/proof-ladder.md`; the HF oracle fixtures are read and measured by fak-prove).
 //!
 //! - [`Config`]: hyper-parameters from `config.json` or GGUF metadata.
+//! - `family` (private): one file per model [`Family`] (its `config.json` fields and
+//!   refusals, GGUF metadata, per-layer tensor list, GGUF names, load-time fixes)
+//!   behind one trait, and the registry with one line per family.
 //! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
 //!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
 //!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
@@ -29,6 +32,7 @@ mod attention;
 pub mod chat;
 mod config;
 mod error;
+mod family;
 mod generate;
 mod kv;
 mod model;
@@ -36,8 +40,9 @@ mod source;
 pub mod tokenizer;
 
 pub use chat::{load_text, ChatError, ChatTemplate, Message, RenderLimits};
-pub use config::{Activation, Config, Family};
+pub use config::{Activation, Config};
 pub use error::ModelError;
+pub use family::Family;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{

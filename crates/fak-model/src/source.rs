@@ -5,9 +5,9 @@
 //! kernel, [`MappedF32`] for F32 (read in place). F16 and BF16 matrices need widening
 //! and safetensors are not mapped this way: those are always copied.
 
-use crate::{Config, Family, ModelError};
+use crate::{family, Config, ModelError};
 use fak_tensor::quant::QType;
-use fak_weights::{gguf_to_hf_name_for, unpermute_qk_rows, GgmlType, GgufFile, SafetensorsFile};
+use fak_weights::{GgmlType, GgufFile, SafetensorsFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -121,7 +121,7 @@ impl WeightSource {
         let cfg = Config::from_gguf(&file, path)?;
         let mut by_hf = HashMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
-            let hf = gguf_to_hf_name_for(file.architecture()?, &t.name).ok_or_else(|| {
+            let hf = family::gguf_to_hf_name(cfg.family, &t.name).ok_or_else(|| {
                 ModelError::Unsupported(format!(
                     "GGUF tensor '{}' has no known HF name for architecture '{}'",
                     t.name,
@@ -323,30 +323,9 @@ impl WeightSource {
             WeightSource::Gguf { file, by_hf } => {
                 let t = &file.tensors()[by_hf[name]];
                 let w = file.tensor_f32(&t.name)?;
-                let heads = if name.ends_with("self_attn.q_proj.weight") {
-                    Some(cfg.num_attention_heads)
-                } else if name.ends_with("self_attn.k_proj.weight") {
-                    Some(cfg.num_key_value_heads)
-                } else {
-                    None
-                };
-                // Gemma files store RMSNorm gains with the +1 folded in (llama.cpp's
-                // converter adds it); HF's loader subtracts it again and the model adds it
-                // back (`1 + w`). Do the same, so the f32 arithmetic matches HF's.
-                if cfg.family == Family::Gemma3 && name.ends_with("norm.weight") {
-                    let mut w = w;
-                    w.iter_mut().for_each(|x| *x -= 1.0);
-                    return Ok(w);
-                }
-                match (cfg.family, heads) {
-                    (Family::Llama, Some(h)) => {
-                        let cols = *expected.last().unwrap_or(&1);
-                        unpermute_qk_rows(&w, h, cols).map_err(|e| {
-                            ModelError::Unsupported(format!("un-permuting '{name}': {e}"))
-                        })
-                    }
-                    _ => Ok(w),
-                }
+                // The family's load-time fix: Gemma's norm gains lose the +1 the file
+                // folds in, Llama's Q/K rows go back to rotate-half order.
+                cfg.family.spec().fix_gguf_f32(name, w, expected, cfg)
             }
             WeightSource::Safetensors { files, by_name } => {
                 Ok(files[by_name[name]].tensor_f32(name)?)
@@ -418,41 +397,11 @@ impl std::fmt::Debug for QuantMatrix {
     }
 }
 
-/// For a `llama` GGUF's `q_proj` / `k_proj` (`rows` output rows): HF row `r` is the
-/// file's row `order[r]`, the row-index form of [`fak_weights::unpermute_qk_rows`]
-/// (llama.cpp's converter permutes these rows for its interleaved RoPE). `None` for
-/// every other matrix and family.
+/// For a GGUF matrix kept in the file: HF row `r` is the file's row `order[r]`, the
+/// family's row order (a `llama` GGUF's `q_proj` / `k_proj`, the row-index form of
+/// [`fak_weights::unpermute_qk_rows`]); `None` when the rows are in HF order.
 fn qk_row_order(name: &str, rows: usize, cfg: &Config) -> Result<Option<Vec<u32>>, ModelError> {
-    let heads = if name.ends_with("self_attn.q_proj.weight") {
-        Some(cfg.num_attention_heads)
-    } else if name.ends_with("self_attn.k_proj.weight") {
-        Some(cfg.num_key_value_heads)
-    } else {
-        None
-    };
-    let (Family::Llama, Some(h)) = (cfg.family, heads) else {
-        return Ok(None);
-    };
-    let hd = if h > 0 && rows.is_multiple_of(h) {
-        rows / h
-    } else {
-        0
-    };
-    if hd == 0 || hd % 2 != 0 || u32::try_from(rows).is_err() {
-        return Err(ModelError::Unsupported(format!(
-            "un-permuting '{name}': {rows} rows do not split into {h} heads of even size"
-        )));
-    }
-    let half = hd / 2;
-    let mut order = vec![0u32; rows];
-    for head in 0..h {
-        for s in 0..2 {
-            for j in 0..half {
-                order[head * hd + s * half + j] = (head * hd + 2 * j + s) as u32;
-            }
-        }
-    }
-    Ok(Some(order))
+    cfg.family.spec().gguf_row_order(name, rows, cfg)
 }
 
 /// A `[rows, cols]` F32 matrix of a GGUF file read in place from its memory map: the

@@ -8,7 +8,8 @@
 //! - [`dequantize`]: ggml block formats to f32, bit-exact with gguf-py.
 //! - [`SafetensorsFile`]: HF safetensors, with [`widen_bf16`] / [`widen_f16`].
 //! - [`gguf_to_hf_name`] / [`unpermute_qk_rows`]: map llama.cpp's Llama tensors back
-//!   to HF names and row order.
+//!   to HF names and row order; [`gguf_to_hf_name_with`] splits any family's names
+//!   given its table of block parts (fak-model's `family/` files).
 
 #![warn(missing_docs)]
 
@@ -22,6 +23,7 @@ pub use dequant::{dequantize, f16_bits_to_f32, DequantError};
 pub use ggml_type::{GgmlType, QK_K};
 pub use gguf::{GgufError, GgufFile, MetaValue, TensorInfo};
 pub use names::{
-    gguf_to_hf_name, gguf_to_hf_name_for, permute_qk_rows, unpermute_qk_rows, PermuteError,
+    gguf_llama_block_part, gguf_to_hf_name, gguf_to_hf_name_with, permute_qk_rows,
+    unpermute_qk_rows, PermuteError,
 };
 pub use safetensors_file::{widen_bf16, widen_f16, SafetensorsError, SafetensorsFile};

@@ -1,5 +1,7 @@
-//! llama.cpp (GGUF) tensor naming to HuggingFace naming for the Llama family, and
-//! the Q/K row permutation llama.cpp's converter applies.
+//! llama.cpp (GGUF) tensor naming to HuggingFace naming: the family-independent split
+//! of a name and the Llama family's block parts (each family's own parts are in
+//! fak-model's `family/` files), and the Q/K row permutation llama.cpp's converter
+//! applies.
 
 /// Map a Llama-family GGUF tensor name to its HuggingFace `transformers` name.
 ///
@@ -24,16 +26,38 @@
 /// The `.weight` suffix may also be `.bias` (mapped the same way). Returns `None`
 /// for any other name, including a layer index that is not a plain decimal number.
 pub fn gguf_to_hf_name(gguf_name: &str) -> Option<String> {
-    gguf_to_hf_name_for("llama", gguf_name)
+    gguf_to_hf_name_with(gguf_name, gguf_llama_block_part)
 }
 
-/// Like [`gguf_to_hf_name`] for GGUF architecture `arch` (`general.architecture`): the
-/// block tensors differ by family. Gemma 3 (four norms per block, QK-norm):
-/// `ffn_norm` → `pre_feedforward_layernorm`, `post_attention_norm` →
-/// `post_attention_layernorm`, `post_ffw_norm` → `post_feedforward_layernorm`; Gemma 3 and
-/// Qwen 3: `attn_q_norm` / `attn_k_norm` → `self_attn.q_norm` / `self_attn.k_norm`
-/// (llama.cpp `tensor_mapping.py`, transformers' `Gemma3DecoderLayer`, `Qwen3Attention`).
-pub fn gguf_to_hf_name_for(arch: &str, gguf_name: &str) -> Option<String> {
+/// The HF name (after `model.layers.N.`, without `.weight` / `.bias`) of a Llama GGUF
+/// block tensor part, e.g. `attn_q` → `self_attn.q_proj` (the table above). The other
+/// Llama-like families share these parts and map a few of their own (fak-model's
+/// `family/` files).
+pub fn gguf_llama_block_part(part: &str) -> Option<&'static str> {
+    Some(match part {
+        "attn_q" => "self_attn.q_proj",
+        "attn_k" => "self_attn.k_proj",
+        "attn_v" => "self_attn.v_proj",
+        "attn_output" => "self_attn.o_proj",
+        "ffn_gate" => "mlp.gate_proj",
+        "ffn_up" => "mlp.up_proj",
+        "ffn_down" => "mlp.down_proj",
+        "attn_norm" => "input_layernorm",
+        "ffn_norm" => "post_attention_layernorm",
+        _ => return None,
+    })
+}
+
+/// Maps a GGUF tensor name to its HF name, the family-independent part: the model
+/// tensors (`token_embd` → `model.embed_tokens`, `output_norm` → `model.norm`,
+/// `output` → `lm_head`) and `blk.N.<part>` → `model.layers.N.<block_part(part)>`, with
+/// a `.weight` or `.bias` suffix kept. `block_part` is the family's table of block
+/// parts (e.g. [`gguf_llama_block_part`]). Returns `None` for any other name, a part
+/// `block_part` does not know, or a layer index that is not a plain decimal number.
+pub fn gguf_to_hf_name_with(
+    gguf_name: &str,
+    block_part: impl Fn(&str) -> Option<&'static str>,
+) -> Option<String> {
     let (stem, suffix) = gguf_name.rsplit_once('.')?;
     if suffix != "weight" && suffix != "bias" {
         return None;
@@ -52,23 +76,7 @@ pub fn gguf_to_hf_name_for(arch: &str, gguf_name: &str) -> Option<String> {
     if layer.is_empty() || !layer.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
-    let hf = match part {
-        "attn_q" => "self_attn.q_proj",
-        "attn_k" => "self_attn.k_proj",
-        "attn_v" => "self_attn.v_proj",
-        "attn_output" => "self_attn.o_proj",
-        "ffn_gate" => "mlp.gate_proj",
-        "ffn_up" => "mlp.up_proj",
-        "ffn_down" => "mlp.down_proj",
-        "attn_norm" => "input_layernorm",
-        "ffn_norm" if arch == "gemma3" => "pre_feedforward_layernorm",
-        "ffn_norm" => "post_attention_layernorm",
-        "post_attention_norm" if arch == "gemma3" => "post_attention_layernorm",
-        "post_ffw_norm" if arch == "gemma3" => "post_feedforward_layernorm",
-        "attn_q_norm" if arch == "gemma3" || arch == "qwen3" => "self_attn.q_norm",
-        "attn_k_norm" if arch == "gemma3" || arch == "qwen3" => "self_attn.k_norm",
-        _ => return None,
-    };
+    let hf = block_part(part)?;
     Some(format!("model.layers.{layer}.{hf}.{suffix}"))
 }
 

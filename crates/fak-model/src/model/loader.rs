@@ -3,6 +3,7 @@
 //! tensor the architecture does not use.
 
 use super::{LayerWeights, Model, Weight, WeightMode, PREFILL_CHUNK};
+use crate::family::LayerTensor;
 use crate::source::WeightSource;
 use crate::{Config, ModelError};
 use fak_tensor::{RopeTable, Threads};
@@ -47,87 +48,17 @@ impl Model {
         mode: WeightMode,
     ) -> Result<Self, ModelError> {
         let c = &config;
-        // A matrix in native mode: quantized when its type has a kernel, read in place
-        // when it is F32 that can be borrowed, else an f32 copy.
-        let mat = |name: &str, shape: [usize; 2]| -> Result<Weight, ModelError> {
-            if mode == WeightMode::Native {
-                if let Some(q) = src.quantized(name, shape, c)? {
-                    return Ok(Weight::Quant(q));
-                }
-                if let Some(m) = src.mapped_f32(name, shape, c)? {
-                    return Ok(Weight::Mapped(m));
-                }
-            }
-            Ok(Weight::Dense(src.load(name, &shape, c)?))
-        };
-        let (h, q, kv, ff, v) = (
-            c.hidden_size,
-            c.q_dim(),
-            c.kv_dim(),
-            c.intermediate_size,
-            c.vocab_size,
-        );
-        let embed_tokens = mat("model.embed_tokens.weight", [v, h])?;
-        let mut layers = Vec::with_capacity(c.num_hidden_layers);
-        for l in 0..c.num_hidden_layers {
-            let p = |s: &str| format!("model.layers.{l}.{s}");
-            let hd = c.head_dim;
-            let qkv_bias = if c.attention_bias {
-                Some((
-                    src.load(&p("self_attn.q_proj.bias"), &[q], c)?,
-                    src.load(&p("self_attn.k_proj.bias"), &[kv], c)?,
-                    src.load(&p("self_attn.v_proj.bias"), &[kv], c)?,
-                ))
-            } else {
-                None
-            };
-            let qk_norm = if c.qk_norm {
-                Some((
-                    src.load(&p("self_attn.q_norm.weight"), &[hd], c)?,
-                    src.load(&p("self_attn.k_norm.weight"), &[hd], c)?,
-                ))
-            } else {
-                None
-            };
-            let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.post_norms {
-                (
-                    Some(src.load(&p("post_attention_layernorm.weight"), &[h], c)?),
-                    src.load(&p("pre_feedforward_layernorm.weight"), &[h], c)?,
-                    Some(src.load(&p("post_feedforward_layernorm.weight"), &[h], c)?),
-                )
-            } else {
-                (
-                    None,
-                    src.load(&p("post_attention_layernorm.weight"), &[h], c)?,
-                    None,
-                )
-            };
-            let q_proj = mat(&p("self_attn.q_proj.weight"), [q, h])?;
-            let k_proj = mat(&p("self_attn.k_proj.weight"), [kv, h])?;
-            let v_proj = mat(&p("self_attn.v_proj.weight"), [kv, h])?;
-            let o_proj = mat(&p("self_attn.o_proj.weight"), [h, q])?;
-            let gate_proj = mat(&p("mlp.gate_proj.weight"), [ff, h])?;
-            let up_proj = mat(&p("mlp.up_proj.weight"), [ff, h])?;
-            let down_proj = mat(&p("mlp.down_proj.weight"), [h, ff])?;
-            layers.push(LayerWeights {
-                input_norm: src.load(&p("input_layernorm.weight"), &[h], c)?,
-                q_proj,
-                k_proj,
-                v_proj,
-                o_proj,
-                qkv_bias,
-                qk_norm,
-                attn_out_norm,
-                mlp_norm,
-                mlp_out_norm,
-                gate_proj,
-                up_proj,
-                down_proj,
-            });
-        }
+        let (h, v) = (c.hidden_size, c.vocab_size);
+        let embed_tokens = load_matrix(src, c, mode, "model.embed_tokens.weight", [v, h])?;
+        // The family's per-layer tensor list gives every shape loaded, and the
+        // unused-tensor check below uses the same list.
+        let listed = c.family.spec().layer_tensors(c);
+        let layers = (0..c.num_hidden_layers)
+            .map(|l| load_layer(src, c, mode, &listed, l))
+            .collect::<Result<Vec<_>, _>>()?;
         let norm = src.load("model.norm.weight", &[h], c)?;
         let lm_head = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
-            Some(mat("lm_head.weight", [v, h])?)
+            Some(load_matrix(src, c, mode, "lm_head.weight", [v, h])?)
         } else if c.tie_word_embeddings {
             None
         } else {
@@ -143,34 +74,7 @@ impl Model {
             used.push("lm_head.weight".into());
         }
         for l in 0..c.num_hidden_layers {
-            let mut parts = vec![
-                "input_layernorm.weight",
-                "self_attn.q_proj.weight",
-                "self_attn.k_proj.weight",
-                "self_attn.v_proj.weight",
-                "self_attn.o_proj.weight",
-                "post_attention_layernorm.weight",
-                "mlp.gate_proj.weight",
-                "mlp.up_proj.weight",
-                "mlp.down_proj.weight",
-            ];
-            if c.attention_bias {
-                parts.extend([
-                    "self_attn.q_proj.bias",
-                    "self_attn.k_proj.bias",
-                    "self_attn.v_proj.bias",
-                ]);
-            }
-            if c.qk_norm {
-                parts.extend(["self_attn.q_norm.weight", "self_attn.k_norm.weight"]);
-            }
-            if c.post_norms {
-                parts.extend([
-                    "pre_feedforward_layernorm.weight",
-                    "post_feedforward_layernorm.weight",
-                ]);
-            }
-            for s in parts {
+            for (s, _) in &listed {
                 used.push(format!("model.layers.{l}.{s}"));
             }
         }
@@ -206,4 +110,119 @@ impl Model {
             mode,
         })
     }
+}
+
+/// One matrix in `mode`: in native mode quantized when its type has a kernel, read in
+/// place when it is F32 that can be borrowed, else (and in exact mode) an `f32` copy.
+fn load_matrix(
+    src: &WeightSource,
+    c: &Config,
+    mode: WeightMode,
+    name: &str,
+    shape: [usize; 2],
+) -> Result<Weight, ModelError> {
+    if mode == WeightMode::Native {
+        if let Some(q) = src.quantized(name, shape, c)? {
+            return Ok(Weight::Quant(q));
+        }
+        if let Some(m) = src.mapped_f32(name, shape, c)? {
+            return Ok(Weight::Mapped(m));
+        }
+    }
+    Ok(Weight::Dense(src.load(name, &shape, c)?))
+}
+
+/// Decoder layer `l`, every tensor's shape from the family's list `listed`. A name
+/// loaded here must be on the list and every name on the list loaded (counted), so the
+/// list and the loader cannot drift apart.
+///
+/// # Errors
+/// [`ModelError::Unsupported`] when the loader and the list disagree; reader errors.
+fn load_layer(
+    src: &WeightSource,
+    c: &Config,
+    mode: WeightMode,
+    listed: &[LayerTensor],
+    l: usize,
+) -> Result<LayerWeights, ModelError> {
+    let p = |s: &str| format!("model.layers.{l}.{s}");
+    let loaded = std::cell::Cell::new(0usize);
+    let shape = |s: &str| -> Result<&[usize], ModelError> {
+        loaded.set(loaded.get() + 1);
+        listed
+            .iter()
+            .find(|(n, _)| *n == s)
+            .map(|(_, d)| d.as_slice())
+            .ok_or_else(|| {
+                ModelError::Unsupported(format!(
+                    "'{s}' is not in the {} tensor list",
+                    c.family.name()
+                ))
+            })
+    };
+    let tensor = |s: &str| src.load(&p(s), shape(s)?, c);
+    let matrix = |s: &str| match *shape(s)? {
+        [rows, cols] => load_matrix(src, c, mode, &p(s), [rows, cols]),
+        _ => Err(ModelError::Unsupported(format!(
+            "'{s}' is not a matrix in the {} tensor list",
+            c.family.name()
+        ))),
+    };
+    let qkv_bias = if c.attention_bias {
+        Some((
+            tensor("self_attn.q_proj.bias")?,
+            tensor("self_attn.k_proj.bias")?,
+            tensor("self_attn.v_proj.bias")?,
+        ))
+    } else {
+        None
+    };
+    let qk_norm = if c.qk_norm {
+        Some((
+            tensor("self_attn.q_norm.weight")?,
+            tensor("self_attn.k_norm.weight")?,
+        ))
+    } else {
+        None
+    };
+    let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.post_norms {
+        (
+            Some(tensor("post_attention_layernorm.weight")?),
+            tensor("pre_feedforward_layernorm.weight")?,
+            Some(tensor("post_feedforward_layernorm.weight")?),
+        )
+    } else {
+        (None, tensor("post_attention_layernorm.weight")?, None)
+    };
+    let q_proj = matrix("self_attn.q_proj.weight")?;
+    let k_proj = matrix("self_attn.k_proj.weight")?;
+    let v_proj = matrix("self_attn.v_proj.weight")?;
+    let o_proj = matrix("self_attn.o_proj.weight")?;
+    let gate_proj = matrix("mlp.gate_proj.weight")?;
+    let up_proj = matrix("mlp.up_proj.weight")?;
+    let down_proj = matrix("mlp.down_proj.weight")?;
+    let input_norm = tensor("input_layernorm.weight")?;
+    if loaded.get() != listed.len() {
+        return Err(ModelError::Unsupported(format!(
+            "the loader read {} of the {} tensors the {} list names per layer",
+            loaded.get(),
+            listed.len(),
+            c.family.name()
+        )));
+    }
+    Ok(LayerWeights {
+        input_norm,
+        q_proj,
+        k_proj,
+        v_proj,
+        o_proj,
+        qkv_bias,
+        qk_norm,
+        attn_out_norm,
+        mlp_norm,
+        mlp_out_norm,
+        gate_proj,
+        up_proj,
+        down_proj,
+    })
 }

@@ -1,0 +1,57 @@
+//! Qwen2 (HF `Qwen2ForCausalLM`, `modeling_qwen2.py`; GGUF architecture `qwen2`): Llama
+//! with biases on the q/k/v projections.
+
+use super::common::{self, Block};
+use super::{Family, FamilySpec, LayerTensor};
+use crate::{Activation, Config, ModelError};
+use fak_weights::GgufFile;
+use serde_json::Value;
+use std::path::Path;
+
+/// The Qwen2 family.
+pub(crate) struct Qwen2;
+
+/// Qwen2's block: Llama's plus q/k/v biases.
+const BLOCK: Block = Block {
+    attention_bias: true,
+    qk_norm: false,
+    post_norms: false,
+    norm_weight_offset: 0.0,
+    scale_embedding: false,
+    hidden_act: Activation::Silu,
+    tie_by_default: false,
+    sliding_layers: false,
+    rope_per_layer_type: false,
+};
+
+impl FamilySpec for Qwen2 {
+    fn family(&self) -> Family {
+        Family::Qwen2
+    }
+
+    fn names(&self) -> &'static [&'static str] {
+        &["qwen2"]
+    }
+
+    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
+        common::config_from_hf(Family::Qwen2, &BLOCK, v, path)
+    }
+
+    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
+        common::config_from_gguf(Family::Qwen2, &BLOCK, g, path, |_, _| Ok(None), None)
+    }
+
+    fn layer_tensors(&self, cfg: &Config) -> Vec<LayerTensor> {
+        let mut t = common::llama_layer_tensors(cfg);
+        t.extend([
+            ("self_attn.q_proj.bias", vec![cfg.q_dim()]),
+            ("self_attn.k_proj.bias", vec![cfg.kv_dim()]),
+            ("self_attn.v_proj.bias", vec![cfg.kv_dim()]),
+        ]);
+        t
+    }
+
+    fn gguf_block_part(&self, part: &str) -> Option<&'static str> {
+        common::llama_block_part(part)
+    }
+}
