@@ -25,6 +25,22 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// Where a decoder block's RMSNorms sit around its two sublayers (attention, MLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Norms {
+    /// Before each sublayer (Llama, Qwen): `input_layernorm`, then
+    /// `post_attention_layernorm` before the MLP.
+    Pre,
+    /// Before and after each (Gemma 3): `input_layernorm` / `post_attention_layernorm`
+    /// around attention, `pre_feedforward_layernorm` / `post_feedforward_layernorm`
+    /// around the MLP.
+    Sandwich,
+    /// After each, on the sublayer's output before the residual add (OLMo 2):
+    /// `post_attention_layernorm`, `post_feedforward_layernorm`.
+    Post,
+}
+
 /// Hyper-parameters of a decoder-only transformer. Lengths are in elements, the context
 /// length in tokens.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -55,7 +71,8 @@ pub struct Config {
     pub tie_word_embeddings: bool,
     /// Bias on the q/k/v projections (Qwen2). Llama: false.
     pub attention_bias: bool,
-    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma3). Llama: false.
+    /// RMSNorm of q and k before RoPE (Qwen3, Gemma 3: per head; OLMo 2: over the whole
+    /// projection; the span is the gain's length). Llama: false.
     pub qk_norm: bool,
     /// Sliding attention window per layer, in tokens; `None` is full causal attention.
     pub sliding_window: Vec<Option<usize>>,
@@ -65,9 +82,8 @@ pub struct Config {
     pub embedding_scale: Option<f32>,
     /// The MLP activation.
     pub hidden_act: Activation,
-    /// Gemma's extra norms: `post_attention_layernorm` after attention and
-    /// `pre_feedforward_layernorm` / `post_feedforward_layernorm` around the MLP.
-    pub post_norms: bool,
+    /// Where a block's RMSNorms sit around attention and the MLP.
+    pub norms: Norms,
     /// Multiplier of q·k: `head_dim^-0.5`, or Gemma's `query_pre_attn_scalar^-0.5`.
     pub attention_scale: f32,
     /// Beginning-of-sequence token id, if the checkpoint names one.

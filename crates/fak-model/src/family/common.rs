@@ -2,7 +2,7 @@
 //! of them reads (and the ones fak refuses), the GGUF metadata keys, the derived fields
 //! of [`Config`] and its checks, and the decoder layer's base tensor list.
 
-use crate::{Activation, Config, Family, ModelError};
+use crate::{Activation, Config, Family, ModelError, Norms};
 use fak_weights::{GgufFile, MetaValue};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
@@ -17,8 +17,8 @@ pub(crate) struct Block {
     pub attention_bias: bool,
     /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
     pub qk_norm: bool,
-    /// Gemma's extra norms around attention and the MLP.
-    pub post_norms: bool,
+    /// Where the block's norms sit.
+    pub norms: Norms,
     /// Added to every RMSNorm weight (Gemma's `1 + weight`).
     pub norm_weight_offset: f32,
     /// Whether the embedding output is multiplied by `sqrt(hidden)` (Gemma).
@@ -122,7 +122,7 @@ pub(crate) fn build(
             .scale_embedding
             .then(|| (core.hidden_size as f64).sqrt() as f32),
         hidden_act: block.hidden_act,
-        post_norms: block.post_norms,
+        norms: block.norms,
         attention_scale,
         bos_token_id: core.bos_token_id,
         eos_token_ids: core.eos_token_ids,

@@ -5,7 +5,7 @@
 
 use super::common::{self, Block, HfCore, HfFeatures, Local};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError};
+use crate::{Activation, Config, ModelError, Norms};
 use fak_weights::GgufFile;
 use serde::Deserialize;
 use serde_json::Value;
@@ -27,7 +27,7 @@ pub(crate) struct Gemma3;
 const BLOCK: Block = Block {
     attention_bias: false,
     qk_norm: true,
-    post_norms: true,
+    norms: Norms::Sandwich,
     norm_weight_offset: 1.0,
     scale_embedding: true,
     hidden_act: Activation::GeluTanh,

@@ -5,7 +5,7 @@
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError};
+use crate::{Activation, Config, ModelError, Norms};
 use fak_weights::{unpermute_qk_rows, GgufFile};
 use serde_json::Value;
 use std::path::Path;
@@ -17,7 +17,7 @@ pub(crate) struct Llama;
 const BLOCK: Block = Block {
     attention_bias: false,
     qk_norm: false,
-    post_norms: false,
+    norms: Norms::Pre,
     norm_weight_offset: 0.0,
     scale_embedding: false,
     hidden_act: Activation::Silu,

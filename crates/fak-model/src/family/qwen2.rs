@@ -3,7 +3,7 @@
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError};
+use crate::{Activation, Config, ModelError, Norms};
 use fak_weights::GgufFile;
 use serde_json::Value;
 use std::path::Path;
@@ -15,7 +15,7 @@ pub(crate) struct Qwen2;
 const BLOCK: Block = Block {
     attention_bias: true,
     qk_norm: false,
-    post_norms: false,
+    norms: Norms::Pre,
     norm_weight_offset: 0.0,
     scale_embedding: false,
     hidden_act: Activation::Silu,

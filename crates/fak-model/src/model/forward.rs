@@ -41,6 +41,15 @@ fn norm_rows_into(x: &[f32], g: &[f32], c: &Config, out: &mut [f32]) {
     }
 }
 
+/// The input of a sublayer: RMSNorm of every `[hidden]` row of `x` into `out` with gain
+/// `g`, or `x` itself when the block has no norm before the sublayer ([`Norms::Post`]).
+fn pre_norm(x: &[f32], g: Option<&[f32]>, c: &Config, out: &mut [f32]) {
+    match g {
+        Some(g) => norm_rows_into(x, g, c, out),
+        None => out.copy_from_slice(&x[..out.len()]),
+    }
+}
+
 /// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
 fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize, tmp: &mut Vec<f32>) {
     tmp.resize(h, 0.0);
@@ -379,7 +388,7 @@ impl Model {
         let c = &self.config;
         let (h, qd) = (c.hidden_size, c.q_dim());
         let th = self.threads;
-        norm_rows_into(&scratch.x, &w.input_norm, c, &mut scratch.xn);
+        pre_norm(&scratch.x, w.input_norm.as_deref(), c, &mut scratch.xn);
         self.qkv(w, n, scratch)?;
         self.rope_qk(rope, n, scratch);
         let ForwardScratch {
@@ -416,7 +425,7 @@ impl Model {
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let (hd, h) = (c.head_dim, c.hidden_size);
+        let h = c.hidden_size;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         let th = self.threads;
         let ForwardScratch {
@@ -447,9 +456,10 @@ impl Model {
             }
         }
         if let Some((nq, nk)) = &w.qk_norm {
-            norm.resize(hd, 0.0);
+            // Each span of the gain's length: a head ([head_dim]) or a whole row.
             for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
-                for head in rows.chunks_exact_mut(hd) {
+                norm.resize(g.len(), 0.0);
+                for head in rows.chunks_exact_mut(g.len()) {
                     rms_norm(head, g, c.norm_weight_offset, c.rms_norm_eps, norm);
                     head.copy_from_slice(norm);
                 }
@@ -550,7 +560,7 @@ impl Model {
             products,
             ..
         } = scratch;
-        norm_rows_into(x, &w.mlp_norm, c, xn);
+        pre_norm(x, w.mlp_norm.as_deref(), c, xn);
         // gate and up read one input: it is quantized once for the two.
         let mut xq = SharedActs::new(xn, h, n, th, products);
         linear_group(

@@ -5,7 +5,7 @@
 use super::{LayerWeights, Model, Weight, WeightMode, PREFILL_CHUNK};
 use crate::family::LayerTensor;
 use crate::source::WeightSource;
-use crate::{Config, ModelError};
+use crate::{Config, ModelError, Norms};
 use fak_tensor::{RopeTable, Threads};
 use std::path::Path;
 
@@ -185,14 +185,25 @@ fn load_layer(
     } else {
         None
     };
-    let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.post_norms {
-        (
+    let (input_norm, attn_out_norm, mlp_norm, mlp_out_norm) = match c.norms {
+        Norms::Pre => (
+            Some(tensor("input_layernorm.weight")?),
+            None,
             Some(tensor("post_attention_layernorm.weight")?),
-            tensor("pre_feedforward_layernorm.weight")?,
+            None,
+        ),
+        Norms::Sandwich => (
+            Some(tensor("input_layernorm.weight")?),
+            Some(tensor("post_attention_layernorm.weight")?),
+            Some(tensor("pre_feedforward_layernorm.weight")?),
             Some(tensor("post_feedforward_layernorm.weight")?),
-        )
-    } else {
-        (None, tensor("post_attention_layernorm.weight")?, None)
+        ),
+        Norms::Post => (
+            None,
+            Some(tensor("post_attention_layernorm.weight")?),
+            None,
+            Some(tensor("post_feedforward_layernorm.weight")?),
+        ),
     };
     let q_proj = matrix("self_attn.q_proj.weight")?;
     let k_proj = matrix("self_attn.k_proj.weight")?;
@@ -201,7 +212,6 @@ fn load_layer(
     let gate_proj = matrix("mlp.gate_proj.weight")?;
     let up_proj = matrix("mlp.up_proj.weight")?;
     let down_proj = matrix("mlp.down_proj.weight")?;
-    let input_norm = tensor("input_layernorm.weight")?;
     if loaded.get() != listed.len() {
         return Err(ModelError::Unsupported(format!(
             "the loader read {} of the {} tensors the {} list names per layer",

@@ -219,12 +219,12 @@ impl Model {
             .layers
             .iter()
             .map(|w| {
-                w.input_norm.len()
+                w.input_norm.as_ref().map_or(0, Vec::len)
                     + w.q_proj.owned_len()
                     + w.k_proj.owned_len()
                     + w.v_proj.owned_len()
                     + w.o_proj.owned_len()
-                    + w.mlp_norm.len()
+                    + w.mlp_norm.as_ref().map_or(0, Vec::len)
                     + w.attn_out_norm.as_ref().map_or(0, Vec::len)
                     + w.mlp_out_norm.as_ref().map_or(0, Vec::len)
                     + w.qk_norm.as_ref().map_or(0, |(a, b)| a.len() + b.len())

@@ -110,8 +110,9 @@ impl Weight {
 /// the memory map, held quantized or an F32 GGUF matrix read in place, is not `f32`).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
-    /// `input_layernorm.weight`, `[hidden]`.
-    pub input_norm: Vec<f32>,
+    /// `input_layernorm.weight`, `[hidden]`, before attention; `None` when the block
+    /// has no norm there ([`Norms::Post`](crate::Norms::Post)).
+    pub input_norm: Option<Vec<f32>>,
     /// `self_attn.q_proj.weight`, `[q_dim, hidden]`.
     pub q_proj: Weight,
     /// `self_attn.k_proj.weight`, `[kv_dim, hidden]`.
@@ -122,15 +123,18 @@ pub struct LayerWeights {
     pub o_proj: Weight,
     /// `self_attn.{q,k,v}_proj.bias` (Qwen2), `[q_dim]`, `[kv_dim]`, `[kv_dim]`.
     pub qkv_bias: Option<(Vec<f32>, Vec<f32>, Vec<f32>)>,
-    /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight` (Qwen3, Gemma 3), each
-    /// `[head_dim]`, applied per head before RoPE.
+    /// `self_attn.q_norm.weight` and `self_attn.k_norm.weight`, applied before RoPE to
+    /// each span of their length: `[head_dim]` each, per head (Qwen3, Gemma 3), or
+    /// `[q_dim]` and `[kv_dim]`, the whole projection (OLMo 2).
     pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
-    /// Gemma's `post_attention_layernorm.weight` on the attention output, `[hidden]`.
+    /// The norm on the attention output before the residual add, `[hidden]`: Gemma's
+    /// and OLMo 2's `post_attention_layernorm.weight`.
     pub attn_out_norm: Option<Vec<f32>>,
     /// The norm before the MLP, `[hidden]`: Llama/Qwen `post_attention_layernorm`, Gemma
-    /// `pre_feedforward_layernorm`.
-    pub mlp_norm: Vec<f32>,
-    /// Gemma's `post_feedforward_layernorm.weight` on the MLP output, `[hidden]`.
+    /// `pre_feedforward_layernorm`; `None` for OLMo 2.
+    pub mlp_norm: Option<Vec<f32>>,
+    /// The norm on the MLP output before the residual add, `[hidden]`: Gemma's and OLMo
+    /// 2's `post_feedforward_layernorm.weight`.
     pub mlp_out_norm: Option<Vec<f32>>,
     /// `mlp.gate_proj.weight`, `[intermediate, hidden]`.
     pub gate_proj: Weight,
