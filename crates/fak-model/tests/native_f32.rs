@@ -122,3 +122,22 @@ fn native_f32_gguf_misaligned_is_copied_with_exact_bits() {
     assert_eq!(native.owned_weight_bytes(), exact.owned_weight_bytes());
     assert_same_bits_as_safetensors(&native, "llama-tied", "misaligned native");
 }
+
+/// OLMo 2's F32 GGUF (gguf-py, llama.cpp's `olmo2` names and keys; transformers cannot
+/// load it, so the witness is the HF-written safetensors model it was made from, itself
+/// proven against HF in `tests/tiny_oracle.rs`): read through the family's GGUF mapping,
+/// exact and native give that model's bits.
+#[test]
+fn olmo2_f32_gguf_gives_the_safetensors_bits() {
+    let path = gguf("olmo2.f32.gguf");
+    let exact = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(exact.config().family, fak_model::Family::Olmo2);
+    let mut native = Model::load_with(&path, WeightMode::Native).unwrap();
+    // 2 layers × 7 matrices, the embedding and the untied lm_head.
+    assert_eq!(native.mapped_f32_matrices(), 2 * 7 + 2);
+    assert_same_bits_as_safetensors(&exact, "olmo2", "olmo2 exact");
+    for th in [1, 2] {
+        native.set_threads(Threads::new(th));
+        assert_same_bits_as_safetensors(&native, "olmo2", &format!("olmo2 native, {th} threads"));
+    }
+}

@@ -41,6 +41,11 @@ fn tiny_gemma3_matches_hf() {
 }
 
 #[test]
+fn tiny_olmo2_matches_hf() {
+    prove_tiny("olmo2");
+}
+
+#[test]
 fn tiny_configs_are_read_as_hf_wrote_them() {
     let c = Model::load(&testdata().join("tiny/llama-tied")).unwrap();
     let c = c.config();
@@ -149,4 +154,25 @@ fn interleaved_rope_pairing_fails_r1() {
     let oracle = load_oracle(oracle_files("tiny-qwen2").remove(0));
     let f = measure(&model, &oracle).unwrap();
     assert!(!f.r1_holds(), "cosine {}", f.min_layer_cosine);
+}
+
+/// Negative controls for OLMo 2's block: its QK-norm switched off, or its norms moved
+/// before the sublayers (the same gains, Llama's placement), each fail R1.
+#[test]
+fn olmo2_without_qk_norm_or_with_pre_norms_fails_r1() {
+    let oracle = load_oracle(oracle_files("tiny-olmo2").remove(0));
+    let mut no_qk = Model::load(&testdata().join("tiny/olmo2")).unwrap();
+    no_qk
+        .layer_weights_mut()
+        .iter_mut()
+        .for_each(|w| w.qk_norm = None);
+    let f = measure(&no_qk, &oracle).unwrap();
+    assert!(!f.r1_holds(), "no QK-norm: cosine {}", f.min_layer_cosine);
+    let mut pre = Model::load(&testdata().join("tiny/olmo2")).unwrap();
+    for w in pre.layer_weights_mut() {
+        w.input_norm = w.attn_out_norm.take();
+        w.mlp_norm = w.mlp_out_norm.take();
+    }
+    let f = measure(&pre, &oracle).unwrap();
+    assert!(!f.r1_holds(), "pre-norms: cosine {}", f.min_layer_cosine);
 }

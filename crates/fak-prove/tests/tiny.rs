@@ -15,13 +15,20 @@ fn tiny(name: &str) -> Model {
 }
 
 /// The whole ladder on every tiny model (Llama tied/untied, Qwen2, Qwen3, Gemma 3 with
-/// its sliding and global layers and their own RoPE bases), with their HF oracles (R1,
+/// its sliding and global layers and their own RoPE bases, OLMo 2), with their HF oracles (R1,
 /// R2b, and R3 against HF where eviction oracles exist, else against our never-saw run):
 /// every rung passes, including the mid-span eviction whose survivors' K must equal one
 /// rotation under their own layer's base.
 #[test]
 fn ladder_passes_on_tiny_models() {
-    for name in ["llama-tied", "llama-untied", "qwen2", "qwen3", "gemma3"] {
+    for name in [
+        "llama-tied",
+        "llama-untied",
+        "qwen2",
+        "qwen3",
+        "gemma3",
+        "olmo2",
+    ] {
         let dir = testdata().join("oracles").join(format!("tiny-{name}"));
         let report = prove(tiny(name), name, Some(&dir));
         println!("{}", report.to_table());

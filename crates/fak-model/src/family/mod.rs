@@ -17,6 +17,7 @@
 mod common;
 mod gemma3;
 mod llama;
+mod olmo2;
 mod qwen2;
 mod qwen3;
 
@@ -43,11 +44,19 @@ pub enum Family {
     /// norms per block, GeGLU (tanh GELU), QK-norm, `query_pre_attn_scalar`, sliding and
     /// global layers with their own RoPE bases.
     Gemma3,
+    /// `olmo2` (HF `Olmo2ForCausalLM`): the norms after attention and the MLP instead of
+    /// before, QK-norm over the whole q and k projections.
+    Olmo2,
 }
 
 /// The registry: one line per family. [`Family::from_name`] searches it in this order.
-pub(crate) const FAMILIES: &[&dyn FamilySpec] =
-    &[&llama::Llama, &qwen2::Qwen2, &qwen3::Qwen3, &gemma3::Gemma3];
+pub(crate) const FAMILIES: &[&dyn FamilySpec] = &[
+    &llama::Llama,
+    &qwen2::Qwen2,
+    &qwen3::Qwen3,
+    &gemma3::Gemma3,
+    &olmo2::Olmo2,
+];
 
 impl Family {
     /// The family's registry entry.
@@ -164,7 +173,13 @@ mod tests {
 
     #[test]
     fn every_family_has_one_registry_line() {
-        for f in [Family::Llama, Family::Qwen2, Family::Qwen3, Family::Gemma3] {
+        for f in [
+            Family::Llama,
+            Family::Qwen2,
+            Family::Qwen3,
+            Family::Gemma3,
+            Family::Olmo2,
+        ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family() == f).count(), 1);
             assert_eq!(Family::from_name(f.name()).unwrap(), f);
         }
