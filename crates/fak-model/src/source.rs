@@ -238,6 +238,7 @@ impl WeightSource {
         Ok(Some(QuantMatrix {
             file: Arc::clone(file),
             tensor: i,
+            first_row: 0,
             ty,
             rows,
             cols,
@@ -280,6 +281,7 @@ impl WeightSource {
         Ok(Some(MappedF32 {
             file: Arc::clone(file),
             tensor: i,
+            first_row: 0,
             rows,
             cols,
             row_order,
@@ -341,6 +343,9 @@ impl WeightSource {
 pub struct QuantMatrix {
     file: Arc<GgufFile>,
     tensor: usize,
+    /// The file row this matrix starts at: 0, or where its rows begin inside a fused
+    /// tensor ([`QuantMatrix::row_range`]).
+    first_row: usize,
     /// The block type.
     pub ty: QType,
     /// Output features (HF `out_features`).
@@ -353,9 +358,31 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// The tensor's raw block bytes (`rows × cols / block_elems × block_bytes`).
+    /// The matrix's raw block bytes (`rows × cols / block_elems × block_bytes`): the
+    /// tensor's, or its rows' slice of a fused tensor.
     pub fn bytes(&self) -> &[u8] {
-        self.file.tensor_data(&self.file.tensors()[self.tensor])
+        let all = self.file.tensor_data(&self.file.tensors()[self.tensor]);
+        let rb = self.row_bytes();
+        all.get(self.first_row * rb..(self.first_row + self.rows) * rb)
+            .unwrap_or(&[])
+    }
+
+    /// Rows `first..first + rows` of this matrix as a matrix of their own, in place: one
+    /// part of a fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
+    /// are permuted.
+    pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
+        if self.row_order.is_some() || first.checked_add(rows).is_none_or(|e| e > self.rows) {
+            return Err(ModelError::Unsupported(format!(
+                "rows {first}..+{rows} of a [{}, {}] matrix",
+                self.rows, self.cols
+            )));
+        }
+        self.first_row += first;
+        self.rows = rows;
+        Ok(self)
     }
 
     /// Bytes of one row.
@@ -415,6 +442,8 @@ pub struct MappedF32 {
     /// Keeps the map alive as long as the handle.
     file: Arc<GgufFile>,
     tensor: usize,
+    /// The file row this matrix starts at (see [`QuantMatrix::row_range`]).
+    first_row: usize,
     /// Output features (HF `out_features`; `vocab` for the embedding).
     pub rows: usize,
     /// Input features (HF `in_features`; `hidden` for the embedding).
@@ -432,9 +461,30 @@ impl MappedF32 {
     /// [`WeightSource::mapped_f32`]: the map neither moves nor changes while the handle
     /// holds it.
     pub fn as_f32(&self) -> &[f32] {
-        self.file
+        let all = self
+            .file
             .tensor_f32_in_place(&self.file.tensors()[self.tensor])
+            .unwrap_or(&[]);
+        all.get(self.first_row * self.cols..(self.first_row + self.rows) * self.cols)
             .unwrap_or(&[])
+    }
+
+    /// Rows `first..first + rows` of this matrix as a matrix of their own, in place (as
+    /// [`QuantMatrix::row_range`]).
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
+    /// are permuted.
+    pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
+        if self.row_order.is_some() || first.checked_add(rows).is_none_or(|e| e > self.rows) {
+            return Err(ModelError::Unsupported(format!(
+                "rows {first}..+{rows} of a [{}, {}] matrix",
+                self.rows, self.cols
+            )));
+        }
+        self.first_row += first;
+        self.rows = rows;
+        Ok(self)
     }
 
     /// Bytes of the matrix in the map (`4 × rows × cols`).

@@ -122,6 +122,15 @@ pub(crate) trait FamilySpec: Sync {
     /// the loader reads and the only per-layer names a checkpoint may hold.
     fn layer_tensors(&self, cfg: &Config) -> Vec<LayerTensor>;
 
+    /// For a matrix of [`FamilySpec::layer_tensors`] stored as rows of a fused tensor of
+    /// the layer (Phi-3's `self_attn.qkv_proj.weight`, `mlp.gate_up_proj.weight`): that
+    /// tensor's name (after `model.layers.N.`), the matrix's first row in it and its
+    /// row count. `None` (the default) when the matrix is stored under its own name.
+    fn fused(&self, name: &str, cfg: &Config) -> Option<(&'static str, usize, usize)> {
+        let _ = (name, cfg);
+        None
+    }
+
     /// The HF name (after `model.layers.N.`, without `.weight` / `.bias`) of a GGUF
     /// block tensor part (`attn_q`, `ffn_norm`, ...), or `None` if the family has none.
     fn gguf_block_part(&self, part: &str) -> Option<&'static str>;

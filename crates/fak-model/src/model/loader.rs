@@ -75,7 +75,8 @@ impl Model {
         }
         for l in 0..c.num_hidden_layers {
             for (s, _) in &listed {
-                used.push(format!("model.layers.{l}.{s}"));
+                let stored = c.family.spec().fused(s, c).map_or(*s, |f| f.0);
+                used.push(format!("model.layers.{l}.{stored}"));
             }
         }
         let used: std::collections::HashSet<String> = used.into_iter().collect();
@@ -161,8 +162,15 @@ fn load_layer(
             })
     };
     let tensor = |s: &str| src.load(&p(s), shape(s)?, c);
+    // A matrix stored as rows of a fused tensor is those rows, in place when the fused
+    // tensor stays in the map.
     let matrix = |s: &str| match *shape(s)? {
-        [rows, cols] => load_matrix(src, c, mode, &p(s), [rows, cols]),
+        [rows, cols] => match c.family.spec().fused(s, c) {
+            None => load_matrix(src, c, mode, &p(s), [rows, cols]),
+            Some((stored, first, total)) => {
+                load_matrix(src, c, mode, &p(stored), [total, cols])?.row_range(first, rows, cols)
+            }
+        },
         _ => Err(ModelError::Unsupported(format!(
             "'{s}' is not a matrix in the {} tensor list",
             c.family.name()

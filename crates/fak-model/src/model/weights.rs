@@ -2,6 +2,7 @@
 //! ([`LayerWeights`]) and the matrices read from the memory map in native mode.
 
 use crate::source::{MappedF32, QuantMatrix};
+use crate::ModelError;
 
 /// How a model keeps its large matrices, chosen at load.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -55,6 +56,28 @@ pub enum Weight {
 }
 
 impl Weight {
+    /// Rows `first..first + rows` of a `[_, cols]` matrix as a matrix of their own: one
+    /// part of a fused tensor. A dense matrix copies them; a mapped or quantized one is
+    /// a view of the same bytes.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix.
+    pub fn row_range(self, first: usize, rows: usize, cols: usize) -> Result<Weight, ModelError> {
+        match self {
+            Weight::Dense(w) => w
+                .get(first * cols..(first + rows) * cols)
+                .map(|r| Weight::Dense(r.to_vec()))
+                .ok_or_else(|| {
+                    ModelError::Unsupported(format!(
+                        "rows {first}..+{rows} of a matrix of {} values",
+                        w.len()
+                    ))
+                }),
+            Weight::Mapped(m) => Ok(Weight::Mapped(m.row_range(first, rows)?)),
+            Weight::Quant(q) => Ok(Weight::Quant(q.row_range(first, rows)?)),
+        }
+    }
+
     /// The values of a [`Weight::Dense`] matrix, row-major; `None` for a matrix in the
     /// memory map.
     pub fn as_f32(&self) -> Option<&[f32]> {
