@@ -25,6 +25,17 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// RoPE scaled per dimension: `inv_freq[i] = 1 / (factors[i] · base^(2i/d))`, and cos
+/// and sin times `attention_factor` ([`fak_tensor::RopeTable::scaled`]).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RopeScaling {
+    /// One factor per rotated pair, `head_dim / 2` of them.
+    pub factors: Vec<f32>,
+    /// Multiplier on cos and sin (longrope: `sqrt(1 + ln(s) / ln(original))`, `s` the
+    /// context's extension over the original length).
+    pub attention_factor: f32,
+}
+
 /// Where a decoder block's RMSNorms sit around its two sublayers (attention, MLP).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -67,6 +78,10 @@ pub struct Config {
     pub rope_theta: Vec<f32>,
     /// Context length in tokens (`max_position_embeddings`, GGUF `context_length`).
     pub max_position_embeddings: usize,
+    /// Per-dimension RoPE frequency factors and the attention factor on cos and sin
+    /// (HF `transformers.modeling_rope_utils`), when the family scales RoPE: Phi-3's
+    /// longrope short factors. `None` is plain RoPE.
+    pub rope_scaling: Option<RopeScaling>,
     /// Whether the logits head reuses the token embedding (no `lm_head.weight`).
     pub tie_word_embeddings: bool,
     /// Bias on the q/k/v projections (Qwen2). Llama: false.

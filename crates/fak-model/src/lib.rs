@@ -40,7 +40,7 @@ mod source;
 pub mod tokenizer;
 
 pub use chat::{load_text, ChatError, ChatTemplate, Message, RenderLimits};
-pub use config::{Activation, Config, Norms};
+pub use config::{Activation, Config, Norms, RopeScaling};
 pub use error::ModelError;
 pub use family::Family;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};

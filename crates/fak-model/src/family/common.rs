@@ -113,6 +113,7 @@ pub(crate) fn build(
         rms_norm_eps: core.rms_norm_eps,
         rope_theta,
         max_position_embeddings: core.max_position_embeddings,
+        rope_scaling: None,
         tie_word_embeddings: core.tie_word_embeddings,
         attention_bias: block.attention_bias,
         qk_norm: block.qk_norm,

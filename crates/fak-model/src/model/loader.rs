@@ -97,8 +97,18 @@ impl Model {
         let rope = c
             .rope_theta
             .iter()
-            .map(|&t| RopeTable::new(c.head_dim, t))
-            .collect();
+            .map(|&t| match &c.rope_scaling {
+                None => Ok(RopeTable::new(c.head_dim, t)),
+                Some(s) => RopeTable::scaled(c.head_dim, t, &s.factors, s.attention_factor)
+                    .ok_or_else(|| {
+                        ModelError::Unsupported(format!(
+                            "{} RoPE factors for head_dim {}",
+                            s.factors.len(),
+                            c.head_dim
+                        ))
+                    }),
+            })
+            .collect::<Result<_, _>>()?;
         Ok(Model {
             config,
             embed_tokens,
