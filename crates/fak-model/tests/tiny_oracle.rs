@@ -45,6 +45,27 @@ fn tiny_olmo2_matches_hf() {
     prove_tiny("olmo2");
 }
 
+/// Phi-3 within its original context (the short longrope factors, HF's regime for
+/// every position below `original_max_position_embeddings`): rand7, rand12, rand20.
+/// `long64` and `cross40` run in HF's long regime, which fak does not serve: the context
+/// is capped at the original length, so a longer prompt is an error, not other logits.
+#[test]
+fn tiny_phi3_matches_hf_within_the_original_context() {
+    let model = Model::load(&testdata().join("tiny/phi3")).unwrap();
+    assert_eq!(model.config().max_position_embeddings, 48);
+    let mut proven = 0;
+    for file in oracle_files("tiny-phi3") {
+        let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
+        if stem.starts_with("rand") {
+            check_oracle(&model, &load_oracle(file));
+            proven += 1;
+        } else {
+            assert!(measure(&model, &load_oracle(file)).is_err(), "{stem}");
+        }
+    }
+    assert_eq!(proven, 3);
+}
+
 #[test]
 fn tiny_configs_are_read_as_hf_wrote_them() {
     let c = Model::load(&testdata().join("tiny/llama-tied")).unwrap();
@@ -175,4 +196,44 @@ fn olmo2_without_qk_norm_or_with_pre_norms_fails_r1() {
     }
     let f = measure(&pre, &oracle).unwrap();
     assert!(!f.r1_holds(), "pre-norms: cosine {}", f.min_layer_cosine);
+}
+
+/// Negative controls for Phi-3 (on rand20): gate and up taken from the wrong halves of
+/// `gate_up_proj`, RoPE without the longrope factors, or without their attention factor,
+/// each fail R1.
+#[test]
+fn phi3_wrong_split_or_plain_rope_fails_r1() {
+    let rand20 = oracle_files("tiny-phi3")
+        .into_iter()
+        .find(|f| f.ends_with("rand20.safetensors"))
+        .unwrap();
+    let oracle = load_oracle(rand20);
+    let dir = testdata().join("tiny/phi3");
+    let mut swapped = Model::load(&dir).unwrap();
+    for w in swapped.layer_weights_mut() {
+        std::mem::swap(&mut w.gate_proj, &mut w.up_proj);
+    }
+    let f = measure(&swapped, &oracle).unwrap();
+    assert!(
+        !f.r1_holds(),
+        "gate/up swapped: cosine {}",
+        f.min_layer_cosine
+    );
+    let (src, cfg) = fak_model::WeightSource::open(&dir).unwrap();
+    for (label, scaling) in [
+        ("plain RoPE", None),
+        (
+            "attention factor 1",
+            cfg.rope_scaling.clone().map(|mut s| {
+                s.attention_factor = 1.0;
+                s
+            }),
+        ),
+    ] {
+        let mut c = cfg.clone();
+        c.rope_scaling = scaling;
+        let m = Model::from_source(&src, c).unwrap();
+        let f = measure(&m, &oracle).unwrap();
+        assert!(!f.r1_holds(), "{label}: cosine {}", f.min_layer_cosine);
+    }
 }

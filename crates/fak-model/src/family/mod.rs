@@ -18,6 +18,7 @@ mod common;
 mod gemma3;
 mod llama;
 mod olmo2;
+mod phi3;
 mod qwen2;
 mod qwen3;
 
@@ -47,6 +48,9 @@ pub enum Family {
     /// `olmo2` (HF `Olmo2ForCausalLM`): the norms after attention and the MLP instead of
     /// before, QK-norm over the whole q and k projections.
     Olmo2,
+    /// `phi3` (HF `Phi3ForCausalLM`): fused `qkv_proj` and `gate_up_proj`, a sliding
+    /// window, longrope RoPE scaling.
+    Phi3,
 }
 
 /// The registry: one line per family. [`Family::from_name`] searches it in this order.
@@ -56,6 +60,7 @@ pub(crate) const FAMILIES: &[&dyn FamilySpec] = &[
     &qwen3::Qwen3,
     &gemma3::Gemma3,
     &olmo2::Olmo2,
+    &phi3::Phi3,
 ];
 
 impl Family {
@@ -188,6 +193,7 @@ mod tests {
             Family::Qwen3,
             Family::Gemma3,
             Family::Olmo2,
+            Family::Phi3,
         ] {
             assert_eq!(FAMILIES.iter().filter(|s| s.family() == f).count(), 1);
             assert_eq!(Family::from_name(f.name()).unwrap(), f);
