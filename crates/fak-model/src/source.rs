@@ -121,6 +121,9 @@ impl WeightSource {
         let cfg = Config::from_gguf(&file, path)?;
         let mut by_hf = HashMap::new();
         for (i, t) in file.tensors().iter().enumerate() {
+            if cfg.family.spec().gguf_config_tensor(&t.name) {
+                continue;
+            }
             let hf = family::gguf_to_hf_name(cfg.family, &t.name).ok_or_else(|| {
                 ModelError::Unsupported(format!(
                     "GGUF tensor '{}' has no known HF name for architecture '{}'",

@@ -141,3 +141,26 @@ fn olmo2_f32_gguf_gives_the_safetensors_bits() {
         assert_same_bits_as_safetensors(&native, "olmo2", &format!("olmo2 native, {th} threads"));
     }
 }
+
+/// Phi-3's F32 GGUF (gguf-py, llama.cpp's `phi3` names and keys: fused `attn_qkv` and
+/// `ffn_up`, the longrope factors as tensors, the window and attention factor as keys;
+/// transformers loads its parameters but ignores its RoPE scaling and window, so the
+/// witness is the HF-written safetensors model it was made from, proven against HF in
+/// `tests/tiny_oracle.rs`): exact and native give that model's bits, the fused matrices
+/// split into row views of the map.
+#[test]
+fn phi3_f32_gguf_gives_the_safetensors_bits() {
+    let path = gguf("phi3.f32.gguf");
+    let exact = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let st = Model::load(&testdata().join("tiny/phi3")).unwrap();
+    assert_eq!(exact.config(), st.config());
+    let mut native = Model::load_with(&path, WeightMode::Native).unwrap();
+    // 2 layers × 7 row views (q, k, v of attn_qkv; gate, up of ffn_up; o; down), the
+    // embedding and the untied lm_head.
+    assert_eq!(native.mapped_f32_matrices(), 2 * 7 + 2);
+    assert_same_bits_as_safetensors(&exact, "phi3", "phi3 exact");
+    for th in [1, 2] {
+        native.set_threads(Threads::new(th));
+        assert_same_bits_as_safetensors(&native, "phi3", &format!("phi3 native, {th} threads"));
+    }
+}

@@ -136,6 +136,14 @@ pub(crate) trait FamilySpec: Sync {
         None
     }
 
+    /// Whether GGUF tensor `gguf_name` is configuration rather than a weight (Phi-3's
+    /// `rope_factors_long.weight` / `rope_factors_short.weight`): read by
+    /// [`FamilySpec::config_from_gguf`], not loaded as a tensor. The default: none is.
+    fn gguf_config_tensor(&self, gguf_name: &str) -> bool {
+        let _ = gguf_name;
+        false
+    }
+
     /// The HF name (after `model.layers.N.`, without `.weight` / `.bias`) of a GGUF
     /// block tensor part (`attn_q`, `ffn_norm`, ...), or `None` if the family has none.
     fn gguf_block_part(&self, part: &str) -> Option<&'static str>;

@@ -7,8 +7,8 @@
 //! `original_max_position_embeddings`, and its `generate` recomputes the whole sequence
 //! when it first crosses that length. fak serves a Phi-3 model within
 //! `original_max_position_embeddings` (the context is capped there), where HF uses the
-//! short factors throughout; the long regime is not implemented yet. The GGUF form
-//! (`phi3`, with its `rope_factors_*` tensors) is not read yet.
+//! short factors throughout; the long regime is not implemented yet. GGUF architecture
+//! `phi3`: the short factors come from its `rope_factors_short.weight` tensor.
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
@@ -153,10 +153,53 @@ impl FamilySpec for Phi3 {
         Ok(c)
     }
 
-    fn config_from_gguf(&self, _g: &GgufFile, _path: &Path) -> Result<Config, ModelError> {
-        Err(ModelError::Unsupported(
-            "phi3 GGUF files (their rope_factors tensors are not read yet); use the safetensors checkpoint".into(),
-        ))
+    /// llama.cpp's `phi3` keys: Llama's, plus `rope.scaling.original_context_length`,
+    /// `rope.scaling.attn_factor`, `attention.sliding_window` (0: none), and the
+    /// longrope short factors in the tensor `rope_factors_short.weight` (F32,
+    /// `[head_dim / 2]`).
+    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
+        let err = |reason: String| common::config_err(path, reason);
+        let theta = common::GgufKeys::new(g)?
+            .opt_f("rope.freq_base")?
+            .unwrap_or(10000.0);
+        let local = |m: &common::GgufKeys<'_>, n: usize| {
+            Ok(match m.opt_u("attention.sliding_window")? {
+                Some(w) if w > 0 => Some(common::Local {
+                    window: w,
+                    sliding: vec![true; n],
+                    rope_theta: theta,
+                }),
+                _ => None,
+            })
+        };
+        let mut c = common::config_from_gguf(Family::Phi3, &BLOCK, g, path, local, None)?;
+        let m = common::GgufKeys::new(g)?;
+        if let Some(original) = m.opt_u("rope.scaling.original_context_length")? {
+            let short = g
+                .tensor_f32("rope_factors_short.weight")
+                .map_err(|e| err(format!("rope_factors_short.weight: {e}")))?;
+            if g.tensor("rope_factors_long.weight").is_none() {
+                return Err(err("longrope without rope_factors_long.weight".into()));
+            }
+            let attention_factor = match m.opt_f("rope.scaling.attn_factor")? {
+                Some(a) => a,
+                None => longrope_attention_factor(None, None, c.max_position_embeddings, original),
+            };
+            c.rope_scaling = Some(RopeScaling {
+                factors: short,
+                attention_factor,
+            });
+            c.max_position_embeddings = c.max_position_embeddings.min(original);
+        }
+        c.validate().map_err(err)?;
+        Ok(c)
+    }
+
+    fn gguf_config_tensor(&self, gguf_name: &str) -> bool {
+        matches!(
+            gguf_name,
+            "rope_factors_long.weight" | "rope_factors_short.weight"
+        )
     }
 
     /// Llama's matrices and norms, as roles: `q_proj`, `k_proj`, `v_proj` are stored in
@@ -181,8 +224,15 @@ impl FamilySpec for Phi3 {
         }
     }
 
+    /// llama.cpp's `phi3` tensors: the fused `attn_qkv` and `ffn_up` (gate and up),
+    /// otherwise Llama's parts.
     fn gguf_block_part(&self, part: &str) -> Option<&'static str> {
-        common::llama_block_part(part)
+        match part {
+            "attn_qkv" => Some("self_attn.qkv_proj"),
+            "ffn_up" => Some("mlp.gate_up_proj"),
+            "attn_q" | "attn_k" | "attn_v" | "ffn_gate" => None,
+            _ => common::llama_block_part(part),
+        }
     }
 }
 
