@@ -62,6 +62,10 @@ impl FamilySpec for Gemma3 {
         &["gemma3", "gemma3_text"]
     }
 
+    fn block(&self) -> &'static Block {
+        &BLOCK
+    }
+
     fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
         let err = |reason: String| common::config_err(path, reason);
         let features = HfFeatures::read(v, path)?;

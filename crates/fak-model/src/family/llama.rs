@@ -6,9 +6,7 @@
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
 use crate::{Activation, Config, ModelError, Norms};
-use fak_weights::{unpermute_qk_rows, GgufFile};
-use serde_json::Value;
-use std::path::Path;
+use fak_weights::unpermute_qk_rows;
 
 /// The Llama family.
 pub(crate) struct Llama;
@@ -35,12 +33,8 @@ impl FamilySpec for Llama {
         &["llama"]
     }
 
-    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_hf(Family::Llama, &BLOCK, v, path)
-    }
-
-    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_gguf(Family::Llama, &BLOCK, g, path, |_, _| Ok(None), None)
+    fn block(&self) -> &'static Block {
+        &BLOCK
     }
 
     fn layer_tensors(&self, cfg: &Config) -> Vec<LayerTensor> {

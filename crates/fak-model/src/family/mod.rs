@@ -109,19 +109,28 @@ pub(crate) trait FamilySpec: Sync {
     /// to; the first is its canonical name.
     fn names(&self) -> &'static [&'static str];
 
+    /// The family's block structure: the [`Config`] switches fixed by the family.
+    fn block(&self) -> &'static common::Block;
+
     /// Reads the family's HF `config.json` (already parsed; `path` only for messages).
+    /// The default reads the keys the Llama-like families share, under [`Self::block`].
     ///
     /// # Errors
     /// [`ModelError::Config`] for a missing or mistyped key, [`ModelError::Unsupported`]
     /// for a feature fak does not implement.
-    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError>;
+    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
+        common::config_from_hf(self.family(), self.block(), v, path)
+    }
 
-    /// Reads the config from a GGUF file's metadata (`<arch>.*` keys).
+    /// Reads the config from a GGUF file's metadata (`<arch>.*` keys). The default reads
+    /// the keys the Llama-like families share, with no sliding layers.
     ///
     /// # Errors
     /// [`ModelError::Gguf`] for a missing or mistyped key, [`ModelError::Config`],
     /// [`ModelError::Unsupported`] as [`FamilySpec::config_from_hf`].
-    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError>;
+    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
+        common::config_from_gguf(self.family(), self.block(), g, path, |_, _| Ok(None), None)
+    }
 
     /// Every tensor of one decoder layer under `cfg`, as (HF suffix, shape): the names
     /// the loader reads and the only per-layer names a checkpoint may hold.

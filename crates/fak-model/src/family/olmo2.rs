@@ -5,10 +5,7 @@
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError, Norms};
-use fak_weights::GgufFile;
-use serde_json::Value;
-use std::path::Path;
+use crate::{Activation, Config, Norms};
 
 /// The OLMo 2 family.
 pub(crate) struct Olmo2;
@@ -35,12 +32,8 @@ impl FamilySpec for Olmo2 {
         &["olmo2"]
     }
 
-    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_hf(Family::Olmo2, &BLOCK, v, path)
-    }
-
-    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_gguf(Family::Olmo2, &BLOCK, g, path, |_, _| Ok(None), None)
+    fn block(&self) -> &'static Block {
+        &BLOCK
     }
 
     /// `Olmo2DecoderLayer`: the four attention projections, `q_norm` `[q_dim]` and

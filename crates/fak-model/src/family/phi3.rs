@@ -78,6 +78,10 @@ impl FamilySpec for Phi3 {
         &["phi3"]
     }
 
+    fn block(&self) -> &'static Block {
+        &BLOCK
+    }
+
     fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
         let err = |reason: String| common::config_err(path, reason);
         let f: Phi3Fields = common::de(v, path)?;

@@ -3,10 +3,7 @@
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError, Norms};
-use fak_weights::GgufFile;
-use serde_json::Value;
-use std::path::Path;
+use crate::{Activation, Config, Norms};
 
 /// The Qwen3 family.
 pub(crate) struct Qwen3;
@@ -33,12 +30,8 @@ impl FamilySpec for Qwen3 {
         &["qwen3"]
     }
 
-    fn config_from_hf(&self, v: &Value, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_hf(Family::Qwen3, &BLOCK, v, path)
-    }
-
-    fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
-        common::config_from_gguf(Family::Qwen3, &BLOCK, g, path, |_, _| Ok(None), None)
+    fn block(&self) -> &'static Block {
+        &BLOCK
     }
 
     fn layer_tensors(&self, cfg: &Config) -> Vec<LayerTensor> {
