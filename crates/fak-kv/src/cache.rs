@@ -27,6 +27,17 @@ pub enum KvError {
         /// Row width of the model.
         model_kv_dim: usize,
     },
+    /// The eviction would shorten a longrope model's (Phi-3's) sequence from past its
+    /// original context to within it, where the other RoPE factors apply to every
+    /// entry ([`fak_model::Model::rope_regime`]): the survivors must be computed again,
+    /// which the cache cannot do without their tokens (`Session::evict` does).
+    #[error("evicting would take the sequence from {from_len} to {to_len} positions, across the model's original context: the entries must be recomputed")]
+    RopeRegimeChange {
+        /// Positions the sequence spans before the eviction.
+        from_len: usize,
+        /// Positions it would span after.
+        to_len: usize,
+    },
 }
 
 /// Per layer: post-RoPE `k`, pre-RoPE `k_raw` and `v` as flat row-major buffers
@@ -180,7 +191,9 @@ impl KvCache {
     ///
     /// # Errors
     /// [`KvError::SpanOutOfRange`] if `from + n > len`; [`KvError::ShapeMismatch`] if
-    /// `model` is not the model this cache was filled by. The cache is unchanged on error.
+    /// `model` is not the model this cache was filled by; [`KvError::RopeRegimeChange`]
+    /// if a longrope model's sequence would shrink across its original context. The
+    /// cache is unchanged on error.
     pub fn evict(&mut self, model: &Model, from: usize, n: usize) -> Result<(), KvError> {
         let len = self.len();
         let end = from.checked_add(n).filter(|&e| e <= len);
@@ -196,6 +209,21 @@ impl KvCache {
         } else {
             0
         };
+        let old_end = self.next_position() as usize;
+        let new_end = if end < len {
+            old_end - shift as usize
+        } else if from > 0 {
+            self.pos[from - 1] as usize + 1
+        } else {
+            0
+        };
+        let regime = model.rope_regime(new_end);
+        if new_end > 0 && regime != model.rope_regime(old_end) {
+            return Err(KvError::RopeRegimeChange {
+                from_len: old_end,
+                to_len: new_end,
+            });
+        }
         let d = self.kv_dim;
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
@@ -212,7 +240,7 @@ impl KvCache {
                 for j in from..self.pos.len() {
                     let row = &mut k[j * d..(j + 1) * d];
                     row.copy_from_slice(&k_raw[j * d..(j + 1) * d]);
-                    model.rope_in_place(l, self.pos[j], row);
+                    model.rope_in_place(l, self.pos[j], regime, row);
                 }
             }
         }

@@ -169,8 +169,29 @@ impl Session {
     }
 
     /// Runs `ids` at `positions`, keeping the last token's logits in `last_logits`
-    /// (only the rows `head_rows` when given, the rest `-inf`).
+    /// (only the rows `head_rows` when given, the rest `-inf`). When they take a
+    /// longrope model's sequence past its original context, the cached tokens and `ids`
+    /// run again as one pass into an empty cache ([`Session::recompute_with`]).
     fn run_last(
+        &mut self,
+        ids: &[u32],
+        positions: &[u32],
+        head_rows: Option<&[u32]>,
+    ) -> Result<(), SessionError> {
+        match self.run_last_in_cache(ids, positions, head_rows) {
+            Err(SessionError::Model(ModelError::RopeRegimeChange { .. }))
+                if self.recomputable() =>
+            {
+                self.recompute_with(ids, positions, |s, ids, positions| {
+                    s.run_last_in_cache(ids, positions, head_rows)
+                })
+            }
+            r => r,
+        }
+    }
+
+    /// [`Session::run_last`] appending to the cache as it is.
+    fn run_last_in_cache(
         &mut self,
         ids: &[u32],
         positions: &[u32],
@@ -218,10 +239,29 @@ impl Session {
     pub fn prefill_all_logits(&mut self, ids: &[u32]) -> Result<Vec<f32>, SessionError> {
         let start = self.cache.next_position();
         let positions: Vec<u32> = (0..ids.len() as u32).map(|i| start + i).collect();
+        match self.all_logits_in_cache(ids, &positions) {
+            Err(SessionError::Model(ModelError::RopeRegimeChange { .. }))
+                if self.recomputable() =>
+            {
+                let v = self.model.config().vocab_size;
+                let cached = self.cache.len();
+                let mut all = self.recompute_with(ids, &positions, Self::all_logits_in_cache)?;
+                Ok(all.split_off(cached * v))
+            }
+            r => r,
+        }
+    }
+
+    /// [`Session::prefill_all_logits`] at `positions`, appending to the cache as it is.
+    fn all_logits_in_cache(
+        &mut self,
+        ids: &[u32],
+        positions: &[u32],
+    ) -> Result<Vec<f32>, SessionError> {
         let before = self.cache.len();
         let ran = self
             .model
-            .forward(ids, &positions, &mut self.cache, LogitsWanted::All, None);
+            .forward(ids, positions, &mut self.cache, LogitsWanted::All, None);
         let logits = ran.inspect_err(|_| self.roll_back_to(before))?;
         self.check_finite(&logits, ids.len())?;
         self.positions_computed += ids.len() as u64;
@@ -229,6 +269,38 @@ impl Session {
         let v = self.model.config().vocab_size;
         self.last_logits = Some(logits[logits.len() - v..].to_vec());
         Ok(logits)
+    }
+
+    /// Whether running the session's tokens again from an empty cache gives its cache:
+    /// no entry was dropped by [`Session::drop_oldest`] (dropped entries were attended
+    /// to by later ones), so the first position is 0.
+    fn recomputable(&self) -> bool {
+        self.cache.positions().first().is_none_or(|&p| p == 0)
+    }
+
+    /// Runs the cached tokens followed by `ids` (at their positions, then `positions`)
+    /// as one pass through `run` into an empty cache of the same capacity: what HF's
+    /// `generate` does when a longrope model's (Phi-3's) sequence first crosses its
+    /// original context, since the long factors then apply to every entry. On error the
+    /// session is as it was.
+    fn recompute_with<T>(
+        &mut self,
+        ids: &[u32],
+        positions: &[u32],
+        run: impl FnOnce(&mut Self, &[u32], &[u32]) -> Result<T, SessionError>,
+    ) -> Result<T, SessionError> {
+        let all_ids: Vec<u32> = self.ids.iter().chain(ids).copied().collect();
+        let cached = self.cache.positions().iter();
+        let all_positions: Vec<u32> = cached.chain(positions).copied().collect();
+        let empty = KvCache::new(self.model.config(), self.cache.capacity());
+        let cache = std::mem::replace(&mut self.cache, empty);
+        let kept_ids = std::mem::take(&mut self.ids);
+        let ran = run(self, &all_ids, &all_positions);
+        if ran.is_err() {
+            self.cache = cache;
+            self.ids = kept_ids;
+        }
+        ran
     }
 
     /// Takes the cache back to its first `len` entries after a failed pass. The model
@@ -324,18 +396,57 @@ impl Session {
     }
 
     /// Removes cached tokens `[from, from + n)` (see [`KvCache::evict`]): at write time,
-    /// the session is then bit-identical to one that never saw them. The last logits are
+    /// the session is then bit-identical to one that never saw them. When that takes a
+    /// longrope model's sequence from past its original context to within it, the
+    /// survivors run again (the other RoPE factors apply to all of them), so that holds
+    /// there too. The last logits are
     /// dropped (they were computed with the span present); prefill the next token to go on.
     ///
     /// # Errors
     /// [`SessionError::Kv`] for a span out of range; the session is unchanged.
     pub fn evict(&mut self, from: usize, n: usize) -> Result<(), SessionError> {
-        self.cache.evict(&self.model, from, n)?;
-        self.ids.drain(from..from + n);
+        match self.cache.evict(&self.model, from, n) {
+            Err(KvError::RopeRegimeChange { .. }) if self.recomputable() => {
+                self.recompute_without(from, n)?
+            }
+            r => {
+                r?;
+                self.ids.drain(from..from + n);
+            }
+        }
         if n > 0 {
             self.last_logits = None;
         }
         Ok(())
+    }
+
+    /// Eviction of `[from, from + n)` by running the survivors again, at the positions
+    /// [`KvCache::evict`] gives them, into an empty cache: for a longrope model whose
+    /// sequence the eviction takes back within its original context, where the short
+    /// factors apply to every entry. On error the session is as it was.
+    fn recompute_without(&mut self, from: usize, n: usize) -> Result<(), SessionError> {
+        let end = from + n;
+        let pos = self.cache.positions();
+        let shift = pos.get(end).map_or(0, |&p| p - pos[from]);
+        let positions: Vec<u32> = pos[..from]
+            .iter()
+            .copied()
+            .chain(pos[end..].iter().map(|&p| p - shift))
+            .collect();
+        let ids: Vec<u32> = self.ids[..from]
+            .iter()
+            .chain(&self.ids[end..])
+            .copied()
+            .collect();
+        let empty = KvCache::new(self.model.config(), self.cache.capacity());
+        let cache = std::mem::replace(&mut self.cache, empty);
+        let kept_ids = std::mem::take(&mut self.ids);
+        let ran = self.run_last_in_cache(&ids, &positions, None);
+        if ran.is_err() {
+            self.cache = cache;
+            self.ids = kept_ids;
+        }
+        ran
     }
 
     /// Drops the `n` oldest tokens without renumbering (bounded mode of sliding-window

@@ -333,3 +333,82 @@ fn drop_oldest_refuses_entries_a_layer_can_still_reach() {
     kept.prefill(&ids).unwrap();
     assert!(bits_eq(&s.step(7).unwrap(), &kept.step(7).unwrap()));
 }
+
+/// The tiny Phi-3's cross40 oracle: its prompt and HF `generate`'s 16 greedy ids, whose
+/// run crosses the original context (48) at step 9.
+fn phi3_cross40() -> (Vec<u32>, Vec<u32>) {
+    let file = testdata().join("oracles/tiny-phi3/cross40.safetensors");
+    let o = fak_prove::oracle::Oracle::load(file).unwrap();
+    (o.ids("prompt_ids").unwrap(), o.ids("greedy_ids").unwrap())
+}
+
+/// A session whose sequence crosses Phi-3's original context runs all of it again in
+/// the long regime, as HF's `generate` does: the greedy run equals HF's, and the cache
+/// afterwards is bit-identical to one pass over the whole sequence.
+#[test]
+fn phi3_session_recomputes_where_the_sequence_crosses_the_original_context() {
+    let model = Arc::new(tiny("phi3"));
+    let (prompt, hf) = phi3_cross40();
+    assert_eq!(prompt.len(), 40);
+    let mut s = Session::new(Arc::clone(&model));
+    s.prefill(&prompt).unwrap();
+    let params = GenerateParams {
+        max_new_tokens: 16,
+        stop_at_eos: false,
+    };
+    let out = s.generate(&params).unwrap();
+    assert_eq!(out, hf);
+    // 40 prompt tokens and 15 steps ran (the last token is returned, not run); the
+    // step to 49 positions ran the 49 again.
+    assert_eq!(s.len(), 55);
+    assert_eq!(s.positions_computed(), 40 + 8 + 49 + 6);
+    let mut whole = Session::new(Arc::clone(&model));
+    whole.prefill(s.ids()).unwrap();
+    assert_eq!(cache_max_abs_diff(s.cache(), whole.cache()), 0.0);
+    assert!(bits_eq(
+        s.last_logits().unwrap(),
+        whole.last_logits().unwrap()
+    ));
+}
+
+/// Eviction on Phi-3 at write time equals never-saw on both sides of the original
+/// context: a span that takes the sequence back within it (the survivors run again with
+/// the short factors), and one that leaves it past it.
+#[test]
+fn phi3_write_time_eviction_equals_never_saw_across_the_original_context() {
+    let model = Arc::new(tiny("phi3"));
+    let (prompt, _) = phi3_cross40();
+    let poison: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % 256).collect();
+    let query = [17u32, 99];
+    let run = |ids: &[&[u32]]| {
+        let mut s = Session::new(Arc::clone(&model));
+        for part in ids {
+            s.prefill(part).unwrap();
+        }
+        s
+    };
+    // 40 + 20 crosses: the second prefill runs all 60 again in the long regime.
+    let mut evicted = run(&[&prompt, &poison]);
+    assert_eq!(evicted.positions_computed(), 40 + 60);
+    // Control: the first 40 entries as the long pass left them are not never-saw's.
+    let mut truncated = evicted.cache().clone();
+    truncated.drop_newest(20);
+    evicted.evict(40, 20).unwrap();
+    let never = run(&[&prompt]);
+    assert_eq!(evicted.ids(), never.ids());
+    assert_eq!(cache_max_abs_diff(evicted.cache(), never.cache()), 0.0);
+    assert!(cache_max_abs_diff(&truncated, never.cache()) > 0.0);
+    evicted.prefill(&query).unwrap();
+    let mut never = never;
+    never.prefill(&query).unwrap();
+    assert!(bits_eq(
+        evicted.last_logits().unwrap(),
+        never.last_logits().unwrap()
+    ));
+
+    // Past the context before and after: 55 long positions, then 50.
+    let mut long = run(&[&prompt, &poison[..10], &poison[10..15]]);
+    long.evict(50, 5).unwrap();
+    let never = run(&[&[&prompt[..], &poison[..10]].concat()]);
+    assert_eq!(cache_max_abs_diff(long.cache(), never.cache()), 0.0);
+}

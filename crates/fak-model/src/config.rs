@@ -26,14 +26,29 @@ pub enum Activation {
 }
 
 /// RoPE scaled per dimension: `inv_freq[i] = 1 / (factors[i] · base^(2i/d))`, and cos
-/// and sin times `attention_factor` ([`fak_tensor::RopeTable::scaled`]).
+/// and sin times `attention_factor` ([`fak_tensor::RopeTable::scaled`]). HF
+/// `transformers.modeling_rope_utils`' longrope (Phi-3).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RopeScaling {
-    /// One factor per rotated pair, `head_dim / 2` of them.
+    /// One factor per rotated pair, `head_dim / 2` of them: longrope's `short_factor`,
+    /// used while the sequence fits in the original context (all of it without `long`).
     pub factors: Vec<f32>,
-    /// Multiplier on cos and sin (longrope: `sqrt(1 + ln(s) / ln(original))`, `s` the
-    /// context's extension over the original length).
+    /// Multiplier on cos and sin in both regimes (longrope: `sqrt(1 + ln(s) /
+    /// ln(original))`, `s` the context's extension over the original length).
     pub attention_factor: f32,
+    /// longrope's `long_factor` and the length past which they apply.
+    pub long: Option<LongRopeFactors>,
+}
+
+/// The factors a longrope model uses for a sequence longer than its original context.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct LongRopeFactors {
+    /// One factor per rotated pair, `head_dim / 2` of them (`long_factor`).
+    pub factors: Vec<f32>,
+    /// `original_max_position_embeddings`: a forward pass whose largest position `p` has
+    /// `p + 1` above this uses `factors` for every position (HF's `Phi3RotaryEmbedding`
+    /// picks the regime per call from `max(position_ids) + 1`).
+    pub original_max_position_embeddings: usize,
 }
 
 /// Where a decoder block's RMSNorms sit around its two sublayers (attention, MLP).

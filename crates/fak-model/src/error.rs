@@ -64,6 +64,19 @@ pub enum ModelError {
         /// The model's (or cache's) limit.
         limit: usize,
     },
+    /// A longrope model's (Phi-3's) pass would take a sequence cached within the
+    /// original context past it: longrope's long factors then apply to every position,
+    /// so each cached entry (every layer's K and V, not only their rotation) must be
+    /// computed again. The cache is unchanged; run the whole sequence as one pass into an
+    /// empty cache, as HF's `generate` does (`generate_greedy` and fak-kv's `Session` do
+    /// this themselves).
+    #[error("the sequence grows to {needed} positions, past original_max_position_embeddings {original}: longrope's long factors apply to every position, so the cache must be recomputed")]
+    RopeRegimeChange {
+        /// Positions the sequence needs (cached + new).
+        needed: usize,
+        /// The model's `original_max_position_embeddings`.
+        original: usize,
+    },
     /// The path is neither a GGUF file nor a folder with config.json and *.safetensors.
     #[error("{0}: not a GGUF file or a folder holding config.json and *.safetensors")]
     UnknownFormat(PathBuf),

@@ -55,7 +55,9 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// Greedy decoding (HF `generate(do_sample=False)`): prefill `prompt`, then repeatedly
 /// take the argmax token, stopping after `max_new_tokens` or, when `stop_at_eos`, after
-/// an id in `config().eos_token_ids`.
+/// an id in `config().eos_token_ids`. When the sequence crosses a longrope model's
+/// original context ([`ModelError::RopeRegimeChange`]) the whole sequence runs again
+/// as one pass, as HF's `generate` does for Phi-3.
 ///
 /// # Errors
 /// Any forward-pass error: an empty prompt, an out-of-range id, a context overflow.
@@ -93,7 +95,7 @@ pub fn generate_greedy(
         }
         let pos = kv.len() as u32;
         let want = LogitsWanted::Last;
-        model.forward_into(
+        let step = model.forward_into(
             &[next],
             &[pos],
             &mut kv,
@@ -101,7 +103,17 @@ pub fn generate_greedy(
             None,
             &mut scratch,
             &mut logits,
-        )?;
+        );
+        if let Err(ModelError::RopeRegimeChange { .. }) = step {
+            // The sequence crossed a longrope model's original context: run all of it
+            // again as one pass, as HF's `generate` does.
+            let all: Vec<u32> = prompt.iter().chain(&out).copied().collect();
+            let positions: Vec<u32> = (0..all.len() as u32).collect();
+            kv = VecKvCache::new(c.num_hidden_layers, capacity);
+            logits = model.forward(&all, &positions, &mut kv, want, None)?;
+        } else {
+            step?;
+        }
         steps += 1;
     }
     Ok(Generation {

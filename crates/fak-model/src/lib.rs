@@ -40,14 +40,14 @@ mod source;
 pub mod tokenizer;
 
 pub use chat::{load_text, ChatError, ChatTemplate, Message, RenderLimits};
-pub use config::{Activation, Config, Norms, RopeScaling};
+pub use config::{Activation, Config, LongRopeFactors, Norms, RopeScaling};
 pub use error::ModelError;
 pub use family::Family;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{
-    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Weight, WeightMode,
-    HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
+    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, RopeRegime, Weight,
+    WeightMode, HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
 };
 pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

@@ -45,25 +45,64 @@ fn tiny_olmo2_matches_hf() {
     prove_tiny("olmo2");
 }
 
-/// Phi-3 within its original context (the short longrope factors, HF's regime for
-/// every position below `original_max_position_embeddings`): rand7, rand12, rand20.
-/// `long64` and `cross40` run in HF's long regime, which fak does not serve: the context
-/// is capped at the original length, so a longer prompt is an error, not other logits.
+/// Phi-3 with longrope in both regimes: rand7, rand12, rand20 (within the original
+/// context of 48 positions, the short factors), long64 (a 64-token prompt, the long
+/// factors for every position) and cross40 (a 40-token prompt whose greedy run crosses
+/// the original context at step 9, where HF's `generate` runs the whole sequence again
+/// in the long regime and so does `generate_greedy`).
 #[test]
-fn tiny_phi3_matches_hf_within_the_original_context() {
+fn tiny_phi3_matches_hf_in_both_rope_regimes() {
     let model = Model::load(&testdata().join("tiny/phi3")).unwrap();
-    assert_eq!(model.config().max_position_embeddings, 48);
-    let mut proven = 0;
+    assert_eq!(model.config().max_position_embeddings, 192);
+    let mut proven = Vec::new();
     for file in oracle_files("tiny-phi3") {
-        let stem = file.file_stem().unwrap().to_string_lossy().into_owned();
-        if stem.starts_with("rand") {
-            check_oracle(&model, &load_oracle(file));
-            proven += 1;
-        } else {
-            assert!(measure(&model, &load_oracle(file)).is_err(), "{stem}");
-        }
+        proven.push(file.file_stem().unwrap().to_string_lossy().into_owned());
+        check_oracle(&model, &load_oracle(file));
     }
-    assert_eq!(proven, 3);
+    proven.sort();
+    assert_eq!(proven, ["cross40", "long64", "rand12", "rand20", "rand7"]);
+}
+
+/// A pass that would take a sequence cached within Phi-3's original context past it is
+/// refused before anything changes (its entries were computed with the short factors);
+/// one that stays on either side of the boundary runs. The regime follows the
+/// sequence's end: 48 positions short, 49 long.
+#[test]
+fn phi3_pass_across_the_original_context_is_refused() {
+    use fak_model::{KvStore, LogitsWanted, ModelError, RopeRegime, VecKvCache};
+    let model = Model::load(&testdata().join("tiny/phi3")).unwrap();
+    assert_eq!(model.rope_regime(48), RopeRegime::Short);
+    assert_eq!(model.rope_regime(49), RopeRegime::Long);
+    let c = model.config();
+    let mut kv = VecKvCache::new(c.num_hidden_layers, 64);
+    let ids: Vec<u32> = (0..50).map(|i| (i * 7 % 256) as u32).collect();
+    let pos: Vec<u32> = (0..50).collect();
+    let all = LogitsWanted::All;
+    model
+        .forward(&ids[..48], &pos[..48], &mut kv, all, None)
+        .unwrap();
+    let k0 = kv.keys(0).to_vec();
+    let e = model.forward(&ids[48..49], &pos[48..49], &mut kv, all, None);
+    assert!(
+        matches!(
+            e,
+            Err(ModelError::RopeRegimeChange {
+                needed: 49,
+                original: 48
+            })
+        ),
+        "{e:?}"
+    );
+    assert_eq!((kv.len(), kv.keys(0)), (48, &k0[..]));
+    // In the long regime from the start, the sequence grows on.
+    let mut long = VecKvCache::new(c.num_hidden_layers, 64);
+    model
+        .forward(&ids[..49], &pos[..49], &mut long, all, None)
+        .unwrap();
+    model
+        .forward(&ids[49..], &pos[49..], &mut long, all, None)
+        .unwrap();
+    assert_eq!(long.len(), 50);
 }
 
 #[test]
@@ -198,9 +237,9 @@ fn olmo2_without_qk_norm_or_with_pre_norms_fails_r1() {
     assert!(!f.r1_holds(), "pre-norms: cosine {}", f.min_layer_cosine);
 }
 
-/// Negative controls for Phi-3 (on rand20): gate and up taken from the wrong halves of
-/// `gate_up_proj`, RoPE without the longrope factors, or without their attention factor,
-/// each fail R1.
+/// Negative controls for Phi-3: on rand20, gate and up taken from the wrong halves of
+/// `gate_up_proj`, RoPE without the longrope factors, or without their attention factor;
+/// on long64, the short factors in place of the long ones. Each fails R1.
 #[test]
 fn phi3_wrong_split_or_plain_rope_fails_r1() {
     let rand20 = oracle_files("tiny-phi3")
@@ -220,20 +259,32 @@ fn phi3_wrong_split_or_plain_rope_fails_r1() {
         f.min_layer_cosine
     );
     let (src, cfg) = fak_model::WeightSource::open(&dir).unwrap();
-    for (label, scaling) in [
-        ("plain RoPE", None),
-        (
-            "attention factor 1",
-            cfg.rope_scaling.clone().map(|mut s| {
-                s.attention_factor = 1.0;
-                s
-            }),
-        ),
-    ] {
+    let scaling = cfg.rope_scaling.clone().unwrap();
+    let mut unit = scaling.clone();
+    unit.attention_factor = 1.0;
+    for (label, scaling) in [("plain RoPE", None), ("attention factor 1", Some(unit))] {
         let mut c = cfg.clone();
         c.rope_scaling = scaling;
         let m = Model::from_source(&src, c).unwrap();
         let f = measure(&m, &oracle).unwrap();
         assert!(!f.r1_holds(), "{label}: cosine {}", f.min_layer_cosine);
     }
+    // The long factors matter past the original context: the short ones there fail
+    // long64.
+    let long64 = oracle_files("tiny-phi3")
+        .into_iter()
+        .find(|f| f.ends_with("long64.safetensors"))
+        .unwrap();
+    let mut short_only = scaling;
+    let long = short_only.long.as_mut().unwrap();
+    long.factors = short_only.factors.clone();
+    let mut c = cfg.clone();
+    c.rope_scaling = Some(short_only);
+    let m = Model::from_source(&src, c).unwrap();
+    let f = measure(&m, &load_oracle(long64)).unwrap();
+    assert!(
+        !f.r1_holds(),
+        "short factors on long64: cosine {}",
+        f.min_layer_cosine
+    );
 }

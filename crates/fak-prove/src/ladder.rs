@@ -692,12 +692,13 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
         s.evict(3, 4)?;
         let cache = s.cache();
         let d = cache.kv_dim();
+        let regime = model.rope_regime(cache.next_position() as usize);
         let mut maxd = 0f32;
         let mut moved = 0;
         for l in 0..cache.n_layers() {
             for j in 3..cache.len() {
                 let mut want = cache.k_raw(l)[j * d..(j + 1) * d].to_vec();
-                model.rope_in_place(l, cache.positions()[j], &mut want);
+                model.rope_in_place(l, cache.positions()[j], regime, &mut want);
                 maxd = maxd.max(max_abs_diff(&cache.k(l)[j * d..(j + 1) * d], &want));
                 moved += 1;
             }

@@ -5,14 +5,16 @@
 //!
 //! HF chooses the long factors for a forward call whose largest position reaches past
 //! `original_max_position_embeddings`, and its `generate` recomputes the whole sequence
-//! when it first crosses that length. fak serves a Phi-3 model within
-//! `original_max_position_embeddings` (the context is capped there), where HF uses the
-//! short factors throughout; the long regime is not implemented yet. GGUF architecture
-//! `phi3`: the short factors come from its `rope_factors_short.weight` tensor.
+//! when it first crosses that length. fak does the same: the model picks the factors
+//! per pass ([`crate::Model::rope_regime`]) and refuses a pass that would put entries of
+//! both regimes in one cache ([`ModelError::RopeRegimeChange`]), which `generate_greedy`
+//! and fak-kv's `Session` answer by recomputing the sequence. GGUF architecture `phi3`:
+//! the factors come from its `rope_factors_short.weight` and `rope_factors_long.weight`
+//! tensors.
 
 use super::common::{self, Block};
 use super::{Family, FamilySpec, LayerTensor};
-use crate::{Activation, Config, ModelError, Norms, RopeScaling};
+use crate::{Activation, Config, LongRopeFactors, ModelError, Norms, RopeScaling};
 use fak_weights::GgufFile;
 use serde::Deserialize;
 use serde_json::Value;
@@ -128,20 +130,24 @@ impl FamilySpec for Phi3 {
                         .short_factor
                         .as_ref()
                         .ok_or_else(|| err("longrope without short_factor".into()))?;
-                    if r.long_factor.is_none() {
-                        return Err(err("longrope without long_factor".into()));
-                    }
+                    let long = r
+                        .long_factor
+                        .as_ref()
+                        .ok_or_else(|| err("longrope without long_factor".into()))?;
+                    let f32s = |v: &[f64]| v.iter().map(|&x| x as f32).collect();
                     c.rope_scaling = Some(RopeScaling {
-                        factors: short.iter().map(|&x| x as f32).collect(),
+                        factors: f32s(short),
                         attention_factor: longrope_attention_factor(
                             r.attention_factor,
                             r.factor,
                             f.max_position_embeddings,
                             original,
                         ),
+                        long: Some(LongRopeFactors {
+                            factors: f32s(long),
+                            original_max_position_embeddings: original,
+                        }),
                     });
-                    // Within the original length HF uses the short factors throughout.
-                    c.max_position_embeddings = c.max_position_embeddings.min(original);
                 }
                 other => {
                     return Err(ModelError::Unsupported(format!(
@@ -159,8 +165,8 @@ impl FamilySpec for Phi3 {
 
     /// llama.cpp's `phi3` keys: Llama's, plus `rope.scaling.original_context_length`,
     /// `rope.scaling.attn_factor`, `attention.sliding_window` (0: none), and the
-    /// longrope short factors in the tensor `rope_factors_short.weight` (F32,
-    /// `[head_dim / 2]`).
+    /// longrope factors in the tensors `rope_factors_short.weight` and
+    /// `rope_factors_long.weight` (F32, `[head_dim / 2]` each).
     fn config_from_gguf(&self, g: &GgufFile, path: &Path) -> Result<Config, ModelError> {
         let err = |reason: String| common::config_err(path, reason);
         let theta = common::GgufKeys::new(g)?
@@ -179,21 +185,19 @@ impl FamilySpec for Phi3 {
         let mut c = common::config_from_gguf(Family::Phi3, &BLOCK, g, path, local, None)?;
         let m = common::GgufKeys::new(g)?;
         if let Some(original) = m.opt_u("rope.scaling.original_context_length")? {
-            let short = g
-                .tensor_f32("rope_factors_short.weight")
-                .map_err(|e| err(format!("rope_factors_short.weight: {e}")))?;
-            if g.tensor("rope_factors_long.weight").is_none() {
-                return Err(err("longrope without rope_factors_long.weight".into()));
-            }
+            let factors = |name: &str| g.tensor_f32(name).map_err(|e| err(format!("{name}: {e}")));
             let attention_factor = match m.opt_f("rope.scaling.attn_factor")? {
                 Some(a) => a,
                 None => longrope_attention_factor(None, None, c.max_position_embeddings, original),
             };
             c.rope_scaling = Some(RopeScaling {
-                factors: short,
+                factors: factors("rope_factors_short.weight")?,
                 attention_factor,
+                long: Some(LongRopeFactors {
+                    factors: factors("rope_factors_long.weight")?,
+                    original_max_position_embeddings: original,
+                }),
             });
-            c.max_position_embeddings = c.max_position_embeddings.min(original);
         }
         c.validate().map_err(err)?;
         Ok(c)

@@ -3,7 +3,7 @@
 
 use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
-use super::{ForwardScratch, LayerWeights, Model, Weight};
+use super::{ForwardScratch, LayerWeights, Model, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
 use crate::kv::{window_start, KvStore};
 use crate::{Activation, Config, ModelError};
@@ -131,7 +131,10 @@ impl Model {
     /// [`ModelError::InvalidInput`] for an empty batch, mismatched lengths or positions
     /// that do not strictly increase past the cache's last position;
     /// [`ModelError::TokenOutOfRange`]; [`ModelError::ContextOverflow`] when a position
-    /// would reach the context length or the entries would exceed the cache's capacity.
+    /// would reach the context length or the entries would exceed the cache's capacity;
+    /// [`ModelError::RopeRegimeChange`] when a longrope model's sequence would cross its
+    /// original context length with entries cached below it ([`Model::rope_regime`]: the
+    /// pass's RoPE table is chosen by its largest position, as HF's is per call).
     /// These are found before anything changes, so `kv` is then unchanged. A product's
     /// own [`ModelError::Unsupported`] (shapes and types are checked at load, so no input
     /// reaches one) could leave part of the pass appended; `fak_kv::Session` rolls its
@@ -238,11 +241,25 @@ impl Model {
                 limit: kv.capacity_tokens(),
             });
         }
+        // One RoPE table for the whole pass, chosen by the sequence's end; cached entries
+        // computed with the other table would have to be computed again.
+        let regime = self.rope_regime(last_pos);
+        if let Some(&p) = kv.positions().last() {
+            if self.rope_regime(p as usize + 1) != regime {
+                let original = self.rope_long.as_ref().map_or(0, |(o, _)| *o);
+                return Err(ModelError::RopeRegimeChange {
+                    needed: last_pos,
+                    original,
+                });
+            }
+        }
 
         logits.clear();
         let chunk = self.prefill_chunk;
         if trace.is_some() || n <= chunk {
-            return self.run_batch(ids, positions, kv, want, head_rows, trace, scratch, logits);
+            return self.run_batch(
+                ids, positions, regime, kv, want, head_rows, trace, scratch, logits,
+            );
         }
         // Validated as a whole above, so no batch is refused part way through.
         if want == LogitsWanted::All {
@@ -258,7 +275,9 @@ impl Model {
             };
             let (ids, positions) = (&ids[at..end], &positions[at..end]);
             let rows = head_rows.filter(|_| end == n);
-            self.run_batch(ids, positions, kv, part, rows, None, scratch, logits)?;
+            self.run_batch(
+                ids, positions, regime, kv, part, rows, None, scratch, logits,
+            )?;
             at = end;
         }
         Ok(())
@@ -272,6 +291,7 @@ impl Model {
         &self,
         ids: &[u32],
         positions: &[u32],
+        regime: RopeRegime,
         kv: &mut dyn KvStore,
         want: LogitsWanted,
         head_rows: Option<&[u32]>,
@@ -293,7 +313,7 @@ impl Model {
         // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
         scratch.rope_used = 0;
         for (l, w) in self.layers.iter().enumerate() {
-            let rope = self.rope_rows(l, positions, scratch);
+            let rope = self.rope_rows(l, positions, regime, scratch);
             self.attention_block(l, w, rope, kv, n, scratch)?;
             self.mlp_block(w, n, scratch)?;
             if let Some(t) = trace.as_deref_mut() {
@@ -334,10 +354,16 @@ impl Model {
         Ok(())
     }
 
-    /// The index in `scratch`'s RoPE rows of layer `l`'s cos and sin rows for the
-    /// tokens at `positions` (`[n, head_dim / 2]` each): those of an earlier layer of
+    /// The index in `scratch`'s RoPE rows of layer `l`'s cos and sin rows in `regime`
+    /// for the tokens at `positions` (`[n, head_dim / 2]` each): those of an earlier layer of
     /// this pass with an equal table, else computed into the next kept buffer.
-    fn rope_rows(&self, l: usize, positions: &[u32], scratch: &mut ForwardScratch) -> usize {
+    fn rope_rows(
+        &self,
+        l: usize,
+        positions: &[u32],
+        regime: RopeRegime,
+        scratch: &mut ForwardScratch,
+    ) -> usize {
         let ForwardScratch {
             rope: rope_rows,
             rope_used,
@@ -347,7 +373,7 @@ impl Model {
         let half = self.config.head_dim / 2;
         match rope_rows[..*rope_used]
             .iter()
-            .position(|r| self.rope[r.0] == self.rope[l])
+            .position(|r| self.rope_table(r.0, regime) == self.rope_table(l, regime))
         {
             Some(i) => i,
             None => {
@@ -359,7 +385,7 @@ impl Model {
                 cos.resize(n * half, 0.0);
                 sin.resize(n * half, 0.0);
                 for (t, &p) in positions.iter().enumerate() {
-                    self.rope[l].cos_sin(
+                    self.rope_table(l, regime).cos_sin(
                         p,
                         &mut cos[t * half..(t + 1) * half],
                         &mut sin[t * half..(t + 1) * half],

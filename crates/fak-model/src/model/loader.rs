@@ -94,21 +94,31 @@ impl Model {
                 c.family.name()
             )));
         }
-        let rope = c
-            .rope_theta
-            .iter()
-            .map(|&t| match &c.rope_scaling {
-                None => Ok(RopeTable::new(c.head_dim, t)),
-                Some(s) => RopeTable::scaled(c.head_dim, t, &s.factors, s.attention_factor)
-                    .ok_or_else(|| {
-                        ModelError::Unsupported(format!(
-                            "{} RoPE factors for head_dim {}",
-                            s.factors.len(),
-                            c.head_dim
-                        ))
-                    }),
-            })
-            .collect::<Result<_, _>>()?;
+        let tables = |factors: Option<&[f32]>| -> Result<Vec<RopeTable>, ModelError> {
+            c.rope_theta
+                .iter()
+                .map(|&t| match (factors, &c.rope_scaling) {
+                    (Some(f), Some(s)) => RopeTable::scaled(c.head_dim, t, f, s.attention_factor)
+                        .ok_or_else(|| {
+                            ModelError::Unsupported(format!(
+                                "{} RoPE factors for head_dim {}",
+                                f.len(),
+                                c.head_dim
+                            ))
+                        }),
+                    _ => Ok(RopeTable::new(c.head_dim, t)),
+                })
+                .collect()
+        };
+        let scaling = c.rope_scaling.as_ref();
+        let rope = tables(scaling.map(|s| &s.factors[..]))?;
+        let rope_long = match scaling.and_then(|s| s.long.as_ref()) {
+            Some(l) => Some((
+                l.original_max_position_embeddings,
+                tables(Some(&l.factors))?,
+            )),
+            None => None,
+        };
         Ok(Model {
             config,
             embed_tokens,
@@ -116,6 +126,7 @@ impl Model {
             norm,
             lm_head,
             rope,
+            rope_long,
             threads: Threads::available(),
             prefill_chunk: PREFILL_CHUNK,
             mode,

@@ -52,11 +52,27 @@ pub struct Model {
     norm: Vec<f32>,
     /// `None` when the head is tied to `embed_tokens`.
     lm_head: Option<Weight>,
+    /// Per layer, the RoPE table of a sequence within the original context (all
+    /// sequences for a model without longrope's long factors).
     rope: Vec<RopeTable>,
+    /// longrope's long tables, per layer, and the original context length past which
+    /// they apply ([`Model::rope_regime`]).
+    rope_long: Option<(usize, Vec<RopeTable>)>,
     threads: Threads,
     /// Most tokens one batch of a pass runs at once ([`Model::set_prefill_chunk`]).
     prefill_chunk: usize,
     mode: WeightMode,
+}
+
+/// Which of a model's RoPE tables a sequence uses ([`Model::rope_regime`]). Only a
+/// longrope model (Phi-3) has two; every other model is always `Short`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeRegime {
+    /// The sequence fits in `original_max_position_embeddings` (longrope's
+    /// `short_factor`), or the model has one table.
+    Short,
+    /// The sequence reaches past `original_max_position_embeddings` (`long_factor`).
+    Long,
 }
 
 impl std::fmt::Debug for Model {
@@ -151,14 +167,35 @@ impl Model {
         &mut self.layers
     }
 
-    /// Applies layer `layer`'s RoPE at absolute position `pos` to `row`, a `[heads *
-    /// head_dim]` row of K (or Q) laid out head after head, in place: one rotation, the
-    /// same arithmetic the forward pass uses, so re-deriving K from `k_raw` at a new
-    /// position gives the bits a forward pass at that position would have given.
+    /// Which RoPE table a forward pass uses when the largest position in the sequence
+    /// (cached and new) is `seq_len - 1`: [`RopeRegime::Long`] for a longrope model
+    /// (Phi-3) past its `original_max_position_embeddings`, else [`RopeRegime::Short`].
+    /// HF's `Phi3RotaryEmbedding` decides the same way, per call, from
+    /// `max(position_ids) + 1`.
+    pub fn rope_regime(&self, seq_len: usize) -> RopeRegime {
+        match &self.rope_long {
+            Some((original, _)) if seq_len > *original => RopeRegime::Long,
+            _ => RopeRegime::Short,
+        }
+    }
+
+    /// Layer `layer`'s RoPE table in `regime`.
+    fn rope_table(&self, layer: usize, regime: RopeRegime) -> &RopeTable {
+        match (&self.rope_long, regime) {
+            (Some((_, long)), RopeRegime::Long) => &long[layer],
+            _ => &self.rope[layer],
+        }
+    }
+
+    /// Applies layer `layer`'s RoPE in `regime` ([`Model::rope_regime`] of the
+    /// sequence) at absolute position `pos` to `row`, a `[heads * head_dim]` row of K (or
+    /// Q) laid out head after head, in place: one rotation, the same arithmetic the
+    /// forward pass uses, so re-deriving K from `k_raw` at a new position gives the bits
+    /// a forward pass at that position would have given.
     ///
     /// # Panics
     /// If `layer` is out of range or `row.len()` is not a multiple of `head_dim`.
-    pub fn rope_in_place(&self, layer: usize, pos: u32, row: &mut [f32]) {
+    pub fn rope_in_place(&self, layer: usize, pos: u32, regime: RopeRegime, row: &mut [f32]) {
         let hd = self.config.head_dim;
         assert!(
             row.len().is_multiple_of(hd),
@@ -167,7 +204,8 @@ impl Model {
         let half = hd / 2;
         let mut cos = vec![0f32; half];
         let mut sin = vec![0f32; half];
-        self.rope[layer].cos_sin(pos, &mut cos, &mut sin);
+        self.rope_table(layer, regime)
+            .cos_sin(pos, &mut cos, &mut sin);
         for head in row.chunks_exact_mut(hd) {
             rope_rotate_half(head, &cos, &sin);
         }
