@@ -152,7 +152,15 @@ fn context_overflow_is_an_error() {
 /// Writes the tiny model's config.json with `edit` applied into a temp folder beside a
 /// copy of its weights.
 fn tiny_with_config(edit: impl FnOnce(&mut serde_json::Value)) -> tempfile::TempDir {
-    let src = testdata().join("tiny/llama-tied");
+    tiny_model_with_config("llama-tied", edit)
+}
+
+/// A copy of the tiny model `name` with its `config.json` edited by `edit`.
+fn tiny_model_with_config(
+    name: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> tempfile::TempDir {
+    let src = testdata().join("tiny").join(name);
     let dir = tempfile::tempdir().unwrap();
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
@@ -194,6 +202,28 @@ fn unsupported_rope_scaling_is_refused() {
         Model::load(d.path()),
         Err(ModelError::Unsupported(_))
     ));
+}
+
+/// Phi-3's RoPE object: a scaling type other than longrope, a key fak does not know,
+/// or longrope without its long factors is refused, never read as plain RoPE.
+#[test]
+fn phi3_rope_it_does_not_implement_is_refused() {
+    type Edit = fn(&mut serde_json::Value);
+    let edits: [(&str, Edit); 3] = [
+        ("yarn", |v| {
+            v["rope_parameters"]["rope_type"] = "yarn".into()
+        }),
+        ("mscale", |v| v["rope_parameters"]["mscale"] = 1.0.into()),
+        ("long_factor", |v| {
+            let r = v["rope_parameters"].as_object_mut().unwrap();
+            r.remove("long_factor");
+        }),
+    ];
+    for (named, edit) in edits {
+        let d = tiny_model_with_config("phi3", edit);
+        let e = Model::load(d.path()).unwrap_err();
+        assert!(e.to_string().contains(named), "{named}: {e}");
+    }
 }
 
 #[test]

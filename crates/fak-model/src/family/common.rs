@@ -31,6 +31,10 @@ pub(crate) struct Block {
     pub sliding_layers: bool,
     /// Whether `rope_parameters` may hold one object per layer type (Gemma 3).
     pub rope_per_layer_type: bool,
+    /// Whether the family reads RoPE scaling itself (Phi-3's longrope): the shared
+    /// reader then takes only `rope_theta` from the RoPE objects and leaves their type
+    /// and other keys to the family.
+    pub scaled_rope: bool,
 }
 
 /// The sliding (local) layers of a family that has them (Gemma 3).
@@ -212,7 +216,8 @@ impl HfFeatures {
     }
 
     /// Refuses any RoPE variant other than plain RoPE (`rope_parameters`,
-    /// `rope_scaling`, `partial_rotary_factor`) and returns the bases it names.
+    /// `rope_scaling`, `partial_rotary_factor`), unless the family reads the scaling
+    /// itself ([`Block::scaled_rope`]), and returns the bases it names.
     pub fn check_rope(&self, block: &Block, path: &Path) -> Result<RopeBases, ModelError> {
         let mut bases = RopeBases::default();
         if let Some(rp) = &self.rope_parameters {
@@ -221,7 +226,8 @@ impl HfFeatures {
             });
             if per_type && block.rope_per_layer_type {
                 for (lt, sub) in rp.as_object().into_iter().flatten() {
-                    let t = check_rope_object(&format!("rope_parameters.{lt}"), sub, path)?;
+                    let key = format!("rope_parameters.{lt}");
+                    let t = check_rope_object(&key, sub, block.scaled_rope, path)?;
                     match lt.as_str() {
                         "full_attention" => bases.global = t,
                         "sliding_attention" => bases.local = t,
@@ -233,11 +239,11 @@ impl HfFeatures {
                     }
                 }
             } else {
-                bases.global = check_rope_object("rope_parameters", rp, path)?;
+                bases.global = check_rope_object("rope_parameters", rp, block.scaled_rope, path)?;
             }
         }
         if let Some(rs) = &self.rope_scaling {
-            check_rope_object("rope_scaling", rs, path)?;
+            check_rope_object("rope_scaling", rs, block.scaled_rope, path)?;
         }
         if let Some(f) = self.partial_rotary_factor.map(|f| f as f32) {
             if f != 1.0 {
@@ -308,8 +314,14 @@ impl HfFeatures {
 }
 
 /// Checks one RoPE object (`rope_parameters`, one of its per-layer-type entries, or
-/// `rope_scaling`) asks for plain RoPE, and returns its `rope_theta`.
-fn check_rope_object(key: &str, rs: &Value, path: &Path) -> Result<Option<f32>, ModelError> {
+/// `rope_scaling`) asks for plain RoPE (any type when `family_scaled`: the family reads
+/// the rest), and returns its `rope_theta`.
+fn check_rope_object(
+    key: &str,
+    rs: &Value,
+    family_scaled: bool,
+    path: &Path,
+) -> Result<Option<f32>, ModelError> {
     let Some(obj) = rs.as_object() else {
         return Err(ModelError::Unsupported(format!(
             "'{key}' = {rs} in {}",
@@ -326,16 +338,14 @@ fn check_rope_object(key: &str, rs: &Value, path: &Path) -> Result<Option<f32>, 
             ))
         }
     };
-    if kind != "default" {
+    if kind != "default" && !family_scaled {
         return Err(ModelError::Unsupported(format!(
             "RoPE type '{kind}' in {}",
             path.display()
         )));
     }
-    if let Some(extra) = obj
-        .keys()
-        .find(|k| !matches!(k.as_str(), "rope_type" | "type" | "rope_theta"))
-    {
+    let plain_key = |k: &String| matches!(k.as_str(), "rope_type" | "type" | "rope_theta");
+    if let Some(extra) = obj.keys().find(|k| !family_scaled && !plain_key(k)) {
         return Err(ModelError::Unsupported(format!(
             "RoPE parameter '{key}.{extra}' in {} (fak implements plain RoPE only)",
             path.display()

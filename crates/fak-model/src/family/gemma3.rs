@@ -34,6 +34,7 @@ const BLOCK: Block = Block {
     tie_by_default: true,
     sliding_layers: true,
     rope_per_layer_type: true,
+    scaled_rope: false,
 };
 
 /// The `config.json` keys of Gemma 3 beyond the shared ones (`Gemma3TextConfig`).

@@ -34,16 +34,20 @@ const BLOCK: Block = Block {
     tie_by_default: false,
     sliding_layers: false,
     rope_per_layer_type: false,
+    scaled_rope: true,
 };
 
 /// The RoPE object of a Phi-3 `config.json` (`rope_parameters`, or the older
-/// `rope_scaling` beside a top-level `rope_theta`).
+/// `rope_scaling` beside a top-level `rope_theta`); a key outside it is refused.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 struct Rope {
     rope_type: Option<String>,
     #[serde(rename = "type")]
     kind: Option<String>,
-    rope_theta: Option<f64>,
+    /// Read by the shared reader; named here so the object's keys are all known.
+    #[serde(rename = "rope_theta")]
+    _rope_theta: Option<f64>,
     short_factor: Option<Vec<f64>>,
     long_factor: Option<Vec<f64>>,
     original_max_position_embeddings: Option<usize>,
@@ -52,20 +56,11 @@ struct Rope {
     partial_rotary_factor: Option<f64>,
 }
 
-/// Plain RoPE in `rope_parameters` form, standing in for the scaled one while the
-/// Llama-shared keys are read.
-#[derive(serde::Serialize)]
-struct PlainRope {
-    rope_type: &'static str,
-    rope_theta: f64,
-}
-
 /// Phi-3's own top-level keys.
 #[derive(Deserialize)]
 struct Phi3Fields {
     max_position_embeddings: usize,
     original_max_position_embeddings: Option<usize>,
-    rope_theta: Option<f64>,
     rope_parameters: Option<Rope>,
     rope_scaling: Option<Rope>,
     sliding_window: Option<usize>,
@@ -88,24 +83,9 @@ impl FamilySpec for Phi3 {
         let err = |reason: String| common::config_err(path, reason);
         let f: Phi3Fields = common::de(v, path)?;
         let rope = f.rope_parameters.as_ref().or(f.rope_scaling.as_ref());
-        let theta = rope
-            .and_then(|r| r.rope_theta)
-            .or(f.rope_theta)
-            .unwrap_or(10000.0);
-        // The rest of the config is Llama's: read it with plain RoPE in place of the
-        // scaled one, then set the scaling, the window and the context.
-        let mut plain = v.clone();
-        if let Some(o) = plain.as_object_mut() {
-            o.remove("rope_scaling");
-            let plain_rope = PlainRope {
-                rope_type: "default",
-                rope_theta: theta,
-            };
-            let plain_rope = serde_json::to_value(plain_rope)
-                .map_err(|e| err(format!("rope_parameters: {e}")))?;
-            o.insert("rope_parameters".into(), plain_rope);
-        }
-        let mut c = common::config_from_hf(Family::Phi3, &BLOCK, &plain, path)?;
+        // The rest of the config is Llama's (the shared reader leaves the RoPE scaling
+        // to this family: `Block::scaled_rope`); then the scaling and the window.
+        let mut c = common::config_from_hf(Family::Phi3, &BLOCK, v, path)?;
         if let Some(r) = rope {
             let kind = r
                 .rope_type

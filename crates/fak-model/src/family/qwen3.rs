@@ -19,6 +19,7 @@ const BLOCK: Block = Block {
     tie_by_default: false,
     sliding_layers: false,
     rope_per_layer_type: false,
+    scaled_rope: false,
 };
 
 impl FamilySpec for Qwen3 {
