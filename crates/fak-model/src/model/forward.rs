@@ -193,6 +193,49 @@ impl Model {
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        let regime = self.check_pass(ids, positions, &*kv, head_rows)?;
+        let (c, n) = (&self.config, ids.len());
+        logits.clear();
+        let chunk = self.prefill_chunk;
+        if trace.is_some() || n <= chunk {
+            return self.run_batch(
+                ids, positions, regime, kv, want, head_rows, trace, scratch, logits,
+            );
+        }
+        // Validated as a whole above, so no batch is refused part way through.
+        if want == LogitsWanted::All {
+            logits.reserve(n * c.vocab_size);
+        }
+        let mut at = 0;
+        while at < n {
+            let end = (at + chunk).min(n);
+            let part = match want {
+                LogitsWanted::All => LogitsWanted::All,
+                LogitsWanted::Last if end == n => LogitsWanted::Last,
+                _ => LogitsWanted::None,
+            };
+            let (ids, positions) = (&ids[at..end], &positions[at..end]);
+            let rows = head_rows.filter(|_| end == n);
+            self.run_batch(
+                ids, positions, regime, kv, part, rows, None, scratch, logits,
+            )?;
+            at = end;
+        }
+        Ok(())
+    }
+
+    /// [`Model::forward`]'s checks of a pass before anything changes, and the RoPE
+    /// table it uses: a non-empty batch with one position per id, ids and `head_rows`
+    /// in the vocabulary, positions strictly increasing past the cache's last, within
+    /// the context length and the cache's capacity, and (for a longrope model) on the
+    /// same side of the original context as the cached entries.
+    fn check_pass(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        kv: &dyn KvStore,
+        head_rows: Option<&[u32]>,
+    ) -> Result<RopeRegime, ModelError> {
         let c = &self.config;
         let n = ids.len();
         if n == 0 {
@@ -253,34 +296,7 @@ impl Model {
                 });
             }
         }
-
-        logits.clear();
-        let chunk = self.prefill_chunk;
-        if trace.is_some() || n <= chunk {
-            return self.run_batch(
-                ids, positions, regime, kv, want, head_rows, trace, scratch, logits,
-            );
-        }
-        // Validated as a whole above, so no batch is refused part way through.
-        if want == LogitsWanted::All {
-            logits.reserve(n * c.vocab_size);
-        }
-        let mut at = 0;
-        while at < n {
-            let end = (at + chunk).min(n);
-            let part = match want {
-                LogitsWanted::All => LogitsWanted::All,
-                LogitsWanted::Last if end == n => LogitsWanted::Last,
-                _ => LogitsWanted::None,
-            };
-            let (ids, positions) = (&ids[at..end], &positions[at..end]);
-            let rows = head_rows.filter(|_| end == n);
-            self.run_batch(
-                ids, positions, regime, kv, part, rows, None, scratch, logits,
-            )?;
-            at = end;
-        }
-        Ok(())
+        Ok(regime)
     }
 
     /// [`Model::forward_in`]'s pass over one batch of already validated tokens, appending
