@@ -5,16 +5,23 @@
 //! decode steps of one token each. One warm-up repeat is run first and discarded; the
 //! prefill and decode times are medians over `--repeats`, and the rates are the token
 //! counts over those medians (so prompt tokens / TTFT is the prefill rate).
+//!
+//! `--profile` runs one more repeat after the timed ones with the model's per-op
+//! profile on ([`fak_model::OpProfile`]) and prints where a prefill's and a decode
+//! step's wall time went: each named step of the forward pass, the sampling (argmax)
+//! and the rest (the session's bookkeeping outside the pass). The timed figures come
+//! from the repeats before it, so the profile's clock reads never touch them.
 
 use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
 };
 use fak_catalog::DEFAULT_MODEL;
 use fak_kv::Session;
-use fak_model::{argmax, Model};
-use serde_json::json;
+use fak_model::{argmax, Model, OpTimes};
+use serde::Serialize;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(clap::Args)]
 pub(crate) struct BenchArgs {
@@ -39,6 +46,10 @@ pub(crate) struct BenchArgs {
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
+    /// After the timed repeats, one more with the per-op profile on: where a prefill's
+    /// and a decode step's time went (products, attention, norms, RoPE, head, sampling).
+    #[arg(long)]
+    profile: bool,
 }
 
 /// Most timed repeats `fak bench` takes: medians settle long before, and the samples
@@ -46,9 +57,121 @@ pub(crate) struct BenchArgs {
 const MAX_REPEATS: usize = 10_000;
 
 /// One repeat's timings, in seconds.
+#[derive(Serialize)]
 struct Sample {
     prefill_s: f64,
     decode_s: f64,
+}
+
+/// `fak bench --format json`: one object.
+#[derive(Serialize)]
+struct Report<'a> {
+    model: &'a PathBuf,
+    weights: &'static str,
+    weight_format: &'a str,
+    weight_mb: f64,
+    weight_owned_mb: f64,
+    threads: usize,
+    prompt_tokens: usize,
+    gen_tokens: usize,
+    repeats: usize,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: f64,
+    ttft_ms: f64,
+    peak_rss_mb: Option<f64>,
+    kv_bytes_per_token: usize,
+    samples: &'a [Sample],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    profile: Option<&'a Profile>,
+}
+
+/// `--profile`'s extra repeat: the prefill and the decode steps.
+#[derive(Serialize)]
+struct Profile {
+    prefill: Phase,
+    decode: Phase,
+}
+
+/// One phase of the profiled repeat: its wall time, split into the forward pass's
+/// steps (`ops`, in the order a pass runs them), the sampling and the rest.
+#[derive(Serialize)]
+struct Phase {
+    /// Forward passes in the phase (1 for the prefill, the decode steps for decode).
+    passes: usize,
+    wall_ms: f64,
+    ops: Vec<OpRow>,
+    /// argmax over each pass's logits.
+    sampling_ms: f64,
+    /// The wall time outside the ops and the sampling: the session's bookkeeping.
+    other_ms: f64,
+}
+
+/// One step of the forward pass over the phase: total milliseconds, calls, and its
+/// share of the phase's wall time.
+#[derive(Serialize)]
+struct OpRow {
+    op: &'static str,
+    ms: f64,
+    calls: u64,
+    share: f64,
+}
+
+impl Phase {
+    fn new(passes: usize, wall: Duration, ops: &OpTimes, sampling: Duration) -> Phase {
+        let wall_ms = ms(wall);
+        let share = |d: Duration| ms(d) / wall_ms.max(1e-12);
+        Phase {
+            passes,
+            wall_ms,
+            ops: ops
+                .0
+                .iter()
+                .map(|&(op, d, calls)| OpRow {
+                    op: op.name(),
+                    ms: ms(d),
+                    calls,
+                    share: share(d),
+                })
+                .collect(),
+            sampling_ms: ms(sampling),
+            other_ms: ms(wall.saturating_sub(ops.total() + sampling)),
+        }
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One repeat as [`one_repeat`]'s, with the model's per-op profile on; the argmax of
+/// each pass timed on its own.
+fn profile_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Profile, CliError> {
+    let p = model.profile();
+    let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
+    p.take();
+    p.set_enabled(true);
+    let t0 = Instant::now();
+    let logits = s.prefill(prompt)?;
+    let ts = Instant::now();
+    let mut next = argmax(&logits);
+    let prefill_sampling = ts.elapsed();
+    let prefill_wall = t0.elapsed();
+    let prefill_ops = p.take();
+    let mut decode_sampling = Duration::ZERO;
+    let t1 = Instant::now();
+    for _ in 0..gen {
+        let logits = s.decode(next)?;
+        let ts = Instant::now();
+        next = argmax(logits);
+        decode_sampling += ts.elapsed();
+    }
+    let decode_wall = t1.elapsed();
+    let decode_ops = p.take();
+    p.set_enabled(false);
+    Ok(Profile {
+        prefill: Phase::new(1, prefill_wall, &prefill_ops, prefill_sampling),
+        decode: Phase::new(gen, decode_wall, &decode_ops, decode_sampling),
+    })
 }
 
 /// The prompt: `n` ids spread over the vocabulary by a fixed stride (deterministic,
@@ -153,28 +276,32 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     };
     // The threads the products run on (a request above twice the cores is capped).
     let threads = model.threads().used();
+    let profile = if args.profile {
+        Some(profile_repeat(&model, &prompt, args.gen_tokens)?)
+    } else {
+        None
+    };
     if args.format == Format::Json {
-        let v = json!({
-            "model": path,
-            "weights": model.weight_mode().name(),
-            "weight_format": weight_format,
-            "weight_mb": model.weight_bytes() as f64 / 1e6,
-            "weight_owned_mb": model.owned_weight_bytes() as f64 / 1e6,
-            "threads": threads,
-            "prompt_tokens": args.prompt_tokens,
-            "gen_tokens": args.gen_tokens,
-            "repeats": args.repeats,
-            "prefill_tokens_per_s": prefill_tps,
-            "decode_tokens_per_s": decode_tps,
-            "ttft_ms": ttft_ms,
-            "peak_rss_mb": rss,
-            "kv_bytes_per_token": kv_bytes,
-            "samples": samples.iter().map(|s| json!({
-                "prefill_s": s.prefill_s,
-                "decode_s": s.decode_s,
-            })).collect::<Vec<_>>(),
-        });
-        outln!("{v}")?;
+        let report = Report {
+            model: &path,
+            weights: model.weight_mode().name(),
+            weight_format: &weight_format,
+            weight_mb: model.weight_bytes() as f64 / 1e6,
+            weight_owned_mb: model.owned_weight_bytes() as f64 / 1e6,
+            threads,
+            prompt_tokens: args.prompt_tokens,
+            gen_tokens: args.gen_tokens,
+            repeats: args.repeats,
+            prefill_tokens_per_s: prefill_tps,
+            decode_tokens_per_s: decode_tps,
+            ttft_ms,
+            peak_rss_mb: rss,
+            kv_bytes_per_token: kv_bytes,
+            samples: &samples,
+            profile: profile.as_ref(),
+        };
+        let line = serde_json::to_string(&report).map_err(|e| fail(e.to_string()))?;
+        outln!("{line}")?;
     } else {
         outln!("model            {}", path.display())?;
         outln!(
@@ -202,8 +329,41 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             None => outln!("peak RSS         unknown")?,
         }
         outln!("KV bytes/token   {kv_bytes}")?;
+        if let Some(p) = &profile {
+            print_profile(p)?;
+        }
     }
     Ok(())
+}
+
+/// `--profile`'s table: per step, the prefill's milliseconds and the decode's
+/// microseconds per step, each with its share of the phase's wall time.
+fn print_profile(p: &Profile) -> Result<(), CliError> {
+    let (pre, dec) = (&p.prefill, &p.decode);
+    let steps = dec.passes.max(1) as f64;
+    outln!("profile          one more repeat, per-op wall time on the calling thread (products and attention include the thread pool's hand-offs)")?;
+    outln!(
+        "  {:<14} {:>12} {:>7} {:>15} {:>7}",
+        "op",
+        "prefill ms",
+        "share",
+        "decode µs/step",
+        "share"
+    )?;
+    let row = |name: &str, a: f64, b: f64| {
+        outln!(
+            "  {name:<14} {a:>12.2} {:>6.1}% {:>15.1} {:>6.1}%",
+            100.0 * a / pre.wall_ms.max(1e-12),
+            1e3 * b / steps,
+            100.0 * b / dec.wall_ms.max(1e-12)
+        )
+    };
+    for (a, b) in pre.ops.iter().zip(&dec.ops) {
+        row(a.op, a.ms, b.ms)?;
+    }
+    row("sampling", pre.sampling_ms, dec.sampling_ms)?;
+    row("other", pre.other_ms, dec.other_ms)?;
+    row("total", pre.wall_ms, dec.wall_ms)
 }
 
 #[cfg(test)]

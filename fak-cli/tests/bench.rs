@@ -293,3 +293,79 @@ fn run_reads_a_negative_temperature_as_its_value() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("temperature -1 must be"), "{err}");
 }
+
+/// `--profile`: the extra repeat's split of each phase adds up to its wall time, every
+/// step of the pass is counted as often as the pass runs it (the tiny Llama's layers
+/// once each per pass; the head once per pass), and the timed figures are still there.
+#[test]
+fn bench_profile_splits_each_phase_into_the_steps_of_the_pass() {
+    let m = tiny();
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &m,
+        "--prompt-tokens",
+        "16",
+        "--gen-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--profile",
+        "--format",
+        "json",
+    ]);
+    let layers = {
+        let cfg: Value =
+            serde_json::from_slice(&std::fs::read(PathBuf::from(&m).join("config.json")).unwrap())
+                .unwrap();
+        cfg["num_hidden_layers"].as_u64().unwrap()
+    };
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+    for (phase, passes) in [("prefill", 1u64), ("decode", 4)] {
+        let p = &v["profile"][phase];
+        assert_eq!(p["passes"], passes, "{phase}");
+        let ops = p["ops"].as_array().unwrap();
+        let names: Vec<&str> = ops.iter().map(|o| o["op"].as_str().unwrap()).collect();
+        assert_eq!(
+            names,
+            [
+                "embedding",
+                "rms_norm",
+                "qkv_proj",
+                "rope",
+                "kv_append",
+                "attention",
+                "o_proj",
+                "gate_up_proj",
+                "activation",
+                "down_proj",
+                "residual",
+                "lm_head"
+            ]
+        );
+        let calls = |name: &str| {
+            ops.iter().find(|o| o["op"] == name).unwrap()["calls"]
+                .as_u64()
+                .unwrap()
+        };
+        for name in [
+            "qkv_proj",
+            "attention",
+            "o_proj",
+            "gate_up_proj",
+            "down_proj",
+        ] {
+            assert_eq!(calls(name), passes * layers, "{phase} {name}");
+        }
+        assert_eq!(calls("lm_head"), passes, "{phase}");
+        assert_eq!(calls("rms_norm"), passes * (2 * layers + 1), "{phase}");
+        let sum: f64 = ops.iter().map(|o| o["ms"].as_f64().unwrap()).sum::<f64>()
+            + p["sampling_ms"].as_f64().unwrap()
+            + p["other_ms"].as_f64().unwrap();
+        let wall = p["wall_ms"].as_f64().unwrap();
+        assert!(
+            wall > 0.0 && (sum - wall).abs() <= 1e-6 * wall.max(1.0),
+            "{phase}: {sum} vs {wall}"
+        );
+    }
+}

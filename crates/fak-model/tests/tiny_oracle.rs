@@ -288,3 +288,53 @@ fn phi3_wrong_split_or_plain_rope_fails_r1() {
         f.min_layer_cosine
     );
 }
+
+/// `Model::profile`: a prefill and a decode step give the same logits bits with the
+/// profile on as off, and the profile counts each named step once per layer (per
+/// norm for RMSNorm: two pre-norms and the per-head QK-norm in Qwen3, plus the final
+/// one), the embedding and the head once per pass, and nothing while off.
+#[test]
+fn profiling_changes_no_bit_and_counts_each_step() {
+    use fak_model::{LogitsWanted, Op, VecKvCache};
+    let model = Model::load(&testdata().join("tiny/qwen3")).unwrap();
+    let layers = model.config().num_hidden_layers as u64;
+    let ids = [3u32, 17, 5, 9, 11, 2, 8];
+    let run = |m: &Model| {
+        let mut kv = VecKvCache::new(m.config().num_hidden_layers, 16);
+        let pos: Vec<u32> = (0..ids.len() as u32).collect();
+        let a = m
+            .forward(&ids, &pos, &mut kv, LogitsWanted::Last, None)
+            .unwrap();
+        let b = m
+            .forward(&[4], &[ids.len() as u32], &mut kv, LogitsWanted::Last, None)
+            .unwrap();
+        (a, b)
+    };
+    let off = run(&model);
+    assert_eq!(model.profile().take().total(), std::time::Duration::ZERO);
+    model.profile().set_enabled(true);
+    let on = run(&model);
+    let t = model.profile().take();
+    model.profile().set_enabled(false);
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&off.0), bits(&on.0));
+    assert_eq!(bits(&off.1), bits(&on.1));
+    let passes = 2;
+    for (op, per_pass) in [
+        (Op::Embedding, 1),
+        (Op::Norm, 3 * layers + 1),
+        (Op::QkvProducts, layers),
+        (Op::Rope, 2 * layers),
+        (Op::KvAppend, layers),
+        (Op::Attention, layers),
+        (Op::OProj, layers),
+        (Op::GateUpProducts, layers),
+        (Op::Activation, layers),
+        (Op::DownProj, layers),
+        (Op::Residual, 2 * layers),
+        (Op::Head, 1),
+    ] {
+        assert_eq!(t.get(op).1, passes * per_pass, "{}", op.name());
+    }
+    assert!(t.get(Op::Attention).0 > std::time::Duration::ZERO);
+}

@@ -3,7 +3,7 @@
 
 use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
-use super::{ForwardScratch, LayerWeights, Model, RopeRegime, Weight};
+use super::{ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
 use crate::kv::{window_start, KvStore};
 use crate::{Activation, Config, ModelError};
@@ -88,6 +88,16 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
 }
 
 impl Model {
+    /// Runs `f` as the step `op` of a pass: its wall time goes to the model's profile
+    /// when that is enabled.
+    #[inline]
+    fn timed<T>(&self, op: Op, f: impl FnOnce() -> T) -> T {
+        let start = self.profile.start();
+        let r = f();
+        self.profile.stop(op, start);
+        r
+    }
+
     /// [`Model::forward_into`] of a decode step whose output head computes only the
     /// rows `rows` of the last token's logits: `logits` becomes `[vocab]` with each row
     /// in `rows` the same bits as [`Model::forward_into`] with [`LogitsWanted::Last`]
@@ -318,7 +328,7 @@ impl Model {
         let c = &self.config;
         let n = ids.len();
         scratch.size_for(n, c);
-        self.embed(ids, &mut scratch.x)?;
+        self.timed(Op::Embedding, || self.embed(ids, &mut scratch.x))?;
         if let Some(t) = trace.as_deref_mut() {
             t.embed = scratch.x.clone();
             t.layers.clear();
@@ -329,7 +339,7 @@ impl Model {
         // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
         scratch.rope_used = 0;
         for (l, w) in self.layers.iter().enumerate() {
-            let rope = self.rope_rows(l, positions, regime, scratch);
+            let rope = self.timed(Op::Rope, || self.rope_rows(l, positions, regime, scratch));
             self.attention_block(l, w, rope, kv, n, scratch)?;
             self.mlp_block(w, n, scratch)?;
             if let Some(t) = trace.as_deref_mut() {
@@ -343,11 +353,13 @@ impl Model {
         let ForwardScratch {
             x, xn, products, ..
         } = scratch;
-        norm_rows_into(x, &self.norm, c, xn);
+        self.timed(Op::Norm, || norm_rows_into(x, &self.norm, c, xn));
         if let Some(t) = trace {
             t.final_norm = xn.clone();
         }
-        self.head_into(xn, want, head_rows, logits, products)
+        self.timed(Op::Head, || {
+            self.head_into(xn, want, head_rows, logits, products)
+        })
     }
 
     /// `embed_tokens`' rows of `ids` into `x` (`[n, hidden]`), each times the family's
@@ -430,9 +442,11 @@ impl Model {
         let c = &self.config;
         let (h, qd) = (c.hidden_size, c.q_dim());
         let th = self.threads;
-        pre_norm(&scratch.x, w.input_norm.as_deref(), c, &mut scratch.xn);
+        self.timed(Op::Norm, || {
+            pre_norm(&scratch.x, w.input_norm.as_deref(), c, &mut scratch.xn)
+        });
         self.qkv(w, n, scratch)?;
-        self.rope_qk(rope, n, scratch);
+        self.timed(Op::Rope, || self.rope_qk(rope, n, scratch));
         let ForwardScratch {
             x,
             q,
@@ -446,13 +460,17 @@ impl Model {
             products,
             ..
         } = scratch;
-        kv.append_layer(l, k_raw, k, v);
-        self.attention(l, &*kv, n, q, scores, attn);
-        linear(&w.o_proj, h, qd, attn, n, proj, th, products)?;
+        self.timed(Op::KvAppend, || kv.append_layer(l, k_raw, k, v));
+        self.timed(Op::Attention, || {
+            self.attention(l, &*kv, n, q, scores, attn)
+        });
+        self.timed(Op::OProj, || {
+            linear(&w.o_proj, h, qd, attn, n, proj, th, products)
+        })?;
         if let Some(g) = &w.attn_out_norm {
-            norm_rows(proj, g, c, h, norm);
+            self.timed(Op::Norm, || norm_rows(proj, g, c, h, norm));
         }
-        add_assign(x, proj);
+        self.timed(Op::Residual, || add_assign(x, proj));
         Ok(())
     }
 
@@ -480,6 +498,7 @@ impl Model {
             ..
         } = scratch;
         // q, k and v read one input: it is quantized once for the three.
+        let start = self.profile.start();
         let mut xq = SharedActs::new(xn, h, n, th, products);
         linear_group(
             &mut [
@@ -497,7 +516,9 @@ impl Model {
                 }
             }
         }
+        self.profile.stop(Op::QkvProducts, start);
         if let Some((nq, nk)) = &w.qk_norm {
+            let start = self.profile.start();
             // Each span of the gain's length: a head ([head_dim]) or a whole row.
             for (rows, g) in [(&mut *q, nq), (&mut *k, nk)] {
                 norm.resize(g.len(), 0.0);
@@ -506,6 +527,7 @@ impl Model {
                     head.copy_from_slice(norm);
                 }
             }
+            self.profile.stop(Op::Norm, start);
         }
         Ok(())
     }
@@ -602,23 +624,29 @@ impl Model {
             products,
             ..
         } = scratch;
-        pre_norm(x, w.mlp_norm.as_deref(), c, xn);
-        // gate and up read one input: it is quantized once for the two.
-        let mut xq = SharedActs::new(xn, h, n, th, products);
-        linear_group(
-            &mut [
-                (&w.gate_proj, ff, &mut gate[..]),
-                (&w.up_proj, ff, &mut up[..]),
-            ],
-            &mut xq,
-            th,
-        )?;
-        gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th);
-        linear(&w.down_proj, h, ff, gate, n, proj, th, products)?;
+        self.timed(Op::Norm, || pre_norm(x, w.mlp_norm.as_deref(), c, xn));
+        self.timed(Op::GateUpProducts, || {
+            // gate and up read one input: it is quantized once for the two.
+            let mut xq = SharedActs::new(xn, h, n, th, products);
+            linear_group(
+                &mut [
+                    (&w.gate_proj, ff, &mut gate[..]),
+                    (&w.up_proj, ff, &mut up[..]),
+                ],
+                &mut xq,
+                th,
+            )
+        })?;
+        self.timed(Op::Activation, || {
+            gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th)
+        });
+        self.timed(Op::DownProj, || {
+            linear(&w.down_proj, h, ff, gate, n, proj, th, products)
+        })?;
         if let Some(g) = &w.mlp_out_norm {
-            norm_rows(proj, g, c, h, norm);
+            self.timed(Op::Norm, || norm_rows(proj, g, c, h, norm));
         }
-        add_assign(x, proj);
+        self.timed(Op::Residual, || add_assign(x, proj));
         Ok(())
     }
 }

@@ -2,7 +2,7 @@
 //! every tensor of the architecture from a [`WeightSource`] and refuse a file with a
 //! tensor the architecture does not use.
 
-use super::{LayerWeights, Model, Weight, WeightMode, PREFILL_CHUNK};
+use super::{LayerWeights, Model, OpProfile, Weight, WeightMode, PREFILL_CHUNK};
 use crate::family::LayerTensor;
 use crate::source::WeightSource;
 use crate::{Config, ModelError, Norms};
@@ -130,6 +130,7 @@ impl Model {
             threads: Threads::available(),
             prefill_chunk: PREFILL_CHUNK,
             mode,
+            profile: OpProfile::default(),
         })
     }
 }

@@ -18,16 +18,19 @@
 //! - `head`: the logits head, over every row or over a subset of its rows.
 //! - `linear`: the matrix products (`f32`, mapped F32 or quantized weights).
 //! - `scratch`: [`ForwardScratch`] and the products' buffers.
+//! - `profile`: [`OpProfile`], the per-op wall time of passes (`fak bench --profile`).
 
 mod forward;
 mod head;
 mod linear;
 mod loader;
+mod profile;
 mod scratch;
 mod weights;
 
 pub use forward::{ForwardTrace, LogitsWanted};
 pub use head::{HEAD_ROWS_FRACTION, HEAD_ROWS_MAX};
+pub use profile::{Op, OpProfile, OpTimes};
 pub use scratch::ForwardScratch;
 pub use weights::{LayerWeights, Weight, WeightMode};
 
@@ -44,7 +47,8 @@ use fak_tensor::{rope_rotate_half, RopeTable, Threads};
 pub const PREFILL_CHUNK: usize = 512;
 
 /// A loaded model: config, weights, RoPE tables and the thread count its products use.
-/// Immutable after load: share it between sessions with `Arc<Model>`.
+/// Immutable after load (apart from its profile's counters, [`Model::profile`]): share
+/// it between sessions with `Arc<Model>`.
 pub struct Model {
     config: Config,
     embed_tokens: Weight,
@@ -62,6 +66,8 @@ pub struct Model {
     /// Most tokens one batch of a pass runs at once ([`Model::set_prefill_chunk`]).
     prefill_chunk: usize,
     mode: WeightMode,
+    /// Per-op wall time of passes, off unless enabled ([`Model::profile`]).
+    profile: OpProfile,
 }
 
 /// Which of a model's RoPE tables a sequence uses ([`Model::rope_regime`]). Only a
@@ -84,6 +90,12 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
+    /// The model's per-op profile of its forward passes: off until
+    /// [`OpProfile::set_enabled`]; it changes no bit of any result.
+    pub fn profile(&self) -> &OpProfile {
+        &self.profile
+    }
+
     /// How this model keeps its weights.
     pub fn weight_mode(&self) -> WeightMode {
         self.mode
