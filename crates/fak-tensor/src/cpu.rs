@@ -122,18 +122,22 @@ pub fn has_avx_vnni() -> bool {
     }
 }
 
-/// Whether the 512-bit kernels run (Q4_0, Q4_1, Q5_0 and Q5_1: two rows per register
-/// in a matvec; the 32-element types' multi-token tiles): AVX-512F/BW/DQ/VL and
-/// AVX512-VNNI detected at run time, and neither `FAK_NO_AVX512=1` nor `FAK_NO_VNNI=1`
-/// set. They give the same bits as the 256-bit kernels (tests compare all three with
-/// the reference).
+/// Whether the AVX-512 VNNI kernels run: the 512-bit ones (Q4_0, Q4_1, Q5_0 and Q5_1:
+/// two rows per register in a matvec; the multi-token tiles of every block format) and
+/// the EVEX-encoded 256-bit `vpdpbusd` lane sums beside them. AVX2/F16C,
+/// AVX-512F/BW/DQ/VL and AVX512-VNNI detected at run time, and neither
+/// `FAK_NO_AVX512=1` nor `FAK_NO_VNNI=1` set. AVX-VNNI (the VEX encoding,
+/// [`has_avx_vnni`]) is not needed: AMD Zen 4 and Intel's Ice Lake and Cascade Lake
+/// Xeons have AVX512-VNNI without it. They give the same bits as the AVX2 kernels
+/// (tests compare every kernel with the reference).
 pub fn has_avx512_vnni() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
         *HAS.get_or_init(|| {
-            has_avx_vnni()
+            has_avx2_f16c()
+                && std::env::var_os("FAK_NO_VNNI").is_none_or(|v| v != "1")
                 && std::is_x86_feature_detected!("avx512f")
                 && std::is_x86_feature_detected!("avx512bw")
                 && std::is_x86_feature_detected!("avx512dq")

@@ -211,7 +211,7 @@ pub(crate) fn matvec_isa(
     if simd && has_avx2_f16c() {
         use QuantizedActs as A;
         // SAFETY (all arms): AVX2 and F16C were detected (AVX-VNNI too when `vnni`,
-        // AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI when `zmm`); `check_matvec` established that `act`
+        // AVX-512F/BW/DQ/VL and AVX512-VNNI when `zmm`); `check_matvec` established that `act`
         // is the kind `ty` pairs with, `rb == ty.block_bytes() * act.blocks()` and
         // `w.len() == rb * out.len()`.
         let done = match (ty, act) {

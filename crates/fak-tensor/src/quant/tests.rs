@@ -602,7 +602,7 @@ fn avx512_vnni_and_avx2_lane_sums_give_the_same_bits() {
             let a = acts(&mut r, ty, nb, extreme);
             let mut want = vec![0f32; rows];
             matvec_ref(ty, &w, &a, &mut want).unwrap();
-            for (vnni, zmm) in [(false, false), (true, false), (true, true)] {
+            for (vnni, zmm) in [(false, false), (true, false), (false, true), (true, true)] {
                 let mut got = vec![f32::NAN; rows];
                 super::matvec_isa(ty, &w, &a, &mut got, true, vnni, zmm).unwrap();
                 let ok = got.iter().zip(&want).all(|(&g, &w)| same(g, w));
@@ -1056,7 +1056,7 @@ fn the_eight_token_k_quant_kernels_are_tested() {
     assert!(has_avx512_bw_vl());
 }
 
-#[fak_testkit::cpu("avx2", "f16c", "avxvnni", "avx512bw", "avx512vl")]
+#[fak_testkit::cpu("avx2", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512vnni")]
 fn the_256_bit_tiles_with_32_registers_are_tested() {
     assert!(super::TileIsa::at_most(super::TileIsa::Vnni512) == super::TileIsa::Vnni512);
 }
@@ -1064,7 +1064,6 @@ fn the_256_bit_tiles_with_32_registers_are_tested() {
 #[fak_testkit::cpu(
     "avx2",
     "f16c",
-    "avxvnni",
     "avx512f",
     "avx512bw",
     "avx512dq",
@@ -1074,4 +1073,21 @@ fn the_256_bit_tiles_with_32_registers_are_tested() {
 fn the_512_bit_kernels_are_tested() {
     assert!(has_avx512_vnni());
     assert!(super::TileIsa::at_most(super::TileIsa::Zmm) == super::TileIsa::Zmm);
+}
+
+#[test]
+fn a_tile_kernel_the_cpu_lacks_is_never_chosen() {
+    // AVX512-VNNI without AVX-VNNI (AMD Zen 4) must not get the VEX-encoded tiles, and
+    // AVX-VNNI without AVX-512 must not get the EVEX-encoded ones.
+    for cap in TILE_ISAS {
+        let got = super::TileIsa::at_most(cap);
+        assert!(got <= cap, "{cap:?} gave {got:?}");
+        match got {
+            super::TileIsa::Avx2 => {}
+            super::TileIsa::Vnni => assert!(has_avx_vnni(), "{cap:?} gave {got:?}"),
+            super::TileIsa::Vnni512 | super::TileIsa::Zmm => {
+                assert!(has_avx512_vnni(), "{cap:?} gave {got:?}")
+            }
+        }
+    }
 }

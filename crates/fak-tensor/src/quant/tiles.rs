@@ -53,10 +53,11 @@ where
 }
 
 /// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
-/// same bits); the last `rows % 4` rows go through the 256-bit VNNI kernel.
+/// same bits); the last `rows % 4` rows go through the 256-bit kernel with AVX512-VNNI's
+/// lane sums ([`avx2::rows_vnni512`]).
 ///
 /// # Safety
-/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI are available;
+/// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI are available;
 /// `rb == K::BYTES * a.len()`; `w.len() == rb * out.len()`.
 #[cfg(target_arch = "x86_64")]
 pub(crate) unsafe fn rows4_512<K: avx2::Tile512>(
@@ -70,7 +71,7 @@ where
 {
     let scales = avx2::ActScales::new(a);
     let sc = scales.get();
-    let va = avx2::vnni_acts::<K>(a);
+    let va = avx2::vnni_acts512::<K>(a);
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
@@ -81,7 +82,7 @@ where
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        avx2::rows_vnni::<K, 1>(wr, rb, &va, sc, o);
+        avx2::rows_vnni512::<K, 1>(wr, rb, &va, sc, o);
     }
     true
 }
@@ -103,31 +104,39 @@ pub(crate) fn k_quant(ty: QType) -> Option<avx2::KQuant> {
 pub(crate) enum TileIsa {
     /// AVX2 `maddubs`/`madd`.
     Avx2,
-    /// AVX-VNNI `vpdpbusd` ([`has_avx_vnni`]).
+    /// AVX-VNNI `vpdpbusd`, VEX-encoded ([`has_avx_vnni`]).
     Vnni,
-    /// AVX-VNNI in code compiled with AVX-512BW and AVX-512VL too
-    /// ([`has_avx512_bw_vl`]).
+    /// AVX512-VNNI's `vpdpbusd` on 256-bit registers (EVEX-encoded), in code compiled
+    /// with AVX-512F/BW/VL ([`has_avx512_vnni`]).
     Vnni512,
-    /// As `Vnni512`, and for Q4_1, Q5_0 and Q5_1 the 512-bit tiles holding two tokens
-    /// per register ([`tiles_512`], [`has_avx512_vnni`]).
+    /// As `Vnni512`, and the 512-bit tiles: two tokens per register for Q4_1, Q5_0,
+    /// Q5_1 and Q8_0 ([`tiles_512`]), sixteen for every block format from 16 tokens on
+    /// ([`transposed`], [`transposed_k`]).
     Zmm,
 }
 
 impl TileIsa {
-    /// The best this CPU has, at most `cap`.
+    /// Whether this CPU runs the tiles of `self` (AVX2 and F16C assumed).
+    fn available(self) -> bool {
+        match self {
+            TileIsa::Avx2 => true,
+            TileIsa::Vnni => has_avx_vnni(),
+            TileIsa::Vnni512 | TileIsa::Zmm => has_avx512_vnni(),
+        }
+    }
+
+    /// The best this CPU has, at most `cap`. (A CPU may have AVX512-VNNI and not
+    /// AVX-VNNI, AMD Zen 4 for one, so `cap = Vnni` there gives `Avx2`.)
     pub(crate) fn at_most(cap: TileIsa) -> TileIsa {
-        let best = match (has_avx_vnni(), has_avx512_bw_vl()) {
-            (true, true) if has_avx512_vnni() => TileIsa::Zmm,
-            (true, true) => TileIsa::Vnni512,
-            (true, false) => TileIsa::Vnni,
-            _ => TileIsa::Avx2,
-        };
-        best.min(cap)
+        [TileIsa::Zmm, TileIsa::Vnni512, TileIsa::Vnni]
+            .into_iter()
+            .find(|i| *i <= cap && i.available())
+            .unwrap_or(TileIsa::Avx2)
     }
 }
 
 /// A multi-token product's activation rows in the forms the tiles of its weight type
-/// read (for the 32-element types scales widened and the AVX-VNNI form when used; the
+/// read (for the 32-element types scales widened and the VNNI form when used; the
 /// token-transposed forms with AVX-512), prepared once per product rather than once
 /// per chunk of rows.
 pub(crate) enum TileActs<'a> {
@@ -151,7 +160,7 @@ pub(crate) enum TileActs<'a> {
 }
 
 /// [`TileActs`] of one type: every token's blocks, their [`avx2::act_scales`] and, with
-/// AVX-VNNI, their [`avx2::vnni_acts`].
+/// either VNNI, their [`avx2::vnni_acts`] (or [`avx2::vnni_acts512`]: the same values).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Tiled<'a, K: avx2::Block32> {
     a: Vec<&'a [K::Act]>,
@@ -176,9 +185,18 @@ where
     /// AVX2 and F16C are available, and what `isa` needs ([`TileIsa::at_most`]).
     unsafe fn new(a: Vec<&'a [K::Act]>, isa: TileIsa) -> Self {
         let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
-        let va =
-            (isa >= TileIsa::Vnni).then(|| a.iter().map(|at| avx2::vnni_acts::<K>(at)).collect());
         let wide = isa >= TileIsa::Vnni512;
+        let va = (isa >= TileIsa::Vnni).then(|| {
+            a.iter()
+                .map(|at| {
+                    if wide {
+                        avx2::vnni_acts512::<K>(at)
+                    } else {
+                        avx2::vnni_acts::<K>(at)
+                    }
+                })
+                .collect()
+        });
         let zmm = isa == TileIsa::Zmm;
         // The token-transposed form needs AVX2 and F16C (this function's contract); its
         // tiles, which need AVX-512 and AVX512-VNNI, run only when `zmm`.
@@ -275,8 +293,8 @@ impl<'a> TileActs<'a> {
     /// multiple of `rb`; `out` holds one slice of `w.len() / rb` outputs per token.
     pub(crate) unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [&mut [f32]]) {
         // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
-        // (and AVX-VNNI when it holds the VNNI form, AVX-512BW and AVX-512VL too when
-        // `wide`, AVX-512F/DQ and AVX512-VNNI too when `zmm`); the shapes are this
+        // (AVX-VNNI when it holds the VNNI form and not `wide`, AVX-512F/BW/DQ/VL and
+        // AVX512-VNNI when `wide` or `zmm`); the shapes are this
         // function's contract.
         match self {
             #[cfg(target_arch = "x86_64")]
@@ -363,8 +381,8 @@ where
 /// untouched).
 ///
 /// # Safety
-/// AVX2 and F16C (and AVX-VNNI when `p.va` is set, AVX-512BW and AVX-512VL too when
-/// `p.wide`); every `p.a[t]` is `rb / K::BYTES`
+/// AVX2 and F16C (and AVX-VNNI when `p.va` is set and not `p.wide`, AVX-512F/BW/VL and
+/// AVX512-VNNI when `p.wide`); every `p.a[t]` is `rb / K::BYTES`
 /// blocks; `w.len()` is a multiple of `rb`; `out.len() == p.a.len() * w.len() / rb`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn tiles<K: avx2::Block32>(

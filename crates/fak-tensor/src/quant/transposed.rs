@@ -121,14 +121,14 @@ impl Acts {
 /// The blocks of `w` (whole `K` blocks) prepared as [`WBlock`]s, in order.
 ///
 /// # Safety
-/// AVX2, F16C and AVX-VNNI; `w.len()` is a multiple of `K::BYTES`.
-#[target_feature(enable = "avx2,f16c,avxvnni")]
+/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len()` is a multiple of `K::BYTES`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
 unsafe fn prepare<K: Block32>(w: &[u8]) -> Vec<WBlock> {
     let mut out = Vec::with_capacity(w.len() / K::BYTES);
     for wb in w.chunks_exact(K::BYTES) {
         let q = K::signed_quants(wb);
         // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), then negated.
-        let s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
+        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
         let start = _mm256_sub_epi32(_mm256_setzero_si256(), s);
         let (d, min) = K::wscales(wb);
         let mut blk = WBlock {
@@ -234,10 +234,10 @@ pub(super) fn each_row_tile(
 /// are untouched).
 ///
 /// # Safety
-/// AVX2, F16C, AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI; `acts` was made by
+/// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI; `acts` was made by
 /// [`Acts::new`] for `K`; `rb == K::BYTES * acts.nb`, `w.len()` a multiple of `rb`,
 /// `out` holds at least [`Acts::tokens`] slices of at least `m` outputs.
-#[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &mut [&mut [f32]]) {
     let nb = acts.nb;
     debug_assert!(rb == K::BYTES * nb && w.len().is_multiple_of(rb));

@@ -60,7 +60,7 @@ macro_rules! tile512_plain {
                 match off {
                     Some(o) => _mm256_sub_epi32(
                         _mm256_setzero_si256(),
-                        dp(_mm256_set1_epi8(o), load32(a.qs_ptr())),
+                        dp::<Evex>(_mm256_set1_epi8(o), load32(a.qs_ptr())),
                     ),
                     None => _mm256_setzero_si256(),
                 }
@@ -97,7 +97,7 @@ pub(super) use q8_1::sum_quants;
 pub(super) use q8_k::q8k_block;
 pub(super) use rows::{
     rows, rows_pairs_512, rows_tokens, rows_tokens_512, rows_tokens_vnni, rows_tokens_vnni512,
-    rows_vnni,
+    rows_vnni, rows_vnni512,
 };
 // Shared between the files below.
 use k_tokens::k_tokens_one;
@@ -247,7 +247,7 @@ pub(super) trait Block32 {
     ///
     /// # Safety
     /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
-    unsafe fn vnni_acts(a: &[Self::Act]) -> Cow<'_, [Self::VAct]>;
+    unsafe fn vnni_acts<D: Dp>(a: &[Self::Act]) -> Cow<'_, [Self::VAct]>;
     /// Unpacks the quants of one weight block for [`Block32::lanes_vnni`].
     ///
     /// # Safety
@@ -258,18 +258,18 @@ pub(super) trait Block32 {
     /// value; Q8_0 reorders its bytes with one `vpermw`).
     ///
     /// # Safety
-    /// AVX2, F16C, AVX-VNNI, AVX-512BW and AVX-512VL (the caller has them enabled);
-    /// `wb` is one whole weight block.
+    /// AVX2, F16C, AVX-512BW and AVX-512VL (the caller has them enabled); `wb` is one
+    /// whole weight block.
     #[inline(always)]
     unsafe fn unpack_vnni512(wb: &[u8]) -> Self::VW {
         Self::unpack_vnni(wb)
     }
-    /// [`Block32::lanes_w`] with the AVX-VNNI instruction `vpdpbusd` (the same exact
-    /// integer lane sums).
+    /// [`Block32::lanes_w`] with the instruction `vpdpbusd` in the encoding `D` (the
+    /// same exact integer lane sums).
     ///
     /// # Safety
-    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
-    unsafe fn lanes_vnni(w: Self::VW, a: &Self::VAct) -> __m256i;
+    /// AVX2, F16C and `D`'s features (the caller has them enabled).
+    unsafe fn lanes_vnni<D: Dp>(w: Self::VW, a: &Self::VAct) -> __m256i;
     /// The combined scale `wd · ad` in all eight lanes (`wdv` is `wd` in all eight, `ad`
     /// the activation block's [`ActBlock::scales`]`[0]`): one `f32` product, rounded
     /// once, whichever way it is computed.
@@ -319,12 +319,48 @@ pub(super) trait Isa<K: Block32> {
 /// AVX2 lane sums (`maddubs`/`madd`).
 pub(super) struct Avx2;
 
-/// AVX-VNNI lane sums (`vpdpbusd`).
+/// AVX-VNNI lane sums (`vpdpbusd`, VEX-encoded: [`Vex`]).
 pub(super) struct Vnni;
 
-/// [`Vnni`] in code compiled with AVX-512BW and AVX-512VL as well (32 vector registers
-/// and `vpermw`; the same lane sums).
+/// The `vpdpbusd` lane sums of AVX512-VNNI on 256-bit registers (EVEX-encoded:
+/// [`Evex`]), in code compiled with AVX-512F/BW/VL as well (32 vector registers and
+/// `vpermw`; the same lane sums as [`Vnni`]).
 pub(super) struct Vnni512;
+
+/// One encoding of `vpdpbusd` on 256-bit registers (Intel 64 and IA-32 Architectures
+/// Software Developer's Manual, Vol. 2, "VPDPBUSD"): per `i32` lane, `src` plus the four
+/// products of unsigned bytes of `w` and signed bytes of `a`, without saturation. The
+/// two encodings compute the same thing; which one a CPU runs is a matter of its
+/// features: AVX-VNNI gives the VEX form ([`Vex`]; Intel since Alder Lake and
+/// Sapphire Rapids, AMD since Zen 5), AVX512-VNNI with AVX-512VL the EVEX form
+/// ([`Evex`]; Intel since Cascade Lake, AMD since Zen 4). AMD Zen 4 and the Ice Lake
+/// and Cascade Lake Xeons have only the EVEX form, so the kernels built on AVX-512 use
+/// that one.
+pub(super) trait Dp {
+    /// # Safety
+    /// The encoding's features (the caller has them enabled).
+    unsafe fn dpbusd(src: __m256i, w: __m256i, a: __m256i) -> __m256i;
+}
+
+/// `vpdpbusd` as AVX-VNNI encodes it (`_mm256_dpbusd_avx_epi32`).
+pub(super) struct Vex;
+
+/// `vpdpbusd` as AVX512-VNNI with AVX-512VL encodes it (`_mm256_dpbusd_epi32`).
+pub(super) struct Evex;
+
+impl Dp for Vex {
+    #[inline(always)]
+    unsafe fn dpbusd(src: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        _mm256_dpbusd_avx_epi32(src, w, a)
+    }
+}
+
+impl Dp for Evex {
+    #[inline(always)]
+    unsafe fn dpbusd(src: __m256i, w: __m256i, a: __m256i) -> __m256i {
+        _mm256_dpbusd_epi32(src, w, a)
+    }
+}
 
 impl<K: Block32> Isa<K> for Avx2 {
     type W = K::W;
@@ -352,7 +388,7 @@ impl<K: Block32> Isa<K> for Vnni512 {
     }
     #[inline(always)]
     unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
-        K::lanes_vnni(w, a)
+        K::lanes_vnni::<Evex>(w, a)
     }
     #[inline(always)]
     unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
@@ -369,7 +405,7 @@ impl<K: Block32> Isa<K> for Vnni {
     }
     #[inline(always)]
     unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
-        K::lanes_vnni(w, a)
+        K::lanes_vnni::<Vex>(w, a)
     }
     #[inline(always)]
     unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
@@ -470,15 +506,25 @@ impl ActScales {
 /// AVX2, F16C and AVX-VNNI.
 #[target_feature(enable = "avx2,f16c,avxvnni")]
 pub(super) unsafe fn vnni_acts<K: Block32>(a: &[K::Act]) -> Cow<'_, [K::VAct]> {
-    K::vnni_acts(a)
+    K::vnni_acts::<Vex>(a)
+}
+
+/// [`vnni_acts`] with the AVX512-VNNI encoding (the same values), for the kernels built
+/// on AVX-512.
+///
+/// # Safety
+/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
+pub(super) unsafe fn vnni_acts512<K: Block32>(a: &[K::Act]) -> Cow<'_, [K::VAct]> {
+    K::vnni_acts::<Evex>(a)
 }
 
 /// `vpdpbusd` lane sums of unsigned `w` bytes times signed `a` bytes: lane `m` =
 /// `Σ_{k<4} w[4m+k] a[4m+k]` in `i32`, exactly `quads(pairs(w, a))` whenever `pairs`
 /// does not saturate (always, for the weights here: unsigned operand below 64).
 #[inline(always)]
-unsafe fn dp(w: __m256i, a: __m256i) -> __m256i {
-    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), w, a)
+unsafe fn dp<D: Dp>(w: __m256i, a: __m256i) -> __m256i {
+    D::dpbusd(_mm256_setzero_si256(), w, a)
 }
 
 /// The f16 at `wb[0..2]` (a block's `d`) widened by one F16C instruction.
@@ -590,19 +636,19 @@ pub(super) trait Tile512: Block32<VW = __m256i> {
     /// The activation block's 32 quants in the byte order of [`Block32::unpack_vnni`].
     ///
     /// # Safety
-    /// AVX2 and AVX-VNNI (the caller has them enabled).
+    /// AVX2, AVX-512VL and AVX512-VNNI (the caller has them enabled).
     unsafe fn vqs(a: &Self::VAct) -> __m256i;
     /// What `vpdpbusd` starts each lane from so that it ends at the exact `L[m]`:
     /// `-Σ OFFSET a` (Q5_0), the form's `-128 Σ a` bias (Q8_0), or zero.
     ///
     /// # Safety
-    /// AVX2 and AVX-VNNI (the caller has them enabled).
+    /// AVX2, AVX-512VL and AVX512-VNNI (the caller has them enabled).
     unsafe fn vbase(a: &Self::VAct) -> __m256i;
     /// Two weight blocks' [`Block32::unpack_vnni512`] side by side, `wa`'s in the low
     /// half: the same bytes, with fewer instructions where the format allows.
     ///
     /// # Safety
-    /// AVX2, F16C, AVX-VNNI, AVX-512F/BW/VL (the caller has them enabled); `wa` and
+    /// AVX2, F16C, AVX-512F/BW/VL and AVX512-VNNI (the caller has them enabled); `wa` and
     /// `wb` are whole weight blocks.
     #[inline(always)]
     unsafe fn unpack_pair512(wa: &[u8], wb: &[u8]) -> __m512i {

@@ -25,7 +25,7 @@ impl Block32 for Q4_0 {
     type VW = __m256i;
     type VAct = BlockQ8_0;
     #[inline(always)]
-    unsafe fn vnni_acts(a: &[BlockQ8_0]) -> Cow<'_, [BlockQ8_0]> {
+    unsafe fn vnni_acts<D: Dp>(a: &[BlockQ8_0]) -> Cow<'_, [BlockQ8_0]> {
         Cow::Borrowed(a)
     }
     #[inline(always)]
@@ -33,9 +33,9 @@ impl Block32 for Q4_0 {
         Self::unpack(wb)
     }
     #[inline(always)]
-    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_0) -> __m256i {
+    unsafe fn lanes_vnni<D: Dp>(w: __m256i, a: &BlockQ8_0) -> __m256i {
         let aq = load32(a.qs.as_ptr() as *const u8);
-        _mm256_sub_epi32(dp(w, aq), dp(_mm256_set1_epi8(8), aq))
+        _mm256_sub_epi32(dp::<D>(w, aq), dp::<D>(_mm256_set1_epi8(8), aq))
     }
     #[inline(always)]
     unsafe fn signed_quants(wb: &[u8]) -> __m256i {

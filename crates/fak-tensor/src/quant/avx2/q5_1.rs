@@ -27,7 +27,7 @@ impl Block32 for Q5_1 {
     type VW = __m256i;
     type VAct = BlockQ8_1;
     #[inline(always)]
-    unsafe fn vnni_acts(a: &[BlockQ8_1]) -> Cow<'_, [BlockQ8_1]> {
+    unsafe fn vnni_acts<D: Dp>(a: &[BlockQ8_1]) -> Cow<'_, [BlockQ8_1]> {
         Cow::Borrowed(a)
     }
     #[inline(always)]
@@ -42,8 +42,8 @@ impl Block32 for Q5_1 {
         _mm256_or_si256(nibbles(wb[8..24].as_ptr()), high)
     }
     #[inline(always)]
-    unsafe fn lanes_vnni(w: __m256i, a: &BlockQ8_1) -> __m256i {
-        dp(w, load32(a.qs.as_ptr() as *const u8))
+    unsafe fn lanes_vnni<D: Dp>(w: __m256i, a: &BlockQ8_1) -> __m256i {
+        dp::<D>(w, load32(a.qs.as_ptr() as *const u8))
     }
     #[inline(always)]
     unsafe fn signed_quants(wb: &[u8]) -> __m256i {

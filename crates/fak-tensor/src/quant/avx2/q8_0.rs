@@ -41,12 +41,13 @@ impl Block32 for Q8_0 {
     type VW = __m256i;
     type VAct = VnniQ8_0;
     #[inline(always)]
-    unsafe fn vnni_acts(a: &[BlockQ8_0]) -> Cow<'_, [VnniQ8_0]> {
+    unsafe fn vnni_acts<D: Dp>(a: &[BlockQ8_0]) -> Cow<'_, [VnniQ8_0]> {
         let mut v = Vec::with_capacity(a.len());
         for b in a {
             let qs = q8_0_vnni_order(load32(b.qs.as_ptr() as *const u8));
             // 128 · Σ_{k<4} qs[4m+k]: |sum| <= 4 · 128 · 128 = 65536, exact in i32.
-            let bias = _mm256_sub_epi32(_mm256_setzero_si256(), dp(_mm256_set1_epi8(-128), qs));
+            let bias =
+                _mm256_sub_epi32(_mm256_setzero_si256(), dp::<D>(_mm256_set1_epi8(-128), qs));
             let d = _mm256_set1_ps(h2f(b.d));
             v.push(VnniQ8_0 { qs, bias, d });
         }
@@ -72,8 +73,8 @@ impl Block32 for Q8_0 {
     /// `±2^18`, so `vpdpbusd` (which does not saturate) neither saturates nor wraps,
     /// for any weight and activation bytes, −128 included.
     #[inline(always)]
-    unsafe fn lanes_vnni(w: __m256i, a: &VnniQ8_0) -> __m256i {
-        _mm256_dpbusd_avx_epi32(a.bias, w, a.qs)
+    unsafe fn lanes_vnni<D: Dp>(w: __m256i, a: &VnniQ8_0) -> __m256i {
+        D::dpbusd(a.bias, w, a.qs)
     }
     /// `wdv · a.d` lane-wise: the product `wd · ad` of [`ActBlock::scales`] (`a.d` is
     /// the same F16C widening, kept broadcast), one multiply from memory instead of a

@@ -39,6 +39,23 @@ pub(in crate::quant) unsafe fn rows_vnni<K: Block32, const R: usize>(
     rows_body::<K, Vnni, R>(w, row_bytes, a, sc, out)
 }
 
+/// [`rows_vnni`] with AVX512-VNNI's encoding of the lane sums ([`Evex`]), compiled with
+/// AVX-512F/BW/VL (the same bits); for CPUs with AVX512-VNNI, which need not have
+/// AVX-VNNI. `a` is [`vnni_acts512`] of the activation row.
+///
+/// # Safety
+/// As [`rows`], and AVX-512F/BW/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(in crate::quant) unsafe fn rows_vnni512<K: Block32, const R: usize>(
+    w: &[u8],
+    row_bytes: usize,
+    a: &[K::VAct],
+    sc: &[[f32; 2]],
+    out: &mut [f32],
+) {
+    rows_body::<K, Vnni512, R>(w, row_bytes, a, sc, out)
+}
+
 #[inline(always)]
 unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     w: &[u8],
@@ -95,11 +112,11 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
 /// and per-read checks, and measured faster in cache and in decode (docs/performance.md,
 /// "Why it is fast").
 ///
-/// `a` is the activation row in its VNNI form ([`vnni_acts`]).
+/// `a` is the activation row in its VNNI form ([`vnni_acts512`]).
 ///
 /// # Safety
-/// As [`rows`] with `R = 4`, and AVX-VNNI, AVX-512F/BW/DQ/VL and AVX512-VNNI.
-#[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+/// As [`rows`] with `R = 4`, and AVX-512F/BW/DQ/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512>(
     w: &[u8],
     row_bytes: usize,
@@ -187,12 +204,12 @@ pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512>(
 /// ad` rounded once, then a rounded multiply and a rounded add), and each (row, token)
 /// is reduced by the same [`hsum`]: the same bits as [`rows`] for each token alone.
 /// `out[p][h][r]` is row `r` times token `acts[p][h]` (in the VNNI form,
-/// [`vnni_acts`]).
+/// [`vnni_acts512`]).
 ///
 /// # Safety
-/// As [`rows_tokens`] (for every `acts[p][h]`), and AVX-VNNI, AVX-512F/BW/DQ/VL and
+/// As [`rows_tokens`] (for every `acts[p][h]`), and AVX-512F/BW/DQ/VL and
 /// AVX512-VNNI.
-#[target_feature(enable = "avx2,f16c,avxvnni,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(in crate::quant) unsafe fn rows_tokens_512<K: Tile512, const R: usize, const P: usize>(
     w: &[u8],
     row_bytes: usize,
@@ -285,13 +302,15 @@ pub(in crate::quant) unsafe fn rows_tokens_vnni<K: Block32, const R: usize, cons
     rows_tokens_body::<K, Vnni, R, T>(w, row_bytes, acts, scs, out)
 }
 
-/// [`rows_tokens_vnni`] compiled with AVX-512BW and AVX-512VL as well: the same
-/// operations on the same values (so the same bits), with 32 vector registers to keep
-/// them in and Q8_0's reordering in one instruction ([`Block32::unpack_vnni512`]).
+/// [`rows_tokens_vnni`] with AVX512-VNNI's encoding of the lane sums ([`Evex`]),
+/// compiled with AVX-512F/BW/VL: the same operations on the same values (so the same
+/// bits), with 32 vector registers to keep them in and Q8_0's reordering in one
+/// instruction ([`Block32::unpack_vnni512`]). `acts[t]` is [`vnni_acts512`] of token
+/// `t`'s activation row (the same values as [`vnni_acts`]).
 ///
 /// # Safety
-/// As [`rows_tokens`], and AVX-VNNI, AVX-512BW and AVX-512VL.
-#[target_feature(enable = "avx2,f16c,avxvnni,avx512bw,avx512vl")]
+/// As [`rows_tokens`], and AVX-512F/BW/VL and AVX512-VNNI.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(in crate::quant) unsafe fn rows_tokens_vnni512<K: Block32, const R: usize, const T: usize>(
     w: &[u8],
     row_bytes: usize,
