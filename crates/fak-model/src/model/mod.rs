@@ -38,13 +38,13 @@ use crate::{Config, ModelError};
 use fak_tensor::{rope_rotate_half, RopeTable, Threads};
 
 /// Default of [`Model::set_prefill_chunk`]: most tokens one batch of a forward pass
-/// runs through the layers at once (llama.cpp's default micro-batch, `n_ubatch`, is
-/// also 512). A pass's activations take ~28 KB a token for SmolLM2 (hidden 576, MLP
-/// 1536), so a 4,096-token prompt in one batch held ~115 MB of them. Batches bound that
-/// memory without costing speed on long prompts; smaller batches make a prompt slower,
-/// since each batch reads every weight again, so prompts up to 512 tokens run as one.
+/// runs through the layers at once (llama.cpp's micro-batch, `n_ubatch`, defaults to
+/// 512). A pass's activations take ~28 KB a token for SmolLM2 (hidden 576, MLP 1536), so
+/// a 4,096-token prompt in one batch held ~115 MB of them. Batches bound that memory;
+/// each batch reads every weight again, which at 256 tokens was not slower than 512
+/// with the multi-token tiles (and 10 MB less peak RSS for a 512-token prompt).
 /// Measured figures: docs/performance.md, "Why it is fast".
-pub const PREFILL_CHUNK: usize = 512;
+pub const PREFILL_CHUNK: usize = 256;
 
 /// A loaded model: config, weights, RoPE tables and the thread count its products use.
 /// Immutable after load (apart from its profile's counters, [`Model::profile`]): share
