@@ -119,19 +119,25 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
 }
 
 /// Asks for rows `r` of `rows` (`len` elements each at `stride`) to be brought into the
-/// cache ahead of their use. A prefetch never faults, so rows past the end of `rows`
-/// are harmless; the addresses are formed with wrapping arithmetic and never read.
+/// core's L2 ahead of their use (`prefetcht1`). A prefetch never faults, so rows past the
+/// end of `rows` are harmless; the addresses are formed with wrapping arithmetic and
+/// never read.
+///
+/// L2, not L1 (`prefetcht0`): a decode step's keys stream from memory, and prefetches
+/// into L1 hold the L1's few miss buffers that the kernel's own loads wait on; into L2
+/// the decode attention's dots ran faster (figures: docs/performance.md, "Why it is
+/// fast").
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn prefetch_rows(rows: &[f32], stride: usize, len: usize, r: std::ops::Range<usize>) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
     for row in r {
         let at = rows.as_ptr().wrapping_add(row * stride) as *const i8;
         let mut b = 0;
         while b < 4 * len {
-            // SAFETY: `prefetcht0` is SSE (every x86_64 CPU) and never faults or reads
+            // SAFETY: `prefetcht1` is SSE (every x86_64 CPU) and never faults or reads
             // into the program, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(b)) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(b)) };
             b += 64;
         }
     }

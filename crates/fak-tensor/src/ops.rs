@@ -265,21 +265,33 @@ pub fn weighted_rows_accumulate<const Q: usize>(
     );
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx512_f32() {
-        let mut c = 0;
-        // SAFETY (both calls): AVX-512F was detected; the bounds were checked above and
-        // `c + 16 K <= len`.
-        while c + 64 <= len {
-            unsafe { weighted_rows_accumulate_512::<Q, 4>(p, rows, stride, &mut out, c) };
-            c += 64;
-        }
-        while c + 16 <= len {
-            unsafe { weighted_rows_accumulate_512::<Q, 1>(p, rows, stride, &mut out, c) };
-            c += 16;
-        }
-        if c < len {
-            for (pq, oq) in p.iter().zip(out.iter_mut()) {
-                weighted_rows_sum_ref(pq, &rows[c..], stride, &mut oq[c..]);
+        // The keys in blocks of `SUM_KEY_BLOCK`, every column of a block before the
+        // next block: a block's rows come from memory once, for its first columns, and
+        // are read from the core's cache for the rest. Each element's sum still runs
+        // over `j` in ascending order, carried from block to block through `out`.
+        let mut j0 = 0;
+        while j0 < n {
+            let j1 = (j0 + SUM_KEY_BLOCK).min(n);
+            let pb: [&[f32]; Q] = std::array::from_fn(|q| &p[q][j0..j1]);
+            let rb = &rows[j0 * stride..];
+            let mut c = 0;
+            // SAFETY (both calls): AVX-512F was detected; the bounds were checked above
+            // (rows `j0..j1` of `rows` are rows `0..j1 - j0` of `rb`) and
+            // `c + 16 K <= len`.
+            while c + 64 <= len {
+                unsafe { weighted_rows_accumulate_512::<Q, 4>(pb, rb, stride, &mut out, c) };
+                c += 64;
             }
+            while c + 16 <= len {
+                unsafe { weighted_rows_accumulate_512::<Q, 1>(pb, rb, stride, &mut out, c) };
+                c += 16;
+            }
+            if c < len {
+                for (pq, oq) in pb.iter().zip(out.iter_mut()) {
+                    weighted_rows_sum_ref(pq, &rb[c..], stride, &mut oq[c..]);
+                }
+            }
+            j0 = j1;
         }
         return;
     }
@@ -293,6 +305,14 @@ pub fn weighted_rows_accumulate<const Q: usize>(
         weighted_rows_sum_ref(pq, rows, stride, oq);
     }
 }
+
+/// Keys per block of [`weighted_rows_accumulate`]'s 512-bit path: every column of a
+/// block's value rows is summed before the next block, so the rows come from memory once
+/// (32 rows of Gemma 3's 256-element heads are 32 KB, the size of an L1), where one pass
+/// per 64 columns over every row had read each row's lines in four strided passes
+/// (figures: docs/performance.md, "Why it is fast").
+#[cfg(target_arch = "x86_64")]
+const SUM_KEY_BLOCK: usize = 32;
 
 /// How many rows ahead the decode attention kernels ([`weighted_rows_accumulate`]'s
 /// and [`crate::dot_strided_multi`]'s 512-bit loops) prefetch the K and V rows they
@@ -327,10 +347,11 @@ unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
     }
     for j in 0..p[0].len() {
         let base = rp.add(j * stride);
-        // A prefetch never faults: rows past the end are harmless.
+        // A prefetch never faults: rows past the end are harmless. Into L2, as
+        // `crate::dot::prefetch_rows` says why.
         let ahead = base.wrapping_add(PREFETCH_ROWS * stride) as *const i8;
         for r in 0..K {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * r));
+            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * r));
         }
         let v: [__m512; K] = std::array::from_fn(|r| _mm512_loadu_ps(base.add(16 * r)));
         for (aq, pq) in acc.iter_mut().zip(&p) {

@@ -13,6 +13,14 @@
 //! slower: the scores then cross between the cores at each hand-off (docs/performance.md,
 //! "Tried and kept out").
 //!
+//! When the groups do not divide evenly among the threads (SmolLM2's 3 on 2 threads;
+//! Gemma 3's one KV head, whose K and V every thread would read whole), the step runs
+//! as three hand-offs instead ([`by_ranges`]): the dots split by keys, the softmax by
+//! heads, and the weighted sums by elements of the head, so each thread reads an equal
+//! share of the layer's K and V. The scores then cross between the cores, which costs
+//! less than a thread that waits on another's whole groups or reads the same rows
+//! again (docs/performance.md, "Why it is fast").
+//!
 //! Every value is computed by the same kernels in the same order as one query head at
 //! a time: each key's score is [`fak_tensor::dot`]'s bits whichever of the
 //! multi-query kernels computes it, a row's softmax is [`softmax_in_place`]'s (the
@@ -24,7 +32,7 @@
 
 use super::AttentionShape;
 use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
-use fak_tensor::pool::Disjoint;
+use fak_tensor::pool::{part_range, Disjoint};
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 
 /// Keys per block when a chunk holds several KV heads: each block's dots (and then its
@@ -66,11 +74,15 @@ pub(crate) fn decode_attention(
         out.fill(0.0);
         return;
     }
+    let kv_heads = s.heads / s.group;
+    let parts = th.get().max(1);
+    if parts > 1 && !kv_heads.is_multiple_of(parts) {
+        let sc = ScoreRows { scores, first, len };
+        return by_ranges(s, q, keys, values, sc, out, th);
+    }
     // A chunk is a run of whole groups when there are groups enough for the threads
     // (as even a cut as whole groups allow), else a run of heads of one group: the
     // largest divisor of the group that gives every thread a chunk.
-    let kv_heads = s.heads / s.group;
-    let parts = th.get().max(1);
     let (chunks, per) = if kv_heads >= parts {
         (parts, s.group)
     } else {
@@ -141,6 +153,176 @@ pub(crate) fn decode_attention(
             j0 = j1;
         }
     });
+}
+
+/// The scores of a decode step: `scores` is scratch for every head's row of `len`
+/// scores, over the cache entries `first..first + len`.
+struct ScoreRows<'a> {
+    scores: &'a mut Vec<f32>,
+    first: usize,
+    len: usize,
+}
+
+/// [`decode_attention`] in three hand-offs, each thread reading an equal share of the
+/// layer's K and V whatever the number of groups: chunk `c` of `parts` computes
+///
+/// 1. the dots of keys `part_range(len, parts, c)` for every query head, each group's
+///    heads against its KV head's rows, [`KEY_BLOCK`] keys at a time for all groups;
+/// 2. the scale and softmax of heads `part_range(heads, parts, c)`;
+/// 3. elements `part_range` of every head's output (in units of 16), the weighted sum
+///    over all keys, [`KEY_BLOCK`] keys at a time.
+///
+/// Every score is one [`dot_strided_multi`] dot, every row's softmax
+/// [`softmax_in_place`]'s, and every output element the ascending sum of
+/// [`weighted_rows_accumulate`] (which the element range it is computed in does not
+/// change): the same bits as [`decode_attention`]'s one hand-off and as one head at a
+/// time.
+fn by_ranges(
+    s: AttentionShape,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    sc: ScoreRows<'_>,
+    out: &mut [f32],
+    th: Threads,
+) {
+    let (hd, kvd) = (s.head_dim, s.kv_dim);
+    let ScoreRows { scores, first, len } = sc;
+    let kv_heads = s.heads / s.group;
+    let parts = th.get().max(1);
+    scores.clear();
+    scores.resize(s.heads * len, 0.0);
+    // The query heads of group `g` in runs of at most four (the multi-query kernels'
+    // widest), as `(first head, heads)`.
+    let runs = |g: usize| {
+        let h0 = g * s.group;
+        (h0..h0 + s.group)
+            .step_by(4)
+            .map(move |a| (a, (h0 + s.group - a).min(4)))
+    };
+    {
+        let all = Disjoint::new(&mut scores[..]);
+        parallel_chunks(parts, th, &|c| {
+            let kr = part_range(len, parts, c);
+            let mut j0 = kr.start;
+            while j0 < kr.end {
+                let j1 = (j0 + KEY_BLOCK).min(kr.end);
+                for g in 0..kv_heads {
+                    let rows = &keys[(first + j0) * kvd + g * hd..];
+                    for (a, nh) in runs(g) {
+                        // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
+                        // ranges are disjoint), and of them `j0..j1` once, in every
+                        // head's row: no part overlaps another chunk's or its own.
+                        let part = |h: usize| unsafe { all.part(h * len + j0..h * len + j1) };
+                        dots_into(rows, kvd, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
+                    }
+                }
+                j0 = j1;
+            }
+        });
+    }
+    {
+        let all = Disjoint::new(&mut scores[..]);
+        parallel_chunks(parts, th, &|c| {
+            let hr = part_range(s.heads, parts, c);
+            // SAFETY: chunk `c` alone holds heads `hr` (the chunks' head ranges are
+            // disjoint), whose score rows are one consecutive part.
+            let rows = unsafe { all.part(hr.start * len..hr.end * len) };
+            rows.iter_mut().for_each(|x| *x *= s.scale);
+            softmax_for_heads(rows, len);
+        });
+    }
+    let scores = &scores[..];
+    let all_out = Disjoint::new(&mut out[..s.heads * hd]);
+    let units = hd.div_ceil(16);
+    parallel_chunks(parts, th, &|c| {
+        let ur = part_range(units, parts, c);
+        let (e0, e1) = (ur.start * 16, (ur.end * 16).min(hd));
+        if e0 >= e1 {
+            return;
+        }
+        for h in 0..s.heads {
+            // SAFETY: chunk `c` alone takes elements `e0..e1` of every head's output
+            // (the chunks' element ranges are disjoint); this part is zeroed and
+            // dropped before the next one is taken.
+            unsafe { all_out.part(h * hd + e0..h * hd + e1) }.fill(0.0);
+        }
+        let mut j0 = 0;
+        while j0 < len {
+            let j1 = (j0 + KEY_BLOCK).min(len);
+            for g in 0..kv_heads {
+                let rows = &values[(first + j0) * kvd + g * hd + e0..];
+                for (a, nh) in runs(g) {
+                    // SAFETY: as above; the parts of one call are distinct heads'.
+                    let part = |h: usize| unsafe { all_out.part(h * hd + e0..h * hd + e1) };
+                    let p = |h: usize| &scores[h * len + j0..h * len + j1];
+                    sums_into(p, rows, kvd, nh, part, a);
+                }
+            }
+            j0 = j1;
+        }
+    });
+}
+
+/// The dots of `rows` (`KEY` rows at `stride`) against the `n` queries of `qs` (heads
+/// `a..a + n`, `hd` elements each) into `part(h)` for each head `h`
+/// ([`dot_strided_multi`], up to four queries).
+fn dots_into<'p>(
+    rows: &[f32],
+    stride: usize,
+    qs: &[f32],
+    hd: usize,
+    n: usize,
+    part: impl Fn(usize) -> &'p mut [f32],
+    a: usize,
+) {
+    fn go<'p, const N: usize>(
+        rows: &[f32],
+        stride: usize,
+        (qs, hd): (&[f32], usize),
+        part: impl Fn(usize) -> &'p mut [f32],
+        a: usize,
+    ) {
+        let out: [&mut [f32]; N] = std::array::from_fn(|i| part(a + i));
+        dot_strided_multi(rows, stride, self::rows::<N>(qs, hd), out);
+    }
+    match n {
+        4 => go::<4>(rows, stride, (qs, hd), part, a),
+        3 => go::<3>(rows, stride, (qs, hd), part, a),
+        2 => go::<2>(rows, stride, (qs, hd), part, a),
+        1 => go::<1>(rows, stride, (qs, hd), part, a),
+        _ => unreachable!("runs of one to four heads"),
+    }
+}
+
+/// `part(h) += Σ_j p(h)[j] · rows[j]` for heads `a..a + n`
+/// ([`weighted_rows_accumulate`], up to four sums).
+fn sums_into<'s, 'p>(
+    p: impl Fn(usize) -> &'s [f32],
+    rows: &[f32],
+    stride: usize,
+    n: usize,
+    part: impl Fn(usize) -> &'p mut [f32],
+    a: usize,
+) {
+    fn go<'s, 'p, const N: usize>(
+        p: impl Fn(usize) -> &'s [f32],
+        rows: &[f32],
+        stride: usize,
+        part: impl Fn(usize) -> &'p mut [f32],
+        a: usize,
+    ) {
+        let ps: [&[f32]; N] = std::array::from_fn(|i| p(a + i));
+        let out: [&mut [f32]; N] = std::array::from_fn(|i| part(a + i));
+        weighted_rows_accumulate(ps, rows, stride, out);
+    }
+    match n {
+        4 => go::<4>(p, rows, stride, part, a),
+        3 => go::<3>(p, rows, stride, part, a),
+        2 => go::<2>(p, rows, stride, part, a),
+        1 => go::<1>(p, rows, stride, part, a),
+        _ => unreachable!("runs of one to four heads"),
+    }
 }
 
 /// The first `N` rows of `len` elements of `s`.
