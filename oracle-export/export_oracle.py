@@ -14,7 +14,7 @@ Subcommands (run from the repository root; see oracle-export/README.md):
     tiny [--only NAMES]          testdata/tiny/<NAME>/ + testdata/oracles/tiny-<NAME>/ for NAME in llama-untied,
                                  llama-tied, qwen2, qwen3, gemma3, phi3, olmo2 (phi3 and olmo2 with their r3/)
     tiny-gguf [--only NAMES]     testdata/tiny-gguf/llama-{untied,tied}.f32.gguf, llama-tied.f32.align2.gguf,
-                                 phi3.f32.gguf, olmo2.f32.gguf (+ their .facts.json)
+                                 llama-untied.f16.gguf, phi3.f32.gguf, olmo2.f32.gguf (+ their .facts.json)
     oracle --model DIR_OR_GGUF --name NAME     testdata/oracles/NAME/
     r3 --gguf FILE               testdata/oracles/{tiny-llama-*,smollm2-135m-instruct}/r3/<case>.safetensors
     greedy32 --model GGUF --name NAME          testdata/oracles/NAME/greedy32.json
@@ -838,7 +838,9 @@ def llamacpp_permute(w: np.ndarray, n_head: int, n_head_kv: int | None) -> np.nd
             .reshape(w.shape))
 
 
-def write_tiny_gguf(src: Path, path: Path, alignment: int | None, pad: int) -> None:
+def write_tiny_gguf(src: Path, path: Path, alignment: int | None, pad: int, f16: bool = False) -> None:
+    """As llama.cpp's convert_hf_to_gguf.py writes `--outtype f32`, or with `f16` `--outtype f16`:
+    every matrix F16 (numpy's round-to-nearest-even), the 1-D norms F32, file type MOSTLY_F16."""
     import gguf
     from safetensors.numpy import load_file
 
@@ -862,7 +864,7 @@ def write_tiny_gguf(src: Path, path: Path, alignment: int | None, pad: int) -> N
     w.add_rope_freq_base(theta)
     w.add_rope_dimension_count(cfg.get("head_dim") or hidden // n_head)
     w.add_vocab_size(cfg["vocab_size"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if f16 else gguf.LlamaFileType.ALL_F32)
     w.add_string("fak.fixture.source", f"testdata/tiny/{src.name} (config.json, model.safetensors)")
     w.add_string("fak.fixture.command", f"{PY} tiny-gguf")
     w.add_string("fak.fixture.versions", json.dumps(versions(), sort_keys=True))
@@ -877,6 +879,8 @@ def write_tiny_gguf(src: Path, path: Path, alignment: int | None, pad: int) -> N
             t = llamacpp_permute(t, n_head, n_kv)
         new = tmap.get_name(name, try_suffixes=(".weight", ".bias"))
         assert new is not None, name
+        if f16 and t.ndim == 2:
+            t = t.astype(np.float16)
         w.add_tensor(new, np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -901,6 +905,33 @@ def check_tiny_gguf(src: Path, path: Path) -> None:
     ids = torch.tensor([tiny_prompts(ref.config.vocab_size)[0][2]])
     with torch.no_grad():
         assert torch.equal(ref(ids).logits, got(ids).logits), f"{path.name}: logits differ"
+
+
+# The llama tiny as an F16 GGUF (`--outtype f16`), for fak's native path on F16 matrices read in place
+TINY_GGUF_F16 = [("llama-untied", "llama-untied.f16.gguf")]
+
+
+def check_tiny_gguf_f16(src: Path, path: Path) -> None:
+    """The witness for an F16 file: transformers loads it (gguf-py dequantizes F16 to float32 and
+    un-permutes Q/K) to exactly the safetensors model's parameters with every matrix rounded to f16
+    (numpy's float16 cast, round-to-nearest-even) and every norm unchanged; and the rounding is real
+    (some matrix differs from the float32 model)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    ref = AutoModelForCausalLM.from_pretrained(str(src), **kw).eval()
+    got = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **kw).eval()
+    rp, gp = dict(ref.named_parameters()), dict(got.named_parameters())
+    assert sorted(rp) == sorted(gp), (sorted(rp), sorted(gp))
+    rounded_differs = False
+    for n, p in rp.items():
+        want = p.detach()
+        if want.ndim == 2:
+            want = torch.from_numpy(want.numpy().astype(np.float16).astype(np.float32))
+            rounded_differs |= not torch.equal(want, p.detach())
+        assert gp[n].dtype == torch.float32 and torch.equal(gp[n].detach(), want), f"{path.name}: {n} differs"
+    assert rounded_differs, f"{path.name}: no matrix changed when rounded to f16"
 
 
 # F32 GGUFs of the issue-28 families, written as llama.cpp's convert_hf_to_gguf.py writes them
@@ -1025,6 +1056,14 @@ def check_tiny_gguf_arch(src: Path, path: Path, names: dict) -> dict:
     return facts
 
 
+def tiny_source(out: Path, src_name: str, makes_it: str) -> Path:
+    """testdata/tiny/<src_name>, or exit naming the command `makes_it` that writes it."""
+    src = out / "tiny" / src_name
+    if not (src / "model.safetensors").exists():
+        raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{makes_it}` first")
+    return src
+
+
 def cmd_tiny_gguf(args) -> None:
     import gguf
 
@@ -1034,9 +1073,7 @@ def cmd_tiny_gguf(args) -> None:
     for src_name, file_name in TINY_GGUF_ARCH:
         if only is not None and src_name not in only:
             continue
-        src = out / "tiny" / src_name
-        if not (src / "model.safetensors").exists():
-            raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{PY} tiny --only {src_name}` first")
+        src = tiny_source(out, src_name, f"{PY} tiny --only {src_name}")
         path = out / "tiny-gguf" / file_name
         names = write_tiny_gguf_arch(src, path)
         facts = check_tiny_gguf_arch(src, path, names)
@@ -1051,9 +1088,7 @@ def cmd_tiny_gguf(args) -> None:
     for src_name, file_name, alignment in TINY_GGUF:
         if only is not None and src_name not in only:
             continue
-        src = out / "tiny" / src_name
-        if not (src / "model.safetensors").exists():
-            raise SystemExit(f"tiny-gguf: {rel(src)} does not exist; run `{PY} tiny` first")
+        src = tiny_source(out, src_name, f"{PY} tiny")
         path = out / "tiny-gguf" / file_name
         # Lengthen a padding string until the tensor data starts where wanted (deterministic).
         for pad in range(0, 64, 2 if alignment == 2 else 64):
@@ -1067,6 +1102,15 @@ def cmd_tiny_gguf(args) -> None:
         log(f"tiny-gguf {file_name}: data at byte {start} (mod 4 = {start % 4}), "
             f"transformers loads it to {rel(src)}'s parameters and logits -> {rel(path)} "
             f"({path.stat().st_size} B)")
+    for src_name, file_name in TINY_GGUF_F16:
+        if only is not None and src_name not in only:
+            continue
+        src = tiny_source(out, src_name, f"{PY} tiny")
+        path = out / "tiny-gguf" / file_name
+        write_tiny_gguf(src, path, None, 0, f16=True)
+        check_tiny_gguf_f16(src, path)
+        log(f"tiny-gguf {file_name}: transformers loads it to {rel(src)}'s parameters with every matrix "
+            f"rounded to f16 -> {rel(path)} ({path.stat().st_size} B)")
 
 
 # ---------------------------------------------------------------------------------------

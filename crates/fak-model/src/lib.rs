@@ -49,5 +49,7 @@ pub use model::{
     ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Op, OpProfile, OpTimes,
     RopeRegime, Weight, WeightMode, HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
 };
-pub use source::{MappedF32, QuantMatrix, TensorEntry, WeightSource};
+pub use source::{
+    Mapped, MappedElem, MappedF16, MappedF32, QuantMatrix, TensorEntry, WeightSource,
+};
 pub use tokenizer::{StreamDecoder, Tokenizer, TokenizerError};

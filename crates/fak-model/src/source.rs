@@ -7,6 +7,7 @@
 
 use crate::{family, Config, ModelError};
 use fak_tensor::quant::QType;
+use fak_tensor::{WeightElem, F16};
 use fak_weights::{GgmlType, GgufFile, SafetensorsFile};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -249,14 +250,14 @@ impl WeightSource {
         }))
     }
 
-    /// Tensor `name` as an F32 matrix read in place from a GGUF file's memory map (no
-    /// `f32` copy), when the file stores it as F32 and its data can be borrowed as
-    /// `&[f32]` ([`GgufFile::tensor_f32_in_place`]: 4-byte aligned, the right length, a
-    /// little-endian host). `None` for every other type (F16 and BF16 need widening, the
-    /// block types have [`Self::quantized`]), for F32 data that cannot be borrowed, and
-    /// for safetensors: the caller then copies with [`Self::load`], which gives the same
-    /// values. A `llama` GGUF's Q/K row permutation is kept as
-    /// [`MappedF32::row_order`], undone on each product's output.
+    /// Tensor `name` as an F32 or F16 matrix read in place from a GGUF file's memory map
+    /// (no `f32` copy), when the file stores it as `W`'s type and its data can be
+    /// borrowed as `&[W]` ([`MappedElem::in_place`]: aligned, the right length, a
+    /// little-endian host). `None` for every other type (BF16 needs widening, the block
+    /// types have [`Self::quantized`]), for data that cannot be borrowed, and for
+    /// safetensors: the caller then copies with [`Self::load`], which gives the same
+    /// values. A `llama` GGUF's Q/K row permutation is kept as [`Mapped::row_order`],
+    /// undone on each product's output.
     ///
     /// Only for the matrices that [`Self::load`] reads unchanged apart from that row
     /// order: the linear layers and the embedding (a Gemma norm, which `load` shifts by
@@ -265,29 +266,30 @@ impl WeightSource {
     /// # Errors
     /// [`ModelError::MissingTensor`] and [`ModelError::ShapeMismatch`] as [`Self::load`];
     /// [`ModelError::Unsupported`] when a permuted matrix does not split into heads.
-    pub fn mapped_f32(
+    pub fn mapped<W: MappedElem>(
         &self,
         name: &str,
         expected: [usize; 2],
         cfg: &Config,
-    ) -> Result<Option<MappedF32>, ModelError> {
+    ) -> Result<Option<Mapped<W>>, ModelError> {
         let Some((file, i)) = self.gguf_tensor(name, expected)? else {
             return Ok(None);
         };
         let t = &file.tensors()[i];
         let [rows, cols] = expected;
-        match file.tensor_f32_in_place(t) {
+        match W::in_place(file, t) {
             Some(w) if Some(w.len()) == rows.checked_mul(cols) => {}
             _ => return Ok(None),
         }
         let row_order = qk_row_order(name, rows, cfg)?;
-        Ok(Some(MappedF32 {
+        Ok(Some(Mapped {
             file: Arc::clone(file),
             tensor: i,
             first_row: 0,
             rows,
             cols,
             row_order,
+            elem: std::marker::PhantomData,
         }))
     }
 
@@ -434,14 +436,35 @@ fn qk_row_order(name: &str, rows: usize, cfg: &Config) -> Result<Option<Vec<u32>
     cfg.family.spec().gguf_row_order(name, rows, cfg)
 }
 
-/// A `[rows, cols]` F32 matrix of a GGUF file read in place from its memory map: the
-/// native path's form of an F32 file's linear layers and embedding, so the weights are
-/// not copied into `Vec<f32>` (the file's pages are the only copy, shared with the page
-/// cache). Made by [`WeightSource::mapped_f32`], which checked that the data borrows
-/// as `&[f32]`; products on it run the same `f32` kernels on the same values as the
-/// copied form, so results are the same bits.
-#[derive(Clone)]
-pub struct MappedF32 {
+/// An element type a GGUF matrix is read in place as: `f32` (an F32 tensor) or
+/// [`F16`] (an F16 tensor, widened exactly as the products load it).
+pub trait MappedElem: WeightElem {
+    /// The tensor's data as values of this type, borrowed from the map, or `None` when
+    /// it is of another type or cannot be borrowed (see
+    /// [`GgufFile::tensor_f32_in_place`], [`GgufFile::tensor_f16_in_place`]).
+    fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [Self]>;
+}
+
+impl MappedElem for f32 {
+    fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [f32]> {
+        file.tensor_f32_in_place(t)
+    }
+}
+
+impl MappedElem for F16 {
+    fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [F16]> {
+        file.tensor_f16_in_place(t)
+    }
+}
+
+/// A `[rows, cols]` F32 or F16 matrix of a GGUF file read in place from its memory map:
+/// the native path's form of such a file's linear layers and embedding, so the weights
+/// are not copied into `Vec<f32>` (the file's pages are the only copy, shared with the
+/// page cache). Made by [`WeightSource::mapped`], which checked that the data borrows as
+/// `&[W]`; products on it run the `f32` kernels on the same values as the copied (for
+/// F16, widened) form, widening F16 exactly as it is loaded
+/// ([`fak_tensor::WeightElem`]), so results are the same bits.
+pub struct Mapped<W: MappedElem> {
     /// Keeps the map alive as long as the handle.
     file: Arc<GgufFile>,
     tensor: usize,
@@ -454,20 +477,36 @@ pub struct MappedF32 {
     /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
+    elem: std::marker::PhantomData<W>,
 }
 
-impl MappedF32 {
-    /// The matrix as row-major `[rows, cols]` `f32`, rows in the file's order (see
-    /// [`MappedF32::row_order`]), borrowed from the memory map
-    /// ([`GgufFile::tensor_f32_in_place`], which checks alignment and length again on
-    /// every call). Always `rows × cols` long for a handle made by
-    /// [`WeightSource::mapped_f32`]: the map neither moves nor changes while the handle
-    /// holds it.
-    pub fn as_f32(&self) -> &[f32] {
-        let all = self
-            .file
-            .tensor_f32_in_place(&self.file.tensors()[self.tensor])
-            .unwrap_or(&[]);
+/// An F32 matrix read in place ([`Mapped`]).
+pub type MappedF32 = Mapped<f32>;
+/// An F16 matrix read in place ([`Mapped`]).
+pub type MappedF16 = Mapped<F16>;
+
+impl<W: MappedElem> Clone for Mapped<W> {
+    fn clone(&self) -> Self {
+        Mapped {
+            file: Arc::clone(&self.file),
+            tensor: self.tensor,
+            first_row: self.first_row,
+            rows: self.rows,
+            cols: self.cols,
+            row_order: self.row_order.clone(),
+            elem: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<W: MappedElem> Mapped<W> {
+    /// The matrix as row-major `[rows, cols]` values, rows in the file's order (see
+    /// [`Mapped::row_order`]), borrowed from the memory map ([`MappedElem::in_place`],
+    /// which checks alignment and length again on every call). Always `rows × cols`
+    /// long for a handle made by [`WeightSource::mapped`]: the map neither moves nor
+    /// changes while the handle holds it.
+    pub fn values(&self) -> &[W] {
+        let all = W::in_place(&self.file, &self.file.tensors()[self.tensor]).unwrap_or(&[]);
         all.get(self.first_row * self.cols..(self.first_row + self.rows) * self.cols)
             .unwrap_or(&[])
     }
@@ -490,12 +529,12 @@ impl MappedF32 {
         Ok(self)
     }
 
-    /// Bytes of the matrix in the map (`4 × rows × cols`).
+    /// Bytes of the matrix in the map (`size_of::<W>() × rows × cols`).
     pub fn byte_len(&self) -> usize {
-        4 * self.rows * self.cols
+        std::mem::size_of::<W>() * self.rows * self.cols
     }
 
-    /// Copies HF row `r` into `out` (`[cols]`): the embedding lookup.
+    /// HF row `r` into `out` (`[cols]`), widened to `f32`: the embedding lookup.
     ///
     /// # Errors
     /// [`ModelError::InvalidInput`] when `r >= rows` or `out.len() != cols`.
@@ -504,10 +543,12 @@ impl MappedF32 {
             Some(o) => o.get(r).map(|&x| x as usize),
             None => Some(r),
         };
-        let src = fr.and_then(|fr| self.as_f32().get(fr * self.cols..(fr + 1) * self.cols));
+        let src = fr.and_then(|fr| self.values().get(fr * self.cols..(fr + 1) * self.cols));
         match src {
             Some(src) if r < self.rows && out.len() == self.cols => {
-                out.copy_from_slice(src);
+                for (o, v) in out.iter_mut().zip(src) {
+                    *o = v.to_f32();
+                }
                 Ok(())
             }
             _ => Err(ModelError::InvalidInput(format!(
@@ -520,9 +561,10 @@ impl MappedF32 {
     }
 }
 
-impl std::fmt::Debug for MappedF32 {
+impl<W: MappedElem> std::fmt::Debug for Mapped<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MappedF32")
+        f.debug_struct("Mapped")
+            .field("elem", &std::any::type_name::<W>())
             .field("rows", &self.rows)
             .field("cols", &self.cols)
             .field("permuted", &self.row_order.is_some())

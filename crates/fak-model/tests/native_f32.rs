@@ -1,5 +1,6 @@
-//! Native weights on an F32 GGUF: the matrices are read in place from the memory map
-//! (no `f32` copy) and give the exact path's bits.
+//! Native weights on an F32 or F16 GGUF: the matrices are read in place from the memory
+//! map (no `f32` copy; F16 widened exactly as the kernels load it) and give the exact
+//! path's bits.
 //!
 //! Fixtures: `testdata/tiny-gguf/*.gguf`, the tiny Llama models of `testdata/tiny/`
 //! written by gguf-py as llama.cpp's converter writes an F32 file (Q/K rows permuted
@@ -162,5 +163,67 @@ fn phi3_f32_gguf_gives_the_safetensors_bits() {
     for th in [1, 2] {
         native.set_threads(Threads::new(th));
         assert_same_bits_as_safetensors(&native, "phi3", &format!("phi3 native, {th} threads"));
+    }
+}
+
+/// An F16 GGUF (gguf-py, as llama.cpp's converter writes `--outtype f16`: every matrix
+/// F16, the norms F32; transformers' GGUF loader reads it back to the safetensors
+/// model's parameters with every matrix rounded to f16, oracle-export/README.md): native
+/// mode reads every matrix in place as F16, half the bytes a token of the exact path's
+/// widened copy, and its logits (prefill, decode, mixed; 1 and 2 threads) and its head
+/// (full and by rows) are the exact path's bits, the kernels widening each value as
+/// they load it.
+#[test]
+fn native_f16_gguf_is_read_in_place_with_exact_bits() {
+    let path = gguf("llama-untied.f16.gguf");
+    let g = GgufFile::open(&path).unwrap();
+    let f16 = g
+        .tensors()
+        .iter()
+        .filter(|t| g.tensor_f16_in_place(t).is_some())
+        .count();
+    let exact = Model::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut native = Model::load_with(&path, WeightMode::Native).unwrap();
+    // 3 layers × 7 matrices, the embedding and the untied lm_head: every F16 tensor.
+    assert_eq!(native.mapped_f16_matrices(), 3 * 7 + 2);
+    assert_eq!(f16, 3 * 7 + 2);
+    assert_eq!(native.mapped_f32_matrices(), 0);
+    assert!(native.quantized_types().is_empty());
+    assert_eq!(exact.mapped_f16_matrices(), 0);
+    // The model owns the norms only, and reads each matrix in half the bytes.
+    let norms = norm_bytes(&exact);
+    assert_eq!(native.owned_weight_bytes(), norms);
+    assert_eq!(
+        2 * (native.weight_bytes() - norms),
+        exact.weight_bytes() - norms
+    );
+    // The control: the f16 rounding is real, so these are not the f32 model's logits.
+    let st = Model::load(&testdata().join("tiny").join("llama-untied")).unwrap();
+    let want = run_in_chunks(&exact, &IDS, &[IDS.len()]);
+    assert!(!same_bits(&want, &run_in_chunks(&st, &IDS, &[IDS.len()])));
+    let c = exact.config();
+    let normed: Vec<f32> = (0..c.hidden_size)
+        .map(|i| ((i * 37 % 101) as f32 - 50.0) / 25.0)
+        .collect();
+    let head = exact.logits_from_normed(&normed);
+    let rows: Vec<u32> = vec![0, 5, 77, 255];
+    for th in [1, 2] {
+        native.set_threads(Threads::new(th));
+        for chunks in CHUNKS {
+            let got = run_in_chunks(&native, &IDS, chunks);
+            assert!(
+                same_bits(&want, &got),
+                "native F16, {th} threads, chunks {chunks:?}: logits differ from the exact path"
+            );
+        }
+        assert!(same_bits(&head, &native.logits_from_normed(&normed)));
+        let some = native.logits_rows_from_normed(&normed, &rows).unwrap();
+        for &r in &rows {
+            assert_eq!(
+                some[r as usize].to_bits(),
+                head[r as usize].to_bits(),
+                "row {r}"
+            );
+        }
     }
 }

@@ -45,7 +45,9 @@ pub fn vendor() -> [u8; 12] {
     }
 }
 
-/// Whether the AVX2+FMA kernels can run on this CPU (detected once).
+/// Whether the AVX2+FMA kernels of the `f32` products can run on this CPU: AVX2, FMA
+/// and F16C (which every CPU with the first two has; the products widen
+/// [`crate::F16`] weights with it). Detected once.
 #[inline]
 pub fn has_avx2_fma() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -53,7 +55,9 @@ pub fn has_avx2_fma() -> bool {
         use std::sync::OnceLock;
         static HAS: OnceLock<bool> = OnceLock::new();
         *HAS.get_or_init(|| {
-            std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+            std::is_x86_feature_detected!("avx2")
+                && std::is_x86_feature_detected!("fma")
+                && std::is_x86_feature_detected!("f16c")
         })
     }
     #[cfg(not(target_arch = "x86_64"))]

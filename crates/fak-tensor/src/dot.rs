@@ -12,7 +12,8 @@ pub fn reduce_lanes(l: &[f32; LANES]) -> f32 {
     t[0] + t[1]
 }
 
-/// Scalar reference of the canonical dot product of `a` and `b` (equal lengths).
+/// Scalar reference of the canonical dot product of `a` and `b` (equal lengths); `a`
+/// may be a weight row of [`F16`](crate::F16) values, each widened exactly to `f32`.
 ///
 /// Lane `j` accumulates `a[i]*b[i]` for `i ≡ j (mod 8)`, `i < n - n%8`, with a fused
 /// multiply-add (`f32::mul_add`, one rounding) in ascending `i`; the lanes are reduced by
@@ -21,24 +22,21 @@ pub fn reduce_lanes(l: &[f32; LANES]) -> f32 {
 ///
 /// # Panics
 /// If `a.len() != b.len()` (a programming error, not bad input).
-pub fn dot_ref(a: &[f32], b: &[f32]) -> f32 {
+pub fn dot_ref<W: WeightElem>(a: &[W], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot of unequal lengths");
     let n8 = a.len() / LANES * LANES;
     let mut acc = [0f32; LANES];
     for (ca, cb) in a[..n8].chunks_exact(LANES).zip(b[..n8].chunks_exact(LANES)) {
         for j in 0..LANES {
-            acc[j] = ca[j].mul_add(cb[j], acc[j]);
+            acc[j] = ca[j].to_f32().mul_add(cb[j], acc[j]);
         }
     }
-    let mut s = reduce_lanes(&acc);
-    for i in n8..a.len() {
-        s = a[i].mul_add(b[i], s);
-    }
-    s
+    tail(a, b, n8, reduce_lanes(&acc))
 }
 
 // The CPU probes that choose these kernels live in `crate::cpu` with all the others.
 pub use crate::cpu::{has_avx2_fma, has_avx512_f32};
+use crate::WeightElem;
 
 /// Canonical dot product, using AVX2/FMA when available; bit-identical to [`dot_ref`].
 ///
@@ -50,9 +48,9 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
         let mut out = [0f32; 1];
-        // SAFETY: AVX2 and FMA were detected at run time; `rows` has one row of
+        // SAFETY: AVX2, FMA and F16C were detected at run time; `rows` has one row of
         // `a.len()` elements and `out` has room for one result.
-        unsafe { avx2::dot_rows_strided::<1, 0>(a, a.len(), b, &mut out) };
+        unsafe { avx2::dot_rows_strided::<1, 0, f32>(a, a.len(), b, &mut out) };
         return out[0];
     }
     dot_ref(a, b)
@@ -100,14 +98,14 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
             // SAFETY: AVX2 and FMA were detected; rows j..j+8 lie inside `rows` (checked
             // above) and `out` has room for 8 results from `j`.
             unsafe {
-                avx2::dot_rows_strided::<8, 0>(&rows[j * stride..], stride, x, &mut out[j..])
+                avx2::dot_rows_strided::<8, 0, f32>(&rows[j * stride..], stride, x, &mut out[j..])
             };
             j += 8;
         }
         while j < n {
             // SAFETY: as above, for one row.
             unsafe {
-                avx2::dot_rows_strided::<1, 0>(&rows[j * stride..], stride, x, &mut out[j..])
+                avx2::dot_rows_strided::<1, 0, f32>(&rows[j * stride..], stride, x, &mut out[j..])
             };
             j += 1;
         }
@@ -191,11 +189,12 @@ pub fn dot_strided_multi<const Q: usize>(
     }
 }
 
-/// Tail of a dot product after the lane reduction: fused, ascending.
+/// Tail of a dot product after the lane reduction: fused, ascending (`a`'s elements
+/// widened exactly to `f32`).
 #[inline(always)]
-pub(crate) fn tail(a: &[f32], b: &[f32], start: usize, mut s: f32) -> f32 {
+pub(crate) fn tail<W: WeightElem>(a: &[W], b: &[f32], start: usize, mut s: f32) -> f32 {
     for i in start..a.len() {
-        s = a[i].mul_add(b[i], s);
+        s = a[i].to_f32().mul_add(b[i], s);
     }
     s
 }
@@ -205,6 +204,7 @@ pub(crate) mod avx2 {
     //! AVX2/FMA micro-kernels. Each computes every (row, token) dot product with one
     //! 8-lane accumulator in the canonical order, so they agree with `dot_ref` exactly.
     use super::{reduce_lanes, tail, LANES};
+    use crate::WeightElem;
     use std::arch::x86_64::*;
 
     /// Stores a register's lanes and reduces them in the canonical tree.
@@ -225,12 +225,15 @@ pub(crate) mod avx2 {
     /// streams): a hint only, never a read into the program, so the same bits. The
     /// addresses may lie past `w` (wrapping arithmetic, never dereferenced).
     ///
+    /// The rows may be [`crate::F16`], widened as they are loaded (exactly: the bits of
+    /// the rows widened beforehand).
+    ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `stride >= x.len()`,
+    /// The CPU must support AVX2, FMA and F16C; `stride >= x.len()`,
     /// `w.len() >= (R - 1) * stride + x.len()`, `out.len() >= R`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_rows_strided<const R: usize, const AHEAD: usize>(
-        w: &[f32],
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_rows_strided<const R: usize, const AHEAD: usize, W: WeightElem>(
+        w: &[W],
         stride: usize,
         x: &[f32],
         out: &mut [f32],
@@ -253,7 +256,7 @@ pub(crate) mod avx2 {
             }
             let xv = _mm256_loadu_ps(xp.add(i));
             for (r, a) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(_mm256_loadu_ps(wp.add(r * stride + i)), xv, *a);
+                *a = _mm256_fmadd_ps(W::load8(wp.add(r * stride + i)), xv, *a);
             }
             i += LANES;
         }
@@ -428,13 +431,15 @@ pub(crate) mod avx2 {
     /// is a multiple of 8, by [`reduce_8_rows`], the same tree on the same values): the
     /// same bits.
     ///
+    /// The rows may be [`crate::F16`], widened as they are loaded (the same bits).
+    ///
     /// # Safety
-    /// The CPU must support AVX2, FMA and AVX-512F/DQ; `w.len() >= R*cols`,
+    /// The CPU must support AVX2, FMA, F16C and AVX-512F/DQ; `w.len() >= R*cols`,
     /// `x.len() >= 2P*cols`, `pairs.len() >= P * 2 * (cols / 8 * 8)`,
     /// `out.len() >= (2P-1)*ldo + R`.
-    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
-    pub unsafe fn dot_tile_512<const R: usize, const P: usize>(
-        w: &[f32],
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512dq")]
+    pub unsafe fn dot_tile_512<const R: usize, const P: usize, W: WeightElem>(
+        w: &[W],
         pairs: &[f32],
         x: &[f32],
         cols: usize,
@@ -470,7 +475,7 @@ pub(crate) mod avx2 {
                 *v = _mm512_loadu_ps(pp.add(p * 2 * n8 + 2 * i));
             }
             for (r, row_acc) in acc.iter_mut().enumerate() {
-                let wv = _mm512_broadcast_f32x8(_mm256_loadu_ps(wp.add(r * cols + i)));
+                let wv = _mm512_broadcast_f32x8(W::load8(wp.add(r * cols + i)));
                 for (p, a) in row_acc.iter_mut().enumerate() {
                     *a = _mm512_fmadd_ps(wv, xv[p], *a);
                 }
@@ -505,12 +510,14 @@ pub(crate) mod avx2 {
 
     /// Micro-kernel for `R` rows × `T` tokens: `out[t*ldo + r] = dot(w_r, x_t)`.
     ///
+    /// The rows may be [`crate::F16`], widened as they are loaded (the same bits).
+    ///
     /// # Safety
-    /// The CPU must support AVX2 and FMA; `w.len() >= R*cols`, `x.len() >= T*cols`,
+    /// The CPU must support AVX2, FMA and F16C; `w.len() >= R*cols`, `x.len() >= T*cols`,
     /// `out.len() >= (T-1)*ldo + R`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot_tile<const R: usize, const T: usize>(
-        w: &[f32],
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_tile<const R: usize, const T: usize, W: WeightElem>(
+        w: &[W],
         x: &[f32],
         cols: usize,
         out: &mut [f32],
@@ -529,7 +536,7 @@ pub(crate) mod avx2 {
                 *v = _mm256_loadu_ps(xp.add(t * cols + i));
             }
             for (r, row_acc) in acc.iter_mut().enumerate() {
-                let wv = _mm256_loadu_ps(wp.add(r * cols + i));
+                let wv = W::load8(wp.add(r * cols + i));
                 for (t, a) in row_acc.iter_mut().enumerate() {
                     *a = _mm256_fmadd_ps(wv, xv[t], *a);
                 }

@@ -30,6 +30,7 @@
 
 pub mod cpu;
 pub mod dot;
+pub mod elem;
 pub mod exp;
 pub mod matmul;
 pub mod ops;
@@ -38,6 +39,7 @@ pub mod quant;
 pub mod tanh;
 
 pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
+pub use elem::{WeightElem, F16};
 pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};
 pub use ops::{
     add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place,

@@ -7,6 +7,7 @@
 use crate::cpu::has_avx2_fma;
 use crate::dot::dot_ref;
 use crate::pool::{Disjoint, Pool};
+use crate::WeightElem;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, TryLockError};
 
@@ -69,11 +70,19 @@ const PARALLEL_MIN_MACS: usize = 1 << 16;
 
 /// Reference product: `out[t*rows + r] = dot_ref(w[r], x[t])`, one pair at a time.
 ///
-/// Shapes: `w` is `[rows, cols]`, `x` is `[n, cols]`, `out` is `[n, rows]`.
+/// Shapes: `w` is `[rows, cols]` (`f32`, or [`F16`](crate::F16) widened exactly), `x` is
+/// `[n, cols]`, `out` is `[n, rows]`.
 ///
 /// # Panics
 /// If a slice is shorter than its shape (a programming error).
-pub fn matmul_ref(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &mut [f32]) {
+pub fn matmul_ref<W: WeightElem>(
+    w: &[W],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+) {
     check_shapes(w, rows, cols, x, n, out);
     for t in 0..n {
         let xt = &x[t * cols..(t + 1) * cols];
@@ -83,7 +92,7 @@ pub fn matmul_ref(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out:
     }
 }
 
-fn check_shapes(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &[f32]) {
+fn check_shapes<W>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, out: &[f32]) {
     assert!(
         w.len() >= rows * cols,
         "matmul: w has {} < {rows}x{cols}",
@@ -104,8 +113,10 @@ fn check_shapes(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &
 /// Product `out[t*rows + r] = dot(w[r], x[t])`, bit-identical to [`matmul_ref`] for any
 /// `threads` and any `n`.
 ///
-/// Shapes: `w` is `[rows, cols]` (row-major, like `nn.Linear.weight`), `x` is
-/// `[n, cols]`, `out` is `[n, rows]`. The work is split by outputs, never along the
+/// Shapes: `w` is `[rows, cols]` (row-major, like `nn.Linear.weight`; `f32`, or
+/// [`F16`](crate::F16), which the kernels widen exactly as they load it: the bits of the
+/// matrix widened beforehand, reading half the bytes), `x` is `[n, cols]`, `out` is
+/// `[n, rows]`. The work is split by outputs, never along the
 /// reduction, so the split cannot change a result: a many-token input by chunks of
 /// tokens ([`matmul_group`] of one product), one token by contiguous row ranges (a
 /// multiple of 8 rows each where possible).
@@ -121,8 +132,8 @@ fn check_shapes(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, out: &
 /// # Panics
 /// If a slice is shorter than its shape (a programming error); a panic in a worker
 /// (none is expected) is resumed on the calling thread.
-pub fn matmul(
-    w: &[f32],
+pub fn matmul<W: WeightElem>(
+    w: &[W],
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -150,9 +161,9 @@ pub fn matmul(
 /// One product of a [`matmul_group`]: `out = x · wᵀ` with `w` `[rows, cols]` and `out`
 /// `[n, rows]` (as [`matmul`]).
 #[derive(Debug)]
-pub struct Linear<'a> {
+pub struct Linear<'a, W: WeightElem = f32> {
     /// `[rows, cols]` weights, row-major.
-    pub w: &'a [f32],
+    pub w: &'a [W],
     /// Output rows (`out_features`).
     pub rows: usize,
     /// `[n, rows]` outputs.
@@ -182,7 +193,13 @@ const GROUP_MIN_TOKENS: usize = 32;
 ///
 /// # Panics
 /// If a slice is shorter than its shape (a programming error).
-pub fn matmul_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], n: usize, threads: Threads) {
+pub fn matmul_group<W: WeightElem>(
+    items: &mut [Linear<'_, W>],
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    threads: Threads,
+) {
     for it in items.iter() {
         check_shapes(it.w, it.rows, cols, x, n, it.out);
     }
@@ -204,7 +221,7 @@ pub fn matmul_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], n: usize, 
     }
     let per = n.div_ceil(4 * parts).max(GROUP_MIN_TOKENS).div_ceil(8) * 8;
     let chunks = n.div_ceil(per);
-    let ws: Vec<(&[f32], usize)> = items.iter().map(|it| (it.w, it.rows)).collect();
+    let ws: Vec<(&[W], usize)> = items.iter().map(|it| (it.w, it.rows)).collect();
     // slots[c][i]: chunk c's rows of item i's output.
     let mut slots: Vec<Vec<Mutex<&mut [f32]>>> = (0..chunks).map(|_| Vec::new()).collect();
     // Every chunk gets a slot of every item (empty for a product of zero rows), so
@@ -303,8 +320,8 @@ pub(crate) fn shared_pool(parts: usize) -> Arc<Mutex<Pool>> {
 /// [`matmul`] of one token (`x` is `[cols]`, `out` `[rows]`) split into `ranges`
 /// contiguous row ranges run on `pool` (range `i` on part `i mod pool.threads()`);
 /// without a pool every range runs on the calling thread.
-fn matvec_on(
-    w: &[f32],
+fn matvec_on<W: WeightElem>(
+    w: &[W],
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -318,7 +335,7 @@ fn matvec_on(
     if parts == 2
         && ranges == 2
         && !crate::cpu::tuned_for_amd()
-        && rows.div_ceil(two_ended_chunk_rows(cols)) <= u32::MAX as usize
+        && rows.div_ceil(two_ended_chunk_rows::<W>(cols)) <= u32::MAX as usize
     {
         matvec_two_ended(&mut [Linear { w, rows, out }], cols, x, pool);
         return;
@@ -350,10 +367,10 @@ fn matvec_on(
 /// level with each other.
 const TWO_ENDED_CHUNK_BYTES: usize = 128 * 1024;
 
-/// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long f32
-/// rows, rounded up to a multiple of 8 rows.
-fn two_ended_chunk_rows(cols: usize) -> usize {
-    (TWO_ENDED_CHUNK_BYTES / (cols * 4).max(1))
+/// Rows per chunk of [`matvec_two_ended`]: `TWO_ENDED_CHUNK_BYTES` of `cols`-long rows
+/// of `W`, rounded up to a multiple of 8 rows.
+fn two_ended_chunk_rows<W>(cols: usize) -> usize {
+    (TWO_ENDED_CHUNK_BYTES / (cols * std::mem::size_of::<W>()).max(1))
         .max(1)
         .div_ceil(8)
         * 8
@@ -374,17 +391,22 @@ fn two_ended_chunk_rows(cols: usize) -> usize {
 /// range per thread on an Intel Xeon. On an AMD Zen 5, claimed chunks taken in order
 /// were slower than one range per thread, and this form was not measured there
 /// (docs/performance.md, "Why it is fast" and "Tried and kept out").
-fn matvec_two_ended(items: &mut [Linear<'_>], cols: usize, x: &[f32], pool: Option<&mut Pool>) {
+fn matvec_two_ended<W: WeightElem>(
+    items: &mut [Linear<'_, W>],
+    cols: usize,
+    x: &[f32],
+    pool: Option<&mut Pool>,
+) {
     assert!(
         items.len() <= MAX_ONE_TOKEN_GROUP,
         "matvec_two_ended: too many products"
     );
-    let per = two_ended_chunk_rows(cols);
+    let per = two_ended_chunk_rows::<W>(cols);
     let len = items.len();
     // Item `i`'s chunks are `first[i]..first[i + 1]` of the one list both ends claim
     // from; its output rows are `outs[i]`. Fixed arrays: a decode step allocates nothing.
     let mut first = [0usize; MAX_ONE_TOKEN_GROUP + 1];
-    let mut ws: [(&[f32], usize); MAX_ONE_TOKEN_GROUP] = [(&[], 0); MAX_ONE_TOKEN_GROUP];
+    let mut ws: [(&[W], usize); MAX_ONE_TOKEN_GROUP] = [(&[], 0); MAX_ONE_TOKEN_GROUP];
     let mut outs: [Option<Disjoint<'_, f32>>; MAX_ONE_TOKEN_GROUP] = Default::default();
     for (i, it) in items.iter_mut().enumerate() {
         first[i + 1] = first[i] + it.rows.div_ceil(per);
@@ -433,11 +455,16 @@ const MAX_ONE_TOKEN_GROUP: usize = 4;
 /// What it saves is less the hand-off itself (under a microsecond) than the wait for
 /// the slower thread's last chunk, which each job has once: two jobs a layer (q, k, v;
 /// gate, up) instead of five.
-fn one_token_group(items: &mut [Linear<'_>], cols: usize, x: &[f32], threads: Threads) -> bool {
+fn one_token_group<W: WeightElem>(
+    items: &mut [Linear<'_, W>],
+    cols: usize,
+    x: &[f32],
+    threads: Threads,
+) -> bool {
     if items.len() < 2 || items.len() > MAX_ONE_TOKEN_GROUP || crate::cpu::tuned_for_amd() {
         return false;
     }
-    let per = two_ended_chunk_rows(cols);
+    let per = two_ended_chunk_rows::<W>(cols);
     let chunks: usize = items.iter().map(|it| it.rows.div_ceil(per)).sum();
     if chunks > u32::MAX as usize
         || items
@@ -485,8 +512,8 @@ fn run_parts(pool: Option<&mut Pool>, job: &(dyn Fn(usize) + Sync)) {
 }
 
 /// Single-threaded product writing `out[t*ldo + r]`.
-fn matmul_serial(
-    w: &[f32],
+fn matmul_serial<W: WeightElem>(
+    w: &[W],
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -496,7 +523,7 @@ fn matmul_serial(
 ) {
     #[cfg(target_arch = "x86_64")]
     if has_avx2_fma() {
-        // SAFETY: AVX2 and FMA were detected at run time; shapes were checked by the
+        // SAFETY: AVX2, FMA and F16C were detected at run time; shapes were checked by the
         // caller (`w` holds `rows*cols`, `x` holds `n*cols`, `out` holds `(n-1)*ldo+rows`).
         unsafe {
             serial_avx2(
@@ -575,12 +602,13 @@ const ZMM_P: usize = 4;
 /// as 1) for one token.
 ///
 /// # Safety
-/// AVX2 and FMA available, and AVX-512F/DQ when `zmm`; shapes as in [`matmul_serial`].
+/// AVX2, FMA and F16C available, and AVX-512F/DQ when `zmm`; shapes as in
+/// [`matmul_serial`].
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn serial_avx2(
-    w: &[f32],
+unsafe fn serial_avx2<W: WeightElem>(
+    w: &[W],
     rows: usize,
     cols: usize,
     x: &[f32],
@@ -601,14 +629,14 @@ unsafe fn serial_avx2(
             // The eight rows at stride `per * cols` from row `s` end at row
             // `7 * per + s < 8 * per <= rows`, so `w` holds them (this function's
             // safety conditions give the CPU features).
-            dot_rows_strided::<8, STREAM_AHEAD>(&w[s * cols..], per * cols, &x[..cols], &mut o);
+            dot_rows_strided::<8, STREAM_AHEAD, W>(&w[s * cols..], per * cols, &x[..cols], &mut o);
             for (g, v) in o.iter().enumerate() {
                 out[g * per + s] = *v;
             }
         }
         let mut r = 8 * per;
         while r < rows {
-            dot_rows_strided::<1, 0>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
+            dot_rows_strided::<1, 0, W>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
             r += 1;
         }
         return;
@@ -619,7 +647,7 @@ unsafe fn serial_avx2(
         // faster on AMD; 2, 3, 4 and 6 rows, 512-bit row pairs and a software prefetch
         // were slower or level.
         for r in 0..rows {
-            dot_rows_strided::<1, 0>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
+            dot_rows_strided::<1, 0, W>(&w[r * cols..], cols, &x[..cols], &mut out[r..]);
         }
         return;
     }
@@ -644,15 +672,15 @@ unsafe fn serial_avx2(
             let o = &mut out[t * ldo..];
             let mut r = rb;
             while r + ZMM_R <= re {
-                dot_tile_512::<ZMM_R, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
+                dot_tile_512::<ZMM_R, ZMM_P, W>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
                 r += ZMM_R;
             }
             while r + 4 <= re {
-                dot_tile_512::<4, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
+                dot_tile_512::<4, ZMM_P, W>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
                 r += 4;
             }
             while r < re {
-                dot_tile_512::<1, ZMM_P>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
+                dot_tile_512::<1, ZMM_P, W>(&w[r * cols..], pt, xt, cols, &mut o[r..], ldo);
                 r += 1;
             }
             t += 2 * ZMM_P;
@@ -666,9 +694,9 @@ unsafe fn serial_avx2(
                 let wr = &w[r * cols..];
                 let o = &mut o[r..];
                 match tn {
-                    3 => dot_tile::<R, 3>(wr, xt, cols, o, ldo),
-                    2 => dot_tile::<R, 2>(wr, xt, cols, o, ldo),
-                    _ => dot_tile::<R, 1>(wr, xt, cols, o, ldo),
+                    3 => dot_tile::<R, 3, W>(wr, xt, cols, o, ldo),
+                    2 => dot_tile::<R, 2, W>(wr, xt, cols, o, ldo),
+                    _ => dot_tile::<R, 1, W>(wr, xt, cols, o, ldo),
                 }
                 r += R;
             }
@@ -676,9 +704,9 @@ unsafe fn serial_avx2(
                 let wr = &w[r * cols..];
                 let o = &mut o[r..];
                 match tn {
-                    3 => dot_tile::<1, 3>(wr, xt, cols, o, ldo),
-                    2 => dot_tile::<1, 2>(wr, xt, cols, o, ldo),
-                    _ => dot_tile::<1, 1>(wr, xt, cols, o, ldo),
+                    3 => dot_tile::<1, 3, W>(wr, xt, cols, o, ldo),
+                    2 => dot_tile::<1, 2, W>(wr, xt, cols, o, ldo),
+                    _ => dot_tile::<1, 1, W>(wr, xt, cols, o, ldo),
                 }
                 r += 1;
             }
@@ -980,6 +1008,63 @@ mod tests {
                 .zip(want)
                 .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same, "{what}");
+    }
+
+    /// `F16` weights through every product path (one token, two-ended or ranged;
+    /// many tokens through the 512-bit pair tiles and the 256-bit tiles; groups) give
+    /// exactly the bits of the same matrix widened to `f32` first, through
+    /// [`matmul_ref`] (each value widened by `f16_to_f32`, which `quant`'s tests check
+    /// against numpy's): half the bytes read, the same products.
+    #[test]
+    fn f16_weights_give_the_bits_of_the_widened_matrix() {
+        use crate::{WeightElem, F16};
+        // Narrowed from random f32 (so every f16 exponent range appears), plus the
+        // edge values; cols with and without a tail past the 8-lane steps.
+        let edges = [
+            0x0000u16, 0x8000, 0x0001, 0x03ff, 0x0400, 0x7bff, 0xfbff, 0x3c00,
+        ];
+        for (rows, cols) in [(200usize, 72usize), (67, 61), (1536, 576), (9, 5)] {
+            let w: Vec<F16> = data(rows * cols, 7)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match i % 97 {
+                    k if k < edges.len() => F16(edges[k]),
+                    _ => F16(crate::quant::f32_to_f16(v * 4.0)),
+                })
+                .collect();
+            let wide: Vec<f32> = w.iter().map(|h| h.to_f32()).collect();
+            for n in [1usize, 2, 7, 8, 9, 33, 64] {
+                let x = data(n * cols, 11 + n as u64);
+                let mut want = vec![0f32; n * rows];
+                matmul_ref(&wide, rows, cols, &x, n, &mut want);
+                let mut from_f16 = vec![0f32; n * rows];
+                matmul_ref(&w, rows, cols, &x, n, &mut from_f16);
+                assert_same_bits(&from_f16, &want, &format!("ref {rows}x{cols} n={n}"));
+                for th in [1usize, 2, 3] {
+                    let mut got = vec![f32::NAN; n * rows];
+                    matmul(&w, rows, cols, &x, n, &mut got, Threads::new(th));
+                    let what = format!("{rows}x{cols} n={n} threads={th}");
+                    assert_same_bits(&got, &want, &what);
+                    // As two products of one group.
+                    let (mut a, mut b) = (vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]);
+                    let mut items = [
+                        Linear {
+                            w: &w[..],
+                            rows,
+                            out: &mut a,
+                        },
+                        Linear {
+                            w: &w[..],
+                            rows,
+                            out: &mut b,
+                        },
+                    ];
+                    matmul_group(&mut items, cols, &x, n, Threads::new(th));
+                    assert_same_bits(&a, &want, &format!("group {what}"));
+                    assert_same_bits(&b, &want, &format!("group {what}"));
+                }
+            }
+        }
     }
 
     #[test]

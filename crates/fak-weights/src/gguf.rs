@@ -15,6 +15,7 @@
 
 use crate::dequant::{dequantize, DequantError};
 use crate::ggml_type::GgmlType;
+use fak_tensor::F16;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
@@ -612,6 +613,25 @@ impl GgufFile {
             return None;
         }
         bytemuck::try_cast_slice(data).ok()
+    }
+
+    /// An F16 tensor's data read in place as binary16 values (zero-copy), as
+    /// [`tensor_f32_in_place`](Self::tensor_f32_in_place) reads an F32 tensor: `None`
+    /// when the tensor is not F16, its data is not `2 × n_elements` bytes of this file,
+    /// its address is odd, or the host is big-endian. Widening each value with
+    /// `fak_tensor::quant::f16_to_f32` gives what
+    /// [`dequantize_tensor`](Self::dequantize_tensor) copies out.
+    pub fn tensor_f16_in_place(&self, t: &TensorInfo) -> Option<&[F16]> {
+        if t.ggml_type != GgmlType::F16 || !cfg!(target_endian = "little") {
+            return None;
+        }
+        let data = self.tensor_data(t);
+        if t.n_elements.checked_mul(2) != Some(data.len() as u64) {
+            return None;
+        }
+        bytemuck::try_cast_slice::<u8, u16>(data)
+            .ok()
+            .map(F16::from_bits_slice)
     }
 
     /// The tensor dequantized to f32, `n_elements` long, row-major in

@@ -371,6 +371,7 @@ impl Model {
             match &self.embed_tokens {
                 Weight::Quant(e) => e.dequantize_row(id as usize, row)?,
                 Weight::Mapped(e) => e.copy_row(id as usize, row)?,
+                Weight::MappedF16(e) => e.copy_row(id as usize, row)?,
                 Weight::Dense(embed_tokens) => {
                     row.copy_from_slice(&embed_tokens[id as usize * h..(id as usize + 1) * h])
                 }

@@ -1,12 +1,12 @@
 //! The logits head: over every row ([`Model::logits_from_normed`]) or over a subset of
 //! its rows ([`Model::logits_rows_from_normed`], the head of [`Model::forward_rows_into`]).
 
-use super::linear::{linear, mapped_f32_as};
+use super::linear::{linear, mapped_as};
 use super::scratch::{ProductScratch, SharedActs};
 use super::{LogitsWanted, Model, Weight};
 use crate::ModelError;
 use fak_tensor::quant::vec_dot;
-use fak_tensor::{dot, Threads};
+use fak_tensor::{dot, matmul, Threads};
 
 /// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
 /// full head ([`Model::head_rows_pay`]). Each row of the subset is a scattered read
@@ -162,10 +162,20 @@ impl Model {
                 }
             }
             Weight::Mapped(m) => {
-                let w = mapped_f32_as(m, v, h)?;
+                let w = mapped_as(m, v, h)?;
                 for &r in sel {
                     let f = file_row(&m.row_order, r as usize);
                     out[r as usize] = dot(&w[f * h..(f + 1) * h], x);
+                }
+            }
+            Weight::MappedF16(m) => {
+                // One row of the product: the canonical dot with each value widened as
+                // loaded, the full head's bits.
+                let w = mapped_as(m, v, h)?;
+                for &r in sel {
+                    let (f, r) = (file_row(&m.row_order, r as usize), r as usize);
+                    let one = Threads::new(1);
+                    matmul(&w[f * h..(f + 1) * h], 1, h, x, 1, &mut out[r..r + 1], one);
                 }
             }
             Weight::Quant(q) => {

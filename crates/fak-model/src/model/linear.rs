@@ -4,10 +4,10 @@
 
 use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
 use super::weights::Weight;
-use crate::source::MappedF32;
+use crate::source::{Mapped, MappedElem};
 use crate::ModelError;
 use fak_tensor::quant::{matmul_threads, matvec_many, matvec_threads, Matvec};
-use fak_tensor::{matmul, matmul_group, Linear, Threads};
+use fak_tensor::{matmul, matmul_group, Linear, Threads, WeightElem, F16};
 
 /// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
 /// computed in the file's row order, put back in HF's (a permutation, so exact).
@@ -37,7 +37,7 @@ fn rows_to_hf_order_in_place(out: &mut [f32], order: &[u32], rows: usize, file_r
 
 /// `out = x · wᵀ` for `n` rows of `x` (`[n, cols]` → `[n, rows]`): the quantized
 /// product over [`Weight::Quant`], else the exact `f32` [`matmul`] over the values of
-/// [`Weight::Dense`] or [`Weight::Mapped`]. `scratch` holds the quantized input.
+/// [`Weight::Dense`], [`Weight::Mapped`] or [`Weight::MappedF16`] (widened as loaded). `scratch` holds the quantized input.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear(
     w: &Weight,
@@ -53,13 +53,17 @@ pub(super) fn linear(
     linear_shared(w, rows, &mut x, out, th)
 }
 
-/// The values of a mapped F32 matrix used as `[rows, cols]`, or an error when its
-/// shape is another.
-pub(super) fn mapped_f32_as(m: &MappedF32, rows: usize, cols: usize) -> Result<&[f32], ModelError> {
-    let w = m.as_f32();
+/// The values of a mapped F32 or F16 matrix used as `[rows, cols]`, or an error when
+/// its shape is another.
+pub(super) fn mapped_as<W: MappedElem>(
+    m: &Mapped<W>,
+    rows: usize,
+    cols: usize,
+) -> Result<&[W], ModelError> {
+    let w = m.values();
     if m.rows != rows || m.cols != cols || w.len() != rows * cols {
         return Err(ModelError::Unsupported(format!(
-            "a mapped [{}, {}] f32 matrix ({} values) used as [{rows}, {cols}]",
+            "a mapped [{}, {}] matrix ({} values) used as [{rows}, {cols}]",
             m.rows,
             m.cols,
             w.len()
@@ -83,16 +87,8 @@ fn linear_shared(
             matmul(w, rows, cols, x.x, n, out, th);
             return Ok(());
         }
-        Weight::Mapped(m) => {
-            // The same kernel on the same values as the copied form: the same bits.
-            let w = mapped_f32_as(m, rows, cols)?;
-            matmul(w, rows, cols, x.x, n, out, th);
-            if let Some(order) = &m.row_order {
-                let tmp = x.scratch.file_order(0, rows);
-                rows_to_hf_order_in_place(&mut out[..n * rows], order, rows, tmp);
-            }
-            return Ok(());
-        }
+        Weight::Mapped(m) => return mapped_product(m, rows, x, out, th),
+        Weight::MappedF16(m) => return mapped_product(m, rows, x, out, th),
         Weight::Quant(q) => q,
     };
     let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
@@ -123,15 +119,65 @@ fn linear_shared(
     Ok(())
 }
 
+/// [`linear_shared`] over a matrix read in place: the same kernel on the same values as
+/// the copied (for F16, widened) form, so the same bits; a `llama` file's Q/K rows put
+/// back in HF's order after.
+fn mapped_product<W: MappedElem>(
+    m: &Mapped<W>,
+    rows: usize,
+    x: &mut SharedActs<'_>,
+    out: &mut [f32],
+    th: Threads,
+) -> Result<(), ModelError> {
+    let (cols, n) = (x.cols, x.n);
+    let w = mapped_as(m, rows, cols)?;
+    matmul(w, rows, cols, x.x, n, out, th);
+    if let Some(order) = &m.row_order {
+        let tmp = x.scratch.file_order(0, rows);
+        rows_to_hf_order_in_place(&mut out[..n * rows], order, rows, tmp);
+    }
+    Ok(())
+}
+
+/// [`linear_group`] over matrices of `f32` or F16 values `ws` (in place or owned): one
+/// [`matmul_group`], then each output whose matrix has a row order (`orders`, a `llama`
+/// file's Q/K rows) put back in HF's order.
+fn float_group<W: WeightElem, const N: usize>(
+    ws: [&[W]; N],
+    orders: [Option<&[u32]>; N],
+    items: &mut [GroupItem<'_>; N],
+    x: &mut SharedActs<'_>,
+    th: Threads,
+) -> Result<(), ModelError> {
+    let (cols, n) = (x.cols, x.n);
+    let mut it = items.iter_mut().zip(ws);
+    let mut products: [Linear<'_, W>; N] = std::array::from_fn(|_| {
+        let ((_, rows, out), w) = it.next().expect("one weight per product");
+        Linear {
+            w,
+            rows: *rows,
+            out: &mut out[..n * *rows],
+        }
+    });
+    matmul_group(&mut products, cols, x.x, n, th);
+    for ((_, rows, out), order) in items.iter_mut().zip(orders) {
+        if let Some(order) = order {
+            let tmp = x.scratch.file_order(0, *rows);
+            rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows, tmp);
+        }
+    }
+    Ok(())
+}
+
 /// One product of a [`linear_group`]: the weight, output rows, output.
 type GroupItem<'a> = (&'a Weight, usize, &'a mut [f32]);
 
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
 /// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
 /// instead of one per product. An input with every matrix `f32` (exact mode, or an F32
-/// file read in place) runs as one [`matmul_group`], which makes it one hand-off for
-/// many tokens, and for one token where its products would be shared from both ends by
-/// two threads (not on AMD), else one per product. Anything else runs
+/// file read in place), or every matrix F16 read in place, runs as one [`matmul_group`],
+/// which makes it one hand-off for many tokens, and for one token where its products
+/// would be shared from both ends by two threads (not on AMD), else one per product. Anything else runs
 /// [`linear_shared`] per product. Either way each output is the same bits.
 pub(super) fn linear_group<const N: usize>(
     items: &mut [GroupItem<'_>; N],
@@ -139,41 +185,34 @@ pub(super) fn linear_group<const N: usize>(
     th: Threads,
 ) -> Result<(), ModelError> {
     let all_native = items.iter().all(|(w, _, _)| w.quant().is_some());
-    let all_f32 = items.iter().all(|(w, _, _)| w.quant().is_none());
-    if all_f32 {
-        // f32 weights (exact mode, or an F32 file read in place): one hand-off for the
-        // group ([`matmul_group`]), each thread claiming chunks of tokens, or of rows
-        // for one token.
-        let (cols, n) = (x.cols, x.n);
-        // The weights of each product, checked first; then the products in an array, so
-        // that a decode step allocates nothing.
-        let mut ws: [&[f32]; N] = [&[]; N];
-        for ((w, rows, _), slot) in items.iter().zip(ws.iter_mut()) {
-            *slot = match *w {
-                Weight::Mapped(m) => mapped_f32_as(m, *rows, cols)?,
-                Weight::Dense(w) => w,
-                Weight::Quant(_) => unreachable!("no matrix of an all-f32 group is quantized"),
-            };
-        }
-        let mut it = items.iter_mut().zip(ws);
-        let mut products: [Linear<'_>; N] = std::array::from_fn(|_| {
-            let ((_, rows, out), w) = it.next().expect("one weight per product");
-            Linear {
-                w,
-                rows: *rows,
-                out: &mut out[..n * *rows],
+    // f32 weights (exact mode, or an F32 file read in place), or F16 read in place: one
+    // hand-off for the group ([`matmul_group`]), each thread claiming chunks of tokens,
+    // or of rows for one token. The weights of each product are checked first; then
+    // the products go in an array, so that a decode step allocates nothing.
+    let cols = x.cols;
+    let mut f32s: [&[f32]; N] = [&[]; N];
+    let mut f16s: [&[F16]; N] = [&[]; N];
+    let mut orders: [Option<&[u32]>; N] = [None; N];
+    let (mut n32, mut n16) = (0, 0);
+    for (i, (w, rows, _)) in items.iter().enumerate() {
+        match *w {
+            Weight::Dense(w) => (f32s[i], n32) = (w, n32 + 1),
+            Weight::Mapped(m) => {
+                (f32s[i], n32) = (mapped_as(m, *rows, cols)?, n32 + 1);
+                orders[i] = m.row_order.as_deref();
             }
-        });
-        matmul_group(&mut products, cols, x.x, n, th);
-        for (w, rows, out) in items.iter_mut() {
-            if let Weight::Mapped(m) = w {
-                if let Some(order) = &m.row_order {
-                    let tmp = x.scratch.file_order(0, *rows);
-                    rows_to_hf_order_in_place(&mut out[..n * *rows], order, *rows, tmp);
-                }
+            Weight::MappedF16(m) => {
+                (f16s[i], n16) = (mapped_as(m, *rows, cols)?, n16 + 1);
+                orders[i] = m.row_order.as_deref();
             }
+            Weight::Quant(_) => {}
         }
-        return Ok(());
+    }
+    if n32 == N {
+        return float_group(f32s, orders, items, x, th);
+    }
+    if n16 == N {
+        return float_group(f16s, orders, items, x, th);
     }
     if x.n != 1 || !all_native || th.get() <= 1 {
         for (w, rows, out) in items.iter_mut() {

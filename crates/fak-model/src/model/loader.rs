@@ -6,7 +6,7 @@ use super::{LayerWeights, Model, OpProfile, Weight, WeightMode, PREFILL_CHUNK};
 use crate::family::LayerTensor;
 use crate::source::WeightSource;
 use crate::{Config, ModelError, Norms};
-use fak_tensor::{RopeTable, Threads};
+use fak_tensor::{RopeTable, Threads, F16};
 use std::path::Path;
 
 impl Model {
@@ -136,7 +136,8 @@ impl Model {
 }
 
 /// One matrix in `mode`: in native mode quantized when its type has a kernel, read in
-/// place when it is F32 that can be borrowed, else (and in exact mode) an `f32` copy.
+/// place when it is F32 or F16 that can be borrowed, else (and in exact mode) an `f32`
+/// copy.
 fn load_matrix(
     src: &WeightSource,
     c: &Config,
@@ -148,8 +149,11 @@ fn load_matrix(
         if let Some(q) = src.quantized(name, shape, c)? {
             return Ok(Weight::Quant(q));
         }
-        if let Some(m) = src.mapped_f32(name, shape, c)? {
+        if let Some(m) = src.mapped::<f32>(name, shape, c)? {
             return Ok(Weight::Mapped(m));
+        }
+        if let Some(m) = src.mapped::<F16>(name, shape, c)? {
+            return Ok(Weight::MappedF16(m));
         }
     }
     Ok(Weight::Dense(src.load(name, &shape, c)?))

@@ -16,7 +16,7 @@
 //!   residual) and `mlp_block` (norm, gate/up, activation, down, residual), the final
 //!   norm and the head.
 //! - `head`: the logits head, over every row or over a subset of its rows.
-//! - `linear`: the matrix products (`f32`, mapped F32 or quantized weights).
+//! - `linear`: the matrix products (`f32`, mapped F32 or F16, or quantized weights).
 //! - `scratch`: [`ForwardScratch`] and the products' buffers.
 //! - `profile`: [`OpProfile`], the per-op wall time of passes (`fak bench --profile`).
 
@@ -111,8 +111,9 @@ impl Model {
     }
 
     /// The block types of the matrices held quantized, with how many matrices of each
-    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32
-    /// matrices read from the map are not here: see [`Model::mapped_f32_matrices`].
+    /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32 and
+    /// F16 matrices read from the map are not here: see [`Model::mapped_f32_matrices`]
+    /// and [`Model::mapped_f16_matrices`].
     pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
         for q in self.held().filter_map(Weight::quant) {
@@ -128,6 +129,15 @@ impl Model {
     pub fn mapped_f32_matrices(&self) -> usize {
         self.held()
             .filter(|m| matches!(m, Weight::Mapped(_)))
+            .count()
+    }
+
+    /// How many F16 matrices are read in place from a GGUF file's memory map instead of
+    /// being widened into copies ([`Model::mapped_f32_matrices`] for F16: 0 in
+    /// [`WeightMode::Exact`]).
+    pub fn mapped_f16_matrices(&self) -> usize {
+        self.held()
+            .filter(|m| matches!(m, Weight::MappedF16(_)))
             .count()
     }
 

@@ -1,7 +1,7 @@
 //! How a model keeps its weights: [`WeightMode`], the `f32` weights of a decoder block
 //! ([`LayerWeights`]) and the matrices read from the memory map in native mode.
 
-use crate::source::{MappedF32, QuantMatrix};
+use crate::source::{MappedF16, MappedF32, QuantMatrix};
 use crate::ModelError;
 
 /// How a model keeps its large matrices, chosen at load.
@@ -19,9 +19,10 @@ pub enum WeightMode {
     /// matvec. Embedding rows are dequantized on lookup. A GGUF's F32 matrices are read
     /// in place from the memory map too ([`MappedF32`], no copy; a `llama` file's Q/K
     /// row order undone on each product's output) and run the exact path's `f32`
-    /// kernels, so they give the exact path's bits; F32 data that cannot be borrowed
-    /// (not 4-byte aligned, a big-endian host) is copied as in exact mode. Norms,
-    /// biases and matrices of other types (F16 and BF16, which need widening, block
+    /// kernels, so they give the exact path's bits; so are its F16 matrices
+    /// ([`MappedF16`]), which the same kernels widen exactly as they load them. Data that
+    /// cannot be borrowed (misaligned, a big-endian host) is copied as in exact mode.
+    /// Norms, biases and matrices of other types (BF16, which needs widening, block
     /// types without a kernel, anything from safetensors) are `f32` copies. Every
     /// token goes through the same per-row kernels whether it is in a prefill or a
     /// decode step, and the thread split never touches a reduction, so decode ==
@@ -51,6 +52,9 @@ pub enum Weight {
     Dense(Vec<f32>),
     /// F32 read in place from the memory map, through the `f32` kernels.
     Mapped(MappedF32),
+    /// F16 read in place from the memory map, through the `f32` kernels (each value
+    /// widened exactly as it is loaded: the bits of the widened matrix).
+    MappedF16(MappedF16),
     /// In its GGUF block format in the memory map, through the quantized kernels.
     Quant(QuantMatrix),
 }
@@ -74,6 +78,7 @@ impl Weight {
                     ))
                 }),
             Weight::Mapped(m) => Ok(Weight::Mapped(m.row_range(first, rows)?)),
+            Weight::MappedF16(m) => Ok(Weight::MappedF16(m.row_range(first, rows)?)),
             Weight::Quant(q) => Ok(Weight::Quant(q.row_range(first, rows)?)),
         }
     }
@@ -83,7 +88,7 @@ impl Weight {
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self {
             Weight::Dense(w) => Some(w),
-            Weight::Mapped(_) | Weight::Quant(_) => None,
+            Weight::Mapped(_) | Weight::MappedF16(_) | Weight::Quant(_) => None,
         }
     }
 
@@ -92,7 +97,7 @@ impl Weight {
     pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
         match self {
             Weight::Dense(w) => Some(w),
-            Weight::Mapped(_) | Weight::Quant(_) => None,
+            Weight::Mapped(_) | Weight::MappedF16(_) | Weight::Quant(_) => None,
         }
     }
 
@@ -100,7 +105,7 @@ impl Weight {
     pub(super) fn quant(&self) -> Option<&QuantMatrix> {
         match self {
             Weight::Quant(q) => Some(q),
-            Weight::Dense(_) | Weight::Mapped(_) => None,
+            Weight::Dense(_) | Weight::Mapped(_) | Weight::MappedF16(_) => None,
         }
     }
 
@@ -115,6 +120,7 @@ impl Weight {
             Weight::Dense(_) => 0,
             Weight::Quant(q) => q.bytes().len(),
             Weight::Mapped(m) => m.byte_len(),
+            Weight::MappedF16(m) => m.byte_len(),
         }
     }
 
@@ -123,7 +129,7 @@ impl Weight {
     pub(super) fn owned_len(&self) -> usize {
         match self {
             Weight::Dense(w) => w.len(),
-            Weight::Mapped(_) | Weight::Quant(_) => 0,
+            Weight::Mapped(_) | Weight::MappedF16(_) | Weight::Quant(_) => 0,
         }
     }
 }
