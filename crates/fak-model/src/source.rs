@@ -207,7 +207,7 @@ impl WeightSource {
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
     /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
     /// Q/K row permutation (if any) can be undone on the output; `None` for every
-    /// other type (F32, which [`Self::mapped_f32`] reads in place; F16, BF16, other
+    /// other type (F32 and F16, which [`Self::mapped`] reads in place; BF16, other
     /// block types) and for safetensors, which then stay on the `f32` path.
     ///
     /// # Errors

@@ -20,7 +20,7 @@ mod sealed {
     impl Sealed for super::F16 {}
 }
 
-/// An element type of a weight matrix of [`crate::matmul`] and [`crate::matmul_group`]:
+/// An element type of a weight matrix of [`crate::matmul()`] and [`crate::matmul_group`]:
 /// `f32`, or [`F16`]. Sealed: the kernels' safety rests on these two implementations.
 pub trait WeightElem: Copy + Send + Sync + std::fmt::Debug + 'static + sealed::Sealed {
     /// The value as `f32`, exactly.
