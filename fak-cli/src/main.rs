@@ -275,7 +275,7 @@ pub(crate) enum WeightsArg {
     /// f32 weights, the path proven against HF.
     Exact,
     /// Matrices kept in their GGUF block format, activations quantized per block (an
-    /// F32 file's matrices read in place from the file, not copied).
+    /// F32 or F16 file's matrices read in place from the file, not copied).
     Native,
 }
 

@@ -258,7 +258,19 @@ impl InKernelDriver {
         std::thread::Builder::new()
             .name("fak-load".into())
             .spawn(move || {
-                let loaded = load(&path, &s.id, s.config.threads, s.config.weights);
+                // A panic in a library the load goes through (none is known) fails the
+                // load with its message rather than leaving the server loading forever.
+                let loaded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    load(&path, &s.id, s.config.threads, s.config.weights)
+                }))
+                .unwrap_or_else(|p| {
+                    let why = p
+                        .downcast_ref::<&str>()
+                        .map(|m| m.to_string())
+                        .or_else(|| p.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "no message".into());
+                    Err(format!("loading the model panicked: {why}"))
+                });
                 match loaded {
                     Ok(l) => {
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));

@@ -2,8 +2,9 @@
 //! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`
 //! ([`WeightSource::load`], a copy). For the native path a GGUF's matrices can stay in
 //! the memory map instead: [`QuantMatrix`] for the block formats with a quantized
-//! kernel, [`MappedF32`] for F32 (read in place). F16 and BF16 matrices need widening
-//! and safetensors are not mapped this way: those are always copied.
+//! kernel, [`Mapped`] for F32 and F16 (read in place; F16 widened by the kernels as they
+//! load it). BF16 matrices need widening and safetensors are not mapped this way: those
+//! are always copied.
 
 use crate::{family, Config, ModelError};
 use fak_tensor::quant::QType;

@@ -305,6 +305,18 @@ impl Tokenizer {
                         (key, i as u32)
                     })
                     .collect();
+                // Every merge must join two tokens into a token of the vocabulary: the
+                // BPE builder of `tokenizers` indexes a buffer of the longest token's
+                // length with the joined pair before it looks the pair up, so a merge
+                // longer than every token panics there instead of erring.
+                if let Some((a, b)) = merges
+                    .iter()
+                    .find(|(a, b)| !vocab.contains_key(&format!("{a}{b}")))
+                {
+                    return Err(TokenizerError::Metadata(format!(
+                        "the merge '{a} {b}' joins to a token that is not in the vocabulary"
+                    )));
+                }
                 let bpe = BPE::builder()
                     .vocab_and_merges(vocab, merges)
                     .build()

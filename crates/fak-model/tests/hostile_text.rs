@@ -318,11 +318,55 @@ fn tokenizer_gguf(model: &str, tokens: &[String], types: &[i32]) -> fak_weights:
         b = b.kv("tokenizer.ggml.add_space_prefix", vt::BOOL, vec![0]);
     }
     if model == "gpt2" {
-        let mut m = vt::STRING.to_le_bytes().to_vec();
-        m.extend(0u64.to_le_bytes());
-        b = b.kv("tokenizer.ggml.merges", vt::ARRAY, m);
+        b = b.kv("tokenizer.ggml.merges", vt::ARRAY, string_array(&[]));
     }
     fak_weights::GgufFile::from_bytes(b.build()).unwrap()
+}
+
+/// A GGUF string array's value bytes.
+fn string_array(items: &[&str]) -> Vec<u8> {
+    let mut m = vt::STRING.to_le_bytes().to_vec();
+    m.extend((items.len() as u64).to_le_bytes());
+    for s in items {
+        m.extend(gstr(s));
+    }
+    m
+}
+
+/// A byte-level BPE vocabulary whose merge joins two tokens into one it does not hold,
+/// longer than any it holds (`Ġ Ġ` over GPT-2's 256 one-character tokens), is refused
+/// with an error naming the merge. (`tokenizers`' builder panicked on it, indexing a
+/// buffer of the longest token's length, and `fak serve`'s loader never reported.) A
+/// merge whose joined token is in the vocabulary still builds and applies.
+#[test]
+fn a_merge_to_a_token_outside_the_vocabulary_is_refused() {
+    let alphabet: Vec<String> = (0u8..=255)
+        .map(|b| match b {
+            b'!'..=b'~' | 0xa1..=0xac | 0xae..=0xff => char::from(b).to_string(),
+            _ => char::from_u32(256 + u32::from(b)).unwrap().to_string(),
+        })
+        .collect();
+    let build = |tokens: &[String], merges: &[&str]| {
+        let mut toks = vt::STRING.to_le_bytes().to_vec();
+        toks.extend((tokens.len() as u64).to_le_bytes());
+        for t in tokens {
+            toks.extend(gstr(t));
+        }
+        let b = Builder::default()
+            .kv_str("tokenizer.ggml.model", "gpt2")
+            .kv("tokenizer.ggml.tokens", vt::ARRAY, toks)
+            .kv("tokenizer.ggml.merges", vt::ARRAY, string_array(merges));
+        fak_weights::GgufFile::from_bytes(b.build()).unwrap()
+    };
+    let err = Tokenizer::from_gguf(&build(&alphabet, &["Ġ Ġ"])).unwrap_err();
+    assert!(
+        err.to_string().contains("the merge 'Ġ Ġ' joins to a token"),
+        "{err}"
+    );
+    let mut with_pair = alphabet.clone();
+    with_pair.push("ĠĠ".into());
+    let tok = Tokenizer::from_gguf(&build(&with_pair, &["Ġ Ġ"])).unwrap();
+    assert_eq!(tok.encode("  ").unwrap(), vec![256]);
 }
 
 /// A crafted SentencePiece vocabulary whose pieces split every way (`a`, `aa`, ...,
