@@ -50,6 +50,13 @@ pub(crate) struct BenchArgs {
     /// and a decode step's time went (products, attention, norms, RoPE, head, sampling).
     #[arg(long)]
     profile: bool,
+    /// Streams at once, a list (1,2,4,8,16): instead of the single-stream figures, per
+    /// level the streams decode together through continuous batching (the scheduler
+    /// `fak serve --parallel` runs) and the aggregate and per-stream decode rates, TTFT,
+    /// inter-token latency p50/p99, batch sizes and peak RSS are printed. Half the
+    /// streams share one prompt.
+    #[arg(long, value_delimiter = ',', value_parser = parse_threads)]
+    concurrency: Option<Vec<usize>>,
 }
 
 /// Most timed repeats `fak bench` takes: medians settle long before, and the samples
@@ -176,7 +183,7 @@ fn profile_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Prof
 
 /// The prompt: `n` ids spread over the vocabulary by a fixed stride (deterministic,
 /// no special meaning; only the speed is measured).
-fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
+pub(crate) fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
     let lo = vocab.min(1000) / 2;
     let span = (vocab - lo).max(1);
     (0..n).map(|i| (lo + (i * 7919) % span) as u32).collect()
@@ -213,7 +220,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 /// Peak resident set size in MB (`VmHWM` of `/proc/self/status`; `None` where that
 /// file does not exist).
-fn peak_rss_mb() -> Option<f64> {
+pub(crate) fn peak_rss_mb() -> Option<f64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
@@ -241,6 +248,15 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             "{} prompt + {} generated tokens exceed the context length {}",
             args.prompt_tokens, args.gen_tokens, c.max_position_embeddings
         )));
+    }
+    if let Some(levels) = &args.concurrency {
+        return crate::bench_concurrency::run(
+            &model,
+            levels,
+            args.prompt_tokens,
+            args.gen_tokens,
+            args.format,
+        );
     }
     let prompt = prompt_ids(args.prompt_tokens, c.vocab_size);
     one_repeat(&model, &prompt, args.gen_tokens)?; // warm-up

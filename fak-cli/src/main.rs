@@ -5,6 +5,7 @@
 //! drivers; fak-gateway's router). This crate parses arguments and prints.
 
 mod bench;
+mod bench_concurrency;
 mod chat;
 mod guard;
 mod inspect;

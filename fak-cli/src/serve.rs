@@ -65,7 +65,10 @@ pub(crate) struct ServeArgs {
     /// out of rotation until a check passes.
     #[arg(long, default_value_t = 5)]
     upstream_health_interval_s: u64,
-    /// Requests generated at once (worker slots); more wait in a queue.
+    /// Requests generated at once (worker slots); more wait in a queue. With more than
+    /// one, their forward passes run batched (continuous batching): one pass over the
+    /// weights advances every slot that is decoding, and long prompts are prefilled in
+    /// pieces between decode steps. Each reply is the same bits as alone.
     #[arg(long, default_value_t = 1, value_parser = parse_threads)]
     parallel: usize,
     /// Requests that may wait for a slot; beyond this, 429 with Retry-After.

@@ -369,3 +369,48 @@ fn bench_profile_splits_each_phase_into_the_steps_of_the_pass() {
         );
     }
 }
+
+/// `--concurrency` prints one JSON object per level, with the keys scripts read, and
+/// its streams did run batched (a pass held every stream of a level at least once).
+#[test]
+fn bench_concurrency_reports_each_level_batched() {
+    let m = tiny();
+    let args = [
+        "bench",
+        "--model",
+        &m,
+        "--threads",
+        "2",
+        "--prompt-tokens",
+        "8",
+        "--gen-tokens",
+        "24",
+        "--concurrency",
+        "1,4",
+        "--format",
+        "json",
+    ];
+    let out = fak().args(args).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let levels: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(levels.len(), 2);
+    for (v, n) in levels.iter().zip([1u64, 4]) {
+        assert_eq!(v["concurrency"], n);
+        for k in [
+            "aggregate_decode_tokens_per_s",
+            "per_stream_decode_tokens_per_s",
+            "ttft_ms_p50",
+            "itl_ms_p50",
+            "itl_ms_p99",
+        ] {
+            let x = v[k].as_f64().unwrap_or_else(|| panic!("{k} missing"));
+            assert!(x.is_finite() && x > 0.0, "{k} = {x}");
+        }
+        assert_eq!(v["max_batch"], n, "{v}");
+        assert!(v["itl_ms_p99"].as_f64() >= v["itl_ms_p50"].as_f64());
+    }
+}

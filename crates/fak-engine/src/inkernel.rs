@@ -19,7 +19,8 @@ use crate::{
     ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
 };
 use fak_kv::{
-    generate_text_with_logprobs, Grammar, GrammarCompiler, GrammarError, GrammarSpec, TextParams,
+    generate_text_with_logprobs, BatchPolicy, Batcher, Grammar, GrammarCompiler, GrammarError,
+    GrammarSpec, TextParams,
 };
 use fak_model::{load_text, ChatTemplate, Model, Tokenizer, WeightMode};
 use std::collections::VecDeque;
@@ -235,6 +236,9 @@ struct Shared {
     /// [`EngineDriver::cancel_all`].
     running: Mutex<Vec<Option<CancelHandle>>>,
     prefix: Mutex<PrefixCache>,
+    /// With more than one slot: the thread that runs every slot's forward passes
+    /// together (continuous batching, [`fak_kv::Batcher`]), started with the workers.
+    batcher: OnceLock<Batcher>,
 }
 
 /// Locks a mutex, taking the data even if a worker panicked while holding it (every
@@ -313,6 +317,7 @@ impl InKernelDriver {
             active: AtomicUsize::new(0),
             running: Mutex::new(vec![None; config.parallel.max(1)]),
             prefix: Mutex::new(PrefixCache::new(config.kv_budget_bytes)),
+            batcher: OnceLock::new(),
             config,
         })
     }
@@ -442,6 +447,7 @@ fn lower_priority() {
 }
 
 fn spawn_workers(shared: &Arc<Shared>) {
+    start_batcher(shared);
     for i in 0..shared.config.parallel.max(1) {
         let s = Arc::clone(shared);
         // A slot that cannot get a thread is simply not there; the others serve.
@@ -451,6 +457,32 @@ fn spawn_workers(shared: &Arc<Shared>) {
                 lower_priority();
                 worker(&s, i)
             });
+    }
+}
+
+/// With more than one slot, starts the batching thread (from a thread of lowered
+/// priority, which it inherits, as the workers do). Without it (the OS refused a
+/// thread) each slot runs its own passes, as with one slot.
+fn start_batcher(shared: &Arc<Shared>) {
+    if shared.config.parallel <= 1 {
+        return;
+    }
+    let model = match &*lock(&shared.state) {
+        LoadState::Ready(l) => Arc::clone(&l.model),
+        _ => return,
+    };
+    let s = Arc::clone(shared);
+    let started = std::thread::Builder::new().spawn(move || {
+        lower_priority();
+        match Batcher::new(model, BatchPolicy::default()) {
+            Ok(b) => {
+                let _ = s.batcher.set(b);
+            }
+            Err(e) => tracing::warn!("no batching thread ({e}): each slot runs its own passes"),
+        }
+    });
+    if let Ok(h) = started {
+        let _ = h.join();
     }
 }
 
@@ -544,6 +576,10 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
     }) {
         return;
     }
+    if let Some(b) = s.batcher.get() {
+        // The same model: the session was cloned from this driver's.
+        let _ = session.attach(b);
+    }
     // Tripped when the client's stream is dropped: checked between prefill chunks and
     // before each decode step.
     let cancel = sink.cancel_handle().clone();
@@ -560,6 +596,7 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             }
         },
     );
+    session.detach();
     match out {
         Ok(out) => {
             if s.config.kv_budget_bytes > 0 {
@@ -957,12 +994,21 @@ impl EngineDriver for InKernelDriver {
     }
 
     fn stats(&self) -> EngineStats {
+        let b = self
+            .shared
+            .batcher
+            .get()
+            .map(Batcher::stats)
+            .unwrap_or_default();
         let p = lock(&self.shared.prefix);
         EngineStats {
             queue_depth: lock(&self.shared.queue).len(),
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
             kv_bytes: p.bytes(),
+            batch_passes: b.passes,
+            batch_sequences: b.sequences,
+            batch_max_sequences: b.max_sequences,
             ..EngineStats::default()
         }
     }

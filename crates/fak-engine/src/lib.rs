@@ -394,6 +394,12 @@ pub struct EngineStats {
     pub upstreams: usize,
     /// Of those, the ones in rotation (their last health check passed).
     pub upstreams_healthy: usize,
+    /// Batched forward passes run (continuous batching; 0 with one slot).
+    pub batch_passes: u64,
+    /// Sequences summed over those passes (over `batch_passes`: the mean batch size).
+    pub batch_sequences: u64,
+    /// Sequences in the largest pass so far.
+    pub batch_max_sequences: usize,
 }
 
 /// The receiving end of one generation. Dropping it cancels the generation: it trips

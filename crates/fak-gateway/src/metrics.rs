@@ -188,7 +188,9 @@ impl Metrics {
     /// `fak_tool_results_total{verdict,reason}`, `fak_tool_calls_total{verdict,reason}`,
     /// the token counters,
     /// and the engine's gauges (`fak_queue_depth`, `fak_active_generations`,
-    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`, and with an
+    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`, the batching
+    /// counters `fak_batch_passes_total`, `fak_batch_sequences_total` and
+    /// `fak_batch_max_sequences`, and with an
     /// upstream driver `fak_upstreams` and `fak_upstreams_healthy`), and the
     /// histograms `fak_time_to_first_token_seconds` and
     /// `fak_time_per_output_token_seconds`.
@@ -277,6 +279,25 @@ impl Metrics {
         for (name, help, v) in gauges {
             let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {v}");
         }
+        for (name, help, v) in [
+            (
+                "fak_batch_passes_total",
+                "Batched forward passes (continuous batching over the worker slots).",
+                stats.batch_passes,
+            ),
+            (
+                "fak_batch_sequences_total",
+                "Sequences summed over the batched passes (over the passes: the mean batch size).",
+                stats.batch_sequences,
+            ),
+        ] {
+            let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {v}");
+        }
+        let _ = writeln!(
+            s,
+            "# HELP fak_batch_max_sequences Sequences in the largest batched pass so far.\n# TYPE fak_batch_max_sequences gauge\nfak_batch_max_sequences {}",
+            stats.batch_max_sequences
+        );
         if stats.upstreams > 0 {
             for (name, help, v) in [
                 (

@@ -48,7 +48,7 @@ pub enum KvError {
 /// position gets its K re-derived from `k_raw` in a single rotation, the arithmetic a
 /// forward pass at that position performs, instead of a second rotation composed on the
 /// first (which drifts by rounding and flips greedy tokens).
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct KvCache {
     n_layers: usize,
     kv_dim: usize,

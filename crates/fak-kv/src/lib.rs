@@ -18,6 +18,10 @@
 //!   buffers the session keeps, and the logits are written into a kept row
 //!   (`tests/decode_alloc.rs` counts the heap allocations of such steps: zero).
 //!
+//! - **batch invariance**: sessions attached to a [`Batcher`] run their passes together
+//!   ([`fak_model::Model::forward_batch`]: one pass over the weights for all of them),
+//!   each with the bits of its solo run ([`batch`]).
+//!
 //! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
 //! penalty, seeded), [`grammar`] (constrained decoding: a JSON schema's or a Lark
 //! grammar's allowed tokens mask each step's logits, through llguidance), [`logprobs`] (log-softmax of the raw logits per generated token),
@@ -28,6 +32,7 @@
 //! The fak-prove crate runs these rungs (and R1 against a committed HF oracle) on any
 //! model and reports a table: it is what `fak prove` prints.
 
+pub mod batch;
 mod cache;
 pub mod chat;
 pub mod grammar;
@@ -37,6 +42,7 @@ mod session;
 pub mod stop;
 pub mod text;
 
+pub use batch::{BatchPolicy, BatchStats, Batcher};
 pub use cache::{KvCache, KvError};
 pub use chat::{ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::window_start;

@@ -75,6 +75,18 @@ pub struct Session {
     ids: Vec<u32>,
     /// What a forward pass works in, kept so a decode step allocates nothing.
     buffers: Buffers,
+    /// The batcher its passes run in, if attached ([`Session::attach`]).
+    member: Membership,
+}
+
+/// A session's membership of a batcher; a clone is not attached.
+#[derive(Debug, Default)]
+struct Membership(Option<crate::batch::Member>);
+
+impl Clone for Membership {
+    fn clone(&self) -> Self {
+        Membership(None)
+    }
 }
 
 /// A session's forward-pass scratch and the logits buffer the next step writes into
@@ -111,6 +123,7 @@ impl Session {
             positions_computed: 0,
             ids,
             buffers: Buffers::default(),
+            member: Membership::default(),
         }
     }
 
@@ -201,17 +214,14 @@ impl Session {
         let Buffers { scratch, spare } = &mut self.buffers;
         let mut logits = std::mem::take(spare);
         let cache = &mut self.cache;
-        let mut ran: Result<(), SessionError> = match head_rows {
-            None => self.model.forward_into(
-                ids,
-                positions,
-                cache,
-                LogitsWanted::Last,
-                None,
-                scratch,
-                &mut logits,
-            ),
-            Some(rows) => {
+        let want = LogitsWanted::Last;
+        let mut ran: Result<(), SessionError> = match (&self.member.0, head_rows) {
+            (Some(m), rows) => m.run(ids, positions, cache, want, rows, &mut logits),
+            (None, None) => {
+                self.model
+                    .forward_into(ids, positions, cache, want, None, scratch, &mut logits)
+            }
+            (None, Some(rows)) => {
                 self.model
                     .forward_rows_into(ids, positions, cache, rows, scratch, &mut logits)
             }
@@ -484,6 +494,15 @@ impl Session {
         Ok(())
     }
 
+    /// Whether its passes run in a batcher ([`Session::attach`]).
+    pub fn is_attached(&self) -> bool {
+        self.member.0.is_some()
+    }
+
+    pub(crate) fn set_member(&mut self, member: Option<crate::batch::Member>) {
+        self.member = Membership(member);
+    }
+
     /// Drops the buffers the forward pass works in and the spare logits row (a session
     /// kept only to be copied, as a server's prefix cache keeps them, does not need
     /// them; the next step grows them again).
@@ -505,6 +524,7 @@ impl Session {
             positions_computed: 0,
             ids: prefix.ids.clone(),
             buffers: Buffers::default(),
+            member: Membership::default(),
         };
         if !suffix.is_empty() {
             s.prefill(suffix)?;

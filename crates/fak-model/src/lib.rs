@@ -46,8 +46,8 @@ pub use family::Family;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
 pub use kv::{window_start, KvStore, VecKvCache};
 pub use model::{
-    ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Op, OpProfile, OpTimes,
-    RopeRegime, Weight, WeightMode, HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
+    BatchSeq, ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Op, OpProfile,
+    OpTimes, RopeRegime, Weight, WeightMode, HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,
 };
 pub use source::{
     Mapped, MappedElem, MappedF16, MappedF32, QuantMatrix, TensorEntry, WeightSource,

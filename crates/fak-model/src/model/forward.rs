@@ -32,6 +32,39 @@ pub struct ForwardTrace {
     pub final_norm: Vec<f32>,
 }
 
+/// Most rows in all of a [`Model::forward_batch`] whose buffers are kept for the next
+/// (a decode step of that many sequences); a batch of more releases them, as a prefill
+/// does.
+const KEEP_SCRATCH_ROWS: usize = 64;
+
+/// One sequence of a batched pass ([`Model::forward_batch`]): its new tokens, its own
+/// KV cache, and the logits it wants.
+pub struct BatchSeq<'a> {
+    /// The new tokens, `[n]` (at least one).
+    pub ids: &'a [u32],
+    /// Their absolute positions, `[n]`, strictly increasing past `kv`'s last.
+    pub positions: &'a [u32],
+    /// The sequence's own attention state: the new tokens attend to it and are appended.
+    pub kv: &'a mut dyn KvStore,
+    /// Which rows of logits to return.
+    pub want: LogitsWanted,
+    /// With [`LogitsWanted::Last`]: only these rows of the head, the rest `-inf`
+    /// ([`Model::forward_rows_into`]).
+    pub head_rows: Option<&'a [u32]>,
+    /// The output, resized to `[rows, vocab]` (emptied for [`LogitsWanted::None`]).
+    pub logits: &'a mut Vec<f32>,
+}
+
+/// A sequence's share of a pass over concatenated rows: rows `rows` of the batch, its
+/// cache, and where its logits go.
+struct Seg<'s> {
+    rows: std::ops::Range<usize>,
+    kv: &'s mut dyn KvStore,
+    want: LogitsWanted,
+    head_rows: Option<&'s [u32]>,
+    logits: &'s mut Vec<f32>,
+}
+
 /// RMSNorm of every `[hidden]` row of `x` into the same row of `out` (HF's
 /// `input_layernorm`, the norm before the MLP, the final `norm`).
 fn norm_rows_into(x: &[f32], g: &[f32], c: &Config, out: &mut [f32]) {
@@ -309,9 +342,127 @@ impl Model {
         Ok(regime)
     }
 
-    /// [`Model::forward_in`]'s pass over one batch of already validated tokens, appending
-    /// the logits `want` asks for to `logits`: the embedding, then per layer the
-    /// attention block and the MLP block, the final norm and the head.
+    /// Runs several sequences' new tokens through the model in one pass over the
+    /// weights: every sequence's rows go through each matrix product together (a decode
+    /// step of B sequences reads each weight once, not B times), while each attends to
+    /// its own cache only (its own length, positions and windows) and gets its own
+    /// logits. This is continuous batching's step; prefill chunks and decode tokens may
+    /// share it.
+    ///
+    /// Batch invariance: each sequence's logits and appended K/V rows are bit-identical
+    /// to [`Model::forward_into`] of that sequence alone, whatever else shares the batch
+    /// (any sizes, lengths, windows), on both weight paths and for any thread count.
+    /// Each row's products reduce in a fixed order that does not depend on the number
+    /// of rows (the same property that makes a decode step equal a prefill), attention
+    /// runs per sequence with the same kernels, and the norms and activations are per
+    /// row. The test `batch::batched_steps_equal_solo_runs` asserts it.
+    ///
+    /// Sequences run in passes of at most [`Model::prefill_chunk`] rows in all, grouped
+    /// in order; a sequence of more rows runs alone in batches of that many. A
+    /// longrope model's sequences on either side of the original context run in
+    /// separate passes (each pass has one RoPE table).
+    ///
+    /// Returns one result per sequence, in order.
+    ///
+    /// # Errors
+    /// Per sequence, as [`Model::forward_into`]: a refused input (found before anything
+    /// runs) leaves that sequence's cache unchanged and the others run. A product's own
+    /// [`ModelError::Unsupported`] fails every sequence of its pass.
+    pub fn forward_batch(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        scratch: &mut ForwardScratch,
+    ) -> Vec<Result<(), ModelError>> {
+        let mut results: Vec<Result<(), ModelError>> = Vec::with_capacity(seqs.len());
+        let mut regimes = Vec::with_capacity(seqs.len());
+        for s in seqs.iter_mut() {
+            s.logits.clear();
+            let r = self.check_pass(s.ids, s.positions, &*s.kv, s.head_rows);
+            regimes.push(r.as_ref().ok().copied());
+            results.push(r.map(|_| ()));
+        }
+        let chunk = self.prefill_chunk.max(1);
+        // Groups in order: consecutive valid sequences of one RoPE regime whose rows
+        // fit in one pass; a sequence longer than a pass runs alone.
+        let mut group: Vec<usize> = Vec::new();
+        let (mut rows, mut regime) = (0, RopeRegime::Short);
+        for j in 0..seqs.len() {
+            let Some(r) = regimes[j] else { continue };
+            let n = seqs[j].ids.len();
+            if n > chunk {
+                let s = &mut seqs[j];
+                results[j] = self.forward_in(
+                    s.ids,
+                    s.positions,
+                    &mut *s.kv,
+                    s.want,
+                    s.head_rows,
+                    None,
+                    scratch,
+                    s.logits,
+                );
+                continue;
+            }
+            if !group.is_empty() && (r != regime || rows + n > chunk) {
+                self.run_group(seqs, &group, regime, scratch, &mut results);
+                group.clear();
+                rows = 0;
+            }
+            group.push(j);
+            rows += n;
+            regime = r;
+        }
+        if !group.is_empty() {
+            self.run_group(seqs, &group, regime, scratch, &mut results);
+        }
+        // A batch of many rows releases its buffers as a prefill does; decode steps
+        // of a few sequences keep them.
+        if seqs.iter().map(|s| s.ids.len()).sum::<usize>() > KEEP_SCRATCH_ROWS {
+            *scratch = ForwardScratch::new();
+        }
+        results
+    }
+
+    /// One pass of [`Model::forward_batch`] over the sequences `group` of `seqs`
+    /// (validated, of one RoPE regime, at most a pass's rows in all).
+    fn run_group(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        group: &[usize],
+        regime: RopeRegime,
+        scratch: &mut ForwardScratch,
+        results: &mut [Result<(), ModelError>],
+    ) {
+        let mut ids = Vec::new();
+        let mut positions = Vec::new();
+        let mut segs = Vec::with_capacity(group.len());
+        let mut g = 0;
+        for (i, s) in seqs.iter_mut().enumerate() {
+            if group.get(g) != Some(&i) {
+                continue;
+            }
+            g += 1;
+            let at = ids.len();
+            ids.extend_from_slice(s.ids);
+            positions.extend_from_slice(s.positions);
+            segs.push(Seg {
+                rows: at..ids.len(),
+                kv: &mut *s.kv,
+                want: s.want,
+                head_rows: s.head_rows,
+                logits: &mut *s.logits,
+            });
+        }
+        if let Err(e) = self.run_segments(&ids, &positions, regime, &mut segs, None, scratch) {
+            let msg = e.to_string();
+            for &g in group {
+                results[g] = Err(ModelError::Unsupported(msg.clone()));
+            }
+        }
+    }
+
+    /// [`Model::forward_in`]'s pass over one batch of already validated tokens of one
+    /// sequence, appending the logits `want` asks for to `logits`.
     #[allow(clippy::too_many_arguments)]
     fn run_batch(
         &self,
@@ -321,9 +472,33 @@ impl Model {
         kv: &mut dyn KvStore,
         want: LogitsWanted,
         head_rows: Option<&[u32]>,
-        mut trace: Option<&mut ForwardTrace>,
+        trace: Option<&mut ForwardTrace>,
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let mut segs = [Seg {
+            rows: 0..ids.len(),
+            kv,
+            want,
+            head_rows,
+            logits,
+        }];
+        self.run_segments(ids, positions, regime, &mut segs, trace, scratch)
+    }
+
+    /// The pass over the concatenated rows `ids` of one or more sequences (`segs`, each
+    /// with its rows, cache and logits): the embedding, then per layer the attention
+    /// block (attention per sequence) and the MLP block, the final norm and the head,
+    /// each sequence's logits appended to its own buffer. `trace` only with one
+    /// sequence.
+    fn run_segments(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        regime: RopeRegime,
+        segs: &mut [Seg<'_>],
+        mut trace: Option<&mut ForwardTrace>,
+        scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
         let c = &self.config;
         let n = ids.len();
@@ -334,31 +509,81 @@ impl Model {
             t.layers.clear();
         }
 
-        kv.append_positions(positions);
+        for s in segs.iter_mut() {
+            s.kv.append_positions(&positions[s.rows.clone()]);
+        }
         // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
         // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
         scratch.rope_used = 0;
         for (l, w) in self.layers.iter().enumerate() {
             let rope = self.timed(Op::Rope, || self.rope_rows(l, positions, regime, scratch));
-            self.attention_block(l, w, rope, kv, n, scratch)?;
+            self.attention_block(l, w, rope, segs, n, scratch)?;
             self.mlp_block(w, n, scratch)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.layers.push(scratch.x.clone());
             }
         }
 
-        if want == LogitsWanted::None && trace.is_none() {
+        if segs.iter().all(|s| s.want == LogitsWanted::None) && trace.is_none() {
             return Ok(());
         }
         let ForwardScratch {
-            x, xn, products, ..
+            x,
+            xn,
+            proj,
+            batch_logits,
+            products,
+            ..
         } = scratch;
         self.timed(Op::Norm, || norm_rows_into(x, &self.norm, c, xn));
         if let Some(t) = trace {
             t.final_norm = xn.clone();
         }
+        let h = c.hidden_size;
+        if let [s] = segs {
+            let rows = &xn[s.rows.start * h..s.rows.end * h];
+            return self.timed(Op::Head, || {
+                self.head_into(rows, s.want, s.head_rows, s.logits, products)
+            });
+        }
+        // Several sequences: the rows they want of the full head in one product (each
+        // row's bits are those of a product of that row alone), then one row each for
+        // those that want only some of the head's rows.
         self.timed(Op::Head, || {
-            self.head_into(xn, want, head_rows, logits, products)
+            let mut gathered = 0;
+            for s in segs.iter().filter(|s| s.head_rows.is_none()) {
+                let take = match s.want {
+                    LogitsWanted::None => continue,
+                    LogitsWanted::Last => s.rows.end - 1..s.rows.end,
+                    LogitsWanted::All => s.rows.clone(),
+                };
+                let len = take.len() * h;
+                proj[gathered..gathered + len].copy_from_slice(&xn[take.start * h..take.end * h]);
+                gathered += len;
+            }
+            batch_logits.clear();
+            if gathered > 0 {
+                let rows = &proj[..gathered];
+                self.head_into(rows, LogitsWanted::All, None, batch_logits, products)?;
+            }
+            let v = c.vocab_size;
+            let mut at = 0;
+            for s in segs.iter_mut() {
+                let take = match s.want {
+                    LogitsWanted::None => continue,
+                    LogitsWanted::Last => s.rows.end - 1..s.rows.end,
+                    LogitsWanted::All => s.rows.clone(),
+                };
+                let rows = &xn[take.start * h..take.end * h];
+                if s.head_rows.is_some() {
+                    self.head_into(rows, LogitsWanted::Last, s.head_rows, s.logits, products)?;
+                } else {
+                    let len = take.len() * v;
+                    s.logits.extend_from_slice(&batch_logits[at..at + len]);
+                    at += len;
+                }
+            }
+            Ok(())
         })
     }
 
@@ -430,18 +655,19 @@ impl Model {
     /// (`[n, hidden]`), HF's `input_layernorm` → `self_attn` → (Gemma's
     /// `post_attention_layernorm`) → residual add: the q/k/v products
     /// ([`Model::qkv`]), RoPE with the rows at `rope` in `scratch` (K kept unrotated
-    /// too), the K/V rows appended to `kv`, attention ([`Model::attention`]), `o_proj`.
+    /// too), each sequence's K/V rows appended to its cache and its attention over it
+    /// ([`Model::attention`]), `o_proj` over all rows.
     fn attention_block(
         &self,
         l: usize,
         w: &LayerWeights,
         rope: usize,
-        kv: &mut dyn KvStore,
+        segs: &mut [Seg<'_>],
         n: usize,
         scratch: &mut ForwardScratch,
     ) -> Result<(), ModelError> {
         let c = &self.config;
-        let (h, qd) = (c.hidden_size, c.q_dim());
+        let h = c.hidden_size;
         let th = self.threads;
         self.timed(Op::Norm, || {
             pre_norm(&scratch.x, w.input_norm.as_deref(), c, &mut scratch.xn)
@@ -461,10 +687,18 @@ impl Model {
             products,
             ..
         } = scratch;
-        self.timed(Op::KvAppend, || kv.append_layer(l, k_raw, k, v));
-        self.timed(Op::Attention, || {
-            self.attention(l, &*kv, n, q, scores, attn)
-        });
+        let (qd, kvd) = (c.q_dim(), c.kv_dim());
+        for s in segs.iter_mut() {
+            let (a, b) = (s.rows.start, s.rows.end);
+            let kr = a * kvd..b * kvd;
+            self.timed(Op::KvAppend, || {
+                s.kv.append_layer(l, &k_raw[kr.clone()], &k[kr.clone()], &v[kr.clone()])
+            });
+            let qr = a * qd..b * qd;
+            self.timed(Op::Attention, || {
+                self.attention(l, &*s.kv, b - a, &q[qr.clone()], scores, &mut attn[qr])
+            });
+        }
         self.timed(Op::OProj, || {
             linear(&w.o_proj, h, qd, attn, n, proj, th, products)
         })?;

@@ -28,7 +28,7 @@ mod profile;
 mod scratch;
 mod weights;
 
-pub use forward::{ForwardTrace, LogitsWanted};
+pub use forward::{BatchSeq, ForwardTrace, LogitsWanted};
 pub use head::{HEAD_ROWS_FRACTION, HEAD_ROWS_MAX};
 pub use profile::{Op, OpProfile, OpTimes};
 pub use scratch::ForwardScratch;

@@ -168,6 +168,9 @@ pub struct ForwardScratch {
     pub(super) rope_used: usize,
     /// Decode attention's `[heads, entries]` scores.
     pub(super) scores: Vec<f32>,
+    /// A batched pass's logits of several sequences before each gets its rows
+    /// ([`Model::forward_batch`](super::Model::forward_batch)).
+    pub(super) batch_logits: Vec<f32>,
     pub(super) products: ProductScratch,
 }
 
@@ -216,6 +219,7 @@ impl ForwardScratch {
             &self.up,
             &self.norm,
             &self.scores,
+            &self.batch_logits,
         ]
         .into_iter()
         .map(f)

@@ -1,0 +1,474 @@
+//! Continuous batching: the forward passes of many sessions run together.
+//!
+//! A [`Batcher`] owns one thread that runs every pass of the sessions attached to it
+//! ([`Session::attach`]): each session's prefill or decode call hands its tokens and
+//! its cache (moved, not copied) to that thread and waits for them back. The thread
+//! gathers the calls of all attached sessions into one [`Model::forward_batch`], so a
+//! decode step of B conversations reads every weight once instead of B times. Sessions
+//! join and leave between passes. Everything else (sampling, grammars, stop strings,
+//! streaming) stays in the caller's own thread, per session, unchanged.
+//!
+//! Nothing a session computes depends on what shares its pass: the model's batch
+//! invariance ([`Model::forward_batch`]) gives each sequence the bits of its solo run,
+//! and a prompt split into pieces across passes gives the bits of one prefill
+//! (decode == prefill). `tests/batch.rs` asserts both through sessions.
+//!
+//! Scheduling ([`BatchPolicy`]):
+//! - a pass starts when every attached session has a call waiting, or
+//!   [`BatchPolicy::gather`] after the first call of the pass arrived (a session busy
+//!   sampling, or not generating, does not hold the others up longer);
+//! - decode tokens (calls of one token) all go into the pass, oldest first, at most
+//!   [`BatchPolicy::max_rows`] rows;
+//! - prompts are prefilled in pieces: with decode tokens in the pass, the rows left of
+//!   [`BatchPolicy::max_rows`] (at least [`BatchPolicy::min_prefill_rows`]); with
+//!   none, [`Model::prefill_chunk`] rows. So a long prompt arriving delays the others'
+//!   next token by a bounded amount, not by its whole prefill. Prompts are served in
+//!   the order they arrived (FIFO).
+
+use crate::cache::KvCache;
+use crate::Session;
+use fak_model::{BatchSeq, ForwardScratch, LogitsWanted, Model, ModelError};
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+/// How a [`Batcher`] forms its passes (see the module docs).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BatchPolicy {
+    /// Most rows (tokens of all sessions) one pass runs while some session decodes.
+    pub max_rows: usize,
+    /// Rows a waiting prompt gets per pass even when decode tokens fill
+    /// [`BatchPolicy::max_rows`].
+    pub min_prefill_rows: usize,
+    /// Longest a pass waits, after its first call, for the other attached sessions'.
+    pub gather: Duration,
+}
+
+impl Default for BatchPolicy {
+    fn default() -> Self {
+        BatchPolicy {
+            max_rows: 64,
+            min_prefill_rows: 16,
+            gather: Duration::from_millis(2),
+        }
+    }
+}
+
+/// Counters of a [`Batcher`] since it started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchStats {
+    /// Passes run.
+    pub passes: u64,
+    /// Sequences summed over the passes (divided by `passes`: the mean batch size).
+    pub sequences: u64,
+    /// Rows (tokens) summed over the passes.
+    pub rows: u64,
+    /// Most sequences one pass held.
+    pub max_sequences: usize,
+    /// Sessions attached now.
+    pub attached: usize,
+    /// Calls waiting now.
+    pub waiting: usize,
+}
+
+/// A session's call handed to the batcher thread: its new tokens, its cache (moved in,
+/// handed back) and where the logits go.
+struct Call {
+    ids: Vec<u32>,
+    positions: Vec<u32>,
+    /// Rows of `ids` already run (a prompt runs in pieces).
+    done: usize,
+    want: LogitsWanted,
+    head_rows: Option<Vec<u32>>,
+    cache: KvCache,
+    logits: Vec<f32>,
+    /// The first error of its pieces (the rest do not run).
+    result: Result<(), ModelError>,
+    reply: Arc<Reply>,
+    /// When it was handed over (the order prompts are served in).
+    seq: u64,
+}
+
+/// What a finished call hands back.
+type Returned = (KvCache, Vec<f32>, Result<(), ModelError>);
+
+/// Where a session waits for its call to come back.
+#[derive(Default)]
+struct Reply {
+    slot: Mutex<Option<Returned>>,
+    ready: Condvar,
+}
+
+struct State {
+    waiting: Vec<Call>,
+    attached: usize,
+    next_seq: u64,
+    shutdown: bool,
+    stats: BatchStats,
+}
+
+struct Inner {
+    model: Arc<Model>,
+    policy: BatchPolicy,
+    state: Mutex<State>,
+    /// Signalled when a call arrives or a session detaches.
+    arrived: Condvar,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The handle of a batching thread for one model (cheap to clone; the thread stops
+/// when the last handle and the last attached session are gone).
+#[derive(Clone)]
+pub struct Batcher {
+    inner: Arc<Inner>,
+    /// Stops the thread when the last handle drops.
+    _owner: Arc<Owner>,
+}
+
+/// Tells the thread to stop when dropped (held by the [`Batcher`] handles only).
+struct Owner(Arc<Inner>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        lock(&self.0.state).shutdown = true;
+        self.0.arrived.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Batcher {
+    /// Starts the batching thread for `model` with `policy`.
+    ///
+    /// # Errors
+    /// The OS's error when the thread cannot be spawned.
+    pub fn new(model: Arc<Model>, policy: BatchPolicy) -> std::io::Result<Batcher> {
+        let inner = Arc::new(Inner {
+            model,
+            policy,
+            state: Mutex::new(State {
+                waiting: Vec::new(),
+                attached: 0,
+                next_seq: 0,
+                shutdown: false,
+                stats: BatchStats::default(),
+            }),
+            arrived: Condvar::new(),
+        });
+        let run = Arc::clone(&inner);
+        std::thread::Builder::new()
+            .name("fak-batch".into())
+            .spawn(move || run.serve())?;
+        Ok(Batcher {
+            _owner: Arc::new(Owner(Arc::clone(&inner))),
+            inner,
+        })
+    }
+
+    /// The model its sessions must run.
+    pub fn model(&self) -> &Arc<Model> {
+        &self.inner.model
+    }
+
+    /// Counters since it started, and the sessions attached and waiting now.
+    pub fn stats(&self) -> BatchStats {
+        let st = lock(&self.inner.state);
+        BatchStats {
+            attached: st.attached,
+            waiting: st.waiting.len(),
+            ..st.stats
+        }
+    }
+}
+
+/// A session's membership of a batcher ([`Session::attach`]): counted as attached until
+/// dropped.
+pub(crate) struct Member {
+    batcher: Batcher,
+    reply: Arc<Reply>,
+}
+
+impl Member {
+    pub(crate) fn join(batcher: &Batcher) -> Member {
+        lock(&batcher.inner.state).attached += 1;
+        Member {
+            batcher: batcher.clone(),
+            reply: Arc::new(Reply::default()),
+        }
+    }
+
+    /// Runs `ids` at `positions` over `cache` in the batcher's passes, writing the logits
+    /// `want` asks for into `logits` (as [`Model::forward_into`] or, with `head_rows`,
+    /// [`Model::forward_rows_into`] would), and waits for it.
+    pub(crate) fn run(
+        &self,
+        ids: &[u32],
+        positions: &[u32],
+        cache: &mut KvCache,
+        want: LogitsWanted,
+        head_rows: Option<&[u32]>,
+        logits: &mut Vec<f32>,
+    ) -> Result<(), ModelError> {
+        let inner = &self.batcher.inner;
+        {
+            let mut st = lock(&inner.state);
+            if st.shutdown {
+                return Err(ModelError::InvalidInput("the batcher has stopped".into()));
+            }
+            let seq = st.next_seq;
+            st.next_seq += 1;
+            st.waiting.push(Call {
+                ids: ids.to_vec(),
+                positions: positions.to_vec(),
+                done: 0,
+                want,
+                head_rows: head_rows.map(<[u32]>::to_vec),
+                cache: std::mem::take(cache),
+                logits: std::mem::take(logits),
+                result: Ok(()),
+                reply: Arc::clone(&self.reply),
+                seq,
+            });
+        }
+        inner.arrived.notify_all();
+        let mut slot = lock(&self.reply.slot);
+        loop {
+            if let Some((c, l, r)) = slot.take() {
+                *cache = c;
+                *logits = l;
+                return r;
+            }
+            slot = self
+                .reply
+                .ready
+                .wait(slot)
+                .unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        let inner = &self.batcher.inner;
+        let mut st = lock(&inner.state);
+        st.attached = st.attached.saturating_sub(1);
+        drop(st);
+        inner.arrived.notify_all();
+    }
+}
+
+impl std::fmt::Debug for Member {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Member")
+    }
+}
+
+/// A piece of a call in one pass: the call's index and the rows it runs.
+struct Piece {
+    call: usize,
+    rows: std::ops::Range<usize>,
+}
+
+impl Inner {
+    /// The batching thread: gathers calls, runs a pass, hands back the calls that
+    /// finished, until shut down (calls still waiting then fail).
+    fn serve(&self) {
+        let mut scratch = ForwardScratch::new();
+        let mut st = lock(&self.state);
+        let mut first: Option<Instant> = None;
+        loop {
+            if st.shutdown && st.attached == 0 {
+                for c in st.waiting.drain(..) {
+                    let stopped = ModelError::InvalidInput("the batcher has stopped".into());
+                    finish(c, Err(stopped));
+                }
+                return;
+            }
+            if st.waiting.is_empty() {
+                first = None;
+                st = self
+                    .arrived
+                    .wait(st)
+                    .unwrap_or_else(PoisonError::into_inner);
+                continue;
+            }
+            let since = *first.get_or_insert_with(Instant::now);
+            let all_here = st.waiting.len() >= st.attached;
+            let left = self.policy.gather.saturating_sub(since.elapsed());
+            if !all_here && !left.is_zero() {
+                st = self
+                    .arrived
+                    .wait_timeout(st, left)
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .0;
+                continue;
+            }
+            first = None;
+            let mut calls: Vec<Call> = std::mem::take(&mut st.waiting);
+            calls.sort_by_key(|c| c.seq);
+            let pieces = self.plan(&calls);
+            drop(st);
+            // A panic in a pass fails its calls (their sessions roll back) instead of
+            // leaving them waiting for a thread that is gone.
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.run_pass(&mut calls, &pieces, &mut scratch)
+            }));
+            if ran.is_err() {
+                scratch = ForwardScratch::new();
+                for c in &mut calls {
+                    c.result = Err(ModelError::InvalidInput("the batched pass panicked".into()));
+                }
+            }
+            st = lock(&self.state);
+            st.stats.passes += 1;
+            st.stats.sequences += pieces.len() as u64;
+            st.stats.rows += pieces.iter().map(|p| p.rows.len() as u64).sum::<u64>();
+            st.stats.max_sequences = st.stats.max_sequences.max(pieces.len());
+            // Calls not finished (a prompt with pieces left) wait for the next pass,
+            // before any that arrived meanwhile.
+            let mut kept: VecDeque<Call> = VecDeque::new();
+            for mut c in calls {
+                if c.done < c.ids.len() && c.result.is_ok() {
+                    kept.push_back(c);
+                } else {
+                    let r = std::mem::replace(&mut c.result, Ok(()));
+                    finish(c, r);
+                }
+            }
+            let arrived = std::mem::take(&mut st.waiting);
+            st.waiting = kept.into_iter().chain(arrived).collect();
+        }
+    }
+
+    /// Which rows of which calls the next pass runs (see the module docs).
+    fn plan(&self, calls: &[Call]) -> Vec<Piece> {
+        let p = &self.policy;
+        let mut pieces = Vec::new();
+        let mut rows = 0;
+        for (i, c) in calls.iter().enumerate() {
+            if c.ids.len() == 1 && rows < p.max_rows.max(1) {
+                pieces.push(Piece {
+                    call: i,
+                    rows: 0..1,
+                });
+                rows += 1;
+            }
+        }
+        let decoding = rows > 0;
+        let mut budget = if decoding {
+            p.max_rows
+                .saturating_sub(rows)
+                .max(p.min_prefill_rows.max(1))
+        } else {
+            self.model.prefill_chunk().max(1)
+        };
+        for (i, c) in calls.iter().enumerate() {
+            if c.ids.len() == 1 || budget == 0 {
+                continue;
+            }
+            let n = (c.ids.len() - c.done).min(budget);
+            pieces.push(Piece {
+                call: i,
+                rows: c.done..c.done + n,
+            });
+            budget -= n;
+        }
+        pieces
+    }
+
+    /// Runs the pieces as one [`Model::forward_batch`]; each call's logits gather in
+    /// its buffer (a prompt's last piece gives the rows its call wants).
+    fn run_pass(&self, calls: &mut [Call], pieces: &[Piece], scratch: &mut ForwardScratch) {
+        let mut outs: Vec<Vec<f32>> = pieces.iter().map(|_| Vec::new()).collect();
+        {
+            let mut refs: Vec<Option<&mut Call>> = calls.iter_mut().map(Some).collect();
+            let mut seqs: Vec<BatchSeq<'_>> = Vec::with_capacity(pieces.len());
+            for (p, out) in pieces.iter().zip(outs.iter_mut()) {
+                let Some(c) = refs[p.call].take() else {
+                    continue;
+                };
+                let last = p.rows.end == c.ids.len();
+                let (want, head_rows) = match c.want {
+                    LogitsWanted::All => (LogitsWanted::All, None),
+                    LogitsWanted::Last if last => (LogitsWanted::Last, c.head_rows.as_deref()),
+                    _ => (LogitsWanted::None, None),
+                };
+                // A call's single piece writes straight into its own buffer.
+                let logits = if p.rows.start == 0 && last {
+                    &mut c.logits
+                } else {
+                    out
+                };
+                seqs.push(BatchSeq {
+                    ids: &c.ids[p.rows.clone()],
+                    positions: &c.positions[p.rows.clone()],
+                    kv: &mut c.cache,
+                    want,
+                    head_rows,
+                    logits,
+                });
+            }
+            let results = self.model.forward_batch(&mut seqs, scratch);
+            drop(seqs);
+            for (p, r) in pieces.iter().zip(results) {
+                let c = &mut calls[p.call];
+                if let Err(e) = r {
+                    c.result = Err(e);
+                }
+            }
+        }
+        for (p, out) in pieces.iter().zip(outs) {
+            let c = &mut calls[p.call];
+            if !(p.rows.start == 0 && p.rows.end == c.ids.len()) {
+                if p.rows.start == 0 {
+                    c.logits.clear();
+                }
+                c.logits.extend_from_slice(&out);
+            }
+            c.done = p.rows.end;
+        }
+    }
+}
+
+/// Hands a finished call back to its session.
+fn finish(c: Call, r: Result<(), ModelError>) {
+    let Call {
+        cache,
+        logits,
+        reply,
+        ..
+    } = c;
+    *lock(&reply.slot) = Some((cache, logits, r));
+    reply.ready.notify_all();
+}
+
+impl Session {
+    /// Runs this session's forward passes in `batcher`'s passes from now on, together
+    /// with the other sessions attached to it, until [`Session::detach`] (or the
+    /// session is dropped). The results are the same bits (batch invariance); what
+    /// changes is that B sessions decoding at once read the weights once per step.
+    ///
+    /// # Errors
+    /// [`crate::SessionError::ModelMismatch`] when the batcher runs another model.
+    pub fn attach(&mut self, batcher: &Batcher) -> Result<(), crate::SessionError> {
+        if !Arc::ptr_eq(batcher.model(), self.model()) {
+            return Err(crate::SessionError::ModelMismatch);
+        }
+        self.set_member(Some(Member::join(batcher)));
+        Ok(())
+    }
+
+    /// Runs this session's passes on its own again (see [`Session::attach`]).
+    pub fn detach(&mut self) {
+        self.set_member(None);
+    }
+}

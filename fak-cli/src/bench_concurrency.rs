@@ -1,0 +1,191 @@
+//! `fak bench --concurrency 1,2,4,8`: many streams at once through continuous batching.
+//!
+//! Per level N, N sessions on N threads attach to one [`fak_kv::Batcher`] (the
+//! scheduler `fak serve --parallel` runs), start together, prefill their prompts and
+//! decode `--gen-tokens` greedy tokens each. Half the streams (the even ones) share one
+//! prompt; the others each have their own (the same length, other ids). Printed per
+//! level: the aggregate decode rate (every stream's decode tokens over the span from
+//! the first stream's first token to the last stream's last), the median stream's own
+//! decode rate, TTFT and inter-token latency p50 and p99 over all streams, the mean and
+//! largest batch, and the process's peak RSS so far.
+
+use crate::{fail, outln, CliError, Format};
+use fak_kv::{BatchPolicy, Batcher, Session};
+use fak_model::{argmax, Model};
+use serde::Serialize;
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+/// One level's figures (`--format json`: one object per line).
+#[derive(Serialize)]
+pub(crate) struct Level {
+    pub concurrency: usize,
+    pub aggregate_decode_tokens_per_s: f64,
+    pub per_stream_decode_tokens_per_s: f64,
+    pub ttft_ms_p50: f64,
+    pub ttft_ms_p99: f64,
+    pub itl_ms_p50: f64,
+    pub itl_ms_p99: f64,
+    pub mean_batch: f64,
+    pub max_batch: usize,
+    pub peak_rss_mb: Option<f64>,
+}
+
+/// What one stream saw, in seconds from the common start.
+struct Stream {
+    first_token: f64,
+    /// When each decode step's token came.
+    steps: Vec<f64>,
+}
+
+/// The `q`-quantile (0..=1) of `v` by the nearest rank.
+fn quantile(v: &mut [f64], q: f64) -> f64 {
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(f64::total_cmp);
+    let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
+    v[i]
+}
+
+/// Runs level `n`: `prompts(i)` is stream `i`'s prompt.
+fn level(
+    model: &Arc<Model>,
+    n: usize,
+    prompts: &(dyn Fn(usize) -> Vec<u32> + Sync),
+    gen: usize,
+) -> Result<Level, CliError> {
+    let batcher =
+        Batcher::new(Arc::clone(model), BatchPolicy::default()).map_err(|e| fail(e.to_string()))?;
+    let start = Barrier::new(n + 1);
+    let streams: Vec<Result<Stream, String>> = std::thread::scope(|scope| {
+        let hs: Vec<_> = (0..n)
+            .map(|i| {
+                let (b, start) = (&batcher, &start);
+                scope.spawn(move || -> Result<(Stream, Instant), String> {
+                    let prompt = prompts(i);
+                    let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
+                    s.attach(b).map_err(|e| e.to_string())?;
+                    start.wait();
+                    let t0 = Instant::now();
+                    let mut next = argmax(&s.prefill(&prompt).map_err(|e| e.to_string())?);
+                    let first_token = t0.elapsed().as_secs_f64();
+                    let mut steps = Vec::with_capacity(gen);
+                    for _ in 0..gen {
+                        next = argmax(s.decode(next).map_err(|e| e.to_string())?);
+                        steps.push(t0.elapsed().as_secs_f64());
+                    }
+                    Ok((Stream { first_token, steps }, t0))
+                })
+            })
+            .collect();
+        start.wait();
+        let origin = Instant::now();
+        hs.into_iter()
+            .map(|h| {
+                let (s, t0) = h.join().map_err(|_| "a stream panicked".to_string())??;
+                // Times from the common origin (each thread's own clock started at
+                // the barrier too, a few microseconds apart).
+                let shift = t0.saturating_duration_since(origin).as_secs_f64();
+                Ok(Stream {
+                    first_token: s.first_token + shift,
+                    steps: s.steps.iter().map(|t| t + shift).collect(),
+                })
+            })
+            .collect()
+    });
+    let streams: Vec<Stream> = streams
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .map_err(fail)?;
+    let st = batcher.stats();
+    let first = streams
+        .iter()
+        .map(|s| s.first_token)
+        .fold(f64::INFINITY, f64::min);
+    let last = streams
+        .iter()
+        .filter_map(|s| s.steps.last().copied())
+        .fold(0.0, f64::max);
+    let tokens = (n * gen) as f64;
+    let mut ttft: Vec<f64> = streams.iter().map(|s| s.first_token * 1e3).collect();
+    let mut itl: Vec<f64> = streams
+        .iter()
+        .flat_map(|s| {
+            std::iter::once(s.first_token)
+                .chain(s.steps.iter().copied())
+                .collect::<Vec<_>>()
+                .windows(2)
+                .map(|w| (w[1] - w[0]) * 1e3)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mut per_stream: Vec<f64> = streams
+        .iter()
+        .map(|s| gen as f64 / (s.steps.last().copied().unwrap_or(0.0) - s.first_token).max(1e-12))
+        .collect();
+    Ok(Level {
+        concurrency: n,
+        aggregate_decode_tokens_per_s: tokens / (last - first).max(1e-12),
+        per_stream_decode_tokens_per_s: quantile(&mut per_stream, 0.5),
+        ttft_ms_p50: quantile(&mut ttft, 0.5),
+        ttft_ms_p99: quantile(&mut ttft, 0.99),
+        itl_ms_p50: quantile(&mut itl, 0.5),
+        itl_ms_p99: quantile(&mut itl, 0.99),
+        mean_batch: st.sequences as f64 / st.passes.max(1) as f64,
+        max_batch: st.max_sequences,
+        peak_rss_mb: crate::bench::peak_rss_mb(),
+    })
+}
+
+/// `fak bench --concurrency`: every level in `levels`, printed as it finishes.
+pub(crate) fn run(
+    model: &Arc<Model>,
+    levels: &[usize],
+    prompt_tokens: usize,
+    gen: usize,
+    format: Format,
+) -> Result<(), CliError> {
+    let vocab = model.config().vocab_size;
+    let shared = crate::bench::prompt_ids(prompt_tokens, vocab);
+    let prompts = move |i: usize| -> Vec<u32> {
+        if i.is_multiple_of(2) {
+            shared.clone()
+        } else {
+            shared
+                .iter()
+                .map(|&id| ((id as usize + 97 * i) % vocab) as u32)
+                .collect()
+        }
+    };
+    // A warm-up stream (page faults, the pool's threads).
+    level(model, 1, &prompts, gen.min(8))?;
+    if format == Format::Text {
+        outln!(
+            "streams  aggregate tok/s  per-stream tok/s  TTFT p50/p99 ms   ITL p50/p99 ms   batch mean/max  peak RSS MB"
+        )?;
+    }
+    for &n in levels {
+        let l = level(model, n, &prompts, gen)?;
+        match format {
+            Format::Json => {
+                let line = serde_json::to_string(&l).map_err(|e| fail(e.to_string()))?;
+                outln!("{line}")?;
+            }
+            Format::Text => outln!(
+                "{:>7}  {:>15.1}  {:>16.1}  {:>7.1} / {:<7.1}  {:>6.1} / {:<7.1}  {:>5.1} / {:<4}  {}",
+                l.concurrency,
+                l.aggregate_decode_tokens_per_s,
+                l.per_stream_decode_tokens_per_s,
+                l.ttft_ms_p50,
+                l.ttft_ms_p99,
+                l.itl_ms_p50,
+                l.itl_ms_p99,
+                l.mean_batch,
+                l.max_batch,
+                l.peak_rss_mb.map_or("unknown".into(), |m| format!("{m:.1}"))
+            )?,
+        }
+    }
+    Ok(())
+}
