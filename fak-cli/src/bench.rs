@@ -256,6 +256,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             args.prompt_tokens,
             args.gen_tokens,
             args.format,
+            args.profile,
         );
     }
     let prompt = prompt_ids(args.prompt_tokens, c.vocab_size);

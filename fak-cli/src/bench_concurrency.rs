@@ -138,13 +138,15 @@ fn level(
     })
 }
 
-/// `fak bench --concurrency`: every level in `levels`, printed as it finishes.
+/// `fak bench --concurrency`: every level in `levels`, printed as it finishes; with
+/// `profile`, each level's batched passes' per-op wall time (text format) after it.
 pub(crate) fn run(
     model: &Arc<Model>,
     levels: &[usize],
     prompt_tokens: usize,
     gen: usize,
     format: Format,
+    profile: bool,
 ) -> Result<(), CliError> {
     let vocab = model.config().vocab_size;
     let shared = crate::bench::prompt_ids(prompt_tokens, vocab);
@@ -166,7 +168,13 @@ pub(crate) fn run(
         )?;
     }
     for &n in levels {
-        let l = level(model, n, &prompts, gen)?;
+        let p = model.profile();
+        p.take();
+        p.set_enabled(profile);
+        let l = level(model, n, &prompts, gen);
+        p.set_enabled(false);
+        let ops = p.take();
+        let l = l?;
         match format {
             Format::Json => {
                 let line = serde_json::to_string(&l).map_err(|e| fail(e.to_string()))?;
@@ -185,6 +193,18 @@ pub(crate) fn run(
                 l.max_batch,
                 l.peak_rss_mb.map_or("unknown".into(), |m| format!("{m:.1}"))
             )?,
+        }
+        if profile && format == Format::Text {
+            let total = ops.total().as_secs_f64().max(1e-12);
+            let parts: Vec<String> = ops
+                .0
+                .iter()
+                .filter(|(_, d, _)| !d.is_zero())
+                .map(|(op, d, _)| {
+                    format!("{} {:.0}%", op.name(), 100.0 * d.as_secs_f64() / total)
+                })
+                .collect();
+            outln!("         ops: {:.0} ms in all: {}", total * 1e3, parts.join(", "))?;
         }
     }
     Ok(())

@@ -1,0 +1,75 @@
+//! Quantized products of a few activation rows (a batched decode step's shapes): µs per
+//! product and per row for 1 to 16 rows, per weight type, on 1 and 2 threads, the
+//! weights streamed from memory (cycled copies of at least 64 MiB) as in decode.
+//!
+//! Run: `cargo run --release -p fak-tensor --example batch_bench [repeats]`
+
+use fak_tensor::quant::{self, QType};
+use fak_tensor::Threads;
+use std::time::Instant;
+
+const STREAM_BYTES: usize = 64 << 20;
+
+fn main() {
+    let repeats: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(201);
+    let mut seed = 1u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed >> 16
+    };
+    println!("type  threads  rows  µs/product  µs/row  (median of {repeats})");
+    for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K, QType::Q6K] {
+        let (rows, cols) = if ty.block_elems() == 256 { (576, 1536) } else { (1536, 576) };
+        let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
+        let copies = STREAM_BYTES.div_ceil(bytes);
+        let mut w: Vec<u8> = (0..bytes * copies).map(|_| (next() >> 8) as u8).collect();
+        // Ordinary f16 scales (0x3c00 = 1.0) at each block's start so sums stay finite.
+        let bb = ty.block_bytes();
+        for b in w.chunks_exact_mut(bb) {
+            let at = match ty {
+                QType::Q6K => 208,
+                _ => 0,
+            };
+            b[at] = 0x00;
+            b[at + 1] = 0x3c;
+            if matches!(ty, QType::Q4_1) {
+                b[2] = 0x00;
+                b[3] = 0x3c;
+            }
+        }
+        for threads in [1usize, 2] {
+            for n in [1usize, 2, 4, 8, 16] {
+                let acts: Vec<_> = (0..n)
+                    .map(|_| {
+                        let x: Vec<f32> =
+                            (0..cols).map(|_| (next() >> 40) as f32 / 8388608.0 - 1.0).collect();
+                        quant::quantize_activation(ty, &x).unwrap()
+                    })
+                    .collect();
+                let mut out = vec![0f32; n * rows];
+                let th = Threads::new(threads);
+                let mut times = Vec::with_capacity(repeats);
+                for i in 0..repeats + 1 {
+                    let c = i % copies;
+                    let wc = &w[c * bytes..(c + 1) * bytes];
+                    let t = Instant::now();
+                    if n == 1 {
+                        quant::matvec_threads(ty, wc, &acts[0], &mut out, th).unwrap();
+                    } else {
+                        quant::matmul_threads(ty, wc, &acts, &mut out, th).unwrap();
+                    }
+                    if i > 0 {
+                        times.push(t.elapsed().as_secs_f64() * 1e6);
+                    }
+                }
+                times.sort_by(f64::total_cmp);
+                let med = times[times.len() / 2];
+                println!(
+                    "{:<5} {threads:>7} {n:>5} {med:>11.1} {:>7.1}",
+                    ty.name(),
+                    med / n as f64
+                );
+            }
+        }
+    }
+}
