@@ -7,6 +7,7 @@ use super::{ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
 use crate::kv::{window_start, KvStore};
 use crate::{Activation, Config, ModelError};
+use fak_tensor::pool::Disjoint;
 use fak_tensor::{add_assign, parallel_chunks, rms_norm, rope_rotate_half, Threads};
 
 /// Which rows of logits a forward pass returns.
@@ -684,21 +685,36 @@ impl Model {
             proj,
             norm,
             scores,
+            batch_scores,
             products,
             ..
         } = scratch;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
         for s in segs.iter_mut() {
-            let (a, b) = (s.rows.start, s.rows.end);
-            let kr = a * kvd..b * kvd;
+            let kr = s.rows.start * kvd..s.rows.end * kvd;
             self.timed(Op::KvAppend, || {
                 s.kv.append_layer(l, &k_raw[kr.clone()], &k[kr.clone()], &v[kr.clone()])
             });
-            let qr = a * qd..b * qd;
-            self.timed(Op::Attention, || {
-                self.attention(l, &*s.kv, b - a, &q[qr.clone()], scores, &mut attn[qr])
-            });
         }
+        // Several sequences' decode tokens: their attention in one hand-off, a sequence
+        // per chunk; the rest (a prefill, a lone decode token) one sequence at a time.
+        let decoding = segs.iter().filter(|s| s.rows.len() == 1).count();
+        self.timed(Op::Attention, || {
+            if decoding > 1 {
+                self.decode_attention_batch(l, segs, q, attn, batch_scores);
+            }
+            for s in segs.iter().filter(|s| decoding <= 1 || s.rows.len() > 1) {
+                let qr = s.rows.start * qd..s.rows.end * qd;
+                self.attention(
+                    l,
+                    &*s.kv,
+                    s.rows.len(),
+                    &q[qr.clone()],
+                    scores,
+                    &mut attn[qr],
+                );
+            }
+        });
         self.timed(Op::OProj, || {
             linear(&w.o_proj, h, qd, attn, n, proj, th, products)
         })?;
@@ -834,6 +850,57 @@ impl Model {
         } else {
             prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
         }
+    }
+
+    /// Layer `l`'s attention for the one-token sequences among `segs` (decode tokens of
+    /// a batched pass), each over its own cache, into its rows of `attn`: one hand-off,
+    /// the sequences claimed by the threads, each sequence's attention
+    /// [`decode_attention`] on one thread. The bits are those of [`Model::attention`]
+    /// for that sequence alone (decode attention's bits do not depend on its thread
+    /// count). `scores` holds one scratch row set per sequence.
+    fn decode_attention_batch(
+        &self,
+        l: usize,
+        segs: &[Seg<'_>],
+        q: &[f32],
+        attn: &mut [f32],
+        scores: &mut Vec<Vec<f32>>,
+    ) {
+        let c = &self.config;
+        let qd = c.q_dim();
+        let shape = AttentionShape {
+            heads: c.num_attention_heads,
+            group: c.num_attention_heads / c.num_key_value_heads,
+            head_dim: c.head_dim,
+            kv_dim: c.kv_dim(),
+            scale: c.attention_scale,
+        };
+        let window = c.sliding_window[l];
+        // (query, keys, values, first entry, entries, output rows) per sequence.
+        let items: Vec<_> = segs
+            .iter()
+            .filter(|s| s.rows.len() == 1)
+            .map(|s| {
+                let pos = s.kv.positions();
+                let m = pos.len();
+                let r = s.rows.start * qd..s.rows.end * qd;
+                let first = window_start(pos, m - 1, window);
+                (&q[r.clone()], s.kv.keys(l), s.kv.values(l), first, m, r)
+            })
+            .collect();
+        if scores.len() < items.len() {
+            scores.resize_with(items.len(), Vec::new);
+        }
+        let outs = Disjoint::new(attn);
+        let rows = Disjoint::new(&mut scores[..items.len()]);
+        parallel_chunks(items.len(), self.threads, &|i| {
+            let (q, keys, vals, first, m, r) = &items[i];
+            // SAFETY: the pool calls each chunk index once; the sequences' output rows
+            // `r` are disjoint (each sequence has its own rows of the batch), and chunk
+            // `i` alone takes score buffer `i`.
+            let (out, sc) = unsafe { (outs.part(r.clone()), &mut rows.part(i..i + 1)[0]) };
+            decode_attention(shape, q, keys, vals, *first, *m, sc, out, Threads::new(1));
+        });
     }
 
     /// The MLP block over the residual stream `scratch.x` (`[n, hidden]`), HF's

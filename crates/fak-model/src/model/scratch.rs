@@ -168,6 +168,9 @@ pub struct ForwardScratch {
     pub(super) rope_used: usize,
     /// Decode attention's `[heads, entries]` scores.
     pub(super) scores: Vec<f32>,
+    /// Decode attention's scores per sequence of a batched pass
+    /// ([`Model::forward_batch`](super::Model::forward_batch)).
+    pub(super) batch_scores: Vec<Vec<f32>>,
     /// A batched pass's logits of several sequences before each gets its rows
     /// ([`Model::forward_batch`](super::Model::forward_batch)).
     pub(super) batch_logits: Vec<f32>,
@@ -225,6 +228,7 @@ impl ForwardScratch {
         .map(f)
         .sum::<usize>()
             + self.rope.iter().map(|(_, c, s)| f(c) + f(s)).sum::<usize>()
+            + self.batch_scores.iter().map(f).sum::<usize>()
             + p.file_order.iter().map(f).sum::<usize>()
             + p.made
                 .iter()
