@@ -57,6 +57,11 @@ pub(crate) struct BenchArgs {
     /// streams share one prompt.
     #[arg(long, value_delimiter = ',', value_parser = parse_threads)]
     concurrency: Option<Vec<usize>>,
+    /// With --concurrency: one more stream arrives a quarter of the way into the
+    /// others' decoding with a prompt of this many tokens (left out of the figures), so
+    /// the inter-token latency shows what a long prompt arriving mid-run costs them.
+    #[arg(long, requires = "concurrency")]
+    late_prompt_tokens: Option<usize>,
 }
 
 /// Most timed repeats `fak bench` takes: medians settle long before, and the samples
@@ -257,6 +262,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             args.gen_tokens,
             args.format,
             args.profile,
+            args.late_prompt_tokens,
         );
     }
     let prompt = prompt_ids(args.prompt_tokens, c.vocab_size);

@@ -7,12 +7,15 @@
 //! level: the aggregate decode rate (every stream's decode tokens over the span from
 //! the first stream's first token to the last stream's last), the median stream's own
 //! decode rate, TTFT and inter-token latency p50 and p99 over all streams, the mean and
-//! largest batch, and the process's peak RSS so far.
+//! largest batch, and the process's peak RSS so far. With `--late-prompt-tokens T`, one
+//! more stream arrives a quarter of the way into the others' decoding with a prompt of T
+//! tokens (the long prompt that must not stall them); it is left out of the figures.
 
 use crate::{fail, outln, CliError, Format};
 use fak_kv::{BatchPolicy, Batcher, Session};
 use fak_model::{argmax, Model};
 use serde::Serialize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
@@ -29,6 +32,15 @@ pub(crate) struct Level {
     pub mean_batch: f64,
     pub max_batch: usize,
     pub peak_rss_mb: Option<f64>,
+}
+
+/// Marks stream 0 finished when dropped (the late stream waits for its progress).
+struct Release<'a>(&'a AtomicUsize);
+
+impl Drop for Release<'_> {
+    fn drop(&mut self) {
+        self.0.store(usize::MAX, Ordering::Relaxed);
+    }
 }
 
 /// What one stream saw, in seconds from the common start.
@@ -48,21 +60,43 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v[i]
 }
 
-/// Runs level `n`: `prompts(i)` is stream `i`'s prompt.
+/// Runs level `n`: `prompts(i)` is stream `i`'s prompt. With `late` tokens, one more
+/// stream arrives once stream 0 has decoded a quarter of its tokens, with a prompt of
+/// that many tokens, and decodes 4; it is not counted in the figures (it is the load
+/// the others' latencies are measured under).
 fn level(
     model: &Arc<Model>,
     n: usize,
     prompts: &(dyn Fn(usize) -> Vec<u32> + Sync),
     gen: usize,
+    late: Option<&[u32]>,
 ) -> Result<Level, CliError> {
     let batcher =
         Batcher::new(Arc::clone(model), BatchPolicy::default()).map_err(|e| fail(e.to_string()))?;
     let start = Barrier::new(n + 1);
+    let progress = AtomicUsize::new(0);
     let streams: Vec<Result<Stream, String>> = std::thread::scope(|scope| {
+        if let Some(ids) = late {
+            let (b, progress) = (&batcher, &progress);
+            scope.spawn(move || -> Result<(), String> {
+                let mut s = Session::with_capacity(Arc::clone(model), ids.len() + 4);
+                s.attach(b).map_err(|e| e.to_string())?;
+                while progress.load(Ordering::Relaxed) < gen / 4 {
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+                let mut next = argmax(&s.prefill(ids).map_err(|e| e.to_string())?);
+                for _ in 0..4 {
+                    next = argmax(s.decode(next).map_err(|e| e.to_string())?);
+                }
+                Ok(())
+            });
+        }
         let hs: Vec<_> = (0..n)
             .map(|i| {
-                let (b, start) = (&batcher, &start);
+                let (b, start, progress) = (&batcher, &start, &progress);
                 scope.spawn(move || -> Result<(Stream, Instant), String> {
+                    // However stream 0 ends, the late stream stops waiting for it.
+                    let _release = (i == 0).then(|| Release(progress));
                     let prompt = prompts(i);
                     let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
                     s.attach(b).map_err(|e| e.to_string())?;
@@ -74,7 +108,11 @@ fn level(
                     for _ in 0..gen {
                         next = argmax(s.decode(next).map_err(|e| e.to_string())?);
                         steps.push(t0.elapsed().as_secs_f64());
+                        if i == 0 {
+                            progress.store(steps.len(), Ordering::Relaxed);
+                        }
                     }
+
                     Ok((Stream { first_token, steps }, t0))
                 })
             })
@@ -147,6 +185,7 @@ pub(crate) fn run(
     gen: usize,
     format: Format,
     profile: bool,
+    late_prompt_tokens: Option<usize>,
 ) -> Result<(), CliError> {
     let vocab = model.config().vocab_size;
     let shared = crate::bench::prompt_ids(prompt_tokens, vocab);
@@ -160,8 +199,14 @@ pub(crate) fn run(
                 .collect()
         }
     };
+    let late: Option<Vec<u32>> = late_prompt_tokens.map(|t| {
+        crate::bench::prompt_ids(t, vocab)
+            .iter()
+            .map(|&id| ((id as usize + 31) % vocab) as u32)
+            .collect()
+    });
     // A warm-up stream (page faults, the pool's threads).
-    level(model, 1, &prompts, gen.min(8))?;
+    level(model, 1, &prompts, gen.min(8), None)?;
     if format == Format::Text {
         outln!(
             "streams  aggregate tok/s  per-stream tok/s  TTFT p50/p99 ms   ITL p50/p99 ms   batch mean/max  peak RSS MB"
@@ -171,7 +216,7 @@ pub(crate) fn run(
         let p = model.profile();
         p.take();
         p.set_enabled(profile);
-        let l = level(model, n, &prompts, gen);
+        let l = level(model, n, &prompts, gen, late.as_deref());
         p.set_enabled(false);
         let ops = p.take();
         let l = l?;

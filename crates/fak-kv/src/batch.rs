@@ -47,7 +47,7 @@ pub struct BatchPolicy {
 impl Default for BatchPolicy {
     fn default() -> Self {
         BatchPolicy {
-            max_rows: 64,
+            max_rows: 32,
             min_prefill_rows: 16,
             gather: Duration::from_millis(2),
         }
