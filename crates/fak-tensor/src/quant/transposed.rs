@@ -9,7 +9,10 @@
 //! serves sixteen (row, token) pairs, and the block's combined scale `wd · ad` is
 //! computed once per row and block for the sixteen tokens. Per lane `m` the weight's
 //! four bytes are broadcast to all sixteen lanes (a `vpdpbusd` memory operand) and the
-//! tokens' four bytes of lane `m` are laid out once per product ([`Acts`]).
+//! tokens' four bytes of lane `m` are laid out once per product ([`Acts`]). The weights
+//! are prepared ([`WBlock`]) a chunk of rows at a time into a buffer that stays in the
+//! cache while every group's tiles read it; the tiles prefetch the next chunk's weights
+//! meanwhile ([`tiles`]).
 //!
 //! Every (row, token) lane performs exactly the operations of the scalar references
 //! (`quant::vec_dot_*_ref`) in their order: the exact integer lane sum, `d = wd · ad`
@@ -118,30 +121,23 @@ impl Acts {
     }
 }
 
-/// The blocks of `w` (whole `K` blocks) prepared as [`WBlock`]s, in order.
+/// The blocks of `w` (whole `K` blocks) prepared as [`WBlock`]s, in order, into `out`
+/// (one per block).
 ///
 /// # Safety
-/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len()` is a multiple of `K::BYTES`.
+/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len() == K::BYTES * out.len()`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn prepare<K: Block32>(w: &[u8]) -> Vec<WBlock> {
-    let mut out = Vec::with_capacity(w.len() / K::BYTES);
-    for wb in w.chunks_exact(K::BYTES) {
+unsafe fn prepare<K: Block32>(w: &[u8], out: &mut [WBlock]) {
+    debug_assert_eq!(w.len(), K::BYTES * out.len());
+    for (wb, blk) in w.chunks_exact(K::BYTES).zip(out) {
         let q = K::signed_quants(wb);
         // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), then negated.
         let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
         let start = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-        let (d, min) = K::wscales(wb);
-        let mut blk = WBlock {
-            w: [0; 8],
-            start: [0; 8],
-            d,
-            min,
-        };
+        (blk.d, blk.min) = K::wscales(wb);
         _mm256_storeu_si256(blk.w.as_mut_ptr() as *mut __m256i, q);
         _mm256_storeu_si256(blk.start.as_mut_ptr() as *mut __m256i, start);
-        out.push(blk);
     }
-    out
 }
 
 /// `R` rows (`wp[r * nb..(r + 1) * nb]`) times the sixteen tokens of `ga` (`nb`
@@ -208,10 +204,11 @@ pub(super) fn tree(l: [__m512; 8]) -> __m512 {
 
 /// Every row tile of one 16-token group over `m` rows: `run(r, o)` fills `o` (`ROWS`
 /// rows, or one at the end) with rows `r..` times the group's tokens, `o[j][t]`, which
-/// goes to `out[t][r + j]`.
+/// goes to `out[t][r0 + r + j]`.
 #[inline(always)]
 pub(super) fn each_row_tile(
     m: usize,
+    r0: usize,
     out: &mut [&mut [f32]],
     mut run: impl FnMut(usize, &mut [[f32; TOKENS]]),
 ) {
@@ -222,7 +219,7 @@ pub(super) fn each_row_tile(
         run(r, &mut o[..take]);
         for (j, orow) in o[..take].iter().enumerate() {
             for (t, &v) in orow.iter().enumerate() {
-                out[t][r + j] = v;
+                out[t][r0 + r + j] = v;
             }
         }
         r += take;
@@ -231,7 +228,10 @@ pub(super) fn each_row_tile(
 
 /// `out[t][r] = dot(row r of w, token t)` for the `m = w.len() / rb` rows of `K`
 /// blocks in `w` and the first [`Acts::tokens`] tokens (`out`'s slices of later tokens
-/// are untouched).
+/// are untouched). Row chunk by row chunk ([`chunk_rows`]): the chunk's weights are
+/// prepared, then every group runs its tiles over them, the first group's tiles
+/// prefetching the next chunk's weights (without it, the preparation of each chunk
+/// waited on memory).
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI; `acts` was made by
@@ -242,23 +242,58 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
     let nb = acts.nb;
     debug_assert!(rb == K::BYTES * nb && w.len().is_multiple_of(rb));
     let m = w.len() / rb;
-    let wp = prepare::<K>(w);
-    for g in 0..acts.groups {
-        let ga = &acts.blocks[g * nb..(g + 1) * nb];
-        each_row_tile(m, &mut out[g * TOKENS..], |r, o| {
-            let wr = &wp[r * nb..];
-            // SAFETY (both): this function's features; `wr` holds the tile's rows.
-            if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
-                match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
+    let chunk = chunk_rows(nb);
+    let blank = WBlock {
+        w: [0; 8],
+        start: [0; 8],
+        d: 0.0,
+        min: 0.0,
+    };
+    let mut wp = vec![blank; chunk.min(m) * nb];
+    for r0 in (0..m).step_by(chunk) {
+        let mc = chunk.min(m - r0);
+        let wp = &mut wp[..mc * nb];
+        // The next chunk's weights, prefetched by the first group's tiles.
+        let next = &w[(r0 + mc) * rb..(r0 + mc + chunk).min(m) * rb];
+        // SAFETY: this function's features and contract; `wp` holds rows `r0..r0 + mc`.
+        unsafe { prepare::<K>(&w[r0 * rb..(r0 + mc) * rb], wp) };
+        for g in 0..acts.groups {
+            let ga = &acts.blocks[g * nb..(g + 1) * nb];
+            each_row_tile(mc, r0, &mut out[g * TOKENS..], |r, o| {
+                if g == 0 {
+                    // This tile's share of `next`: its rows' fraction of the chunk.
+                    let take = if mc - r >= ROWS { ROWS } else { 1 };
+                    let (a, b) = (next.len() * r / mc, next.len() * (r + take) / mc);
+                    for off in (a..b).step_by(64) {
+                        // SAFETY: `off < next.len()`; a prefetch reads nothing.
+                        unsafe { _mm_prefetch::<_MM_HINT_T0>(next.as_ptr().add(off) as *const i8) };
+                    }
                 }
-            } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
-                match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
+                let wr = &wp[r * nb..];
+                // SAFETY (all): this function's features; `wr` holds the tile's rows.
+                if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
+                    match K::HAS_MIN {
+                        true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
+                        false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
+                    }
+                } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
+                    match K::HAS_MIN {
+                        true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
+                        false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
+                    }
                 }
-            }
-        });
+            });
+        }
     }
 }
+
+/// Rows per chunk of [`tiles`]: each chunk's weights are prepared into a buffer of
+/// about [`CHUNK_BYTES`], which all groups then read while it is in the cache; a
+/// multiple of the tile's rows, so that only the last chunk has a 1-row tile.
+fn chunk_rows(nb: usize) -> usize {
+    let per_row = nb.max(1) * std::mem::size_of::<WBlock>();
+    (CHUNK_BYTES / per_row).div_ceil(ROWS).max(1) * ROWS
+}
+
+/// Prepared weight bytes per chunk of [`tiles`].
+const CHUNK_BYTES: usize = 16 * 1024;

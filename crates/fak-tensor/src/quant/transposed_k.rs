@@ -260,7 +260,7 @@ pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: 
     let min = matches!(kind, KQuant::Q45 { .. });
     for g in 0..acts.groups {
         let ga = &acts.blocks[g * nb..(g + 1) * nb];
-        each_row_tile(m, &mut out[g * TOKENS..], |r, o| {
+        each_row_tile(m, 0, &mut out[g * TOKENS..], |r, o| {
             let wr = &wp[r * nb..];
             // SAFETY (both): this function's features; `wr` holds the tile's rows.
             if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
