@@ -200,11 +200,13 @@ pub(crate) fn run(
                 .0
                 .iter()
                 .filter(|(_, d, _)| !d.is_zero())
-                .map(|(op, d, _)| {
-                    format!("{} {:.0}%", op.name(), 100.0 * d.as_secs_f64() / total)
-                })
+                .map(|(op, d, _)| format!("{} {:.0}%", op.name(), 100.0 * d.as_secs_f64() / total))
                 .collect();
-            outln!("         ops: {:.0} ms in all: {}", total * 1e3, parts.join(", "))?;
+            outln!(
+                "         ops: {:.0} ms in all: {}",
+                total * 1e3,
+                parts.join(", ")
+            )?;
         }
     }
     Ok(())

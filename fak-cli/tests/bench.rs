@@ -391,7 +391,11 @@ fn bench_concurrency_reports_each_level_batched() {
         "json",
     ];
     let out = fak().args(args).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let levels: Vec<Value> = String::from_utf8(out.stdout)
         .unwrap()
         .lines()

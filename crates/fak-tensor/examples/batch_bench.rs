@@ -11,15 +11,24 @@ use std::time::Instant;
 const STREAM_BYTES: usize = 64 << 20;
 
 fn main() {
-    let repeats: usize = std::env::args().nth(1).and_then(|s| s.parse().ok()).unwrap_or(201);
+    let repeats: usize = std::env::args()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(201);
     let mut seed = 1u64;
     let mut next = move || {
-        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         seed >> 16
     };
     println!("type  threads  rows  µs/product  µs/row  (median of {repeats})");
     for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K, QType::Q6K] {
-        let (rows, cols) = if ty.block_elems() == 256 { (576, 1536) } else { (1536, 576) };
+        let (rows, cols) = if ty.block_elems() == 256 {
+            (576, 1536)
+        } else {
+            (1536, 576)
+        };
         let bytes = rows * cols / ty.block_elems() * ty.block_bytes();
         let copies = STREAM_BYTES.div_ceil(bytes);
         let mut w: Vec<u8> = (0..bytes * copies).map(|_| (next() >> 8) as u8).collect();
@@ -41,8 +50,9 @@ fn main() {
             for n in [1usize, 2, 4, 8, 16] {
                 let acts: Vec<_> = (0..n)
                     .map(|_| {
-                        let x: Vec<f32> =
-                            (0..cols).map(|_| (next() >> 40) as f32 / 8388608.0 - 1.0).collect();
+                        let x: Vec<f32> = (0..cols)
+                            .map(|_| (next() >> 40) as f32 / 8388608.0 - 1.0)
+                            .collect();
                         quant::quantize_activation(ty, &x).unwrap()
                     })
                     .collect();
