@@ -339,7 +339,7 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
         let nb = 2048 / ty.block_elems();
         let rows = 39;
         let w = weights(&mut r, ty, rows * nb, false);
-        for n in [1usize, 2, 3, 5, 17, 35] {
+        for n in [1usize, 2, 3, 5, 8, 12, 17, 24, 31, 35] {
             let acts: Vec<QuantizedActs> = (0..n).map(|_| acts(&mut r, ty, nb, false)).collect();
             let mut want = vec![0f32; n * rows];
             for (a, o) in acts.iter().zip(want.chunks_exact_mut(rows)) {
@@ -647,6 +647,70 @@ fn every_multi_token_tile_kernel_gives_the_reference_bits() {
                 assert!(ok, "{ty} extreme={extreme} {isa:?}");
             }
         }
+    }
+}
+
+/// The token-transposed tiles at both widths, bit for bit against the reference for
+/// every token count from 4 to 31: the 16-token groups, the 8-token groups, the last
+/// 8-token group padded with dummy tokens (whose results must not be stored: `got` has
+/// no room for them), and the tokens left to the other tiles; 7 rows (2-row tiles and
+/// a 1-row edge), random and extreme blocks, every 32-element type.
+#[cfg(target_arch = "x86_64")]
+#[fak_testkit::cpu(
+    "avx2",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512dq",
+    "avx512vl",
+    "avx512vnni"
+)]
+fn token_transposed_tiles_give_the_reference_bits_for_4_to_31_tokens() {
+    let mut r = Rng(61);
+    for ty in [
+        QType::Q4_0,
+        QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q8_0,
+    ] {
+        for extreme in [false, true] {
+            let (rows, nb, most) = (7, 3, 31);
+            let w = weights(&mut r, ty, rows * nb, extreme);
+            let rb = w.len() / rows;
+            let xs: Vec<QuantizedActs> = (0..most).map(|_| acts(&mut r, ty, nb, extreme)).collect();
+            let mut want = vec![0f32; most * rows];
+            for (t, a) in xs.iter().enumerate() {
+                matvec_ref(ty, &w, a, &mut want[t * rows..(t + 1) * rows]).unwrap();
+            }
+            for n in 4..=most {
+                let mut got = vec![f32::NAN; n * rows];
+                super::matmul_rows_isa(ty, &w, rb, &xs[..n], &mut got, super::TileIsa::Zmm)
+                    .unwrap();
+                let bad = got.iter().zip(&want).position(|(&g, &w)| !same(g, w));
+                assert!(
+                    bad.is_none(),
+                    "{ty} extreme={extreme} {n} tokens: token {}, row {}",
+                    bad.unwrap_or(0) / rows,
+                    bad.unwrap_or(0) % rows
+                );
+            }
+        }
+    }
+    // The tokens the transposed tiles take: all but those left after the 16-token
+    // groups and the full 8-token groups when fewer than 5 (so 5 to 7, 13 to 15, 21 to
+    // 23 and 29 to 31 tokens run a padded 8-token group).
+    let blocks = [BlockQ8_1 {
+        d: 0,
+        s: 0,
+        qs: [0; QK],
+    }; 2];
+    for n in 1..=40 {
+        let a: Vec<&[BlockQ8_1]> = vec![&blocks[..]; n];
+        // SAFETY: the CPU has AVX2 and F16C (this test's features).
+        let tt = unsafe { super::transposed::Acts::new::<super::avx2::Q4_1>(&a) };
+        let want = n - if n % 8 < 5 { n % 8 } else { 0 };
+        assert_eq!(tt.map_or(0, |t| t.tokens()), want, "{n} tokens");
     }
 }
 

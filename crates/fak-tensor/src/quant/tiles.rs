@@ -111,7 +111,8 @@ pub(crate) enum TileIsa {
     Vnni512,
     /// As `Vnni512`, and the 512-bit tiles: two tokens per register for Q4_1, Q5_0,
     /// Q5_1 and Q8_0 ([`tiles_512`]), sixteen for every block format from 16 tokens on
-    /// ([`transposed`], [`transposed_k`]).
+    /// ([`transposed`], [`transposed_k`]), and for the 32-element types eight per
+    /// 256-bit register after those ([`transposed`]).
     Zmm,
 }
 
@@ -171,8 +172,9 @@ pub(crate) struct Tiled<'a, K: avx2::Block32> {
     /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
     /// them).
     zmm: bool,
-    /// [`TileIsa::Zmm`] and 16 tokens or more: the first multiple of 16 tokens in the
-    /// form of the token-transposed tiles ([`transposed`]).
+    /// [`TileIsa::Zmm`] and 5 tokens or more: the tokens in the form of the
+    /// token-transposed tiles ([`transposed::Acts`]: groups of 16, then of 8), all but
+    /// the last few ([`transposed::Acts::tokens`]).
     tt: Option<transposed::Acts>,
 }
 
@@ -332,8 +334,8 @@ impl<'a> TileActs<'a> {
     }
 }
 
-/// The token-transposed tiles ([`transposed::tiles`]) for the first multiple of 16
-/// tokens when `p` holds their form; returns the first token they did not cover.
+/// The token-transposed tiles ([`transposed::tiles`]) for the tokens `p` holds in
+/// their form (groups of 16, then of 8); returns the first token they did not cover.
 ///
 /// # Safety
 /// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI when `p.tt` is set.
@@ -357,7 +359,8 @@ where
 }
 
 /// Every token through the best tiles `p` allows: the token-transposed ones for the
-/// first multiple of 16, then [`tiles_512`] or [`tiles`].
+/// tokens they take (groups of 16, then of 8), then [`tiles_512`] or [`tiles`] for the
+/// rest (fewer than [`transposed`]'s threshold, 5).
 ///
 /// # Safety
 /// As [`tiles_512`] when `p.zmm`, else as [`tiles`].

@@ -235,7 +235,7 @@ unsafe fn rows_tokens<const R: usize, const MIN: bool>(
         }
     }
     for r in 0..R {
-        let mut v = tree(std::array::from_fn(|m| acc[m][r]));
+        let mut v = tree::<TOKENS>(std::array::from_fn(|m| acc[m][r]));
         if MIN {
             v = _mm512_sub_ps(v, summ[r]);
         }
@@ -260,7 +260,7 @@ pub(super) unsafe fn tiles(w: &[u8], rb: usize, kind: KQuant, acts: &Acts, out: 
     let min = matches!(kind, KQuant::Q45 { .. });
     for g in 0..acts.groups {
         let ga = &acts.blocks[g * nb..(g + 1) * nb];
-        each_row_tile(m, &mut out[g * TOKENS..], |r, o| {
+        each_row_tile::<TOKENS, ROWS>(m, 0, &mut out[g * TOKENS..], |r, o| {
             let wr = &wp[r * nb..];
             // SAFETY (both): this function's features; `wr` holds the tile's rows.
             if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
