@@ -19,9 +19,11 @@
 //!   sampling, or not generating, does not hold the others up longer);
 //! - decode tokens (calls of one token) all go into the pass, oldest first, at most
 //!   [`BatchPolicy::max_rows`] rows;
-//! - prompts are prefilled in pieces: with decode tokens in the pass, the rows left of
-//!   [`BatchPolicy::max_rows`] (at least [`BatchPolicy::min_prefill_rows`]); with
-//!   none, [`Model::prefill_chunk`] rows. So a long prompt arriving delays the others'
+//! - prompts are prefilled in pieces: with decode tokens in the pass, or another
+//!   attached session not in it (it may be between two decode steps), the rows left
+//!   of [`BatchPolicy::max_rows`] (at least [`BatchPolicy::min_prefill_rows`]); when
+//!   every attached session's call is a prompt in this pass, [`Model::prefill_chunk`]
+//!   rows. So a long prompt arriving delays the others'
 //!   next token by a bounded amount, not by its whole prefill. Prompts are served in
 //!   the order they arrived (FIFO).
 
@@ -315,7 +317,7 @@ impl Inner {
             first = None;
             let mut calls: Vec<Call> = std::mem::take(&mut st.waiting);
             calls.sort_by_key(|c| c.seq);
-            let pieces = self.plan(&calls);
+            let pieces = self.plan(&calls, st.attached);
             drop(st);
             // A panic in a pass fails its calls (their sessions roll back) instead of
             // leaving them waiting for a thread that is gone.
@@ -349,8 +351,9 @@ impl Inner {
         }
     }
 
-    /// Which rows of which calls the next pass runs (see the module docs).
-    fn plan(&self, calls: &[Call]) -> Vec<Piece> {
+    /// Which rows of which calls the next pass runs (see the module docs), `attached`
+    /// sessions being attached now.
+    fn plan(&self, calls: &[Call], attached: usize) -> Vec<Piece> {
         let p = &self.policy;
         let mut pieces = Vec::new();
         let mut rows = 0;
@@ -363,7 +366,10 @@ impl Inner {
                 rows += 1;
             }
         }
-        let decoding = rows > 0;
+        // A session attached but not in this pass may be between two decode steps
+        // (sampling, streaming, a grammar's mask): its next token must not wait behind
+        // a whole chunk of someone's prompt either.
+        let decoding = rows > 0 || attached > calls.len();
         let mut budget = if decoding {
             p.max_rows
                 .saturating_sub(rows)
@@ -470,5 +476,71 @@ impl Session {
     /// Runs this session's passes on its own again (see [`Session::attach`]).
     pub fn detach(&mut self) {
         self.set_member(None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inner() -> Inner {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/tiny/llama-tied");
+        let model = Arc::new(Model::load(&dir).unwrap());
+        Inner {
+            model,
+            policy: BatchPolicy::default(),
+            state: Mutex::new(State {
+                waiting: Vec::new(),
+                attached: 0,
+                next_seq: 0,
+                shutdown: false,
+                stats: BatchStats::default(),
+            }),
+            arrived: Condvar::new(),
+        }
+    }
+
+    fn call(m: &Model, n: usize, seq: u64) -> Call {
+        Call {
+            ids: vec![1; n],
+            positions: (0..n as u32).collect(),
+            done: 0,
+            want: LogitsWanted::Last,
+            head_rows: None,
+            cache: KvCache::new(m.config(), 256),
+            logits: Vec::new(),
+            result: Ok(()),
+            reply: Arc::new(Reply::default()),
+            seq,
+        }
+    }
+
+    fn rows(p: &[Piece]) -> usize {
+        p.iter().map(|p| p.rows.len()).sum()
+    }
+
+    /// A prompt alone takes a whole chunk; beside decode tokens, or with another session
+    /// attached that may be between two decode steps, a pass stays within `max_rows`.
+    #[test]
+    fn a_prompt_takes_a_whole_chunk_only_when_nobody_else_may_be_decoding() {
+        let inner = inner();
+        let m = Arc::clone(&inner.model);
+        let chunk = m.prefill_chunk();
+        let max = inner.policy.max_rows;
+        let prompt = [call(&m, 200, 0)];
+        assert_eq!(rows(&inner.plan(&prompt, 1)), 200.min(chunk));
+        assert_eq!(rows(&inner.plan(&prompt, 2)), max);
+        let mixed = [call(&m, 200, 0), call(&m, 1, 1), call(&m, 1, 2)];
+        let p = inner.plan(&mixed, 3);
+        assert_eq!(rows(&p), max);
+        assert!(p.iter().any(|p| p.call == 1) && p.iter().any(|p| p.call == 2));
+        // Decode tokens beyond `max_rows` leave a prompt its minimum.
+        let many: Vec<Call> = (0..40)
+            .map(|i| call(&m, 1, i))
+            .chain([call(&m, 200, 40)])
+            .collect();
+        let p = inner.plan(&many, 41);
+        assert_eq!(rows(&p), max + inner.policy.min_prefill_rows);
     }
 }
