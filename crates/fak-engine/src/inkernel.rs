@@ -1006,6 +1006,7 @@ impl EngineDriver for InKernelDriver {
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
             kv_bytes: p.bytes(),
+            kv_bytes_held: p.bytes_held(),
             batch_passes: b.passes,
             batch_sequences: b.sequences,
             batch_max_sequences: b.max_sequences,

@@ -388,8 +388,11 @@ pub struct EngineStats {
     pub active: usize,
     /// Sessions held by the KV reuse cache.
     pub kv_entries: usize,
-    /// Bytes of KV entries held by the reuse cache.
+    /// Bytes of KV entries held by the reuse cache, each session counted whole.
     pub kv_bytes: usize,
+    /// Bytes of memory those entries take, a prefix shared by several sessions counted
+    /// once ([`prefix::PrefixCache::bytes_held`]).
+    pub kv_bytes_held: usize,
     /// Upstream servers behind the driver (0 for a driver that generates itself).
     pub upstreams: usize,
     /// Of those, the ones in rotation (their last health check passed).

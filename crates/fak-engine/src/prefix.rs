@@ -16,6 +16,13 @@
 //! from the prompt after that node. Each node records the most recent use below it, so
 //! the most recently used of the sessions there is found without searching the subtree:
 //! a lookup costs O(prompt tokens), whatever the number of sessions kept.
+//!
+//! A kept session's cache is frozen ([`fak_kv::KvCache::freeze`]): a request that
+//! starts from it reads the shared prefix in place and holds only its own entries, and
+//! when that request's session is kept in turn, its cache continues the same shared
+//! blocks. So conversations on one system prompt hold its KV once
+//! ([`PrefixCache::bytes_held`]); a revocation or eviction in one copies what it
+//! changes and leaves the others' bits alone.
 
 use crate::{Revocation, RevokeReport};
 use fak_kv::Session;
@@ -372,9 +379,20 @@ impl PrefixCache {
         self.len() == 0
     }
 
-    /// Bytes of KV entries held (a running total: O(1)).
+    /// Bytes of KV entries held, each session counted whole as if alone (a running
+    /// total: O(1)). The budget is kept on this figure, so it never admits more than
+    /// private copies would take.
     pub fn bytes(&self) -> usize {
         self.trie.bytes
+    }
+
+    /// Bytes of memory the kept sessions' KV takes: a prefix they share (a system
+    /// prompt several conversations started from, [`fak_kv::KvCache::freeze`]) counted
+    /// once ([`fak_kv::KvCache::bytes_held`]). At most [`PrefixCache::bytes`]; costs a
+    /// walk over the kept sessions.
+    pub fn bytes_held(&self) -> usize {
+        let kept: Vec<Arc<Session>> = self.sessions();
+        fak_kv::KvCache::bytes_held(kept.iter().map(|s| s.cache()))
     }
 
     /// [`PrefixCache::lookup_in`] the default partition.
@@ -489,6 +507,9 @@ impl PrefixCache {
     pub fn insert_in(&mut self, partition: &Partition, mut session: Session, ledger: Vec<Span>) {
         // Kept to be copied, never stepped: its forward-pass buffers are not needed.
         session.release_buffers();
+        // Its entries become a shared block: a later request that starts from it reads
+        // the shared prefix in place instead of copying it (`fak_kv::KvCache::freeze`).
+        session.freeze();
         let k = Kept {
             session: Arc::new(session),
             ledger,

@@ -291,9 +291,9 @@ fn assert_caches_identical(a: &fak_kv::Session, b: &fak_kv::Session) {
     let (ca, cb) = (a.cache(), b.cache());
     for l in 0..ca.n_layers() {
         for (x, y) in [
-            (ca.k(l), cb.k(l)),
-            (ca.k_raw(l), cb.k_raw(l)),
-            (ca.v(l), cb.v(l)),
+            (&ca.k(l).to_vec(), &cb.k(l).to_vec()),
+            (&ca.k_raw(l).to_vec(), &cb.k_raw(l).to_vec()),
+            (&ca.v(l).to_vec(), &cb.v(l).to_vec()),
         ] {
             assert_eq!(x.len(), y.len());
             let max = x

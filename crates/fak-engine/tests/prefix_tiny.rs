@@ -119,3 +119,36 @@ fn partitions_share_nothing_and_revocation_reaches_them_all() {
     assert_eq!(c.lookup_in(&alice, &prompt).unwrap().reuse, 6);
     assert_eq!(c.lookup_in(&bob, &prompt).unwrap().reuse, 6);
 }
+
+/// Conversations that start with one system prompt, each kept after its request, hold
+/// its KV once: every later one starts from a kept session's frozen cache, reads the
+/// system prompt in place and continues exactly as a cold run.
+#[test]
+fn kept_conversations_on_one_system_prompt_hold_it_once() {
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    let mut c = PrefixCache::new(usize::MAX);
+    let system: Vec<u32> = (0..40).map(|i| 3 + (i * 7) % 50).collect();
+    for i in 0..8u32 {
+        let mut prompt = system.clone();
+        prompt.extend([60 + i, 61 + i, 2 * i + 1]);
+        let hit = c.lookup(&prompt);
+        let (mut s, reused) = start_session(hit, &empty).unwrap();
+        assert_eq!(reused, if i == 0 { 0 } else { system.len() }, "request {i}");
+        let warm = s.prefill(&prompt[reused..]).unwrap();
+        let cold = filled(&empty, &prompt);
+        assert_eq!(warm, cold.last_logits().unwrap(), "request {i}: logits");
+        assert_eq!(s.cache(), cold.cache(), "request {i}: cache");
+        if i > 0 {
+            assert_eq!(s.cache().shared_len(), system.len(), "request {i}");
+        }
+        c.insert(s, Vec::new());
+    }
+    assert_eq!(c.len(), 8);
+    let per_token = empty.cache().bytes_per_token();
+    let rows = per_token - 4;
+    // Counted alone: 8 × 43 entries. Held: the system prompt once, then each
+    // conversation's own 3 entries, and every session's positions.
+    assert_eq!(c.bytes(), 8 * 43 * per_token);
+    assert_eq!(c.bytes_held(), 43 * rows + 7 * 3 * rows + 8 * 43 * 4);
+}

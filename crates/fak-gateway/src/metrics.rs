@@ -188,7 +188,7 @@ impl Metrics {
     /// `fak_tool_results_total{verdict,reason}`, `fak_tool_calls_total{verdict,reason}`,
     /// the token counters,
     /// and the engine's gauges (`fak_queue_depth`, `fak_active_generations`,
-    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_engine_ready`, the batching
+    /// `fak_kv_cache_entries`, `fak_kv_cache_bytes`, `fak_kv_cache_held_bytes`, `fak_engine_ready`, the batching
     /// counters `fak_batch_passes_total`, `fak_batch_sequences_total` and
     /// `fak_batch_max_sequences`, and with an
     /// upstream driver `fak_upstreams` and `fak_upstreams_healthy`), and the
@@ -267,8 +267,13 @@ impl Metrics {
             ),
             (
                 "fak_kv_cache_bytes",
-                "Bytes of KV entries kept for reuse.",
+                "Bytes of KV entries kept for reuse, each session counted whole.",
                 stats.kv_bytes,
+            ),
+            (
+                "fak_kv_cache_held_bytes",
+                "Bytes of memory the kept KV takes, a prefix shared by several sessions counted once.",
+                stats.kv_bytes_held,
             ),
             (
                 "fak_engine_ready",

@@ -1,6 +1,7 @@
 //! `KvCache`: the attention state, owned by the kernel as plain buffers.
 
-use fak_model::{Config, KvStore, Model};
+use fak_model::{Config, KvRows, KvStore, Model};
+use std::sync::Arc;
 
 /// Errors of cache operations. Each names the offending numbers.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,23 +41,110 @@ pub enum KvError {
     },
 }
 
-/// Per layer: post-RoPE `k`, pre-RoPE `k_raw` and `v` as flat row-major buffers
-/// `[position, kv_heads * head_dim]`, and one shared `pos` vector holding each entry's
-/// absolute RoPE position.
+/// Entries of a cache made immutable and shareable by [`KvCache::freeze`]: the first
+/// `parent.1` entries of the parent block (if any), then this block's own rows.
+#[derive(Debug)]
+struct Frozen {
+    /// The block these entries continue, and how many of its entries come first.
+    parent: Option<(Arc<Frozen>, usize)>,
+    /// Blocks in the chain, this one included.
+    depth: usize,
+    /// Own rows per layer, `[len − parent part, kv_dim]`.
+    k: Vec<Vec<f32>>,
+    k_raw: Vec<Vec<f32>>,
+    v: Vec<Vec<f32>>,
+}
+
+impl Frozen {
+    /// Entries that come from the parent.
+    fn parent_len(&self) -> usize {
+        self.parent.as_ref().map_or(0, |p| p.1)
+    }
+
+    /// Pushes the runs of the first `upto` entries of `which` (0: K, 1: K before RoPE,
+    /// 2: V) of `layer`, oldest first.
+    fn push_runs<'a>(&'a self, upto: usize, layer: usize, which: usize, rows: &mut KvRows<'a>) {
+        let pl = self.parent_len();
+        if let Some((p, _)) = &self.parent {
+            p.push_runs(upto.min(pl), layer, which, rows);
+        }
+        if upto > pl {
+            let own = match which {
+                0 => &self.k[layer],
+                1 => &self.k_raw[layer],
+                _ => &self.v[layer],
+            };
+            rows.push(&own[..(upto - pl) * rows.kv_dim()]);
+        }
+    }
+
+    /// Bytes of the own rows' buffers (f32).
+    fn own_bytes(&self) -> usize {
+        let rows: usize = self
+            .k
+            .iter()
+            .chain(&self.k_raw)
+            .chain(&self.v)
+            .map(Vec::len)
+            .sum();
+        rows * std::mem::size_of::<f32>()
+    }
+}
+
+/// Per layer: post-RoPE `k`, pre-RoPE `k_raw` and `v`, rows `[position, kv_heads *
+/// head_dim]`, and one `pos` vector holding each entry's absolute RoPE position.
 ///
 /// Keeping `k_raw` is what makes eviction exact: a survivor that must move to a new
 /// position gets its K re-derived from `k_raw` in a single rotation, the arithmetic a
 /// forward pass at that position performs, instead of a second rotation composed on the
 /// first (which drifts by rounding and flips greedy tokens).
-#[derive(Clone, Debug, Default, PartialEq)]
+///
+/// **Shared prefixes.** The oldest entries may sit in immutable, reference-counted
+/// blocks shared with other caches ([`KvCache::freeze`]): a system prompt that many
+/// conversations start with is held once, each conversation's own entries after it in
+/// private buffers. A clone copies only the private rows. Nothing ever writes a shared
+/// block: a cache that must change shared entries (an eviction that renumbers them,
+/// [`KvCache::drop_oldest`]) first copies the entries from the first one changed on
+/// into its private buffers (copy on write), and the entries before that stay shared;
+/// cutting entries off the end ([`KvCache::drop_newest`], a tail eviction) only
+/// shortens its view. So no operation on one cache changes another's bits. Attention
+/// reads the rows as runs ([`KvRows`]), which gives the bits of one contiguous buffer.
+#[derive(Clone, Debug, Default)]
 pub struct KvCache {
     n_layers: usize,
     kv_dim: usize,
     capacity: usize,
     pos: Vec<u32>,
+    /// The shared block the first `shared_len` entries come from.
+    shared: Option<Arc<Frozen>>,
+    shared_len: usize,
+    /// Private rows: entries `shared_len..len`.
     k: Vec<Vec<f32>>,
     k_raw: Vec<Vec<f32>>,
     v: Vec<Vec<f32>>,
+}
+
+/// Two caches are equal when they hold the same entries with the same bits, however
+/// those are split between shared blocks and private rows.
+impl PartialEq for KvCache {
+    fn eq(&self, other: &Self) -> bool {
+        let same = |a: KvRows<'_>, b: KvRows<'_>| {
+            a.len() == b.len()
+                && a.to_vec()
+                    .iter()
+                    .zip(b.to_vec())
+                    .all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        self.n_layers == other.n_layers
+            && self.kv_dim == other.kv_dim
+            && self.capacity == other.capacity
+            && self.pos == other.pos
+            && (0..self.n_layers).all(|l| {
+                same(self.k(l), other.k(l))
+                    && same(self.k_raw(l), other.k_raw(l))
+                    && same(self.v(l), other.v(l))
+            })
+    }
 }
 
 impl KvCache {
@@ -84,6 +172,8 @@ impl KvCache {
             kv_dim,
             capacity,
             pos: Vec::with_capacity(reserved),
+            shared: None,
+            shared_len: 0,
             k: buf(),
             k_raw: buf(),
             v: buf(),
@@ -125,19 +215,38 @@ impl KvCache {
         self.pos.last().map_or(0, |&p| p + 1)
     }
 
-    /// Post-RoPE K of `layer`, `[len, kv_dim]`.
-    pub fn k(&self, layer: usize) -> &[f32] {
-        &self.k[layer]
+    /// The rows of `which` (0: K, 1: K before RoPE, 2: V) of `layer`: the shared runs,
+    /// then the private one.
+    fn rows(&self, layer: usize, which: usize) -> KvRows<'_> {
+        let mut rows = KvRows::contiguous(&[], self.kv_dim);
+        if let Some(f) = &self.shared {
+            f.push_runs(self.shared_len, layer, which, &mut rows);
+        }
+        let own = match which {
+            0 => &self.k,
+            1 => &self.k_raw,
+            _ => &self.v,
+        };
+        if let Some(own) = own.get(layer) {
+            rows.push(own);
+        }
+        rows
     }
 
-    /// Pre-RoPE K of `layer`, `[len, kv_dim]`.
-    pub fn k_raw(&self, layer: usize) -> &[f32] {
-        &self.k_raw[layer]
+    /// Post-RoPE K of `layer`, `[len, kv_dim]`, in runs ([`KvRows::to_vec`] copies it
+    /// into one buffer).
+    pub fn k(&self, layer: usize) -> KvRows<'_> {
+        self.rows(layer, 0)
     }
 
-    /// V of `layer`, `[len, kv_dim]`.
-    pub fn v(&self, layer: usize) -> &[f32] {
-        &self.v[layer]
+    /// Pre-RoPE K of `layer`, `[len, kv_dim]`, in runs.
+    pub fn k_raw(&self, layer: usize) -> KvRows<'_> {
+        self.rows(layer, 1)
+    }
+
+    /// V of `layer`, `[len, kv_dim]`, in runs.
+    pub fn v(&self, layer: usize) -> KvRows<'_> {
+        self.rows(layer, 2)
     }
 
     /// Bytes one entry occupies: K, K before RoPE and V for every layer (`f32`), plus its
@@ -146,12 +255,47 @@ impl KvCache {
         3 * self.n_layers * self.kv_dim * std::mem::size_of::<f32>() + std::mem::size_of::<u32>()
     }
 
-    /// Bytes held by the entries now in the cache.
+    /// Bytes held by the entries now in the cache, shared or not: what the cache would
+    /// take alone.
     pub fn bytes_used(&self) -> usize {
         self.len() * self.bytes_per_token()
     }
 
-    /// Bytes reserved (allocated capacity of every buffer).
+    /// Entries read from shared blocks ([`KvCache::freeze`]): the first `shared_len()`
+    /// entries.
+    pub fn shared_len(&self) -> usize {
+        self.shared_len
+    }
+
+    /// Bytes of this cache's own rows and positions (what a clone copies), not counting
+    /// the shared blocks.
+    pub fn bytes_private(&self) -> usize {
+        (self.len() - self.shared_len) * 3 * self.n_layers * self.kv_dim * 4 + self.len() * 4
+    }
+
+    /// Bytes of memory held by a set of caches together: each one's own rows and
+    /// positions, plus every shared block any of them reads counted once (whole blocks:
+    /// rows no cache reads any more stay in memory while the block lives).
+    pub fn bytes_held<'a>(caches: impl IntoIterator<Item = &'a KvCache>) -> usize {
+        let mut seen: Vec<*const Frozen> = Vec::new();
+        let mut total = 0;
+        for c in caches {
+            total += c.bytes_private();
+            let mut block = c.shared.as_ref();
+            while let Some(b) = block {
+                let ptr = Arc::as_ptr(b);
+                if seen.contains(&ptr) {
+                    break;
+                }
+                seen.push(ptr);
+                total += b.own_bytes();
+                block = b.parent.as_ref().map(|p| &p.0);
+            }
+        }
+        total
+    }
+
+    /// Bytes reserved (allocated capacity of every private buffer).
     pub fn bytes_reserved(&self) -> usize {
         let f: usize = self
             .k
@@ -161,6 +305,93 @@ impl KvCache {
             .map(|b| b.capacity() * 4)
             .sum();
         f + self.pos.capacity() * 4
+    }
+
+    /// Makes every entry held so far shared: the private rows move (no copy) into an
+    /// immutable reference-counted block after the shared ones, so clones of this cache
+    /// hold them once. What this cache and its clones append afterwards is private to
+    /// each. A chain of blocks longer than [`KvRows::MAX_RUNS`] − 1 is copied into one
+    /// block instead (the old ones are freed when no other cache reads them). Changes
+    /// no entry and no bit.
+    pub fn freeze(&mut self) {
+        let private = self.len() - self.shared_len;
+        if private == 0 {
+            return;
+        }
+        let depth = self.shared.as_ref().map_or(0, |f| f.depth);
+        let (parent, k, k_raw, v) = if depth + 1 < KvRows::MAX_RUNS {
+            let parent = self.shared.take().map(|f| (f, self.shared_len));
+            let n = self.n_layers;
+            let take = |b: &mut Vec<Vec<f32>>| std::mem::replace(b, vec![Vec::new(); n]);
+            (
+                parent,
+                take(&mut self.k),
+                take(&mut self.k_raw),
+                take(&mut self.v),
+            )
+        } else {
+            let all = |which: usize| -> Vec<Vec<f32>> {
+                (0..self.n_layers)
+                    .map(|l| self.rows(l, which).to_vec())
+                    .collect()
+            };
+            let (k, k_raw, v) = (all(0), all(1), all(2));
+            self.shared = None;
+            for b in [&mut self.k, &mut self.k_raw, &mut self.v] {
+                *b = vec![Vec::new(); self.n_layers];
+            }
+            (None, k, k_raw, v)
+        };
+        let depth = parent.as_ref().map_or(0, |p| p.0.depth) + 1;
+        self.shared = Some(Arc::new(Frozen {
+            parent,
+            depth,
+            k,
+            k_raw,
+            v,
+        }));
+        self.shared_len = self.len();
+    }
+
+    /// Copy on write: entries `from..shared_len` are copied out of the shared blocks into
+    /// the front of the private rows, so that every entry from `from` on is private. The
+    /// entries before `from` stay shared. Changes no bit.
+    fn unshare_from(&mut self, from: usize) {
+        if from >= self.shared_len {
+            return;
+        }
+        let d = self.kv_dim;
+        for l in 0..self.n_layers {
+            for which in 0..3 {
+                let mut rows = Vec::with_capacity((self.len() - from) * d);
+                self.rows(l, which).for_runs(from..self.shared_len, |r, j| {
+                    rows.extend_from_slice(&r[..j.len() * d]);
+                });
+                let own = match which {
+                    0 => &mut self.k[l],
+                    1 => &mut self.k_raw[l],
+                    _ => &mut self.v[l],
+                };
+                rows.extend_from_slice(own);
+                *own = rows;
+            }
+        }
+        self.shared_len = from;
+        self.trim_shared();
+    }
+
+    /// Points `shared` at the newest block that holds any of the first `shared_len`
+    /// entries (a block whose own rows all lie past them is let go), so chains grow
+    /// only with blocks in use: conversations that each start from the last one's
+    /// shared system prompt all continue the same block.
+    fn trim_shared(&mut self) {
+        while let Some(f) = &self.shared {
+            if self.shared_len > f.parent_len() {
+                return;
+            }
+            self.shared = f.parent.as_ref().map(|p| Arc::clone(&p.0));
+        }
+        self.shared_len = 0;
     }
 
     fn check_model(&self, model: &Model) -> Result<(), KvError> {
@@ -224,10 +455,16 @@ impl KvCache {
                 to_len: new_end,
             });
         }
-        let d = self.kv_dim;
+        if end == len {
+            // Nothing after the span: no survivor moves, the cache is cut short.
+            self.drop_newest(n);
+            return Ok(());
+        }
+        self.unshare_from(from);
+        let (d, s0) = (self.kv_dim, self.shared_len);
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
-                buf.drain(from * d..end * d);
+                buf.drain((from - s0) * d..(end - s0) * d);
             }
         }
         self.pos.drain(from..end);
@@ -238,8 +475,9 @@ impl KvCache {
             for l in 0..self.n_layers {
                 let (k, k_raw) = (&mut self.k[l], &self.k_raw[l]);
                 for j in from..self.pos.len() {
-                    let row = &mut k[j * d..(j + 1) * d];
-                    row.copy_from_slice(&k_raw[j * d..(j + 1) * d]);
+                    let r = (j - s0) * d..(j - s0 + 1) * d;
+                    let row = &mut k[r.clone()];
+                    row.copy_from_slice(&k_raw[r]);
                     model.rope_in_place(l, self.pos[j], regime, row);
                 }
             }
@@ -251,10 +489,15 @@ impl KvCache {
     /// than the length empties the cache.
     pub fn drop_newest(&mut self, n: usize) {
         let keep = self.len().saturating_sub(n);
+        if keep < self.shared_len {
+            // Only the view of the shared blocks shortens.
+            self.shared_len = keep;
+            self.trim_shared();
+        }
         let d = self.kv_dim;
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
-                buf.truncate(keep * d);
+                buf.truncate((keep - self.shared_len) * d);
             }
         }
         self.pos.truncate(keep);
@@ -276,6 +519,7 @@ impl KvCache {
                 len: self.len(),
             });
         }
+        self.unshare_from(0);
         let d = self.kv_dim;
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
@@ -305,10 +549,10 @@ impl KvStore for KvCache {
         self.k[layer].extend_from_slice(k);
         self.v[layer].extend_from_slice(v);
     }
-    fn keys(&self, layer: usize) -> &[f32] {
-        &self.k[layer]
+    fn keys(&self, layer: usize) -> KvRows<'_> {
+        self.rows(layer, 0)
     }
-    fn values(&self, layer: usize) -> &[f32] {
-        &self.v[layer]
+    fn values(&self, layer: usize) -> KvRows<'_> {
+        self.rows(layer, 2)
     }
 }

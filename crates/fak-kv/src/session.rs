@@ -137,6 +137,13 @@ impl Session {
         &self.cache
     }
 
+    /// Makes the cache's entries so far shared ([`KvCache::freeze`]): clones of this
+    /// session (a kept conversation's later turns, `n` completions of one prompt) then
+    /// hold them once instead of a copy each. Changes no bit of anything.
+    pub fn freeze(&mut self) {
+        self.cache.freeze();
+    }
+
     /// Tokens held in the cache.
     pub fn len(&self) -> usize {
         self.cache.len()

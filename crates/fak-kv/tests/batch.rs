@@ -22,8 +22,10 @@ fn same_bits(a: &[f32], b: &[f32]) -> bool {
 
 fn same_cache(a: &KvCache, b: &KvCache, layers: usize) -> bool {
     a.positions() == b.positions()
-        && (0..layers)
-            .all(|l| same_bits(a.keys(l), b.keys(l)) && same_bits(a.values(l), b.values(l)))
+        && (0..layers).all(|l| {
+            same_bits(&a.keys(l).to_vec(), &b.keys(l).to_vec())
+                && same_bits(&a.values(l).to_vec(), &b.values(l).to_vec())
+        })
 }
 
 /// Sequence `i`'s tokens over a vocabulary of `vocab`: a prompt of 1 to 40 tokens, then

@@ -24,9 +24,9 @@ fn assert_same_cache(a: &Session, b: &Session, what: &str) {
     assert_eq!(a.positions(), b.positions(), "{what}: positions");
     for layer in 0..a.n_layers() {
         for (x, y) in [
-            (a.k(layer), b.k(layer)),
-            (a.k_raw(layer), b.k_raw(layer)),
-            (a.v(layer), b.v(layer)),
+            (&a.k(layer).to_vec(), &b.k(layer).to_vec()),
+            (&a.k_raw(layer).to_vec(), &b.k_raw(layer).to_vec()),
+            (&a.v(layer).to_vec(), &b.v(layer).to_vec()),
         ] {
             assert_eq!(x.len(), y.len());
             assert!(

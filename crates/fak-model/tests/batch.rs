@@ -187,9 +187,9 @@ fn assert_batch_invariant(m: &mut Model, label: &str) {
             }
             for l in 0..m.config().num_hidden_layers {
                 assert!(
-                    same_bits(w.kv.keys(l), g.kv.keys(l))
+                    same_bits(&w.kv.keys(l).to_vec(), &g.kv.keys(l).to_vec())
                         && same_bits(w.kv.keys_raw(l), g.kv.keys_raw(l))
-                        && same_bits(w.kv.values(l), g.kv.values(l)),
+                        && same_bits(&w.kv.values(l).to_vec(), &g.kv.values(l).to_vec()),
                     "{at}: layer {l}'s K/V rows differ from the solo run"
                 );
             }

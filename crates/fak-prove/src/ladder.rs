@@ -194,7 +194,9 @@ impl Digest {
     }
     fn cache(self, c: &KvCache) -> Self {
         (0..c.n_layers()).fold(self.u32s(c.positions()), |d, l| {
-            d.f32s(c.k(l)).f32s(c.k_raw(l)).f32s(c.v(l))
+            d.f32s(&c.k(l).to_vec())
+                .f32s(&c.k_raw(l).to_vec())
+                .f32s(&c.v(l).to_vec())
         })
     }
     fn hex(self) -> Option<String> {
@@ -246,9 +248,9 @@ pub fn cache_max_abs_diff(a: &KvCache, b: &KvCache) -> f32 {
     }
     (0..a.n_layers())
         .map(|l| {
-            max_abs_diff(a.k(l), b.k(l))
-                .max(max_abs_diff(a.k_raw(l), b.k_raw(l)))
-                .max(max_abs_diff(a.v(l), b.v(l)))
+            max_abs_diff(&a.k(l).to_vec(), &b.k(l).to_vec())
+                .max(max_abs_diff(&a.k_raw(l).to_vec(), &b.k_raw(l).to_vec()))
+                .max(max_abs_diff(&a.v(l).to_vec(), &b.v(l).to_vec()))
         })
         .fold(0f32, f32::max)
 }
@@ -660,7 +662,7 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
         late.evict(c.prefix.len(), c.poison.len())?;
         let same_positions = late.positions() == ns_cache.positions();
         let dv = (0..late.cache().n_layers())
-            .map(|l| max_abs_diff(late.cache().v(l), ns_cache.v(l)))
+            .map(|l| max_abs_diff(&late.cache().v(l).to_vec(), &ns_cache.v(l).to_vec()))
             .fold(0f32, f32::max);
         let b = with_digest(rung(
             "R3",
@@ -688,7 +690,7 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
         }
         let mut s = Session::with_capacity(Arc::clone(model), n);
         s.prefill(&ids[..n])?;
-        let before = s.cache().k(0)[..].to_vec();
+        let before = s.cache().k(0).to_vec();
         s.evict(3, 4)?;
         let cache = s.cache();
         let d = cache.kv_dim();
@@ -697,14 +699,14 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
         let mut moved = 0;
         for l in 0..cache.n_layers() {
             for j in 3..cache.len() {
-                let mut want = cache.k_raw(l)[j * d..(j + 1) * d].to_vec();
+                let mut want = cache.k_raw(l).row(j).to_vec();
                 model.rope_in_place(l, cache.positions()[j], regime, &mut want);
-                maxd = maxd.max(max_abs_diff(&cache.k(l)[j * d..(j + 1) * d], &want));
+                maxd = maxd.max(max_abs_diff(cache.k(l).row(j), &want));
                 moved += 1;
             }
         }
         // Non-vacuous: the moved rows really changed (their position changed by 4).
-        let changed = !bits_equal(&cache.k(0)[3 * d..4 * d], &before[7 * d..8 * d]);
+        let changed = !bits_equal(cache.k(0).row(3), &before[7 * d..8 * d]);
         let pos_ok = cache.positions() == (0..(n - 4) as u32).collect::<Vec<_>>();
         Ok(with_digest(rung(
             "R3",

@@ -31,6 +31,7 @@
 //! per-head path a prefill takes, for any thread count (decode == prefill).
 
 use super::AttentionShape;
+use crate::kv::KvRows;
 use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
 use fak_tensor::pool::{part_range, Disjoint};
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
@@ -47,7 +48,8 @@ const KEY_BLOCK: usize = 128;
 /// those entries of `h`'s KV head (HF `eager_attention_forward` for one query row).
 ///
 /// `q` is the token's `[heads × head_dim]` query (RoPE applied); `keys` and `values`
-/// are the layer's `[entries, kv_dim]` cache (RoPE applied to the keys); `scores` is
+/// are the layer's `[entries, kv_dim]` cache (RoPE applied to the keys), in runs
+/// ([`KvRows`]: where they break changes no bit); `scores` is
 /// scratch, resized here to `heads × (entries − first)` (no allocation when its
 /// capacity already holds that); `out` receives `[heads × head_dim]`. Nothing else is
 /// allocated.
@@ -59,8 +61,8 @@ const KEY_BLOCK: usize = 128;
 pub(crate) fn decode_attention(
     s: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
     first: usize,
     entries: usize,
     scores: &mut Vec<f32>,
@@ -133,9 +135,11 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for (a, b, off) in runs() {
-                let rows = &keys[(first + j0) * kvd + off..];
                 let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
-                dots_for_heads(rows, kvd, q, hd, sc, len, j0..j1);
+                keys.for_runs(first + j0..first + j1, |rows, r| {
+                    let js = r.start - first..r.end - first;
+                    dots_for_heads(&rows[off..], kvd, q, hd, sc, len, js);
+                });
             }
             j0 = j1;
         }
@@ -146,9 +150,11 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for (a, b, off) in runs() {
-                let rows = &values[(first + j0) * kvd + off..];
                 let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
-                sums_for_heads(p, len, j0..j1, rows, kvd, o, hd);
+                values.for_runs(first + j0..first + j1, |rows, r| {
+                    let js = r.start - first..r.end - first;
+                    sums_for_heads(p, len, js, &rows[off..], kvd, o, hd);
+                });
             }
             j0 = j1;
         }
@@ -180,8 +186,8 @@ struct ScoreRows<'a> {
 fn by_ranges(
     s: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: KvRows<'_>,
+    values: KvRows<'_>,
     sc: ScoreRows<'_>,
     out: &mut [f32],
     th: Threads,
@@ -208,14 +214,17 @@ fn by_ranges(
             while j0 < kr.end {
                 let j1 = (j0 + KEY_BLOCK).min(kr.end);
                 for g in 0..kv_heads {
-                    let rows = &keys[(first + j0) * kvd + g * hd..];
-                    for (a, nh) in runs(g) {
-                        // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
-                        // ranges are disjoint), and of them `j0..j1` once, in every
-                        // head's row: no part overlaps another chunk's or its own.
-                        let part = |h: usize| unsafe { all.part(h * len + j0..h * len + j1) };
-                        dots_into(rows, kvd, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
-                    }
+                    keys.for_runs(first + j0..first + j1, |rows, r| {
+                        let (r0, r1) = (r.start - first, r.end - first);
+                        let rows = &rows[g * hd..];
+                        for (a, nh) in runs(g) {
+                            // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
+                            // ranges are disjoint), and of them `r0..r1` once, in every
+                            // head's row: no part overlaps another chunk's or its own.
+                            let part = |h: usize| unsafe { all.part(h * len + r0..h * len + r1) };
+                            dots_into(rows, kvd, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
+                        }
+                    });
                 }
                 j0 = j1;
             }
@@ -251,13 +260,16 @@ fn by_ranges(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for g in 0..kv_heads {
-                let rows = &values[(first + j0) * kvd + g * hd + e0..];
-                for (a, nh) in runs(g) {
-                    // SAFETY: as above; the parts of one call are distinct heads'.
-                    let part = |h: usize| unsafe { all_out.part(h * hd + e0..h * hd + e1) };
-                    let p = |h: usize| &scores[h * len + j0..h * len + j1];
-                    sums_into(p, rows, kvd, nh, part, a);
-                }
+                values.for_runs(first + j0..first + j1, |rows, r| {
+                    let (r0, r1) = (r.start - first, r.end - first);
+                    let rows = &rows[g * hd + e0..];
+                    for (a, nh) in runs(g) {
+                        // SAFETY: as above; the parts of one call are distinct heads'.
+                        let part = |h: usize| unsafe { all_out.part(h * hd + e0..h * hd + e1) };
+                        let p = |h: usize| &scores[h * len + r0..h * len + r1];
+                        sums_into(p, rows, kvd, nh, part, a);
+                    }
+                });
             }
             j0 = j1;
         }
@@ -488,14 +500,33 @@ mod tests {
                 let k: Vec<f32> = (0..entries * kvd).map(|_| r()).collect();
                 let v: Vec<f32> = (0..entries * kvd).map(|_| r()).collect();
                 let want = per_head(s, &q, &k, &v, first);
-                for threads in [1, 2, 3] {
+                // The cache in one run, and cut into runs (a shared prefix's): the
+                // same bits wherever the runs break.
+                let cuts: [&[usize]; 3] = [&[], &[entries / 3], &[1, entries / 2, entries - 1]];
+                for (cut, threads) in cuts.iter().flat_map(|c| [1, 2, 3].map(|t| (c, t))) {
+                    fn cut_runs<'a>(
+                        x: &'a [f32],
+                        kvd: usize,
+                        cut: &[usize],
+                        entries: usize,
+                    ) -> KvRows<'a> {
+                        let mut r = KvRows::contiguous(&x[..0], kvd);
+                        let mut at = 0;
+                        for &c in cut.iter().chain([&entries]) {
+                            let c = c.max(at);
+                            r.push(&x[at * kvd..c * kvd]);
+                            at = c;
+                        }
+                        r
+                    }
+                    let runs = |x| cut_runs(x, kvd, cut, entries);
                     let mut out = vec![f32::NAN; heads * hd];
                     let mut scratch = Vec::new();
                     decode_attention(
                         s,
                         &q,
-                        &k,
-                        &v,
+                        runs(&k),
+                        runs(&v),
                         first,
                         entries,
                         &mut scratch,
@@ -506,7 +537,10 @@ mod tests {
                         .iter()
                         .zip(&want)
                         .all(|(a, b)| a.to_bits() == b.to_bits());
-                    assert!(same, "heads {heads}/{kv_heads} × {hd}, entries {first}..{entries}, {threads} threads");
+                    assert!(
+                        same,
+                        "heads {heads}/{kv_heads} × {hd}, entries {first}..{entries}, runs cut at {cut:?}, {threads} threads"
+                    );
                 }
             }
         }

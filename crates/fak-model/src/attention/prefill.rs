@@ -7,7 +7,7 @@
 //! so the bits are those of one token at a time (decode == prefill).
 
 use super::AttentionShape;
-use crate::kv::window_start;
+use crate::kv::{window_start, KvRows};
 use fak_tensor::{
     dot_strided, dot_strided_multi, parallel_chunks, softmax_in_place, softmax_rows_in_place,
     weighted_rows_accumulate, Threads,
@@ -24,7 +24,8 @@ const QB: usize = 4;
 ///
 /// `q` is the new tokens' `[n, heads × head_dim]` queries (RoPE applied); `keys` and
 /// `values` are the layer's `[entries, kv_dim]` cache (RoPE applied to the keys, the new
-/// tokens' rows already appended); `positions` holds every entry's position
+/// tokens' rows already appended), in runs ([`KvRows`]: where they break changes no
+/// bit); `positions` holds every entry's position
 /// (`[entries]`); `window` is the layer's sliding window (`None`: full causal
 /// attention); `out` receives `[n, heads × head_dim]`.
 ///
@@ -35,15 +36,15 @@ const QB: usize = 4;
 pub(crate) fn prefill_attention(
     s: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    vals: &[f32],
+    keys: KvRows<'_>,
+    vals: KvRows<'_>,
     pos: &[u32],
     window: Option<usize>,
     n: usize,
     attn: &mut [f32],
     th: Threads,
 ) {
-    let (nh, group, hd, kvd, scale) = (s.heads, s.group, s.head_dim, s.kv_dim, s.scale);
+    let (nh, group, hd, scale) = (s.heads, s.group, s.head_dim, s.scale);
     let qd = nh * hd;
     let m = pos.len();
     let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
@@ -55,7 +56,7 @@ pub(crate) fn prefill_attention(
         let c = front_back(c, blocks * nh);
         let (tb, hq) = (c / nh, c % nh);
         let g = hq / group;
-        let (k_at, v_at) = (&keys[g * hd..], &vals[g * hd..]);
+        let (k_at, v_at) = (At(keys, g * hd), At(vals, g * hd));
         let tokens = tb * QB..((tb + 1) * QB).min(n);
         // Token t attends to entries start..=end (end: its own entry).
         let ranges: Vec<(usize, usize)> = tokens
@@ -79,8 +80,8 @@ pub(crate) fn prefill_attention(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             })
             .collect();
-        block_scores(&ranges, &qs, k_at, kvd, scale, &mut scores);
-        block_sums(&ranges, &scores, v_at, kvd, &mut out);
+        block_scores(&ranges, &qs, k_at, scale, &mut scores);
+        block_sums(&ranges, &scores, v_at, &mut out);
     });
     drop(outs);
 }
@@ -96,30 +97,29 @@ fn shared_keys(ranges: &[(usize, usize)]) -> (usize, usize, bool) {
 
 /// The softmaxed scores of one block of tokens for one query head: for token `i`,
 /// `scores[i][j − first] = softmax(scale · qs[i] · k_j)` over its entries
-/// `ranges[i] = (first, last)`, `k_at` the layer's keys from this head's KV head on
-/// (`kvd` apart). The keys every token of a full block sees are read once for the four
+/// `ranges[i] = (first, last)`, `k_at` the layer's keys of this head's KV head. The
+/// keys every token of a full block sees are read once for the four
 /// ([`dot_strided_multi`]); each dot is still the canonical one.
 fn block_scores(
     ranges: &[(usize, usize)],
     qs: &[&[f32]],
-    k_at: &[f32],
-    kvd: usize,
+    k_at: At<'_>,
     scale: f32,
     scores: &mut [Vec<f32>],
 ) {
     let (lo, hi, shared) = shared_keys(ranges);
     // q · k_j for every key each token sees (each one canonical dot).
-    for (i, (&(s, _), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+    for (i, (&(s, e), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+        let dots = |from: usize, to: usize, sc: &mut [f32]| {
+            k_at.for_runs(from..to, |rows, stride, r| {
+                dot_strided(rows, stride, qs[i], &mut sc[r.start - from..r.end - from]);
+            });
+        };
         if shared {
-            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], &mut sc[..lo - s]);
-            dot_strided(
-                rows_from(kvd, k_at, hi + 1),
-                kvd,
-                qs[i],
-                &mut sc[hi + 1 - s..],
-            );
+            dots(s, lo, &mut sc[..lo - s]);
+            dots(hi + 1, e + 1, &mut sc[hi + 1 - s..]);
         } else {
-            dot_strided(rows_from(kvd, k_at, s), kvd, qs[i], sc);
+            dots(s, e + 1, sc);
         }
     }
     if shared {
@@ -127,17 +127,22 @@ fn block_scores(
             unreachable!("a full block has QB tokens")
         };
         let r = ranges;
-        dot_strided_multi(
-            rows_from(kvd, k_at, lo),
-            kvd,
-            [qs[0], qs[1], qs[2], qs[3]],
-            [
-                &mut s0[lo - r[0].0..hi + 1 - r[0].0],
-                &mut s1[lo - r[1].0..hi + 1 - r[1].0],
-                &mut s2[lo - r[2].0..hi + 1 - r[2].0],
-                &mut s3[lo - r[3].0..hi + 1 - r[3].0],
-            ],
-        );
+        let mut outs = [
+            &mut s0[lo - r[0].0..hi + 1 - r[0].0],
+            &mut s1[lo - r[1].0..hi + 1 - r[1].0],
+            &mut s2[lo - r[2].0..hi + 1 - r[2].0],
+            &mut s3[lo - r[3].0..hi + 1 - r[3].0],
+        ];
+        k_at.for_runs(lo..hi + 1, |rows, stride, j| {
+            let (a, b) = (j.start - lo, j.end - lo);
+            let [o0, o1, o2, o3] = &mut outs;
+            dot_strided_multi(
+                rows,
+                stride,
+                [qs[0], qs[1], qs[2], qs[3]],
+                [&mut o0[a..b], &mut o1[a..b], &mut o2[a..b], &mut o3[a..b]],
+            );
+        });
     }
     for sc in scores.iter_mut() {
         sc.iter_mut().for_each(|s| *s *= scale);
@@ -151,13 +156,12 @@ fn block_scores(
 
 /// `out[i] = Σ_j scores[i][j − first] · v_j` for token `i` of a block over its entries
 /// `ranges[i] = (first, last)`, ascending `j`, per element, `v_at` the layer's values
-/// from this head's KV head on (`kvd` apart): the keys before the shared range, the
-/// shared range (four tokens at a time), the keys after it.
+/// of this head's KV head: the keys before the shared range, the shared range (four
+/// tokens at a time), the keys after it.
 fn block_sums(
     ranges: &[(usize, usize)],
     scores: &[Vec<f32>],
-    v_at: &[f32],
-    kvd: usize,
+    v_at: At<'_>,
     out: &mut [std::sync::MutexGuard<'_, &mut [f32]>],
 ) {
     let (lo, hi, shared) = shared_keys(ranges);
@@ -166,9 +170,16 @@ fn block_sums(
     for o in out.iter_mut() {
         o.fill(0.0);
     }
+    // `o += Σ_j p[j − from] · v_j` over entries `from..to`.
+    let sums = |p: &[f32], from: usize, to: usize, o: &mut [f32]| {
+        v_at.for_runs(from..to, |rows, stride, r| {
+            let p = &p[r.start - from..r.end - from];
+            weighted_rows_accumulate([p], rows, stride, [&mut o[..]]);
+        });
+    };
     for ((&(s, e), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
-        let head = if shared { lo - s } else { e + 1 - s };
-        weighted_rows_accumulate([&sc[..head]], rows_from(kvd, v_at, s), kvd, [&mut o[..]]);
+        let end = if shared { lo } else { e + 1 };
+        sums(&sc[..end - s], s, end, &mut o[..]);
     }
     if shared {
         let r = ranges;
@@ -176,19 +187,17 @@ fn block_sums(
         let [o0, o1, o2, o3] = &mut out[..] else {
             unreachable!("a full block has QB tokens")
         };
-        weighted_rows_accumulate(
-            p,
-            rows_from(kvd, v_at, lo),
-            kvd,
-            [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
-        );
-        for ((&(s, _), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
+        v_at.for_runs(lo..hi + 1, |rows, stride, j| {
+            let (a, b) = (j.start - lo, j.end - lo);
             weighted_rows_accumulate(
-                [&sc[hi + 1 - s..]],
-                rows_from(kvd, v_at, hi + 1),
-                kvd,
-                [&mut o[..]],
+                p.map(|p| &p[a..b]),
+                rows,
+                stride,
+                [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
             );
+        });
+        for ((&(s, e), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
+            sums(&sc[hi + 1 - s..], hi + 1, e + 1, &mut o[..]);
         }
     }
 }
@@ -207,8 +216,23 @@ fn front_back(c: usize, n: usize) -> usize {
     }
 }
 
-/// The rows of a `[entries, kvd]` cache slice from entry `j` on (empty past the end,
-/// where no row is read).
-fn rows_from(kvd: usize, rows: &[f32], j: usize) -> &[f32] {
-    &rows[(j * kvd).min(rows.len())..]
+/// One KV head's K or V rows of a layer's cache: the rows and the head's offset in a
+/// row.
+#[derive(Clone, Copy)]
+struct At<'a>(KvRows<'a>, usize);
+
+impl<'a> At<'a> {
+    /// [`KvRows::for_runs`] from the head's offset: `f(rows, stride, entries)`, `rows`
+    /// the head's part of entry `entries.start` on, `stride` apart.
+    fn for_runs(
+        &self,
+        range: std::ops::Range<usize>,
+        mut f: impl FnMut(&'a [f32], usize, std::ops::Range<usize>),
+    ) {
+        if range.is_empty() {
+            return;
+        }
+        let (rows, off) = (self.0, self.1);
+        rows.for_runs(range, |r, j| f(&r[off..], rows.kv_dim(), j));
+    }
 }

@@ -899,7 +899,7 @@ impl Model {
             // `r` are disjoint (each sequence has its own rows of the batch), and chunk
             // `i` alone takes score buffer `i`.
             let (out, sc) = unsafe { (outs.part(r.clone()), &mut rows.part(i..i + 1)[0]) };
-            decode_attention(shape, q, keys, vals, *first, *m, sc, out, Threads::new(1));
+            decode_attention(shape, q, *keys, *vals, *first, *m, sc, out, Threads::new(1));
         });
     }
 
