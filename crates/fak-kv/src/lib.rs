@@ -20,7 +20,11 @@
 //!
 //! - **batch invariance**: sessions attached to a [`Batcher`] run their passes together
 //!   ([`fak_model::Model::forward_batch`]: one pass over the weights for all of them),
-//!   each with the bits of its solo run ([`batch`]).
+//!   each with the bits of its solo run ([`batch`]);
+//! - **shared prefixes stored once**: [`KvCache::freeze`] makes a cache's entries an
+//!   immutable reference-counted block that clones read in place (copy on write from
+//!   the first entry an eviction renumbers), with the bits of private copies
+//!   (`tests/shared_prefix.rs`).
 //!
 //! On top of the session: [`sampling`] (greedy, temperature, top-k/p, min-p, repetition
 //! penalty, seeded), [`grammar`] (constrained decoding: a JSON schema's or a Lark
