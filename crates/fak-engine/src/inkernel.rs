@@ -576,13 +576,13 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
     }) {
         return;
     }
+    // Tripped when the client's stream is dropped: checked between prefill chunks and
+    // before each decode step, and by the batcher before each pass.
+    let cancel = sink.cancel_handle().clone();
     if let Some(b) = s.batcher.get() {
         // The same model: the session was cloned from this driver's.
-        let _ = session.attach(b);
+        let _ = session.attach_cancellable(b, cancel.shared_flag());
     }
-    // Tripped when the client's stream is dropped: checked between prefill chunks and
-    // before each decode step.
-    let cancel = sink.cancel_handle().clone();
     let mut sender = PieceSender::new(&sink, tools.as_deref().map(ToolCallParser::new));
     let out = generate_text_with_logprobs(
         &mut session,

@@ -444,6 +444,11 @@ impl CancelHandle {
     pub fn flag(&self) -> &std::sync::atomic::AtomicBool {
         &self.0
     }
+
+    /// The flag, shared (for [`fak_kv::Session::attach_cancellable`]).
+    pub fn shared_flag(&self) -> std::sync::Arc<std::sync::atomic::AtomicBool> {
+        std::sync::Arc::clone(&self.0)
+    }
 }
 
 /// A connected sink and stream.

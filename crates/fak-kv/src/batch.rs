@@ -31,6 +31,7 @@ use crate::cache::KvCache;
 use crate::Session;
 use fak_model::{BatchSeq, ForwardScratch, LogitsWanted, Model, ModelError};
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -89,6 +90,9 @@ struct Call {
     reply: Arc<Reply>,
     /// When it was handed over (the order prompts are served in).
     seq: u64,
+    /// The session's cancel flag ([`Session::attach_cancellable`]): once set, the
+    /// call's remaining pieces do not run.
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 /// What a finished call hands back.
@@ -197,14 +201,16 @@ impl Batcher {
 pub(crate) struct Member {
     batcher: Batcher,
     reply: Arc<Reply>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Member {
-    pub(crate) fn join(batcher: &Batcher) -> Member {
+    pub(crate) fn join(batcher: &Batcher, cancel: Option<Arc<AtomicBool>>) -> Member {
         lock(&batcher.inner.state).attached += 1;
         Member {
             batcher: batcher.clone(),
             reply: Arc::new(Reply::default()),
+            cancel,
         }
     }
 
@@ -239,6 +245,7 @@ impl Member {
                 result: Ok(()),
                 reply: Arc::clone(&self.reply),
                 seq,
+                cancel: self.cancel.clone(),
             });
         }
         inner.arrived.notify_all();
@@ -315,7 +322,19 @@ impl Inner {
                 continue;
             }
             first = None;
-            let mut calls: Vec<Call> = std::mem::take(&mut st.waiting);
+            let mut calls: Vec<Call> = Vec::new();
+            // A cancelled call goes back at once, its pieces that ran with it (the
+            // session rolls them back).
+            for c in std::mem::take(&mut st.waiting) {
+                if c.cancel.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
+                    finish(c, Err(ModelError::InvalidInput(CANCELLED.into())));
+                } else {
+                    calls.push(c);
+                }
+            }
+            if calls.is_empty() {
+                continue;
+            }
             calls.sort_by_key(|c| c.seq);
             let pieces = self.plan(&calls, st.attached);
             drop(st);
@@ -445,6 +464,9 @@ impl Inner {
     }
 }
 
+/// The message of a call handed back because its session's cancel flag was set.
+const CANCELLED: &str = "cancelled";
+
 /// Hands a finished call back to its session.
 fn finish(c: Call, r: Result<(), ModelError>) {
     let Call {
@@ -469,7 +491,29 @@ impl Session {
         if !Arc::ptr_eq(batcher.model(), self.model()) {
             return Err(crate::SessionError::ModelMismatch);
         }
-        self.set_member(Some(Member::join(batcher)));
+        self.set_member(Some(Member::join(batcher, None)));
+        Ok(())
+    }
+
+    /// [`Session::attach`] with a cancel flag: once `cancel` is set, a call of this
+    /// session still waiting in the batcher (a prompt whose pieces run over several
+    /// passes beside other sessions' decode steps) is handed back before its next
+    /// piece, failing as [`crate::SessionError::Model`] and rolled back like any failed
+    /// call, so a client that goes away frees its rows within one pass rather than at
+    /// the end of its prefill chunk. [`crate::generate_text`] given the same flag
+    /// reports [`crate::FinishReason::Cancelled`].
+    ///
+    /// # Errors
+    /// As [`Session::attach`].
+    pub fn attach_cancellable(
+        &mut self,
+        batcher: &Batcher,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<(), crate::SessionError> {
+        if !Arc::ptr_eq(batcher.model(), self.model()) {
+            return Err(crate::SessionError::ModelMismatch);
+        }
+        self.set_member(Some(Member::join(batcher, Some(cancel))));
         Ok(())
     }
 
@@ -513,6 +557,7 @@ mod tests {
             result: Ok(()),
             reply: Arc::new(Reply::default()),
             seq,
+            cancel: None,
         }
     }
 

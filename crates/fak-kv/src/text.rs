@@ -239,7 +239,12 @@ pub fn generate_text_with_logprobs(
         if cancelled() {
             break;
         }
-        session.prefill(piece)?;
+        match session.prefill(piece) {
+            // A batcher hands a cancelled session's piece back unrun
+            // (`Session::attach_cancellable`); the session rolled it back.
+            Err(_) if cancelled() => break,
+            r => r?,
+        };
         prefilled += piece.len();
     }
     let prefill_s = t0.elapsed().as_secs_f64();
@@ -416,11 +421,18 @@ pub fn generate_text_with_logprobs(
             });
             ready = Some(step);
         }
-        if head_rows {
-            session.decode_rows(next, &rows)?;
-            out.head_rows_steps += 1;
+        let stepped = if head_rows {
+            session.decode_rows(next, &rows).map(|_| true)
         } else {
-            session.decode(next)?;
+            session.decode(next).map(|_| false)
+        };
+        match stepped {
+            // As for the prefill: cancelled while waiting in a batcher.
+            Err(_) if cancelled() => {
+                out.finish_reason = FinishReason::Cancelled;
+                break;
+            }
+            r => out.head_rows_steps += usize::from(r?),
         }
         out.decode_steps += 1;
     }

@@ -242,3 +242,49 @@ fn batched_text_generation_equals_solo_with_each_sessions_sampling() {
     println!("{st:?}");
     assert!(st.max_sequences > 1, "{st:?}");
 }
+
+/// A cancelled session's prompt leaves the batcher before its next piece: with another
+/// session attached and idle, every pass waits out the gather window, so a 120-token
+/// prompt in pieces of at most 4 rows would take 30 passes; the flag is set after the
+/// second, the call comes back failed within a pass or two, and the session is rolled
+/// back to what it held (so it equals a session that never ran the prompt).
+#[test]
+fn a_cancelled_prompt_leaves_the_batch_within_a_pass() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let m = Arc::new(Model::load(&testdata().join("tiny").join("llama-tied")).unwrap());
+    let vocab = m.config().vocab_size;
+    let policy = BatchPolicy {
+        max_rows: 4,
+        min_prefill_rows: 4,
+        gather: Duration::from_millis(30),
+    };
+    let batcher = Batcher::new(Arc::clone(&m), policy).unwrap();
+    let mut idle = Session::new(Arc::clone(&m));
+    idle.attach(&batcher).unwrap();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let mut s = Session::new(Arc::clone(&m));
+    s.prefill(&tokens(1, vocab).0).unwrap();
+    let before = s.cache().clone();
+    s.attach_cancellable(&batcher, Arc::clone(&cancel)).unwrap();
+    let prompt: Vec<u32> = (0..120).map(|i| (i * 7 % vocab) as u32).collect();
+    let ran = std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while batcher.stats().passes < 2 {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            cancel.store(true, Ordering::Relaxed);
+        });
+        s.prefill(&prompt)
+    });
+    let passes = batcher.stats().passes;
+    assert!(ran.is_err(), "the prompt ran to its end");
+    assert!(passes < 10, "{passes} passes ran before the call came back");
+    assert_eq!(
+        s.cache(),
+        &before,
+        "the cancelled pieces were not rolled back"
+    );
+    s.detach();
+    idle.detach();
+    assert_eq!(batcher.stats().attached, 0);
+}
