@@ -105,6 +105,7 @@ struct Reply {
     ready: Condvar,
 }
 
+#[derive(Default)]
 struct State {
     waiting: Vec<Call>,
     attached: usize,
@@ -161,13 +162,7 @@ impl Batcher {
         let inner = Arc::new(Inner {
             model,
             policy,
-            state: Mutex::new(State {
-                waiting: Vec::new(),
-                attached: 0,
-                next_seq: 0,
-                shutdown: false,
-                stats: BatchStats::default(),
-            }),
+            state: Mutex::new(State::default()),
             arrived: Condvar::new(),
         });
         let run = Arc::clone(&inner);
@@ -534,13 +529,7 @@ mod tests {
         Inner {
             model,
             policy: BatchPolicy::default(),
-            state: Mutex::new(State {
-                waiting: Vec::new(),
-                attached: 0,
-                next_seq: 0,
-                shutdown: false,
-                stats: BatchStats::default(),
-            }),
+            state: Mutex::new(State::default()),
             arrived: Condvar::new(),
         }
     }

@@ -24,3 +24,16 @@ pub(crate) struct AttentionShape {
     /// Multiplier of every score (HF's `scaling`).
     pub scale: f32,
 }
+
+impl AttentionShape {
+    /// The shape of every layer of a model of `config`.
+    pub(crate) fn of(c: &crate::Config) -> Self {
+        AttentionShape {
+            heads: c.num_attention_heads,
+            group: c.num_attention_heads / c.num_key_value_heads,
+            head_dim: c.head_dim,
+            kv_dim: c.kv_dim(),
+            scale: c.attention_scale,
+        }
+    }
+}

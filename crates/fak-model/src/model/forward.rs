@@ -830,20 +830,13 @@ impl Model {
         attn: &mut [f32],
     ) {
         let c = &self.config;
-        let (nh, nkv) = (c.num_attention_heads, c.num_key_value_heads);
         let th = self.threads;
         let keys = kv.keys(l);
         let vals = kv.values(l);
         let pos = kv.positions();
         let m = pos.len();
         let window = c.sliding_window[l];
-        let shape = AttentionShape {
-            heads: nh,
-            group: nh / nkv,
-            head_dim: c.head_dim,
-            kv_dim: c.kv_dim(),
-            scale: c.attention_scale,
-        };
+        let shape = AttentionShape::of(c);
         if n == 1 {
             let first = window_start(pos, m - 1, window);
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
@@ -868,13 +861,7 @@ impl Model {
     ) {
         let c = &self.config;
         let qd = c.q_dim();
-        let shape = AttentionShape {
-            heads: c.num_attention_heads,
-            group: c.num_attention_heads / c.num_key_value_heads,
-            head_dim: c.head_dim,
-            kv_dim: c.kv_dim(),
-            scale: c.attention_scale,
-        };
+        let shape = AttentionShape::of(c);
         let window = c.sliding_window[l];
         // (query, keys, values, first entry, entries, output rows) per sequence.
         let items: Vec<_> = segs
