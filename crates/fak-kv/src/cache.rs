@@ -277,17 +277,16 @@ impl KvCache {
     /// positions, plus every shared block any of them reads counted once (whole blocks:
     /// rows no cache reads any more stay in memory while the block lives).
     pub fn bytes_held<'a>(caches: impl IntoIterator<Item = &'a KvCache>) -> usize {
-        let mut seen: Vec<*const Frozen> = Vec::new();
+        let mut seen: std::collections::HashSet<*const Frozen> = Default::default();
         let mut total = 0;
         for c in caches {
             total += c.bytes_private();
             let mut block = c.shared.as_ref();
             while let Some(b) = block {
-                let ptr = Arc::as_ptr(b);
-                if seen.contains(&ptr) {
+                // A block seen before: it and the blocks it continues are counted.
+                if !seen.insert(Arc::as_ptr(b)) {
                     break;
                 }
-                seen.push(ptr);
                 total += b.own_bytes();
                 block = b.parent.as_ref().map(|p| &p.0);
             }
