@@ -9,7 +9,10 @@
 //! longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its
 //! text through the job's channel, and stops within one token once the stream is
 //! dropped. Its final session is then kept for later requests, within
-//! `kv_budget_bytes`.
+//! `kv_budget_bytes`. A request for `n > 1` choices ([`EngineDriver::submit_n`]) is one
+//! job: the prompt prefilled once, the session cloned per choice, each choice decoded
+//! from its clone (on its own thread through the batcher when `parallel > 1`, else one
+//! after another), choice 0's final session kept.
 
 use crate::prefix::{start_session, Partition, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, ToolCallParser, ToolPrompt};

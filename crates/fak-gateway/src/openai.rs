@@ -6,7 +6,7 @@
 //! `messages` (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or
 //! an array of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default:
 //! the rest of the context window), `temperature` (default 1), `top_p`, `seed`, `stop`
-//! (string or list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools`
+//! (string or list), `stream`, `stream_options.include_usage`, `n` (see below), `tools`
 //! (functions) and `tool_choice` (`none`, `auto`, `required`, or a named function),
 //! assistant `tool_calls` and `tool` results in the history, `logprobs` and
 //! `top_logprobs`. `/v1/completions` takes `prompt` as a string, a list of strings, a
@@ -27,6 +27,20 @@
 //! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
 //! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
 //! field, never silently ignored.
+//!
+//! **Choices (`n`).** `n` in 1..=[`MAX_CHOICES`] (default 1; outside it a 400 naming the
+//! bound) gives `n` choices with `index` 0..n-1 (on `/v1/completions` with a list of
+//! prompts, prompt `p`'s choice `i` has `index` `p * n + i`, at most [`MAX_PROMPTS`]
+//! choices in all), from one prefilled prompt on the in-kernel engine
+//! ([`fak_engine::EngineDriver::submit_n`]). Choice `i` samples with
+//! [`fak_engine::choice_seed`]`(seed, i)`, so choice 0 is the `n = 1` reply with the same
+//! seed. Each choice has its own stop strings, grammar (`response_format`, `grammar`,
+//! a forced tool call), logprobs and tool calls, adjudicated choice by choice; with
+//! `n > 1` each `fak.tool_calls` entry names its `choice`, and a choice's grammar dead
+//! end is told in its own `choices[i].fak`. `usage` counts the prompt once and sums the
+//! completions. Streamed, the choices' chunks interleave (as their tokens come), each
+//! chunk with its choice's `index`; each choice has its own first (role) chunk and last
+//! chunk (`finish_reason`, its `fak`), and the usage chunk comes once after them all.
 //!
 //! **Logprobs.** `logprobs: true` (with `top_logprobs` 0..=20, default 0; outside that
 //! range, or `top_logprobs` without `logprobs: true`, is a 400) returns
