@@ -383,3 +383,44 @@ fn n_outside_its_range_is_a_400_naming_the_bound() {
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("72 choices"), "{}", r.body);
 }
+
+/// `--max-kv-mb` bounds the `n` sequences together, each counting the prompt: room for
+/// `n` replies cuts each at its share (`length`), no room for one token each is a 400
+/// naming `n`, while `n = 1` has the whole limit.
+#[fak_testkit::real_model]
+fn the_kv_limit_holds_for_the_choices_together() {
+    let (path, m) = model();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let per_token = fak_kv::KvCache::new(m.config(), 1).bytes_per_token();
+    let cfg = EngineConfig {
+        kv_budget_bytes: 0,
+        max_kv_bytes: Some(per_token * 120),
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
+    let srv = start(Arc::new(d), GatewayConfig::default());
+    let mut b = chat(None, 0, 0.0, false);
+    b["max_tokens"] = json!(60);
+    let one = ok(post(srv.addr, "/v1/chat/completions", &b));
+    let prompt = one["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt < 40, "{prompt}");
+    // n = 1: the whole limit, 60 tokens fit.
+    assert_eq!(one["choices"][0]["finish_reason"], "length");
+    assert_eq!(one["usage"]["completion_tokens"], 60);
+    // n = 2: 60 tokens each, so 60 - prompt tokens of reply each.
+    b["n"] = json!(2);
+    let two = ok(post(srv.addr, "/v1/chat/completions", &b));
+    assert_eq!(
+        two["usage"]["completion_tokens"],
+        2 * (60 - prompt),
+        "{two}"
+    );
+    for c in two["choices"].as_array().unwrap() {
+        assert_eq!(c["finish_reason"], "length");
+    }
+    // n = 4: 30 tokens each, less than the prompt.
+    b["n"] = json!(4);
+    let r = post(srv.addr, "/v1/chat/completions", &b);
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert!(r.body.contains("n = 4 choices"), "{}", r.body);
+}
