@@ -9,7 +9,9 @@ text), usage equal to the tokenizer's counts, cached tokens on a repeated reques
 content, each the top of its three alternatives), `chat.completions.parse` with a pydantic
 `response_format` and JSON mode (constrained decoding), /v1/completions with the prompt as HF's
 token ids (HF's text; a list of two prompts as two choices; an id outside the vocabulary a
-400), /v1/models, and the error cases (status and SDK exception class). On the real model, a
+400), `n=3` streamed and not (three choices by index, each HF's greedy text, the prompt
+counted once in usage; sampled with a seed, choice 0 equal to the `n=1` request, text and
+logprobs), /v1/models, and the error cases (status and SDK exception class). On the real model, a
 forced tool call that the 135M model writes malformed fails closed (no tool call, the
 `fak` field says MALFORMED). Against FAK_MOCK_BASE (`fak serve --engine mock`, whose
 replies go through the same tool-call parser): tool calls parsed into the SDKs' types on
@@ -116,6 +118,52 @@ def openai_logprobs():
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, logprobs=True, top_logprobs=21))
 
 
+def openai_n_choices():
+    # n=3 greedy: three choices by index, each HF's text; the prompt counted once.
+    r = oa.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, n=3)
+    eq([c.index for c in r.choices], [0, 1, 2])
+    eq([(c.message.content, c.finish_reason) for c in r.choices], [(TEXT, "stop")] * 3)
+    eq(r.usage.prompt_tokens, N_PROMPT)
+    eq(r.usage.completion_tokens, 3 * N_COMPLETION)
+    # Sampled with a seed: choice 0 is the n=1 request with that seed.
+    kw = dict(model=MODEL, messages=MESSAGES, temperature=1, seed=42, max_tokens=16, logprobs=True)
+    r3 = oa.chat.completions.create(n=3, **kw)
+    r1 = oa.chat.completions.create(**kw)
+    eq(len(r3.choices), 3)
+    eq(r3.choices[0].message.content, r1.choices[0].message.content)
+    eq(
+        [(t.token, t.logprob) for t in r3.choices[0].logprobs.content],
+        [(t.token, t.logprob) for t in r1.choices[0].logprobs.content],
+    )
+    eq(r3.usage.prompt_tokens, r1.usage.prompt_tokens)
+
+
+def openai_n_choices_stream():
+    chunks = list(
+        oa.chat.completions.create(
+            model=MODEL,
+            messages=MESSAGES,
+            temperature=0,
+            n=3,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    texts, finishes = {}, {}
+    for c in chunks:
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            if ch.finish_reason:
+                finishes.setdefault(ch.index, []).append(ch.finish_reason)
+    eq(texts, {0: TEXT, 1: TEXT, 2: TEXT})
+    eq(finishes, {0: ["stop"], 1: ["stop"], 2: ["stop"]})
+    # One usage chunk, the last, with no choices.
+    eq([i for i, c in enumerate(chunks) if c.usage], [len(chunks) - 1])
+    eq(chunks[-1].choices, [])
+    eq(chunks[-1].usage.prompt_tokens, N_PROMPT)
+    eq(chunks[-1].usage.completion_tokens, 3 * N_COMPLETION)
+
+
 class Person(pydantic.BaseModel):
     name: str
     age: int
@@ -156,7 +204,7 @@ def models_retrieve():
 def openai_errors():
     raises(openai.NotFoundError, 404, lambda: oa.chat.completions.create(model="nope", messages=MESSAGES))
     raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=0))
-    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, n=2))
+    raises(openai.BadRequestError, 400, lambda: oa.chat.completions.create(model=MODEL, messages=MESSAGES, n=17), "1..=16")
     raises(
         openai.BadRequestError,
         400,
@@ -485,6 +533,8 @@ for name, fn in [
     ("openai errors (404, 400 x4, 413, 401)", openai_errors),
     ("openai completions", openai_completions),
     ("openai completions, prompt as token ids", openai_completions_token_ids),
+    ("openai n=3: choices by index, greedy alike, seeded choice 0 == n=1, usage", openai_n_choices),
+    ("openai n=3 streamed: choices by index, one usage chunk", openai_n_choices_stream),
     ("anthropic messages", anthropic_message),
     ("anthropic stream == whole text", anthropic_stream),
     ("anthropic system + stop_sequences", anthropic_system_and_stop),

@@ -226,12 +226,28 @@ impl EngineDriver for AliasedDriver {
         self.inner.readiness()
     }
 
-    fn submit(&self, mut req: GenerateRequest) -> Result<EventStream, EngineError> {
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        crate::single(self.submit_n(req, 1)?)
+    }
+
+    /// The inner driver's `submit_n`, the model resolved as for `submit`.
+    fn submit_n(
+        &self,
+        mut req: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<EventStream>, EngineError> {
+        let inner = |req: GenerateRequest| {
+            if n == 1 {
+                self.inner.submit(req).map(|s| vec![s])
+            } else {
+                self.inner.submit_n(req, n)
+            }
+        };
         let Some(asked) = req.model.clone() else {
-            return self.inner.submit(req);
+            return inner(req);
         };
         let Some(target) = self.resolve_model(&asked) else {
-            return self.inner.submit(req);
+            return inner(req);
         };
         if let Some(raw) = &mut req.raw {
             raw.body = replace_model(&raw.body, &target)
@@ -241,9 +257,7 @@ impl EngineDriver for AliasedDriver {
                 .into();
         }
         req.model = Some(target.clone());
-        self.inner
-            .submit(req)
-            .map_err(|e| Self::as_asked(e, &asked, &target))
+        inner(req).map_err(|e| Self::as_asked(e, &asked, &target))
     }
 
     fn stats(&self) -> EngineStats {

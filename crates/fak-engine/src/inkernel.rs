@@ -9,7 +9,10 @@
 //! longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its
 //! text through the job's channel, and stops within one token once the stream is
 //! dropped. Its final session is then kept for later requests, within
-//! `kv_budget_bytes`.
+//! `kv_budget_bytes`. A request for `n > 1` choices ([`EngineDriver::submit_n`]) is one
+//! job: the prompt prefilled once, the session cloned per choice, each choice decoded
+//! from its clone (on its own thread through the batcher when `parallel > 1`, else one
+//! after another), choice 0's final session kept.
 
 use crate::prefix::{start_session, Partition, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, ToolCallParser, ToolPrompt};
@@ -211,7 +214,8 @@ struct Job {
     /// takes the job.
     params: TextParams,
     grammar: GrammarWork,
-    sink: EventSink,
+    /// One sink per choice ([`EngineDriver::submit_n`]; one for `submit`).
+    sinks: Vec<EventSink>,
     /// For a chat request: the reply's forced head (may be empty), for the tool-call
     /// parser. Every chat reply is parsed, tools offered or not, so that call markup never
     /// reaches a client unjudged (a call of a tool not offered is denied above).
@@ -232,9 +236,9 @@ struct Shared {
     /// Set by [`EngineDriver::drain`]: `submit` refuses, the queue stays empty.
     draining: AtomicBool,
     active: AtomicUsize,
-    /// The cancel handle of each worker's running job (by worker index), for
-    /// [`EngineDriver::cancel_all`].
-    running: Mutex<Vec<Option<CancelHandle>>>,
+    /// The cancel handles of each worker's running job (by worker index; one per
+    /// choice), for [`EngineDriver::cancel_all`].
+    running: Mutex<Vec<Vec<CancelHandle>>>,
     prefix: Mutex<PrefixCache>,
     /// With more than one slot: the thread that runs every slot's forward passes
     /// together (continuous batching, [`fak_kv::Batcher`]), started with the workers.
@@ -315,7 +319,7 @@ impl InKernelDriver {
             shutdown: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             active: AtomicUsize::new(0),
-            running: Mutex::new(vec![None; config.parallel.max(1)]),
+            running: Mutex::new(vec![Vec::new(); config.parallel.max(1)]),
             prefix: Mutex::new(PrefixCache::new(config.kv_budget_bytes)),
             batcher: OnceLock::new(),
             config,
@@ -341,23 +345,33 @@ impl InKernelDriver {
         (limit, (limit / per_token).max(1))
     }
 
-    /// The tokens a generation after a prompt of `prompt_tokens` may add before its KV
-    /// cache reaches [`EngineConfig::max_kv_bytes`].
+    /// The tokens each of `n` choices after a prompt of `prompt_tokens` may add before
+    /// their KV caches together reach [`EngineConfig::max_kv_bytes`] (each choice's
+    /// cache holds the prompt: `n` × (prompt + reply) tokens at most).
     ///
     /// # Errors
-    /// [`EngineError::InvalidRequest`] naming the limit when the prompt alone leaves no
-    /// room for one generated token.
-    fn kv_room(&self, l: &Loaded, prompt_tokens: usize) -> Result<usize, EngineError> {
+    /// [`EngineError::InvalidRequest`] naming the limit (and `n` when above 1) when the
+    /// prompt alone leaves no room for one generated token per choice.
+    fn kv_room(&self, l: &Loaded, prompt_tokens: usize, n: usize) -> Result<usize, EngineError> {
         let (limit, tokens) = self.kv_tokens(l);
-        if prompt_tokens >= tokens {
+        let each = tokens / n.max(1);
+        if prompt_tokens >= each {
             let per_token = l.empty.cache().bytes_per_token();
+            let (choices, whose) = if n > 1 {
+                (
+                    format!(" for each of n = {n} choices ({each} tokens each)"),
+                    "one request's KV caches",
+                )
+            } else {
+                (String::new(), "one generation's KV cache")
+            };
             return Err(EngineError::InvalidRequest(format!(
-                "the prompt has {prompt_tokens} tokens, whose KV cache ({:.1} MB at {per_token} bytes a token) leaves no room for a reply under the limit of one generation's KV cache, {:.1} MB ({tokens} tokens of this model)",
+                "the prompt has {prompt_tokens} tokens, whose KV cache ({:.1} MB at {per_token} bytes a token) leaves no room for a reply{choices} under the limit of {whose}, {:.1} MB ({tokens} tokens of this model)",
                 prompt_tokens.saturating_mul(per_token) as f64 / MB,
                 limit as f64 / MB,
             )));
         }
-        Ok(tokens - prompt_tokens)
+        Ok(each - prompt_tokens)
     }
 
     /// Drops every kept session (a cold cache).
@@ -508,42 +522,50 @@ fn worker(s: &Shared, index: usize) {
             continue;
         };
         s.active.fetch_add(1, Ordering::SeqCst);
-        let sink = job.sink.clone();
-        let cancel = sink.cancel_handle().clone();
-        set_running(s, index, Some(cancel.clone()));
+        let sinks = job.sinks.clone();
+        let cancels: Vec<CancelHandle> = sinks.iter().map(|k| k.cancel_handle().clone()).collect();
+        set_running(s, index, cancels.clone());
         // A job taken just as the grace ended (after cancel_all swept the slots).
         if s.shutdown.load(Ordering::SeqCst) {
-            cancel.cancel();
+            cancels.iter().for_each(CancelHandle::cancel);
         }
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| run_job(s, &loaded, job)));
-        if r.is_err() {
-            sink.send(EngineEvent::Error(EngineError::Internal(
-                "the generation panicked".into(),
-            )));
-        } else if cancel.is_cancelled() && s.shutdown.load(Ordering::SeqCst) {
-            // Cancelled by the shutdown with its stream still held: say so.
-            sink.send(EngineEvent::Error(EngineError::ShuttingDown));
+        for (sink, cancel) in sinks.iter().zip(&cancels) {
+            if r.is_err() {
+                sink.send(EngineEvent::Error(EngineError::Internal(
+                    "the generation panicked".into(),
+                )));
+            } else if cancel.is_cancelled() && s.shutdown.load(Ordering::SeqCst) {
+                // Cancelled by the shutdown with its stream still held: say so.
+                sink.send(EngineEvent::Error(EngineError::ShuttingDown));
+            }
         }
-        set_running(s, index, None);
+        set_running(s, index, Vec::new());
         s.active.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-fn set_running(s: &Shared, index: usize, h: Option<CancelHandle>) {
+fn set_running(s: &Shared, index: usize, h: Vec<CancelHandle>) {
     if let Some(slot) = lock(&s.running).get_mut(index) {
         *slot = h;
     }
 }
 
-fn run_job(s: &Shared, l: &Loaded, job: Job) {
+fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
+    if job.sinks.len() > 1 {
+        return run_choices(s, l, job);
+    }
+    let Some(sink) = job.sinks.pop() else {
+        return;
+    };
     let Job {
         ids,
         mut params,
         grammar,
-        sink,
         tools,
         ledger,
         partition,
+        ..
     } = job;
     if sink.is_closed() {
         return; // the client left while queued
@@ -605,28 +627,199 @@ fn run_job(s: &Shared, l: &Loaded, job: Job) {
             if out.finish_reason == FinishReason::Cancelled {
                 return;
             }
-            if !sender.finish(out.finish_reason) {
-                return;
-            }
-            let stop_sequence = stop_sequence_hit(&out, &params, &l.tokenizer);
-            if let Some(why) = &out.dead_end {
-                tracing::warn!("the reply's grammar allowed no next token: {why}");
-            }
-            sink.send(EngineEvent::Done(Done {
-                completion_tokens: out.completion_ids.len(),
-                completion_ids: out.completion_ids,
-                finish_reason: out.finish_reason,
-                stop_sequence,
-                dead_end: out.dead_end,
-                ttft_s: out.ttft_s,
-                decode_s: out.decode_s,
-                prompt_usage: None,
-            }));
+            send_done(&sink, sender, out, &params, l, 0.0);
         }
         Err(e) => {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
         }
     }
+}
+
+/// Ends a reply that was not cancelled: the parser's last events, then `Done` (its
+/// TTFT plus `prefill_s`, a prefill timed before the generation).
+fn send_done(
+    sink: &EventSink,
+    sender: PieceSender<'_>,
+    out: fak_kv::TextOutput,
+    params: &TextParams,
+    l: &Loaded,
+    prefill_s: f64,
+) {
+    if !sender.finish(out.finish_reason) {
+        return;
+    }
+    let stop_sequence = stop_sequence_hit(&out, params, &l.tokenizer);
+    if let Some(why) = &out.dead_end {
+        tracing::warn!("the reply's grammar allowed no next token: {why}");
+    }
+    sink.send(EngineEvent::Done(Done {
+        completion_tokens: out.completion_ids.len(),
+        completion_ids: out.completion_ids,
+        finish_reason: out.finish_reason,
+        stop_sequence,
+        dead_end: out.dead_end,
+        ttft_s: prefill_s + out.ttft_s,
+        decode_s: out.decode_s,
+        prompt_usage: None,
+    }));
+}
+
+/// Whether every choice's client left (or its generation was cancelled).
+fn all_gone(sinks: &[EventSink]) -> bool {
+    sinks
+        .iter()
+        .all(|k| k.is_closed() || k.cancel_handle().is_cancelled())
+}
+
+/// Sends `e` to every choice.
+fn fail_all(sinks: &[EventSink], e: &EngineError) {
+    for k in sinks {
+        k.send(EngineEvent::Error(e.clone()));
+    }
+}
+
+/// A job of `n > 1` choices ([`EngineDriver::submit_n`]): the grammar compiled and the
+/// prompt prefilled once (from the longest cached prefix, in
+/// [`fak_model::Model::prefill_chunk`] batches, stopping between them once every
+/// choice's client has left), then the session cloned for each choice, and each choice
+/// generated from its clone with its own sampler ([`crate::choice_seed`]), grammar
+/// state, stop strings, tool-call parser and logprobs. Choice 0's session is the same
+/// bits as an `n = 1` run's (prefill in the same batches, then the same sampling), so
+/// its reply is too. With a batcher (`parallel > 1`) every choice runs on its own
+/// thread, attached, so their decode steps share passes; without one they run one
+/// after another on this thread. Choice 0's final session is kept in the reuse cache
+/// (the prompt's prefix serves a follow-up of any choice).
+fn run_choices(s: &Shared, l: &Loaded, job: Job) {
+    let Job {
+        ids,
+        mut params,
+        grammar,
+        sinks,
+        tools,
+        ledger,
+        partition,
+    } = job;
+    if all_gone(&sinks) {
+        return; // every client left while queued
+    }
+    params.grammar = match l.compile_work(&grammar) {
+        Ok(g) => g,
+        Err(e) => return fail_all(&sinks, &e),
+    };
+    if all_gone(&sinks) {
+        return;
+    }
+    let hit = if s.config.kv_budget_bytes > 0 {
+        lock(&s.prefix).lookup_in(&partition, &ids)
+    } else {
+        None
+    };
+    let (mut session, reused) = match start_session(hit, &l.empty) {
+        Ok(x) => x,
+        Err(e) => return fail_all(&sinks, &EngineError::Internal(e.to_string())),
+    };
+    let mut started = false;
+    for k in &sinks {
+        started |= k.send(EngineEvent::Start {
+            prompt_tokens: ids.len(),
+            cached_tokens: reused,
+        });
+    }
+    if !started {
+        return;
+    }
+    let t0 = std::time::Instant::now();
+    if let Some(b) = s.batcher.get() {
+        let _ = session.attach(b);
+    }
+    let chunk = session.model().prefill_chunk().max(1);
+    for piece in ids[reused..].chunks(chunk) {
+        if all_gone(&sinks) {
+            return;
+        }
+        if let Err(e) = session.prefill(piece) {
+            return fail_all(&sinks, &EngineError::Internal(e.to_string()));
+        }
+    }
+    session.detach();
+    let prefill_s = t0.elapsed().as_secs_f64();
+    let n = sinks.len();
+    // Choices 1.. each start from a clone of the prefilled session, choice 0 from it.
+    let others: Vec<Mutex<fak_kv::Session>> = (1..n).map(|_| Mutex::new(session.clone())).collect();
+    let params_of = |i: usize| TextParams {
+        sampling: fak_kv::SamplingParams {
+            seed: crate::choice_seed(params.sampling.seed, i),
+            ..params.sampling.clone()
+        },
+        ..params.clone()
+    };
+    let choice = |i: usize, session: &mut fak_kv::Session| {
+        let sink = &sinks[i];
+        if sink.is_closed() {
+            return None;
+        }
+        if let Some(b) = s.batcher.get() {
+            let _ = session.attach(b);
+        }
+        let p = params_of(i);
+        let cancel = sink.cancel_handle().clone();
+        let mut sender = PieceSender::new(sink, tools.as_deref().map(ToolCallParser::new));
+        let out = generate_text_with_logprobs(
+            session,
+            &l.tokenizer,
+            &[],
+            &p,
+            Some(cancel.flag()),
+            &mut |t, records| {
+                if !sender.piece(t, records) {
+                    cancel.cancel();
+                }
+            },
+        );
+        session.detach();
+        Some((out, sender, p))
+    };
+    // Ends choice `i`'s reply.
+    let report = |i: usize, r: Option<(Result<fak_kv::TextOutput, _>, PieceSender<'_>, _)>| match r
+    {
+        None => {}
+        Some((Ok(out), _, _)) if out.finish_reason == FinishReason::Cancelled => {}
+        Some((Ok(out), sender, p)) => send_done(&sinks[i], sender, out, &p, l, prefill_s),
+        Some((Err(e), _, _)) => {
+            sinks[i].send(EngineEvent::Error(EngineError::Internal(format!("{e}"))));
+        }
+    };
+    let other = |i: usize| {
+        let mut session = lock(&others[i - 1]);
+        let r = choice(i, &mut session);
+        report(i, r);
+    };
+    let batched = s.batcher.get().is_some();
+    std::thread::scope(|scope| {
+        if batched {
+            for i in 1..n {
+                let spawned = std::thread::Builder::new()
+                    .name(format!("fak-choice-{i}"))
+                    .spawn_scoped(scope, move || other(i));
+                if spawned.is_err() {
+                    other(i); // no thread: this one runs here, before choice 0
+                }
+            }
+        }
+        let r = choice(0, &mut session);
+        // Kept before its `Done`, so a follow-up sent on it finds it.
+        if let Some((Ok(out), sender, p)) = r {
+            if s.config.kv_budget_bytes > 0 {
+                lock(&s.prefix).insert_in(&partition, session, ledger);
+            }
+            report(0, Some((Ok(out), sender, p)));
+        } else {
+            report(0, r);
+        }
+        if !batched {
+            (1..n).for_each(other);
+        }
+    });
 }
 
 /// Refuses a conversation of more messages than the context window has tokens (every
@@ -970,7 +1163,7 @@ impl EngineDriver for InKernelDriver {
         self.shared.draining.store(true, Ordering::SeqCst);
         let queued: Vec<Job> = lock(&self.shared.queue).drain(..).collect();
         for j in queued {
-            j.sink.send(EngineEvent::Error(EngineError::ShuttingDown));
+            fail_all(&j.sinks, &EngineError::ShuttingDown);
         }
     }
 
@@ -1026,6 +1219,16 @@ impl EngineDriver for InKernelDriver {
     }
 
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        crate::single(self.submit_n(req, 1)?)
+    }
+
+    /// One job for all `n` choices: the prompt is rendered, checked and prefilled once,
+    /// then each choice decodes from a clone of the session (see `run_choices`). The
+    /// KV limit ([`EngineConfig::max_kv_bytes`]) holds for the `n` sequences together,
+    /// each counting the prompt: a prompt that leaves no room for `n` replies is
+    /// [`EngineError::InvalidRequest`] naming `n`.
+    fn submit_n(&self, req: GenerateRequest, n: usize) -> Result<Vec<EventStream>, EngineError> {
+        crate::check_choices(n)?;
         let l = self.loaded()?;
         check_model(req.model.as_deref(), &self.models())?;
         req.validate()?;
@@ -1055,7 +1258,7 @@ impl EngineDriver for InKernelDriver {
             req.max_tokens_within(ids.len(), context),
             context,
         )?;
-        let max_tokens = max_tokens.min(self.kv_room(&l, ids.len())?);
+        let max_tokens = max_tokens.min(self.kv_room(&l, ids.len(), n)?);
         // Only a prompt that fits the context gets its ledger (one more render and
         // encoding, linear in the prompt).
         let ledger = match (&req.prompt, &prep) {
@@ -1072,7 +1275,8 @@ impl EngineDriver for InKernelDriver {
             logprobs: req.logprobs,
             grammar: None,
         };
-        let (sink, stream) = event_channel();
+        let (sinks, streams): (Vec<EventSink>, Vec<EventStream>) =
+            (0..n).map(|_| event_channel()).unzip();
         {
             let mut q = lock(&self.shared.queue);
             // Checked under the queue's lock, which `drain` empties the queue under.
@@ -1090,14 +1294,14 @@ impl EngineDriver for InKernelDriver {
                 ids,
                 params,
                 grammar,
-                sink,
+                sinks,
                 tools,
                 ledger,
                 partition: Partition::new(&req.cache_partition),
             });
         }
         self.shared.wake.notify_one();
-        Ok(stream)
+        Ok(streams)
     }
 }
 

@@ -53,6 +53,51 @@ pub use tools::{ToolCall, ToolChoice, ToolSpec};
 use std::path::PathBuf;
 use tokio::sync::mpsc;
 
+/// Most choices one request may ask for ([`EngineDriver::submit_n`]'s `n`, the OpenAI
+/// wire's `n`). Each choice is a sequence decoding beside the others (its own KV cache
+/// after the shared prompt), so the bound keeps one request's memory and compute to a
+/// small multiple of one generation's.
+pub const MAX_CHOICES: usize = 16;
+
+/// The sampling seed of choice `index` of a request seeded with `seed`
+/// ([`EngineDriver::submit_n`]): `seed` itself for choice 0 (so choice 0 of an `n > 1`
+/// request is the same text as the `n = 1` request), for the others a SplitMix64 mix
+/// of `seed` and `index` (Steele, Lea and Flood 2014, "Fast splittable pseudorandom
+/// number generators"), so the choices' streams differ and are reproducible.
+pub fn choice_seed(seed: u64, index: usize) -> u64 {
+    if index == 0 {
+        return seed;
+    }
+    let mut z = seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Checks a choice count against `1..=`[`MAX_CHOICES`].
+///
+/// # Errors
+/// [`EngineError::InvalidRequest`] naming `n` and the bound.
+pub fn check_choices(n: usize) -> Result<(), EngineError> {
+    if n == 0 || n > MAX_CHOICES {
+        return Err(EngineError::InvalidRequest(format!(
+            "n = {n}: the number of choices must be in 1..={MAX_CHOICES}"
+        )));
+    }
+    Ok(())
+}
+
+/// The one stream of a one-choice [`EngineDriver::submit_n`].
+///
+/// # Errors
+/// [`EngineError::Internal`] when the driver returned no stream.
+pub fn single(streams: Vec<EventStream>) -> Result<EventStream, EngineError> {
+    streams
+        .into_iter()
+        .next()
+        .ok_or_else(|| EngineError::Internal("the engine started no generation".into()))
+}
+
 /// What to generate from.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Prompt {
@@ -700,7 +745,8 @@ pub struct EngineConfig {
     /// *between* requests. Not to be confused with [`EngineConfig::max_kv_bytes`].
     pub kv_budget_bytes: usize,
     /// Most KV cache one generation may hold, bytes (its prompt and generated tokens,
-    /// at [`fak_kv::KvCache::bytes_per_token`] each): a prompt needing more is
+    /// at [`fak_kv::KvCache::bytes_per_token`] each; the `n` choices of one request
+    /// together, each counting the prompt, [`EngineDriver::submit_n`]): a prompt needing more is
     /// [`EngineError::InvalidRequest`] naming the limit, and a generation reaching it
     /// ends with [`FinishReason::Length`], as at the end of the context window. (The
     /// buffers' allocation past [`fak_kv::KvCache::RESERVED_TOKENS`] entries may round up
@@ -794,6 +840,32 @@ pub trait EngineDriver: Send + Sync + 'static {
     /// [`EngineError::ContextOverflow`], [`EngineError::Overloaded`],
     /// [`EngineError::NotReady`], [`EngineError::LoadFailed`]; nothing is queued then.
     fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError>;
+
+    /// Starts `n` choices of `req` (the OpenAI wire's `n`): `n` streams, each a whole
+    /// generation of its own as [`EngineDriver::submit`] returns one (`Start`, text,
+    /// `Done`), stream `i` sampling with [`choice_seed`]`(req.sampling.seed, i)`, so
+    /// stream 0 is what `submit(req)` gives. Each choice has its own stop strings,
+    /// grammar state, tool-call parser and logprobs; every `Start` carries the same
+    /// prompt counts (the prompt is one prompt, however many choices). Dropping one
+    /// stream cancels that choice only.
+    ///
+    /// The default submits `req` `n` times (the prompt prefilled `n` times, each choice
+    /// its own request: the upstream drivers, the mock). The in-kernel driver prefills
+    /// the prompt once and clones the session `n` times.
+    ///
+    /// # Errors
+    /// [`EngineError::InvalidRequest`] for `n` outside `1..=`[`MAX_CHOICES`]; else as
+    /// [`EngineDriver::submit`] (the streams already started are dropped, so cancelled).
+    fn submit_n(&self, req: GenerateRequest, n: usize) -> Result<Vec<EventStream>, EngineError> {
+        check_choices(n)?;
+        let mut out = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut r = req.clone();
+            r.sampling.seed = choice_seed(req.sampling.seed, i);
+            out.push(self.submit(r)?);
+        }
+        Ok(out)
+    }
 
     /// Load figures for metrics.
     fn stats(&self) -> EngineStats {

@@ -38,6 +38,8 @@
 //! previous request's prompt plus reply, minus one, as the in-kernel driver reports; 0
 //! when the previous request was of another cache partition
 //! ([`crate::GenerateRequest::cache_partition`]).
+//! `n` choices ([`EngineDriver::submit_n`]) are `n` such requests (the default), so
+//! every choice is the same reply.
 //! A per-word delay (see [`MockDriver::with_delay`]) makes streams last, and a prefill
 //! delay (see [`MockDriver::with_prefill_delay`]) a silent wait between `Start` and the
 //! first word, as a long prompt's prefill is; each generation runs on its own thread,
@@ -520,6 +522,34 @@ mod tests {
         let d = c.done.unwrap();
         assert_eq!(d.finish_reason, FinishReason::Stop);
         assert_eq!(d.completion_tokens, 5);
+    }
+
+    #[test]
+    fn n_choices_are_n_replies_and_n_is_bounded() {
+        let d = MockDriver::new();
+        let req = GenerateRequest::chat(vec![Message::new("user", "echo a b c")]);
+        let streams = d.submit_n(req.clone(), 3).unwrap();
+        assert_eq!(streams.len(), 3);
+        for s in streams {
+            let c = s.blocking_collect().unwrap();
+            assert_eq!(c.text, "a b c");
+            assert_eq!(c.prompt_tokens, 5);
+        }
+        for n in [0, crate::MAX_CHOICES + 1] {
+            let e = d.submit_n(req.clone(), n).unwrap_err().to_string();
+            assert!(
+                e.contains(&format!("n = {n}")) && e.contains("1..=16"),
+                "{e}"
+            );
+        }
+        // Choice 0 keeps the seed; the others differ from it and from each other.
+        let seeds: Vec<u64> = (0..4).map(|i| crate::choice_seed(9, i)).collect();
+        assert_eq!(seeds[0], 9);
+        for i in 0..4 {
+            for j in 0..i {
+                assert_ne!(seeds[i], seeds[j]);
+            }
+        }
     }
 
     #[test]

@@ -247,7 +247,16 @@ impl EngineDriver for RoutedDriver {
         Readiness::Failed(why.join("; "))
     }
 
-    fn submit(&self, mut req: GenerateRequest) -> Result<EventStream, EngineError> {
+    fn submit(&self, req: GenerateRequest) -> Result<EventStream, EngineError> {
+        crate::single(self.submit_n(req, 1)?)
+    }
+
+    /// The route's own driver's `submit_n` (the in-kernel one prefills once).
+    fn submit_n(
+        &self,
+        mut req: GenerateRequest,
+        n: usize,
+    ) -> Result<Vec<EventStream>, EngineError> {
         let Some((model, d)) = self.find(req.model.as_deref()) else {
             return Err(EngineError::UnknownModel {
                 requested: req.model.unwrap_or_default(),
@@ -255,7 +264,10 @@ impl EngineDriver for RoutedDriver {
             });
         };
         req.model = Some(model.clone());
-        d.submit(req)
+        if n == 1 {
+            return Ok(vec![d.submit(req)?]);
+        }
+        d.submit_n(req, n)
     }
 
     fn stats(&self) -> EngineStats {

@@ -578,3 +578,71 @@ fn a_model_claiming_a_2_pow_24_context_serves_with_kv_reserved_as_used() {
     println!("RSS grew {} MB serving a 2^24-context model", grew >> 20);
     assert!(grew < 1 << 30, "RSS grew {} MB", grew >> 20);
 }
+
+/// `submit_n`: each choice is the one-choice request with its seed
+/// (`choice_seed(seed, i)`): the same token ids, text and logprobs, under a JSON grammar
+/// that each choice walks with its own state; one slot (one after another) and two
+/// (through the batcher) alike. Choice 0's final session alone is kept, holding the
+/// prompt once. `n` outside 1..=16 is refused before anything is queued.
+#[fak_testkit::real_model]
+fn each_of_n_choices_is_the_one_choice_request_with_its_seed() {
+    let req = GenerateRequest {
+        max_tokens: Some(40),
+        sampling: fak_engine::SamplingParams {
+            temperature: 1.0,
+            seed: 11,
+            grammar: Some(fak_engine::GrammarSpec::JsonObject),
+            ..fak_engine::SamplingParams::default()
+        },
+        logprobs: Some(2),
+        ..GenerateRequest::chat(vec![Message::new(
+            "user",
+            "Describe a cat as a JSON object.",
+        )])
+    };
+    let mut want = Vec::new();
+    let one = driver(0, 1);
+    for i in 0..3 {
+        let mut r = req.clone();
+        r.sampling.seed = fak_engine::choice_seed(11, i);
+        want.push(one.submit(r).unwrap().blocking_collect().unwrap());
+    }
+    assert!(
+        want.iter().any(|c| c.text != want[0].text),
+        "three seeds, one text: {want:?}"
+    );
+    for parallel in [1, 2] {
+        let d = driver(64 << 20, parallel);
+        let streams = d.submit_n(req.clone(), 3).unwrap();
+        assert_eq!(streams.len(), 3);
+        let got: Vec<_> = streams
+            .into_iter()
+            .map(|s| s.blocking_collect().unwrap())
+            .collect();
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.text, w.text, "parallel {parallel} choice {i}");
+            assert_eq!(g.logprobs, w.logprobs, "parallel {parallel} choice {i}");
+            let (gd, wd) = (g.done.as_ref().unwrap(), w.done.as_ref().unwrap());
+            assert_eq!(gd.completion_ids, wd.completion_ids);
+            assert_eq!(gd.finish_reason, wd.finish_reason);
+            assert_eq!(g.prompt_tokens, w.prompt_tokens);
+            if gd.finish_reason == fak_engine::FinishReason::Stop {
+                let v: serde_json::Value = serde_json::from_str(&g.text)
+                    .unwrap_or_else(|e| panic!("choice {i}: {e}: {}", g.text));
+                assert!(v.is_object(), "{v}");
+            }
+        }
+        let kept = d.kept_sessions();
+        assert_eq!(kept.len(), 1, "choice 0's session only");
+        let c0 = &got[0].done.as_ref().unwrap().completion_ids;
+        assert_eq!(kept[0].len(), got[0].prompt_tokens + c0.len() - 1);
+        assert_eq!(&kept[0].ids()[got[0].prompt_tokens..], &c0[..c0.len() - 1]);
+    }
+    for n in [0, fak_engine::MAX_CHOICES + 1] {
+        let e = one.submit_n(req.clone(), n).unwrap_err();
+        assert!(
+            matches!(&e, fak_engine::EngineError::InvalidRequest(m) if m.contains("1..=16")),
+            "{e}"
+        );
+    }
+}

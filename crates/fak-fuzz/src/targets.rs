@@ -852,6 +852,10 @@ pub fn gateway() -> Target {
             ),
             seed(
                 0,
+                r#"{"model":"mock","n":3,"stream":true,"stream_options":{"include_usage":true},"max_tokens":3,"messages":[{"role":"user","content":"count 5"}]}"#,
+            ),
+            seed(
+                0,
                 r#"{"messages":[{"role":"user","content":"echo <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>"}],"tools":[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],"tool_choice":"auto"}"#,
             ),
             seed(

@@ -705,6 +705,10 @@ fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], flavor: Flavor) -> R
 struct Started {
     prompt_tokens: usize,
     cached_tokens: usize,
+    /// Which choice of its request it is (the OpenAI wire's `n`; 0 for the first or
+    /// only one). Only choice 0 adds the prompt's tokens to the metrics: the prompt is
+    /// one prompt, however many choices.
+    choice: usize,
     events: EventStream,
     /// The route, for a stream's log line.
     route: &'static str,
@@ -759,28 +763,66 @@ async fn start(
     flavor: Flavor,
     route: &'static str,
 ) -> Result<Started, ApiError> {
+    let mut v = start_n(s, req, 1, flavor, route).await?;
+    v.pop()
+        .ok_or_else(|| ApiError::internal("the engine started no generation").with_flavor(flavor))
+}
+
+/// [`start`] for `n` choices of one request ([`fak_engine::EngineDriver::submit_n`]):
+/// every choice's `Start` is awaited, so an error of any before generation is the
+/// request's status (the others are then dropped, so cancelled).
+async fn start_n(
+    s: &AppState,
+    req: GenerateRequest,
+    n: usize,
+    flavor: Flavor,
+    route: &'static str,
+) -> Result<Vec<Started>, ApiError> {
     let t0 = Instant::now();
     let driver = Arc::clone(&s.driver);
-    let submitted = tokio::task::spawn_blocking(move || driver.submit(req))
-        .await
-        .map_err(|e| ApiError::internal(format!("submit failed: {e}")).with_flavor(flavor))?;
-    let mut events = submitted.map_err(|e| ApiError::from(e).with_flavor(flavor))?;
-    match events.next().await {
-        Some(EngineEvent::Start {
-            prompt_tokens,
-            cached_tokens,
-        }) => Ok(Started {
-            prompt_tokens,
-            cached_tokens,
-            events,
-            route,
-            t0,
-        }),
-        Some(EngineEvent::Error(e)) => Err(ApiError::from(e).with_flavor(flavor)),
-        _ => Err(
-            ApiError::internal("the engine ended the request before starting it")
-                .with_flavor(flavor),
-        ),
+    let submitted = tokio::task::spawn_blocking(move || {
+        if n == 1 {
+            driver.submit(req).map(|e| vec![e])
+        } else {
+            driver.submit_n(req, n)
+        }
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("submit failed: {e}")).with_flavor(flavor))?;
+    let streams = submitted.map_err(|e| ApiError::from(e).with_flavor(flavor))?;
+    let mut out = Vec::with_capacity(streams.len());
+    for (choice, mut events) in streams.into_iter().enumerate() {
+        match events.next().await {
+            Some(EngineEvent::Start {
+                prompt_tokens,
+                cached_tokens,
+            }) => out.push(Started {
+                prompt_tokens,
+                cached_tokens,
+                choice,
+                events,
+                route,
+                t0,
+            }),
+            Some(EngineEvent::Error(e)) => return Err(ApiError::from(e).with_flavor(flavor)),
+            _ => {
+                return Err(
+                    ApiError::internal("the engine ended the request before starting it")
+                        .with_flavor(flavor),
+                )
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The prompt's counts a choice adds to the metrics: the prompt's for choice 0, none
+/// for the others (one prompt, counted once).
+fn metered(choice: usize, prompt: usize, cached: usize) -> (usize, usize) {
+    if choice == 0 {
+        (prompt, cached)
+    } else {
+        (0, 0)
     }
 }
 
@@ -815,6 +857,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
     let Started {
         prompt_tokens,
         cached_tokens,
+        choice,
         events,
         ..
     } = st;
@@ -826,8 +869,8 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
         .done
         .ok_or_else(|| ApiError::internal("no result").with_flavor(flavor))?;
     let (prompt_tokens, cached_tokens) = prompt_counts(&done, prompt_tokens, cached_tokens);
-    s.metrics
-        .add_tokens(prompt_tokens, done.completion_tokens, cached_tokens);
+    let (p, k) = metered(choice, prompt_tokens, cached_tokens);
+    s.metrics.add_tokens(p, done.completion_tokens, k);
     s.metrics
         .observe_latency(done.ttft_s, done.decode_s, done.completion_tokens);
     Ok(Finished {

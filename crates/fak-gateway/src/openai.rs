@@ -6,7 +6,7 @@
 //! `messages` (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or
 //! an array of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default:
 //! the rest of the context window), `temperature` (default 1), `top_p`, `seed`, `stop`
-//! (string or list), `stream`, `stream_options.include_usage`, `n` (1 only), `tools`
+//! (string or list), `stream`, `stream_options.include_usage`, `n` (see below), `tools`
 //! (functions) and `tool_choice` (`none`, `auto`, `required`, or a named function),
 //! assistant `tool_calls` and `tool` results in the history, `logprobs` and
 //! `top_logprobs`. `/v1/completions` takes `prompt` as a string, a list of strings, a
@@ -27,6 +27,20 @@
 //! [`fak_wire::openai::Unimplemented`] (the deprecated `functions` / `function_call`,
 //! `audio`, ...) and on `/v1/completions` `echo` and `suffix` are each a 400 naming the
 //! field, never silently ignored.
+//!
+//! **Choices (`n`).** `n` in 1..=[`MAX_CHOICES`] (default 1; outside it a 400 naming the
+//! bound) gives `n` choices with `index` 0..n-1 (on `/v1/completions` with a list of
+//! prompts, prompt `p`'s choice `i` has `index` `p * n + i`, at most [`MAX_PROMPTS`]
+//! choices in all), from one prefilled prompt on the in-kernel engine
+//! ([`fak_engine::EngineDriver::submit_n`]). Choice `i` samples with
+//! [`fak_engine::choice_seed`]`(seed, i)`, so choice 0 is the `n = 1` reply with the same
+//! seed. Each choice has its own stop strings, grammar (`response_format`, `grammar`,
+//! a forced tool call), logprobs and tool calls, adjudicated choice by choice; with
+//! `n > 1` each `fak.tool_calls` entry names its `choice`, and a choice's grammar dead
+//! end is told in its own `choices[i].fak`. `usage` counts the prompt once and sums the
+//! completions. Streamed, the choices' chunks interleave (as their tokens come), each
+//! chunk with its choice's `index`; each choice has its own first (role) chunk and last
+//! chunk (`finish_reason`, its `fak`), and the usage chunk comes once after them all.
 //!
 //! **Logprobs.** `logprobs: true` (with `top_logprobs` 0..=20, default 0; outside that
 //! range, or `top_logprobs` without `logprobs: true`, is a 400) returns
@@ -65,8 +79,8 @@ use crate::tools::{
     offered_tools, request_taint, screen_messages, Adjudicated,
 };
 use crate::{
-    cache_partition, finish, new_id, positive, prompt_counts, start, unix_now, with_note, AppState,
-    Started, StreamLog, UsageNote,
+    cache_partition, finish, metered, new_id, positive, prompt_counts, start_n, unix_now,
+    with_note, AppState, Started, StreamLog, UsageNote,
 };
 use axum::extract::State;
 use axum::http::HeaderMap;
@@ -74,7 +88,7 @@ use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
 use fak_engine::{
     EngineEvent, FinishReason, GenerateRequest, GrammarSpec, Message, Prompt, SamplingParams,
-    TokenLogprob, ToolCall, ToolChoice, ToolSpec, MAX_TOP_LOGPROBS,
+    TokenLogprob, ToolCall, ToolChoice, ToolSpec, MAX_CHOICES, MAX_TOP_LOGPROBS,
 };
 use fak_wire::openai as wire;
 use futures_util::stream::{self, Stream, StreamExt};
@@ -195,12 +209,20 @@ fn sampling(p: &wire::SamplingParams) -> SamplingParams {
     }
 }
 
-fn check_n(n: Option<i64>) -> Result<(), ApiError> {
+/// The request's `n`: choices to generate, 1 when absent.
+///
+/// # Errors
+/// A 400 naming `n` and the bound when it is outside `1..=`[`MAX_CHOICES`].
+fn choice_count(n: Option<i64>) -> Result<usize, ApiError> {
     match n {
-        None | Some(1) => Ok(()),
-        Some(n) => {
-            Err(ApiError::bad_request(format!("n = {n}: only n = 1 is supported")).with_flavor(F))
-        }
+        None => Ok(1),
+        Some(v) => match usize::try_from(v) {
+            Ok(k) if (1..=MAX_CHOICES).contains(&k) => Ok(k),
+            _ => Err(ApiError::bad_request(format!(
+                "n = {v}: the number of choices must be an integer in 1..={MAX_CHOICES}"
+            ))
+            .with_flavor(F)),
+        },
     }
 }
 
@@ -346,7 +368,7 @@ pub(crate) async fn chat_completions(
     headers: HeaderMap,
     WireJson(r, _): OpenAiJson<wire::ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
-    check_n(r.sampling.n)?;
+    let n = choice_count(r.sampling.n)?;
     check_chat_fields(&r)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
@@ -388,61 +410,85 @@ pub(crate) async fn chat_completions(
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
     let offered = offered_tools(&req);
-    let started = start(&s, req, F, "/v1/chat/completions").await?;
+    let started = start_n(&s, req, n, F, "/v1/chat/completions").await?;
     let id = new_id("chatcmpl-");
     let created = unix_now();
     if r.stream == Some(true) {
         let include_usage = r.stream_options.and_then(|o| o.include_usage) == Some(true);
         let note = UsageNote {
-            prompt: started.prompt_tokens,
-            cached: started.cached_tokens,
+            prompt: started.first().map_or(0, |st| st.prompt_tokens),
+            cached: started.first().map_or(0, |st| st.cached_tokens),
             stream: true,
             ..UsageNote::default()
         };
-        let calls = CallCheck {
+        let check = Arc::new(CallCheck {
             conversation,
             taint,
             offered,
             results,
-        };
-        let events = chat_stream(
-            s.clone(),
-            started,
-            ChunkHead {
-                id,
-                created,
-                model: r.model,
-                include_usage,
-                logprobs: logprobs.is_some(),
-            },
-            calls,
-        );
+        });
+        let head = Arc::new(ChunkHead {
+            id,
+            created,
+            model: r.model,
+            include_usage,
+            logprobs: logprobs.is_some(),
+            n,
+        });
+        let totals = Arc::new(Mutex::new(Totals::default()));
+        let streams: Vec<_> = started
+            .into_iter()
+            .map(|st| {
+                chat_stream(
+                    s.clone(),
+                    st,
+                    Arc::clone(&head),
+                    Arc::clone(&check),
+                    Arc::clone(&totals),
+                )
+                .boxed()
+            })
+            .collect();
+        let tail = stream_tail(totals, include_usage, move |u| {
+            let mut c = head.chunk(0, wire::Delta::default(), None, None);
+            c.choices.clear();
+            c.usage = Some(Some(u));
+            data(&c)
+        });
+        let events = stream::select_all(streams).chain(tail);
         let sse = sse_response(&s, events, keep_alive_comment());
         return Ok(with_note(sse, note));
     }
-    let mut f = finish(&s, started, F).await?;
-    let a = adjudicate(
-        &s,
-        &conversation,
-        &taint,
-        &offered,
-        std::mem::take(&mut f.tool_calls),
-    );
-    let calls = (!a.allowed.is_empty()).then(|| a.allowed.iter().map(call_wire).collect());
-    f.text.push_str(&denial_suffix(f.text.is_empty(), &a));
-    let content = if calls.is_some() && f.text.is_empty() {
-        None
-    } else {
-        Some(std::mem::take(&mut f.text))
-    };
-    let body = wire::ChatCompletion {
-        id,
-        object: wire::CHAT_COMPLETION_OBJECT.into(),
-        created,
-        model: r.model,
-        system_fingerprint: Some(FINGERPRINT.into()),
-        choices: vec![wire::ChatChoice {
-            index: 0,
+    let mut choices = Vec::with_capacity(n);
+    let mut totals = Totals::default();
+    // One choice: its `fak` is the reply's. Several: every choice's verdicts in the
+    // reply's `fak`, each naming its choice.
+    let mut one_fak = None;
+    let mut reports = Vec::new();
+    for st in started {
+        let index = st.choice;
+        let mut f = finish(&s, st, F).await?;
+        if index == 0 {
+            (totals.prompt, totals.cached) = (f.prompt_tokens, f.cached_tokens);
+        }
+        totals.completion += f.done.completion_tokens;
+        let a = adjudicate(
+            &s,
+            &conversation,
+            &taint,
+            &offered,
+            std::mem::take(&mut f.tool_calls),
+        )
+        .of_choice(index, n);
+        let calls = (!a.allowed.is_empty()).then(|| a.allowed.iter().map(call_wire).collect());
+        f.text.push_str(&denial_suffix(f.text.is_empty(), &a));
+        let content = if calls.is_some() && f.text.is_empty() {
+            None
+        } else {
+            Some(std::mem::take(&mut f.text))
+        };
+        choices.push(wire::ChatChoice {
+            index: index as u32,
             message: wire::AssistantMessage {
                 role: wire::Role::Assistant,
                 content,
@@ -451,15 +497,64 @@ pub(crate) async fn chat_completions(
             },
             logprobs: logprobs.is_some().then(|| chat_lp(&f.logprobs)),
             finish_reason: Some(finish_for(&f.done, &a)),
-        }],
-        usage: Some(usage(
-            f.prompt_tokens,
-            f.done.completion_tokens,
-            f.cached_tokens,
-        )),
-        fak: structured::dead_end_detail(fak_field(&results, &a), &f.done),
+            fak: (n > 1)
+                .then(|| structured::dead_end_detail(None, &f.done))
+                .flatten(),
+        });
+        if n == 1 {
+            one_fak = structured::dead_end_detail(fak_field(&results, &a), &f.done);
+        } else {
+            reports.extend(a.report);
+        }
+    }
+    let fak = if n == 1 {
+        one_fak
+    } else {
+        fak_field(
+            &results,
+            &Adjudicated {
+                report: reports,
+                ..Adjudicated::default()
+            },
+        )
     };
-    Ok(f.respond(&body))
+    let body = wire::ChatCompletion {
+        id,
+        object: wire::CHAT_COMPLETION_OBJECT.into(),
+        created,
+        model: r.model,
+        system_fingerprint: Some(FINGERPRINT.into()),
+        choices,
+        usage: Some(usage(totals.prompt, totals.completion, totals.cached)),
+        fak,
+    };
+    let note = UsageNote {
+        prompt: totals.prompt,
+        completion: totals.completion,
+        cached: totals.cached,
+        stream: false,
+    };
+    Ok(with_note(axum::Json(body).into_response(), note))
+}
+
+/// The end of a stream of one request's choices merged: once every choice's stream
+/// ended, the usage chunk (`usage_chunk` of the totals, when `include_usage` and no
+/// choice failed), then `[DONE]`.
+fn stream_tail(
+    totals: Arc<Mutex<Totals>>,
+    include_usage: bool,
+    usage_chunk: impl FnOnce(wire::Usage) -> Event + Send + 'static,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    stream::once(async move {
+        let t = totals.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        if include_usage && !t.failed {
+            out.push(Ok(usage_chunk(usage(t.prompt, t.completion, t.cached))));
+        }
+        out.push(Ok(done_event()));
+        stream::iter(out)
+    })
+    .flatten()
 }
 
 /// What each SSE step of a stream has to go on with.
@@ -507,10 +602,8 @@ where
                     EngineEvent::Done(d) => {
                         let (prompt, cached) =
                             prompt_counts(d, state.st.prompt_tokens, state.st.cached_tokens);
-                        state
-                            .s
-                            .metrics
-                            .add_tokens(prompt, d.completion_tokens, cached);
+                        let (p, c) = metered(state.st.choice, prompt, cached);
+                        state.s.metrics.add_tokens(p, d.completion_tokens, c);
                         (state.log.prompt, state.log.cached) = (prompt, cached);
                         state
                             .s
@@ -604,12 +697,15 @@ struct ChunkHead {
     include_usage: bool,
     /// Whether chunks carry `logprobs.content`.
     logprobs: bool,
+    /// Choices of the request (`n`).
+    n: usize,
 }
 
 impl ChunkHead {
-    /// A chunk of choice 0 with `delta`, `finish` and `logprobs`.
+    /// A chunk of choice `index` with `delta`, `finish` and `logprobs`.
     fn chunk(
         &self,
+        index: u32,
         delta: wire::Delta,
         finish: Option<wire::FinishReason>,
         logprobs: Option<wire::ChoiceLogprobs>,
@@ -621,7 +717,7 @@ impl ChunkHead {
             model: self.model.clone(),
             system_fingerprint: Some(FINGERPRINT.into()),
             choices: vec![wire::ChunkChoice {
-                index: 0,
+                index,
                 delta,
                 logprobs,
                 finish_reason: finish,
@@ -633,13 +729,21 @@ impl ChunkHead {
     }
 }
 
+/// One choice's chunks: its role, its text as it comes, at the end the denials'
+/// sentence, its allowed calls and its last chunk (`finish_reason`, and its `fak`: the
+/// verdicts on this choice's calls and the request's screened results). Its counts go
+/// into `totals` (the prompt's from choice 0 only); the usage chunk and `[DONE]` follow
+/// every choice's end ([`stream_tail`]).
 fn chat_stream(
     s: AppState,
     st: Started,
-    head: ChunkHead,
-    check: CallCheck,
+    head: Arc<ChunkHead>,
+    check: Arc<CallCheck>,
+    totals: Arc<Mutex<Totals>>,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let (prompt, cached) = (st.prompt_tokens, st.cached_tokens);
+    let choice = st.choice;
+    let index = choice as u32;
     let state = s.clone();
     let mut held: Vec<ToolCall> = Vec::new();
     let mut held_lp: Vec<TokenLogprob> = Vec::new();
@@ -647,6 +751,7 @@ fn chat_stream(
     let mut sent_text = false;
     let logprobs = head.logprobs;
     let first = vec![data(&head.chunk(
+        index,
         wire::Delta {
             role: Some(wire::Role::Assistant),
             content: Some(String::new()),
@@ -663,7 +768,7 @@ fn chat_stream(
                 content: Some(t),
                 ..wire::Delta::default()
             };
-            vec![data(&head.chunk(delta, None, lp))]
+            vec![data(&head.chunk(index, delta, None, lp))]
         }
         EngineEvent::Logprobs(r) => {
             held_lp.extend(r);
@@ -680,7 +785,8 @@ fn chat_stream(
                 &check.taint,
                 &check.offered,
                 std::mem::take(&mut held),
-            );
+            )
+            .of_choice(choice, head.n);
             let notes = denial_suffix(!sent_text, &a);
             let mut out: Vec<Event> = Vec::new();
             if !notes.is_empty() {
@@ -688,7 +794,7 @@ fn chat_stream(
                     content: Some(notes),
                     ..wire::Delta::default()
                 };
-                out.push(data(&head.chunk(delta, None, None)));
+                out.push(data(&head.chunk(index, delta, None, None)));
             }
             out.extend(a.allowed.iter().enumerate().map(|(i, c)| {
                 let delta = wire::Delta {
@@ -703,24 +809,24 @@ fn chat_stream(
                     }]),
                     ..wire::Delta::default()
                 };
-                data(&head.chunk(delta, None, None))
+                data(&head.chunk(index, delta, None, None))
             }));
             let lp =
                 (logprobs && !held_lp.is_empty()).then(|| chat_lp(&std::mem::take(&mut held_lp)));
-            let mut last = head.chunk(wire::Delta::default(), Some(finish_for(&d, &a)), lp);
+            let mut last = head.chunk(index, wire::Delta::default(), Some(finish_for(&d, &a)), lp);
             last.fak = structured::dead_end_detail(fak_field(&check.results, &a), &d);
             out.push(data(&last));
-            if head.include_usage {
-                let (prompt, cached) = prompt_counts(&d, prompt, cached);
-                let mut u = head.chunk(wire::Delta::default(), None, None);
-                u.choices.clear();
-                u.usage = Some(Some(usage(prompt, d.completion_tokens, cached)));
-                out.push(data(&u));
+            let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
+            if choice == 0 {
+                (t.prompt, t.cached) = prompt_counts(&d, prompt, cached);
             }
-            out.push(done_event());
+            t.completion += d.completion_tokens;
             out
         }
-        EngineEvent::Error(e) => vec![data(&ApiError::from(e).with_flavor(F).body()), done_event()],
+        EngineEvent::Error(e) => {
+            totals.lock().unwrap_or_else(|p| p.into_inner()).failed = true;
+            vec![data(&ApiError::from(e).with_flavor(F).body())]
+        }
         EngineEvent::Start { .. } => Vec::new(),
     })
 }
@@ -743,7 +849,7 @@ pub(crate) async fn completions(
     headers: HeaderMap,
     WireJson(mut r, _): OpenAiJson<wire::CompletionRequest>,
 ) -> Result<Response, ApiError> {
-    check_n(r.sampling.n)?;
+    let n = choice_count(r.sampling.n)?;
     r.neutral.check().map_err(refused)?;
     if r.echo == Some(true) {
         return Err(unsupported("echo"));
@@ -757,6 +863,14 @@ pub(crate) async fn completions(
         return Err(ApiError::bad_request(format!(
             "prompt holds {} prompts; between 1 and {MAX_PROMPTS}",
             prompts.len()
+        ))
+        .with_flavor(F));
+    }
+    if prompts.len() * n > MAX_PROMPTS {
+        return Err(ApiError::bad_request(format!(
+            "prompt holds {} prompts and n = {n}: {} choices; at most {MAX_PROMPTS}",
+            prompts.len(),
+            prompts.len() * n
         ))
         .with_flavor(F));
     }
@@ -787,7 +901,7 @@ pub(crate) async fn completions(
             continue_final_message: false,
             cap_max_tokens: false,
         };
-        started.push(start(&s, req, F, "/v1/completions").await?);
+        started.extend(start_n(&s, req, n, F, "/v1/completions").await?);
     }
     let id = new_id("cmpl-");
     let created = unix_now();
@@ -811,15 +925,16 @@ pub(crate) async fn completions(
     };
     if r.stream == Some(true) {
         let include_usage = r.stream_options.and_then(|o| o.include_usage) == Some(true);
+        let firsts = || started.iter().filter(|st| st.choice == 0);
         let note = UsageNote {
-            prompt: started.iter().map(|st| st.prompt_tokens).sum(),
-            cached: started.iter().map(|st| st.cached_tokens).sum(),
+            prompt: firsts().map(|st| st.prompt_tokens).sum(),
+            cached: firsts().map(|st| st.cached_tokens).sum(),
             stream: true,
             ..UsageNote::default()
         };
         let totals = Arc::new(Mutex::new(Totals::default()));
         let streams = started.into_iter().enumerate().map(|(index, st)| {
-            let (prompt, cached) = (st.prompt_tokens, st.cached_tokens);
+            let (prompt, cached, choice) = (st.prompt_tokens, st.cached_tokens, st.choice);
             let chunk = chunk.clone();
             let totals = Arc::clone(&totals);
             let mut held_lp: Vec<TokenLogprob> = Vec::new();
@@ -843,6 +958,7 @@ pub(crate) async fn completions(
                         lp(&mut held_lp)
                     };
                     let (prompt, cached) = prompt_counts(&d, prompt, cached);
+                    let (prompt, cached) = metered(choice, prompt, cached);
                     let mut t = totals.lock().unwrap_or_else(|p| p.into_inner());
                     t.prompt += prompt;
                     t.cached += cached;
@@ -863,19 +979,12 @@ pub(crate) async fn completions(
             .boxed()
         });
         let streams: Vec<_> = streams.collect();
-        let tail = stream::once(async move {
-            let t = totals.lock().unwrap_or_else(|p| p.into_inner());
-            let mut out = Vec::new();
-            if include_usage && !t.failed {
-                let mut u = chunk(0, String::new(), None, None);
-                u.choices.clear();
-                u.usage = Some(usage(t.prompt, t.completion, t.cached));
-                out.push(Ok(data(&u)));
-            }
-            out.push(Ok(done_event()));
-            stream::iter(out)
-        })
-        .flatten();
+        let tail = stream_tail(totals, include_usage, move |u| {
+            let mut c = chunk(0, String::new(), None, None);
+            c.choices.clear();
+            c.usage = Some(u);
+            data(&c)
+        });
         let st = stream::select_all(streams).chain(tail);
         let sse = sse_response(&s, st, keep_alive_comment());
         return Ok(with_note(sse, note));
@@ -883,9 +992,11 @@ pub(crate) async fn completions(
     let mut choices = Vec::with_capacity(started.len());
     let mut totals = Totals::default();
     for (index, st) in started.into_iter().enumerate() {
+        let choice = st.choice;
         let f = finish(&s, st, F).await?;
-        totals.prompt += f.prompt_tokens;
-        totals.cached += f.cached_tokens;
+        let (prompt, cached) = metered(choice, f.prompt_tokens, f.cached_tokens);
+        totals.prompt += prompt;
+        totals.cached += cached;
         totals.completion += f.done.completion_tokens;
         let lp = logprobs.map(|_| legacy_lp(&f.logprobs, &mut 0));
         let mut c = chunk(index, f.text, Some(finish_word(f.done.finish_reason)), lp);

@@ -166,6 +166,10 @@ pub(crate) struct CallReport {
     pub reason: Option<&'static str>,
     /// Why, in words.
     pub detail: String,
+    /// In a reply of several choices (`n > 1`), the `index` of the choice that proposed
+    /// the call; absent in a one-choice reply.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub choice: Option<u32>,
 }
 
 /// One entry of a reply's `fak.tool_results`: a tool result of the request that the
@@ -278,6 +282,7 @@ pub(crate) fn adjudicate(
             verdict: word,
             reason,
             detail: verdict.detail.clone(),
+            choice: None,
         });
         if verdict.allowed {
             out.allowed.push(call);
@@ -503,6 +508,19 @@ fn screen_error(e: &ScreenError) -> ApiError {
             ApiError::unavailable(format!("screening a tool result: {e}"))
         }
         ScreenError::Store(_) => ApiError::internal(format!("screening a tool result: {e}")),
+    }
+}
+
+impl Adjudicated {
+    /// Marks every report as choice `index`'s, in a reply of `n` choices (left unmarked
+    /// when `n` is 1).
+    pub(crate) fn of_choice(mut self, index: usize, n: usize) -> Self {
+        if n > 1 {
+            for r in &mut self.report {
+                r.choice = Some(index as u32);
+            }
+        }
+        self
     }
 }
 

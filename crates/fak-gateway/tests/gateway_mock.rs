@@ -293,8 +293,8 @@ fn openai_errors_have_their_status_and_shape() {
         r.body
     );
     let mut b = chat("x");
-    b["n"] = json!(2);
-    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "n = 2");
+    b["n"] = json!(17);
+    assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "n = 17");
     let mut b = chat("x");
     b["tools"] = json!([{"type": "function", "function": {"name": "bad name"}}]);
     assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "tool name");

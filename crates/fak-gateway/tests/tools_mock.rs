@@ -548,3 +548,99 @@ fn call_markup_never_reaches_a_client_unjudged() {
     assert!(id.starts_with("toolu_"), "{v}");
     assert_eq!(v["fak"]["tool_calls"][0]["id"], id, "{v}");
 }
+
+/// `n` choices: every choice's calls go through the policy as one choice's would, each
+/// choice its own adjudication (its allowed calls in its own `tool_calls`, its denials
+/// in its own text), all counted against the conversation's rate limit; the reply's
+/// `fak.tool_calls` (streamed: each choice's last chunk's) names the choice of each.
+#[test]
+fn every_choice_s_calls_pass_the_policy() {
+    let srv = server();
+    let get = r#"{"name": "get_weather", "arguments": {"city": "Oslo"}}"#;
+    let delete = r#"{"name": "delete_all", "arguments": {}}"#;
+    let tools: Vec<Value> = tool_names()
+        .iter()
+        .map(|n| json!({"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}))
+        .collect();
+    for stream in [false, true] {
+        let body = json!({"model": "mock", "n": 4, "stream": stream, "tools": tools,
+            "messages": [{"role": "user", "content": directive("x", &[get, delete])}]});
+        let conv = format!("choices-{stream}");
+        let r = request(
+            srv.addr,
+            "POST",
+            "/v1/chat/completions",
+            &[("x-fak-conversation", &conv)],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        // Per choice: (allowed call names, text, finish) and the fak entries.
+        let mut allowed: Vec<Vec<String>> = vec![Vec::new(); 4];
+        let mut text = vec![String::new(); 4];
+        let mut finish = vec![String::new(); 4];
+        let mut entries: Vec<Value> = Vec::new();
+        if stream {
+            for (_, d) in r.sse().iter().filter(|(_, d)| d != "[DONE]") {
+                let v: Value = serde_json::from_str(d).unwrap();
+                let Some(c) = v["choices"].as_array().and_then(|a| a.first()) else {
+                    continue;
+                };
+                let i = c["index"].as_u64().unwrap() as usize;
+                if let Some(t) = c["delta"]["content"].as_str() {
+                    text[i].push_str(t);
+                }
+                for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+                    allowed[i].push(call["function"]["name"].as_str().unwrap().into());
+                }
+                if let Some(f) = c["finish_reason"].as_str() {
+                    finish[i] = f.into();
+                    for e in v["fak"]["tool_calls"].as_array().unwrap() {
+                        assert_eq!(e["choice"], i as u64, "{v}");
+                        entries.push(e.clone());
+                    }
+                }
+            }
+        } else {
+            let v = r.json();
+            for c in v["choices"].as_array().unwrap() {
+                let i = c["index"].as_u64().unwrap() as usize;
+                text[i] = c["message"]["content"].as_str().unwrap_or("").into();
+                finish[i] = c["finish_reason"].as_str().unwrap().into();
+                for call in c["message"]["tool_calls"].as_array().into_iter().flatten() {
+                    allowed[i].push(call["function"]["name"].as_str().unwrap().into());
+                }
+            }
+            entries = v["fak"]["tool_calls"].as_array().unwrap().clone();
+        }
+        // Two proposed calls per choice, each judged, each naming its choice.
+        assert_eq!(entries.len(), 8, "{entries:?}");
+        for i in 0..4u64 {
+            let mine: Vec<&Value> = entries.iter().filter(|e| e["choice"] == i).collect();
+            assert_eq!(mine.len(), 2, "choice {i}: {entries:?}");
+            let del = mine.iter().find(|e| e["name"] == "delete_all").unwrap();
+            assert_eq!(del["reason"], "POLICY_BLOCK");
+        }
+        // The manifest allows 3 calls an hour per conversation: of the four choices'
+        // get_weather calls, three pass and one is RATE_LIMITED.
+        let limited: Vec<&Value> = entries
+            .iter()
+            .filter(|e| e["reason"] == "RATE_LIMITED")
+            .collect();
+        assert_eq!(limited.len(), 1, "{entries:?}");
+        let k = limited[0]["choice"].as_u64().unwrap() as usize;
+        for i in 0..4 {
+            assert!(!allowed[i].iter().any(|n| n == "delete_all"), "{allowed:?}");
+            assert!(text[i].contains("delete_all"), "choice {i}: {}", text[i]);
+            if i == k {
+                assert!(allowed[i].is_empty(), "{allowed:?}");
+                assert_eq!(finish[i], "stop");
+            } else {
+                assert_eq!(allowed[i], vec!["get_weather".to_string()]);
+                assert_eq!(finish[i], "tool_calls");
+            }
+        }
+        if !stream {
+            assert_eq!(k, 3, "choices are judged in order when not streamed");
+        }
+    }
+}

@@ -27,7 +27,10 @@
 //! `temperature`, `top_p`, `stop`, `logprobs` (`top_logprobs` on chat, the legacy count
 //! on completions); `seed` only when not 0 (0 is what a request without a seed carries
 //! here, and sending it would make every such request sample alike); `top_k`, `min_p`
-//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set. A request's
+//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set. `n` is never
+//! sent: a request for `n` choices is `n` upstream requests, one choice each, seeded
+//! [`fak_engine::choice_seed`]`(seed, i)` ([`EngineDriver::submit_n`]'s default), as
+//! every field here is mapped into a request of the driver's own rather than forwarded. A request's
 //! structured output ([`SamplingParams::grammar`](fak_engine::SamplingParams::grammar))
 //! goes as `response_format` on chat (`json_object`; `json_schema` with the client's
 //! `name`, `description`, `strict`); a Lark grammar is refused

@@ -919,6 +919,11 @@ pub struct ChatChoice {
     /// Why it ended.
     #[serde(default)]
     pub finish_reason: Option<FinishReason>,
+    /// fak's own field (not OpenAI's), only in a reply of several choices (`n > 1`):
+    /// what is this choice's alone, `finish_detail` and `grammar_error` at a grammar's
+    /// dead end (the reply's `fak` says it for a one-choice reply). Absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fak: Option<Value>,
 }
 
 /// A reply message. SDK: `openai.types.chat.ChatCompletionMessage`.
