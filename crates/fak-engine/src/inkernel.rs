@@ -346,20 +346,22 @@ impl InKernelDriver {
     }
 
     /// The tokens each of `n` choices after a prompt of `prompt_tokens` may add before
-    /// their KV caches together reach [`EngineConfig::max_kv_bytes`] (each choice's
-    /// cache holds the prompt: `n` × (prompt + reply) tokens at most).
+    /// their KV caches together reach [`EngineConfig::max_kv_bytes`]. The choices share
+    /// the prompt's KV ([`fak_kv::Session::freeze`] before they are cloned), so they
+    /// hold prompt + `n` × reply tokens at most.
     ///
     /// # Errors
     /// [`EngineError::InvalidRequest`] naming the limit (and `n` when above 1) when the
     /// prompt alone leaves no room for one generated token per choice.
     fn kv_room(&self, l: &Loaded, prompt_tokens: usize, n: usize) -> Result<usize, EngineError> {
         let (limit, tokens) = self.kv_tokens(l);
-        let each = tokens / n.max(1);
-        if prompt_tokens >= each {
+        let n = n.max(1);
+        let each = tokens.saturating_sub(prompt_tokens) / n;
+        if each == 0 {
             let per_token = l.empty.cache().bytes_per_token();
             let (choices, whose) = if n > 1 {
                 (
-                    format!(" for each of n = {n} choices ({each} tokens each)"),
+                    format!(" for each of n = {n} choices"),
                     "one request's KV caches",
                 )
             } else {
@@ -371,7 +373,7 @@ impl InKernelDriver {
                 limit as f64 / MB,
             )));
         }
-        Ok(each - prompt_tokens)
+        Ok(each)
     }
 
     /// Drops every kept session (a cold cache).
@@ -744,7 +746,11 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
     session.detach();
     let prefill_s = t0.elapsed().as_secs_f64();
     let n = sinks.len();
-    // Choices 1.. each start from a clone of the prefilled session, choice 0 from it.
+    // Choices 1.. each start from a clone of the prefilled session, choice 0 from it;
+    // frozen first, so that they all read the prompt's KV in place (held once).
+    if n > 1 {
+        session.freeze();
+    }
     let others: Vec<Mutex<fak_kv::Session>> = (1..n).map(|_| Mutex::new(session.clone())).collect();
     let params_of = |i: usize| TextParams {
         sampling: fak_kv::SamplingParams {
@@ -1225,7 +1231,7 @@ impl EngineDriver for InKernelDriver {
     /// One job for all `n` choices: the prompt is rendered, checked and prefilled once,
     /// then each choice decodes from a clone of the session (see `run_choices`). The
     /// KV limit ([`EngineConfig::max_kv_bytes`]) holds for the `n` sequences together,
-    /// each counting the prompt: a prompt that leaves no room for `n` replies is
+    /// the prompt they share counted once: a prompt that leaves no room for `n` replies is
     /// [`EngineError::InvalidRequest`] naming `n`.
     fn submit_n(&self, req: GenerateRequest, n: usize) -> Result<Vec<EventStream>, EngineError> {
         crate::check_choices(n)?;

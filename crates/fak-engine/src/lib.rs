@@ -746,7 +746,7 @@ pub struct EngineConfig {
     pub kv_budget_bytes: usize,
     /// Most KV cache one generation may hold, bytes (its prompt and generated tokens,
     /// at [`fak_kv::KvCache::bytes_per_token`] each; the `n` choices of one request
-    /// together, each counting the prompt, [`EngineDriver::submit_n`]): a prompt needing more is
+    /// together, the prompt they share counted once, [`EngineDriver::submit_n`]): a prompt needing more is
     /// [`EngineError::InvalidRequest`] naming the limit, and a generation reaching it
     /// ends with [`FinishReason::Length`], as at the end of the context window. (The
     /// buffers' allocation past [`fak_kv::KvCache::RESERVED_TOKENS`] entries may round up

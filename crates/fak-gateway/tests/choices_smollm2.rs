@@ -384,9 +384,9 @@ fn n_outside_its_range_is_a_400_naming_the_bound() {
     assert!(r.body.contains("72 choices"), "{}", r.body);
 }
 
-/// `--max-kv-mb` bounds the `n` sequences together, each counting the prompt: room for
-/// `n` replies cuts each at its share (`length`), no room for one token each is a 400
-/// naming `n`, while `n = 1` has the whole limit.
+/// `--max-kv-mb` bounds the `n` sequences together, the prompt they share counted once
+/// (prompt + n × reply tokens): room for `n` replies cuts each at its share (`length`),
+/// no room for one token each is a 400 naming `n`, while `n = 1` has the whole limit.
 #[fak_testkit::real_model]
 fn the_kv_limit_holds_for_the_choices_together() {
     let (path, m) = model();
@@ -407,20 +407,26 @@ fn the_kv_limit_holds_for_the_choices_together() {
     // n = 1: the whole limit, 60 tokens fit.
     assert_eq!(one["choices"][0]["finish_reason"], "length");
     assert_eq!(one["usage"]["completion_tokens"], 60);
-    // n = 2: 60 tokens each, so 60 - prompt tokens of reply each.
-    b["n"] = json!(2);
-    let two = ok(post(srv.addr, "/v1/chat/completions", &b));
-    assert_eq!(
-        two["usage"]["completion_tokens"],
-        2 * (60 - prompt),
-        "{two}"
-    );
-    for c in two["choices"].as_array().unwrap() {
+    // n = 4: (120 - prompt) / 4 tokens each (fewer than 60); were the prompt counted
+    // per choice, (120 / 4) - prompt.
+    b["n"] = json!(4);
+    let four = ok(post(srv.addr, "/v1/chat/completions", &b));
+    let each = (120 - prompt) / 4;
+    assert!(each < 60, "{each}");
+    assert_eq!(four["usage"]["completion_tokens"], 4 * each, "{four}");
+    for c in four["choices"].as_array().unwrap() {
         assert_eq!(c["finish_reason"], "length");
     }
-    // n = 4: 30 tokens each, less than the prompt.
-    b["n"] = json!(4);
+    // A prompt leaving fewer than 16 tokens of room: n = 16 is a 400 naming it, and
+    // n = 1 still runs.
+    let words = "sea ".repeat(85);
+    b["messages"][0]["content"] = json!(words);
+    b["n"] = json!(1);
+    let long = ok(post(srv.addr, "/v1/chat/completions", &b));
+    let p = long["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!((105..120).contains(&p), "prompt of {p} tokens");
+    b["n"] = json!(16);
     let r = post(srv.addr, "/v1/chat/completions", &b);
     assert_eq!(r.status, 400, "{}", r.body);
-    assert!(r.body.contains("n = 4 choices"), "{}", r.body);
+    assert!(r.body.contains("n = 16 choices"), "{}", r.body);
 }
