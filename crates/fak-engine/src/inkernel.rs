@@ -764,11 +764,11 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
         if sink.is_closed() {
             return None;
         }
+        let cancel = sink.cancel_handle().clone();
         if let Some(b) = s.batcher.get() {
-            let _ = session.attach(b);
+            let _ = session.attach_cancellable(b, cancel.shared_flag());
         }
         let p = params_of(i);
-        let cancel = sink.cancel_handle().clone();
         let mut sender = PieceSender::new(sink, tools.as_deref().map(ToolCallParser::new));
         let out = generate_text_with_logprobs(
             session,
