@@ -600,27 +600,7 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
     }) {
         return;
     }
-    // Tripped when the client's stream is dropped: checked between prefill chunks and
-    // before each decode step, and by the batcher before each pass.
-    let cancel = sink.cancel_handle().clone();
-    if let Some(b) = s.batcher.get() {
-        // The same model: the session was cloned from this driver's.
-        let _ = session.attach_cancellable(b, cancel.shared_flag());
-    }
-    let mut sender = PieceSender::new(&sink, tools.as_deref().map(ToolCallParser::new));
-    let out = generate_text_with_logprobs(
-        &mut session,
-        &l.tokenizer,
-        &ids[reused..],
-        &params,
-        Some(cancel.flag()),
-        &mut |t, records| {
-            if !sender.piece(t, records) {
-                cancel.cancel();
-            }
-        },
-    );
-    session.detach();
+    let (out, sender) = generate_into(s, l, &mut session, &ids[reused..], &params, &sink, &tools);
     match out {
         Ok(out) => {
             if s.config.kv_budget_bytes > 0 {
@@ -635,6 +615,47 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
         }
     }
+}
+
+/// Generates from `session` (after prefilling `new_ids`) into `sink`: the pieces of
+/// text and the tool calls `tools` lets the parser read go out as they come. The
+/// session runs its passes in the driver's batcher, when there is one, with the
+/// stream's cancel flag; the flag is tripped when the client's stream is dropped and
+/// is checked between prefill chunks, before each decode step and by the batcher
+/// before each pass. Returns the generation's outcome and the sender, whose last
+/// events [`send_done`] sends.
+fn generate_into<'a>(
+    s: &Shared,
+    l: &Loaded,
+    session: &mut fak_kv::Session,
+    new_ids: &[u32],
+    params: &TextParams,
+    sink: &'a EventSink,
+    tools: &Option<String>,
+) -> (
+    Result<fak_kv::TextOutput, fak_kv::SessionError>,
+    PieceSender<'a>,
+) {
+    let cancel = sink.cancel_handle().clone();
+    if let Some(b) = s.batcher.get() {
+        // The same model: the session was cloned from this driver's.
+        let _ = session.attach_cancellable(b, cancel.shared_flag());
+    }
+    let mut sender = PieceSender::new(sink, tools.as_deref().map(ToolCallParser::new));
+    let out = generate_text_with_logprobs(
+        session,
+        &l.tokenizer,
+        new_ids,
+        params,
+        Some(cancel.flag()),
+        &mut |t, records| {
+            if !sender.piece(t, records) {
+                cancel.cancel();
+            }
+        },
+    );
+    session.detach();
+    (out, sender)
 }
 
 /// Ends a reply that was not cancelled: the parser's last events, then `Done` (its
@@ -764,25 +785,8 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
         if sink.is_closed() {
             return None;
         }
-        let cancel = sink.cancel_handle().clone();
-        if let Some(b) = s.batcher.get() {
-            let _ = session.attach_cancellable(b, cancel.shared_flag());
-        }
         let p = params_of(i);
-        let mut sender = PieceSender::new(sink, tools.as_deref().map(ToolCallParser::new));
-        let out = generate_text_with_logprobs(
-            session,
-            &l.tokenizer,
-            &[],
-            &p,
-            Some(cancel.flag()),
-            &mut |t, records| {
-                if !sender.piece(t, records) {
-                    cancel.cancel();
-                }
-            },
-        );
-        session.detach();
+        let (out, sender) = generate_into(s, l, session, &[], &p, sink, &tools);
         Some((out, sender, p))
     };
     // Ends choice `i`'s reply.
