@@ -41,6 +41,7 @@ mod cache;
 pub mod chat;
 pub mod grammar;
 pub mod logprobs;
+pub mod persist;
 pub mod sampling;
 mod session;
 pub mod stop;

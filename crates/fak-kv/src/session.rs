@@ -127,6 +127,22 @@ impl Session {
         }
     }
 
+    /// A session over `cache` (filled for `model`) whose entries are the tokens `ids`:
+    /// a session read back from a file ([`crate::persist`]). No logits yet: the next
+    /// prefill gives them.
+    pub(crate) fn restored(model: Arc<Model>, cache: KvCache, ids: Vec<u32>) -> Self {
+        debug_assert_eq!(cache.len(), ids.len());
+        Session {
+            model,
+            cache,
+            last_logits: None,
+            positions_computed: 0,
+            ids,
+            buffers: Buffers::default(),
+            member: Membership::default(),
+        }
+    }
+
     /// The model.
     pub fn model(&self) -> &Arc<Model> {
         &self.model
