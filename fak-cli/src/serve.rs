@@ -78,6 +78,14 @@ pub(crate) struct ServeArgs {
     /// requests), MB; 0 disables reuse. Not a limit of one generation (--max-kv-mb).
     #[arg(long, default_value_t = 512)]
     kv_budget_mb: usize,
+    /// Keep conversations across restarts: at shutdown, write the KV reuse cache's kept
+    /// conversations (most recent first, within --kv-budget-mb) to session files in
+    /// this folder (a subfolder per model and weight mode), and read them back at
+    /// start, so a returning client's next turn prefills only its new tokens. A file
+    /// that is damaged or of another model is refused (logged, renamed *.rejected);
+    /// revoked tool results are never restored.
+    #[arg(long, value_name = "DIR")]
+    kv_persist: Option<std::path::PathBuf>,
     /// Most KV cache one generation may hold (its prompt and reply), MB: a prompt
     /// needing more gets 400, a reply reaching it ends as at the context's end
     /// (finish_reason "length", stop_reason "max_tokens"). Default: a quarter of the
@@ -184,6 +192,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let built = build(&args, None)?;
+    let driver = std::sync::Arc::clone(&built.driver);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -196,6 +205,23 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     });
     // Generations still running on blocking threads are not waited for.
     rt.shutdown_timeout(Duration::from_millis(500));
+    // They were cancelled: each ends within a token and keeps its session, then the kept
+    // conversations are written (--kv-persist).
+    if let Some(r) = driver.persist_kv(Duration::from_secs(5)) {
+        tracing::info!(
+            "--kv-persist: wrote {} kept conversation(s), {:.1} MB{}",
+            r.sessions,
+            r.bytes as f64 / (1u64 << 20) as f64,
+            if r.skipped > 0 {
+                format!(
+                    " ({} left out: over --kv-budget-mb or not writable)",
+                    r.skipped
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
     if served.is_ok() {
         tracing::info!("shut down");
     }
@@ -315,6 +341,25 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
     let screen_damaged = store.damaged().to_vec();
     let screen =
         fak_ctxmmu::Screen::with(fak_ctxmmu::default_detectors(), screen_config, store, audit);
+    if let Some(dir) = &args.kv_persist {
+        config.kv_persist = Some(fak_engine::persist::KvPersistConfig {
+            dir: dir.clone(),
+            max_bytes: config.kv_budget_bytes as u64,
+        });
+        // Restored conversations are cut before any result revoked so far.
+        let r = screen.revocations();
+        config.revoked = r
+            .digests()
+            .map(|d| fak_engine::Revocation {
+                digest: Some(d.to_string()),
+                tool_call_id: None,
+            })
+            .chain(r.calls().map(|c| fak_engine::Revocation {
+                digest: None,
+                tool_call_id: Some(c.to_string()),
+            }))
+            .collect();
+    }
     if engines.iter().any(|e| is_upstream(e)) {
         if args.routes.is_empty() && args.base_url.is_empty() {
             return Err(fail(format!(

@@ -152,6 +152,16 @@ impl Revocations {
         self.calls.contains(tool_call_id)
     }
 
+    /// The revoked digests (lowercase hex), in no order.
+    pub fn digests(&self) -> impl Iterator<Item = &str> {
+        self.digests.iter().map(String::as_str)
+    }
+
+    /// The revoked tool-call ids, in no order.
+    pub fn calls(&self) -> impl Iterator<Item = &str> {
+        self.calls.iter().map(String::as_str)
+    }
+
     /// Revokes a digest (lowercased); `Ok(false)` if it was revoked already.
     ///
     /// # Errors

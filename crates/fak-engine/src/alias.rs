@@ -272,6 +272,10 @@ impl EngineDriver for AliasedDriver {
         self.inner.drain();
     }
 
+    fn persist_kv(&self, wait: std::time::Duration) -> Option<crate::persist::PersistReport> {
+        self.inner.persist_kv(wait)
+    }
+
     fn cancel_all(&self) {
         self.inner.cancel_all();
     }

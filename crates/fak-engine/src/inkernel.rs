@@ -243,6 +243,8 @@ struct Shared {
     /// With more than one slot: the thread that runs every slot's forward passes
     /// together (continuous batching, [`fak_kv::Batcher`]), started with the workers.
     batcher: OnceLock<Batcher>,
+    /// `--kv-persist`: set when the model is loaded, if configured and possible.
+    persist: OnceLock<crate::persist::Persist>,
 }
 
 /// Locks a mutex, taking the data even if a worker panicked while holding it (every
@@ -281,6 +283,7 @@ impl InKernelDriver {
                 });
                 match loaded {
                     Ok(l) => {
+                        restore_kept(&s, &l);
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));
                         spawn_workers(&s);
                     }
@@ -305,7 +308,9 @@ impl InKernelDriver {
         config: EngineConfig,
     ) -> Self {
         let shared = Self::shared(id.to_string(), config);
-        *lock(&shared.state) = LoadState::Ready(Arc::new(Loaded::new(model, tokenizer, template)));
+        let l = Loaded::new(model, tokenizer, template);
+        restore_kept(&shared, &l);
+        *lock(&shared.state) = LoadState::Ready(Arc::new(l));
         spawn_workers(&shared);
         InKernelDriver { shared }
     }
@@ -320,8 +325,12 @@ impl InKernelDriver {
             draining: AtomicBool::new(false),
             active: AtomicUsize::new(0),
             running: Mutex::new(vec![Vec::new(); config.parallel.max(1)]),
-            prefix: Mutex::new(PrefixCache::new(config.kv_budget_bytes)),
+            prefix: Mutex::new(PrefixCache::with_revoked(
+                config.kv_budget_bytes,
+                &config.revoked,
+            )),
             batcher: OnceLock::new(),
+            persist: OnceLock::new(),
             config,
         })
     }
@@ -460,6 +469,44 @@ fn lower_priority() {
         // (e.g. a seccomp filter) only leaves the priority as it was.
         let _ = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, WORKER_NICENESS) };
     }
+}
+
+/// `--kv-persist` ([`crate::persist`]): identifies the model, then reads the kept
+/// conversations written at the last shutdown into the KV reuse cache. A failure is
+/// logged and leaves persistence off; the server serves either way.
+fn restore_kept(shared: &Shared, l: &Loaded) {
+    let c = &shared.config;
+    let (Some(pc), Some(path)) = (&c.kv_persist, &c.model_path) else {
+        if c.kv_persist.is_some() {
+            tracing::error!(
+                "--kv-persist needs the model's path; kept conversations are not saved"
+            );
+        }
+        return;
+    };
+    let p = match crate::persist::Persist::open(pc, path, c.weights.name()) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::error!("{e}; kept conversations are not saved");
+            return;
+        }
+    };
+    let t0 = std::time::Instant::now();
+    let capacity = l.empty.cache().capacity();
+    let r = p.restore(&l.model, capacity, &mut lock(&shared.prefix));
+    tracing::info!(
+        "--kv-persist: restored {} kept conversation(s), {:.1} MB, from {} in {:.2} s{}",
+        r.sessions,
+        r.bytes as f64 / MB,
+        p.dir().display(),
+        t0.elapsed().as_secs_f64(),
+        if r.skipped > 0 {
+            format!(" ({} file(s) refused or left out)", r.skipped)
+        } else {
+            String::new()
+        }
+    );
+    let _ = shared.persist.set(p);
 }
 
 fn spawn_workers(shared: &Arc<Shared>) {
@@ -1193,7 +1240,21 @@ impl EngineDriver for InKernelDriver {
         if !self.shared.config.kv_evict {
             return RevokeReport::default();
         }
+        if let Some(p) = self.shared.persist.get() {
+            p.revoke(r);
+        }
         lock(&self.shared.prefix).revoke(r)
+    }
+
+    fn persist_kv(&self, wait: std::time::Duration) -> Option<crate::persist::PersistReport> {
+        let p = self.shared.persist.get()?;
+        // A job still running keeps its session when it ends: wait for them (bounded).
+        let until = std::time::Instant::now() + wait;
+        while self.shared.active.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < until {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let kept = lock(&self.shared.prefix).kept();
+        Some(p.save(kept))
     }
 
     fn stats(&self) -> EngineStats {

@@ -35,6 +35,7 @@
 pub mod alias;
 pub mod inkernel;
 pub mod mock;
+pub mod persist;
 pub mod policy;
 pub mod prefix;
 pub mod presets;
@@ -771,6 +772,14 @@ pub struct EngineConfig {
     pub constrain_tool_calls: bool,
     /// The upstream server (`openai-upstream`, `anthropic-upstream`).
     pub upstream: upstream::UpstreamConfig,
+    /// Where the in-kernel driver writes its kept conversations at shutdown and reads
+    /// them back at start ([`persist`]; `fak serve --kv-persist`). `None`: kept
+    /// conversations end with the process.
+    pub kv_persist: Option<persist::KvPersistConfig>,
+    /// Revocations in force when the engine starts (the quarantine store's persisted
+    /// ones): a session restored from [`EngineConfig::kv_persist`] is cut before any
+    /// span they match, as a live one is by [`EngineDriver::revoke`].
+    pub revoked: Vec<Revocation>,
 }
 
 impl Default for EngineConfig {
@@ -787,6 +796,8 @@ impl Default for EngineConfig {
             kv_evict: true,
             constrain_tool_calls: true,
             upstream: upstream::UpstreamConfig::default(),
+            kv_persist: None,
+            revoked: Vec::new(),
         }
     }
 }
@@ -896,6 +907,15 @@ pub trait EngineDriver: Send + Sync + 'static {
     /// stream is still held, and the driver's threads go idle. Default: nothing (a
     /// driver whose generations stop when their streams are dropped).
     fn cancel_all(&self) {}
+
+    /// Writes the kept conversations to [`EngineConfig::kv_persist`]'s folder
+    /// ([`persist`]) once the generations still running have ended, waiting for them at
+    /// most `wait`. For the end of a shutdown, after [`EngineDriver::cancel_all`].
+    /// `None` when this engine keeps none there (the default).
+    fn persist_kv(&self, wait: std::time::Duration) -> Option<persist::PersistReport> {
+        let _ = wait;
+        None
+    }
 
     /// Whether a request for `model` (`None`: the default) is forwarded as the client
     /// sent it, so the gateway should attach [`GenerateRequest::raw`]. Default `false`;

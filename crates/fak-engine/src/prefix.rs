@@ -26,7 +26,7 @@
 
 use crate::{Revocation, RevokeReport};
 use fak_kv::Session;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Index of a node in [`Trie::nodes`].
@@ -276,7 +276,7 @@ impl<T> Trie<T> {
 
 /// Where a tool result sits in a kept session: the ledger entry that lets a revocation
 /// find it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Span {
     /// sha256 hex of the result's text as it entered the prompt.
     pub digest: String,
@@ -288,11 +288,38 @@ pub struct Span {
 }
 
 impl Span {
-    fn matches(&self, r: &Revocation) -> bool {
+    /// Whether `r` revokes this result (its digest or its call id).
+    pub(crate) fn matches(&self, r: &Revocation) -> bool {
         r.digest
             .as_deref()
             .is_some_and(|d| d.eq_ignore_ascii_case(&self.digest))
             || (r.tool_call_id.is_some() && r.tool_call_id == self.tool_call_id)
+    }
+}
+
+/// The revocations in force: digests (lowercase) and tool-call ids, each looked up in
+/// O(1), so that sessions restored at start are checked against a long list quickly.
+#[derive(Default)]
+struct Revoked {
+    digests: HashSet<String>,
+    calls: HashSet<String>,
+}
+
+impl Revoked {
+    fn add(&mut self, r: &Revocation) {
+        if let Some(d) = &r.digest {
+            self.digests.insert(d.to_ascii_lowercase());
+        }
+        if let Some(c) = &r.tool_call_id {
+            self.calls.insert(c.clone());
+        }
+    }
+
+    fn matches(&self, s: &Span) -> bool {
+        self.digests.contains(&s.digest.to_ascii_lowercase())
+            || s.tool_call_id
+                .as_ref()
+                .is_some_and(|c| self.calls.contains(c))
     }
 }
 
@@ -311,7 +338,7 @@ struct Kept {
 /// In the trie a partition is a tag of [`Partition::TAG_LEN`] leading ids (128 bits of
 /// the sha256 of its name) before the token ids, so all partitions share one byte
 /// budget and one LRU order, and a revocation reaches every partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Partition([u32; Partition::TAG_LEN]);
 
 impl Partition {
@@ -348,7 +375,7 @@ impl Default for Partition {
 /// budget; revoked content cut out (see [`PrefixCache::revoke`]).
 pub struct PrefixCache {
     trie: Trie<Kept>,
-    revoked: Vec<Revocation>,
+    revoked: Revoked,
 }
 
 /// A lookup hit: a kept session and how many of the prompt's leading tokens it holds.
@@ -365,8 +392,22 @@ impl PrefixCache {
     pub fn new(budget_bytes: usize) -> Self {
         PrefixCache {
             trie: Trie::new(budget_bytes),
-            revoked: Vec::new(),
+            revoked: Revoked::default(),
         }
+    }
+
+    /// An empty cache ([`PrefixCache::new`]) with `revoked` in force: a session kept
+    /// later (one restored from a file at start) is cut before the first of its spans
+    /// any of them matches.
+    pub fn with_revoked<'a>(
+        budget_bytes: usize,
+        revoked: impl IntoIterator<Item = &'a Revocation>,
+    ) -> Self {
+        let mut c = PrefixCache::new(budget_bytes);
+        for r in revoked {
+            c.revoked.add(r);
+        }
+        c
     }
 
     /// Sessions held.
@@ -419,6 +460,21 @@ impl PrefixCache {
         self.trie = Trie::new(self.trie.budget_bytes);
     }
 
+    /// The kept sessions with their ledgers and partitions, most recently used first
+    /// (what `fak serve --kv-persist` writes at shutdown).
+    pub fn kept(&self) -> Vec<(Arc<Session>, Vec<Span>, Partition)> {
+        self.trie
+            .by_use
+            .values()
+            .rev()
+            .filter_map(|&leaf| self.trie.nodes[leaf].entry.as_ref())
+            .map(|e| {
+                let k = &e.value;
+                (Arc::clone(&k.session), k.ledger.clone(), k.partition)
+            })
+            .collect()
+    }
+
     /// The kept sessions, most recently used first (for inspection and tests).
     pub fn sessions(&self) -> Vec<Arc<Session>> {
         self.trie
@@ -435,9 +491,7 @@ impl PrefixCache {
     /// when that is its first token. `r` is remembered, so a session kept later (a
     /// generation that was running when the revocation came) is cut the same way.
     pub fn revoke(&mut self, r: &Revocation) -> RevokeReport {
-        if !self.revoked.contains(r) {
-            self.revoked.push(r.clone());
-        }
+        self.revoked.add(r);
         let hit = self
             .trie
             .take_where(|k| k.ledger.iter().any(|s| s.matches(r)));
@@ -460,7 +514,7 @@ impl PrefixCache {
         let Some(at) = k
             .ledger
             .iter()
-            .filter(|s| self.revoked.iter().any(|r| s.matches(r)))
+            .filter(|s| self.revoked.matches(s))
             .map(|s| s.start)
             .min()
         else {

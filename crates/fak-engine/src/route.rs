@@ -300,6 +300,21 @@ impl EngineDriver for RoutedDriver {
         }
     }
 
+    /// Every routed engine's kept conversations ([`EngineDriver::persist_kv`]), summed;
+    /// `None` when none keeps any.
+    fn persist_kv(&self, wait: std::time::Duration) -> Option<crate::persist::PersistReport> {
+        let mut total: Option<crate::persist::PersistReport> = None;
+        for d in self.drivers() {
+            if let Some(r) = d.persist_kv(wait) {
+                let t = total.get_or_insert_with(Default::default);
+                t.sessions += r.sessions;
+                t.bytes += r.bytes;
+                t.skipped += r.skipped;
+            }
+        }
+        total
+    }
+
     fn cancel_all(&self) {
         for d in self.drivers() {
             d.cancel_all();
