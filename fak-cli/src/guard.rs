@@ -120,6 +120,8 @@ struct Started {
     stop_tx: tokio::sync::oneshot::Sender<()>,
     server: tokio::task::JoinHandle<Result<(), CliError>>,
     metrics: std::sync::Arc<Metrics>,
+    /// Its kept conversations are written at the end (`--kv-persist`).
+    driver: std::sync::Arc<dyn fak_engine::EngineDriver>,
 }
 
 /// Everything before the command runs: its errors are fak guard's own.
@@ -170,6 +172,7 @@ fn start(a: &GuardArgs) -> Result<Started, CliError> {
         stop_tx,
         server,
         metrics,
+        driver,
     })
 }
 
@@ -183,6 +186,7 @@ fn run_command(command: &[String], started: Started) -> Result<(), CliError> {
         stop_tx,
         server,
         metrics,
+        driver,
     } = started;
     let key = key.as_str();
     let t0 = Instant::now();
@@ -222,6 +226,7 @@ fn run_command(command: &[String], started: Started) -> Result<(), CliError> {
     let _ = stop_tx.send(());
     let _ = rt.block_on(server);
     rt.shutdown_timeout(Duration::from_millis(500));
+    crate::serve::persist_at_exit(driver.as_ref());
     let status = status.map_err(|e| fail(format!("waiting for {program}: {e}")))?;
     let code = exit_code(&status);
     eprint!(

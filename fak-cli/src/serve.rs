@@ -205,27 +205,29 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     });
     // Generations still running on blocking threads are not waited for.
     rt.shutdown_timeout(Duration::from_millis(500));
-    // They were cancelled: each ends within a token and keeps its session, then the kept
-    // conversations are written (--kv-persist).
+    persist_at_exit(driver.as_ref());
+    if served.is_ok() {
+        tracing::info!("shut down");
+    }
+    served
+}
+
+/// At the end of a shutdown: once the generations cancelled by it have ended (each
+/// within a token, keeping its session; waited for at most 5 s), writes the kept
+/// conversations (`--kv-persist`) and logs what was written.
+pub(crate) fn persist_at_exit(driver: &dyn EngineDriver) {
     if let Some(r) = driver.persist_kv(Duration::from_secs(5)) {
         tracing::info!(
             "--kv-persist: wrote {} kept conversation(s), {:.1} MB{}",
             r.sessions,
             r.bytes as f64 / (1u64 << 20) as f64,
             if r.skipped > 0 {
-                format!(
-                    " ({} left out: over --kv-budget-mb or not writable)",
-                    r.skipped
-                )
+                format!(" ({} left out: over --kv-budget-mb or not writable)", r.skipped)
             } else {
                 String::new()
             }
         );
     }
-    if served.is_ok() {
-        tracing::info!("shut down");
-    }
-    served
 }
 
 /// A gateway ready to serve: what [`build`] made of the flags.
