@@ -78,10 +78,10 @@ pub(crate) struct ServeArgs {
     /// requests), MB; 0 disables reuse. Not a limit of one generation (--max-kv-mb).
     #[arg(long, default_value_t = 512)]
     kv_budget_mb: usize,
-    /// Keep conversations across restarts: at shutdown, write the KV reuse cache's kept
-    /// conversations (most recent first, within --kv-budget-mb) to session files in
-    /// this folder (a subfolder per model and weight mode), and read them back at
-    /// start, so a returning client's next turn prefills only its new tokens. A file
+    /// Keep conversations across restarts: at shutdown and every 30 s, write the KV
+    /// reuse cache's kept conversations (most recent first, within --kv-budget-mb) to
+    /// session files in this folder (a subfolder per model and weight mode), and read
+    /// them back at start, so a returning client's next turn prefills only its new tokens. A file
     /// that is damaged or of another model is refused (logged, renamed *.rejected);
     /// revoked tool results are never restored.
     #[arg(long, value_name = "DIR")]
@@ -222,7 +222,10 @@ pub(crate) fn persist_at_exit(driver: &dyn EngineDriver) {
             r.sessions,
             r.bytes as f64 / (1u64 << 20) as f64,
             if r.skipped > 0 {
-                format!(" ({} left out: over --kv-budget-mb or not writable)", r.skipped)
+                format!(
+                    " ({} left out: over --kv-budget-mb or not writable)",
+                    r.skipped
+                )
             } else {
                 String::new()
             }
@@ -347,6 +350,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         config.kv_persist = Some(fak_engine::persist::KvPersistConfig {
             dir: dir.clone(),
             max_bytes: config.kv_budget_bytes as u64,
+            flush_interval: fak_engine::persist::FLUSH_INTERVAL,
         });
         // Restored conversations are cut before any result revoked so far.
         let r = screen.revocations();

@@ -493,7 +493,7 @@ fn restore_kept(shared: &Shared, l: &Loaded) {
     };
     let t0 = std::time::Instant::now();
     let capacity = l.empty.cache().capacity();
-    let r = p.restore(&l.model, capacity, &mut lock(&shared.prefix));
+    let r = p.restore(&l.model, capacity, &c.revoked, &mut lock(&shared.prefix));
     tracing::info!(
         "--kv-persist: restored {} kept conversation(s), {:.1} MB, from {} in {:.2} s{}",
         r.sessions,
@@ -509,7 +509,35 @@ fn restore_kept(shared: &Shared, l: &Loaded) {
     let _ = shared.persist.set(p);
 }
 
+/// `--kv-persist`: a thread that brings the folder up to date every
+/// [`crate::persist::KvPersistConfig::flush_interval`], until the driver shuts down or
+/// is dropped.
+fn start_flusher(shared: &Arc<Shared>) {
+    let Some(every) = shared.persist.get().map(|p| p.flush_interval) else {
+        return;
+    };
+    let weak = Arc::downgrade(shared);
+    let _ = std::thread::Builder::new()
+        .name("fak-kv-persist".into())
+        .spawn(move || loop {
+            let until = std::time::Instant::now() + every;
+            while std::time::Instant::now() < until {
+                std::thread::sleep(every.min(std::time::Duration::from_millis(200)));
+                match weak.upgrade() {
+                    Some(s) if !s.shutdown.load(Ordering::SeqCst) => {}
+                    _ => return,
+                }
+            }
+            let Some(s) = weak.upgrade() else { return };
+            if let Some(p) = s.persist.get() {
+                let kept = lock(&s.prefix).kept();
+                p.save(kept);
+            }
+        });
+}
+
 fn spawn_workers(shared: &Arc<Shared>) {
+    start_flusher(shared);
     start_batcher(shared);
     for i in 0..shared.config.parallel.max(1) {
         let s = Arc::clone(shared);

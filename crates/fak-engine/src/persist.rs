@@ -19,11 +19,13 @@
 //!   matches, as it cuts a live one: a revoked result is never restored;
 //! - sessions beyond the KV reuse budget are dropped oldest first, as at run time.
 //!
-//! A revocation at run time also removes the files of the sessions it matches, so
-//! revoked content does not stay on the disk until the next shutdown. At shutdown the
-//! folder is rewritten: the kept sessions' files are written (each atomically) and
-//! every other session file there is removed, so the folder never holds more than the
-//! budget.
+//! A revocation (at run time, or in force at start) also removes the files of the
+//! sessions it matches at once, so revoked content does not stay on the disk. Every
+//! [`KvPersistConfig::flush_interval`] while running and at shutdown the folder is brought up to date:
+//! the kept sessions not on the disk yet are written (each atomically), every other
+//! session file there is removed, and `index.json` records their least-recently-used
+//! order, so the folder never holds more than the budget and a crash loses at most the
+//! conversations of the last interval.
 
 use crate::prefix::{Partition, PrefixCache, Span};
 use crate::Revocation;
@@ -41,6 +43,9 @@ pub struct KvPersistConfig {
     pub dir: PathBuf,
     /// Most bytes of session files written at shutdown (and read at start).
     pub max_bytes: u64,
+    /// How often a running server brings the folder up to date ([`FLUSH_INTERVAL`] in
+    /// `fak serve`).
+    pub flush_interval: std::time::Duration,
 }
 
 /// What a kept session's file carries beside its KV.
@@ -51,9 +56,21 @@ pub struct KeptMeta {
     pub ledger: Vec<Span>,
     /// The cache partition it was kept in.
     pub partition: Partition,
-    /// Its rank in the least-recently-used order when written (0: the most recent).
-    pub rank: usize,
 }
+
+/// `index.json` in the folder: the session files' names, most recently used first, as
+/// of the last save (a file it does not list is restored as the oldest).
+#[derive(Serialize, Deserialize, Debug, Default)]
+#[serde(deny_unknown_fields)]
+struct Index {
+    recent_first: Vec<String>,
+}
+
+/// The name of the folder's index.
+const INDEX: &str = "index.json";
+
+/// How often `fak serve` brings the folder up to date while running.
+pub const FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The extension of session files.
 pub const EXTENSION: &str = "fakkv";
@@ -74,9 +91,11 @@ pub(crate) struct Persist {
     dir: PathBuf,
     identity: ModelIdentity,
     max_bytes: u64,
-    /// Files read at start not yet rewritten, with their ledgers (a revocation removes
-    /// the ones it matches).
-    restored: std::sync::Mutex<Vec<(PathBuf, Vec<Span>)>>,
+    /// [`KvPersistConfig::flush_interval`].
+    pub(crate) flush_interval: std::time::Duration,
+    /// The session files on the disk with their ledgers (a revocation removes the
+    /// ones it matches); also the lock that keeps two saves from overlapping.
+    on_disk: std::sync::Mutex<Vec<(PathBuf, Vec<Span>)>>,
 }
 
 impl Persist {
@@ -102,7 +121,8 @@ impl Persist {
                 weights: weights.into(),
             },
             max_bytes: config.max_bytes,
-            restored: std::sync::Mutex::new(Vec::new()),
+            flush_interval: config.flush_interval,
+            on_disk: std::sync::Mutex::new(Vec::new()),
         })
     }
 
@@ -132,6 +152,7 @@ impl Persist {
         &self,
         model: &Arc<Model>,
         capacity: usize,
+        revoked: &[Revocation],
         cache: &mut PrefixCache,
     ) -> PersistReport {
         let mut report = PersistReport::default();
@@ -170,28 +191,58 @@ impl Persist {
                 }
             }
         }
-        // Oldest (highest rank) first, so the most recent ends most recently used.
-        read.sort_by_key(|r| std::cmp::Reverse(r.2.rank));
+        // Oldest first (files the index does not list before all), so the most recent
+        // ends most recently used.
+        let index: Index = std::fs::read(self.dir.join(INDEX))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default();
+        let age = |p: &Path| {
+            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
+            index
+                .recent_first
+                .iter()
+                .position(|n| Some(n) == name.as_ref())
+                .unwrap_or(usize::MAX)
+        };
+        read.sort_by_key(|r| std::cmp::Reverse(age(&r.0)));
+        let digests: std::collections::HashSet<String> = revoked
+            .iter()
+            .filter_map(|r| r.digest.as_ref().map(|d| d.to_ascii_lowercase()))
+            .collect();
+        let calls: std::collections::HashSet<&str> = revoked
+            .iter()
+            .filter_map(|r| r.tool_call_id.as_deref())
+            .collect();
         let mut restored = Vec::new();
         for (path, session, meta, bytes) in read {
             report.sessions += 1;
             report.bytes += bytes;
-            restored.push((path, meta.ledger.clone()));
+            let holds_revoked = meta.ledger.iter().any(|s| {
+                digests.contains(&s.digest.to_ascii_lowercase())
+                    || s.tool_call_id.as_deref().is_some_and(|c| calls.contains(c))
+            });
+            if holds_revoked {
+                // The cache cuts it below; the file must not keep the revoked content.
+                let _ = std::fs::remove_file(&path);
+            } else {
+                restored.push((path, meta.ledger.clone()));
+            }
             cache.insert_in(&meta.partition, session, meta.ledger);
         }
-        *self.lock_restored() = restored;
+        *self.lock_on_disk() = restored;
         report
     }
 
-    fn lock_restored(&self) -> std::sync::MutexGuard<'_, Vec<(PathBuf, Vec<Span>)>> {
-        self.restored.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock_on_disk(&self) -> std::sync::MutexGuard<'_, Vec<(PathBuf, Vec<Span>)>> {
+        self.on_disk.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Removes the restored files holding a span `r` matches (their sessions in memory
-    /// were cut; what is left of them is written at shutdown).
+    /// Removes the files holding a span `r` matches (their sessions in memory were
+    /// cut; what is left of them is written at the next save).
     pub(crate) fn revoke(&self, r: &Revocation) {
-        let mut restored = self.lock_restored();
-        restored.retain(|(path, ledger)| {
+        let mut on_disk = self.lock_on_disk();
+        on_disk.retain(|(path, ledger)| {
             let hit = ledger.iter().any(|s| s.matches(r));
             if hit {
                 if let Err(e) = std::fs::remove_file(path) {
@@ -207,29 +258,41 @@ impl Persist {
 
     /// Writes `kept` (most recently used first) while the files fit
     /// [`KvPersistConfig::max_bytes`], then removes every other session file of the
-    /// folder.
+    /// folder and writes the index. A session whose file is there already is not
+    /// written again: a file's name is the digest of its partition and token ids, and a
+    /// kept session with those ids holds the same rows (a cut changes its ids).
     pub(crate) fn save(&self, kept: Vec<(Arc<Session>, Vec<Span>, Partition)>) -> PersistReport {
+        let mut on_disk = self.lock_on_disk();
         let mut report = PersistReport::default();
-        let mut written = std::collections::HashSet::new();
-        for (rank, (session, ledger, partition)) in kept.into_iter().enumerate() {
+        let mut written = Vec::new();
+        let mut names = Vec::new();
+        for (session, ledger, partition) in kept {
             let need = session.cache().bytes_used() as u64;
             if report.bytes + need > self.max_bytes {
                 report.skipped += 1;
                 continue;
             }
-            let path = self
-                .dir
-                .join(format!("{}.{EXTENSION}", name(&partition, session.ids())));
-            let meta = KeptMeta {
-                ledger,
-                partition,
-                rank,
-            };
+            let name = format!("{}.{EXTENSION}", name(&partition, session.ids()));
+            let path = self.dir.join(&name);
+            if let Some(len) = on_disk
+                .iter()
+                .any(|(p, _)| *p == path)
+                .then(|| std::fs::metadata(&path).map(|m| m.len()).ok())
+                .flatten()
+            {
+                report.sessions += 1;
+                report.bytes += len;
+                written.push((path, ledger));
+                names.push(name);
+                continue;
+            }
+            let meta = KeptMeta { ledger, partition };
             match persist::save_session(&path, &session, &self.identity, &meta) {
                 Ok(n) => {
                     report.sessions += 1;
                     report.bytes += n;
-                    written.insert(path);
+                    written.push((path, meta.ledger));
+                    names.push(name);
                 }
                 Err(e) => {
                     tracing::warn!("--kv-persist: writing {}: {e}", path.display());
@@ -238,11 +301,20 @@ impl Persist {
             }
         }
         for path in self.files() {
-            if !written.contains(&path) {
+            if !written.iter().any(|(p, _)| *p == path) {
                 let _ = std::fs::remove_file(&path);
             }
         }
-        self.lock_restored().clear();
+        let index = Index {
+            recent_first: names,
+        };
+        if let Ok(b) = serde_json::to_vec(&index) {
+            let tmp = self.dir.join(".index.json.tmp");
+            if std::fs::write(&tmp, b).is_ok() {
+                let _ = std::fs::rename(&tmp, self.dir.join(INDEX));
+            }
+        }
+        *on_disk = written;
         report
     }
 }

@@ -39,6 +39,10 @@ fn scratch(name: &str) -> PathBuf {
 }
 
 fn driver(dir: &Path, revoked: Vec<Revocation>) -> InKernelDriver {
+    driver_flushing(dir, revoked, Duration::from_secs(3600))
+}
+
+fn driver_flushing(dir: &Path, revoked: Vec<Revocation>, every: Duration) -> InKernelDriver {
     let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
@@ -47,6 +51,7 @@ fn driver(dir: &Path, revoked: Vec<Revocation>) -> InKernelDriver {
         kv_persist: Some(KvPersistConfig {
             dir: dir.to_path_buf(),
             max_bytes: 512 << 20,
+            flush_interval: every,
         }),
         revoked,
         ..EngineConfig::default()
@@ -184,6 +189,8 @@ fn a_result_revoked_before_the_restart_is_never_restored() {
     let b = driver(&dir, vec![r.clone()]);
     let restored = b.kept_sessions();
     assert_eq!(restored.len(), 1);
+    // Its file, which holds the revoked result, is gone at once.
+    assert_eq!(files(&dir, "fakkv").len(), 0);
     let cut = restored[0].len();
     assert!(cut > 0 && cut < first.prompt_tokens, "cut at {cut}");
     // The same cut as a live revocation makes.
@@ -250,5 +257,27 @@ fn a_truncated_or_foreign_session_file_is_refused_whole() {
     assert!(b.kept_sessions().is_empty(), "a refused file was loaded");
     assert_eq!(files(&dir, "fakkv").len(), 0);
     assert_eq!(files(&dir, "rejected").len(), 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[fak_testkit::real_model]
+fn a_running_server_writes_its_kept_conversations_without_a_shutdown() {
+    let dir = scratch("flush");
+    let a = driver_flushing(&dir, Vec::new(), Duration::from_millis(100));
+    converse(&a, &["Name a colour."]);
+    let kept = a.kept_sessions();
+    // Within a few intervals the file is there, with no shutdown (a crash now loses
+    // nothing kept).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while files(&dir, "fakkv").is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(files(&dir, "fakkv").len(), 1);
+    // Read by a second driver while the first still runs (as after a crash).
+    let c = driver(&dir, Vec::new());
+    assert_eq!(c.kept_sessions().len(), 1);
+    assert!(c.kept_sessions()[0].cache() == kept[0].cache());
+    drop(a);
+    drop(c);
     let _ = std::fs::remove_dir_all(&dir);
 }
