@@ -86,6 +86,19 @@ pub(crate) struct ServeArgs {
     /// revoked tool results are never restored.
     #[arg(long, value_name = "DIR")]
     kv_persist: Option<std::path::PathBuf>,
+    /// When a chat conversation, with room for its reply (max_tokens, at most a quarter
+    /// of the window; 512 when not given), outgrows the context window: `error` (a
+    /// 400), `rebuild` (drop the oldest whole turns, keep the leading system turn and
+    /// the last turn, prefill the rest anew: exact) or `shift` (drop them from the
+    /// cached conversation in place and prefill only the new tokens: fast, an
+    /// approximation, as llama.cpp's context shift). A request's `context_overflow`
+    /// field overrides it.
+    #[arg(long, value_enum, default_value_t = ContextOverflowArg::Error)]
+    context_overflow: ContextOverflowArg,
+    /// Serve a context window of at most this many tokens (default: the model's
+    /// trained context), as llama.cpp's -c and vLLM's --max-model-len.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    context_length: Option<u64>,
     /// Most KV cache one generation may hold (its prompt and reply), MB: a prompt
     /// needing more gets 400, a reply reaching it ends as at the context's end
     /// (finish_reason "length", stop_reason "max_tokens"). Default: a quarter of the
@@ -212,6 +225,17 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     served
 }
 
+/// `--context-overflow` (see [`fak_engine::ContextOverflow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum ContextOverflowArg {
+    /// Refuse the request (400).
+    Error,
+    /// Drop the oldest turns from the cached conversation in place (approximate).
+    Shift,
+    /// Drop the oldest turns and prefill the rest anew (exact).
+    Rebuild,
+}
+
 /// At the end of a shutdown: once the generations cancelled by it have ended (each
 /// within a token, keeping its session; waited for at most 5 s), writes the kept
 /// conversations (`--kv-persist`) and logs what was written.
@@ -310,6 +334,14 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         threads: args.threads,
         weights: args.weights.into(),
         kv_evict: !args.no_kv_evict,
+        context_length: args
+            .context_length
+            .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+        context_overflow: match args.context_overflow {
+            ContextOverflowArg::Error => fak_engine::ContextOverflow::Error,
+            ContextOverflowArg::Shift => fak_engine::ContextOverflow::Shift,
+            ContextOverflowArg::Rebuild => fak_engine::ContextOverflow::Rebuild,
+        },
         ..EngineConfig::default()
     };
     // The boundary first: a bad policy or an unreadable store stops the start.

@@ -14,12 +14,14 @@
 //! from its clone (on its own thread through the batcher when `parallel > 1`, else one
 //! after another), choice 0's final session kept.
 
+mod overflow;
+
 use crate::prefix::{start_session, Partition, PrefixCache, Span};
 use crate::tools::{prepare, template_renders_tools, ToolCallParser, ToolPrompt};
 use crate::{
-    budget, check_model, event_channel, CancelHandle, Done, EngineConfig, EngineDriver,
-    EngineError, EngineEvent, EngineStats, EventSink, EventStream, FinishReason, GenerateRequest,
-    ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
+    budget, check_model, event_channel, CancelHandle, ContextOverflow, Done, EngineConfig,
+    EngineDriver, EngineError, EngineEvent, EngineStats, EventSink, EventStream, FinishReason,
+    GenerateRequest, ModelInfo, PieceSender, Prompt, Readiness, Revocation, RevokeReport,
 };
 use fak_kv::{
     generate_text_with_logprobs, BatchPolicy, Batcher, Grammar, GrammarCompiler, GrammarError,
@@ -52,8 +54,11 @@ struct Loaded {
     /// is at least `b / max_token_bytes` tokens.
     max_token_bytes: usize,
     /// An empty session whose clones start new conversations (see
-    /// [`crate::prefix::start_session`]).
+    /// [`crate::prefix::start_session`]), holding up to `context` tokens.
     empty: fak_kv::Session,
+    /// The context window served, tokens: the model's, or less
+    /// ([`EngineConfig::context_length`]).
+    context: usize,
     /// The vocabulary's token trie for constrained decoding, built by the first request
     /// that asks for a grammar (so a server whose clients never do pays nothing), or
     /// why it could not be.
@@ -63,6 +68,7 @@ struct Loaded {
 impl Loaded {
     fn new(model: Arc<Model>, tokenizer: Tokenizer, template: ChatTemplate) -> Self {
         let empty = fak_kv::Session::new(Arc::clone(&model));
+        let context = model.config().max_position_embeddings;
         let max_token_bytes = (0..tokenizer.vocab_size())
             .map(|id| tokenizer.token_bytes(id as u32).len())
             .max()
@@ -74,7 +80,17 @@ impl Loaded {
             tokenizer,
             template,
             empty,
+            context,
             grammars: OnceLock::new(),
+        }
+    }
+
+    /// Serves a context window of at most `limit` tokens
+    /// ([`EngineConfig::context_length`]); `None` keeps the model's.
+    fn limit_context(&mut self, limit: Option<usize>) {
+        if let Some(n) = limit.filter(|&n| n < self.context) {
+            self.context = n.max(1);
+            self.empty = fak_kv::Session::with_capacity(Arc::clone(&self.model), self.context);
         }
     }
 
@@ -224,6 +240,8 @@ struct Job {
     ledger: Vec<Span>,
     /// The KV reuse cache's partition it reads and writes.
     partition: Partition,
+    /// `shift` past the context wall: the cached conversation to cut in place.
+    shift: Option<overflow::ShiftPlan>,
 }
 
 struct Shared {
@@ -282,7 +300,8 @@ impl InKernelDriver {
                     Err(format!("loading the model panicked: {why}"))
                 });
                 match loaded {
-                    Ok(l) => {
+                    Ok(mut l) => {
+                        l.limit_context(s.config.context_length);
                         restore_kept(&s, &l);
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));
                         spawn_workers(&s);
@@ -308,7 +327,8 @@ impl InKernelDriver {
         config: EngineConfig,
     ) -> Self {
         let shared = Self::shared(id.to_string(), config);
-        let l = Loaded::new(model, tokenizer, template);
+        let mut l = Loaded::new(model, tokenizer, template);
+        l.limit_context(shared.config.context_length);
         restore_kept(&shared, &l);
         *lock(&shared.state) = LoadState::Ready(Arc::new(l));
         spawn_workers(&shared);
@@ -642,6 +662,7 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
         tools,
         ledger,
         partition,
+        shift,
         ..
     } = job;
     if sink.is_closed() {
@@ -657,12 +678,22 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
     if sink.is_closed() || sink.cancel_handle().is_cancelled() {
         return; // the client left while its grammar compiled
     }
-    let hit = if s.config.kv_budget_bytes > 0 {
-        lock(&s.prefix).lookup_in(&partition, &ids)
-    } else {
-        None
+    let shifted = shift
+        .as_ref()
+        .filter(|_| s.config.kv_budget_bytes > 0)
+        .and_then(|plan| overflow::try_shift(s, l, plan, &ids));
+    let started = match shifted {
+        Some(x) => Ok(x),
+        None => {
+            let hit = if s.config.kv_budget_bytes > 0 {
+                lock(&s.prefix).lookup_in(&partition, &ids)
+            } else {
+                None
+            };
+            start_session(hit, &l.empty)
+        }
     };
-    let (mut session, reused) = match start_session(hit, &l.empty) {
+    let (mut session, reused) = match started {
         Ok(x) => x,
         Err(e) => {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
@@ -796,6 +827,7 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
         tools,
         ledger,
         partition,
+        shift: _,
     } = job;
     if all_gone(&sinks) {
         return; // every client left while queued
@@ -1224,7 +1256,7 @@ impl EngineDriver for InKernelDriver {
     /// The one model, with context length 0 while it loads; none once its load failed.
     fn models(&self) -> Vec<ModelInfo> {
         let context_length = match &*lock(&self.shared.state) {
-            LoadState::Ready(l) => l.model.config().max_position_embeddings,
+            LoadState::Ready(l) => l.context,
             LoadState::Loading => 0,
             LoadState::Failed(_) => return Vec::new(),
         };
@@ -1313,7 +1345,7 @@ impl EngineDriver for InKernelDriver {
     fn count_tokens(&self, req: &GenerateRequest) -> Result<usize, EngineError> {
         let l = self.loaded()?;
         check_model(req.model.as_deref(), &self.models())?;
-        let context = l.model.config().max_position_embeddings;
+        let context = l.context;
         Ok(render_prompt(&l, req, context)?.ids.len())
     }
 
@@ -1337,13 +1369,42 @@ impl EngineDriver for InKernelDriver {
         // Compiled by the worker that takes the job (see `GrammarWork`), after the
         // prompt is checked here.
         let grammar = self.grammar_work(&req);
-        let context = l.model.config().max_position_embeddings;
+        let context = l.context;
+        // Past the context wall (`overflow`): the conversation cut to fit.
+        let mode = req
+            .context_overflow
+            .unwrap_or(self.shared.config.context_overflow);
+        let full = render_prompt(&l, &req, context);
+        let overflows = match &full {
+            Ok(r) => r.ids.len() + overflow::reply_room(&req, context) > context,
+            Err(_) => true,
+        };
+        let mut partition = Partition::new(&req.cache_partition);
+        let mut shift = None;
+        let (req, rendered) = match (mode, overflows) {
+            (ContextOverflow::Shift | ContextOverflow::Rebuild, true) => {
+                match overflow::fit(&self.shared, &l, &req, mode, context)? {
+                    Some(f) => {
+                        tracing::debug!(
+                            "context {}: dropped the {} oldest messages",
+                            mode.name(),
+                            f.dropped
+                        );
+                        partition = f.partition;
+                        shift = f.shift.filter(|_| n == 1);
+                        (f.req, f.rendered)
+                    }
+                    None => (req, full?),
+                }
+            }
+            _ => (req, full?),
+        };
         let Rendered {
             ids,
             stop_ids,
             tools,
             prep,
-        } = render_prompt(&l, &req, context)?;
+        } = rendered;
         // A reply held to a JSON format is that JSON, not call markup: it is not
         // parsed for tool calls (a string value may hold `<tool_call>` as data). A
         // forced call's grammar takes the format's place, and its reply is parsed.
@@ -1396,7 +1457,8 @@ impl EngineDriver for InKernelDriver {
                 sinks,
                 tools,
                 ledger,
-                partition: Partition::new(&req.cache_partition),
+                partition,
+                shift,
             });
         }
         self.shared.wake.notify_one();

@@ -162,6 +162,49 @@ pub struct GenerateRequest {
     /// it is [`EngineError::ContextOverflow`] (the OpenAI API's). A prompt that alone
     /// leaves no room is an overflow either way.
     pub cap_max_tokens: bool,
+    /// What to do when a chat prompt and the room its reply needs do not fit the
+    /// context window ([`ContextOverflow`]); `None`: the driver's
+    /// [`EngineConfig::context_overflow`].
+    pub context_overflow: Option<ContextOverflow>,
+}
+
+/// What the in-kernel driver does when a chat conversation, with the room its reply
+/// needs (`max_tokens`, at most a quarter of the window; 512 tokens when not given),
+/// no longer fits the context window. A pinned system turn (the leading `system` and
+/// `developer` messages) is never dropped, nor is the last turn; a turn is a `user`
+/// message and everything after it up to the next one (a tool call and its result stay
+/// together).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextOverflow {
+    /// The request is refused ([`EngineError::ContextOverflow`] or
+    /// [`EngineError::InvalidRequest`] naming the numbers), as before.
+    #[default]
+    Error,
+    /// The oldest whole turns are dropped, and the KV cache of the conversation's last
+    /// request is kept with their span evicted and the rest renumbered from their
+    /// pre-RoPE keys in one rotation: only the new tokens are prefilled. **An
+    /// approximation**, as llama.cpp's context shift is: the kept turns were computed
+    /// while the dropped ones were in context, so the reply can differ from a
+    /// conversation that only ever held the kept turns. Such caches are kept apart from
+    /// exact ones (a request in another mode never reuses them).
+    Shift,
+    /// The oldest whole turns are dropped and the kept ones prefilled anew (only the
+    /// pinned system turn, and any prefix of the kept turns already cached exactly,
+    /// reused): the cache equals a conversation that only ever held the kept turns.
+    /// Exact; costs one prefill of the kept turns each time the cut moves.
+    Rebuild,
+}
+
+impl ContextOverflow {
+    /// `"error"`, `"shift"` or `"rebuild"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ContextOverflow::Error => "error",
+            ContextOverflow::Shift => "shift",
+            ContextOverflow::Rebuild => "rebuild",
+        }
+    }
 }
 
 /// A client's Anthropic Messages request (`POST /v1/messages`) as it came, for the
@@ -219,6 +262,7 @@ impl GenerateRequest {
             raw: None,
             continue_final_message: false,
             cap_max_tokens: false,
+            context_overflow: None,
         }
     }
 
@@ -776,6 +820,14 @@ pub struct EngineConfig {
     /// them back at start ([`persist`]; `fak serve --kv-persist`). `None`: kept
     /// conversations end with the process.
     pub kv_persist: Option<persist::KvPersistConfig>,
+    /// What the in-kernel driver does when a chat conversation outgrows the context
+    /// window, unless a request says ([`GenerateRequest::context_overflow`]).
+    pub context_overflow: ContextOverflow,
+    /// The in-kernel driver's context window, tokens, when smaller than the model's
+    /// (`fak serve --context-length`, as llama.cpp's `-c` and vLLM's
+    /// `--max-model-len`): prompts and replies are held to it and `/v1/models` reports
+    /// it. `None`: the model's trained context.
+    pub context_length: Option<usize>,
     /// Revocations in force when the engine starts (the quarantine store's persisted
     /// ones): a session restored from [`EngineConfig::kv_persist`] is cut before any
     /// span they match, as a live one is by [`EngineDriver::revoke`].
@@ -797,6 +849,8 @@ impl Default for EngineConfig {
             constrain_tool_calls: true,
             upstream: upstream::UpstreamConfig::default(),
             kv_persist: None,
+            context_overflow: ContextOverflow::Error,
+            context_length: None,
             revoked: Vec::new(),
         }
     }

@@ -455,6 +455,13 @@ impl PrefixCache {
         })
     }
 
+    /// How many leading tokens of `ids` some session kept in `partition` holds (0:
+    /// none). Marks nothing used. Costs O(`ids.len()`).
+    pub fn shared_len_in(&self, partition: &Partition, ids: &[u32]) -> usize {
+        let (_, depth) = self.trie.walk(&partition.key(ids));
+        depth.saturating_sub(Partition::TAG_LEN)
+    }
+
     /// Drops every kept session (a cold cache); revocations stay in force.
     pub fn clear(&mut self) {
         self.trie = Trie::new(self.trie.budget_bytes);

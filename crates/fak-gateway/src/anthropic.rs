@@ -839,6 +839,7 @@ pub(crate) async fn messages(
         raw,
         continue_final_message: c.prefill,
         cap_max_tokens: true,
+        context_overflow: r.context_overflow.map(crate::context_overflow),
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.

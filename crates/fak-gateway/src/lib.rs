@@ -431,6 +431,15 @@ fn matching_key<'a>(
     .ok_or(())
 }
 
+/// The engine's form of the wire's `context_overflow` field.
+fn context_overflow(c: fak_wire::ContextOverflow) -> fak_engine::ContextOverflow {
+    match c {
+        fak_wire::ContextOverflow::Error => fak_engine::ContextOverflow::Error,
+        fak_wire::ContextOverflow::Shift => fak_engine::ContextOverflow::Shift,
+        fak_wire::ContextOverflow::Rebuild => fak_engine::ContextOverflow::Rebuild,
+    }
+}
+
 /// The KV reuse cache partition of a request ([`GenerateRequest::cache_partition`]):
 /// named after the API key it authenticated with (the key's sha256, never the key; no
 /// key configured: one partition for all) and its `cache_salt` (vLLM's field: a secret

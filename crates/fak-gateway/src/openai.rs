@@ -406,6 +406,7 @@ pub(crate) async fn chat_completions(
         raw: None,
         continue_final_message: false,
         cap_max_tokens: false,
+        context_overflow: r.context_overflow.map(crate::context_overflow),
     };
     // Calls may only be of tools the model was offered (none when `tool_choice` is
     // `none`): anything else it writes is denied UNKNOWN_TOOL.
@@ -900,6 +901,7 @@ pub(crate) async fn completions(
             raw: None,
             continue_final_message: false,
             cap_max_tokens: false,
+            context_overflow: None,
         };
         started.extend(start_n(&s, req, n, F, "/v1/completions").await?);
     }

@@ -566,6 +566,7 @@ pub(crate) async fn create(
         raw: None,
         continue_final_message: false,
         cap_max_tokens: false,
+        context_overflow: None,
     };
     let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/responses").await?;

@@ -457,3 +457,75 @@ fn count_tokens_equals_the_messages_prompt_on_the_real_model() {
         }
     }
 }
+
+/// `context_overflow` on both wires: a conversation past a 512-token window (the
+/// engine's `context_length`) is refused without it (the server's default, `error`),
+/// answered with the oldest turns dropped under `rebuild` and `shift` (the prompt then
+/// fits; `rebuild`'s reply is the reply to the system turn and the kept turns sent
+/// alone), and a value outside the three is a 400 naming the field.
+#[fak_testkit::real_model]
+fn context_overflow_drops_the_oldest_turns_on_both_wires() {
+    let (path, m) = model();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        context_length: Some(512),
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg);
+    let srv = start(Arc::new(d), GatewayConfig::default());
+    let mut messages = vec![json!({"role": "system", "content": "You are a terse astronomer."})];
+    for i in 0..16 {
+        messages.push(json!({"role": "user", "content": format!(
+            "Note {i}: the sky tonight was clear and dark, with a bright moon rising late over the eastern hills and many stars."
+        )}));
+        messages.push(json!({"role": "assistant", "content": "Noted."}));
+    }
+    messages.push(json!({"role": "user", "content": "Which planet is called the red planet?"}));
+    let body = |mode: Option<&str>| {
+        let mut b = json!({"model": ID, "messages": messages, "max_tokens": 12, "temperature": 0});
+        if let Some(m) = mode {
+            b["context_overflow"] = json!(m);
+        }
+        b
+    };
+    let refused = post(srv.addr, "/v1/chat/completions", &body(None));
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    let refused = post(srv.addr, "/v1/chat/completions", &body(Some("error")));
+    assert_eq!(refused.status, 400, "{}", refused.body);
+    let mut replies = Vec::new();
+    for mode in ["rebuild", "shift"] {
+        let r = post(srv.addr, "/v1/chat/completions", &body(Some(mode)));
+        assert_eq!(r.status, 200, "{mode}: {}", r.body);
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        let p = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(p + 12 <= 512, "{mode}: prompt {p}");
+        replies.push((p, chat_text(&v)));
+    }
+    // The same conversation cut by hand to the system turn and the last j turns: the
+    // one as long as rebuild's prompt gets rebuild's reply.
+    let (rp, rtext) = &replies[0];
+    let alone = (1..16).find_map(|j| {
+        let mut m = vec![messages[0].clone()];
+        m.extend_from_slice(&messages[messages.len() - (2 * j + 1)..]);
+        let b = json!({"model": ID, "messages": m, "max_tokens": 12, "temperature": 0});
+        let v: Value =
+            serde_json::from_str(&post(srv.addr, "/v1/chat/completions", &b).body).unwrap();
+        (v["usage"]["prompt_tokens"].as_u64() == Some(*rp)).then(|| chat_text(&v))
+    });
+    assert_eq!(alone.as_deref(), Some(rtext.as_str()), "rebuild's prompt is no cut of whole turns");
+    // Anthropic Messages: the system turn is the `system` field.
+    let mut am: Vec<Value> = messages[1..].to_vec();
+    am.retain(|m| m["role"] != "system");
+    let ab = json!({"model": ID, "max_tokens": 12, "temperature": 0,
+        "system": "You are a terse astronomer.", "messages": am, "context_overflow": "rebuild"});
+    let r = post(srv.addr, "/v1/messages", &ab);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() + 12 <= 512, "{v}");
+    let ab = json!({"model": ID, "max_tokens": 12, "temperature": 0,
+        "system": "You are a terse astronomer.", "messages": am});
+    assert_eq!(post(srv.addr, "/v1/messages", &ab).status, 400);
+    let bad = post(srv.addr, "/v1/chat/completions", &body(Some("truncate")));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("context_overflow"), "{}", bad.body);
+}

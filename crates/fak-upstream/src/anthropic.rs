@@ -335,6 +335,7 @@ pub fn request_body(
         top_p: (s.top_p < 1.0).then_some(s.top_p),
         top_k: (s.top_k != 0).then(|| i64::try_from(s.top_k).unwrap_or(i64::MAX)),
         cache_salt: None,
+        context_overflow: None,
         prompt,
     })
 }

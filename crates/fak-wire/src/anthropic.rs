@@ -67,6 +67,10 @@ pub struct MessagesRequest {
     /// salt (and API key) share a cached prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// fak's extension: what to do when the conversation outgrows the context window
+    /// ([`crate::ContextOverflow`]; default: the server's `--context-overflow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_overflow: Option<crate::ContextOverflow>,
     /// What is rendered into the prompt (shared with count_tokens).
     #[serde(flatten)]
     pub prompt: CountTokensRequest,

@@ -20,6 +20,24 @@ pub mod responses;
 
 mod de;
 
+/// fak's extension field `context_overflow` (Chat Completions and Messages): what the
+/// in-kernel engine does when the conversation, with room for the reply, no longer
+/// fits the model's context window. `error`: refused (400), as without the field;
+/// `shift`: the oldest whole turns dropped from the cached conversation in place
+/// (fast; an approximation, as llama.cpp's context shift); `rebuild`: the oldest whole
+/// turns dropped and the rest prefilled anew (exact). A leading system turn and the
+/// last turn are never dropped.
+#[derive(serde::Serialize, serde::Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum ContextOverflow {
+    /// Refuse the request.
+    Error,
+    /// Drop the oldest turns from the cached conversation in place (approximate).
+    Shift,
+    /// Drop the oldest turns and prefill the rest anew (exact).
+    Rebuild,
+}
+
 /// The full path and message of a deserialization error: `path` is where
 /// `serde_path_to_error` stopped (`.` for the top, `content[1]`, ...), `message` the
 /// error's text. Inside the wire's tagged unions (stream events, content blocks, deltas:

@@ -565,6 +565,10 @@ pub struct ChatCompletionRequest {
     /// vLLM's prefix-cache salt: only requests with the same salt share a cached prefix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache_salt: Option<String>,
+    /// fak's extension: what to do when the conversation outgrows the context window
+    /// ([`crate::ContextOverflow`]; default: the server's `--context-overflow`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_overflow: Option<crate::ContextOverflow>,
     /// A grammar the reply must follow, in llguidance's Lark syntax (`start: ...`; the
     /// field's name is llama.cpp's server's, which takes GBNF there: GBNF is refused
     /// with a 400, llguidance converts it only in its Python tools). Not with a
