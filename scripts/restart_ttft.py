@@ -316,8 +316,8 @@ def run(args, extra, tmp):
     r_usage = resp["usage"]
     prompt = r_usage["prompt_tokens"]
     r_cached = cached(r_usage)
-    if "restored 0 kept" in log_tail(s.log, 1000) or "restored" not in log_tail(s.log, 1000):
-        print(f"note: {s.log} does not report a restored conversation")
+    restored = [l.split("--kv-persist: ", 1)[1].strip() for l in log_tail(s.log, 1000).splitlines() if "--kv-persist: restored" in l]
+    print(f"restart: {restored[0] if restored else 'no restore line in ' + s.log}")
     r_ttft = []
     for _ in range(args.repeats):
         s = restarted()
