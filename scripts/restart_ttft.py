@@ -22,8 +22,8 @@ Prints the prompt tokens of turn N+1, cached_tokens after the restart and withou
 the median TTFT restarted and cold, and their ratio. Exits non-zero if the restarted
 reply differs from the uninterrupted one, if their cached_tokens differ, if the
 restarted server reused less than the whole of turn N's prompt and reply (prompt_tokens
-+ completion_tokens of turn N, less one token for the reply's end, which a reply cut at
-max_tokens lacks), or if the ratio is below --min-ratio (default 10).
++ completion_tokens of turn N, less one: the reply's last token, sampled but not yet run
+through the model), or if the ratio is below --min-ratio (default 10).
 
 Standard library only; every loop is bounded in count and time; every address is
 127.0.0.1. Each server's log is kept under the run's temporary folder, printed on a
