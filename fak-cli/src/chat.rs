@@ -3,9 +3,11 @@
 use crate::run::SamplingArgs;
 use crate::{load_model_with, parse_threads, resolve_or_pull, CliError, WeightsArg};
 use fak_catalog::DEFAULT_MODEL;
+use fak_kv::persist::ModelIdentity;
 use fak_kv::{ChatSession, TurnStats};
 use fak_model::load_text;
 use std::io::{BufRead, IsTerminal, Write};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -26,6 +28,12 @@ pub(crate) struct ChatArgs {
     /// in the file's block format; faster, logits differ slightly).
     #[arg(long, value_enum, default_value_t = WeightsArg::Exact)]
     weights: WeightsArg,
+    /// A session file (fak's KV session format): resumes the conversation saved there,
+    /// or starts one when it does not exist; saved again (atomically) after every turn
+    /// and every /reset. A file of another model or weight mode, or a damaged one, is
+    /// refused.
+    #[arg(long, value_name = "FILE")]
+    session: Option<PathBuf>,
 }
 
 const HELP: &str = "commands: /stats (cache position and the last turn's cost), /reset (start over), /quit; Ctrl-C stops a reply";
@@ -57,7 +65,54 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
     }
     let params = args.sampling.text_params(template.stop_token_ids(&tok))?;
     let (tok, template) = (Arc::new(tok), Arc::new(template));
-    let mut chat = ChatSession::new(Arc::clone(&model), tok, template, args.system.as_deref());
+    let saving = match &args.session {
+        Some(file) => Some(Saving::open(file, &path, &model)?),
+        None => None,
+    };
+    let resume = match &saving {
+        Some(s) => s
+            .file
+            .try_exists()
+            .map_err(|e| crate::fail(format!("--session {}: {e}", s.file.display())))?,
+        None => false,
+    };
+    let mut chat = match &saving {
+        Some(s) if resume => {
+            let chat = ChatSession::restore(
+                &s.file,
+                Arc::clone(&model),
+                tok,
+                template,
+                &s.identity,
+            )
+            .map_err(|e| {
+                crate::fail(format!(
+                    "cannot resume the chat in {}: {e} (move the file away to start a new conversation there)",
+                    s.file.display()
+                ))
+            })?;
+            if let Some(system) = args.system.as_deref() {
+                if chat.system() != Some(system) {
+                    return Err(crate::fail(format!(
+                        "--system differs from the system message of the conversation in {} ({}); drop --system to resume it, or use another session file",
+                        s.file.display(),
+                        match chat.system() {
+                            Some(_) => "it has another one",
+                            None => "it has none",
+                        }
+                    )));
+                }
+            }
+            eprintln!(
+                "resumed {} messages, {} tokens cached from {}",
+                chat.messages().len(),
+                chat.session().len(),
+                s.file.display()
+            );
+            chat
+        }
+        _ => ChatSession::new(Arc::clone(&model), tok, template, args.system.as_deref()),
+    };
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = Arc::clone(&cancel);
@@ -70,6 +125,9 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
         eprintln!("fak chat: {} ({HELP})", path.display());
     }
     let mut last: Option<TurnStats> = None;
+    // The error of the last save, when it failed: reported at once, and again as the
+    // exit status if no later save succeeded.
+    let mut unsaved: Option<String> = None;
     let stdin = std::io::stdin();
     let mut lines = stdin.lock().lines();
     loop {
@@ -94,6 +152,9 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
                 chat.reset();
                 last = None;
                 crate::outln!("(conversation reset)")?;
+                if let Some(s) = &saving {
+                    unsaved = s.save(&chat);
+                }
                 continue;
             }
             _ => {}
@@ -118,10 +179,56 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
                     eprintln!("(stopped)");
                 }
                 last = Some(stats);
+                if let Some(s) = &saving {
+                    unsaved = s.save(&chat);
+                }
             }
             // A failed turn (e.g. the context is full) is reported; the chat goes on.
             Err(e) => eprintln!("fak: error: {e}"),
         }
     }
-    Ok(())
+    match unsaved {
+        Some(e) => Err(crate::fail(e)),
+        None => Ok(()),
+    }
+}
+
+/// Where `--session` saves the conversation, and the model identity its file carries.
+struct Saving {
+    file: PathBuf,
+    identity: ModelIdentity,
+}
+
+impl Saving {
+    /// The session file `file` for the model loaded from `model_path`; reads the model's
+    /// files once for their digest.
+    fn open(file: &Path, model_path: &Path, model: &fak_model::Model) -> Result<Self, CliError> {
+        if file.is_dir() {
+            return Err(crate::fail(format!(
+                "--session {}: a folder, not a session file",
+                file.display()
+            )));
+        }
+        let identity = ModelIdentity::of(model_path, model).map_err(|e| {
+            crate::fail(format!(
+                "reading {} for its digest: {e}",
+                model_path.display()
+            ))
+        })?;
+        Ok(Saving {
+            file: file.to_path_buf(),
+            identity,
+        })
+    }
+
+    /// Saves `chat`; on failure prints the error and returns it.
+    fn save(&self, chat: &ChatSession) -> Option<String> {
+        let e = chat.save(&self.file, &self.identity).err()?;
+        let msg = format!(
+            "saving the chat to {}: {e} (the file holds the last save that succeeded)",
+            self.file.display()
+        );
+        eprintln!("fak: error: {msg}");
+        Some(msg)
+    }
 }

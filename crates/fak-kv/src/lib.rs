@@ -49,7 +49,7 @@ pub mod text;
 
 pub use batch::{BatchPolicy, BatchStats, Batcher};
 pub use cache::{KvCache, KvError};
-pub use chat::{ChatSession, ChatTurnError, TurnStats};
+pub use chat::{ChatFile, ChatRestoreError, ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::window_start;
 pub use grammar::{Grammar, GrammarCompiler, GrammarError, GrammarSpec};
 pub use logprobs::{TokenLogprob, TopLogprob};

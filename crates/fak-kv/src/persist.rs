@@ -81,6 +81,20 @@ pub struct ModelIdentity {
     pub weights: String,
 }
 
+impl ModelIdentity {
+    /// The identity of `model` loaded from `path`: [`model_digest`] of the file or
+    /// folder and the model's weight mode ([`fak_model::WeightMode::name`]).
+    ///
+    /// # Errors
+    /// The file or folder cannot be read.
+    pub fn of(path: &Path, model: &Model) -> std::io::Result<Self> {
+        Ok(ModelIdentity {
+            digest: model_digest(path)?,
+            weights: model.weight_mode().name().to_string(),
+        })
+    }
+}
+
 /// Why a session file was not written or not read.
 #[derive(Debug, thiserror::Error)]
 pub enum PersistError {
@@ -100,7 +114,7 @@ pub enum PersistError {
     #[error("damaged session file: {0}")]
     Damaged(String),
     /// The file was written for another model or weight mode.
-    #[error("the session file is for another model ({file}); this server runs {running}")]
+    #[error("the session file is for another model or weight mode ({file}); the model loaded is {running}")]
     OtherModel {
         /// The file's model digest and weight mode.
         file: String,

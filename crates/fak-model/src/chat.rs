@@ -20,7 +20,7 @@
 
 use crate::tokenizer::{Tokenizer, TokenizerError};
 use minijinja::{Environment, Error, ErrorKind, Value};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// ChatML, the fallback when a checkpoint carries no template.
 pub const CHATML_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
@@ -30,7 +30,7 @@ const END_OF_TURN_TOKENS: &[&str] = &["<|im_end|>", "<end_of_turn>", "<|eot_id|>
 
 /// One chat message. `content` is plain text; `tool_calls` (an assistant's) and
 /// `tool_call_id` / `name` (a tool result's) pass through to the template as given.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
