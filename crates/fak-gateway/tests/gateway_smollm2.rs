@@ -512,7 +512,11 @@ fn context_overflow_drops_the_oldest_turns_on_both_wires() {
             serde_json::from_str(&post(srv.addr, "/v1/chat/completions", &b).body).unwrap();
         (v["usage"]["prompt_tokens"].as_u64() == Some(*rp)).then(|| chat_text(&v))
     });
-    assert_eq!(alone.as_deref(), Some(rtext.as_str()), "rebuild's prompt is no cut of whole turns");
+    assert_eq!(
+        alone.as_deref(),
+        Some(rtext.as_str()),
+        "rebuild's prompt is no cut of whole turns"
+    );
     // Anthropic Messages: the system turn is the `system` field.
     let mut am: Vec<Value> = messages[1..].to_vec();
     am.retain(|m| m["role"] != "system");
@@ -521,7 +525,10 @@ fn context_overflow_drops_the_oldest_turns_on_both_wires() {
     let r = post(srv.addr, "/v1/messages", &ab);
     assert_eq!(r.status, 200, "{}", r.body);
     let v: Value = serde_json::from_str(&r.body).unwrap();
-    assert!(v["usage"]["input_tokens"].as_u64().unwrap() + 12 <= 512, "{v}");
+    assert!(
+        v["usage"]["input_tokens"].as_u64().unwrap() + 12 <= 512,
+        "{v}"
+    );
     let ab = json!({"model": ID, "max_tokens": 12, "temperature": 0,
         "system": "You are a terse astronomer.", "messages": am});
     assert_eq!(post(srv.addr, "/v1/messages", &ab).status, 400);
