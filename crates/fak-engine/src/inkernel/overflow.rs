@@ -165,13 +165,10 @@ pub(super) fn fit(
     // The pinned turn and turn k's first message, rendered without a generation
     // prompt: a kept conversation cut at k starts with these tokens.
     let head = |k: usize| -> Option<Vec<u32>> {
-        let c = cut(req, messages, &t, k);
-        let Prompt::Chat(m) = &c.prompt else {
-            return None;
-        };
-        let m = &m[..(t.pinned + 1).min(m.len())];
+        let mut m: Vec<Message> = messages[..t.pinned].to_vec();
+        m.push(messages[t.starts[k]].clone());
         let prep = crate::tools::prepare(
-            m,
+            &m,
             &req.tools,
             &req.tool_choice,
             crate::tools::template_renders_tools(l.template.source()),
