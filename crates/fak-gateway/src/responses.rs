@@ -518,6 +518,20 @@ pub(crate) async fn create(
         .max_output_tokens
         .map(|v| positive("max_output_tokens", v, F))
         .transpose()?;
+    // `truncation: "auto"` drops the oldest input items when the conversation
+    // outgrows the window: fak's `rebuild` (exact); `"disabled"` refuses it.
+    let context_overflow = match r.truncation.as_deref() {
+        None => None,
+        Some("auto") => Some(fak_engine::ContextOverflow::Rebuild),
+        Some("disabled") => Some(fak_engine::ContextOverflow::Error),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "truncation must be \"auto\" or \"disabled\", not {other:?}"
+            ))
+            .with_code("invalid_value", "truncation")
+            .with_flavor(F))
+        }
+    };
     let partition = cache_partition(&s, &headers, r.cache_salt.as_deref(), F)?;
     let mut history = Vec::new();
     if let Some(prev) = &r.previous_response_id {
@@ -566,7 +580,7 @@ pub(crate) async fn create(
         raw: None,
         continue_final_message: false,
         cap_max_tokens: false,
-        context_overflow: None,
+        context_overflow,
     };
     let offered = offered_tools(&req);
     let started = start(&s, req, F, "/v1/responses").await?;

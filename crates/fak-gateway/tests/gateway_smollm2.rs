@@ -458,8 +458,8 @@ fn count_tokens_equals_the_messages_prompt_on_the_real_model() {
     }
 }
 
-/// `context_overflow` on both wires: a conversation past a 512-token window (the
-/// engine's `context_length`) is refused without it (the server's default, `error`),
+/// `context_overflow` on both wires (and the Responses API's `truncation`): a
+/// conversation past a 512-token window (the engine's `context_length`) is refused without it (the server's default, `error`),
 /// answered with the oldest turns dropped under `rebuild` and `shift` (the prompt then
 /// fits; `rebuild`'s reply is the reply to the system turn and the kept turns sent
 /// alone), and a value outside the three is a 400 naming the field.
@@ -535,4 +535,21 @@ fn context_overflow_drops_the_oldest_turns_on_both_wires() {
     let bad = post(srv.addr, "/v1/chat/completions", &body(Some("truncate")));
     assert_eq!(bad.status, 400, "{}", bad.body);
     assert!(bad.body.contains("context_overflow"), "{}", bad.body);
+    // The Responses API's own field: `truncation: "auto"` is rebuild, `"disabled"`
+    // refuses, anything else is a 400 naming it.
+    let rb = |t: &str| {
+        json!({"model": ID, "instructions": "You are a terse astronomer.", "input": am,
+            "max_output_tokens": 12, "temperature": 0, "truncation": t, "store": false})
+    };
+    let r = post(srv.addr, "/v1/responses", &rb("auto"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v: Value = serde_json::from_str(&r.body).unwrap();
+    assert!(
+        v["usage"]["input_tokens"].as_u64().unwrap() + 12 <= 512,
+        "{v}"
+    );
+    assert_eq!(post(srv.addr, "/v1/responses", &rb("disabled")).status, 400);
+    let bad = post(srv.addr, "/v1/responses", &rb("middle"));
+    assert_eq!(bad.status, 400, "{}", bad.body);
+    assert!(bad.body.contains("truncation"), "{}", bad.body);
 }

@@ -15,13 +15,15 @@
 //! `safety_identifier`, `service_tier`, `prompt_cache_key`, `prompt_cache_retention`,
 //! `prompt_cache_options`, `stream_options`, `parallel_tool_calls` (several calls per
 //! reply are always allowed), `reasoning` (no served model reasons; no reasoning items are
-//! produced), `truncation` (fak never drops input items: a conversation over the window
-//! is a 400 either way), `include` (fak has no encrypted reasoning or hosted-tool outputs
+//! produced), `include` (fak has no encrypted reasoning or hosted-tool outputs
 //! to include), `text.verbosity`, a function tool's `strict` beyond its use by the
 //! in-kernel call grammar (a schema it cannot constrain is a 400 for a strict tool; a
 //! call whose arguments break its schema is denied `MALFORMED` by the boundary either
 //! way), and `reasoning` input
-//! items (dropped: they carry no text a non-reasoning model can use). Every other field
+//! items (dropped: they carry no text a non-reasoning model can use). `truncation`
+//! is acted on by the in-kernel engine: `auto` drops the oldest whole turns of a
+//! conversation over the window (fak's `context_overflow: rebuild`, exact),
+//! `disabled` refuses it, absent is the server's `--context-overflow`. Every other field
 //! that would change the output (`background`, `conversation`, `prompt`,
 //! `max_tool_calls`, `top_logprobs` other than 0, `context_management`, …) is refused
 //! with a 400 naming it; an unknown field too
