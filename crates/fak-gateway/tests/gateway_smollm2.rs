@@ -459,8 +459,8 @@ fn count_tokens_equals_the_messages_prompt_on_the_real_model() {
 }
 
 /// `context_overflow` on both wires (and the Responses API's `truncation`): a
-/// conversation past a 512-token window (the engine's `context_length`) is refused without it (the server's default, `error`),
-/// answered with the oldest turns dropped under `rebuild` and `shift` (the prompt then
+/// conversation past a 512-token window (the engine's `context_length`) is refused
+/// without it (the server's default, `error`), answered with the oldest turns dropped under `rebuild` and `shift` (the prompt then
 /// fits; `rebuild`'s reply is the reply to the system turn and the kept turns sent
 /// alone), and a value outside the three is a 400 naming the field.
 #[fak_testkit::real_model]
