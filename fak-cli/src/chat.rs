@@ -103,9 +103,10 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
                     )));
                 }
             }
+            let n = chat.messages().len();
             eprintln!(
-                "resumed {} messages, {} tokens cached from {}",
-                chat.messages().len(),
+                "resumed {n} message{}, {} tokens cached from {}",
+                if n == 1 { "" } else { "s" },
                 chat.session().len(),
                 s.file.display()
             );
@@ -113,6 +114,17 @@ pub(crate) fn chat(args: ChatArgs) -> Result<(), CliError> {
         }
         _ => ChatSession::new(Arc::clone(&model), tok, template, args.system.as_deref()),
     };
+    if let Some(s) = saving.as_ref().filter(|_| !resume) {
+        // A new session file is written at once, so a path that cannot be written is
+        // said before the first turn, not after it.
+        let empty_chat = &chat;
+        if let Some(e) = empty_chat.save(&s.file, &s.identity).err() {
+            return Err(crate::fail(format!(
+                "--session {}: cannot write the session file: {e}",
+                s.file.display()
+            )));
+        }
+    }
     let cancel = Arc::new(AtomicBool::new(false));
     {
         let c = Arc::clone(&cancel);

@@ -122,6 +122,8 @@ struct Started {
     metrics: std::sync::Arc<Metrics>,
     /// Its kept conversations are written at the end (`--kv-persist`).
     driver: std::sync::Arc<dyn fak_engine::EngineDriver>,
+    /// `--kv-persist`'s folder lock, held until that write.
+    kv_lock: Option<fak_engine::persist::DirLock>,
 }
 
 /// Everything before the command runs: its errors are fak guard's own.
@@ -133,8 +135,9 @@ fn start(a: &GuardArgs) -> Result<Started, CliError> {
     }
     init_logging(a.log_file.as_ref())?;
     let key = fresh_key()?;
-    let built = build(&a.serve, Some(key.clone()))?;
+    let mut built = build(&a.serve, Some(key.clone()))?;
     let metrics = std::sync::Arc::clone(&built.metrics);
+    let kv_lock = built.kv_lock.take();
     let driver = std::sync::Arc::clone(&built.driver);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -173,6 +176,7 @@ fn start(a: &GuardArgs) -> Result<Started, CliError> {
         server,
         metrics,
         driver,
+        kv_lock,
     })
 }
 
@@ -187,6 +191,7 @@ fn run_command(command: &[String], started: Started) -> Result<(), CliError> {
         server,
         metrics,
         driver,
+        kv_lock,
     } = started;
     let key = key.as_str();
     let t0 = Instant::now();
@@ -227,6 +232,7 @@ fn run_command(command: &[String], started: Started) -> Result<(), CliError> {
     let _ = rt.block_on(server);
     rt.shutdown_timeout(Duration::from_millis(500));
     crate::serve::persist_at_exit(driver.as_ref());
+    drop(kv_lock);
     let status = status.map_err(|e| fail(format!("waiting for {program}: {e}")))?;
     let code = exit_code(&status);
     eprint!(

@@ -86,8 +86,9 @@ pub(crate) struct ServeArgs {
     /// revoked tool results are never restored.
     #[arg(long, value_name = "DIR")]
     kv_persist: Option<std::path::PathBuf>,
-    /// When a chat conversation, with room for its reply (max_tokens, at most a quarter
-    /// of the window; 512 when not given), outgrows the context window: `error` (a
+    /// When a chat conversation, with room for its reply (max_tokens; on the Anthropic
+    /// wire at most a quarter of the window; 512 when not given), outgrows the context
+    /// window: `error` (a
     /// 400), `rebuild` (drop the oldest whole turns, keep the leading system turn and
     /// the last turn, prefill the rest anew: exact) or `shift` (drop them from the
     /// cached conversation in place and prefill only the new tokens: fast, an
@@ -204,8 +205,10 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
         .with_target(false)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let built = build(&args, None)?;
+    let mut built = build(&args, None)?;
     let driver = std::sync::Arc::clone(&built.driver);
+    // Held until the last write at exit.
+    let kv_lock = built.kv_lock.take();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -219,6 +222,7 @@ pub(crate) fn serve(args: ServeArgs) -> Result<(), CliError> {
     // Generations still running on blocking threads are not waited for.
     rt.shutdown_timeout(Duration::from_millis(500));
     persist_at_exit(driver.as_ref());
+    drop(kv_lock);
     if served.is_ok() {
         tracing::info!("shut down");
     }
@@ -268,6 +272,8 @@ pub(crate) struct Built {
     model_path: Option<std::path::PathBuf>,
     /// What the start log says of the boundary.
     policy_name: String,
+    /// `--kv-persist`'s folder lock, held while the process lives.
+    pub(crate) kv_lock: Option<fak_engine::persist::DirLock>,
     store_dir: std::path::PathBuf,
     audit_path: std::path::PathBuf,
     screen_damaged: Vec<(std::path::PathBuf, String)>,
@@ -376,9 +382,13 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         ..fak_ctxmmu::ScreenConfig::default()
     };
     let screen_damaged = store.damaged().to_vec();
+    let mut kv_lock = None;
     let screen =
         fak_ctxmmu::Screen::with(fak_ctxmmu::default_detectors(), screen_config, store, audit);
     if let Some(dir) = &args.kv_persist {
+        // Checked and locked before anything starts: an unusable folder, or one another
+        // server writes, stops the start rather than losing conversations later.
+        kv_lock = Some(fak_engine::persist::prepare_dir(dir).map_err(fail)?);
         config.kv_persist = Some(fak_engine::persist::KvPersistConfig {
             dir: dir.clone(),
             max_bytes: config.kv_budget_bytes as u64,
@@ -511,6 +521,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         kv_evict: !args.no_kv_evict,
         metrics,
         t0,
+        kv_lock,
     })
 }
 

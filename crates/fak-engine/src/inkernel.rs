@@ -515,11 +515,16 @@ fn restore_kept(shared: &Shared, l: &Loaded) {
     let capacity = l.empty.cache().capacity();
     let r = p.restore(&l.model, capacity, &c.revoked, &mut lock(&shared.prefix));
     tracing::info!(
-        "--kv-persist: restored {} kept conversation(s), {:.1} MB, from {} in {:.2} s{}",
+        "--kv-persist: restored {} kept conversation(s), {:.1} MB, from {} in {:.2} s{}{}",
         r.sessions,
         r.bytes as f64 / MB,
         p.dir().display(),
         t0.elapsed().as_secs_f64(),
+        if r.cut > 0 {
+            format!("; {} cut before a result revoked since", r.cut)
+        } else {
+            String::new()
+        },
         if r.skipped > 0 {
             format!(" ({} file(s) refused or left out)", r.skipped)
         } else {

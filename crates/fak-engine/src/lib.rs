@@ -169,8 +169,9 @@ pub struct GenerateRequest {
 }
 
 /// What the in-kernel driver does when a chat conversation, with the room its reply
-/// needs (`max_tokens`, at most a quarter of the window; 512 tokens when not given),
-/// no longer fits the context window. A pinned system turn (the leading `system` and
+/// needs (`max_tokens`; at most a quarter of the window when `max_tokens` is lowered to
+/// the room left, [`GenerateRequest::cap_max_tokens`]; 512 tokens, at most a quarter of
+/// the window, when not given), no longer fits the context window. A pinned system turn (the leading `system` and
 /// `developer` messages) is never dropped, nor is the last turn; a turn is a `user`
 /// message and everything after it up to the next one (a tool call and its result stay
 /// together).

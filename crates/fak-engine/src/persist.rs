@@ -48,6 +48,55 @@ pub struct KvPersistConfig {
     pub flush_interval: std::time::Duration,
 }
 
+/// An exclusive hold on a `--kv-persist` folder for as long as it lives: two servers
+/// writing one folder would each remove the other's files.
+#[derive(Debug)]
+pub struct DirLock {
+    _file: std::fs::File,
+}
+
+/// Makes `dir` ready for `--kv-persist` before the server starts: creates it, checks
+/// that files can be written there, and takes its lock (`.lock` inside it, an advisory
+/// exclusive lock the OS releases when the process ends, however it ends).
+///
+/// # Errors
+/// The folder cannot be created or written, or another process holds its lock; a
+/// message naming the folder.
+pub fn prepare_dir(dir: &Path) -> Result<DirLock, String> {
+    std::fs::create_dir_all(dir).map_err(|e| {
+        format!(
+            "--kv-persist {}: cannot create the folder: {e}",
+            dir.display()
+        )
+    })?;
+    let probe = dir.join(format!(".write-test-{}", std::process::id()));
+    std::fs::write(&probe, b"")
+        .and_then(|()| std::fs::remove_file(&probe))
+        .map_err(|e| format!("--kv-persist {}: cannot write there: {e}", dir.display()))?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(".lock"))
+        .map_err(|e| {
+            format!(
+                "--kv-persist {}: cannot open its lock file: {e}",
+                dir.display()
+            )
+        })?;
+    match file.try_lock() {
+        Ok(()) => Ok(DirLock { _file: file }),
+        Err(std::fs::TryLockError::WouldBlock) => Err(format!(
+            "--kv-persist {}: another process (a fak serve?) is using this folder; give each server its own",
+            dir.display()
+        )),
+        Err(std::fs::TryLockError::Error(e)) => Err(format!(
+            "--kv-persist {}: cannot lock the folder: {e}",
+            dir.display()
+        )),
+    }
+}
+
 /// What a kept session's file carries beside its KV.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -84,6 +133,8 @@ pub struct PersistReport {
     pub bytes: u64,
     /// Files refused (restore) or sessions left out for the budget (save).
     pub skipped: usize,
+    /// Restored sessions cut before a revoked result (their files removed).
+    pub cut: usize,
 }
 
 /// The persistence of one in-kernel driver: its folder and the model's identity.
@@ -225,6 +276,11 @@ impl Persist {
             if holds_revoked {
                 // The cache cuts it below; the file must not keep the revoked content.
                 let _ = std::fs::remove_file(&path);
+                report.cut += 1;
+                tracing::info!(
+                    "--kv-persist: {} holds a result revoked since it was written: cut before it, the file removed",
+                    path.display()
+                );
             } else {
                 restored.push((path, meta.ledger.clone()));
             }
@@ -328,4 +384,28 @@ fn name(partition: &Partition, ids: &[u32]) -> String {
         s.push_str(&id.to_string());
     }
     fak_ctxmmu::digest(&s)[..32].to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_folder_is_held_by_one_process_and_must_be_writable() {
+        let dir = std::env::temp_dir().join(format!("fak-kvlock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let held = prepare_dir(&dir).unwrap();
+        let e = prepare_dir(&dir).unwrap_err();
+        assert!(e.contains("another process"), "{e}");
+        drop(held);
+        // Released with its holder.
+        let again = prepare_dir(&dir).unwrap();
+        drop(again);
+        // A file where the folder should be.
+        let file = dir.join("a-file");
+        std::fs::write(&file, b"x").unwrap();
+        let e = prepare_dir(&file).unwrap_err();
+        assert!(e.contains("cannot create"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -318,6 +318,19 @@ pub fn read_session<M: DeserializeOwned>(
     capacity: usize,
     max_bytes: u64,
 ) -> Result<(Session, M), PersistError> {
+    read_checked(r, model, identity, capacity, max_bytes, None)
+}
+
+/// [`read_session`], and when `file_len` is known, a file of another length than its
+/// header implies is refused before the rows are read (or allocated).
+fn read_checked<M: DeserializeOwned>(
+    r: &mut impl Read,
+    model: &Arc<Model>,
+    identity: &ModelIdentity,
+    capacity: usize,
+    max_bytes: u64,
+    file_len: Option<u64>,
+) -> Result<(Session, M), PersistError> {
     let mut sha = Sha256::new();
     let mut head = [0u8; 16];
     read_exact(r, &mut head, "the file ends inside its first 16 bytes")?;
@@ -370,6 +383,19 @@ pub fn read_session<M: DeserializeOwned>(
     // Bounded by the capacity checked above, so this cannot overflow on 64 bits.
     let body = (8 * n + 12 * n * layers * kv_dim) as u64;
     let total = 16 + hlen as u64 + body + 32;
+    match file_len {
+        Some(len) if len < total => {
+            return Err(PersistError::Damaged(format!(
+                "the file is shorter than its header says ({len} bytes, not {total})"
+            )))
+        }
+        Some(len) if len > total => {
+            return Err(PersistError::Damaged(format!(
+                "the file is longer than its header says ({len} bytes, not {total})"
+            )))
+        }
+        _ => {}
+    }
     if total > max_bytes {
         return Err(PersistError::Shape(format!(
             "{total} bytes, above the {max_bytes} allowed"
@@ -462,5 +488,5 @@ pub fn load_session<M: DeserializeOwned>(
         )));
     }
     let mut r = std::io::BufReader::with_capacity(1 << 20, file);
-    read_session(&mut r, model, identity, capacity, max_bytes)
+    read_checked(&mut r, model, identity, capacity, max_bytes, Some(len))
 }

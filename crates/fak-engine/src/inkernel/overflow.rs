@@ -32,13 +32,19 @@ const DEFAULT_REPLY_ROOM: usize = 512;
 /// Cuts of a conversation probed for a kept one, at most (each costs a short render).
 const MAX_PROBES: usize = 64;
 
-/// The room a reply needs before a conversation counts as overflowing: `max_tokens`
-/// ([`DEFAULT_REPLY_ROOM`] when not given), at most a quarter of the window.
+/// The room a reply needs before a conversation counts as overflowing, tokens: its
+/// `max_tokens`, which turns are dropped to make room for (a request whose
+/// `max_tokens` is lowered to the room left, [`GenerateRequest::cap_max_tokens`], as
+/// Anthropic clients' large defaults are, needs at most a quarter of the window);
+/// without `max_tokens`, [`DEFAULT_REPLY_ROOM`], at most a quarter of the window.
 pub(super) fn reply_room(req: &GenerateRequest, context: usize) -> usize {
-    req.max_tokens
-        .unwrap_or(DEFAULT_REPLY_ROOM)
-        .min(context / 4)
-        .max(1)
+    let quarter = (context / 4).max(1);
+    match req.max_tokens {
+        Some(m) if req.cap_max_tokens => m.min(quarter),
+        Some(m) => m,
+        None => DEFAULT_REPLY_ROOM.min(quarter),
+    }
+    .max(1)
 }
 
 /// The partition `shift` keeps its approximate caches in, beside `name`'s.
@@ -155,7 +161,7 @@ pub(super) fn fit(
             "even the system turn and the last turn alone leave no room for a reply of {room} tokens in the context window of {context} tokens"
         )));
     };
-    let k_deep = smallest(k_min, context - context / 2)?.unwrap_or(k_min);
+    let k_deep = smallest(k_min, room.max(context - context / 2))?.unwrap_or(k_min);
     let exact = Partition::new(&req.cache_partition);
     let shift = shifted(&req.cache_partition);
     let partitions: &[Partition] = match mode {
