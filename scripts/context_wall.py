@@ -5,7 +5,7 @@ For each mode of --modes (default `rebuild,shift`), starts `fak serve --context-
 MODE --kv-persist DIR` (the binary given by --fak, the default model unless --model,
 --weights native unless told) and holds a conversation of --turns turns (default 60)
 through /v1/chat/completions at temperature 0: a short system message, then each turn a
-user message of about 130 tokens (generated below, deterministic, different each turn)
+user message of about 165 tokens (generated below, deterministic, different each turn)
 and `max_tokens` --max-tokens (default 32), each request sending the whole history with
 the assistant's replies. The history passes the window (8,192 tokens for SmolLM2) a
 dozen or more turns before the end. Each turn records usage.prompt_tokens,
@@ -68,7 +68,7 @@ QUESTIONS = [
 
 
 def user_message(i):
-    """Turn `i`'s user message: about 130 tokens of field notes and a question, the
+    """Turn `i`'s user message: about 165 tokens of field notes and a question, the
     same for the same `i` and different for each."""
     site = SITES[i % len(SITES)]
     parts = [f"Field note {i}, {site}, station {100 + 7 * i}:"]
