@@ -210,15 +210,15 @@ pub fn write_session<M: Serialize>(
     out.put(&FORMAT_VERSION.to_le_bytes())?;
     out.put(&(json.len() as u32).to_le_bytes())?;
     out.put(&json)?;
-    out.put_u32s(session.ids())?;
-    out.put_u32s(cache.positions())?;
+    out.put_le(session.ids(), u32::to_le_bytes)?;
+    out.put_le(cache.positions(), u32::to_le_bytes)?;
     for layer in 0..cache.n_layers() {
         for rows in [cache.k(layer), cache.k_raw(layer), cache.v(layer)] {
             let mut err = None;
             let d = rows.kv_dim();
             rows.for_runs(0..rows.len(), |run, sub| {
                 if err.is_none() {
-                    err = out.put_f32s(&run[..sub.len() * d]).err();
+                    err = out.put_le(&run[..sub.len() * d], f32::to_le_bytes).err();
                 }
             });
             if let Some(e) = err {
@@ -245,25 +245,12 @@ impl<W: Write> Hashing<'_, W> {
         self.inner.write_all(b)
     }
 
-    fn put_u32s(&mut self, xs: &[u32]) -> std::io::Result<()> {
+    /// Writes `xs`, each as its 4 little-endian bytes (`le`), in pieces of 64 Ki.
+    fn put_le<T: Copy>(&mut self, xs: &[T], le: impl Fn(T) -> [u8; 4]) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(4 * xs.len().min(1 << 16));
         for chunk in xs.chunks(1 << 16) {
             buf.clear();
-            chunk
-                .iter()
-                .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
-            self.put(&buf)?;
-        }
-        Ok(())
-    }
-
-    fn put_f32s(&mut self, xs: &[f32]) -> std::io::Result<()> {
-        let mut buf = Vec::with_capacity(4 * xs.len().min(1 << 16));
-        for chunk in xs.chunks(1 << 16) {
-            buf.clear();
-            chunk
-                .iter()
-                .for_each(|x| buf.extend_from_slice(&x.to_le_bytes()));
+            chunk.iter().for_each(|&x| buf.extend_from_slice(&le(x)));
             self.put(&buf)?;
         }
         Ok(())
@@ -416,13 +403,8 @@ fn read_checked<M: DeserializeOwned>(
     if got != want {
         return Err(PersistError::Damaged("the checksum does not match".into()));
     }
-    let u32s = |b: &[u8]| -> Vec<u32> {
-        b.chunks_exact(4)
-            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
-    let ids = u32s(&bytes[..4 * n]);
-    let pos = u32s(&bytes[4 * n..8 * n]);
+    let ids = words(&bytes[..4 * n], u32::from_le_bytes);
+    let pos = words(&bytes[4 * n..8 * n], u32::from_le_bytes);
     let vocab = config.vocab_size as u32;
     if let Some(bad) = ids.iter().find(|&&t| t >= vocab) {
         return Err(PersistError::Shape(format!(
@@ -443,22 +425,30 @@ fn read_checked<M: DeserializeOwned>(
     let mut cache = KvCache::new(config, capacity);
     cache.append_positions(&pos);
     let row_bytes = 4 * n * kv_dim;
-    let f32s = |b: &[u8]| -> Vec<f32> {
-        b.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect()
-    };
     for layer in 0..layers {
         let at = 8 * n + 3 * row_bytes * layer;
-        let k = f32s(&bytes[at..at + row_bytes]);
-        let k_raw = f32s(&bytes[at + row_bytes..at + 2 * row_bytes]);
-        let v = f32s(&bytes[at + 2 * row_bytes..at + 3 * row_bytes]);
+        let k = words(&bytes[at..at + row_bytes], f32::from_le_bytes);
+        let k_raw = words(
+            &bytes[at + row_bytes..at + 2 * row_bytes],
+            f32::from_le_bytes,
+        );
+        let v = words(
+            &bytes[at + 2 * row_bytes..at + 3 * row_bytes],
+            f32::from_le_bytes,
+        );
         cache.append_layer(layer, &k_raw, &k, &v);
     }
     Ok((
         Session::restored(Arc::clone(model), cache, ids),
         header.meta,
     ))
+}
+
+/// `b` read as 4-byte little-endian words (`from`).
+fn words<T>(b: &[u8], from: impl Fn([u8; 4]) -> T) -> Vec<T> {
+    b.chunks_exact(4)
+        .map(|c| from([c[0], c[1], c[2], c[3]]))
+        .collect()
 }
 
 fn read_exact(r: &mut impl Read, buf: &mut [u8], short: &str) -> Result<(), PersistError> {
