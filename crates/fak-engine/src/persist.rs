@@ -257,22 +257,12 @@ impl Persist {
                 .unwrap_or(usize::MAX)
         };
         read.sort_by_key(|r| std::cmp::Reverse(age(&r.0)));
-        let digests: std::collections::HashSet<String> = revoked
-            .iter()
-            .filter_map(|r| r.digest.as_ref().map(|d| d.to_ascii_lowercase()))
-            .collect();
-        let calls: std::collections::HashSet<&str> = revoked
-            .iter()
-            .filter_map(|r| r.tool_call_id.as_deref())
-            .collect();
+        let revoked = crate::prefix::Revoked::of(revoked);
         let mut restored = Vec::new();
         for (path, session, meta, bytes) in read {
             report.sessions += 1;
             report.bytes += bytes;
-            let holds_revoked = meta.ledger.iter().any(|s| {
-                digests.contains(&s.digest.to_ascii_lowercase())
-                    || s.tool_call_id.as_deref().is_some_and(|c| calls.contains(c))
-            });
+            let holds_revoked = meta.ledger.iter().any(|s| revoked.matches(s));
             if holds_revoked {
                 // The cache cuts it below; the file must not keep the revoked content.
                 let _ = std::fs::remove_file(&path);

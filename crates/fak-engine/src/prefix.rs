@@ -300,12 +300,21 @@ impl Span {
 /// The revocations in force: digests (lowercase) and tool-call ids, each looked up in
 /// O(1), so that sessions restored at start are checked against a long list quickly.
 #[derive(Default)]
-struct Revoked {
+pub(crate) struct Revoked {
     digests: HashSet<String>,
     calls: HashSet<String>,
 }
 
 impl Revoked {
+    /// The sets of `revoked`.
+    pub(crate) fn of<'a>(revoked: impl IntoIterator<Item = &'a Revocation>) -> Self {
+        let mut r = Revoked::default();
+        for x in revoked {
+            r.add(x);
+        }
+        r
+    }
+
     fn add(&mut self, r: &Revocation) {
         if let Some(d) = &r.digest {
             self.digests.insert(d.to_ascii_lowercase());
@@ -315,7 +324,8 @@ impl Revoked {
         }
     }
 
-    fn matches(&self, s: &Span) -> bool {
+    /// Whether any of them revokes `s`.
+    pub(crate) fn matches(&self, s: &Span) -> bool {
         self.digests.contains(&s.digest.to_ascii_lowercase())
             || s.tool_call_id
                 .as_ref()
@@ -403,11 +413,10 @@ impl PrefixCache {
         budget_bytes: usize,
         revoked: impl IntoIterator<Item = &'a Revocation>,
     ) -> Self {
-        let mut c = PrefixCache::new(budget_bytes);
-        for r in revoked {
-            c.revoked.add(r);
+        PrefixCache {
+            revoked: Revoked::of(revoked),
+            ..PrefixCache::new(budget_bytes)
         }
-        c
     }
 
     /// Sessions held.
