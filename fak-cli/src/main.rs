@@ -289,6 +289,29 @@ impl From<WeightsArg> for WeightMode {
     }
 }
 
+/// `--kv-type f32|f16|q8_0`: how the KV cache stores its rows (see `fak_kv::KvType`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum KvTypeArg {
+    /// f32 K (after and before RoPE) and V: the values the forward pass computed.
+    F32,
+    /// IEEE binary16 K before RoPE and V, keys rotated as they are read (llama.cpp's
+    /// default f16 cache size).
+    F16,
+    /// ggml Q8_0 blocks (a binary16 scale per 32 values) of K before RoPE and V.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl From<KvTypeArg> for fak_kv::KvType {
+    fn from(t: KvTypeArg) -> Self {
+        match t {
+            KvTypeArg::F32 => fak_kv::KvType::F32,
+            KvTypeArg::F16 => fak_kv::KvType::F16,
+            KvTypeArg::Q8_0 => fak_kv::KvType::Q8_0,
+        }
+    }
+}
+
 /// Loads a model in a weight mode with a spinner on stderr (hidden when stderr is not a
 /// terminal).
 pub(crate) fn load_model_with(

@@ -100,6 +100,13 @@ pub(crate) struct ServeArgs {
     /// trained context), as llama.cpp's -c and vLLM's --max-model-len.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     context_length: Option<u64>,
+    /// How the KV cache stores its rows: f32 (the values the forward pass computed,
+    /// 69 KB a token for SmolLM2), f16 (23 KB, llama.cpp's default) or q8_0 (12 KB).
+    /// Every exact guarantee of the cache (decode == prefill, evict == never-saw,
+    /// prefix clone == recompute) holds on each, for its rounded rows; the compact
+    /// types move the output slightly from f32's (docs/performance.md).
+    #[arg(long, value_enum, default_value_t = crate::KvTypeArg::F32)]
+    kv_type: crate::KvTypeArg,
     /// Most KV cache one generation may hold (its prompt and reply), MB: a prompt
     /// needing more gets 400, a reply reaching it ends as at the context's end
     /// (finish_reason "length", stop_reason "max_tokens"). Default: a quarter of the
@@ -340,6 +347,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         threads: args.threads,
         weights: args.weights.into(),
         kv_evict: !args.no_kv_evict,
+        kv_type: args.kv_type.into(),
         context_length: args
             .context_length
             .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),

@@ -85,13 +85,19 @@ impl Loaded {
         }
     }
 
-    /// Serves a context window of at most `limit` tokens
-    /// ([`EngineConfig::context_length`]); `None` keeps the model's.
-    fn limit_context(&mut self, limit: Option<usize>) {
-        if let Some(n) = limit.filter(|&n| n < self.context) {
+    /// Serves a context window of at most `config.context_length` tokens (`None`
+    /// keeps the model's), in caches of `config.kv_type`.
+    ///
+    /// # Errors
+    /// The model's rows cannot be stored in that kv type.
+    fn configure(&mut self, config: &EngineConfig) -> Result<(), String> {
+        if let Some(n) = config.context_length.filter(|&n| n < self.context) {
             self.context = n.max(1);
-            self.empty = fak_kv::Session::with_capacity(Arc::clone(&self.model), self.context);
         }
+        self.empty =
+            fak_kv::Session::with_kv_type(Arc::clone(&self.model), self.context, config.kv_type)
+                .map_err(|e| e.to_string())?;
+        Ok(())
     }
 
     /// Compiles a request's grammar against the served vocabulary.
@@ -299,9 +305,8 @@ impl InKernelDriver {
                         .unwrap_or_else(|| "no message".into());
                     Err(format!("loading the model panicked: {why}"))
                 });
-                match loaded {
-                    Ok(mut l) => {
-                        l.limit_context(s.config.context_length);
+                match loaded.and_then(|mut l| l.configure(&s.config).map(|()| l)) {
+                    Ok(l) => {
                         restore_kept(&s, &l);
                         *lock(&s.state) = LoadState::Ready(Arc::new(l));
                         spawn_workers(&s);
@@ -328,9 +333,13 @@ impl InKernelDriver {
     ) -> Self {
         let shared = Self::shared(id.to_string(), config);
         let mut l = Loaded::new(model, tokenizer, template);
-        l.limit_context(shared.config.context_length);
-        restore_kept(&shared, &l);
-        *lock(&shared.state) = LoadState::Ready(Arc::new(l));
+        match l.configure(&shared.config) {
+            Ok(()) => {
+                restore_kept(&shared, &l);
+                *lock(&shared.state) = LoadState::Ready(Arc::new(l));
+            }
+            Err(e) => *lock(&shared.state) = LoadState::Failed(e),
+        }
         spawn_workers(&shared);
         InKernelDriver { shared }
     }
@@ -504,7 +513,7 @@ fn restore_kept(shared: &Shared, l: &Loaded) {
         }
         return;
     };
-    let p = match crate::persist::Persist::open(pc, path, c.weights.name()) {
+    let p = match crate::persist::Persist::open(pc, path, c.weights.name(), c.kv_type) {
         Ok(p) => p,
         Err(e) => {
             tracing::error!("{e}; kept conversations are not saved");

@@ -833,6 +833,11 @@ pub struct EngineConfig {
     /// ones): a session restored from [`EngineConfig::kv_persist`] is cut before any
     /// span they match, as a live one is by [`EngineDriver::revoke`].
     pub revoked: Vec<Revocation>,
+    /// How the in-kernel driver's KV caches store their rows (`fak serve --kv-type`):
+    /// [`fak_kv::KvType::F32`] (default) keeps the values the forward pass computed,
+    /// the cache the HF proofs hold for; `f16` and `q8_0` take 1/3 and about 1/6 of its
+    /// memory, keeping every exact guarantee of the cache on their rounded rows.
+    pub kv_type: fak_kv::KvType,
 }
 
 impl Default for EngineConfig {
@@ -853,6 +858,7 @@ impl Default for EngineConfig {
             context_overflow: ContextOverflow::Error,
             context_length: None,
             revoked: Vec::new(),
+            kv_type: fak_kv::KvType::F32,
         }
     }
 }

@@ -141,6 +141,9 @@ pub struct PersistReport {
 pub(crate) struct Persist {
     dir: PathBuf,
     identity: ModelIdentity,
+    /// The kv type the server's caches store their rows in: files of another are
+    /// refused.
+    kv_type: fak_kv::KvType,
     max_bytes: u64,
     /// [`KvPersistConfig::flush_interval`].
     pub(crate) flush_interval: std::time::Duration,
@@ -150,8 +153,9 @@ pub(crate) struct Persist {
 }
 
 impl Persist {
-    /// The persistence of `model_path` under `weights` in `config.dir`: computes the
-    /// model's digest (reads the model's bytes once) and creates the folder.
+    /// The persistence of `model_path` under `weights` and `kv_type` in `config.dir`:
+    /// computes the model's digest (reads the model's bytes once) and creates the
+    /// folder.
     ///
     /// # Errors
     /// The model cannot be read or the folder cannot be created, as a message.
@@ -159,10 +163,17 @@ impl Persist {
         config: &KvPersistConfig,
         model_path: &Path,
         weights: &str,
+        kv_type: fak_kv::KvType,
     ) -> Result<Persist, String> {
         let digest = persist::model_digest(model_path)
             .map_err(|e| format!("--kv-persist: reading the model to identify it: {e}"))?;
-        let dir = config.dir.join(format!("{}-{weights}", &digest[..16]));
+        // A folder per model, weight mode and (past the default f32) kv type: a file
+        // is only ever restored into the computation that wrote it.
+        let kv = match kv_type {
+            fak_kv::KvType::F32 => String::new(),
+            t => format!("-kv-{t}"),
+        };
+        let dir = config.dir.join(format!("{}-{weights}{kv}", &digest[..16]));
         std::fs::create_dir_all(&dir)
             .map_err(|e| format!("--kv-persist: creating {}: {e}", dir.display()))?;
         Ok(Persist {
@@ -171,6 +182,7 @@ impl Persist {
                 digest,
                 weights: weights.into(),
             },
+            kv_type,
             max_bytes: config.max_bytes,
             flush_interval: config.flush_interval,
             on_disk: std::sync::Mutex::new(Vec::new()),
@@ -221,7 +233,16 @@ impl Persist {
                 report.skipped += 1;
                 continue;
             }
-            match persist::load_session::<KeptMeta>(&path, model, &self.identity, capacity, bytes) {
+            let loaded =
+                persist::load_session::<KeptMeta>(&path, model, &self.identity, capacity, bytes)
+                    .and_then(|(s, meta)| match s.cache().kv_type() {
+                        t if t == self.kv_type => Ok((s, meta)),
+                        t => Err(persist::PersistError::Shape(format!(
+                            "kv type {t}; this server stores {}",
+                            self.kv_type
+                        ))),
+                    });
+            match loaded {
                 Ok((s, meta)) => {
                     left -= bytes;
                     read.push((path, s, meta, bytes));

@@ -1,6 +1,6 @@
 //! `KvCache`: the attention state, owned by the kernel as plain buffers.
 
-use fak_model::{Config, KvRows, KvStore, Model};
+use fak_model::{Config, KvRows, KvStore, KvType, Model, RowBuf};
 use std::sync::Arc;
 
 /// Errors of cache operations. Each names the offending numbers.
@@ -39,6 +39,9 @@ pub enum KvError {
         /// Positions it would span after.
         to_len: usize,
     },
+    /// The model's rows cannot be stored in the requested kv type.
+    #[error("{0}")]
+    KvType(String),
 }
 
 /// Entries of a cache made immutable and shareable by [`KvCache::freeze`]: the first
@@ -49,10 +52,11 @@ struct Frozen {
     parent: Option<(Arc<Frozen>, usize)>,
     /// Blocks in the chain, this one included.
     depth: usize,
-    /// Own rows per layer, `[len − parent part, kv_dim]`.
-    k: Vec<Vec<f32>>,
-    k_raw: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    /// Own rows per layer, `[len − parent part, kv_dim]` (K after RoPE empty in a
+    /// compact type).
+    k: Vec<RowBuf>,
+    k_raw: Vec<RowBuf>,
+    v: Vec<RowBuf>,
 }
 
 impl Frozen {
@@ -74,20 +78,19 @@ impl Frozen {
                 1 => &self.k_raw[layer],
                 _ => &self.v[layer],
             };
-            rows.push(&own[..(upto - pl) * rows.kv_dim()]);
+            let upr = rows.kv_type().units_per_row(rows.kv_dim());
+            rows.push_run(own.run().slice(0..(upto - pl) * upr));
         }
     }
 
-    /// Bytes of the own rows' buffers (f32).
+    /// Bytes of the own rows' buffers.
     fn own_bytes(&self) -> usize {
-        let rows: usize = self
-            .k
+        self.k
             .iter()
             .chain(&self.k_raw)
             .chain(&self.v)
-            .map(Vec::len)
-            .sum();
-        rows * std::mem::size_of::<f32>()
+            .map(RowBuf::bytes)
+            .sum()
     }
 }
 
@@ -98,6 +101,13 @@ impl Frozen {
 /// position gets its K re-derived from `k_raw` in a single rotation, the arithmetic a
 /// forward pass at that position performs, instead of a second rotation composed on the
 /// first (which drifts by rounding and flips greedy tokens).
+///
+/// **Kv types.** The rows are stored in one [`KvType`] chosen when the cache is made
+/// ([`KvCache::with_type`]). `f32` holds all three arrays. A compact type (`f16`,
+/// `q8_0`) holds `k_raw` and `v` only, rounded when written, and attention rotates each
+/// key at its entry's position as it reads it: renumbering survivors then changes only
+/// their positions, and every reader sees the same values, so the exact guarantees
+/// below hold on every type (with the rounded values, not the `f32` ones).
 ///
 /// **Shared prefixes.** The oldest entries may sit in immutable, reference-counted
 /// blocks shared with other caches ([`KvCache::freeze`]): a system prompt that many
@@ -114,35 +124,31 @@ pub struct KvCache {
     n_layers: usize,
     kv_dim: usize,
     capacity: usize,
+    ty: KvType,
     pos: Vec<u32>,
     /// The shared block the first `shared_len` entries come from.
     shared: Option<Arc<Frozen>>,
     shared_len: usize,
-    /// Private rows: entries `shared_len..len`.
-    k: Vec<Vec<f32>>,
-    k_raw: Vec<Vec<f32>>,
-    v: Vec<Vec<f32>>,
+    /// Private rows: entries `shared_len..len` (K after RoPE empty in a compact type).
+    k: Vec<RowBuf>,
+    k_raw: Vec<RowBuf>,
+    v: Vec<RowBuf>,
 }
 
 /// Two caches are equal when they hold the same entries with the same bits, however
 /// those are split between shared blocks and private rows.
 impl PartialEq for KvCache {
     fn eq(&self, other: &Self) -> bool {
-        let same = |a: KvRows<'_>, b: KvRows<'_>| {
-            a.len() == b.len()
-                && a.to_vec()
-                    .iter()
-                    .zip(b.to_vec())
-                    .all(|(x, y)| x.to_bits() == y.to_bits())
-        };
+        let same =
+            |a: KvRows<'_>, b: KvRows<'_>| a.len() == b.len() && a.to_bytes() == b.to_bytes();
         self.n_layers == other.n_layers
             && self.kv_dim == other.kv_dim
             && self.capacity == other.capacity
+            && self.ty == other.ty
             && self.pos == other.pos
             && (0..self.n_layers).all(|l| {
-                same(self.k(l), other.k(l))
-                    && same(self.k_raw(l), other.k_raw(l))
-                    && same(self.v(l), other.v(l))
+                self.arrays()
+                    .all(|w| same(self.stored(l, w), other.stored(l, w)))
             })
     }
 }
@@ -158,26 +164,101 @@ impl KvCache {
     /// entries arrive, so a model claiming a huge context (2^24 tokens) costs nothing
     /// until tokens come.
     pub fn new(config: &Config, capacity: usize) -> Self {
+        Self::with_type(config, capacity, KvType::F32).expect("f32 rows of any width")
+    }
+
+    /// [`KvCache::new`] storing its rows in `ty`.
+    ///
+    /// # Errors
+    /// [`KvError::KvType`] when the model's rows cannot be stored in `ty` (Q8_0 needs
+    /// a multiple of 32 values, [`KvType::check`]).
+    pub fn with_type(config: &Config, capacity: usize, ty: KvType) -> Result<Self, KvError> {
         let capacity = capacity.min(config.max_position_embeddings);
         let reserved = capacity.min(Self::RESERVED_TOKENS);
         let kv_dim = config.kv_dim();
+        ty.check(kv_dim).map_err(KvError::KvType)?;
         let n = config.num_hidden_layers;
-        let buf = || {
+        let units = reserved.saturating_mul(ty.units_per_row(kv_dim));
+        let buf = |used: bool| {
             (0..n)
-                .map(|_| Vec::with_capacity(reserved.saturating_mul(kv_dim)))
+                .map(|_| RowBuf::with_capacity(ty, if used { units } else { 0 }))
                 .collect()
         };
-        KvCache {
+        Ok(KvCache {
             n_layers: n,
             kv_dim,
             capacity,
+            ty,
             pos: Vec::with_capacity(reserved),
             shared: None,
             shared_len: 0,
-            k: buf(),
-            k_raw: buf(),
-            v: buf(),
+            k: buf(!ty.rotates_at_read()),
+            k_raw: buf(true),
+            v: buf(true),
+        })
+    }
+
+    /// An empty cache of the same shape, capacity and type.
+    pub fn emptied(&self) -> KvCache {
+        let bufs = || vec![RowBuf::with_capacity(self.ty, 0); self.n_layers];
+        KvCache {
+            n_layers: self.n_layers,
+            kv_dim: self.kv_dim,
+            capacity: self.capacity,
+            ty: self.ty,
+            pos: Vec::new(),
+            shared: None,
+            shared_len: 0,
+            k: bufs(),
+            k_raw: bufs(),
+            v: bufs(),
         }
+    }
+
+    /// The type the rows are stored in.
+    pub fn kv_type(&self) -> KvType {
+        self.ty
+    }
+
+    /// The arrays stored (0: K after RoPE, 1: K before RoPE, 2: V): all three for
+    /// `f32`, the last two for a compact type.
+    fn arrays(&self) -> std::ops::Range<usize> {
+        if self.ty.rotates_at_read() {
+            1..3
+        } else {
+            0..3
+        }
+    }
+
+    /// The stored arrays of `layer` in the order a session file holds them (K after
+    /// RoPE for `f32`, then K before RoPE, then V).
+    pub(crate) fn stored_arrays(&self, layer: usize) -> impl Iterator<Item = KvRows<'_>> {
+        self.arrays().map(move |w| self.stored(layer, w))
+    }
+
+    /// The arrays stored, by index (0: K after RoPE, 1: K before RoPE, 2: V).
+    pub(crate) fn array_kinds(&self) -> std::ops::Range<usize> {
+        self.arrays()
+    }
+
+    /// Appends stored units read from a session file to array `which` of `layer`
+    /// (private rows): `bytes` as [`fak_model::Run::as_bytes`] gives them. A restore
+    /// appends every array of every layer after [`KvStore::append_positions`].
+    ///
+    /// # Panics
+    /// If `bytes` is not whole units of the type (the reader checked the length).
+    pub(crate) fn push_stored(&mut self, layer: usize, which: usize, bytes: &[u8]) {
+        let buf = match which {
+            0 => &mut self.k[layer],
+            1 => &mut self.k_raw[layer],
+            _ => &mut self.v[layer],
+        };
+        buf.extend_from_bytes(bytes);
+    }
+
+    /// Storage units (elements, or Q8_0 blocks) per row.
+    fn upr(&self) -> usize {
+        self.ty.units_per_row(self.kv_dim)
     }
 
     /// Number of layers.
@@ -215,10 +296,10 @@ impl KvCache {
         self.pos.last().map_or(0, |&p| p + 1)
     }
 
-    /// The rows of `which` (0: K, 1: K before RoPE, 2: V) of `layer`: the shared runs,
-    /// then the private one.
-    fn rows(&self, layer: usize, which: usize) -> KvRows<'_> {
-        let mut rows = KvRows::contiguous(&[], self.kv_dim);
+    /// The stored rows of array `which` (0: K, 1: K before RoPE, 2: V) of `layer`: the
+    /// shared runs, then the private one.
+    fn stored(&self, layer: usize, which: usize) -> KvRows<'_> {
+        let mut rows = KvRows::empty(self.ty, self.kv_dim);
         if let Some(f) = &self.shared {
             f.push_runs(self.shared_len, layer, which, &mut rows);
         }
@@ -228,31 +309,43 @@ impl KvCache {
             _ => &self.v,
         };
         if let Some(own) = own.get(layer) {
-            rows.push(own);
+            rows.push_run(own.run());
         }
         rows
     }
 
-    /// Post-RoPE K of `layer`, `[len, kv_dim]`, in runs ([`KvRows::to_vec`] copies it
-    /// into one buffer).
+    /// The keys attention reads: K after RoPE (`f32`), or K before RoPE marked to be
+    /// rotated at read (a compact type).
+    fn rows_k(&self, layer: usize) -> KvRows<'_> {
+        if self.ty.rotates_at_read() {
+            self.stored(layer, 1).pre_rope()
+        } else {
+            self.stored(layer, 0)
+        }
+    }
+
+    /// The keys of `layer` as attention reads them, `[len, kv_dim]`, in runs: K after
+    /// RoPE in an `f32` cache ([`KvRows::to_vec`] copies it into one buffer); in a
+    /// compact one the stored K before RoPE, marked to be rotated at read
+    /// ([`KvRows::is_pre_rope`]).
     pub fn k(&self, layer: usize) -> KvRows<'_> {
-        self.rows(layer, 0)
+        self.rows_k(layer)
     }
 
     /// Pre-RoPE K of `layer`, `[len, kv_dim]`, in runs.
     pub fn k_raw(&self, layer: usize) -> KvRows<'_> {
-        self.rows(layer, 1)
+        self.stored(layer, 1)
     }
 
     /// V of `layer`, `[len, kv_dim]`, in runs.
     pub fn v(&self, layer: usize) -> KvRows<'_> {
-        self.rows(layer, 2)
+        self.stored(layer, 2)
     }
 
-    /// Bytes one entry occupies: K, K before RoPE and V for every layer (`f32`), plus its
-    /// position (`u32`).
+    /// Bytes one entry occupies: every stored array of every layer in the cache's type,
+    /// plus its position (`u32`) ([`KvType::bytes_per_token`]).
     pub fn bytes_per_token(&self) -> usize {
-        3 * self.n_layers * self.kv_dim * std::mem::size_of::<f32>() + std::mem::size_of::<u32>()
+        self.ty.bytes_per_token(self.n_layers, self.kv_dim)
     }
 
     /// Bytes held by the entries now in the cache, shared or not: what the cache would
@@ -270,7 +363,8 @@ impl KvCache {
     /// Bytes of this cache's own rows and positions (what a clone copies), not counting
     /// the shared blocks.
     pub fn bytes_private(&self) -> usize {
-        (self.len() - self.shared_len) * 3 * self.n_layers * self.kv_dim * 4 + self.len() * 4
+        let row = self.ty.arrays() * self.n_layers * self.ty.row_bytes(self.kv_dim);
+        (self.len() - self.shared_len) * row + self.len() * 4
     }
 
     /// Bytes of memory held by a set of caches together: each one's own rows and
@@ -301,7 +395,7 @@ impl KvCache {
             .iter()
             .chain(&self.k_raw)
             .chain(&self.v)
-            .map(|b| b.capacity() * 4)
+            .map(RowBuf::capacity_bytes)
             .sum();
         f + self.pos.capacity() * 4
     }
@@ -318,10 +412,11 @@ impl KvCache {
             return;
         }
         let depth = self.shared.as_ref().map_or(0, |f| f.depth);
+        let (n, ty) = (self.n_layers, self.ty);
+        let empty = || vec![RowBuf::with_capacity(ty, 0); n];
         let (parent, k, k_raw, v) = if depth + 1 < KvRows::MAX_RUNS {
             let parent = self.shared.take().map(|f| (f, self.shared_len));
-            let n = self.n_layers;
-            let take = |b: &mut Vec<Vec<f32>>| std::mem::replace(b, vec![Vec::new(); n]);
+            let take = |b: &mut Vec<RowBuf>| std::mem::replace(b, empty());
             (
                 parent,
                 take(&mut self.k),
@@ -329,15 +424,23 @@ impl KvCache {
                 take(&mut self.v),
             )
         } else {
-            let all = |which: usize| -> Vec<Vec<f32>> {
-                (0..self.n_layers)
-                    .map(|l| self.rows(l, which).to_vec())
+            let arrays = self.arrays();
+            let all = |which: usize| -> Vec<RowBuf> {
+                (0..n)
+                    .map(|l| {
+                        let mut b = RowBuf::with_capacity(ty, 0);
+                        if arrays.contains(&which) {
+                            let rows = self.stored(l, which);
+                            rows.for_stored(0..rows.len(), |run, _| b.extend_run(run));
+                        }
+                        b
+                    })
                     .collect()
             };
             let (k, k_raw, v) = (all(0), all(1), all(2));
             self.shared = None;
             for b in [&mut self.k, &mut self.k_raw, &mut self.v] {
-                *b = vec![Vec::new(); self.n_layers];
+                *b = empty();
             }
             (None, k, k_raw, v)
         };
@@ -359,19 +462,18 @@ impl KvCache {
         if from >= self.shared_len {
             return;
         }
-        let d = self.kv_dim;
+        let upr = self.upr();
         for l in 0..self.n_layers {
-            for which in 0..3 {
-                let mut rows = Vec::with_capacity((self.len() - from) * d);
-                self.rows(l, which).for_runs(from..self.shared_len, |r, j| {
-                    rows.extend_from_slice(&r[..j.len() * d]);
-                });
+            for which in self.arrays() {
+                let mut rows = RowBuf::with_capacity(self.ty, (self.len() - from) * upr);
+                self.stored(l, which)
+                    .for_stored(from..self.shared_len, |run, _| rows.extend_run(run));
                 let own = match which {
                     0 => &mut self.k[l],
                     1 => &mut self.k_raw[l],
                     _ => &mut self.v[l],
                 };
-                rows.extend_from_slice(own);
+                rows.extend_run(own.run());
                 *own = rows;
             }
         }
@@ -460,10 +562,12 @@ impl KvCache {
             return Ok(());
         }
         self.unshare_from(from);
-        let (d, s0) = (self.kv_dim, self.shared_len);
+        let (d, s0, upr) = (self.kv_dim, self.shared_len, self.upr());
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
-                buf.drain((from - s0) * d..(end - s0) * d);
+                if buf.units() > 0 {
+                    buf.drain_units((from - s0) * upr..(end - s0) * upr);
+                }
             }
         }
         self.pos.drain(from..end);
@@ -471,8 +575,11 @@ impl KvCache {
             for j in from..self.pos.len() {
                 self.pos[j] -= shift;
             }
+            // A compact type rotates keys at read: the new positions are all it takes.
             for l in 0..self.n_layers {
-                let (k, k_raw) = (&mut self.k[l], &self.k_raw[l]);
+                let (RowBuf::F32(k), RowBuf::F32(k_raw)) = (&mut self.k[l], &self.k_raw[l]) else {
+                    continue;
+                };
                 for j in from..self.pos.len() {
                     let r = (j - s0) * d..(j - s0 + 1) * d;
                     let row = &mut k[r.clone()];
@@ -493,10 +600,10 @@ impl KvCache {
             self.shared_len = keep;
             self.trim_shared();
         }
-        let d = self.kv_dim;
+        let upr = self.upr();
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
-                buf.truncate((keep - self.shared_len) * d);
+                buf.truncate_units((keep - self.shared_len) * upr);
             }
         }
         self.pos.truncate(keep);
@@ -519,10 +626,12 @@ impl KvCache {
             });
         }
         self.unshare_from(0);
-        let d = self.kv_dim;
+        let upr = self.upr();
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
-                buf.drain(..n * d);
+                if buf.units() > 0 {
+                    buf.drain_units(0..n * upr);
+                }
             }
         }
         self.pos.drain(..n);
@@ -544,14 +653,16 @@ impl KvStore for KvCache {
         self.pos.extend_from_slice(pos);
     }
     fn append_layer(&mut self, layer: usize, k_raw: &[f32], k: &[f32], v: &[f32]) {
-        self.k_raw[layer].extend_from_slice(k_raw);
-        self.k[layer].extend_from_slice(k);
-        self.v[layer].extend_from_slice(v);
+        self.k_raw[layer].push_f32(k_raw);
+        if !self.ty.rotates_at_read() {
+            self.k[layer].push_f32(k);
+        }
+        self.v[layer].push_f32(v);
     }
     fn keys(&self, layer: usize) -> KvRows<'_> {
-        self.rows(layer, 0)
+        self.rows_k(layer)
     }
     fn values(&self, layer: usize) -> KvRows<'_> {
-        self.rows(layer, 2)
+        self.stored(layer, 2)
     }
 }

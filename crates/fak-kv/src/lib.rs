@@ -50,7 +50,7 @@ pub mod text;
 pub use batch::{BatchPolicy, BatchStats, Batcher};
 pub use cache::{KvCache, KvError};
 pub use chat::{ChatFile, ChatRestoreError, ChatSession, ChatTurnError, TurnStats};
-pub use fak_model::window_start;
+pub use fak_model::{window_start, KvType};
 pub use grammar::{Grammar, GrammarCompiler, GrammarError, GrammarSpec};
 pub use logprobs::{TokenLogprob, TopLogprob};
 pub use sampling::{Sampler, SamplingParams};

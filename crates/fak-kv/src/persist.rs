@@ -14,7 +14,7 @@
 //! | `H` | header: JSON ([`Header`]): the model's digest, the weight mode, the kv type, the cache's shape, the token count, and the caller's metadata |
 //! | `4n` | token ids, `u32` |
 //! | `4n` | RoPE positions, `u32` |
-//! | per layer, `3 · 4 · n · kv_dim` | K (after RoPE), K before RoPE, V: `f32` rows |
+//! | per layer, per stored array | the rows in the kv type, as they are in memory: `f32` K (after RoPE), K before RoPE and V (`4 · n · kv_dim` bytes each); `f16` or `q8_0` K before RoPE and V (`n · kv_dim · 2`, or `n · kv_dim / 32 · 34`: ggml's `block_q8_0`) |
 //! | 32 | sha256 of every byte before it |
 //!
 //! Shared prefixes ([`crate::KvCache::freeze`]) are written out whole: a file holds
@@ -29,10 +29,12 @@
 //! mode), its cache shape and a token count within the session's capacity. A file that
 //! fails any check is refused with an error naming it ([`PersistError`]); nothing is
 //! half-loaded. The rows are then appended to an empty cache as a forward pass would,
-//! so the restored session equals the saved one bit for bit (`PartialEq`).
+//! so the restored session equals the saved one bit for bit (`PartialEq`). The session
+//! gets the file's kv type ([`fak_model::KvType`]); a caller that keeps one type
+//! compares it ([`crate::KvCache::kv_type`]).
 
 use crate::{KvCache, Session};
-use fak_model::{KvStore, Model};
+use fak_model::{KvStore, KvType, Model};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
@@ -48,9 +50,6 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Largest header accepted, bytes (its metadata included).
 pub const MAX_HEADER_BYTES: usize = 16 << 20;
 
-/// The only kv type today: `f32` K, K before RoPE and V.
-pub const KV_TYPE_F32: &str = "f32";
-
 /// What a session file says of its contents, before the rows.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -59,7 +58,7 @@ pub struct Header<M> {
     pub model_digest: String,
     /// The weight mode it was computed with ([`ModelIdentity::weights`]).
     pub weights: String,
-    /// How K and V are stored ([`KV_TYPE_F32`]).
+    /// How K and V are stored ([`fak_model::KvType::name`]).
     pub kv_type: String,
     /// Layers of the cache.
     pub layers: usize,
@@ -187,7 +186,7 @@ pub fn write_session<M: Serialize>(
     let header = Header {
         model_digest: identity.digest.clone(),
         weights: identity.weights.clone(),
-        kv_type: KV_TYPE_F32.into(),
+        kv_type: cache.kv_type().name().into(),
         layers: cache.n_layers(),
         kv_dim: cache.kv_dim(),
         tokens: cache.len(),
@@ -213,12 +212,11 @@ pub fn write_session<M: Serialize>(
     out.put_le(session.ids(), u32::to_le_bytes)?;
     out.put_le(cache.positions(), u32::to_le_bytes)?;
     for layer in 0..cache.n_layers() {
-        for rows in [cache.k(layer), cache.k_raw(layer), cache.v(layer)] {
+        for rows in cache.stored_arrays(layer) {
             let mut err = None;
-            let d = rows.kv_dim();
-            rows.for_runs(0..rows.len(), |run, sub| {
+            rows.for_stored(0..rows.len(), |run, _| {
                 if err.is_none() {
-                    err = out.put_le(&run[..sub.len() * d], f32::to_le_bytes).err();
+                    err = out.put(run.as_bytes()).err();
                 }
             });
             if let Some(e) = err {
@@ -347,12 +345,13 @@ fn read_checked<M: DeserializeOwned>(
             running,
         });
     }
-    if header.kv_type != KV_TYPE_F32 {
+    let Some(ty) = KvType::parse(&header.kv_type) else {
         return Err(PersistError::Shape(format!(
-            "kv type {:?}; this build stores {KV_TYPE_F32}",
-            header.kv_type
+            "kv type {:?}; this build stores {}",
+            header.kv_type,
+            KvType::ALL.map(KvType::name).join(", ")
         )));
-    }
+    };
     let config = model.config();
     let capacity = capacity.min(config.max_position_embeddings);
     let (layers, kv_dim, n) = (config.num_hidden_layers, config.kv_dim(), header.tokens);
@@ -362,13 +361,15 @@ fn read_checked<M: DeserializeOwned>(
             header.layers, header.kv_dim
         )));
     }
+    ty.check(kv_dim).map_err(PersistError::Shape)?;
     if n > capacity {
         return Err(PersistError::Shape(format!(
             "{n} tokens; a session here holds at most {capacity}"
         )));
     }
     // Bounded by the capacity checked above, so this cannot overflow on 64 bits.
-    let body = (8 * n + 12 * n * layers * kv_dim) as u64;
+    let row_bytes = n * ty.row_bytes(kv_dim);
+    let body = (8 * n + ty.arrays() * row_bytes * layers) as u64;
     let total = 16 + hlen as u64 + body + 32;
     match file_len {
         Some(len) if len < total => {
@@ -422,21 +423,15 @@ fn read_checked<M: DeserializeOwned>(
             )));
         }
     }
-    let mut cache = KvCache::new(config, capacity);
+    let mut cache =
+        KvCache::with_type(config, capacity, ty).map_err(|e| PersistError::Shape(e.to_string()))?;
     cache.append_positions(&pos);
-    let row_bytes = 4 * n * kv_dim;
+    let mut at = 8 * n;
     for layer in 0..layers {
-        let at = 8 * n + 3 * row_bytes * layer;
-        let k = words(&bytes[at..at + row_bytes], f32::from_le_bytes);
-        let k_raw = words(
-            &bytes[at + row_bytes..at + 2 * row_bytes],
-            f32::from_le_bytes,
-        );
-        let v = words(
-            &bytes[at + 2 * row_bytes..at + 3 * row_bytes],
-            f32::from_le_bytes,
-        );
-        cache.append_layer(layer, &k_raw, &k, &v);
+        for which in cache.array_kinds() {
+            cache.push_stored(layer, which, &bytes[at..at + row_bytes]);
+            at += row_bytes;
+        }
     }
     Ok((
         Session::restored(Arc::clone(model), cache, ids),

@@ -115,6 +115,25 @@ impl Session {
     /// budget: `capacity * cache().bytes_per_token()` bytes).
     pub fn with_capacity(model: Arc<Model>, capacity: usize) -> Self {
         let cache = KvCache::new(model.config(), capacity);
+        Self::over(model, cache)
+    }
+
+    /// [`Session::with_capacity`] with its cache's rows stored in `ty`
+    /// ([`KvCache::with_type`]).
+    ///
+    /// # Errors
+    /// [`KvError::KvType`] when the model's rows cannot be stored in `ty`.
+    pub fn with_kv_type(
+        model: Arc<Model>,
+        capacity: usize,
+        ty: fak_model::KvType,
+    ) -> Result<Self, KvError> {
+        let cache = KvCache::with_type(model.config(), capacity, ty)?;
+        Ok(Self::over(model, cache))
+    }
+
+    /// A session over the empty `cache`.
+    fn over(model: Arc<Model>, cache: KvCache) -> Self {
         let ids = Vec::with_capacity(cache.capacity().min(KvCache::RESERVED_TOKENS));
         Session {
             model,
@@ -325,7 +344,7 @@ impl Session {
         let all_ids: Vec<u32> = self.ids.iter().chain(ids).copied().collect();
         let cached = self.cache.positions().iter();
         let all_positions: Vec<u32> = cached.chain(positions).copied().collect();
-        let empty = KvCache::new(self.model.config(), self.cache.capacity());
+        let empty = self.cache.emptied();
         let cache = std::mem::replace(&mut self.cache, empty);
         let kept_ids = std::mem::take(&mut self.ids);
         let ran = run(self, &all_ids, &all_positions);
@@ -471,7 +490,7 @@ impl Session {
             .chain(&self.ids[end..])
             .copied()
             .collect();
-        let empty = KvCache::new(self.model.config(), self.cache.capacity());
+        let empty = self.cache.emptied();
         let cache = std::mem::replace(&mut self.cache, empty);
         let kept_ids = std::mem::take(&mut self.ids);
         let ran = self.run_last_in_cache(&ids, &positions, None);

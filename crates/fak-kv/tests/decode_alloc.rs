@@ -16,7 +16,8 @@
 //! ignored, never in CI).
 
 use fak_kv::Session;
-use fak_model::{LogitsWanted, Model, VecKvCache, WeightMode};
+use fak_kv::{KvCache, KvType};
+use fak_model::{LogitsWanted, Model, WeightMode};
 use fak_tensor::Threads;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::PathBuf;
@@ -71,8 +72,8 @@ fn cached(name: &str) -> PathBuf {
 /// Prefills `prompt`, warms up with 3 decode steps, then counts 8 more; returns the
 /// allocations and bytes counted. Checks the last step's logits against a prefill of
 /// every token with fresh buffers.
-fn counted_steps(m: &Arc<Model>, prompt: &[u32]) -> (usize, usize) {
-    let mut s = Session::with_capacity(Arc::clone(m), prompt.len() + 16);
+fn counted_steps(m: &Arc<Model>, prompt: &[u32], kv: KvType) -> (usize, usize) {
+    let mut s = Session::with_kv_type(Arc::clone(m), prompt.len() + 16, kv).expect("kv type");
     let logits = s.prefill(prompt).expect("prefill");
     let mut next = fak_model::argmax(&logits);
     for _ in 0..3 {
@@ -96,10 +97,10 @@ fn counted_steps(m: &Arc<Model>, prompt: &[u32]) -> (usize, usize) {
     // The same tokens in one prefill, with a new scratch: the same bits.
     let ids = s.ids().to_vec();
     let c = m.config();
-    let mut kv = VecKvCache::new(c.num_hidden_layers, ids.len());
+    let mut cache = KvCache::with_type(c, ids.len(), kv).expect("kv type");
     let pos: Vec<u32> = (0..ids.len() as u32).collect();
     let want = m
-        .forward(&ids, &pos, &mut kv, LogitsWanted::Last, None)
+        .forward(&ids, &pos, &mut cache, LogitsWanted::Last, None)
         .expect("prefill");
     let got = s.last_logits().expect("logits");
     assert_eq!(got.len(), c.vocab_size);
@@ -133,13 +134,18 @@ fn decode_steps_allocate_nothing() {
         ("Gemma 3 native", &gemma3, WeightMode::Native, &gemma_prompt),
     ] {
         let mut m = Model::load_with(path, mode).expect("load");
-        for threads in [1, 2, 3] {
+        for (threads, kv) in [1, 2, 3]
+            .into_iter()
+            .flat_map(|t| KvType::ALL.map(|k| (t, k)))
+        {
             m.set_threads(Threads::new(threads));
             let shared = Arc::new(m);
-            let (allocs, bytes) = counted_steps(&shared, prompt);
-            println!("{name}, {threads} thread(s): {allocs} allocations ({bytes} bytes) in 8 decode steps");
+            let (allocs, bytes) = counted_steps(&shared, prompt, kv);
+            println!("{name}, kv {kv}, {threads} thread(s): {allocs} allocations ({bytes} bytes) in 8 decode steps");
             if allocs != 0 {
-                failures.push(format!("{name}, {threads} thread(s): {allocs} allocations"));
+                failures.push(format!(
+                    "{name}, kv {kv}, {threads} thread(s): {allocs} allocations"
+                ));
             }
             m = Arc::try_unwrap(shared).unwrap_or_else(|_| panic!("the model is still shared"));
         }

@@ -44,7 +44,7 @@ pub use config::{Activation, Config, LongRopeFactors, Norms, RopeScaling};
 pub use error::ModelError;
 pub use family::Family;
 pub use generate::{argmax, generate_greedy, Generation, StopReason};
-pub use kv::{window_start, KvRows, KvStore, VecKvCache};
+pub use kv::{window_start, KvRows, KvStore, KvType, RopeAtRead, RowBuf, Run, VecKvCache};
 pub use model::{
     BatchSeq, ForwardScratch, ForwardTrace, LayerWeights, LogitsWanted, Model, Op, OpProfile,
     OpTimes, RopeRegime, Weight, WeightMode, HEAD_ROWS_FRACTION, HEAD_ROWS_MAX, PREFILL_CHUNK,

@@ -24,7 +24,7 @@
 
 use crate::oracle::{measure, oracle_files_in, Oracle};
 use fak_kv::{GenerateParams, KvCache, Session};
-use fak_model::{window_start, Model, WeightMode};
+use fak_model::{window_start, KvType, Model, WeightMode};
 use serde::Serialize;
 use std::path::Path;
 use std::sync::Arc;
@@ -69,6 +69,8 @@ pub struct Report {
     pub model: String,
     /// How the model kept its weights: `exact` or `native`.
     pub weights: String,
+    /// The type the rungs' caches stored their rows in (`f32`, `f16`, `q8_0`).
+    pub kv_type: String,
     /// The rungs, in ladder order.
     pub rungs: Vec<Rung>,
 }
@@ -171,6 +173,10 @@ fn skip(id: &str, claim: &str, witness: &str, why: &str) -> Rung {
 const NATIVE_SKIP: &str = "native weights: 8-bit activations move logits past HF's 1e-4 bound \
 and can flip near-tied greedy steps; measured against the exact path instead (F-q, F-g)";
 
+/// Why the HF-tolerance rungs do not apply to a compact kv type.
+const KV_SKIP: &str = "compact kv type: K and V rounded to it move logits past HF's 1e-4 \
+bound; measured against the f32 cache instead (kv_quality)";
+
 /// FNV-1a, 64 bits, over a stream of words.
 #[derive(Clone, Copy)]
 struct Digest(u64);
@@ -243,7 +249,8 @@ fn bits_equal(a: &[f32], b: &[f32]) -> bool {
 /// Largest |Δ| between two caches over K, K before RoPE and V of every layer, or
 /// infinity if their positions or shapes differ.
 pub fn cache_max_abs_diff(a: &KvCache, b: &KvCache) -> f32 {
-    if a.positions() != b.positions() || a.n_layers() != b.n_layers() {
+    if a.positions() != b.positions() || a.n_layers() != b.n_layers() || a.kv_type() != b.kv_type()
+    {
         return f32::INFINITY;
     }
     (0..a.n_layers())
@@ -274,11 +281,23 @@ pub fn synthetic_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
 /// R3 uses synthetic ids against our own never-saw run only.
 ///
 /// The model is taken by value because the window rungs set a window on it temporarily.
-pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report {
+pub fn prove(model: Model, name: &str, oracle_dir: Option<&Path>) -> Report {
+    prove_kv(model, name, oracle_dir, KvType::F32)
+}
+
+/// [`prove`] with every cache the rungs make storing its rows in `kv`. The invariant
+/// rungs (R2a, R3's write-time eviction and controls, R14, W) hold on every type with
+/// max|Δ| = 0; on a compact type the HF-tolerance rungs (R1, R2b, R3's HF rows) are
+/// skipped, as on native weights: rounding K and V moves the logits past HF's bound
+/// (the compact types' agreement with `f32` is measured by `fak-kv`'s `kv_quality`
+/// example instead).
+pub fn prove_kv(mut model: Model, name: &str, oracle_dir: Option<&Path>, kv: KvType) -> Report {
     let mut rungs = Vec::new();
     // Native weights with at least one quantized matrix (on an all-f32 model native mode
     // is the exact path, and every rung applies).
-    let approx = model.weight_mode() == WeightMode::Native && !model.quantized_types().is_empty();
+    let native = model.weight_mode() == WeightMode::Native && !model.quantized_types().is_empty();
+    let approx = native || kv != KvType::F32;
+    let why = if native { NATIVE_SKIP } else { KV_SKIP };
     // Every oracle file must load: a file that does not is a failed rung, never skipped.
     let mut bad_oracles = Vec::new();
     let mut oracles: Vec<Oracle> = Vec::new();
@@ -302,7 +321,7 @@ pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report 
         .filter(|ids| ids.len() >= 8)
         .unwrap_or_else(|| synthetic_ids(24, vocab, 1));
 
-    rungs.extend(window_rungs(&mut model, &base_ids));
+    rungs.extend(window_rungs(&mut model, &base_ids, kv));
     let model = Arc::new(model);
     for e in &bad_oracles {
         rungs.push(fail(
@@ -314,15 +333,15 @@ pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report 
     }
     if approx {
         let (c1, w1, c2, w2) = r1_texts();
-        rungs.push(skip("R1", c1, w1, NATIVE_SKIP));
-        rungs.push(skip("R2b", c2, w2, NATIVE_SKIP));
+        rungs.push(skip("R1", c1, w1, why));
+        rungs.push(skip("R2b", c2, w2, why));
     } else {
         rungs.extend(r1_rungs(&model, &oracles, oracle_dir));
     }
-    rungs.push(r2a(&model, &base_ids, approx));
-    rungs.extend(r3_rungs(&model, oracle_dir, approx));
-    rungs.push(r3_rotation(&model, &base_ids));
-    rungs.push(r14(&model, &base_ids));
+    rungs.push(r2a(&model, &base_ids, approx, kv));
+    rungs.extend(r3_rungs(&model, oracle_dir, (approx, why), kv));
+    rungs.push(r3_rotation(&model, &base_ids, kv));
+    rungs.push(r14(&model, &base_ids, kv));
     Report {
         model: name.to_string(),
         weights: match model.weight_mode() {
@@ -330,6 +349,7 @@ pub fn prove(mut model: Model, name: &str, oracle_dir: Option<&Path>) -> Report 
             WeightMode::Native => "native",
         }
         .to_string(),
+        kv_type: kv.name().to_string(),
         rungs,
     }
 }
@@ -397,7 +417,7 @@ fn r1_rungs(model: &Model, oracles: &[Oracle], dir: Option<&Path>) -> Vec<Rung> 
     ]
 }
 
-fn r2a(model: &Arc<Model>, ids: &[u32], approx: bool) -> Rung {
+fn r2a(model: &Arc<Model>, ids: &[u32], approx: bool, kv: KvType) -> Rung {
     let claim = "prefill N then 4 decode steps == prefill of N+4 (k, k_raw, v, pos, logits)";
     let witness = if approx {
         "full prefill, same native weights"
@@ -410,12 +430,12 @@ fn r2a(model: &Arc<Model>, ids: &[u32], approx: bool) -> Rung {
             return Ok(fail("R2a", claim, witness, "prompt too short"));
         }
         let n = total - 4;
-        let mut inc = Session::with_capacity(Arc::clone(model), total);
+        let mut inc = Session::with_kv_type(Arc::clone(model), total, kv)?;
         let mut step_logits = vec![inc.prefill(&ids[..n])?];
         for &id in &ids[n..total] {
             step_logits.push(inc.step(id)?);
         }
-        let mut full = Session::with_capacity(Arc::clone(model), total);
+        let mut full = Session::with_kv_type(Arc::clone(model), total, kv)?;
         let all = full.prefill_all_logits(&ids[..total])?;
         let v = model.config().vocab_size;
         let mut d = cache_max_abs_diff(inc.cache(), full.cache());
@@ -515,7 +535,12 @@ fn r3_cases(model: &Model, dir: Option<&Path>) -> (Vec<R3Case>, Vec<String>) {
     (cases, bad)
 }
 
-fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>, approx: bool) -> Vec<Rung> {
+fn r3_rungs(
+    model: &Arc<Model>,
+    dir: Option<&Path>,
+    (approx, why): (bool, &str),
+    kv: KvType,
+) -> Vec<Rung> {
     let mut out = Vec::new();
     let (cases, bad) = r3_cases(model, dir);
     for e in bad {
@@ -535,19 +560,19 @@ fn r3_rungs(model: &Arc<Model>, dir: Option<&Path>, approx: bool) -> Vec<Rung> {
                     case.name
                 ),
                 "HF greedy and logits (R3 oracle files)",
-                NATIVE_SKIP,
+                why,
             ));
             // The rows below then compare with our own (native) never-saw run only.
             case.hf_clean = None;
             case.hf_poisoned = None;
             case.hf_clean_logits = None;
         }
-        out.extend(r3_case(model, &case, approx));
+        out.extend(r3_case(model, &case, approx, kv));
     }
     out
 }
 
-fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
+fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool, kv: KvType) -> Vec<Rung> {
     let claim = format!(
         "[{}] write-time evict == never-saw (logits, cache, 16 greedy tokens)",
         c.name
@@ -573,9 +598,9 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
     };
     let total = c.prefix.len() + c.poison.len() + c.query.len() + 16;
     let run = || -> Result<Vec<Rung>, fak_kv::SessionError> {
-        let new = || Session::with_capacity(Arc::clone(model), total);
+        let new = || Session::with_kv_type(Arc::clone(model), total, kv);
         // Write-time eviction: the poison is removed before anything attends to it.
-        let mut ev = new();
+        let mut ev = new()?;
         ev.prefill(&c.prefix)?;
         ev.prefill(&c.poison)?;
         ev.evict(c.prefix.len(), c.poison.len())?;
@@ -583,7 +608,7 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
         let ev_cache = ev.cache().clone();
         let ev_gen = ev.generate(&params)?;
         // Never-saw.
-        let mut ns = new();
+        let mut ns = new()?;
         ns.prefill(&c.prefix)?;
         let ns_logits = ns.prefill(&c.query)?;
         let ns_cache = ns.cache().clone();
@@ -625,7 +650,7 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
             dig,
         );
         // Control (a): no eviction.
-        let mut po = new();
+        let mut po = new()?;
         po.prefill(&c.prefix)?;
         po.prefill(&c.poison)?;
         po.prefill(&c.query)?;
@@ -655,7 +680,7 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
             Digest::new().u32s(&po_gen).u32s(&ns_gen),
         );
         // Control (b): evict after the query attended to the poison.
-        let mut late = new();
+        let mut late = new()?;
         late.prefill(&c.prefix)?;
         late.prefill(&c.poison)?;
         late.prefill(&c.query)?;
@@ -676,7 +701,10 @@ fn r3_case(model: &Arc<Model>, c: &R3Case, approx: bool) -> Vec<Rung> {
     run().unwrap_or_else(|e| vec![fail("R3", &claim, witness, e)])
 }
 
-fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
+fn r3_rotation(model: &Arc<Model>, ids: &[u32], kv: KvType) -> Rung {
+    if kv.rotates_at_read() {
+        return r3_renumber(model, ids, kv);
+    }
     let claim =
         "mid-span evict: every moved survivor's K == one rotation of its k_raw at its new position";
     let witness = "Model::rope_in_place on k_raw";
@@ -719,7 +747,54 @@ fn r3_rotation(model: &Arc<Model>, ids: &[u32]) -> Rung {
     run().unwrap_or_else(|e| fail("R3", claim, witness, e))
 }
 
-fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
+/// R3's mid-span eviction on a compact kv type, whose keys are stored before RoPE and
+/// rotated at read: the survivors' stored rows are kept bit for bit and only their
+/// positions are renumbered, so each key is rotated once, at its new position, when
+/// it is read (that the result equals never having seen the span is R3's main row).
+fn r3_renumber(model: &Arc<Model>, ids: &[u32], kv: KvType) -> Rung {
+    let claim = "mid-span evict: survivors' stored K (before RoPE) and V kept bit for bit, positions renumbered (keys rotated at read)";
+    let witness = "the stored rows before the eviction";
+    let run = || -> Result<Rung, fak_kv::SessionError> {
+        let n = ids
+            .len()
+            .min(16)
+            .min(model.config().max_position_embeddings);
+        if n < 8 {
+            return Ok(fail("R3", claim, witness, "prompt too short"));
+        }
+        let mut s = Session::with_kv_type(Arc::clone(model), n, kv)?;
+        s.prefill(&ids[..n])?;
+        let layers = s.cache().n_layers();
+        let rows = |c: &KvCache, l: usize| (c.k_raw(l).to_bytes(), c.v(l).to_bytes());
+        let before: Vec<_> = (0..layers).map(|l| rows(s.cache(), l)).collect();
+        s.evict(3, 4)?;
+        let cache = s.cache();
+        let row = cache.kv_type().row_bytes(cache.kv_dim());
+        let kept = |b: &[u8]| [&b[..3 * row], &b[7 * row..]].concat();
+        let same = (0..layers).all(|l| {
+            let (k, v) = rows(cache, l);
+            k == kept(&before[l].0) && v == kept(&before[l].1)
+        });
+        let pos_ok = cache.positions() == (0..(n - 4) as u32).collect::<Vec<_>>();
+        Ok(with_digest(
+            rung(
+                "R3",
+                claim,
+                witness,
+                format!(
+                    "{} survivors × {layers} layers: rows equal: {same}; positions renumbered 0..{}: {pos_ok}",
+                    n - 4,
+                    n - 4
+                ),
+                same && pos_ok,
+            ),
+            Digest::new().cache(cache),
+        ))
+    };
+    run().unwrap_or_else(|e| fail("R3", claim, witness, e))
+}
+
+fn r14(model: &Arc<Model>, ids: &[u32], kv: KvType) -> Rung {
     let claim = "from_prefix(prefix, suffix) == full recompute; prefix not recomputed";
     let witness = "R2a-proven full prefill";
     let run = || -> Result<Rung, fak_kv::SessionError> {
@@ -731,10 +806,10 @@ fn r14(model: &Arc<Model>, ids: &[u32]) -> Rung {
         }
         let split = n / 2;
         let cap = n + 8;
-        let mut prefix = Session::with_capacity(Arc::clone(model), cap);
+        let mut prefix = Session::with_kv_type(Arc::clone(model), cap, kv)?;
         prefix.prefill(&ids[..split])?;
         let mut cloned = Session::from_prefix(&prefix, &ids[split..n])?;
-        let mut full = Session::with_capacity(Arc::clone(model), cap);
+        let mut full = Session::with_kv_type(Arc::clone(model), cap, kv)?;
         full.prefill(&ids[..n])?;
         let d = max_abs_diff(
             cloned.last_logits().unwrap_or(&[]),
@@ -783,7 +858,7 @@ pub const WINDOW_CASES: &[(&[u32], usize, Option<usize>, usize)] = &[
     (&[5, 6, 9], 2, Some(4), 1),
 ];
 
-fn window_rungs(model: &mut Model, ids: &[u32]) -> Vec<Rung> {
+fn window_rungs(model: &mut Model, ids: &[u32], kv: KvType) -> Vec<Rung> {
     let mut out = Vec::new();
     let bad: Vec<String> = WINDOW_CASES
         .iter()
@@ -805,9 +880,16 @@ fn window_rungs(model: &mut Model, ids: &[u32]) -> Vec<Rung> {
     let n = ids.len().min(model.config().max_position_embeddings);
     let layers = model.config().num_hidden_layers;
     let run = |m: &Model| -> Result<Vec<f32>, fak_model::ModelError> {
-        let mut kv = KvCache::new(m.config(), n);
+        let mut cache = KvCache::with_type(m.config(), n, kv)
+            .map_err(|e| fak_model::ModelError::InvalidInput(e.to_string()))?;
         let pos: Vec<u32> = (0..n as u32).collect();
-        m.forward(&ids[..n], &pos, &mut kv, fak_model::LogitsWanted::All, None)
+        m.forward(
+            &ids[..n],
+            &pos,
+            &mut cache,
+            fak_model::LogitsWanted::All,
+            None,
+        )
     };
     let result = (|| -> Result<(Rung, Rung), fak_model::ModelError> {
         model.set_sliding_windows(vec![None; layers])?;

@@ -21,4 +21,4 @@
 pub mod ladder;
 pub mod oracle;
 
-pub use ladder::{prove, Report, Rung, Verdict};
+pub use ladder::{prove, prove_kv, Report, Rung, Verdict};

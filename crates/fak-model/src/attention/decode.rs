@@ -69,7 +69,7 @@ pub(crate) fn decode_attention(
     out: &mut [f32],
     th: Threads,
 ) {
-    let (hd, kvd) = (s.head_dim, s.kv_dim);
+    let hd = s.head_dim;
     let len = entries - first;
     let out = &mut out[..s.heads * hd];
     if len == 0 {
@@ -136,9 +136,9 @@ pub(crate) fn decode_attention(
             let j1 = (j0 + KEY_BLOCK).min(len);
             for (a, b, off) in runs() {
                 let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
-                keys.for_runs(first + j0..first + j1, |rows, r| {
+                keys.for_cols(first + j0..first + j1, off..off + hd, |rows, st, r| {
                     let js = r.start - first..r.end - first;
-                    dots_for_heads(&rows[off..], kvd, q, hd, sc, len, js);
+                    dots_for_heads(rows, st, q, hd, sc, len, js);
                 });
             }
             j0 = j1;
@@ -151,9 +151,9 @@ pub(crate) fn decode_attention(
             let j1 = (j0 + KEY_BLOCK).min(len);
             for (a, b, off) in runs() {
                 let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
-                values.for_runs(first + j0..first + j1, |rows, r| {
+                values.for_cols(first + j0..first + j1, off..off + hd, |rows, st, r| {
                     let js = r.start - first..r.end - first;
-                    sums_for_heads(p, len, js, &rows[off..], kvd, o, hd);
+                    sums_for_heads(p, len, js, rows, st, o, hd);
                 });
             }
             j0 = j1;
@@ -192,7 +192,7 @@ fn by_ranges(
     out: &mut [f32],
     th: Threads,
 ) {
-    let (hd, kvd) = (s.head_dim, s.kv_dim);
+    let hd = s.head_dim;
     let ScoreRows { scores, first, len } = sc;
     let kv_heads = s.heads / s.group;
     let parts = th.get().max(1);
@@ -214,15 +214,15 @@ fn by_ranges(
             while j0 < kr.end {
                 let j1 = (j0 + KEY_BLOCK).min(kr.end);
                 for g in 0..kv_heads {
-                    keys.for_runs(first + j0..first + j1, |rows, r| {
+                    let cols = g * hd..(g + 1) * hd;
+                    keys.for_cols(first + j0..first + j1, cols, |rows, st, r| {
                         let (r0, r1) = (r.start - first, r.end - first);
-                        let rows = &rows[g * hd..];
                         for (a, nh) in runs(g) {
                             // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
                             // ranges are disjoint), and of them `r0..r1` once, in every
                             // head's row: no part overlaps another chunk's or its own.
                             let part = |h: usize| unsafe { all.part(h * len + r0..h * len + r1) };
-                            dots_into(rows, kvd, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
+                            dots_into(rows, st, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
                         }
                     });
                 }
@@ -260,14 +260,14 @@ fn by_ranges(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             for g in 0..kv_heads {
-                values.for_runs(first + j0..first + j1, |rows, r| {
+                let cols = g * hd + e0..g * hd + e1;
+                values.for_cols(first + j0..first + j1, cols, |rows, st, r| {
                     let (r0, r1) = (r.start - first, r.end - first);
-                    let rows = &rows[g * hd + e0..];
                     for (a, nh) in runs(g) {
                         // SAFETY: as above; the parts of one call are distinct heads'.
                         let part = |h: usize| unsafe { all_out.part(h * hd + e0..h * hd + e1) };
                         let p = |h: usize| &scores[h * len + r0..h * len + r1];
-                        sums_into(p, rows, kvd, nh, part, a);
+                        sums_into(p, rows, st, nh, part, a);
                     }
                 });
             }
@@ -442,7 +442,8 @@ mod tests {
 
     /// One query head at a time with the single-head kernels.
     fn per_head(s: AttentionShape, q: &[f32], k: &[f32], v: &[f32], first: usize) -> Vec<f32> {
-        let (hd, kvd) = (s.head_dim, s.kv_dim);
+        let hd = s.head_dim;
+        let kvd = s.heads / s.group * hd;
         let entries = k.len() / kvd;
         let mut out = vec![0f32; s.heads * hd];
         for h in 0..s.heads {
@@ -482,7 +483,6 @@ mod tests {
                 heads,
                 group: heads / kv_heads,
                 head_dim: hd,
-                kv_dim: kvd,
                 scale: 0.125,
             };
             for (entries, first) in [

@@ -19,8 +19,6 @@ pub(crate) struct AttentionShape {
     pub group: usize,
     /// Elements per head.
     pub head_dim: usize,
-    /// Elements of one cache entry (`kv_heads × head_dim`): the stride of the K and V rows.
-    pub kv_dim: usize,
     /// Multiplier of every score (HF's `scaling`).
     pub scale: f32,
 }
@@ -32,7 +30,6 @@ impl AttentionShape {
             heads: c.num_attention_heads,
             group: c.num_attention_heads / c.num_key_value_heads,
             head_dim: c.head_dim,
-            kv_dim: c.kv_dim(),
             scale: c.attention_scale,
         }
     }

@@ -56,7 +56,7 @@ pub(crate) fn prefill_attention(
         let c = front_back(c, blocks * nh);
         let (tb, hq) = (c / nh, c % nh);
         let g = hq / group;
-        let (k_at, v_at) = (At(keys, g * hd), At(vals, g * hd));
+        let (k_at, v_at) = (At(keys, g * hd, hd), At(vals, g * hd, hd));
         let tokens = tb * QB..((tb + 1) * QB).min(n);
         // Token t attends to entries start..=end (end: its own entry).
         let ranges: Vec<(usize, usize)> = tokens
@@ -216,23 +216,20 @@ fn front_back(c: usize, n: usize) -> usize {
     }
 }
 
-/// One KV head's K or V rows of a layer's cache: the rows and the head's offset in a
-/// row.
+/// One KV head's K or V rows of a layer's cache: the rows, the head's offset in a row
+/// and its width.
 #[derive(Clone, Copy)]
-struct At<'a>(KvRows<'a>, usize);
+struct At<'a>(KvRows<'a>, usize, usize);
 
 impl<'a> At<'a> {
-    /// [`KvRows::for_runs`] from the head's offset: `f(rows, stride, entries)`, `rows`
-    /// the head's part of entry `entries.start` on, `stride` apart.
+    /// [`KvRows::for_cols`] of the head's `hd` values: `f(rows, stride, entries)`,
+    /// `rows` the head's values of entry `entries.start` on, `stride` apart.
     fn for_runs(
         &self,
         range: std::ops::Range<usize>,
-        mut f: impl FnMut(&'a [f32], usize, std::ops::Range<usize>),
+        f: impl FnMut(&[f32], usize, std::ops::Range<usize>),
     ) {
-        if range.is_empty() {
-            return;
-        }
-        let (rows, off) = (self.0, self.1);
-        rows.for_runs(range, |r, j| f(&r[off..], rows.kv_dim(), j));
+        let At(rows, off, hd) = *self;
+        rows.for_cols(range, off..off + hd, f);
     }
 }

@@ -3,9 +3,9 @@
 
 use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
-use super::{ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
+use super::{CosSinRows, ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
-use crate::kv::{window_start, KvStore};
+use crate::kv::{window_start, KvRows, KvStore, RopeAtRead};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::pool::Disjoint;
 use fak_tensor::{add_assign, parallel_chunks, rms_norm, rope_rotate_half, Threads};
@@ -518,7 +518,7 @@ impl Model {
         scratch.rope_used = 0;
         for (l, w) in self.layers.iter().enumerate() {
             let rope = self.timed(Op::Rope, || self.rope_rows(l, positions, regime, scratch));
-            self.attention_block(l, w, rope, segs, n, scratch)?;
+            self.attention_block(l, w, (rope, regime), segs, n, scratch)?;
             self.mlp_block(w, n, scratch)?;
             if let Some(t) = trace.as_deref_mut() {
                 t.layers.push(scratch.x.clone());
@@ -662,7 +662,7 @@ impl Model {
         &self,
         l: usize,
         w: &LayerWeights,
-        rope: usize,
+        (rope, regime): (usize, RopeRegime),
         segs: &mut [Seg<'_>],
         n: usize,
         scratch: &mut ForwardScratch,
@@ -701,12 +701,12 @@ impl Model {
         let decoding = segs.iter().filter(|s| s.rows.len() == 1).count();
         self.timed(Op::Attention, || {
             if decoding > 1 {
-                self.decode_attention_batch(l, segs, q, attn, batch_scores);
+                self.decode_attention_batch(l, regime, segs, q, attn, batch_scores);
             }
             for s in segs.iter().filter(|s| decoding <= 1 || s.rows.len() > 1) {
                 let qr = s.rows.start * qd..s.rows.end * qd;
                 self.attention(
-                    l,
+                    (l, regime),
                     &*s.kv,
                     s.rows.len(),
                     &q[qr.clone()],
@@ -822,7 +822,7 @@ impl Model {
     /// query head ([`prefill_attention`]), the same bits either way.
     fn attention(
         &self,
-        l: usize,
+        (l, regime): (usize, RopeRegime),
         kv: &dyn KvStore,
         n: usize,
         q: &[f32],
@@ -831,9 +831,10 @@ impl Model {
     ) {
         let c = &self.config;
         let th = self.threads;
-        let keys = kv.keys(l);
-        let vals = kv.values(l);
         let pos = kv.positions();
+        let table = self.read_rope_for(l, regime, kv);
+        let keys = self.keys_at_read(kv.keys(l), table.as_deref(), pos);
+        let vals = kv.values(l);
         let m = pos.len();
         let window = c.sliding_window[l];
         let shape = AttentionShape::of(c);
@@ -842,6 +843,40 @@ impl Model {
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
         } else {
             prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
+        }
+    }
+
+    /// The `cos`/`sin` rows layer `l`'s keys in `kv` are rotated with as they are read,
+    /// when `kv` stores them before RoPE (a compact cache); `None` for an `f32` cache.
+    fn read_rope_for(
+        &self,
+        l: usize,
+        regime: RopeRegime,
+        kv: &dyn KvStore,
+    ) -> Option<std::sync::Arc<CosSinRows>> {
+        let last = *kv.positions().last()?;
+        kv.keys(l)
+            .is_pre_rope()
+            .then(|| self.read_rope(l, regime, last))
+    }
+
+    /// `keys` with their rotation at read attached when they are stored before RoPE
+    /// (`table` from [`Model::read_rope_for`]); `pos` the entries' positions.
+    fn keys_at_read<'a>(
+        &self,
+        keys: KvRows<'a>,
+        table: Option<&'a CosSinRows>,
+        pos: &'a [u32],
+    ) -> KvRows<'a> {
+        match table {
+            Some(t) => keys.with_rope(RopeAtRead {
+                cos: &t.cos,
+                sin: &t.sin,
+                half: t.cos.len() / t.rows,
+                head_dim: self.config.head_dim,
+                positions: pos,
+            }),
+            None => keys,
         }
     }
 
@@ -854,6 +889,7 @@ impl Model {
     fn decode_attention_batch(
         &self,
         l: usize,
+        regime: RopeRegime,
         segs: &[Seg<'_>],
         q: &[f32],
         attn: &mut [f32],
@@ -863,16 +899,24 @@ impl Model {
         let qd = c.q_dim();
         let shape = AttentionShape::of(c);
         let window = c.sliding_window[l];
+        // The rotation tables of the sequences with compact caches, held for the step.
+        let tables: Vec<_> = segs
+            .iter()
+            .filter(|s| s.rows.len() == 1)
+            .map(|s| self.read_rope_for(l, regime, &*s.kv))
+            .collect();
         // (query, keys, values, first entry, entries, output rows) per sequence.
         let items: Vec<_> = segs
             .iter()
             .filter(|s| s.rows.len() == 1)
-            .map(|s| {
+            .zip(&tables)
+            .map(|(s, table)| {
                 let pos = s.kv.positions();
                 let m = pos.len();
                 let r = s.rows.start * qd..s.rows.end * qd;
                 let first = window_start(pos, m - 1, window);
-                (&q[r.clone()], s.kv.keys(l), s.kv.values(l), first, m, r)
+                let keys = self.keys_at_read(s.kv.keys(l), table.as_deref(), pos);
+                (&q[r.clone()], keys, s.kv.values(l), first, m, r)
             })
             .collect();
         if scores.len() < items.len() {

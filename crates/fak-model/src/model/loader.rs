@@ -131,6 +131,7 @@ impl Model {
             prefill_chunk: PREFILL_CHUNK,
             mode,
             profile: OpProfile::default(),
+            read_rope: Default::default(),
         })
     }
 }

@@ -68,6 +68,19 @@ pub struct Model {
     mode: WeightMode,
     /// Per-op wall time of passes, off unless enabled ([`Model::profile`]).
     profile: OpProfile,
+    /// cos and sin rows of every position a compact cache's keys are rotated at when
+    /// read ([`Model::read_rope`]), per RoPE table, grown as positions come.
+    read_rope: std::sync::Mutex<Vec<std::sync::Arc<CosSinRows>>>,
+}
+
+/// One RoPE table's `cos` and `sin` rows of positions `0..rows`, `[rows, half]` each,
+/// computed by [`RopeTable::cos_sin`] (the forward pass's rows for those positions).
+#[derive(Debug)]
+pub(crate) struct CosSinRows {
+    table: RopeTable,
+    rows: usize,
+    pub(crate) cos: Vec<f32>,
+    pub(crate) sin: Vec<f32>,
 }
 
 /// Which of a model's RoPE tables a sequence uses ([`Model::rope_regime`]). Only a
@@ -231,6 +244,47 @@ impl Model {
         for head in row.chunks_exact_mut(hd) {
             rope_rotate_half(head, &cos, &sin);
         }
+    }
+
+    /// Layer `layer`'s `cos` and `sin` rows in `regime` for positions up to
+    /// `max_pos` at least: the rotation a compact cache's pre-RoPE keys get as
+    /// attention reads them ([`crate::KvRows::with_rope`]). Built once per table, and
+    /// again (to the next power of two, at most the context length) when positions
+    /// outgrow it; 256 bytes a position for a 64-value head.
+    pub(crate) fn read_rope(
+        &self,
+        layer: usize,
+        regime: RopeRegime,
+        max_pos: u32,
+    ) -> std::sync::Arc<CosSinRows> {
+        let table = self.rope_table(layer, regime);
+        let need = max_pos as usize + 1;
+        let mut held = self
+            .read_rope
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(r) = held.iter().find(|r| r.table == *table && r.rows >= need) {
+            return std::sync::Arc::clone(r);
+        }
+        let rows = need
+            .next_power_of_two()
+            .max(1024)
+            .min(self.config.max_position_embeddings.max(need));
+        let half = table.half();
+        let (mut cos, mut sin) = (vec![0f32; rows * half], vec![0f32; rows * half]);
+        for p in 0..rows {
+            let r = p * half..(p + 1) * half;
+            table.cos_sin(p as u32, &mut cos[r.clone()], &mut sin[r]);
+        }
+        let built = std::sync::Arc::new(CosSinRows {
+            table: table.clone(),
+            rows,
+            cos,
+            sin,
+        });
+        held.retain(|r| r.table != *table);
+        held.push(std::sync::Arc::clone(&built));
+        built
     }
 
     /// Threads used by the matrix products.

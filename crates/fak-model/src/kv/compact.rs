@@ -1,0 +1,426 @@
+//! The element types a KV cache stores its rows in ([`KvType`]), the growable row
+//! buffers of each ([`RowBuf`]) and borrowed runs of them ([`Run`]), with the one
+//! widening each type is read through.
+//!
+//! A compact cache ([`KvType::F16`], [`KvType::Q8_0`]) holds two arrays per layer: K
+//! before RoPE and V, rounded to the type when written. Attention widens a run of rows
+//! to `f32` (exactly: binary16 → `f32`, and Q8_0's `d · q` in one rounding, ggml's
+//! `dequantize_row_q8_0`) and rotates each key at its entry's position as it reads it
+//! ([`super::RopeAtRead`]), then runs the `f32` kernels on the widened rows. So every
+//! path that reads a stored row (a decode step, a prefill, a batched decode) sees the
+//! same `f32` values, and renumbering entries (an eviction, a context shift) changes
+//! only their positions: the key is rotated once, at read, at its current position, the
+//! arithmetic a forward pass at that position performs on the rounded key.
+//!
+//! An `f32` cache ([`KvType::F32`]) holds K after RoPE as well, written by the forward
+//! pass and read as it is.
+
+use fak_tensor::quant::{f16_to_f32, f32_to_f16, quantize_q8_0_into, BlockQ8_0};
+use std::ops::Range;
+
+/// Values per Q8_0 block (ggml `QK8_0`).
+const QK: usize = 32;
+
+/// How a KV cache stores its rows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum KvType {
+    /// `f32` K after RoPE, K before RoPE and V: the values the forward pass computed
+    /// (`3 × 4` bytes per element of a row).
+    #[default]
+    F32,
+    /// IEEE binary16 K before RoPE and V, rounded to nearest even (`2 × 2` bytes per
+    /// element: llama.cpp's default `f16` K and V).
+    F16,
+    /// ggml's Q8_0 blocks (one binary16 scale per 32 values, `d = max|x| / 127`,
+    /// `q = round(x / d)`, `quantize_row_q8_0_ref`) for K before RoPE and V (`2 × 34/32`
+    /// bytes per element). Needs rows of a multiple of 32 values.
+    Q8_0,
+}
+
+impl KvType {
+    /// Every type, smallest-rounding first.
+    pub const ALL: [KvType; 3] = [KvType::F32, KvType::F16, KvType::Q8_0];
+
+    /// The type's name as the CLI and the session files spell it: `f32`, `f16`, `q8_0`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvType::F32 => "f32",
+            KvType::F16 => "f16",
+            KvType::Q8_0 => "q8_0",
+        }
+    }
+
+    /// The type named `name` ([`KvType::name`]); `None` for another name.
+    pub fn parse(name: &str) -> Option<KvType> {
+        KvType::ALL.into_iter().find(|t| t.name() == name)
+    }
+
+    /// Whether keys are stored before RoPE only and rotated as they are read.
+    pub fn rotates_at_read(self) -> bool {
+        self != KvType::F32
+    }
+
+    /// Arrays stored per layer: 3 for `f32` (K, K before RoPE, V), 2 otherwise.
+    pub fn arrays(self) -> usize {
+        if self.rotates_at_read() {
+            2
+        } else {
+            3
+        }
+    }
+
+    /// Bytes of one stored row of `kv_dim` values.
+    pub fn row_bytes(self, kv_dim: usize) -> usize {
+        match self {
+            KvType::F32 => 4 * kv_dim,
+            KvType::F16 => 2 * kv_dim,
+            KvType::Q8_0 => kv_dim / QK * std::mem::size_of::<BlockQ8_0>(),
+        }
+    }
+
+    /// Bytes one cache entry takes for a model of `n_layers` layers of `kv_dim`-value
+    /// rows: every stored array of every layer, plus the entry's position (`u32`).
+    pub fn bytes_per_token(self, n_layers: usize, kv_dim: usize) -> usize {
+        self.arrays() * n_layers * self.row_bytes(kv_dim) + std::mem::size_of::<u32>()
+    }
+
+    /// Storage units (elements, or Q8_0 blocks) per row of `kv_dim` values.
+    pub fn units_per_row(self, kv_dim: usize) -> usize {
+        match self {
+            KvType::Q8_0 => kv_dim / QK,
+            _ => kv_dim,
+        }
+    }
+
+    /// Bytes of one storage unit (an element, or a Q8_0 block).
+    pub fn unit_bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 => 2,
+            KvType::Q8_0 => std::mem::size_of::<BlockQ8_0>(),
+        }
+    }
+
+    /// Whether rows of `kv_dim` values can be stored in this type.
+    ///
+    /// # Errors
+    /// A message when they cannot: Q8_0 needs a multiple of 32 values.
+    pub fn check(self, kv_dim: usize) -> Result<(), String> {
+        if self == KvType::Q8_0 && !kv_dim.is_multiple_of(QK) {
+            return Err(format!(
+                "kv type q8_0 needs rows of a multiple of {QK} values; this model's are {kv_dim}"
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Display for KvType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One layer's K or V rows in a [`KvType`], growable: `rows × units_per_row` units
+/// (elements, or Q8_0 blocks).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RowBuf {
+    /// `f32` values.
+    F32(Vec<f32>),
+    /// IEEE binary16 bits.
+    F16(Vec<u16>),
+    /// Q8_0 blocks.
+    Q8_0(Vec<BlockQ8_0>),
+}
+
+impl RowBuf {
+    /// An empty buffer of type `ty` with room for `units` units.
+    pub fn with_capacity(ty: KvType, units: usize) -> RowBuf {
+        match ty {
+            KvType::F32 => RowBuf::F32(Vec::with_capacity(units)),
+            KvType::F16 => RowBuf::F16(Vec::with_capacity(units)),
+            KvType::Q8_0 => RowBuf::Q8_0(Vec::with_capacity(units)),
+        }
+    }
+
+    /// The buffer's type.
+    pub fn kv_type(&self) -> KvType {
+        self.run().kv_type()
+    }
+
+    /// All rows held, borrowed.
+    pub fn run(&self) -> Run<'_> {
+        match self {
+            RowBuf::F32(v) => Run::F32(v),
+            RowBuf::F16(v) => Run::F16(v),
+            RowBuf::Q8_0(v) => Run::Q8_0(v),
+        }
+    }
+
+    /// Units held.
+    pub fn units(&self) -> usize {
+        self.run().units()
+    }
+
+    /// Appends whole rows given as `f32` values, rounded to the buffer's type.
+    ///
+    /// # Panics
+    /// For Q8_0 when `x.len()` is not a multiple of 32 (the cache checks its row width
+    /// when it is made, [`KvType::check`]).
+    pub fn push_f32(&mut self, x: &[f32]) {
+        match self {
+            RowBuf::F32(v) => v.extend_from_slice(x),
+            RowBuf::F16(v) => v.extend(x.iter().map(|&x| f32_to_f16(x))),
+            RowBuf::Q8_0(v) => {
+                // The blocks go through one buffer per thread, so a decode step's append
+                // allocates nothing once it has grown to a row.
+                thread_local! {
+                    static BLOCKS: std::cell::RefCell<Vec<BlockQ8_0>> =
+                        const { std::cell::RefCell::new(Vec::new()) };
+                }
+                BLOCKS.with_borrow_mut(|b| {
+                    quantize_q8_0_into(x, b).expect("q8_0 rows of whole blocks");
+                    v.extend_from_slice(b);
+                });
+            }
+        }
+    }
+
+    /// Appends a run of the same type (its units copied as they are).
+    ///
+    /// # Panics
+    /// If the run's type is another.
+    pub fn extend_run(&mut self, run: Run<'_>) {
+        match (self, run) {
+            (RowBuf::F32(v), Run::F32(r)) => v.extend_from_slice(r),
+            (RowBuf::F16(v), Run::F16(r)) => v.extend_from_slice(r),
+            (RowBuf::Q8_0(v), Run::Q8_0(r)) => v.extend_from_slice(r),
+            (b, r) => panic!("a {} run into a {} buffer", r.kv_type(), b.kv_type()),
+        }
+    }
+
+    /// Appends units given as their bytes, as [`Run::as_bytes`] gives them (a session
+    /// file's rows): little-endian values, or ggml's 34-byte `block_q8_0`s.
+    ///
+    /// # Panics
+    /// If `bytes` is not whole units.
+    pub fn extend_from_bytes(&mut self, bytes: &[u8]) {
+        let unit = self.kv_type().unit_bytes();
+        assert!(
+            bytes.len().is_multiple_of(unit),
+            "RowBuf: bytes that are not whole units"
+        );
+        match self {
+            RowBuf::F32(v) => v.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            RowBuf::F16(v) => v.extend(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]])),
+            ),
+            RowBuf::Q8_0(v) => v.extend(
+                bytes
+                    .chunks_exact(unit)
+                    .map(bytemuck::pod_read_unaligned::<BlockQ8_0>),
+            ),
+        }
+    }
+
+    /// Removes units `range`.
+    pub fn drain_units(&mut self, range: Range<usize>) {
+        match self {
+            RowBuf::F32(v) => drop(v.drain(range)),
+            RowBuf::F16(v) => drop(v.drain(range)),
+            RowBuf::Q8_0(v) => drop(v.drain(range)),
+        }
+    }
+
+    /// Keeps the first `units` units.
+    pub fn truncate_units(&mut self, units: usize) {
+        match self {
+            RowBuf::F32(v) => v.truncate(units),
+            RowBuf::F16(v) => v.truncate(units),
+            RowBuf::Q8_0(v) => v.truncate(units),
+        }
+    }
+
+    /// Bytes of the units held.
+    pub fn bytes(&self) -> usize {
+        self.run().as_bytes().len()
+    }
+
+    /// Bytes allocated.
+    pub fn capacity_bytes(&self) -> usize {
+        match self {
+            RowBuf::F32(v) => v.capacity() * 4,
+            RowBuf::F16(v) => v.capacity() * 2,
+            RowBuf::Q8_0(v) => v.capacity() * std::mem::size_of::<BlockQ8_0>(),
+        }
+    }
+}
+
+/// Borrowed units of a [`RowBuf`].
+#[derive(Clone, Copy, Debug)]
+pub enum Run<'a> {
+    /// `f32` values.
+    F32(&'a [f32]),
+    /// IEEE binary16 bits.
+    F16(&'a [u16]),
+    /// Q8_0 blocks.
+    Q8_0(&'a [BlockQ8_0]),
+}
+
+impl<'a> Run<'a> {
+    /// The run's type.
+    pub fn kv_type(&self) -> KvType {
+        match self {
+            Run::F32(_) => KvType::F32,
+            Run::F16(_) => KvType::F16,
+            Run::Q8_0(_) => KvType::Q8_0,
+        }
+    }
+
+    /// Units held.
+    pub fn units(&self) -> usize {
+        match self {
+            Run::F32(r) => r.len(),
+            Run::F16(r) => r.len(),
+            Run::Q8_0(r) => r.len(),
+        }
+    }
+
+    /// Units `range` of the run.
+    ///
+    /// # Panics
+    /// If `range` reaches past the run.
+    pub fn slice(&self, range: Range<usize>) -> Run<'a> {
+        match *self {
+            Run::F32(r) => Run::F32(&r[range]),
+            Run::F16(r) => Run::F16(&r[range]),
+            Run::Q8_0(r) => Run::Q8_0(&r[range]),
+        }
+    }
+
+    /// The units' bytes, in memory order (little-endian values on the hosts fak runs
+    /// on; a Q8_0 block is ggml's 34-byte `block_q8_0`).
+    pub fn as_bytes(&self) -> &'a [u8] {
+        match *self {
+            Run::F32(r) => bytemuck::cast_slice(r),
+            Run::F16(r) => bytemuck::cast_slice(r),
+            Run::Q8_0(r) => bytemuck::cast_slice(r),
+        }
+    }
+
+    /// Writes values `cols` of row `j` (rows of `kv_dim` values) as `f32` to `out`
+    /// (`[cols.len()]`): copied, widened exactly (binary16), or `d · q` (Q8_0, ggml's
+    /// `dequantize_row_q8_0`).
+    ///
+    /// # Panics
+    /// If the row or the columns lie outside the run, or `out` is shorter.
+    pub fn widen_row(&self, j: usize, kv_dim: usize, cols: Range<usize>, out: &mut [f32]) {
+        let out = &mut out[..cols.len()];
+        match *self {
+            Run::F32(r) => out.copy_from_slice(&r[j * kv_dim + cols.start..j * kv_dim + cols.end]),
+            Run::F16(r) => widen_f16(&r[j * kv_dim + cols.start..j * kv_dim + cols.end], out),
+            Run::Q8_0(r) => {
+                let row = &r[j * (kv_dim / QK)..(j + 1) * (kv_dim / QK)];
+                let mut c = cols.start;
+                while c < cols.end {
+                    let b = &row[c / QK];
+                    let d = f16_to_f32(b.d);
+                    let e = ((c / QK + 1) * QK).min(cols.end);
+                    for (o, &q) in out[c - cols.start..e - cols.start]
+                        .iter_mut()
+                        .zip(&b.qs[c % QK..])
+                    {
+                        *o = d * q as f32;
+                    }
+                    c = e;
+                }
+            }
+        }
+    }
+}
+
+/// Widens binary16 bits to `f32` exactly ([`f16_to_f32`]; eight at a time with F16C
+/// where the CPU has it, which gives the same bits for every non-NaN value:
+/// `fak_tensor::elem`).
+fn widen_f16(src: &[u16], dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if fak_tensor::cpu::has_avx2_f16c() {
+        // SAFETY: AVX2 and F16C were detected.
+        unsafe { widen_f16c(src, dst) };
+        return;
+    }
+    for (d, &h) in dst.iter_mut().zip(src) {
+        *d = f16_to_f32(h);
+    }
+}
+
+/// [`widen_f16`] with F16C.
+///
+/// # Safety
+/// The CPU supports AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_f16c(src: &[u16], dst: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = src.len().min(dst.len());
+    let mut i = 0;
+    while i + 8 <= n {
+        // SAFETY: `i + 8 <= n` elements are readable in `src` and writable in `dst`;
+        // F16C is enabled on this function.
+        unsafe {
+            let h = _mm_loadu_si128(src.as_ptr().add(i) as *const __m128i);
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+        }
+        i += 8;
+    }
+    for k in i..n {
+        dst[k] = f16_to_f32(src[k]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_round_trip_within_each_types_rounding() {
+        let x: Vec<f32> = (0..64).map(|i| (i as f32 - 31.5) * 0.37).collect();
+        for ty in KvType::ALL {
+            let mut b = RowBuf::with_capacity(ty, 0);
+            b.push_f32(&x);
+            assert_eq!(b.units(), 2 * ty.units_per_row(32));
+            let mut out = vec![0f32; 64];
+            b.run().widen_row(0, 64, 0..64, &mut out);
+            let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let tol = match ty {
+                KvType::F32 => 0.0,
+                KvType::F16 => amax / 1024.0,
+                KvType::Q8_0 => amax / 127.0,
+            };
+            for (a, b) in out.iter().zip(&x) {
+                assert!((a - b).abs() <= tol, "{ty}: {a} vs {b}");
+            }
+            // A column range gives the same values as the whole row.
+            let mut part = vec![0f32; 40];
+            b.run().widen_row(0, 64, 17..57, &mut part);
+            assert_eq!(part, out[17..57]);
+        }
+    }
+
+    #[test]
+    fn bytes_per_token_of_smollm2() {
+        // 30 layers of 3 KV heads × 64: llama.cpp's f16 K and V take 23,040 bytes.
+        assert_eq!(KvType::F32.bytes_per_token(30, 192), 3 * 30 * 192 * 4 + 4);
+        assert_eq!(KvType::F16.bytes_per_token(30, 192), 23_040 + 4);
+        assert_eq!(KvType::Q8_0.bytes_per_token(30, 192), 2 * 30 * 6 * 34 + 4);
+        assert!(KvType::Q8_0.check(48).is_err());
+        assert_eq!(KvType::parse("q8_0"), Some(KvType::Q8_0));
+        assert_eq!(KvType::parse("q4_0"), None);
+    }
+}
