@@ -6,11 +6,18 @@
 //! prefill and decode times are medians over `--repeats`, and the rates are the token
 //! counts over those medians (so prompt tokens / TTFT is the prefill rate).
 //!
+//! `--context N` measures decode after a long context instead: the N-token context is
+//! prefilled once (its time is the prefill figure and the TTFT), and each repeat (the
+//! warm-up too) decodes `--gen-tokens` steps after it, the decoded entries then cut off
+//! the end of the cache again ([`Session::evict`] of the tail), so every repeat starts
+//! from the same N entries and an 8,192-token context is prefilled once, not per repeat.
+//!
 //! `--profile` runs one more repeat after the timed ones with the model's per-op
 //! profile on ([`fak_model::OpProfile`]) and prints where a prefill's and a decode
 //! step's wall time went: each named step of the forward pass, the sampling (argmax)
 //! and the rest (the session's bookkeeping outside the pass). The timed figures come
-//! from the repeats before it, so the profile's clock reads never touch them.
+//! from the repeats before it, so the profile's clock reads never touch them. With
+//! `--context` its prefill is the context's, run once more.
 
 use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
@@ -34,6 +41,10 @@ pub(crate) struct BenchArgs {
     /// Prompt length in tokens (a fixed, deterministic id sequence).
     #[arg(long, default_value_t = 512)]
     prompt_tokens: usize,
+    /// Decode after a context of this many tokens (the same id sequence), prefilled
+    /// once and shared by every repeat, instead of a fresh prompt per repeat.
+    #[arg(long, conflicts_with_all = ["prompt_tokens", "concurrency"])]
+    context: Option<usize>,
     /// Decode steps per repeat.
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
@@ -68,7 +79,8 @@ pub(crate) struct BenchArgs {
 /// are kept in memory (a count near `usize::MAX` used to abort on their allocation).
 const MAX_REPEATS: usize = 10_000;
 
-/// One repeat's timings, in seconds.
+/// One repeat's timings, in seconds. With `--context`, `prefill_s` is the one prefill
+/// every repeat continues from.
 #[derive(Serialize)]
 struct Sample {
     prefill_s: f64,
@@ -84,7 +96,11 @@ struct Report<'a> {
     weight_mb: f64,
     weight_owned_mb: f64,
     threads: usize,
+    /// Tokens prefilled before the decode steps (the context with `--context`).
     prompt_tokens: usize,
+    /// `--context`: the tokens every repeat's decode steps came after (= `prompt_tokens`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_tokens: Option<usize>,
     gen_tokens: usize,
     repeats: usize,
     prefill_tokens_per_s: f64,
@@ -210,6 +226,34 @@ fn one_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Sample, 
     })
 }
 
+/// `--context`: a session holding the context `ids`, with room for `gen` more tokens;
+/// the token its logits pick (where decoding starts); the prefill's time in seconds.
+fn context_prefill(
+    model: &Arc<Model>,
+    ids: &[u32],
+    gen: usize,
+) -> Result<(Session, u32, f64), CliError> {
+    let mut s = Session::with_capacity(Arc::clone(model), ids.len() + gen);
+    let t0 = Instant::now();
+    let first = argmax(&s.prefill(ids)?);
+    Ok((s, first, t0.elapsed().as_secs_f64()))
+}
+
+/// `--context`: one repeat's decode, `gen` steps from `first` after the context in `s`,
+/// in seconds; the decoded entries are then cut off the end of the cache, so `s` holds
+/// the context alone again.
+fn context_repeat(s: &mut Session, first: u32, gen: usize) -> Result<f64, CliError> {
+    let context = s.len();
+    let t1 = Instant::now();
+    let mut next = first;
+    for _ in 0..gen {
+        next = argmax(s.decode(next)?);
+    }
+    let decode_s = t1.elapsed().as_secs_f64();
+    s.evict(context, s.len() - context)?;
+    Ok(decode_s)
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let n = v.len();
@@ -233,10 +277,15 @@ pub(crate) fn peak_rss_mb() -> Option<f64> {
 }
 
 pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
-    if args.prompt_tokens == 0 || args.gen_tokens == 0 || args.repeats == 0 {
-        return Err(fail(
-            "--prompt-tokens, --gen-tokens and --repeats must be at least 1",
-        ));
+    let (prompt_tokens, what) = match args.context {
+        Some(n) => (n, ("--context", "context")),
+        None => (args.prompt_tokens, ("--prompt-tokens", "prompt")),
+    };
+    if prompt_tokens == 0 || args.gen_tokens == 0 || args.repeats == 0 {
+        return Err(fail(format!(
+            "{}, --gen-tokens and --repeats must be at least 1",
+            what.0
+        )));
     }
     if args.repeats > MAX_REPEATS {
         return Err(fail(format!(
@@ -247,11 +296,11 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let path = resolve_or_pull(&args.model)?;
     let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let c = model.config();
-    let total = args.prompt_tokens.checked_add(args.gen_tokens);
+    let total = prompt_tokens.checked_add(args.gen_tokens);
     if total.is_none_or(|t| t > c.max_position_embeddings) {
         return Err(fail(format!(
-            "{} prompt + {} generated tokens exceed the context length {}",
-            args.prompt_tokens, args.gen_tokens, c.max_position_embeddings
+            "{prompt_tokens} {} + {} generated tokens exceed the context length {}",
+            what.1, args.gen_tokens, c.max_position_embeddings
         )));
     }
     if let Some(levels) = &args.concurrency {
@@ -265,18 +314,30 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             args.late_prompt_tokens,
         );
     }
-    let prompt = prompt_ids(args.prompt_tokens, c.vocab_size);
-    one_repeat(&model, &prompt, args.gen_tokens)?; // warm-up
+    let prompt = prompt_ids(prompt_tokens, c.vocab_size);
     let mut samples = Vec::with_capacity(args.repeats);
-    for _ in 0..args.repeats {
-        samples.push(one_repeat(&model, &prompt, args.gen_tokens)?);
+    if args.context.is_some() {
+        let (mut s, first, prefill_s) = context_prefill(&model, &prompt, args.gen_tokens)?;
+        context_repeat(&mut s, first, args.gen_tokens)?; // warm-up
+        for _ in 0..args.repeats {
+            let decode_s = context_repeat(&mut s, first, args.gen_tokens)?;
+            samples.push(Sample {
+                prefill_s,
+                decode_s,
+            });
+        }
+    } else {
+        one_repeat(&model, &prompt, args.gen_tokens)?; // warm-up
+        for _ in 0..args.repeats {
+            samples.push(one_repeat(&model, &prompt, args.gen_tokens)?);
+        }
     }
     // Rates from the median times, so that prompt tokens / TTFT is the prefill rate
     // for an even number of repeats too (the median of the rates is not the rate of
     // the median time then).
     let prefill_s = median(samples.iter().map(|s| s.prefill_s).collect());
     let decode_s = median(samples.iter().map(|s| s.decode_s).collect());
-    let prefill_tps = args.prompt_tokens as f64 / prefill_s.max(1e-12);
+    let prefill_tps = prompt_tokens as f64 / prefill_s.max(1e-12);
     let decode_tps = args.gen_tokens as f64 / decode_s.max(1e-12);
     let ttft_ms = prefill_s * 1e3;
     let rss = peak_rss_mb();
@@ -315,7 +376,8 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             weight_mb: model.weight_bytes() as f64 / 1e6,
             weight_owned_mb: model.owned_weight_bytes() as f64 / 1e6,
             threads,
-            prompt_tokens: args.prompt_tokens,
+            prompt_tokens,
+            context_tokens: args.context,
             gen_tokens: args.gen_tokens,
             repeats: args.repeats,
             prefill_tokens_per_s: prefill_tps,
@@ -337,16 +399,22 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             model.owned_weight_bytes() as f64 / 1e6
         )?;
         outln!("threads          {threads}")?;
-        outln!(
-            "prompt           {} tokens, then {} decode steps; {} after 1 warm-up",
-            args.prompt_tokens,
-            args.gen_tokens,
-            if args.repeats == 1 {
-                "one timed repeat".to_string()
-            } else {
-                format!("medians of {} repeats", args.repeats)
-            }
-        )?;
+        let repeats = if args.repeats == 1 {
+            "one timed repeat".to_string()
+        } else {
+            format!("medians of {} repeats", args.repeats)
+        };
+        if args.context.is_some() {
+            outln!(
+                "context          {prompt_tokens} tokens prefilled once, then {} decode steps after them per repeat; {repeats} after 1 warm-up",
+                args.gen_tokens,
+            )?;
+        } else {
+            outln!(
+                "prompt           {prompt_tokens} tokens, then {} decode steps; {repeats} after 1 warm-up",
+                args.gen_tokens,
+            )?;
+        }
         outln!("prefill          {prefill_tps:.1} tokens/s")?;
         outln!("decode           {decode_tps:.1} tokens/s")?;
         outln!("TTFT             {ttft_ms:.1} ms")?;

@@ -135,6 +135,141 @@ fn bench_reports_every_figure_on_the_real_model_native() {
     }
 }
 
+/// `--context`: the context is prefilled once and each repeat decodes after it, on the
+/// real default model (its native quantized kernels, as `scripts/bench-context` runs).
+#[fak_testkit::real_model]
+fn bench_context_decodes_after_a_context_prefilled_once() {
+    let path =
+        fak_catalog::require_cached("smollm2-135m-instruct").unwrap_or_else(|m| panic!("{m}"));
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &path.display().to_string(),
+        "--context",
+        "64",
+        "--gen-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["context_tokens"], 64, "{v}");
+    assert_eq!(v["prompt_tokens"], 64, "{v}");
+    assert_eq!(v["gen_tokens"], 4, "{v}");
+    let decode = v["decode_tokens_per_s"].as_f64().unwrap();
+    assert!(
+        decode.is_finite() && decode > 0.0,
+        "decode {decode} tokens/s"
+    );
+    assert!(v["kv_bytes_per_token"].as_u64().unwrap() > 4, "{v}");
+    let samples = v["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 1, "{v}");
+    // The prefill figure is the one prefill of the context.
+    let (tps, ttft) = (
+        v["prefill_tokens_per_s"].as_f64().unwrap(),
+        v["ttft_ms"].as_f64().unwrap(),
+    );
+    assert!((tps * ttft / 1e3 / 64.0 - 1.0).abs() < 1e-9, "{v}");
+}
+
+/// A plain bench reports no `context_tokens`.
+#[test]
+fn bench_without_context_reports_no_context_tokens() {
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &tiny(),
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "1",
+        "--repeats",
+        "1",
+        "--format",
+        "json",
+    ]);
+    assert!(v.get("context_tokens").is_none(), "{v}");
+    assert_eq!(v["prompt_tokens"], 4);
+}
+
+/// `--context` every repeat decodes after, on the tiny model: several repeats, each
+/// starting from the same context (a rollback that failed would overflow the cache,
+/// whose room is the context plus one repeat's tokens).
+#[test]
+fn bench_context_repeats_from_the_same_context() {
+    let v = json_of(&[
+        "bench",
+        "--model",
+        &tiny(),
+        "--context",
+        "200",
+        "--gen-tokens",
+        "56",
+        "--repeats",
+        "3",
+        "--format",
+        "json",
+    ]);
+    assert_eq!(v["context_tokens"], 200);
+    let samples = v["samples"].as_array().unwrap();
+    assert_eq!(samples.len(), 3);
+    // One prefill, shared: every sample carries the same prefill time.
+    assert!(samples
+        .iter()
+        .all(|s| s["prefill_s"] == samples[0]["prefill_s"]));
+    assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
+}
+
+/// `--context` excludes `--prompt-tokens` and `--concurrency`, and must fit the model's
+/// context with its decode steps.
+#[test]
+fn bench_context_refuses_a_prompt_length_and_an_overflow() {
+    let m = tiny();
+    for other in [["--prompt-tokens", "8"], ["--concurrency", "1,2"]] {
+        let out = fak()
+            .args(["bench", "--model", &m, "--context", "8"])
+            .args(other)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{other:?}: {err}");
+        assert!(
+            err.contains("--context") && err.contains(other[0]) && err.contains("cannot be used"),
+            "{other:?}: {err}"
+        );
+    }
+    // The tiny model's context is 256 tokens.
+    let out = fak()
+        .args([
+            "bench",
+            "--model",
+            &m,
+            "--context",
+            "250",
+            "--gen-tokens",
+            "7",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("250 context + 7 generated tokens exceed the context length 256"),
+        "{err}"
+    );
+    let out = fak()
+        .args(["bench", "--model", &m, "--context", "0"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--context, --gen-tokens and --repeats must be at least 1"),
+        "{err}"
+    );
+}
+
 #[test]
 fn bench_refuses_a_prompt_past_the_context() {
     let out = fak()
