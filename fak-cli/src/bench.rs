@@ -23,7 +23,7 @@ use crate::{
     fail, load_model_with, outln, parse_threads, resolve_or_pull, CliError, Format, WeightsArg,
 };
 use fak_catalog::DEFAULT_MODEL;
-use fak_kv::Session;
+use fak_kv::{KvError, KvType, Session};
 use fak_model::{argmax, Model, OpTimes};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -54,6 +54,9 @@ pub(crate) struct BenchArgs {
     /// Weights: `native` (quantized matrices, the fast path) or `exact` (f32).
     #[arg(long, value_enum, default_value_t = WeightsArg::Native)]
     weights: WeightsArg,
+    /// How the KV cache stores its rows (as `fak serve --kv-type`).
+    #[arg(long, value_enum, default_value_t = crate::KvTypeArg::F32)]
+    kv_type: crate::KvTypeArg,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     format: Format,
@@ -107,6 +110,9 @@ struct Report<'a> {
     decode_tokens_per_s: f64,
     ttft_ms: f64,
     peak_rss_mb: Option<f64>,
+    /// The KV cache's storage type (`--kv-type`).
+    kv_type: &'static str,
+    /// Bytes the KV cache holds per token (all layers, K and V, positions) in that type.
     kv_bytes_per_token: usize,
     samples: &'a [Sample],
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -173,9 +179,14 @@ fn ms(d: Duration) -> f64 {
 
 /// One repeat as [`one_repeat`]'s, with the model's per-op profile on; the argmax of
 /// each pass timed on its own.
-fn profile_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Profile, CliError> {
+fn profile_repeat(
+    model: &Arc<Model>,
+    kv: KvType,
+    prompt: &[u32],
+    gen: usize,
+) -> Result<Profile, CliError> {
     let p = model.profile();
-    let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
+    let mut s = session(model, kv, prompt.len() + gen)?;
     p.take();
     p.set_enabled(true);
     let t0 = Instant::now();
@@ -210,8 +221,19 @@ pub(crate) fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|i| (lo + (i * 7919) % span) as u32).collect()
 }
 
-fn one_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Sample, CliError> {
-    let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
+/// An empty session over `model` with room for `capacity` tokens, its cache's rows
+/// stored in `kv`.
+pub(crate) fn session(model: &Arc<Model>, kv: KvType, capacity: usize) -> Result<Session, KvError> {
+    Session::with_kv_type(Arc::clone(model), capacity, kv)
+}
+
+fn one_repeat(
+    model: &Arc<Model>,
+    kv: KvType,
+    prompt: &[u32],
+    gen: usize,
+) -> Result<Sample, CliError> {
+    let mut s = session(model, kv, prompt.len() + gen)?;
     let t0 = Instant::now();
     let logits = s.prefill(prompt)?;
     let mut next = argmax(&logits);
@@ -230,10 +252,11 @@ fn one_repeat(model: &Arc<Model>, prompt: &[u32], gen: usize) -> Result<Sample, 
 /// the token its logits pick (where decoding starts); the prefill's time in seconds.
 fn context_prefill(
     model: &Arc<Model>,
+    kv: KvType,
     ids: &[u32],
     gen: usize,
 ) -> Result<(Session, u32, f64), CliError> {
-    let mut s = Session::with_capacity(Arc::clone(model), ids.len() + gen);
+    let mut s = session(model, kv, ids.len() + gen)?;
     let t0 = Instant::now();
     let first = argmax(&s.prefill(ids)?);
     Ok((s, first, t0.elapsed().as_secs_f64()))
@@ -296,6 +319,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let path = resolve_or_pull(&args.model)?;
     let model = Arc::new(load_model_with(&path, args.threads, args.weights.into())?);
     let c = model.config();
+    let kv: KvType = args.kv_type.into();
     let total = prompt_tokens.checked_add(args.gen_tokens);
     if total.is_none_or(|t| t > c.max_position_embeddings) {
         return Err(fail(format!(
@@ -306,6 +330,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     if let Some(levels) = &args.concurrency {
         return crate::bench_concurrency::run(
             &model,
+            kv,
             levels,
             args.prompt_tokens,
             args.gen_tokens,
@@ -317,7 +342,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let prompt = prompt_ids(prompt_tokens, c.vocab_size);
     let mut samples = Vec::with_capacity(args.repeats);
     if args.context.is_some() {
-        let (mut s, first, prefill_s) = context_prefill(&model, &prompt, args.gen_tokens)?;
+        let (mut s, first, prefill_s) = context_prefill(&model, kv, &prompt, args.gen_tokens)?;
         context_repeat(&mut s, first, args.gen_tokens)?; // warm-up
         for _ in 0..args.repeats {
             let decode_s = context_repeat(&mut s, first, args.gen_tokens)?;
@@ -327,9 +352,9 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             });
         }
     } else {
-        one_repeat(&model, &prompt, args.gen_tokens)?; // warm-up
+        one_repeat(&model, kv, &prompt, args.gen_tokens)?; // warm-up
         for _ in 0..args.repeats {
-            samples.push(one_repeat(&model, &prompt, args.gen_tokens)?);
+            samples.push(one_repeat(&model, kv, &prompt, args.gen_tokens)?);
         }
     }
     // Rates from the median times, so that prompt tokens / TTFT is the prefill rate
@@ -341,8 +366,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     let decode_tps = args.gen_tokens as f64 / decode_s.max(1e-12);
     let ttft_ms = prefill_s * 1e3;
     let rss = peak_rss_mb();
-    let kv_bytes = 3 * c.num_hidden_layers * c.kv_dim() * std::mem::size_of::<f32>()
-        + std::mem::size_of::<u32>();
+    let kv_bytes = kv.bytes_per_token(c.num_hidden_layers, c.kv_dim());
     let mut formats: Vec<String> = model
         .quantized_types()
         .iter()
@@ -364,7 +388,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
     // The threads the products run on (a request above twice the cores is capped).
     let threads = model.threads().used();
     let profile = if args.profile {
-        Some(profile_repeat(&model, &prompt, args.gen_tokens)?)
+        Some(profile_repeat(&model, kv, &prompt, args.gen_tokens)?)
     } else {
         None
     };
@@ -384,6 +408,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             decode_tokens_per_s: decode_tps,
             ttft_ms,
             peak_rss_mb: rss,
+            kv_type: kv.name(),
             kv_bytes_per_token: kv_bytes,
             samples: &samples,
             profile: profile.as_ref(),
@@ -422,7 +447,7 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
             Some(mb) => outln!("peak RSS         {mb:.1} MB")?,
             None => outln!("peak RSS         unknown")?,
         }
-        outln!("KV bytes/token   {kv_bytes}")?;
+        outln!("KV cache         {}, {kv_bytes} bytes/token", kv.name())?;
         if let Some(p) = &profile {
             print_profile(p)?;
         }

@@ -12,7 +12,7 @@
 //! tokens (the long prompt that must not stall them); it is left out of the figures.
 
 use crate::{fail, outln, CliError, Format};
-use fak_kv::{BatchPolicy, Batcher, Session};
+use fak_kv::{BatchPolicy, Batcher, KvType};
 use fak_model::{argmax, Model};
 use serde::Serialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -66,6 +66,7 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
 /// the others' latencies are measured under).
 fn level(
     model: &Arc<Model>,
+    kv: KvType,
     n: usize,
     prompts: &(dyn Fn(usize) -> Vec<u32> + Sync),
     gen: usize,
@@ -79,7 +80,8 @@ fn level(
         if let Some(ids) = late {
             let (b, progress) = (&batcher, &progress);
             scope.spawn(move || -> Result<(), String> {
-                let mut s = Session::with_capacity(Arc::clone(model), ids.len() + 4);
+                let mut s =
+                    crate::bench::session(model, kv, ids.len() + 4).map_err(|e| e.to_string())?;
                 s.attach(b).map_err(|e| e.to_string())?;
                 while progress.load(Ordering::Relaxed) < gen / 4 {
                     std::thread::sleep(std::time::Duration::from_millis(1));
@@ -98,7 +100,8 @@ fn level(
                     // However stream 0 ends, the late stream stops waiting for it.
                     let _release = (i == 0).then(|| Release(progress));
                     let prompt = prompts(i);
-                    let mut s = Session::with_capacity(Arc::clone(model), prompt.len() + gen);
+                    let mut s = crate::bench::session(model, kv, prompt.len() + gen)
+                        .map_err(|e| e.to_string())?;
                     s.attach(b).map_err(|e| e.to_string())?;
                     start.wait();
                     let t0 = Instant::now();
@@ -178,8 +181,10 @@ fn level(
 
 /// `fak bench --concurrency`: every level in `levels`, printed as it finishes; with
 /// `profile`, each level's batched passes' per-op wall time (text format) after it.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     model: &Arc<Model>,
+    kv: KvType,
     levels: &[usize],
     prompt_tokens: usize,
     gen: usize,
@@ -206,7 +211,7 @@ pub(crate) fn run(
             .collect()
     });
     // A warm-up stream (page faults, the pool's threads).
-    level(model, 1, &prompts, gen.min(8), None)?;
+    level(model, kv, 1, &prompts, gen.min(8), None)?;
     if format == Format::Text {
         outln!(
             "streams  aggregate tok/s  per-stream tok/s  TTFT p50/p99 ms   ITL p50/p99 ms   batch mean/max  peak RSS MB"
@@ -216,7 +221,7 @@ pub(crate) fn run(
         let p = model.profile();
         p.take();
         p.set_enabled(profile);
-        let l = level(model, n, &prompts, gen, late.as_deref());
+        let l = level(model, kv, n, &prompts, gen, late.as_deref());
         p.set_enabled(false);
         let ops = p.take();
         let l = l?;

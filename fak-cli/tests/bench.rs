@@ -553,3 +553,48 @@ fn bench_concurrency_reports_each_level_batched() {
         assert!(v["itl_ms_p99"].as_f64() >= v["itl_ms_p50"].as_f64());
     }
 }
+
+/// `--kv-type`: the decode after a context runs on each cache type, and the report names
+/// the type and its bytes per token, from the model's HF config (2 layers, 2 KV heads of
+/// 16): K, K before RoPE and V in f32; K before RoPE and V in binary16; or in Q8_0
+/// blocks of 34 bytes per 32 values. Each adds the entry's 4-byte position.
+#[test]
+fn bench_context_on_each_kv_type_reports_its_bytes_per_token() {
+    let cfg: Value = serde_json::from_str(
+        &std::fs::read_to_string(PathBuf::from(tiny()).join("config.json")).unwrap(),
+    )
+    .unwrap();
+    let layers = cfg["num_hidden_layers"].as_u64().unwrap();
+    let kv_dim = cfg["num_key_value_heads"].as_u64().unwrap() * cfg["head_dim"].as_u64().unwrap();
+    for (ty, row_bytes, arrays) in [
+        ("f32", 4 * kv_dim, 3),
+        ("f16", 2 * kv_dim, 2),
+        ("q8_0", kv_dim / 32 * 34, 2),
+    ] {
+        let v = json_of(&[
+            "bench",
+            "--model",
+            &tiny(),
+            "--context",
+            "100",
+            "--gen-tokens",
+            "20",
+            "--repeats",
+            "2",
+            "--kv-type",
+            ty,
+            "--format",
+            "json",
+        ]);
+        assert_eq!(v["kv_type"], ty, "{v}");
+        assert_eq!(
+            v["kv_bytes_per_token"].as_u64().unwrap(),
+            arrays * layers * row_bytes + 4,
+            "{ty}: {v}"
+        );
+        assert!(
+            v["decode_tokens_per_s"].as_f64().unwrap() > 0.0,
+            "{ty}: {v}"
+        );
+    }
+}

@@ -327,22 +327,162 @@ impl<'a> Run<'a> {
             Run::F16(r) => widen_f16(&r[j * kv_dim + cols.start..j * kv_dim + cols.end], out),
             Run::Q8_0(r) => {
                 let row = &r[j * (kv_dim / QK)..(j + 1) * (kv_dim / QK)];
-                let mut c = cols.start;
-                while c < cols.end {
+                for (o, c) in out.iter_mut().zip(cols) {
                     let b = &row[c / QK];
-                    let d = f16_to_f32(b.d);
-                    let e = ((c / QK + 1) * QK).min(cols.end);
-                    for (o, &q) in out[c - cols.start..e - cols.start]
-                        .iter_mut()
-                        .zip(&b.qs[c % QK..])
-                    {
-                        *o = d * q as f32;
-                    }
-                    c = e;
+                    *o = f16_to_f32(b.d) * b.qs[c % QK] as f32;
                 }
             }
         }
     }
+}
+
+impl Run<'_> {
+    /// [`Run::widen_row`] of `n` consecutive rows from row `j`, into `out` at a stride
+    /// of `cols.len()` (`out[i * cols.len()..]` is row `j + i`'s): the same values, the
+    /// type and the CPU's kernel chosen once for the rows rather than per row. Each
+    /// row 32 ahead is asked for as a row is widened.
+    ///
+    /// # Panics
+    /// If the rows or the columns lie outside the run, or `out` holds fewer than
+    /// `n · cols.len()` values.
+    pub fn widen_rows(
+        &self,
+        j: usize,
+        n: usize,
+        kv_dim: usize,
+        cols: Range<usize>,
+        out: &mut [f32],
+    ) {
+        let nc = cols.len();
+        let out = &mut out[..n * nc];
+        assert!(
+            cols.end <= kv_dim,
+            "widen_rows: columns {cols:?} of {kv_dim}"
+        );
+        let units = self.units();
+        let upr = self.kv_type().units_per_row(kv_dim);
+        assert!(
+            (j + n) * upr <= units,
+            "widen_rows: rows {j}..{} of {}",
+            j + n,
+            units / upr.max(1)
+        );
+        #[cfg(target_arch = "x86_64")]
+        if fak_tensor::cpu::has_avx2_f16c() && cols.start.is_multiple_of(8) && nc.is_multiple_of(8)
+        {
+            // SAFETY: AVX2 and F16C were detected; rows `j..j + n` lie inside the run
+            // and `cols` inside a row (both asserted above), `out` holds `n` rows of
+            // `nc`, and the columns are whole groups of eight.
+            unsafe { widen_rows_avx2(*self, j, kv_dim, cols, out) };
+            return;
+        }
+        for (i, o) in out.chunks_exact_mut(nc.max(1)).enumerate() {
+            self.widen_row(j + i, kv_dim, cols.clone(), o);
+        }
+    }
+}
+
+/// Rows ahead of the one being widened that [`Run::widen_rows`] asks the memory for:
+/// a decode step reads a long cache in entry order, and without it the widening waited
+/// on each row's load (the `f32` kernels prefetch the same way, `fak_tensor::dot`).
+const PREFETCH_ROWS: usize = 32;
+
+/// [`Run::widen_rows`] with AVX2 and F16C, eight values at a time: binary16 widened by
+/// `vcvtph2ps` (exact, as [`f16_to_f32`] for every non-NaN value), Q8_0's `d · q` as an
+/// exactly widened integer times the block's widened scale in one rounded product,
+/// ggml's `dequantize_row_q8_0`, lane by lane. So the same bits as the scalar path.
+///
+/// # Safety
+/// The CPU supports AVX2 and F16C. Rows `j..j + out.len() / cols.len()` lie inside
+/// `run`, `cols` inside a row of `kv_dim` values, and `cols.start` and `cols.len()`
+/// are multiples of 8.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn widen_rows_avx2(
+    run: Run<'_>,
+    j: usize,
+    kv_dim: usize,
+    cols: Range<usize>,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let nc = cols.len();
+    match run {
+        Run::F32(r) => {
+            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
+                let at = (j + i) * kv_dim;
+                o.copy_from_slice(&r[at + cols.start..at + cols.end]);
+            }
+        }
+        Run::F16(r) => {
+            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
+                let at = (j + i) * kv_dim + cols.start;
+                prefetch(r, at + PREFETCH_ROWS * kv_dim, nc);
+                let mut c = 0;
+                while c < nc {
+                    // SAFETY: `at + c + 8 <= ` the row's end inside the run and
+                    // `c + 8 <= nc` (the caller's contract); F16C is enabled.
+                    unsafe {
+                        let h = _mm_loadu_si128(r.as_ptr().add(at + c) as *const __m128i);
+                        _mm256_storeu_ps(o.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                    }
+                    c += 8;
+                }
+            }
+        }
+        Run::Q8_0(r) => {
+            let upr = kv_dim / QK;
+            let blocks = cols.start / QK..cols.end.div_ceil(QK);
+            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
+                let row = &r[(j + i) * upr..(j + i + 1) * upr];
+                prefetch(
+                    r,
+                    (j + i + PREFETCH_ROWS) * upr + blocks.start,
+                    blocks.len(),
+                );
+                let mut c = cols.start;
+                while c < cols.end {
+                    let b = &row[c / QK];
+                    // SAFETY: `c % QK + 8 <= QK` (`c` is a multiple of 8), so the 8-byte
+                    // load stays inside the block's `qs`, and `c - cols.start + 8 <= nc`;
+                    // AVX2 and F16C are enabled.
+                    unsafe {
+                        let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                            b.d as i32,
+                        ))));
+                        let q = _mm_loadl_epi64(b.qs.as_ptr().add(c % QK) as *const __m128i);
+                        let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                        _mm256_storeu_ps(o.as_mut_ptr().add(c - cols.start), _mm256_mul_ps(d, x));
+                    }
+                    c += 8;
+                }
+            }
+        }
+    }
+}
+
+/// Asks for units `at..at + n` of `units` to be brought into the core's L2
+/// (`prefetcht1`). A prefetch never faults, so units past the end are harmless: the
+/// address is formed with wrapping arithmetic and never read.
+#[inline(always)]
+fn prefetch<T>(units: &[T], at: usize, n: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+        // Every 64-byte line the units touch, from the one holding their first byte.
+        let p = units.as_ptr().wrapping_add(at) as *const i8;
+        let skew = p as usize % 64;
+        let (first, bytes) = (p.wrapping_sub(skew), skew + n * std::mem::size_of::<T>());
+        let mut b = 0;
+        while b < bytes {
+            // SAFETY: `prefetcht1` is SSE (every x86_64 CPU) and never faults or reads
+            // into the program, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(first.wrapping_add(b)) };
+            b += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (units, at, n);
 }
 
 /// Widens binary16 bits to `f32` exactly ([`f16_to_f32`]; eight at a time with F16C

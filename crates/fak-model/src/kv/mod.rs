@@ -76,7 +76,7 @@ pub struct RopeAtRead<'a> {
 }
 
 /// Most values one piece of widened rows holds ([`KvRows::for_cols`]): 16 KiB of `f32`
-/// on the reader's stack.
+/// on the reader's stack (one row wider than that gets a piece of its own).
 const PIECE: usize = 4096;
 
 /// One layer's K (or V) rows of a [`KvStore`], `[len, kv_dim]`, held as up to
@@ -281,8 +281,13 @@ impl<'a> KvRows<'a> {
         } else {
             None
         };
+        // Rows per piece: as many whole rows as PIECE values hold (at least one).
         let per = (PIECE / nc.max(1)).max(1);
-        let mut buf = [0f32; PIECE];
+        // The piece's buffer, on the stack: zeroed once per call, and only when rows
+        // are widened (a thread-local one would allocate in a decode step the first
+        // time a thread widens, and a decode step allocates nothing).
+        let mut buf: Option<[f32; PIECE]> = None;
+        let mut wide: Vec<f32> = Vec::new();
         self.for_stored(range, |run, sub| {
             if let (Run::F32(r), None) = (run, rope) {
                 return f(&r[cols.start..], kvd, sub);
@@ -290,21 +295,21 @@ impl<'a> KvRows<'a> {
             let mut p0 = sub.start;
             while p0 < sub.end {
                 let p1 = (p0 + per).min(sub.end);
-                if nc * (p1 - p0) > PIECE {
-                    // One row wider than a piece: widen it alone on the heap.
-                    let mut row = vec![0f32; nc];
-                    run.widen_row(p0 - sub.start, kvd, cols.clone(), &mut row);
-                    rotate(rope, p0, &mut row);
-                    f(&row, nc, p0..p0 + 1);
-                    p0 += 1;
-                    continue;
+                let need = (p1 - p0) * nc;
+                let rows = if need <= PIECE {
+                    &mut buf.get_or_insert([0.0; PIECE])[..need]
+                } else {
+                    // One row wider than a piece (no model fak loads has one): on the heap.
+                    wide.resize(need, 0.0);
+                    &mut wide[..]
+                };
+                run.widen_rows(p0 - sub.start, p1 - p0, kvd, cols.clone(), rows);
+                if let Some(r) = rope {
+                    for (j, row) in (p0..p1).zip(rows.chunks_exact_mut(nc)) {
+                        rotate(r, j, row);
+                    }
                 }
-                for j in p0..p1 {
-                    let out = &mut buf[(j - p0) * nc..(j - p0 + 1) * nc];
-                    run.widen_row(j - sub.start, kvd, cols.clone(), out);
-                    rotate(rope, j, out);
-                }
-                f(&buf[..(p1 - p0) * nc], nc, p0..p1);
+                f(rows, nc, p0..p1);
                 p0 = p1;
             }
         });
@@ -349,10 +354,8 @@ impl<'a> KvRows<'a> {
     }
 }
 
-/// Rotates the widened key row of entry `j` (whole heads) at its position, when `rope`
-/// is given.
-fn rotate(rope: Option<RopeAtRead<'_>>, j: usize, row: &mut [f32]) {
-    let Some(r) = rope else { return };
+/// Rotates the widened key row of entry `j` (whole heads) at its position.
+fn rotate(r: RopeAtRead<'_>, j: usize, row: &mut [f32]) {
     let p = r.positions[j] as usize;
     let (cos, sin) = (
         &r.cos[p * r.half..(p + 1) * r.half],
