@@ -339,8 +339,10 @@ impl<'a> Run<'a> {
 impl Run<'_> {
     /// [`Run::widen_row`] of `n` consecutive rows from row `j`, into `out` at a stride
     /// of `cols.len()` (`out[i * cols.len()..]` is row `j + i`'s): the same values, the
-    /// type and the CPU's kernel chosen once for the rows rather than per row. Each
-    /// row 32 ahead is asked for as a row is widened.
+    /// type and the CPU's kernel chosen once for the rows rather than per row
+    /// (AVX2/F16C eight values at a time where the columns are whole eights, else per
+    /// value; both give the same bits). Each row 32 ahead is asked for as a row is
+    /// widened.
     ///
     /// # Panics
     /// If the rows or the columns lie outside the run, or `out` holds fewer than
@@ -551,6 +553,108 @@ mod tests {
             b.run().widen_row(0, 64, 17..57, &mut part);
             assert_eq!(part, out[17..57]);
         }
+    }
+
+    /// Which `widen_rows` kernel a test runs.
+    #[derive(Clone, Copy, Debug)]
+    enum Widen {
+        /// [`Run::widen_rows`] as dispatched on this CPU.
+        Dispatched,
+        #[cfg(target_arch = "x86_64")]
+        Avx2,
+    }
+
+    /// 40 rows of 128 values (two 64-wide heads; more rows than the prefetch distance)
+    /// of every type, with binary16 subnormals, values near binary16's largest, zeros
+    /// of both signs and Q8_0 blocks of very different scales, widened a run at a
+    /// time by `how` over column ranges of whole heads and of single eights, against
+    /// each value's formula: `f16_to_f32` of the stored binary16, or
+    /// `f16_to_f32(d) * q` of its block, bit for bit.
+    fn widen_rows_give_the_formula_bits(how: Widen) {
+        let (kv_dim, rows) = (128usize, 40usize);
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        let x: Vec<f32> = (0..rows * kv_dim)
+            .map(|i| {
+                let v = next();
+                match (i / 32) % 5 {
+                    0 => v * 1e-5,  // binary16 subnormals
+                    1 => v * 1.2e5, // up to binary16's largest
+                    2 if i % 7 == 0 => -0.0,
+                    3 => v * 3.0,
+                    _ => v * 1e-2,
+                }
+            })
+            .collect();
+        // One group of the SIMD kernel's width.
+        let step = 8;
+        for ty in KvType::ALL {
+            let mut b = RowBuf::with_capacity(ty, 0);
+            b.push_f32(&x);
+            let run = b.run();
+            let want = |j: usize, c: usize| -> f32 {
+                match run {
+                    Run::F32(r) => r[j * kv_dim + c],
+                    Run::F16(r) => f16_to_f32(r[j * kv_dim + c]),
+                    Run::Q8_0(r) => {
+                        let blk = &r[j * (kv_dim / QK) + c / QK];
+                        f16_to_f32(blk.d) * blk.qs[c % QK] as f32
+                    }
+                }
+            };
+            for cols in [0..kv_dim, 64..128, step..2 * step, 96..96 + step, 16..112] {
+                for (j, n) in [(0usize, rows), (3, 29), (39, 1)] {
+                    let nc = cols.len();
+                    let mut out = vec![f32::NAN; n * nc];
+                    match how {
+                        Widen::Dispatched => run.widen_rows(j, n, kv_dim, cols.clone(), &mut out),
+                        // SAFETY: the test's attribute ran it only on a CPU with these
+                        // features; the rows and columns lie inside the run and the
+                        // columns are whole groups of the kernel's width.
+                        #[cfg(target_arch = "x86_64")]
+                        Widen::Avx2 => unsafe {
+                            widen_rows_avx2(run, j, kv_dim, cols.clone(), &mut out)
+                        },
+                    }
+                    for (i, row) in out.chunks_exact(nc).enumerate() {
+                        for (k, got) in row.iter().enumerate() {
+                            let w = want(j + i, cols.start + k);
+                            assert_eq!(
+                                got.to_bits(),
+                                w.to_bits(),
+                                "{how:?} {ty}: row {} column {}: {got} vs {w}",
+                                j + i,
+                                cols.start + k
+                            );
+                        }
+                    }
+                }
+            }
+            // The data reached the corners the kernels treat differently.
+            if let Run::F16(r) = run {
+                assert!(
+                    r.iter().any(|&h| h & 0x7c00 == 0 && h & 0x3ff != 0),
+                    "no subnormal"
+                );
+                assert!(r.contains(&0x8000), "no -0");
+            }
+        }
+    }
+
+    #[test]
+    fn widen_rows_as_dispatched_give_the_formula_bits() {
+        widen_rows_give_the_formula_bits(Widen::Dispatched);
+    }
+
+    #[fak_testkit::cpu("avx2", "f16c")]
+    #[cfg(target_arch = "x86_64")]
+    fn widen_rows_with_avx2_give_the_formula_bits() {
+        widen_rows_give_the_formula_bits(Widen::Avx2);
     }
 
     #[test]
