@@ -16,10 +16,15 @@
 //! When the groups do not divide evenly among the threads (SmolLM2's 3 on 2 threads;
 //! Gemma 3's one KV head, whose K and V every thread would read whole), the step runs
 //! as three hand-offs instead ([`by_ranges`]): the dots split by keys, the softmax by
-//! heads, and the weighted sums by elements of the head, so each thread reads an equal
-//! share of the layer's K and V. The scores then cross between the cores, which costs
-//! less than a thread that waits on another's whole groups or reads the same rows
-//! again (docs/performance.md, "Why it is fast").
+//! heads, and the weighted sums by columns of the cache entry (one consecutive part of
+//! every V row, holding whole heads or parts of them), so each thread reads an equal
+//! share of the layer's K and V, and reads it front to back. The scores then cross
+//! between the cores, which costs less than a thread that waits on another's whole
+//! groups or reads the same rows again (docs/performance.md, "Why it is fast").
+//!
+//! Either way a block of keys is read as whole cache entries (every KV head's columns a
+//! chunk needs, in one [`KvRows::for_cols`]), so a compact cache's row is widened once
+//! for all its heads and the memory is read in order, not once per KV head at a stride.
 //!
 //! Every value is computed by the same kernels in the same order as one query head at
 //! a time: each key's score is [`fak_tensor::dot`]'s bits whichever of the
@@ -131,16 +136,19 @@ pub(crate) fn decode_attention(
         };
         // The keys in blocks, every run's dots for a block before the next block, so a
         // block's whole cache entries are read once for all the chunk's KV heads.
+        // The chunk's KV heads are consecutive: columns `cols` of every cache entry.
+        let cols = (h0 / s.group) * hd..((heads.end - 1) / s.group + 1) * hd;
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
-            for (a, b, off) in runs() {
-                let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
-                keys.for_cols(first + j0..first + j1, off..off + hd, |rows, st, r| {
-                    let js = r.start - first..r.end - first;
-                    dots_for_heads(rows, st, q, hd, sc, len, js);
-                });
-            }
+            keys.for_cols(first + j0..first + j1, cols.clone(), |rows, st, r| {
+                let js = r.start - first..r.end - first;
+                for (a, b, off) in runs() {
+                    let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
+                    let rows = &rows[off - cols.start..];
+                    dots_for_heads(rows, st, q, hd, sc, len, js.clone());
+                }
+            });
             j0 = j1;
         }
         sc.iter_mut().for_each(|x| *x *= s.scale);
@@ -149,13 +157,14 @@ pub(crate) fn decode_attention(
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
-            for (a, b, off) in runs() {
-                let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
-                values.for_cols(first + j0..first + j1, off..off + hd, |rows, st, r| {
-                    let js = r.start - first..r.end - first;
-                    sums_for_heads(p, len, js, rows, st, o, hd);
-                });
-            }
+            values.for_cols(first + j0..first + j1, cols.clone(), |rows, st, r| {
+                let js = r.start - first..r.end - first;
+                for (a, b, off) in runs() {
+                    let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
+                    let rows = &rows[off - cols.start..];
+                    sums_for_heads(p, len, js.clone(), rows, st, o, hd);
+                }
+            });
             j0 = j1;
         }
     });
@@ -175,8 +184,9 @@ struct ScoreRows<'a> {
 /// 1. the dots of keys `part_range(len, parts, c)` for every query head, each group's
 ///    heads against its KV head's rows, [`KEY_BLOCK`] keys at a time for all groups;
 /// 2. the scale and softmax of heads `part_range(heads, parts, c)`;
-/// 3. elements `part_range` of every head's output (in units of 16), the weighted sum
-///    over all keys, [`KEY_BLOCK`] keys at a time.
+/// 3. columns `part_range` of the cache entries (in units of 16; the heads' output
+///    elements those columns hold), the weighted sum over all keys, [`KEY_BLOCK`] keys
+///    at a time.
 ///
 /// Every score is one [`dot_strided_multi`] dot, every row's softmax
 /// [`softmax_in_place`]'s, and every output element the ascending sum of
@@ -213,19 +223,19 @@ fn by_ranges(
             let mut j0 = kr.start;
             while j0 < kr.end {
                 let j1 = (j0 + KEY_BLOCK).min(kr.end);
-                for g in 0..kv_heads {
-                    let cols = g * hd..(g + 1) * hd;
-                    keys.for_cols(first + j0..first + j1, cols, |rows, st, r| {
-                        let (r0, r1) = (r.start - first, r.end - first);
+                keys.for_cols(first + j0..first + j1, 0..kv_heads * hd, |rows, st, r| {
+                    let (r0, r1) = (r.start - first, r.end - first);
+                    for g in 0..kv_heads {
                         for (a, nh) in runs(g) {
                             // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
                             // ranges are disjoint), and of them `r0..r1` once, in every
                             // head's row: no part overlaps another chunk's or its own.
                             let part = |h: usize| unsafe { all.part(h * len + r0..h * len + r1) };
-                            dots_into(rows, st, &q[a * hd..(a + nh) * hd], hd, nh, part, a);
+                            let q = &q[a * hd..(a + nh) * hd];
+                            dots_into(&rows[g * hd..], st, q, hd, nh, part, a);
                         }
-                    });
-                }
+                    }
+                });
                 j0 = j1;
             }
         });
@@ -243,34 +253,45 @@ fn by_ranges(
     }
     let scores = &scores[..];
     let all_out = Disjoint::new(&mut out[..s.heads * hd]);
-    let units = hd.div_ceil(16);
+    let kvd = kv_heads * hd;
+    let units = kvd.div_ceil(16);
     parallel_chunks(parts, th, &|c| {
+        // Columns `c0..c1` of every cache entry (a consecutive part of the row, in
+        // units of 16), and within them each KV head's elements `e0..e1`, at `off`.
         let ur = part_range(units, parts, c);
-        let (e0, e1) = (ur.start * 16, (ur.end * 16).min(hd));
-        if e0 >= e1 {
+        let (c0, c1) = (ur.start * 16, (ur.end * 16).min(kvd));
+        if c0 >= c1 {
             return;
         }
-        for h in 0..s.heads {
-            // SAFETY: chunk `c` alone takes elements `e0..e1` of every head's output
-            // (the chunks' element ranges are disjoint); this part is zeroed and
-            // dropped before the next one is taken.
-            unsafe { all_out.part(h * hd + e0..h * hd + e1) }.fill(0.0);
+        let segs = || {
+            (c0 / hd..c1.div_ceil(hd)).map(move |g| {
+                let (a, b) = (c0.max(g * hd), c1.min((g + 1) * hd));
+                (g, a - g * hd, b - g * hd, a - c0)
+            })
+        };
+        for (g, e0, e1, _) in segs() {
+            for h in g * s.group..(g + 1) * s.group {
+                // SAFETY: chunk `c` alone takes columns `c0..c1` of the cache entries,
+                // so elements `e0..e1` of the heads of group `g` (the chunks' column
+                // ranges are disjoint); this part is zeroed and dropped before the
+                // next one is taken.
+                unsafe { all_out.part(h * hd + e0..h * hd + e1) }.fill(0.0);
+            }
         }
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
-            for g in 0..kv_heads {
-                let cols = g * hd + e0..g * hd + e1;
-                values.for_cols(first + j0..first + j1, cols, |rows, st, r| {
-                    let (r0, r1) = (r.start - first, r.end - first);
+            values.for_cols(first + j0..first + j1, c0..c1, |rows, st, r| {
+                let (r0, r1) = (r.start - first, r.end - first);
+                for (g, e0, e1, off) in segs() {
                     for (a, nh) in runs(g) {
                         // SAFETY: as above; the parts of one call are distinct heads'.
                         let part = |h: usize| unsafe { all_out.part(h * hd + e0..h * hd + e1) };
                         let p = |h: usize| &scores[h * len + r0..h * len + r1];
-                        sums_into(p, rows, st, nh, part, a);
+                        sums_into(p, &rows[off..], st, nh, part, a);
                     }
-                });
-            }
+                }
+            });
             j0 = j1;
         }
     });

@@ -16,6 +16,8 @@
 //! pass and read as it is.
 
 use fak_tensor::quant::{f16_to_f32, f32_to_f16, quantize_q8_0_into, BlockQ8_0};
+#[cfg(target_arch = "x86_64")]
+use fak_tensor::F16;
 use std::ops::Range;
 
 /// Values per Q8_0 block (ggml `QK8_0`).
@@ -382,6 +384,71 @@ impl Run<'_> {
             self.widen_row(j + i, kv_dim, cols.clone(), o);
         }
     }
+
+    /// [`Run::widen_rows`] of keys stored before RoPE, each row's heads then rotated at
+    /// its entry's position: `rot(i)` is the `cos` and `sin` rows (`half` values each)
+    /// of row `j + i`'s position, and every head of `head_dim` values in `cols` gets
+    /// [`fak_tensor::rope_rotate_half`] with them. With AVX2/F16C and whole eights
+    /// (`half` and `head_dim − 2·half`), widening and rotation are one pass in
+    /// registers; otherwise the rows are widened, then rotated. The same bits either
+    /// way.
+    ///
+    /// # Panics
+    /// As [`Run::widen_rows`]; or if `cols` is not whole heads, or `rot` gives rows of
+    /// another length than `half` or `2·half > head_dim`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn widen_rows_rotated<'t>(
+        &self,
+        j: usize,
+        n: usize,
+        kv_dim: usize,
+        cols: Range<usize>,
+        (head_dim, half): (usize, usize),
+        rot: &dyn Fn(usize) -> (&'t [f32], &'t [f32]),
+        out: &mut [f32],
+    ) {
+        let nc = cols.len();
+        assert!(
+            head_dim > 0
+                && 2 * half <= head_dim
+                && cols.start.is_multiple_of(head_dim)
+                && nc.is_multiple_of(head_dim),
+            "widen_rows_rotated: columns {cols:?} are not whole heads of {head_dim} (rotary half {half})"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if fak_tensor::cpu::has_avx2_f16c()
+            && half.is_multiple_of(8)
+            && (head_dim - 2 * half).is_multiple_of(8)
+            && cols.end <= kv_dim
+            && (j + n) * self.kv_type().units_per_row(kv_dim) <= self.units()
+            && out.len() >= n * nc
+        {
+            let checked = |i: usize| {
+                let (c, s) = rot(i);
+                assert!(
+                    c.len() == half && s.len() == half,
+                    "widen_rows_rotated: rotation rows of {} and {}, not {half}",
+                    c.len(),
+                    s.len()
+                );
+                (c, s)
+            };
+            // SAFETY: AVX2 and F16C were detected; the rows lie inside the run, `cols`
+            // inside a row, `out` holds `n` rows of `nc` (checked above); `cols` is
+            // whole heads and so whole eights, and `checked` gives rows of `half`.
+            unsafe {
+                widen_rows_rotated_avx2(*self, j, kv_dim, cols, head_dim, half, &checked, out)
+            };
+            return;
+        }
+        self.widen_rows(j, n, kv_dim, cols, out);
+        for (i, row) in out[..n * nc].chunks_exact_mut(nc.max(1)).enumerate() {
+            let (c, s) = rot(i);
+            for head in row.chunks_exact_mut(head_dim) {
+                fak_tensor::rope_rotate_half(head, c, s);
+            }
+        }
+    }
 }
 
 /// Rows ahead of the one being widened that [`Run::widen_rows`] asks the memory for:
@@ -389,10 +456,11 @@ impl Run<'_> {
 /// on each row's load (the `f32` kernels prefetch the same way, `fak_tensor::dot`).
 const PREFETCH_ROWS: usize = 32;
 
-/// [`Run::widen_rows`] with AVX2 and F16C, eight values at a time: binary16 widened by
-/// `vcvtph2ps` (exact, as [`f16_to_f32`] for every non-NaN value), Q8_0's `d · q` as an
-/// exactly widened integer times the block's widened scale in one rounded product,
-/// ggml's `dequantize_row_q8_0`, lane by lane. So the same bits as the scalar path.
+/// [`Run::widen_rows`] with AVX2 and F16C, eight values at a time ([`Eights`]):
+/// binary16 widened by `vcvtph2ps` (exact, as [`f16_to_f32`] for every non-NaN value),
+/// Q8_0's `d · q` as an exactly widened integer times the block's widened scale in one
+/// rounded product, ggml's `dequantize_row_q8_0`, lane by lane. So the same bits as the
+/// scalar path.
 ///
 /// # Safety
 /// The CPU supports AVX2 and F16C. Rows `j..j + out.len() / cols.len()` lie inside
@@ -407,55 +475,244 @@ unsafe fn widen_rows_avx2(
     cols: Range<usize>,
     out: &mut [f32],
 ) {
-    use std::arch::x86_64::*;
-    let nc = cols.len();
-    match run {
-        Run::F32(r) => {
-            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
-                let at = (j + i) * kv_dim;
-                o.copy_from_slice(&r[at + cols.start..at + cols.end]);
-            }
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn go<E: Eights>(e: E, j: usize, cols: Range<usize>, out: &mut [f32]) {
+        let nc = cols.len();
+        for (i, o) in out.chunks_exact_mut(nc).enumerate() {
+            e.prefetch(j + i + PREFETCH_ROWS, cols.clone());
+            // SAFETY: row `j + i` lies inside the run and `cols` inside a row (the
+            // caller's contract), `o` holds `nc` values; AVX2 and F16C are enabled.
+            unsafe { e.widen(j + i, cols.clone(), o.as_mut_ptr()) };
         }
-        Run::F16(r) => {
-            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
-                let at = (j + i) * kv_dim + cols.start;
-                prefetch(r, at + PREFETCH_ROWS * kv_dim, nc);
+    }
+    // SAFETY (each arm): the caller's contract, passed on.
+    match run {
+        Run::F32(r) => unsafe { go(Flat(r, kv_dim), j, cols, out) },
+        Run::F16(r) => unsafe { go(Flat(F16::from_bits_slice(r), kv_dim), j, cols, out) },
+        Run::Q8_0(r) => unsafe { go(Q8Rows(r, kv_dim / QK), j, cols, out) },
+    }
+}
+
+/// [`Run::widen_rows_rotated`] with AVX2 and F16C in one pass: each head's two halves
+/// widened eight values at a time ([`Eights`]) and rotated in registers, `x1·cos −
+/// x2·sin` and `x2·cos + x1·sin` (each two rounded products and a rounded sum, as
+/// [`fak_tensor::rope_rotate_half`] does lane by lane), the columns past the rotary
+/// part copied as widened. So the same bits as [`widen_rows_avx2`] followed by
+/// `rope_rotate_half` of each head, without writing and re-reading the rows between.
+///
+/// # Safety
+/// As [`widen_rows_avx2`]; moreover `head_dim` divides `cols.start` and `cols.len()`,
+/// `rot(i)` gives two slices of `half` values with `half` and `head_dim − 2·half`
+/// multiples of 8 (and `2·half <= head_dim`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn widen_rows_rotated_avx2<'t>(
+    run: Run<'_>,
+    j: usize,
+    kv_dim: usize,
+    cols: Range<usize>,
+    head_dim: usize,
+    half: usize,
+    rot: &dyn Fn(usize) -> (&'t [f32], &'t [f32]),
+    out: &mut [f32],
+) {
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn go<'t, E: Eights>(
+        e: E,
+        (j, cols): (usize, Range<usize>),
+        (head_dim, half): (usize, usize),
+        rot: &dyn Fn(usize) -> (&'t [f32], &'t [f32]),
+        out: &mut [f32],
+    ) {
+        use std::arch::x86_64::*;
+        let nc = cols.len();
+        for (i, o) in out.chunks_exact_mut(nc).enumerate() {
+            let (row, (cos, sin)) = (j + i, rot(i));
+            debug_assert!(cos.len() == half && sin.len() == half);
+            e.prefetch(row + PREFETCH_ROWS, cols.clone());
+            for (h, oh) in o.chunks_exact_mut(head_dim).enumerate() {
+                let at = cols.start + h * head_dim;
+                let op = oh.as_mut_ptr();
+                // The scales of the blocks the two halves' current eights lie in
+                // (Q8_0), taken anew where an eight starts a block.
+                let (mut d1, mut d2) = (_mm256_setzero_ps(), _mm256_setzero_ps());
                 let mut c = 0;
-                while c < nc {
-                    // SAFETY: `at + c + 8 <= ` the row's end inside the run and
-                    // `c + 8 <= nc` (the caller's contract); F16C is enabled.
+                while c < half {
+                    // SAFETY: `c + 8 <= half`, so columns `at + c..` and
+                    // `at + half + c..` (eight each) lie inside this head of the row,
+                    // and `cos`/`sin` hold `half` values; AVX2 and F16C are enabled.
                     unsafe {
-                        let h = _mm_loadu_si128(r.as_ptr().add(at + c) as *const __m128i);
-                        _mm256_storeu_ps(o.as_mut_ptr().add(c), _mm256_cvtph_ps(h));
+                        if E::SCALED && (c == 0 || (at + c).is_multiple_of(QK)) {
+                            d1 = e.scale(row, at + c);
+                        }
+                        if E::SCALED && (c == 0 || (at + half + c).is_multiple_of(QK)) {
+                            d2 = e.scale(row, at + half + c);
+                        }
+                        let x1 = e.load8_scaled(row, at + c, d1);
+                        let x2 = e.load8_scaled(row, at + half + c, d2);
+                        let cv = _mm256_loadu_ps(cos.as_ptr().add(c));
+                        let sv = _mm256_loadu_ps(sin.as_ptr().add(c));
+                        let a = _mm256_sub_ps(_mm256_mul_ps(x1, cv), _mm256_mul_ps(x2, sv));
+                        let b = _mm256_add_ps(_mm256_mul_ps(x2, cv), _mm256_mul_ps(x1, sv));
+                        _mm256_storeu_ps(op.add(c), a);
+                        _mm256_storeu_ps(op.add(half + c), b);
                     }
+                    c += 8;
+                }
+                let mut c = 2 * half;
+                while c < head_dim {
+                    // SAFETY: `c + 8 <= head_dim` (the caller's multiples of 8).
+                    unsafe { _mm256_storeu_ps(op.add(c), e.load8(row, at + c)) };
                     c += 8;
                 }
             }
         }
-        Run::Q8_0(r) => {
-            let upr = kv_dim / QK;
-            let blocks = cols.start / QK..cols.end.div_ceil(QK);
-            for (i, o) in out.chunks_exact_mut(nc).enumerate() {
-                let row = &r[(j + i) * upr..(j + i + 1) * upr];
-                prefetch(
-                    r,
-                    (j + i + PREFETCH_ROWS) * upr + blocks.start,
-                    blocks.len(),
-                );
-                let mut c = cols.start;
-                while c < cols.end {
-                    let b = &row[c / QK];
-                    // SAFETY: `c % QK + 8 <= QK` (`c` is a multiple of 8), so the 8-byte
-                    // load stays inside the block's `qs`, and `c - cols.start + 8 <= nc`;
-                    // AVX2 and F16C are enabled.
-                    unsafe {
-                        let d = _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                            b.d as i32,
-                        ))));
-                        let q = _mm_loadl_epi64(b.qs.as_ptr().add(c % QK) as *const __m128i);
-                        let x = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-                        _mm256_storeu_ps(o.as_mut_ptr().add(c - cols.start), _mm256_mul_ps(d, x));
-                    }
+    }
+    let (jc, hh) = ((j, cols), (head_dim, half));
+    // SAFETY (each arm): the caller's contract, passed on.
+    match run {
+        Run::F32(r) => unsafe { go(Flat(r, kv_dim), jc, hh, rot, out) },
+        Run::F16(r) => unsafe { go(Flat(F16::from_bits_slice(r), kv_dim), jc, hh, rot, out) },
+        Run::Q8_0(r) => unsafe { go(Q8Rows(r, kv_dim / QK), jc, hh, rot, out) },
+    }
+}
+
+/// Rows of one stored type read as `f32`, eight values at a time: the loads that the
+/// AVX2 widening kernels are generic over, so each type's kernel is compiled on its own
+/// with no per-load dispatch.
+#[cfg(target_arch = "x86_64")]
+trait Eights: Copy {
+    /// Values `col..col + 8` of row `row`, widened.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; the row lies inside the rows, `col + 8` inside a row, and for
+    /// Q8_0 `col` is a multiple of 8 (the eight lie in one block).
+    unsafe fn load8(self, row: usize, col: usize) -> std::arch::x86_64::__m256;
+    /// Whether the values are scaled per block ([`Eights::scale`]).
+    const SCALED: bool = false;
+    /// The scale of the block holding column `col` of row `row`, in every lane (a
+    /// type without scales: unused zeros).
+    ///
+    /// # Safety
+    /// As [`Eights::load8`].
+    #[inline(always)]
+    unsafe fn scale(self, _row: usize, _col: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: AVX, enabled by the caller's AVX2.
+        unsafe { std::arch::x86_64::_mm256_setzero_ps() }
+    }
+    /// [`Eights::load8`] given the block's [`Eights::scale`] (ignored by a type without
+    /// scales).
+    ///
+    /// # Safety
+    /// As [`Eights::load8`]; `d` is the scale of the block holding `col`.
+    #[inline(always)]
+    unsafe fn load8_scaled(
+        self,
+        row: usize,
+        col: usize,
+        _d: std::arch::x86_64::__m256,
+    ) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract.
+        unsafe { self.load8(row, col) }
+    }
+    /// Asks for the lines of row `row`'s values `cols` ([`prefetch`]; a row past the
+    /// end is harmless).
+    fn prefetch(self, row: usize, cols: Range<usize>);
+    /// Values `cols` of row `row` widened to `out[..cols.len()]`, eight at a time.
+    ///
+    /// # Safety
+    /// As [`Eights::load8`] for every eight of `cols` (whole eights); `out` is valid
+    /// for `cols.len()` writes.
+    #[inline(always)]
+    unsafe fn widen(self, row: usize, cols: Range<usize>, out: *mut f32) {
+        let mut c = cols.start;
+        while c < cols.end {
+            // SAFETY: the caller's contract, for the eight at `c`.
+            unsafe {
+                std::arch::x86_64::_mm256_storeu_ps(out.add(c - cols.start), self.load8(row, c))
+            };
+            c += 8;
+        }
+    }
+}
+
+/// Rows of `kv_dim` values of one element type (`f32`, or binary16 as
+/// [`fak_tensor::F16`]), widened by the type's own eight-lane load.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Flat<'a, W>(&'a [W], usize);
+/// Q8_0 rows of the given number of blocks.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Q8Rows<'a>(&'a [BlockQ8_0], usize);
+
+#[cfg(target_arch = "x86_64")]
+impl<W: fak_tensor::WeightElem> Eights for Flat<'_, W> {
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, col: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: the trait's contract: eight values inside the rows; AVX2 and F16C
+        // are enabled by the caller.
+        unsafe { W::load8(self.0.as_ptr().add(row * self.1 + col)) }
+    }
+    #[inline(always)]
+    fn prefetch(self, row: usize, cols: Range<usize>) {
+        prefetch(self.0, row * self.1 + cols.start, cols.len());
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+impl Eights for Q8Rows<'_> {
+    #[inline(always)]
+    unsafe fn load8(self, row: usize, col: usize) -> std::arch::x86_64::__m256 {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.load8_scaled(row, col, self.scale(row, col)) }
+    }
+    const SCALED: bool = true;
+    #[inline(always)]
+    unsafe fn scale(self, row: usize, col: usize) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the trait's contract: the block lies inside the rows; F16C is
+        // enabled by the caller.
+        unsafe {
+            let b = &*self.0.as_ptr().add(row * self.1 + col / QK);
+            _mm256_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32))))
+        }
+    }
+    #[inline(always)]
+    unsafe fn load8_scaled(
+        self,
+        row: usize,
+        col: usize,
+        d: std::arch::x86_64::__m256,
+    ) -> std::arch::x86_64::__m256 {
+        use std::arch::x86_64::*;
+        // SAFETY: the trait's contract: `col % QK + 8 <= QK` (a multiple of 8), so the
+        // 8-byte load stays inside the block's `qs`; AVX2 is enabled by the caller.
+        unsafe {
+            let b = &*self.0.as_ptr().add(row * self.1 + col / QK);
+            let q = _mm_loadl_epi64(b.qs.as_ptr().add(col % QK) as *const __m128i);
+            _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)))
+        }
+    }
+    #[inline(always)]
+    fn prefetch(self, row: usize, cols: Range<usize>) {
+        let blocks = cols.start / QK..cols.end.div_ceil(QK);
+        prefetch(self.0, row * self.1 + blocks.start, blocks.len());
+    }
+    /// Block by block: each block's scale widened once for its eights.
+    #[inline(always)]
+    unsafe fn widen(self, row: usize, cols: Range<usize>, out: *mut f32) {
+        use std::arch::x86_64::*;
+        let mut c = cols.start;
+        while c < cols.end {
+            let end = cols.end.min((c / QK + 1) * QK);
+            // SAFETY: the trait's contract: the block lies inside the rows, each eight
+            // `c..c + 8 <= end` inside its `qs`, and `out` is valid for the columns.
+            unsafe {
+                let d = self.scale(row, c);
+                while c < end {
+                    _mm256_storeu_ps(out.add(c - cols.start), self.load8_scaled(row, c, d));
                     c += 8;
                 }
             }
@@ -564,14 +821,9 @@ mod tests {
         Avx2,
     }
 
-    /// 40 rows of 128 values (two 64-wide heads; more rows than the prefetch distance)
-    /// of every type, with binary16 subnormals, values near binary16's largest, zeros
-    /// of both signs and Q8_0 blocks of very different scales, widened a run at a
-    /// time by `how` over column ranges of whole heads and of single eights, against
-    /// each value's formula: `f16_to_f32` of the stored binary16, or
-    /// `f16_to_f32(d) * q` of its block, bit for bit.
-    fn widen_rows_give_the_formula_bits(how: Widen) {
-        let (kv_dim, rows) = (128usize, 40usize);
+    /// `n` values in runs of 32 (a Q8_0 block each) of very different scales:
+    /// binary16 subnormals, values up to binary16's largest, zeros of both signs.
+    fn corner_rows(n: usize) -> Vec<f32> {
         let mut seed = 7u64;
         let mut next = || {
             seed = seed
@@ -579,7 +831,7 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5
         };
-        let x: Vec<f32> = (0..rows * kv_dim)
+        (0..n)
             .map(|i| {
                 let v = next();
                 match (i / 32) % 5 {
@@ -590,7 +842,18 @@ mod tests {
                     _ => v * 1e-2,
                 }
             })
-            .collect();
+            .collect()
+    }
+
+    /// 40 rows of 128 values (two 64-wide heads; more rows than the prefetch distance)
+    /// of every type, with binary16 subnormals, values near binary16's largest, zeros
+    /// of both signs and Q8_0 blocks of very different scales, widened a run at a
+    /// time by `how` over column ranges of whole heads and of single eights, against
+    /// each value's formula: `f16_to_f32` of the stored binary16, or
+    /// `f16_to_f32(d) * q` of its block, bit for bit.
+    fn widen_rows_give_the_formula_bits(how: Widen) {
+        let (kv_dim, rows) = (128usize, 40usize);
+        let x = corner_rows(rows * kv_dim);
         for ty in KvType::ALL {
             let mut b = RowBuf::with_capacity(ty, 0);
             b.push_f32(&x);
@@ -653,6 +916,108 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     fn widen_rows_with_avx2_give_the_formula_bits() {
         widen_rows_give_the_formula_bits(Widen::Avx2);
+    }
+
+    /// Keys widened and rotated a run at a time by `how` against the formula: each
+    /// value widened alone ([`Run::widen_row`]), then each head's pairs `x1·cos − x2·sin`
+    /// and `x2·cos + x1·sin` computed one value at a time, bit for bit; on every type,
+    /// for full and partial rotary heads (the columns past the rotary part copied), over
+    /// whole rows and single heads.
+    fn widen_rows_rotated_give_the_formula_bits(how: Widen) {
+        let (kv_dim, rows) = (128usize, 40usize);
+        let x = corner_rows(rows * kv_dim);
+        // (head_dim, half): full rotary on heads of 64 and 32 values, and partial
+        // rotary on 64 (16 pairs rotated, the last 32 values copied).
+        for (head_dim, half) in [(64usize, 32usize), (32, 16), (64, 16)] {
+            // A position's rotation: different values per row and pair.
+            let tables: Vec<(Vec<f32>, Vec<f32>)> = (0..rows)
+                .map(|r| {
+                    let th = |i: usize| (r as f32 + 1.0) * 0.37 / (i as f32 + 1.0);
+                    (
+                        (0..half).map(|i| th(i).cos()).collect(),
+                        (0..half).map(|i| th(i).sin()).collect(),
+                    )
+                })
+                .collect();
+            for ty in KvType::ALL {
+                let mut b = RowBuf::with_capacity(ty, 0);
+                b.push_f32(&x);
+                let run = b.run();
+                for cols in [0..kv_dim, head_dim..2 * head_dim] {
+                    for (j, n) in [(0usize, rows), (5, 33), (39, 1)] {
+                        let nc = cols.len();
+                        let rot = |i: usize| {
+                            let (c, s) = &tables[j + i];
+                            (&c[..], &s[..])
+                        };
+                        let mut got = vec![f32::NAN; n * nc];
+                        let hh = (head_dim, half);
+                        match how {
+                            Widen::Dispatched => run.widen_rows_rotated(
+                                j,
+                                n,
+                                kv_dim,
+                                cols.clone(),
+                                hh,
+                                &rot,
+                                &mut got,
+                            ),
+                            // SAFETY: the test's attribute ran it only on a CPU with
+                            // these features; the rows and columns lie inside the run,
+                            // the columns are whole heads, `half` and the copied rest
+                            // whole eights, and `rot` gives rows of `half`.
+                            #[cfg(target_arch = "x86_64")]
+                            Widen::Avx2 => unsafe {
+                                widen_rows_rotated_avx2(
+                                    run,
+                                    j,
+                                    kv_dim,
+                                    cols.clone(),
+                                    head_dim,
+                                    half,
+                                    &rot,
+                                    &mut got,
+                                )
+                            },
+                        }
+                        for i in 0..n {
+                            let mut want = vec![0f32; nc];
+                            run.widen_row(j + i, kv_dim, cols.clone(), &mut want);
+                            let (c, s) = rot(i);
+                            for head in want.chunks_exact_mut(head_dim) {
+                                for k in 0..half {
+                                    let (x1, x2) = (head[k], head[half + k]);
+                                    head[k] = x1 * c[k] - x2 * s[k];
+                                    head[half + k] = x2 * c[k] + x1 * s[k];
+                                }
+                            }
+                            for (k, (g, w)) in
+                                got[i * nc..(i + 1) * nc].iter().zip(&want).enumerate()
+                            {
+                                assert_eq!(
+                                    g.to_bits(),
+                                    w.to_bits(),
+                                    "{how:?} {ty} head {head_dim}/{half}: row {} column {}: {g} vs {w}",
+                                    j + i,
+                                    cols.start + k
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn widen_rows_rotated_as_dispatched_give_the_formula_bits() {
+        widen_rows_rotated_give_the_formula_bits(Widen::Dispatched);
+    }
+
+    #[fak_testkit::cpu("avx2", "f16c")]
+    #[cfg(target_arch = "x86_64")]
+    fn widen_rows_rotated_with_avx2_give_the_formula_bits() {
+        widen_rows_rotated_give_the_formula_bits(Widen::Avx2);
     }
 
     #[test]

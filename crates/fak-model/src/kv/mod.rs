@@ -75,6 +75,18 @@ pub struct RopeAtRead<'a> {
     pub positions: &'a [u32],
 }
 
+impl<'a> RopeAtRead<'a> {
+    /// The `cos` and `sin` rows (`half` values each) of entry `j`'s position.
+    ///
+    /// # Panics
+    /// If `j` is not an entry, or its position lies past the tables.
+    pub fn at(&self, j: usize) -> (&'a [f32], &'a [f32]) {
+        let p = self.positions[j] as usize;
+        let r = p * self.half..(p + 1) * self.half;
+        (&self.cos[r.clone()], &self.sin[r])
+    }
+}
+
 /// Most values one piece of widened rows holds ([`KvRows::for_cols`]): 16 KiB of `f32`
 /// on the reader's stack (one row wider than that gets a piece of its own).
 const PIECE: usize = 4096;
@@ -281,8 +293,13 @@ impl<'a> KvRows<'a> {
         } else {
             None
         };
-        // Rows per piece: as many whole rows as PIECE values hold (at least one).
-        let per = (PIECE / nc.max(1)).max(1);
+        // Rows per piece: as many whole rows as PIECE values hold, in eights from 16 on
+        // (the dot kernels take rows eight at a time), at least one.
+        let per = match PIECE / nc.max(1) {
+            0 => 1,
+            n if n >= 16 => n / 8 * 8,
+            n => n,
+        };
         // The piece's buffer, on the stack: zeroed once per call, and only when rows
         // are widened (a thread-local one would allocate in a decode step the first
         // time a thread widens, and a decode step allocates nothing).
@@ -303,11 +320,14 @@ impl<'a> KvRows<'a> {
                     wide.resize(need, 0.0);
                     &mut wide[..]
                 };
-                run.widen_rows(p0 - sub.start, p1 - p0, kvd, cols.clone(), rows);
-                if let Some(r) = rope {
-                    for (j, row) in (p0..p1).zip(rows.chunks_exact_mut(nc)) {
-                        rotate(r, j, row);
+                let (j, n) = (p0 - sub.start, p1 - p0);
+                match rope {
+                    Some(r) => {
+                        let rot = |i: usize| r.at(p0 + i);
+                        let heads = (r.head_dim, r.half);
+                        run.widen_rows_rotated(j, n, kvd, cols.clone(), heads, &rot, rows);
                     }
+                    None => run.widen_rows(j, n, kvd, cols.clone(), rows),
                 }
                 f(rows, nc, p0..p1);
                 p0 = p1;
@@ -351,18 +371,6 @@ impl<'a> KvRows<'a> {
         let mut v = Vec::new();
         self.for_stored(0..self.len(), |run, _| v.extend_from_slice(run.as_bytes()));
         v
-    }
-}
-
-/// Rotates the widened key row of entry `j` (whole heads) at its position.
-fn rotate(r: RopeAtRead<'_>, j: usize, row: &mut [f32]) {
-    let p = r.positions[j] as usize;
-    let (cos, sin) = (
-        &r.cos[p * r.half..(p + 1) * r.half],
-        &r.sin[p * r.half..(p + 1) * r.half],
-    );
-    for head in row.chunks_exact_mut(r.head_dim) {
-        fak_tensor::rope_rotate_half(head, cos, sin);
     }
 }
 
