@@ -349,21 +349,50 @@ impl<'a> KvRows<'a> {
         out
     }
 
-    /// All rows as `f32` in one buffer, `[len, kv_dim]` ([`KvRows::for_cols`] of every
-    /// column: a compact type's widened, pre-RoPE keys rotated when a rotation was
-    /// given and left unrotated otherwise).
+    /// All rows as `f32` in one buffer, `[len, kv_dim]` ([`KvRows::widen_into`]: a
+    /// compact type's widened, pre-RoPE keys rotated when a rotation was given and left
+    /// unrotated otherwise).
     pub fn to_vec(&self) -> Vec<f32> {
-        let mut v = Vec::with_capacity(self.len() * self.kv_dim);
+        let mut v = vec![0f32; self.len() * self.kv_dim];
         let mut rows = *self;
         if rows.rope.is_none() {
             rows.pre_rope = false;
         }
-        rows.for_cols(0..self.len(), 0..self.kv_dim, |r, stride, sub| {
-            for i in 0..sub.len() {
-                v.extend_from_slice(&r[i * stride..i * stride + self.kv_dim]);
+        rows.widen_into(0..self.len(), &mut v);
+        v
+    }
+
+    /// The rows of entries `range` as `f32` into `out` (`[range.len(), kv_dim]`): the
+    /// values [`KvRows::for_cols`] gives for every column (`f32` rows copied, a compact
+    /// type's widened, pre-RoPE keys rotated at their entries' positions), the same bits,
+    /// written straight into `out` rather than through pieces on the stack. A prefill
+    /// widens its layer's compact rows once this way and runs attention over them
+    /// in place, where reading through [`KvRows::for_cols`] would widen each key again
+    /// for every block of tokens and every query head.
+    ///
+    /// # Panics
+    /// If `range` ends past [`KvRows::len`], `out` holds fewer than
+    /// `range.len() · kv_dim` values, or pre-RoPE keys have no rotation.
+    pub fn widen_into(&self, range: std::ops::Range<usize>, out: &mut [f32]) {
+        let kvd = self.kv_dim;
+        let out = &mut out[..range.len() * kvd];
+        let rope = self.pre_rope.then(|| {
+            self.rope
+                .expect("KvRows: pre-RoPE keys read without their rotation")
+        });
+        let start = range.start;
+        self.for_stored(range, |run, sub| {
+            let o = &mut out[(sub.start - start) * kvd..(sub.end - start) * kvd];
+            let (j, n) = (0, sub.len());
+            match (run, rope) {
+                (Run::F32(r), None) => o.copy_from_slice(r),
+                (_, None) => run.widen_rows(j, n, kvd, 0..kvd, o),
+                (_, Some(r)) => {
+                    let rot = |i: usize| r.at(sub.start + i);
+                    run.widen_rows_rotated(j, n, kvd, 0..kvd, (r.head_dim, r.half), &rot, o);
+                }
             }
         });
-        v
     }
 
     /// The stored bytes of every row, in entry order ([`Run::as_bytes`]).

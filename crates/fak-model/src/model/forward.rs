@@ -5,9 +5,9 @@ use super::linear::{linear, linear_group};
 use super::scratch::SharedActs;
 use super::{CosSinRows, ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
-use crate::kv::{window_start, KvRows, KvStore, RopeAtRead};
+use crate::kv::{window_start, KvRows, KvStore, KvType, RopeAtRead};
 use crate::{Activation, Config, ModelError};
-use fak_tensor::pool::Disjoint;
+use fak_tensor::pool::{part_range, Disjoint};
 use fak_tensor::{add_assign, parallel_chunks, rms_norm, rope_rotate_half, Threads};
 
 /// Which rows of logits a forward pass returns.
@@ -819,7 +819,9 @@ impl Model {
     /// `l`'s cache in `kv` (the batch's rows already appended, the layer's sliding window
     /// applied) into `attn` (`[n, q_dim]`): a decode step's by GQA group
     /// ([`decode_attention`], `scores` its scratch), a prefill's by token block and
-    /// query head ([`prefill_attention`]), the same bits either way.
+    /// query head ([`prefill_attention`]), the same bits either way. A prefill over a
+    /// compact cache widens the rows its tokens see once, into `scores`, and reads them
+    /// in place ([`KvRows::widen_into`]: the values reading through the pieces gives).
     fn attention(
         &self,
         (l, regime): (usize, RopeRegime),
@@ -841,8 +843,22 @@ impl Model {
         if n == 1 {
             let first = window_start(pos, m - 1, window);
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
-        } else {
+        } else if keys.kv_type() == KvType::F32 && vals.kv_type() == KvType::F32 {
             prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
+        } else {
+            // A compact cache: the entries the new tokens see (from the first one's
+            // window start), widened once into `scores` (the prefill does not need it
+            // for scores) and read in place, the same values `for_cols` would give.
+            let lo = window_start(pos, m - n, window);
+            let kvd = c.kv_dim();
+            let rows = m - lo;
+            scores.clear();
+            scores.resize(2 * rows * kvd, 0.0);
+            let (kw, vw) = scores.split_at_mut(rows * kvd);
+            widen_in_parts(keys, lo..m, kw, th);
+            widen_in_parts(vals, lo..m, vw, th);
+            let (keys, vals) = (KvRows::contiguous(kw, kvd), KvRows::contiguous(vw, kvd));
+            prefill_attention(shape, q, keys, vals, &pos[lo..], window, n, attn, th);
         }
     }
 
@@ -982,4 +998,20 @@ impl Model {
         self.timed(Op::Residual, || add_assign(x, proj));
         Ok(())
     }
+}
+
+/// [`KvRows::widen_into`] of entries `range` into `out` (`[range.len(), kv_dim]`), the
+/// entries split in consecutive parts among the threads (each entry's values do not
+/// depend on who widens it).
+fn widen_in_parts(rows: KvRows<'_>, range: std::ops::Range<usize>, out: &mut [f32], th: Threads) {
+    let (kvd, n) = (rows.kv_dim(), range.len());
+    let parts = th.get().max(1).min(n.max(1));
+    let all = Disjoint::new(&mut out[..n * kvd]);
+    parallel_chunks(parts, th, &|c| {
+        let r = part_range(n, parts, c);
+        // SAFETY: chunk `c` alone takes entries `r` (the chunks' ranges are disjoint),
+        // whose rows are one consecutive part of `out`.
+        let o = unsafe { all.part(r.start * kvd..r.end * kvd) };
+        rows.widen_into(range.start + r.start..range.start + r.end, o);
+    });
 }

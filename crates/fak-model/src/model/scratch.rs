@@ -166,7 +166,9 @@ pub struct ForwardScratch {
     /// rows); entries past `rope_used` are kept buffers.
     pub(super) rope: Vec<(usize, Vec<f32>, Vec<f32>)>,
     pub(super) rope_used: usize,
-    /// Decode attention's `[heads, entries]` scores.
+    /// Decode attention's `[heads, entries]` scores; in a prefill over a compact
+    /// cache, the layer's K and V rows the new tokens see, widened
+    /// (`[2, entries, kv_dim]`: at most twice a layer's rows as `f32`).
     pub(super) scores: Vec<f32>,
     /// Decode attention's scores per sequence of a batched pass
     /// ([`Model::forward_batch`](super::Model::forward_batch)).
