@@ -97,11 +97,12 @@ const PIECE: usize = 4096;
 /// them in runs of their own. The rows are stored in one [`KvType`]; a compact type's
 /// keys are stored before RoPE and rotated as they are read ([`KvRows::with_rope`]).
 ///
-/// Attention reads the rows a piece at a time as `f32` ([`KvRows::for_cols`]). Every
-/// key's dot is computed alone and every weighted sum runs over the keys in ascending
-/// order, a sum split into consecutive ranges giving the same bits
-/// ([`fak_tensor::weighted_rows_accumulate`]), so where the runs and pieces break
-/// changes no bit.
+/// A decode step's attention reads the rows a piece at a time as `f32`
+/// ([`KvRows::for_cols`]); a prefill over a compact type widens them whole once
+/// ([`KvRows::widen_into`]), the same values. Every key's dot is computed alone and
+/// every weighted sum runs over the keys in ascending order, a sum split into
+/// consecutive ranges giving the same bits ([`fak_tensor::weighted_rows_accumulate`]),
+/// so where the runs and pieces break changes no bit.
 #[derive(Clone, Copy, Debug)]
 pub struct KvRows<'a> {
     runs: [Run<'a>; KvRows::MAX_RUNS],
