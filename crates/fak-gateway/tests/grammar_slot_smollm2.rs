@@ -62,12 +62,19 @@ fn server(parallel: usize, max_queue: usize) -> Server {
 #[fak_testkit::real_model]
 fn a_big_schema_waits_in_the_queue_and_the_next_request_is_a_429_at_once() {
     let srv = server(1, 1);
-    // The one slot generates a long reply (held open, read no further).
+    // The one slot generates a long reply (held open, read no further). Its format
+    // asks for a string of at least 10,000 characters, so it cannot end before its
+    // 2,000 tokens, however fast the machine (unconstrained, the native weights answer
+    // this prompt in 52 tokens: a quarter of a second on a fast CPU, and the slot would
+    // be free again before the third request).
+    let long = json!({"type": "object", "required": ["s"],
+                      "properties": {"s": {"type": "string", "minLength": 10000}}});
     let busy = open_stream(
         srv.addr,
         "/v1/chat/completions",
         &json!({"model": ID, "stream": true, "max_tokens": 2000, "temperature": 0,
-                "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]}),
+                "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}],
+                "response_format": {"type": "json_schema", "json_schema": {"name": "Long", "schema": long}}}),
         200,
     );
     // A schema that takes about a second of a core to compile, within the limits.
