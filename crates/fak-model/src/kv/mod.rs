@@ -321,15 +321,8 @@ impl<'a> KvRows<'a> {
                     wide.resize(need, 0.0);
                     &mut wide[..]
                 };
-                let (j, n) = (p0 - sub.start, p1 - p0);
-                match rope {
-                    Some(r) => {
-                        let rot = |i: usize| r.at(p0 + i);
-                        let heads = (r.head_dim, r.half);
-                        run.widen_rows_rotated(j, n, kvd, cols.clone(), heads, &rot, rows);
-                    }
-                    None => run.widen_rows(j, n, kvd, cols.clone(), rows),
-                }
+                let rel = p0 - sub.start..p1 - sub.start;
+                widen_run(run, rel, p0, (kvd, cols.clone()), rope, rows);
                 f(rows, nc, p0..p1);
                 p0 = p1;
             }
@@ -384,14 +377,9 @@ impl<'a> KvRows<'a> {
         let start = range.start;
         self.for_stored(range, |run, sub| {
             let o = &mut out[(sub.start - start) * kvd..(sub.end - start) * kvd];
-            let (j, n) = (0, sub.len());
             match (run, rope) {
                 (Run::F32(r), None) => o.copy_from_slice(r),
-                (_, None) => run.widen_rows(j, n, kvd, 0..kvd, o),
-                (_, Some(r)) => {
-                    let rot = |i: usize| r.at(sub.start + i);
-                    run.widen_rows_rotated(j, n, kvd, 0..kvd, (r.head_dim, r.half), &rot, o);
-                }
+                _ => widen_run(run, 0..sub.len(), sub.start, (kvd, 0..kvd), rope, o),
             }
         });
     }
@@ -401,6 +389,27 @@ impl<'a> KvRows<'a> {
         let mut v = Vec::new();
         self.for_stored(0..self.len(), |run, _| v.extend_from_slice(run.as_bytes()));
         v
+    }
+}
+
+/// Rows `rows` of `run` (columns `cols` of rows of `kv_dim` values) widened into `out`
+/// at a stride of `cols.len()`, and with `rope` rotated at their entries' positions, row
+/// `rows.start` being entry `entry` ([`Run::widen_rows`], [`Run::widen_rows_rotated`]).
+fn widen_run(
+    run: Run<'_>,
+    rows: std::ops::Range<usize>,
+    entry: usize,
+    (kv_dim, cols): (usize, std::ops::Range<usize>),
+    rope: Option<RopeAtRead<'_>>,
+    out: &mut [f32],
+) {
+    let (j, n) = (rows.start, rows.len());
+    match rope {
+        Some(r) => {
+            let rot = |i: usize| r.at(entry + i);
+            run.widen_rows_rotated(j, n, kv_dim, cols, (r.head_dim, r.half), &rot, out);
+        }
+        None => run.widen_rows(j, n, kv_dim, cols, out),
     }
 }
 
