@@ -35,6 +35,15 @@ pub(crate) fn matvec_range_rows(rows: usize, parts: usize) -> usize {
 /// matvec's and small chunks balance the threads better (128 KB chunks were slower).
 const MATMUL_CHUNK_BYTES: usize = 32 * 1024;
 
+/// The most tokens for which a pooled multi-token product is cut, as a matvec is, into
+/// one row range per thread rather than [`MATMUL_CHUNK_BYTES`] chunks: a batched decode
+/// step's few rows read each weight byte only a few times, so they stream the weights
+/// as a matvec does, and each chunk restarted the tiles' weight preparation and its
+/// prefetch. `batch_bench` (weights streamed, 2 threads, a Zen 5, µs per product, chunks
+/// → ranges): 8 tokens Q4_1 76 → 58–67, Q8_0 87 → 59–60, Q4_K 83 → 63–64; 16 tokens
+/// Q4_1 94 → 71–82, Q8_0 113 → 76–77, Q4_K level.
+const FEW_TOKENS: usize = 16;
+
 /// [`matvec`] with the output rows split into one contiguous range per thread of the
 /// pool (a multiple of 4 rows each, the last the shortest), claimed by the pool's
 /// threads ([`crate::pool::Pool::run_chunks`]). One long range per thread rather than
@@ -199,7 +208,8 @@ fn chunked(
     }
 }
 
-/// Quantized matrix times several activation rows (a prefill's tokens):
+/// Quantized matrix times several activation rows (a prefill's tokens, a batched decode
+/// step's rows):
 /// `out[t * rows + r] = vec_dot(ty, w[r], acts[t])`, bit-identical to [`matvec`] run
 /// on each token alone, for any thread count.
 ///
@@ -216,7 +226,9 @@ fn chunked(
 /// against each row, each super-block unpacked once for them: four with AVX2, eight
 /// where AVX-512VL gives 32 vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`;
 /// each result the one-token kernel's bits). Without AVX2 every type runs [`matvec`]
-/// per token. Rows are split between the pool's threads as in [`matvec_threads`].
+/// per token. Rows are split between the pool's threads: up to [`FEW_TOKENS`] tokens in
+/// one range per thread as [`matvec_threads`] does, more in chunks of about
+/// [`MATMUL_CHUNK_BYTES`] of weights.
 ///
 /// # Errors
 /// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]
@@ -264,7 +276,10 @@ pub fn matmul_threads(
         let mut by_token: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
         return matmul_rows(ty, w, rb, acts, tile.as_ref(), &mut by_token);
     };
-    let per = chunk_rows(rb, MATMUL_CHUNK_BYTES);
+    let per = match n {
+        ..=FEW_TOKENS => matvec_range_rows(rows, parts),
+        _ => chunk_rows(rb, MATMUL_CHUNK_BYTES),
+    };
     let chunks = rows.div_ceil(per);
     // slots[c][t]: chunk c's rows of token t's output. The chunk's kernels write a
     // buffer of its own, `[n, m]`, copied into them after (written straight into the
