@@ -650,11 +650,12 @@ fn every_multi_token_tile_kernel_gives_the_reference_bits() {
     }
 }
 
-/// The token-transposed tiles at both widths, bit for bit against the reference for
-/// every token count from 4 to 31: the 16-token groups, the 8-token groups, the last
-/// 8-token group padded with dummy tokens (whose results must not be stored: `got` has
-/// no room for them), and the tokens left to the other tiles; 7 rows (2-row tiles and
-/// a 1-row edge), random and extreme blocks, every 32-element type.
+/// The token-transposed tiles, bit for bit against the reference for every token count
+/// from 4 to 31: the 16-token groups, the 8-token groups (pair tiles), the last 8-token
+/// group padded with dummy tokens (whose results must not be stored: `got` has no room
+/// for them), and the tokens left to the other tiles; 7 rows (2-row tiles and a 1-row
+/// edge; a 2-pair tile and a 1-pair edge whose second row is past the matrix), random
+/// and extreme blocks, every 32-element type.
 #[cfg(target_arch = "x86_64")]
 #[fak_testkit::cpu(
     "avx2",

@@ -226,9 +226,9 @@ fn chunked(
 /// against each row, each super-block unpacked once for them: four with AVX2, eight
 /// where AVX-512VL gives 32 vector registers (`avx2::k_tokens`, `avx2::k_tokens_wide`;
 /// each result the one-token kernel's bits). Without AVX2 every type runs [`matvec`]
-/// per token. Rows are split between the pool's threads: up to [`FEW_TOKENS`] tokens in
-/// one range per thread as [`matvec_threads`] does, more in chunks of about
-/// [`MATMUL_CHUNK_BYTES`] of weights.
+/// per token. Rows are split between the pool's threads: for up to 16 tokens in one
+/// range per thread as [`matvec_threads`] does, for more in chunks of about 32 KB of
+/// weights.
 ///
 /// # Errors
 /// [`QuantError::ActKind`] for a wrong activation kind; [`QuantError::MatrixShape`]

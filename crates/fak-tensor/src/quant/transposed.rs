@@ -2,21 +2,23 @@
 //! step's few rows) of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
 //! sixteen tokens sit in the sixteen `i32` lanes of one 512-bit register, and a row's
 //! eight canonical lane accumulators (module docs of `quant`) are eight such registers.
-//! After the last 16, groups of eight tokens run the same code on 256-bit registers
-//! (eight lanes; [`Lanes`], [`Simd`]), the last group padded with dummy tokens when at
-//! least [`MIN_8`] are left, so that 5 to 15 tokens and the remainders of a prefill get
-//! the transposed tiles too.
+//! After the last 16, groups of eight tokens run as *pair tiles*: one 512-bit register
+//! holds two rows times eight tokens (lane `2t + h`: token `t`, row `h` of a pair), the
+//! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 5 to
+//! 15 tokens and the remainders of a prefill get the transposed tiles too.
 //!
 //! The other tiles keep a row's eight lanes side by side in one register, so every
 //! (row, token, block) costs its own lane sum, conversion, scale multiply and add.
-//! Here one register holds lane `m` of sixteen (eight) tokens, so each of those
-//! instructions serves sixteen (eight) (row, token) pairs, and the block's combined
-//! scale `wd · ad` is computed once per row and block for all of them. Per lane `m` the
-//! weight's four bytes are broadcast to all lanes (a `vpdpbusd` memory operand) and the
-//! tokens' four bytes of lane `m` are laid out once per product ([`Acts`]). The weights
-//! are prepared ([`WBlock`]) a chunk of rows at a time into a buffer that stays in the
-//! cache while every group's tiles read it; the tiles prefetch the next chunk's weights
-//! meanwhile ([`tiles`]).
+//! Here one register holds lane `m` of sixteen (row, token) pairs, so each of those
+//! instructions serves sixteen of them, and the block's combined scale `wd · ad` is
+//! computed once per row and block for all its tokens. Per lane `m` the weight's four
+//! bytes are broadcast to all lanes (a pair tile broadcasts the two rows' eight bytes as
+//! one quadword) and the tokens' four bytes of lane `m` are laid out once per product
+//! ([`Acts`]; twice each for the pair tiles). The weights are prepared ([`WPair`]) a
+//! chunk of rows at a time, two rows interleaved, into a buffer that stays in the cache
+//! while every group's tiles read it; the tiles prefetch the next chunk's weights
+//! meanwhile ([`tiles`]). Before the pair tiles, groups of eight ran on 256-bit
+//! registers, one row per register: the same instructions on half the lanes.
 //!
 //! Every (row, token) lane performs exactly the operations of the scalar references
 //! (`quant::vec_dot_*_ref`) in their order: the exact integer lane sum, `d = wd · ad`
@@ -46,27 +48,27 @@ pub(super) const TOKENS: usize = 16;
 /// register fit the 32 vector registers.
 pub(super) const ROWS: usize = 2;
 
-/// Tokens per 256-bit tile: the `i32` lanes of a `ymm` register.
+/// Tokens per pair tile: half the `i32` lanes of a `zmm` register, each token twice
+/// (once per row of the pair).
 const TOKENS_8: usize = 8;
 
-/// Rows per 256-bit tile: the 24 accumulators of three rows, their scales and the
-/// activation register fit the 32 vector registers (3 rows were 3% faster than 2 with
-/// the weights in the cache, `batch_bench`'s shapes; 4 were 25% slower).
-const ROWS_8: usize = 3;
+/// Row pairs per pair tile: the 16 accumulators of two pairs, their scales and the
+/// activation register fit the 32 vector registers.
+const PAIRS_8: usize = 2;
 
 /// The fewest tokens left after the 16-token groups and the full 8-token groups that
 /// run as one more 8-token group, padded with dummy tokens; fewer go to the other
-/// tiles (`tiles::tiles_any`). Measured with `batch_bench`'s shapes (1536 × 576, weights
-/// streamed, 1 thread, µs per product, today's path vs padded): 4 tokens Q4_1 196 vs
-/// 223, Q8_0 247 vs 292; 5 tokens Q4_1 256 vs 232, Q8_0 311 vs 281; 12 (8 + 4) Q4_1 374
-/// vs 377, Q8_0 402 vs 423; 13 (8 + 5) Q4_1 438 vs 393, Q8_0 455 vs 429. Four left are
-/// one full 4-token tile of the other kernels; Q4_0, Q5_0, Q5_1 and 2 threads agreed.
+/// tiles (`tiles::tiles_any`). Measured with `batch_bench`'s shapes on the 256-bit
+/// 8-token tiles that preceded the pair tiles (1536 × 576, weights streamed, 1 thread,
+/// µs per product, today's path vs padded): 4 tokens Q4_1 196 vs 223, Q8_0 247 vs 292;
+/// 5 tokens Q4_1 256 vs 232, Q8_0 311 vs 281; 12 (8 + 4) Q4_1 374 vs 377, Q8_0 402 vs
+/// 423; 13 (8 + 5) Q4_1 438 vs 393, Q8_0 455 vs 429. Four left are one full 4-token
+/// tile of the other kernels; Q4_0, Q5_0, Q5_1 and 2 threads agreed.
 const MIN_8: usize = 5;
 
-/// The registers of a tile of `T` tokens, one token per lane: `Lanes<16>` the 512-bit
-/// `zmm` registers, `Lanes<8>` the 256-bit `ymm` ones (AVX-512VL gives 32 of those and
-/// AVX512-VNNI's `vpdpbusd` on them; AMD Zen 4 runs a 512-bit instruction as two
-/// 256-bit halves, so the narrow tile does half the work at twice the rate).
+/// The registers of a tile of `T` lanes: `Lanes<16>` the 512-bit `zmm` registers (the
+/// only width the tiles use now; the trait keeps the kernels' steps named once, and
+/// [`super::transposed_k`] shares them).
 pub(super) struct Lanes<const T: usize>;
 
 /// The steps of the tiles, each one instruction on all `T` lanes of a register (the same
@@ -148,86 +150,45 @@ impl Simd for Lanes<16> {
     }
 }
 
-impl Simd for Lanes<8> {
-    type I = __m256i;
-    type F = __m256;
-    #[inline(always)]
-    unsafe fn zero() -> __m256 {
-        _mm256_setzero_ps()
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> __m256 {
-        _mm256_load_ps(p)
-    }
-    #[inline(always)]
-    unsafe fn load_i(p: *const u8) -> __m256i {
-        _mm256_load_si256(p as *const __m256i)
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn splat_i(x: i32) -> __m256i {
-        _mm256_set1_epi32(x)
-    }
-    #[inline(always)]
-    unsafe fn dpbusd(src: __m256i, a: __m256i, w: __m256i) -> __m256i {
-        _mm256_dpbusd_epi32(src, a, w)
-    }
-    #[inline(always)]
-    unsafe fn cvt(x: __m256i) -> __m256 {
-        _mm256_cvtepi32_ps(x)
-    }
-    #[inline(always)]
-    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
-        _mm256_mul_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn add(a: __m256, b: __m256) -> __m256 {
-        _mm256_add_ps(a, b)
-    }
-    #[inline(always)]
-    unsafe fn store(p: *mut f32, x: __m256) {
-        _mm256_storeu_ps(p, x)
-    }
-}
-
-/// One weight block prepared for the tile: the 32 quants as signed bytes, offset
-/// removed, in canonical lane order ([`Block32::signed_quants`]; lane `m`'s four bytes
-/// are `w[m]`, little-endian), each lane's start value `−128 · Σ_{k<4} w[4m+k]`, and
-/// the scale and minimum widened to `f32`.
+/// One weight block of two rows prepared for the tiles: per row `h` of the pair, the
+/// 32 quants as signed bytes, offset removed, in canonical lane order
+/// ([`Block32::signed_quants`]; lane `m`'s four bytes are `w[m][h]`, little-endian),
+/// each lane's start value `−128 · Σ_{k<4} w[4m+k]`, and the scale and minimum widened
+/// to `f32`. Row `h`'s values of lane `m` sit beside the other row's, so a pair tile
+/// broadcasts both with one quadword load. A pair whose second row is past the matrix
+/// holds zeros there.
 #[repr(C)]
 #[derive(Clone, Copy)]
-struct WBlock {
-    w: [i32; 8],
-    start: [i32; 8],
-    d: f32,
-    min: f32,
+struct WPair {
+    w: [[i32; 2]; 8],
+    start: [[i32; 2]; 8],
+    d: [f32; 2],
+    min: [f32; 2],
 }
 
-/// `T` tokens' activation blocks at one block index: per lane `m`, `T` dwords (token
-/// `t`'s four bytes of lane `m`, each `+128` as an unsigned byte) and the tokens'
-/// scales (`d`, and `s` for the types with a minimum) widened to `f32`. Each array
-/// starts at a multiple of `4 · T` bytes (the register's width; `T` is 8 or 16).
+/// `T` lanes of activation blocks at one block index: per lane `m`, `T` dwords (a
+/// token's four bytes of lane `m`, each `+128` as an unsigned byte) and the tokens'
+/// scales (`d`, and `s` for the types with a minimum) widened to `f32`. The 16-token
+/// groups hold token `t` in lane `t`, the pair tiles' 8-token groups in lanes `2t` and
+/// `2t + 1`. Each array starts at a multiple of 64 bytes.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct ABlock<const T: usize> {
-    au: [[[u8; 4]; T]; 8],
-    d: [f32; T],
-    s: [f32; T],
+struct ABlock {
+    au: [[[u8; 4]; TOKENS]; 8],
+    d: [f32; TOKENS],
+    s: [f32; TOKENS],
 }
 
 /// A product's activation rows in tile form: the first `n16` tokens (a multiple of 16)
-/// in groups of 16, then the next `tokens − n16` in groups of 8, the last of those
-/// padded with dummy tokens; each group's blocks in order (`g16[g * nb + b]`,
-/// `g8[g * nb + b]`).
+/// in groups of 16, then the next `tokens − n16` in groups of 8 (each token in two
+/// lanes), the last of those padded with dummy tokens; each group's blocks in order
+/// (`g16[g * nb + b]`, `g8[g * nb + b]`).
 pub(super) struct Acts {
     nb: usize,
     n16: usize,
     tokens: usize,
-    g16: Vec<ABlock<TOKENS>>,
-    g8: Vec<ABlock<TOKENS_8>>,
+    g16: Vec<ABlock>,
+    g8: Vec<ABlock>,
 }
 
 impl Acts {
@@ -259,8 +220,8 @@ impl Acts {
             nb,
             n16,
             tokens,
-            g16: layout::<K, TOKENS>(&a[..n16], nb),
-            g8: layout::<K, TOKENS_8>(&a[n16..tokens], nb),
+            g16: layout::<K, 1>(&a[..n16], nb),
+            g8: layout::<K, 2>(&a[n16..tokens], nb),
         })
     }
 
@@ -270,32 +231,37 @@ impl Acts {
     }
 }
 
-/// The token rows `a` (`nb` blocks each) in groups of `T`, the last group padded with
-/// dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
+/// The token rows `a` (`nb` blocks each) in groups of `TOKENS / C` tokens, each token
+/// in `C` consecutive lanes (1: lane `t`; 2: lanes `2t` and `2t + 1`), the last group
+/// padded with dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
 ///
 /// # Safety
 /// AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn layout<K: Block32, const T: usize>(a: &[&[K::Act]], nb: usize) -> Vec<ABlock<T>>
+unsafe fn layout<K: Block32, const C: usize>(a: &[&[K::Act]], nb: usize) -> Vec<ABlock>
 where
     K::Act: ActBlock,
 {
+    let per = TOKENS / C;
     let empty = ABlock {
-        au: [[[0x80; 4]; T]; 8],
-        d: [0.0; T],
-        s: [0.0; T],
+        au: [[[0x80; 4]; TOKENS]; 8],
+        d: [0.0; TOKENS],
+        s: [0.0; TOKENS],
     };
-    let mut blocks = vec![empty; a.len().div_ceil(T) * nb];
+    let mut blocks = vec![empty; a.len().div_ceil(per) * nb];
     for (i, row) in a.iter().enumerate() {
-        let (g, t) = (i / T, i % T);
+        let (g, t) = (i / per, i % per);
         for (b, blk) in row.iter().enumerate() {
             let ab = &mut blocks[g * nb + b];
-            [ab.d[t], ab.s[t]] = blk.scales();
+            let [d, s] = blk.scales();
             // SAFETY: an activation block holds 32 quants.
             let qs = std::slice::from_raw_parts(blk.qs_ptr(), 32);
-            for (m, lane) in ab.au.iter_mut().enumerate() {
-                for (k, byte) in lane[t].iter_mut().enumerate() {
-                    *byte = qs[K::LANE_ELEMENT(m, k)] ^ 0x80;
+            for lane in C * t..C * (t + 1) {
+                (ab.d[lane], ab.s[lane]) = (d, s);
+                for (m, au) in ab.au.iter_mut().enumerate() {
+                    for (k, byte) in au[lane].iter_mut().enumerate() {
+                        *byte = qs[K::LANE_ELEMENT(m, k)] ^ 0x80;
+                    }
                 }
             }
         }
@@ -303,73 +269,154 @@ where
     blocks
 }
 
-/// The blocks of `w` (whole `K` blocks) prepared as [`WBlock`]s, in order, into `out`
-/// (one per block).
+/// The `mc` rows of `w` (`nb` whole `K` blocks each) prepared as [`WPair`]s into
+/// `out`: rows `2p` and `2p + 1` in `out[p * nb..(p + 1) * nb]`, block by block, the
+/// second row of the last pair zeros when `mc` is odd.
 ///
 /// # Safety
-/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len() == K::BYTES * out.len()`.
+/// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len() == K::BYTES * nb * mc`,
+/// `out.len() == nb * mc.div_ceil(2)`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512vl,avx512vnni")]
-unsafe fn prepare<K: Block32>(w: &[u8], out: &mut [WBlock]) {
-    debug_assert_eq!(w.len(), K::BYTES * out.len());
-    for (wb, blk) in w.chunks_exact(K::BYTES).zip(out) {
+unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair]) {
+    let rb = K::BYTES * nb;
+    debug_assert!(w.len() == rb * mc && out.len() == nb * mc.div_ceil(2));
+    // One row's block: its signed quants, its lanes' start values, its scales.
+    let row = |wb: &[u8]| {
         let q = K::signed_quants(wb);
         // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), then negated.
         let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
-        let start = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-        (blk.d, blk.min) = K::wscales(wb);
-        _mm256_storeu_si256(blk.w.as_mut_ptr() as *mut __m256i, q);
-        _mm256_storeu_si256(blk.start.as_mut_ptr() as *mut __m256i, start);
+        (
+            q,
+            _mm256_sub_epi32(_mm256_setzero_si256(), s),
+            K::wscales(wb),
+        )
+    };
+    // Lane m of `a` and `b` side by side, m = 0..8: [a0 b0 a1 b1 a2 b2 a3 b3], [a4 b4 ..].
+    let interleave = |dst: *mut i32, a: __m256i, b: __m256i| {
+        let (lo, hi) = (_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
+        _mm256_storeu_si256(dst as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
+        _mm256_storeu_si256(
+            dst.add(8) as *mut __m256i,
+            _mm256_permute2x128_si256(lo, hi, 0x31),
+        );
+    };
+    for (p, pair) in out.chunks_exact_mut(nb).enumerate() {
+        let ra = &w[2 * p * rb..(2 * p + 1) * rb];
+        let rb_ = (2 * p + 1 < mc).then(|| &w[(2 * p + 1) * rb..(2 * p + 2) * rb]);
+        for (b, wp) in pair.iter_mut().enumerate() {
+            let (qa, sa, (da, ma)) = row(&ra[b * K::BYTES..(b + 1) * K::BYTES]);
+            let zero = _mm256_setzero_si256();
+            let (qb, sb, (db, mb)) = match rb_ {
+                Some(r) => row(&r[b * K::BYTES..(b + 1) * K::BYTES]),
+                None => (zero, zero, (0.0, 0.0)),
+            };
+            interleave(wp.w.as_mut_ptr() as *mut i32, qa, qb);
+            interleave(wp.start.as_mut_ptr() as *mut i32, sa, sb);
+            (wp.d, wp.min) = ([da, db], [ma, mb]);
+        }
     }
 }
 
-/// `R` rows (`wp[r * nb..(r + 1) * nb]`) times the `T` tokens of `ga` (`nb` blocks);
-/// `out[r][t]` = row `r` times token `t`.
+/// `R` rows (1 or 2: the pair `wp[..nb]`'s first `R` rows) times the 16 tokens of `ga`
+/// (`nb` blocks); `out[r][t]` = row `r` times token `t`.
 ///
 /// # Safety
-/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= R * nb`, `ga.len() >= nb`.
+/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= nb`, `ga.len() >= nb`, `R <= 2`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn rows_tokens<const T: usize, const R: usize, const HAS_MIN: bool>(
-    wp: &[WBlock],
+unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
+    wp: &[WPair],
     nb: usize,
-    ga: &[ABlock<T>],
-    out: &mut [[f32; T]; R],
-) where
-    Lanes<T>: Simd,
-{
-    debug_assert!(wp.len() >= R * nb && ga.len() >= nb);
-    let mut acc = [[Lanes::<T>::zero(); 8]; R];
-    let mut summ = [Lanes::<T>::zero(); R];
-    for (b, ab) in ga[..nb].iter().enumerate() {
-        let ad = Lanes::<T>::load(ab.d.as_ptr());
-        let wbs: [&WBlock; R] = std::array::from_fn(|r| &wp[r * nb + b]);
+    ga: &[ABlock],
+    out: &mut [[f32; TOKENS]; R],
+) {
+    type L = Lanes<TOKENS>;
+    debug_assert!(R <= 2 && wp.len() >= nb && ga.len() >= nb);
+    let mut acc = [[L::zero(); 8]; R];
+    let mut summ = [L::zero(); R];
+    for (ab, wb) in ga[..nb].iter().zip(wp) {
+        let ad = L::load(ab.d.as_ptr());
         // d = wd · ad for each token, rounded once (the reference's scalar product).
-        let d: [_; R] = std::array::from_fn(|r| Lanes::<T>::mul(Lanes::<T>::splat(wbs[r].d), ad));
+        let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wb.d[r]), ad));
         for (m, au) in ab.au.iter().enumerate() {
-            let a = Lanes::<T>::load_i(au.as_ptr() as *const u8);
-            for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
+            let a = L::load_i(au.as_ptr() as *const u8);
+            for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
                 // Exact (module docs): start + Σ (a + 128) w = Σ a w.
-                let l = Lanes::<T>::dpbusd(
-                    Lanes::<T>::splat_i(wb.start[m]),
-                    a,
-                    Lanes::<T>::splat_i(wb.w[m]),
-                );
-                acc[m] = Lanes::<T>::add(acc[m], Lanes::<T>::mul(d, Lanes::<T>::cvt(l)));
+                let l = L::dpbusd(L::splat_i(wb.start[m][r]), a, L::splat_i(wb.w[m][r]));
+                acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
         if HAS_MIN {
-            let s = Lanes::<T>::load(ab.s.as_ptr());
-            for r in 0..R {
-                let t = Lanes::<T>::mul(Lanes::<T>::splat(wbs[r].min), s);
-                summ[r] = Lanes::<T>::add(summ[r], t);
+            let s = L::load(ab.s.as_ptr());
+            for (r, summ) in summ.iter_mut().enumerate() {
+                *summ = L::add(*summ, L::mul(L::splat(wb.min[r]), s));
             }
         }
     }
     for r in 0..R {
-        let mut v = tree::<T>(acc[r]);
+        let mut v = tree::<TOKENS>(acc[r]);
         if HAS_MIN {
-            v = Lanes::<T>::add(v, summ[r]);
+            v = L::add(v, summ[r]);
         }
-        Lanes::<T>::store(out[r].as_mut_ptr(), v);
+        L::store(out[r].as_mut_ptr(), v);
+    }
+}
+
+/// `P` row pairs (`wp[p * nb..(p + 1) * nb]`) times the 8 tokens of `ga` (`nb` blocks,
+/// each token in two lanes); `out[p][2t + h]` = row `h` of pair `p` times token `t`.
+/// Each lane performs [`rows_tokens`]' operations, in its order, for its (row, token).
+/// `ahead` is prefetched a part per block: all at once before the tile, most of those
+/// prefetches were dropped (Q8_0, whose raw rows are the longest, was slower than on the
+/// 256-bit tiles with the weights streamed, though faster with them in the cache).
+///
+/// # Safety
+/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= P * nb`, `ga.len() >= nb`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+unsafe fn pairs_tokens<const P: usize, const HAS_MIN: bool>(
+    wp: &[WPair],
+    nb: usize,
+    ga: &[ABlock],
+    out: &mut [[f32; TOKENS]; P],
+    ahead: &[u8],
+) {
+    type L = Lanes<TOKENS>;
+    debug_assert!(wp.len() >= P * nb && ga.len() >= nb);
+    // Both rows' values of a lane, `[x0, x1]`, in lanes 2t and 2t + 1 for every t.
+    let both_i =
+        |x: &[i32; 2]| _mm512_set1_epi64(std::ptr::read_unaligned(x.as_ptr() as *const i64));
+    let both_f = |x: &[f32; 2]| {
+        _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
+            x.as_ptr() as *const f64
+        )))
+    };
+    let mut acc = [[L::zero(); 8]; P];
+    let mut summ = [L::zero(); P];
+    for (b, ab) in ga[..nb].iter().enumerate() {
+        prefetch(&ahead[ahead.len() * b / nb..ahead.len() * (b + 1) / nb]);
+        let ad = L::load(ab.d.as_ptr());
+        let wbs: [&WPair; P] = std::array::from_fn(|p| &wp[p * nb + b]);
+        // d = wd · ad for each (row, token), rounded once.
+        let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(&wbs[p].d), ad));
+        for (m, au) in ab.au.iter().enumerate() {
+            let a = L::load_i(au.as_ptr() as *const u8);
+            for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
+                // Exact (module docs): start + Σ (a + 128) w = Σ a w.
+                let l = L::dpbusd(both_i(&wb.start[m]), a, both_i(&wb.w[m]));
+                acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
+            }
+        }
+        if HAS_MIN {
+            let s = L::load(ab.s.as_ptr());
+            for (summ, wb) in summ.iter_mut().zip(wbs) {
+                *summ = L::add(*summ, L::mul(both_f(&wb.min), s));
+            }
+        }
+    }
+    for p in 0..P {
+        let mut v = tree::<TOKENS>(acc[p]);
+        if HAS_MIN {
+            v = L::add(v, summ[p]);
+        }
+        L::store(out[p].as_mut_ptr(), v);
     }
 }
 
@@ -440,17 +487,17 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
     debug_assert!(rb == K::BYTES * nb && w.len().is_multiple_of(rb));
     let m = w.len() / rb;
     let chunk = chunk_rows(nb);
-    let blank = WBlock {
-        w: [0; 8],
-        start: [0; 8],
-        d: 0.0,
-        min: 0.0,
+    let blank = WPair {
+        w: [[0; 2]; 8],
+        start: [[0; 2]; 8],
+        d: [0.0; 2],
+        min: [0.0; 2],
     };
-    let mut wp = vec![blank; chunk.min(m) * nb];
+    let mut wp = vec![blank; chunk.min(m).div_ceil(2) * nb];
     let (out16, out8) = out[..acts.tokens].split_at_mut(acts.n16);
     for r0 in (0..m).step_by(chunk) {
         let mc = chunk.min(m - r0);
-        let wp = &mut wp[..mc * nb];
+        let wp = &mut wp[..mc.div_ceil(2) * nb];
         // The next chunk's weights, prefetched by the first group's tiles.
         let next = &w[(r0 + mc) * rb..(r0 + mc + chunk).min(m) * rb];
         let (next16, next8) = match acts.n16 {
@@ -458,74 +505,144 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
             _ => (next, &[][..]),
         };
         // SAFETY (all): this function's features and contract; `wp` holds rows
-        // `r0..r0 + mc`.
+        // `r0..r0 + mc` in pairs.
         unsafe {
-            prepare::<K>(&w[r0 * rb..(r0 + mc) * rb], wp);
-            groups::<K, TOKENS, ROWS>(wp, nb, mc, r0, &acts.g16, out16, next16);
-            groups::<K, TOKENS_8, ROWS_8>(wp, nb, mc, r0, &acts.g8, out8, next8);
+            prepare::<K>(&w[r0 * rb..(r0 + mc) * rb], nb, mc, wp);
+            groups16::<K>(wp, nb, mc, r0, &acts.g16, out16, next16);
+            groups8::<K>(wp, nb, mc, r0, &acts.g8, out8, next8);
         }
     }
 }
 
 /// Rows per chunk of [`tiles`]: each chunk's weights are prepared into a buffer of
 /// about [`CHUNK_BYTES`], which all groups then read while it is in the cache; a
-/// multiple of both tiles' rows, so that only the last chunk has 1-row tiles.
+/// multiple of both tiles' rows, so that only the last chunk has shorter tiles.
 fn chunk_rows(nb: usize) -> usize {
-    const STEP: usize = ROWS * ROWS_8;
-    let per_row = nb.max(1) * std::mem::size_of::<WBlock>();
+    const STEP: usize = 2 * PAIRS_8;
+    let per_row = nb.max(1) * std::mem::size_of::<WPair>() / 2;
     (CHUNK_BYTES / per_row).div_ceil(STEP).max(1) * STEP
 }
 
 /// Prepared weight bytes per chunk of [`tiles`].
 const CHUNK_BYTES: usize = 16 * 1024;
 
-/// Every `R`-row tile (1-row at the end) of the `T`-token groups `ga` (`nb` blocks
-/// each) against the `m` prepared rows `wp` (rows `r0..` of the product); `out` holds one
-/// slice per real token of the groups (fewer than `T` in the last when it is padded).
-/// The first group's tiles prefetch `ahead` (the raw weights of the next chunk), spread
-/// over the rows, so that they arrive while the tiles compute rather than when they
-/// are prepared.
+/// Every cache line of `p`, prefetched into the first-level cache.
+#[inline(always)]
+fn prefetch(p: &[u8]) {
+    for off in (0..p.len()).step_by(64) {
+        // SAFETY: `off < p.len()`; a prefetch reads nothing.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(off) as *const i8) };
+    }
+}
+
+/// Every 2-row (1-row at the end) tile of the 16-token groups `ga` (`nb` blocks each)
+/// against the `m` prepared rows `wp` (rows `r0..` of the product); `out` holds one
+/// slice per token of the groups. The first group's tiles prefetch `ahead`.
 ///
 /// # Safety
-/// As [`tiles`]; `wp` is `m · nb` blocks, `ga` is `⌈out.len() / T⌉ · nb` blocks, every
-/// slice of `out` holds at least `r0 + m` outputs.
+/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `out.len() / 16 · nb` blocks,
+/// every slice of `out` holds at least `r0 + m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn groups<K: Block32, const T: usize, const R: usize>(
-    wp: &[WBlock],
+unsafe fn groups16<K: Block32>(
+    wp: &[WPair],
     nb: usize,
     m: usize,
     r0: usize,
-    ga: &[ABlock<T>],
+    ga: &[ABlock],
     out: &mut [&mut [f32]],
     ahead: &[u8],
-) where
-    Lanes<T>: Simd,
-{
-    for (g, out) in out.chunks_mut(T).enumerate() {
+) {
+    for (g, out) in out.chunks_mut(TOKENS).enumerate() {
         let ga = &ga[g * nb..(g + 1) * nb];
-        each_row_tile::<T, R>(m, r0, out, |r, o| {
+        each_row_tile::<TOKENS, ROWS>(m, r0, out, |r, o| {
             if g == 0 {
-                // This tile's share of `ahead`: its rows' fraction of the chunk.
-                let take = if m - r >= R { R } else { 1 };
-                let (a, b) = (ahead.len() * r / m, ahead.len() * (r + take) / m);
-                for off in (a..b).step_by(64) {
-                    // SAFETY: `off < ahead.len()`; a prefetch reads nothing.
-                    unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(off) as *const i8) };
-                }
+                let (a, b) = (ahead.len() * r / m, ahead.len() * (r + o.len()) / m);
+                prefetch(&ahead[a..b]);
             }
-            let wr = &wp[r * nb..];
-            // SAFETY (all): this function's features; `wr` holds the tile's rows.
-            if let Ok(o) = <&mut [_; R]>::try_from(&mut *o) {
+            // Tiles start at even rows: row r is the first of pair r / 2.
+            let wr = &wp[r / 2 * nb..];
+            // SAFETY (all): this function's features; `wr` holds the tile's pair.
+            if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
                 match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<T, R, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<T, R, false>(wr, nb, ga, o) },
+                    true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
                 }
             } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
                 match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<T, 1, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<T, 1, false>(wr, nb, ga, o) },
+                    true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
+                    false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
                 }
             }
         });
+    }
+}
+
+/// Every pair tile ([`PAIRS_8`] pairs, one at the end) of the 8-token groups `ga`
+/// (`nb` blocks each, tokens in two lanes) against the `m` prepared rows `wp` (rows
+/// `r0..` of the product); `out` holds one slice per real token of the groups (fewer
+/// than 8 in the last when it is padded). The first group's tiles prefetch `ahead`.
+///
+/// # Safety
+/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `⌈out.len() / 8⌉ · nb` blocks,
+/// every slice of `out` holds at least `r0 + m` outputs.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+unsafe fn groups8<K: Block32>(
+    wp: &[WPair],
+    nb: usize,
+    m: usize,
+    r0: usize,
+    ga: &[ABlock],
+    out: &mut [&mut [f32]],
+    ahead: &[u8],
+) {
+    let pairs = m.div_ceil(2);
+    for (g, out) in out.chunks_mut(TOKENS_8).enumerate() {
+        let ga = &ga[g * nb..(g + 1) * nb];
+        let mut p = 0;
+        while p < pairs {
+            let take = if pairs - p >= PAIRS_8 { PAIRS_8 } else { 1 };
+            // The tile's share of `ahead` (its rows' fraction), for the first group.
+            let share = match g {
+                0 => {
+                    let (a, b) = (
+                        ahead.len() * 2 * p / m,
+                        ahead.len() * (2 * (p + take)).min(m) / m,
+                    );
+                    &ahead[a..b]
+                }
+                _ => &[][..],
+            };
+            let wr = &wp[p * nb..];
+            let mut o = [[0f32; TOKENS]; PAIRS_8];
+            // SAFETY (all): this function's features; `wr` holds the tile's pairs.
+            let [o0, _] = &mut o;
+            match (take, K::HAS_MIN) {
+                (PAIRS_8, true) => unsafe {
+                    pairs_tokens::<PAIRS_8, true>(wr, nb, ga, &mut o, share)
+                },
+                (PAIRS_8, false) => unsafe {
+                    pairs_tokens::<PAIRS_8, false>(wr, nb, ga, &mut o, share)
+                },
+                (_, true) => unsafe {
+                    pairs_tokens::<1, true>(wr, nb, ga, std::array::from_mut(o0), share)
+                },
+                (_, false) => unsafe {
+                    pairs_tokens::<1, false>(wr, nb, ga, std::array::from_mut(o0), share)
+                },
+            }
+            // Lane 2t + h of pair j: row 2(p + j) + h, token t (the dummy row of an odd
+            // chunk's last pair is dropped).
+            for (t, ot) in out.iter_mut().enumerate() {
+                for (j, oj) in o[..take].iter().enumerate() {
+                    for h in 0..2 {
+                        let r = 2 * (p + j) + h;
+                        if r < m {
+                            ot[r0 + r] = oj[2 * t + h];
+                        }
+                    }
+                }
+            }
+            p += take;
+        }
     }
 }
