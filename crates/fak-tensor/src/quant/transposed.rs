@@ -37,6 +37,13 @@
 //! the lane, prepared once per weight block ([`WBlock`]). Then `start + Σ (a + 128) w =
 //! Σ a w` exactly: `|start| ≤ 65536`, the four products lie in `[−32640, 32385]`, so no
 //! partial sum leaves `±2^18`.
+//!
+//! Q4_1 and Q5_1 take the other operand order: their quants `w = q` are in `[0, 31]`
+//! ([`Block32::UNSIGNED_QUANTS`]), so the broadcast weight is the unsigned operand and
+//! the activation bytes are the signed one as they are; each lane starts at zero, and
+//! `Σ w a` is exact (the four products lie in `[−3968, 3937]`). No start values are
+//! prepared or loaded for them, which leaves a tile one broadcast per lane instead of
+//! two.
 
 use super::avx2::{ActBlock, Block32};
 use std::arch::x86_64::*;
@@ -234,6 +241,7 @@ impl Acts {
 /// The token rows `a` (`nb` blocks each) in groups of `TOKENS / C` tokens, each token
 /// in `C` consecutive lanes (1: lane `t`; 2: lanes `2t` and `2t + 1`), the last group
 /// padded with dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
+/// The bytes are `a + 128` (`a XOR 0x80`), or `a` for [`Block32::UNSIGNED_QUANTS`].
 ///
 /// # Safety
 /// AVX2 and F16C.
@@ -243,8 +251,11 @@ where
     K::Act: ActBlock,
 {
     let per = TOKENS / C;
+    // An activation byte as the tiles read it: `a + 128` as the unsigned operand, or
+    // (unsigned weights) `a` itself as the signed one.
+    let flip = if K::UNSIGNED_QUANTS { 0 } else { 0x80 };
     let empty = ABlock {
-        au: [[[0x80; 4]; TOKENS]; 8],
+        au: [[[flip; 4]; TOKENS]; 8],
         d: [0.0; TOKENS],
         s: [0.0; TOKENS],
     };
@@ -260,7 +271,7 @@ where
                 (ab.d[lane], ab.s[lane]) = (d, s);
                 for (m, au) in ab.au.iter_mut().enumerate() {
                     for (k, byte) in au[lane].iter_mut().enumerate() {
-                        *byte = qs[K::LANE_ELEMENT(m, k)] ^ 0x80;
+                        *byte = qs[K::LANE_ELEMENT(m, k)] ^ flip;
                     }
                 }
             }
@@ -271,7 +282,8 @@ where
 
 /// The `mc` rows of `w` (`nb` whole `K` blocks each) prepared as [`WPair`]s into
 /// `out`: rows `2p` and `2p + 1` in `out[p * nb..(p + 1) * nb]`, block by block, the
-/// second row of the last pair zeros when `mc` is odd.
+/// second row of the last pair zeros when `mc` is odd; the start values are left as
+/// they are for [`Block32::UNSIGNED_QUANTS`].
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len() == K::BYTES * nb * mc`,
@@ -283,13 +295,16 @@ unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair])
     // One row's block: its signed quants, its lanes' start values, its scales.
     let row = |wb: &[u8]| {
         let q = K::signed_quants(wb);
-        // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), then negated.
-        let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
-        (
-            q,
-            _mm256_sub_epi32(_mm256_setzero_si256(), s),
-            K::wscales(wb),
-        )
+        let start = match K::UNSIGNED_QUANTS {
+            // Not read by the tiles.
+            true => _mm256_setzero_si256(),
+            // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), negated.
+            false => {
+                let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
+                _mm256_sub_epi32(_mm256_setzero_si256(), s)
+            }
+        };
+        (q, start, K::wscales(wb))
     };
     // Lane m of `a` and `b` side by side, m = 0..8: [a0 b0 a1 b1 a2 b2 a3 b3], [a4 b4 ..].
     let interleave = |dst: *mut i32, a: __m256i, b: __m256i| {
@@ -311,7 +326,9 @@ unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair])
                 None => (zero, zero, (0.0, 0.0)),
             };
             interleave(wp.w.as_mut_ptr() as *mut i32, qa, qb);
-            interleave(wp.start.as_mut_ptr() as *mut i32, sa, sb);
+            if !K::UNSIGNED_QUANTS {
+                interleave(wp.start.as_mut_ptr() as *mut i32, sa, sb);
+            }
             (wp.d, wp.min) = ([da, db], [ma, mb]);
         }
     }
@@ -323,7 +340,7 @@ unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair])
 /// # Safety
 /// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= nb`, `ga.len() >= nb`, `R <= 2`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
+unsafe fn rows_tokens<K: Block32, const R: usize>(
     wp: &[WPair],
     nb: usize,
     ga: &[ABlock],
@@ -340,12 +357,15 @@ unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
         for (m, au) in ab.au.iter().enumerate() {
             let a = L::load_i(au.as_ptr() as *const u8);
             for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
-                // Exact (module docs): start + Σ (a + 128) w = Σ a w.
-                let l = L::dpbusd(L::splat_i(wb.start[m][r]), a, L::splat_i(wb.w[m][r]));
+                // Exact (module docs): start + Σ (a + 128) w = Σ a w, or Σ w a.
+                let l = match K::UNSIGNED_QUANTS {
+                    true => L::dpbusd(L::splat_i(0), L::splat_i(wb.w[m][r]), a),
+                    false => L::dpbusd(L::splat_i(wb.start[m][r]), a, L::splat_i(wb.w[m][r])),
+                };
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
-        if HAS_MIN {
+        if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
             for (r, summ) in summ.iter_mut().enumerate() {
                 *summ = L::add(*summ, L::mul(L::splat(wb.min[r]), s));
@@ -354,7 +374,7 @@ unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
     }
     for r in 0..R {
         let mut v = tree::<TOKENS>(acc[r]);
-        if HAS_MIN {
+        if K::HAS_MIN {
             v = L::add(v, summ[r]);
         }
         L::store(out[r].as_mut_ptr(), v);
@@ -371,7 +391,7 @@ unsafe fn rows_tokens<const R: usize, const HAS_MIN: bool>(
 /// # Safety
 /// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= P * nb`, `ga.len() >= nb`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn pairs_tokens<const P: usize, const HAS_MIN: bool>(
+unsafe fn pairs_tokens<K: Block32, const P: usize>(
     wp: &[WPair],
     nb: usize,
     ga: &[ABlock],
@@ -399,12 +419,15 @@ unsafe fn pairs_tokens<const P: usize, const HAS_MIN: bool>(
         for (m, au) in ab.au.iter().enumerate() {
             let a = L::load_i(au.as_ptr() as *const u8);
             for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
-                // Exact (module docs): start + Σ (a + 128) w = Σ a w.
-                let l = L::dpbusd(both_i(&wb.start[m]), a, both_i(&wb.w[m]));
+                // Exact (module docs): start + Σ (a + 128) w = Σ a w, or Σ w a.
+                let l = match K::UNSIGNED_QUANTS {
+                    true => L::dpbusd(L::splat_i(0), both_i(&wb.w[m]), a),
+                    false => L::dpbusd(both_i(&wb.start[m]), a, both_i(&wb.w[m])),
+                };
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
-        if HAS_MIN {
+        if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
             for (summ, wb) in summ.iter_mut().zip(wbs) {
                 *summ = L::add(*summ, L::mul(both_f(&wb.min), s));
@@ -413,7 +436,7 @@ unsafe fn pairs_tokens<const P: usize, const HAS_MIN: bool>(
     }
     for p in 0..P {
         let mut v = tree::<TOKENS>(acc[p]);
-        if HAS_MIN {
+        if K::HAS_MIN {
             v = L::add(v, summ[p]);
         }
         L::store(out[p].as_mut_ptr(), v);
@@ -563,15 +586,9 @@ unsafe fn groups16<K: Block32>(
             let wr = &wp[r / 2 * nb..];
             // SAFETY (all): this function's features; `wr` holds the tile's pair.
             if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
-                match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<ROWS, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<ROWS, false>(wr, nb, ga, o) },
-                }
+                unsafe { rows_tokens::<K, ROWS>(wr, nb, ga, o) }
             } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
-                match K::HAS_MIN {
-                    true => unsafe { rows_tokens::<1, true>(wr, nb, ga, o) },
-                    false => unsafe { rows_tokens::<1, false>(wr, nb, ga, o) },
-                }
+                unsafe { rows_tokens::<K, 1>(wr, nb, ga, o) }
             }
         });
     }
@@ -616,19 +633,9 @@ unsafe fn groups8<K: Block32>(
             let mut o = [[0f32; TOKENS]; PAIRS_8];
             // SAFETY (all): this function's features; `wr` holds the tile's pairs.
             let [o0, _] = &mut o;
-            match (take, K::HAS_MIN) {
-                (PAIRS_8, true) => unsafe {
-                    pairs_tokens::<PAIRS_8, true>(wr, nb, ga, &mut o, share)
-                },
-                (PAIRS_8, false) => unsafe {
-                    pairs_tokens::<PAIRS_8, false>(wr, nb, ga, &mut o, share)
-                },
-                (_, true) => unsafe {
-                    pairs_tokens::<1, true>(wr, nb, ga, std::array::from_mut(o0), share)
-                },
-                (_, false) => unsafe {
-                    pairs_tokens::<1, false>(wr, nb, ga, std::array::from_mut(o0), share)
-                },
+            match take {
+                PAIRS_8 => unsafe { pairs_tokens::<K, PAIRS_8>(wr, nb, ga, &mut o, share) },
+                _ => unsafe { pairs_tokens::<K, 1>(wr, nb, ga, std::array::from_mut(o0), share) },
             }
             // Lane 2t + h of pair j: row 2(p + j) + h, token t (the dummy row of an odd
             // chunk's last pair is dropped).

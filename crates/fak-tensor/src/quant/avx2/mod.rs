@@ -291,6 +291,9 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
     unsafe fn signed_quants(wb: &[u8]) -> __m256i;
+    /// Whether [`Block32::signed_quants`] are all in `[0, 127]` (Q4_1's and Q5_1's
+    /// `w = q`, no offset), so that they can be the unsigned operand of `vpdpbusd`.
+    const UNSIGNED_QUANTS: bool = false;
 }
 
 /// Which lane sums a kernel body computes, with the weight and activation forms they

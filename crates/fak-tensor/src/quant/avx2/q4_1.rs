@@ -9,6 +9,7 @@ impl Block32 for Q4_1 {
     type Act = BlockQ8_1;
     const BYTES: usize = 20;
     const HAS_MIN: bool = true;
+    const UNSIGNED_QUANTS: bool = true;
     type W = __m256i;
     #[inline(always)]
     unsafe fn unpack(wb: &[u8]) -> __m256i {

@@ -10,6 +10,7 @@ impl Block32 for Q5_1 {
     type Act = BlockQ8_1;
     const BYTES: usize = 24;
     const HAS_MIN: bool = true;
+    const UNSIGNED_QUANTS: bool = true;
     type W = __m256i;
     #[inline(always)]
     unsafe fn unpack(wb: &[u8]) -> __m256i {
