@@ -172,7 +172,7 @@ pub(crate) struct Tiled<'a, K: avx2::Block32> {
     /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
     /// them).
     zmm: bool,
-    /// [`TileIsa::Zmm`] and 5 tokens or more: the tokens in the form of the
+    /// [`TileIsa::Zmm`] and 3 tokens or more: the tokens in the form of the
     /// token-transposed tiles ([`transposed::Acts`]: groups of 16, then of 8), all but
     /// the last few ([`transposed::Acts::tokens`]).
     tt: Option<transposed::Acts>,
@@ -360,7 +360,7 @@ where
 
 /// Every token through the best tiles `p` allows: the token-transposed ones for the
 /// tokens they take (groups of 16, then of 8), then [`tiles_512`] or [`tiles`] for the
-/// rest (fewer than [`transposed`]'s threshold, 5).
+/// rest (fewer than [`transposed`]'s threshold, 3).
 ///
 /// # Safety
 /// As [`tiles_512`] when `p.zmm`, else as [`tiles`].

@@ -4,7 +4,7 @@
 //! eight canonical lane accumulators (module docs of `quant`) are eight such registers.
 //! After the last 16, groups of eight tokens run as *pair tiles*: one 512-bit register
 //! holds two rows times eight tokens (lane `2t + h`: token `t`, row `h` of a pair), the
-//! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 5 to
+//! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 3 to
 //! 15 tokens and the remainders of a prefill get the transposed tiles too.
 //!
 //! The other tiles keep a row's eight lanes side by side in one register, so every
@@ -65,13 +65,14 @@ const PAIRS_8: usize = 2;
 
 /// The fewest tokens left after the 16-token groups and the full 8-token groups that
 /// run as one more 8-token group, padded with dummy tokens; fewer go to the other
-/// tiles (`tiles::tiles_any`). Measured with `batch_bench`'s shapes on the 256-bit
-/// 8-token tiles that preceded the pair tiles (1536 × 576, weights streamed, 1 thread,
-/// µs per product, today's path vs padded): 4 tokens Q4_1 196 vs 223, Q8_0 247 vs 292;
-/// 5 tokens Q4_1 256 vs 232, Q8_0 311 vs 281; 12 (8 + 4) Q4_1 374 vs 377, Q8_0 402 vs
-/// 423; 13 (8 + 5) Q4_1 438 vs 393, Q8_0 455 vs 429. Four left are one full 4-token
-/// tile of the other kernels; Q4_0, Q5_0, Q5_1 and 2 threads agreed.
-const MIN_8: usize = 5;
+/// tiles (`tiles::tiles_any`). Measured with `batch_bench`'s shapes (1536 × 576, weights
+/// streamed, µs per product, 1 / 2 threads, a Zen 5, the other tiles vs padded pair
+/// tiles): 2 tokens Q4_1 52.7 / 31 vs 65.6 / 41, Q8_0 60 / 35 vs 77 / 55; 3 tokens Q4_1
+/// 78.7 / 43 vs 66.6 / 42, Q8_0 75 / 45 vs 77 / 45; 4 tokens Q4_1 78 / 46 vs 66 / 40,
+/// Q8_0 233 / 121 vs 79 / 46; 12 (8 + 4) Q4_1 135 / 86 vs 120 / 71, Q8_0 143 / 88 vs
+/// 142 / 82. (On the 256-bit 8-token tiles that preceded the pair tiles the threshold
+/// was 5.)
+const MIN_8: usize = 3;
 
 /// The registers of a tile of `T` lanes: `Lanes<16>` the 512-bit `zmm` registers (the
 /// only width the tiles use now; the trait keeps the kernels' steps named once, and
