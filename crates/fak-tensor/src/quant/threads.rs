@@ -219,8 +219,9 @@ fn chunked(
 /// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
 /// blocks are prepared once and every 16 tokens run as the token-transposed tiles
 /// (one register holds one canonical lane of 16 tokens), then every 8 as pair tiles
-/// (two rows times eight tokens a register; the last 3 to 7 padded to 8), and the rest
-/// as 2-token tiles.
+/// (two rows times eight tokens a register; the last 3 to 7 padded to 8), and the rest,
+/// or a product of fewer than 5 tokens, a token at a time through the one-token kernel
+/// over chunks of rows held in the cache.
 /// The K-quants (Q4_K, Q5_K, Q6_K) run every 16 tokens as token-transposed tiles too
 /// with AVX-512 and AVX512-VNNI (`transposed_k`: `vpmaddubsw` and `vpdpwssd` form a
 /// lane's scaled integer sum for 16 tokens), and the rest several tokens at a time

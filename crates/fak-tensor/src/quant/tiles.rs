@@ -172,7 +172,7 @@ pub(crate) struct Tiled<'a, K: avx2::Block32> {
     /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
     /// them).
     zmm: bool,
-    /// [`TileIsa::Zmm`] and 3 tokens or more: the tokens in the form of the
+    /// [`TileIsa::Zmm`] and 5 tokens or more: the tokens in the form of the
     /// token-transposed tiles ([`transposed::Acts`]: groups of 16, then of 8), all but
     /// the last few ([`transposed::Acts::tokens`]).
     tt: Option<transposed::Acts>,
@@ -360,7 +360,8 @@ where
 
 /// Every token through the best tiles `p` allows: the token-transposed ones for the
 /// tokens they take (groups of 16, then of 8), then [`tiles_512`] or [`tiles`] for the
-/// rest (fewer than [`transposed`]'s threshold, 3).
+/// rest: a token at a time ([`row_wise_512`]) for up to 4 of them, as the transposed tiles
+/// leave with AVX512-VNNI, else [`tiles_512`] or [`tiles`].
 ///
 /// # Safety
 /// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
@@ -370,12 +371,68 @@ where
     K::Act: avx2::ActBlock,
 {
     let t0 = tiles_transposed(w, rb, p, out);
-    if p.zmm {
-        tiles_512(w, rb, p, out, t0)
-    } else {
-        tiles(w, rb, p, out, t0)
+    match &p.va {
+        Some(va) if p.zmm && p.a.len() - t0 <= ROW_WISE_TOKENS => {
+            row_wise_512(w, rb, p, va, out, t0)
+        }
+        _ if p.zmm => tiles_512(w, rb, p, out, t0),
+        _ => tiles(w, rb, p, out, t0),
     }
 }
+
+/// The most tokens left after the token-transposed tiles that [`row_wise_512`] takes
+/// (more go to [`tiles_512`]; the transposed tiles leave at most 4, see
+/// `transposed::MIN_TOKENS`). Measured with `batch_bench`'s shapes (1536 × 576, weights
+/// streamed, a Zen 5, µs per product, 1 / 2 threads): 2 tokens through the 2-token tiles
+/// Q4_1 51 / 28–31, Q8_0 55–60 / 28–29; a token at a time 31 / 17–19, 35–37 / 20–22.
+const ROW_WISE_TOKENS: usize = 4;
+
+/// The tokens of `p` from `t0` on, each through the one-token kernel of [`rows4_512`]
+/// (`avx2::rows_pairs_512`, four rows at a time, then `avx2::rows_vnni512` one row at
+/// a time), in chunks of rows of about [`ROW_WISE_CHUNK_BYTES`], every token over a chunk
+/// before the next chunk, so that the tokens after the first read its weights from the
+/// cache. Each output is the one-token kernel's, so the same bits as every kernel.
+///
+/// # Safety
+/// As [`tiles_512`]; `va` is `p.va`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn row_wise_512<K: avx2::Tile512>(
+    w: &[u8],
+    rb: usize,
+    p: &Tiled<'_, K>,
+    va: &[std::borrow::Cow<'_, [K::VAct]>],
+    out: &mut [&mut [f32]],
+    t0: usize,
+) where
+    K::Act: avx2::ActBlock,
+{
+    let m = w.len() / rb;
+    let chunk = (ROW_WISE_CHUNK_BYTES / rb.max(1)).div_ceil(4).max(1) * 4;
+    for r0 in (0..m).step_by(chunk) {
+        let r1 = (r0 + chunk).min(m);
+        for t in t0..va.len() {
+            let (a, sc) = (&va[t][..], &p.sc[t][..]);
+            let o = &mut out[t][r0..r1];
+            let wc = &w[r0 * rb..r1 * rb];
+            let mut outs = o.chunks_exact_mut(4);
+            let mut ws = wc.chunks_exact(4 * rb);
+            for (o, wg) in (&mut outs).zip(&mut ws) {
+                avx2::rows_pairs_512::<K>(wg, rb, a, sc, o);
+            }
+            let rest = outs.into_remainder();
+            for (o, wr) in rest
+                .chunks_exact_mut(1)
+                .zip(ws.remainder().chunks_exact(rb))
+            {
+                avx2::rows_vnni512::<K, 1>(wr, rb, a, sc, o);
+            }
+        }
+    }
+}
+
+/// Weight bytes per chunk of [`row_wise_512`]: a chunk stays in the first-level cache
+/// while each token reads it.
+const ROW_WISE_CHUNK_BYTES: usize = 16 * 1024;
 
 /// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
 /// [`avx2::rows_tokens_vnni`] / [`avx2::rows_tokens_vnni512`] when `p` holds the VNNI

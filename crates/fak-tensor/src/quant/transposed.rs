@@ -4,8 +4,9 @@
 //! eight canonical lane accumulators (module docs of `quant`) are eight such registers.
 //! After the last 16, groups of eight tokens run as *pair tiles*: one 512-bit register
 //! holds two rows times eight tokens (lane `2t + h`: token `t`, row `h` of a pair), the
-//! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 3 to
-//! 15 tokens and the remainders of a prefill get the transposed tiles too.
+//! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 5 to
+//! 15 tokens and the remainders of a prefill get the transposed tiles too (products of
+//! fewer than [`MIN_TOKENS`] tokens run a token at a time instead).
 //!
 //! The other tiles keep a row's eight lanes side by side in one register, so every
 //! (row, token, block) costs its own lane sum, conversion, scale multiply and add.
@@ -73,6 +74,17 @@ const PAIRS_8: usize = 2;
 /// 142 / 82. (On the 256-bit 8-token tiles that preceded the pair tiles the threshold
 /// was 5.)
 const MIN_8: usize = 3;
+
+/// The fewest tokens of a product that the transposed tiles take at all: fewer go
+/// through the one-token kernel, a token at a time over chunks of rows held in the
+/// cache (`tiles::row_wise_512`), which costs less there than preparing the weights for
+/// one padded group (`batch_bench`'s shapes, a Zen 5, µs per product, 1 / 2 threads,
+/// padded pair tile vs one token at a time: 3 tokens Q4_1 63 / 36 vs 45 / 25, Q8_0 73 /
+/// 42 vs 51 / 28; 4 tokens Q4_1 64 / 36 vs 59 / 32, Q8_0 75 / 42 vs 64 / 34). With a
+/// full group already run, the weights are prepared anyway and 3 or more left go in one
+/// more padded group (12 tokens Q4_1 114 / 63 against 128 / 69 with the last 4 a token
+/// at a time).
+const MIN_TOKENS: usize = 5;
 
 /// The registers of a tile of `T` lanes: `Lanes<16>` the 512-bit `zmm` registers (the
 /// only width the tiles use now; the trait keeps the kernels' steps named once, and
@@ -203,8 +215,8 @@ impl Acts {
     /// The tile form, for weights of type `K`, of the first tokens of `a`'s `n` token
     /// rows: `⌊n / 16⌋ · 16` in 16-token groups, then of the `r` left, `⌊r / 8⌋ · 8` in
     /// 8-token groups, and the last `r mod 8` in one more padded 8-token group when
-    /// there are at least [`MIN_8`] of them (`None` when that covers no token, or the
-    /// rows differ in length).
+    /// there are at least [`MIN_8`] of them (`None` when `n` is under [`MIN_TOKENS`],
+    /// when that covers no token, or when the rows differ in length).
     ///
     /// # Safety
     /// AVX2 and F16C.
@@ -214,7 +226,7 @@ impl Acts {
         K::Act: ActBlock,
     {
         let nb = a.first()?.len();
-        if a.iter().any(|r| r.len() != nb) {
+        if a.len() < MIN_TOKENS || a.iter().any(|r| r.len() != nb) {
             return None;
         }
         let n16 = a.len() / TOKENS * TOKENS;
