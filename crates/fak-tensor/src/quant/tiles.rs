@@ -70,21 +70,37 @@ where
     K::Act: avx2::ActBlock,
 {
     let scales = avx2::ActScales::new(a);
-    let sc = scales.get();
     let va = avx2::vnni_acts512::<K>(a);
+    one_token_512::<K>(w, rb, &va, scales.get(), out);
+    true
+}
+
+/// The rows of `w` times one token (`a` in the form of [`avx2::vnni_acts512`], `sc` its
+/// [`avx2::act_scales`]): four rows at a time through [`avx2::rows_pairs_512`], the last
+/// `rows % 4` through [`avx2::rows_vnni512`].
+///
+/// # Safety
+/// As [`rows4_512`]; `out.len() == w.len() / rb`.
+#[cfg(target_arch = "x86_64")]
+unsafe fn one_token_512<K: avx2::Tile512>(
+    w: &[u8],
+    rb: usize,
+    a: &[K::VAct],
+    sc: &[[f32; 2]],
+    out: &mut [f32],
+) {
     let mut outs = out.chunks_exact_mut(4);
     let mut ws = w.chunks_exact(4 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        avx2::rows_pairs_512::<K>(wc, rb, &va, sc, o);
+        avx2::rows_pairs_512::<K>(wc, rb, a, sc, o);
     }
     let rest = outs.into_remainder();
     for (o, wr) in rest
         .chunks_exact_mut(1)
         .zip(ws.remainder().chunks_exact(rb))
     {
-        avx2::rows_vnni512::<K, 1>(wr, rb, &va, sc, o);
+        avx2::rows_vnni512::<K, 1>(wr, rb, a, sc, o);
     }
-    true
 }
 
 /// The multi-token K-quant kernel's form of `ty` (`None`: not a K-quant).
@@ -359,9 +375,9 @@ where
 }
 
 /// Every token through the best tiles `p` allows: the token-transposed ones for the
-/// tokens they take (groups of 16, then of 8), then [`tiles_512`] or [`tiles`] for the
-/// rest: a token at a time ([`row_wise_512`]) for up to 4 of them, as the transposed tiles
-/// leave with AVX512-VNNI, else [`tiles_512`] or [`tiles`].
+/// tokens they take (groups of 16, then of 8), then the rest: a token at a time
+/// ([`row_wise_512`]) when `p.zmm` and at most 4 are left (always, for the tokens the
+/// transposed tiles leave), else [`tiles_512`] when `p.zmm`, else [`tiles`].
 ///
 /// # Safety
 /// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
@@ -388,10 +404,10 @@ where
 const ROW_WISE_TOKENS: usize = 4;
 
 /// The tokens of `p` from `t0` on, each through the one-token kernel of [`rows4_512`]
-/// (`avx2::rows_pairs_512`, four rows at a time, then `avx2::rows_vnni512` one row at
-/// a time), in chunks of rows of about [`ROW_WISE_CHUNK_BYTES`], every token over a chunk
-/// before the next chunk, so that the tokens after the first read its weights from the
-/// cache. Each output is the one-token kernel's, so the same bits as every kernel.
+/// ([`one_token_512`]), in chunks of rows of about [`ROW_WISE_CHUNK_BYTES`], every token
+/// over a chunk before the next chunk, so that the tokens after the first read its
+/// weights from the cache. Each output is the one-token kernel's, so the same bits as
+/// every kernel.
 ///
 /// # Safety
 /// As [`tiles_512`]; `va` is `p.va`.
@@ -411,21 +427,8 @@ unsafe fn row_wise_512<K: avx2::Tile512>(
     for r0 in (0..m).step_by(chunk) {
         let r1 = (r0 + chunk).min(m);
         for t in t0..va.len() {
-            let (a, sc) = (&va[t][..], &p.sc[t][..]);
             let o = &mut out[t][r0..r1];
-            let wc = &w[r0 * rb..r1 * rb];
-            let mut outs = o.chunks_exact_mut(4);
-            let mut ws = wc.chunks_exact(4 * rb);
-            for (o, wg) in (&mut outs).zip(&mut ws) {
-                avx2::rows_pairs_512::<K>(wg, rb, a, sc, o);
-            }
-            let rest = outs.into_remainder();
-            for (o, wr) in rest
-                .chunks_exact_mut(1)
-                .zip(ws.remainder().chunks_exact(rb))
-            {
-                avx2::rows_vnni512::<K, 1>(wr, rb, a, sc, o);
-            }
+            one_token_512::<K>(&w[r0 * rb..r1 * rb], rb, &va[t], &p.sc[t], o);
         }
     }
 }
