@@ -625,9 +625,9 @@ const TILE_ISAS: [super::TileIsa; 4] = [
 
 #[test]
 fn every_multi_token_tile_kernel_gives_the_reference_bits() {
-    // 9 rows and 37 tokens: full TILE_R × TILE_T tiles (2 × 4), the 512-bit 4-row ×
-    // 4-token tiles, the token-transposed 2-row × 16-token tiles (two groups; for the
-    // K-quants too), the 1-row / 1-token edges and the tokens after the full tiles (the
+    // 9 rows and 37 tokens: full TILE_R × TILE_T tiles (2 × 4), the token-transposed
+    // 2-row × 16-token tiles (two groups; for the K-quants too) and a padded pair tile
+    // after them, the 1-row / 1-token edges and the tokens after the full tiles (the
     // K-quants' 4- and 8-token kernels); random and extreme blocks.
     let mut r = Rng(53);
     for ty in QType::ALL {

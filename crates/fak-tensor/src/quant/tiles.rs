@@ -125,10 +125,11 @@ pub(crate) enum TileIsa {
     /// AVX512-VNNI's `vpdpbusd` on 256-bit registers (EVEX-encoded), in code compiled
     /// with AVX-512F/BW/VL ([`has_avx512_vnni`]).
     Vnni512,
-    /// As `Vnni512`, and the 512-bit tiles: two tokens per register for Q4_1, Q5_0,
-    /// Q5_1 and Q8_0 ([`tiles_512`]), sixteen for every block format from 16 tokens on
-    /// ([`transposed`], [`transposed_k`]), and for the 32-element types eight per
-    /// 256-bit register after those ([`transposed`]).
+    /// As `Vnni512`, and the 512-bit tiles: sixteen tokens per register for every block
+    /// format from 16 tokens on ([`transposed`], [`transposed_k`]), and for the
+    /// 32-element types eight tokens times two rows after those ([`transposed`]), the
+    /// few tokens left (or a product of fewer than 5) a token at a time through the
+    /// one-token kernel ([`row_wise_512`]; Q4_1, Q5_0, Q5_1 and Q8_0).
     Zmm,
 }
 
@@ -185,8 +186,8 @@ pub(crate) struct Tiled<'a, K: avx2::Block32> {
     va: Option<Vec<std::borrow::Cow<'a, [K::VAct]>>>,
     /// [`TileIsa::Vnni512`] or above (with `va`).
     wide: bool,
-    /// [`TileIsa::Zmm`]: the 512-bit tiles of [`tiles_512`] (for the types that have
-    /// them).
+    /// [`TileIsa::Zmm`]: the token-transposed tiles and [`row_wise_512`] (for the types
+    /// that have them).
     zmm: bool,
     /// [`TileIsa::Zmm`] and 5 tokens or more: the tokens in the form of the
     /// token-transposed tiles ([`transposed::Acts`]: groups of 16, then of 8), all but
@@ -377,10 +378,10 @@ where
 /// Every token through the best tiles `p` allows: the token-transposed ones for the
 /// tokens they take (groups of 16, then of 8), then the rest: a token at a time
 /// ([`row_wise_512`]) when `p.zmm` and at most 4 are left (always, for the tokens the
-/// transposed tiles leave), else [`tiles_512`] when `p.zmm`, else [`tiles`].
+/// transposed tiles leave), else [`tiles`].
 ///
 /// # Safety
-/// As [`tiles_512`] when `p.zmm`, else as [`tiles`].
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI when `p.zmm`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn tiles_any<K: avx2::Tile512>(w: &[u8], rb: usize, p: &Tiled<'_, K>, out: &mut [&mut [f32]])
 where
@@ -391,13 +392,12 @@ where
         Some(va) if p.zmm && p.a.len() - t0 <= ROW_WISE_TOKENS => {
             row_wise_512(w, rb, p, va, out, t0)
         }
-        _ if p.zmm => tiles_512(w, rb, p, out, t0),
         _ => tiles(w, rb, p, out, t0),
     }
 }
 
 /// The most tokens left after the token-transposed tiles that [`row_wise_512`] takes
-/// (more go to [`tiles_512`]; the transposed tiles leave at most 4, see
+/// (more go to [`tiles`]; the transposed tiles leave at most 4, see
 /// `transposed::MIN_TOKENS`). Measured with `batch_bench`'s shapes (1536 × 576, weights
 /// streamed, a Zen 5, µs per product, 1 / 2 threads): 2 tokens through the 2-token tiles
 /// Q4_1 51 / 28–31, Q8_0 55–60 / 28–29; a token at a time 31 / 17–19, 35–37 / 20–22.
@@ -410,7 +410,7 @@ const ROW_WISE_TOKENS: usize = 4;
 /// every kernel.
 ///
 /// # Safety
-/// As [`tiles_512`]; `va` is `p.va`.
+/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI; `va` is `p.va`.
 #[cfg(target_arch = "x86_64")]
 unsafe fn row_wise_512<K: avx2::Tile512>(
     w: &[u8],
@@ -495,70 +495,6 @@ unsafe fn tiles<K: avx2::Block32>(
         r += rr;
     }
 }
-
-/// [`tiles`] with the 512-bit kernel ([`avx2::rows_tokens_512`]: `TILE512_R` rows ×
-/// `2 * TILE512_P` tokens, two tokens per register, 1-row tiles at the row edge) for
-/// the tokens from `t0` on; the last `(n - t0) % (2 * TILE512_P)` go through
-/// [`tiles`]. The same bits as [`tiles`].
-///
-/// # Safety
-/// As [`tiles`], and AVX-512F/BW/DQ/VL and AVX512-VNNI ([`TileIsa::Zmm`]).
-#[cfg(target_arch = "x86_64")]
-unsafe fn tiles_512<K: avx2::Tile512>(
-    w: &[u8],
-    rb: usize,
-    p: &Tiled<'_, K>,
-    out: &mut [&mut [f32]],
-    t0: usize,
-) where
-    K::Act: avx2::ActBlock,
-{
-    const T: usize = 2 * TILE512_P;
-    let Some(a) = &p.va else {
-        return tiles(w, rb, p, out, t0);
-    };
-    let sc = &p.sc;
-    let (m, n) = (w.len() / rb, a.len());
-    let n_main = n - (n - t0.min(n)) % T;
-    let mut r = 0;
-    while r < m {
-        let wr = &w[r * rb..];
-        let rr = if m - r >= TILE512_R { TILE512_R } else { 1 };
-        for t in (t0.min(n_main)..n_main).step_by(T) {
-            macro_rules! tile {
-                ($r:expr) => {{
-                    let mut o = [[[0f32; $r]; 2]; TILE512_P];
-                    let ts: [[&[K::VAct]; 2]; TILE512_P] =
-                        std::array::from_fn(|p| [&a[t + 2 * p][..], &a[t + 2 * p + 1][..]]);
-                    let ss: [[&[[f32; 2]]; 2]; TILE512_P] =
-                        std::array::from_fn(|p| [&sc[t + 2 * p][..], &sc[t + 2 * p + 1][..]]);
-                    avx2::rows_tokens_512::<K, $r, TILE512_P>(wr, rb, ts, ss, &mut o);
-                    for (p, op) in o.iter().enumerate() {
-                        for (h, oh) in op.iter().enumerate() {
-                            let tj = t + 2 * p + h;
-                            out[tj][r..r + $r].copy_from_slice(oh);
-                        }
-                    }
-                }};
-            }
-            if rr == TILE512_R {
-                tile!(TILE512_R)
-            } else {
-                tile!(1)
-            }
-        }
-        r += rr;
-    }
-    if n_main < n {
-        tiles(w, rb, p, out, n_main);
-    }
-}
-
-/// Rows and token pairs of one 512-bit multi-token tile (see [`tiles_512`]).
-#[cfg(target_arch = "x86_64")]
-const TILE512_R: usize = 4;
-#[cfg(target_arch = "x86_64")]
-const TILE512_P: usize = 2;
 
 /// Rows × tokens of one multi-token tile (see [`tiles`]). 2 × 4 keeps the eight
 /// accumulators and the activations of a block in registers; in `qdot_bench`'s

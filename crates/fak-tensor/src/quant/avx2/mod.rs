@@ -96,8 +96,8 @@ pub(super) use q8_1::quantize_q8_1;
 pub(super) use q8_1::sum_quants;
 pub(super) use q8_k::q8k_block;
 pub(super) use rows::{
-    rows, rows_pairs_512, rows_tokens, rows_tokens_512, rows_tokens_vnni, rows_tokens_vnni512,
-    rows_vnni, rows_vnni512,
+    rows, rows_pairs_512, rows_tokens, rows_tokens_vnni, rows_tokens_vnni512, rows_vnni,
+    rows_vnni512,
 };
 // Shared between the files below.
 use k_tokens::k_tokens_one;
@@ -633,8 +633,8 @@ unsafe fn prefetch_weights(p: *const u8, step: usize, nta: bool) {
 }
 
 /// The 32-element types whose VNNI weight form is one `__m256i` (every one but Q4_0,
-/// see `quant::has_avx512_vnni`; Q8_0 included): two rows ([`rows_pairs_512`]) or two
-/// tokens ([`rows_tokens_512`]) fit one 512-bit register.
+/// see `quant::has_avx512_vnni`; Q8_0 included): two rows ([`rows_pairs_512`]) fit one
+/// 512-bit register.
 pub(super) trait Tile512: Block32<VW = __m256i> {
     /// The activation block's 32 quants in the byte order of [`Block32::unpack_vnni`].
     ///
