@@ -5,7 +5,9 @@
 //! decode `--gen-tokens` greedy tokens each. Half the streams (the even ones) share one
 //! prompt; the others each have their own (the same length, other ids). Printed per
 //! level: the aggregate decode rate (every stream's decode tokens over the span from
-//! the first stream's first token to the last stream's last), the median stream's own
+//! the first stream's first token to the last stream's last), the decode rate while all
+//! N streams decode (the window after the last stream's first token and up to the first
+//! stream's last, without the ramp at either end), the median stream's own
 //! decode rate, TTFT and inter-token latency p50 and p99 over all streams, the mean and
 //! largest batch, and the process's peak RSS so far. With `--late-prompt-tokens T`, one
 //! more stream arrives a quarter of the way into the others' decoding with a prompt of T
@@ -24,6 +26,9 @@ use std::time::Instant;
 pub(crate) struct Level {
     pub concurrency: usize,
     pub aggregate_decode_tokens_per_s: f64,
+    /// The decode rate while every stream of the level decodes (`None` when no step
+    /// falls in that window).
+    pub all_decoding_tokens_per_s: Option<f64>,
     pub per_stream_decode_tokens_per_s: f64,
     pub ttft_ms_p50: f64,
     pub ttft_ms_p99: f64,
@@ -58,6 +63,29 @@ fn quantile(v: &mut [f64], q: f64) -> f64 {
     v.sort_by(f64::total_cmp);
     let i = ((q * v.len() as f64).ceil() as usize).clamp(1, v.len()) - 1;
     v[i]
+}
+
+/// The decode rate while every stream decodes, as `llama-batched-bench`'s S_TG measures
+/// a batch of sequences (the aggregate over the whole span also holds the ramp: the
+/// first streams decode in small batches while the last ones' prompts are prefilled,
+/// and the last ones finish alone). The window runs from the last stream's first token
+/// to the first stream's last; the rate is the decode tokens that came inside it (after
+/// its start, up to its end) over its length. `None` when the window holds no token.
+fn all_decoding_rate(streams: &[Stream]) -> Option<f64> {
+    let start = streams
+        .iter()
+        .map(|s| s.first_token)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let end = streams
+        .iter()
+        .map(|s| s.steps.last().copied().unwrap_or(f64::NEG_INFINITY))
+        .fold(f64::INFINITY, f64::min);
+    let inside = streams
+        .iter()
+        .flat_map(|s| s.steps.iter())
+        .filter(|&&t| t > start && t <= end)
+        .count();
+    (inside > 0 && end > start).then(|| inside as f64 / (end - start))
 }
 
 /// Runs level `n`: `prompts(i)` is stream `i`'s prompt. With `late` tokens, one more
@@ -149,6 +177,7 @@ fn level(
         .filter_map(|s| s.steps.last().copied())
         .fold(0.0, f64::max);
     let tokens = (n * gen) as f64;
+    let all_decoding = all_decoding_rate(&streams);
     let mut ttft: Vec<f64> = streams.iter().map(|s| s.first_token * 1e3).collect();
     let mut itl: Vec<f64> = streams
         .iter()
@@ -168,6 +197,7 @@ fn level(
     Ok(Level {
         concurrency: n,
         aggregate_decode_tokens_per_s: tokens / (last - first).max(1e-12),
+        all_decoding_tokens_per_s: all_decoding,
         per_stream_decode_tokens_per_s: quantile(&mut per_stream, 0.5),
         ttft_ms_p50: quantile(&mut ttft, 0.5),
         ttft_ms_p99: quantile(&mut ttft, 0.99),
@@ -214,7 +244,7 @@ pub(crate) fn run(
     level(model, kv, 1, &prompts, gen.min(8), None)?;
     if format == Format::Text {
         outln!(
-            "streams  aggregate tok/s  per-stream tok/s  TTFT p50/p99 ms   ITL p50/p99 ms   batch mean/max  peak RSS MB"
+            "streams  aggregate tok/s  all decoding tok/s  per-stream tok/s  TTFT p50/p99 ms   ITL p50/p99 ms   batch mean/max  peak RSS MB"
         )?;
     }
     for &n in levels {
@@ -231,9 +261,11 @@ pub(crate) fn run(
                 outln!("{line}")?;
             }
             Format::Text => outln!(
-                "{:>7}  {:>15.1}  {:>16.1}  {:>7.1} / {:<7.1}  {:>6.1} / {:<7.1}  {:>5.1} / {:<4}  {}",
+                "{:>7}  {:>15.1}  {:>18}  {:>16.1}  {:>7.1} / {:<7.1}  {:>6.1} / {:<7.1}  {:>5.1} / {:<4}  {}",
                 l.concurrency,
                 l.aggregate_decode_tokens_per_s,
+                l.all_decoding_tokens_per_s
+                    .map_or("-".into(), |r| format!("{r:.1}")),
                 l.per_stream_decode_tokens_per_s,
                 l.ttft_ms_p50,
                 l.ttft_ms_p99,
@@ -260,4 +292,32 @@ pub(crate) fn run(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stream(first_token: f64, steps: &[f64]) -> Stream {
+        Stream {
+            first_token,
+            steps: steps.to_vec(),
+        }
+    }
+
+    #[test]
+    fn the_all_decoding_window_leaves_out_the_ramps() {
+        // Stream a decodes from 0; b's first token comes at 1.0; a ends at 3.0, b at 4.0.
+        let a = stream(0.0, &[0.5, 1.0, 1.5, 2.0, 2.5, 3.0]);
+        let b = stream(1.0, &[1.5, 2.0, 2.5, 3.0, 3.5, 4.0]);
+        // Inside (1.0, 3.0]: a's 1.5, 2.0, 2.5, 3.0 and b's 1.5, 2.0, 2.5, 3.0.
+        let r = all_decoding_rate(&[a, b]).unwrap();
+        assert!((r - 8.0 / 2.0).abs() < 1e-12, "{r}");
+        // One stream: its whole decode after the first token.
+        let r = all_decoding_rate(&[stream(1.0, &[2.0, 3.0, 5.0])]).unwrap();
+        assert!((r - 3.0 / 4.0).abs() < 1e-12, "{r}");
+        // No overlap: the second stream starts after the first ended.
+        let (a, b) = (stream(0.0, &[1.0, 2.0]), stream(3.0, &[4.0]));
+        assert_eq!(all_decoding_rate(&[a, b]), None);
+    }
 }

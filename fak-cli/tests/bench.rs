@@ -551,6 +551,17 @@ fn bench_concurrency_reports_each_level_batched() {
         }
         assert_eq!(v["max_batch"], n, "{v}");
         assert!(v["itl_ms_p99"].as_f64() >= v["itl_ms_p50"].as_f64());
+        // The rate while all streams decode: one stream's is its whole decode, the
+        // aggregate; with more, a positive rate or null (no window), never missing.
+        let all = &v["all_decoding_tokens_per_s"];
+        if n == 1 {
+            assert_eq!(all, &v["aggregate_decode_tokens_per_s"], "{v}");
+        } else {
+            assert!(
+                all.is_null() || all.as_f64().is_some_and(|x| x > 0.0),
+                "{v}"
+            );
+        }
     }
 }
 
