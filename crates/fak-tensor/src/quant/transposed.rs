@@ -32,19 +32,15 @@
 //! Integer exactness. `vpdpbusd` multiplies unsigned bytes by signed bytes and adds
 //! the four products of each `i32` lane to the lane's start value without saturation
 //! (Intel 64 and IA-32 Architectures Software Developer's Manual, Vol. 2, "VPDPBUSD").
-//! The weight is the signed operand (broadcast; offsets removed, so a byte in
-//! `[−128, 127]`) and the activation byte `a` becomes the unsigned `a + 128` (`a XOR
-//! 0x80`, exact for every `i8`); the start value is the weight side's `−128 · Σ w` over
-//! the lane, prepared once per weight block ([`WBlock`]). Then `start + Σ (a + 128) w =
-//! Σ a w` exactly: `|start| ≤ 65536`, the four products lie in `[−32640, 32385]`, so no
-//! partial sum leaves `±2^18`.
-//!
-//! Q4_1 and Q5_1 take the other operand order: their quants `w = q` are in `[0, 31]`
-//! ([`Block32::UNSIGNED_QUANTS`]), so the broadcast weight is the unsigned operand and
-//! the activation bytes are the signed one as they are; each lane starts at zero, and
-//! `Σ w a` is exact (the four products lie in `[−3968, 3937]`). No start values are
-//! prepared or loaded for them, which leaves a tile one broadcast per lane instead of
-//! two.
+//! The broadcast weight is always the unsigned operand and the activation bytes `a`
+//! the signed one, as they are. Q4_1 and Q5_1 quants `w = q` are in `[0, 31]`
+//! ([`Block32::UNSIGNED_QUANTS`]): each lane starts at zero and `Σ w a` is exact (the
+//! four products lie in `[−3968, 3937]`). The other types' weights (offset removed, a
+//! signed byte in `[−128, 127]`) become the unsigned `w + 128` (`w XOR 0x80`, exact for
+//! every `i8`), and each lane starts at the activation side's `−128 · Σ a` over the
+//! lane's four bytes, computed once per product per token ([`Acts`]), not per weight
+//! block. Then `start + Σ (w + 128) a = Σ w a` exactly: `|start| ≤ 65536`, the four
+//! products lie in `[−32640, 32385]`, so no partial sum leaves `±2^18`.
 
 use super::avx2::{ActBlock, Block32};
 use std::arch::x86_64::*;
@@ -171,24 +167,21 @@ impl Simd for Lanes<16> {
 }
 
 /// One weight block of two rows prepared for the tiles: per row `h` of the pair, the
-/// 32 quants as signed bytes, offset removed, in canonical lane order
-/// ([`Block32::signed_quants`]; lane `m`'s four bytes are `w[m][h]`, little-endian),
-/// each lane's start value `−128 · Σ_{k<4} w[4m+k]`, and the scale and minimum widened
-/// to `f32`. Row `h`'s values of lane `m` sit beside the other row's, so a pair tile
+/// 32 quants as unsigned bytes (`w + 128` of [`Block32::signed_quants`], or the quants
+/// themselves for [`Block32::UNSIGNED_QUANTS`]) in canonical lane order (lane `m`'s four
+/// bytes are `w[m][h]`, little-endian), and the scale and minimum widened to `f32`. Row `h`'s values of lane `m` sit beside the other row's, so a pair tile
 /// broadcasts both with one quadword load. A pair whose second row is past the matrix
 /// holds zeros there.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct WPair {
     w: [[i32; 2]; 8],
-    start: [[i32; 2]; 8],
     d: [f32; 2],
     min: [f32; 2],
 }
 
 /// `T` lanes of activation blocks at one block index: per lane `m`, `T` dwords (a
-/// token's four bytes of lane `m`, each `+128` as an unsigned byte) and the tokens'
-/// scales (`d`, and `s` for the types with a minimum) widened to `f32`. The 16-token
+/// token's four signed bytes of lane `m`), and the tokens' scales (`d`, and `s` for the types with a minimum) widened to `f32`. The 16-token
 /// groups hold token `t` in lane `t`, the pair tiles' 8-token groups in lanes `2t` and
 /// `2t + 1`. Each array starts at a multiple of 64 bytes.
 #[repr(C, align(64))]
@@ -199,16 +192,27 @@ struct ABlock {
     s: [f32; TOKENS],
 }
 
+/// The start values of an [`ABlock`]'s lanes for weights that are not
+/// [`Block32::UNSIGNED_QUANTS`]: per lane `m`, per token lane, `−128 ·` the sum of the
+/// token's four bytes of lane `m` (module docs). Kept apart from the [`ABlock`]s, so the
+/// types that need none read activations of the old size.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct AStart([[i32; TOKENS]; 8]);
+
 /// A product's activation rows in tile form: the first `n16` tokens (a multiple of 16)
 /// in groups of 16, then the next `tokens − n16` in groups of 8 (each token in two
 /// lanes), the last of those padded with dummy tokens; each group's blocks in order
-/// (`g16[g * nb + b]`, `g8[g * nb + b]`).
+/// (`g16[g * nb + b]`, `g8[g * nb + b]`), and their start values at the same indices
+/// (`s16`, `s8`; empty for [`Block32::UNSIGNED_QUANTS`] weights).
 pub(super) struct Acts {
     nb: usize,
     n16: usize,
     tokens: usize,
     g16: Vec<ABlock>,
     g8: Vec<ABlock>,
+    s16: Vec<AStart>,
+    s8: Vec<AStart>,
 }
 
 impl Acts {
@@ -236,12 +240,16 @@ impl Acts {
         if tokens == 0 {
             return None;
         }
+        let (g16, s16) = layout::<K, 1>(&a[..n16], nb);
+        let (g8, s8) = layout::<K, 2>(&a[n16..tokens], nb);
         Some(Acts {
             nb,
             n16,
             tokens,
-            g16: layout::<K, 1>(&a[..n16], nb),
-            g8: layout::<K, 2>(&a[n16..tokens], nb),
+            g16,
+            g8,
+            s16,
+            s8,
         })
     }
 
@@ -254,25 +262,31 @@ impl Acts {
 /// The token rows `a` (`nb` blocks each) in groups of `TOKENS / C` tokens, each token
 /// in `C` consecutive lanes (1: lane `t`; 2: lanes `2t` and `2t + 1`), the last group
 /// padded with dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
-/// The bytes are `a + 128` (`a XOR 0x80`), or `a` for [`Block32::UNSIGNED_QUANTS`].
+/// The bytes are `a` as they are; the start values `−128 · Σ a` over each lane's four
+/// bytes unless the weights are [`Block32::UNSIGNED_QUANTS`].
 ///
 /// # Safety
 /// AVX2 and F16C.
 #[target_feature(enable = "avx2,f16c")]
-unsafe fn layout<K: Block32, const C: usize>(a: &[&[K::Act]], nb: usize) -> Vec<ABlock>
+unsafe fn layout<K: Block32, const C: usize>(
+    a: &[&[K::Act]],
+    nb: usize,
+) -> (Vec<ABlock>, Vec<AStart>)
 where
     K::Act: ActBlock,
 {
     let per = TOKENS / C;
-    // An activation byte as the tiles read it: `a + 128` as the unsigned operand, or
-    // (unsigned weights) `a` itself as the signed one.
-    let flip = if K::UNSIGNED_QUANTS { 0 } else { 0x80 };
     let empty = ABlock {
-        au: [[[flip; 4]; TOKENS]; 8],
+        au: [[[0; 4]; TOKENS]; 8],
         d: [0.0; TOKENS],
         s: [0.0; TOKENS],
     };
-    let mut blocks = vec![empty; a.len().div_ceil(per) * nb];
+    let n = a.len().div_ceil(per) * nb;
+    let mut blocks = vec![empty; n];
+    let mut starts = match K::UNSIGNED_QUANTS {
+        true => Vec::new(),
+        false => vec![AStart([[0; TOKENS]; 8]); n],
+    };
     for (i, row) in a.iter().enumerate() {
         let (g, t) = (i / per, i % per);
         for (b, blk) in row.iter().enumerate() {
@@ -283,20 +297,24 @@ where
             for lane in C * t..C * (t + 1) {
                 (ab.d[lane], ab.s[lane]) = (d, s);
                 for (m, au) in ab.au.iter_mut().enumerate() {
+                    let mut sum = 0i32;
                     for (k, byte) in au[lane].iter_mut().enumerate() {
-                        *byte = qs[K::LANE_ELEMENT(m, k)] ^ flip;
+                        *byte = qs[K::LANE_ELEMENT(m, k)];
+                        sum += *byte as i8 as i32;
+                    }
+                    if let Some(st) = starts.get_mut(g * nb + b) {
+                        st.0[m][lane] = -128 * sum;
                     }
                 }
             }
         }
     }
-    blocks
+    (blocks, starts)
 }
 
 /// The `mc` rows of `w` (`nb` whole `K` blocks each) prepared as [`WPair`]s into
 /// `out`: rows `2p` and `2p + 1` in `out[p * nb..(p + 1) * nb]`, block by block, the
-/// second row of the last pair zeros when `mc` is odd; the start values are left as
-/// they are for [`Block32::UNSIGNED_QUANTS`].
+/// second row of the last pair zeros when `mc` is odd.
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F/VL and AVX512-VNNI; `w.len() == K::BYTES * nb * mc`,
@@ -305,19 +323,15 @@ where
 unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair]) {
     let rb = K::BYTES * nb;
     debug_assert!(w.len() == rb * mc && out.len() == nb * mc.div_ceil(2));
-    // One row's block: its signed quants, its lanes' start values, its scales.
+    // One row's block: its quants as unsigned bytes (w + 128 = w XOR 0x80 for the
+    // signed ones), its scales.
     let row = |wb: &[u8]| {
         let q = K::signed_quants(wb);
-        let start = match K::UNSIGNED_QUANTS {
-            // Not read by the tiles.
-            true => _mm256_setzero_si256(),
-            // 128 · Σ_{k<4} w[4m+k] (unsigned 128 times the signed weights), negated.
-            false => {
-                let s = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), q);
-                _mm256_sub_epi32(_mm256_setzero_si256(), s)
-            }
+        let u = match K::UNSIGNED_QUANTS {
+            true => q,
+            false => _mm256_xor_si256(q, _mm256_set1_epi8(-128)),
         };
-        (q, start, K::wscales(wb))
+        (u, K::wscales(wb))
     };
     // Lane m of `a` and `b` side by side, m = 0..8: [a0 b0 a1 b1 a2 b2 a3 b3], [a4 b4 ..].
     let interleave = |dst: *mut i32, a: __m256i, b: __m256i| {
@@ -332,49 +346,46 @@ unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair])
         let ra = &w[2 * p * rb..(2 * p + 1) * rb];
         let rb_ = (2 * p + 1 < mc).then(|| &w[(2 * p + 1) * rb..(2 * p + 2) * rb]);
         for (b, wp) in pair.iter_mut().enumerate() {
-            let (qa, sa, (da, ma)) = row(&ra[b * K::BYTES..(b + 1) * K::BYTES]);
-            let zero = _mm256_setzero_si256();
-            let (qb, sb, (db, mb)) = match rb_ {
+            let (qa, (da, ma)) = row(&ra[b * K::BYTES..(b + 1) * K::BYTES]);
+            let (qb, (db, mb)) = match rb_ {
                 Some(r) => row(&r[b * K::BYTES..(b + 1) * K::BYTES]),
-                None => (zero, zero, (0.0, 0.0)),
+                None => (_mm256_setzero_si256(), (0.0, 0.0)),
             };
             interleave(wp.w.as_mut_ptr() as *mut i32, qa, qb);
-            if !K::UNSIGNED_QUANTS {
-                interleave(wp.start.as_mut_ptr() as *mut i32, sa, sb);
-            }
             (wp.d, wp.min) = ([da, db], [ma, mb]);
         }
     }
 }
 
 /// `R` rows (1 or 2: the pair `wp[..nb]`'s first `R` rows) times the 16 tokens of `ga`
-/// (`nb` blocks); `out[r][t]` = row `r` times token `t`.
+/// (`nb` blocks, with their start values `gs` unless the weights are
+/// [`Block32::UNSIGNED_QUANTS`]); `out[r][t]` = row `r` times token `t`.
 ///
 /// # Safety
-/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= nb`, `ga.len() >= nb`, `R <= 2`.
+/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= nb`, `ga.len() >= nb` (and
+/// `gs.len() >= nb` for signed weights), `R <= 2`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 unsafe fn rows_tokens<K: Block32, const R: usize>(
     wp: &[WPair],
     nb: usize,
-    ga: &[ABlock],
+    (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [[f32; TOKENS]; R],
 ) {
     type L = Lanes<TOKENS>;
     debug_assert!(R <= 2 && wp.len() >= nb && ga.len() >= nb);
     let mut acc = [[L::zero(); 8]; R];
     let mut summ = [L::zero(); R];
-    for (ab, wb) in ga[..nb].iter().zip(wp) {
+    for (b, (ab, wb)) in ga[..nb].iter().zip(wp).enumerate() {
+        let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
         // d = wd · ad for each token, rounded once (the reference's scalar product).
         let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wb.d[r]), ad));
         for (m, au) in ab.au.iter().enumerate() {
             let a = L::load_i(au.as_ptr() as *const u8);
+            let start = start_of(st, m);
             for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
-                // Exact (module docs): start + Σ (a + 128) w = Σ a w, or Σ w a.
-                let l = match K::UNSIGNED_QUANTS {
-                    true => L::dpbusd(L::splat_i(0), L::splat_i(wb.w[m][r]), a),
-                    false => L::dpbusd(L::splat_i(wb.start[m][r]), a, L::splat_i(wb.w[m][r])),
-                };
+                // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
+                let l = L::dpbusd(start, L::splat_i(wb.w[m][r]), a);
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
@@ -402,12 +413,13 @@ unsafe fn rows_tokens<K: Block32, const R: usize>(
 /// 256-bit tiles with the weights streamed, though faster with them in the cache).
 ///
 /// # Safety
-/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= P * nb`, `ga.len() >= nb`.
+/// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= P * nb`, `ga.len() >= nb` (and
+/// `gs.len() >= nb` for signed weights, as [`rows_tokens`]).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 unsafe fn pairs_tokens<K: Block32, const P: usize>(
     wp: &[WPair],
     nb: usize,
-    ga: &[ABlock],
+    (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [[f32; TOKENS]; P],
     ahead: &[u8],
 ) {
@@ -425,18 +437,17 @@ unsafe fn pairs_tokens<K: Block32, const P: usize>(
     let mut summ = [L::zero(); P];
     for (b, ab) in ga[..nb].iter().enumerate() {
         prefetch(&ahead[ahead.len() * b / nb..ahead.len() * (b + 1) / nb]);
+        let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
         let wbs: [&WPair; P] = std::array::from_fn(|p| &wp[p * nb + b]);
         // d = wd · ad for each (row, token), rounded once.
         let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(&wbs[p].d), ad));
         for (m, au) in ab.au.iter().enumerate() {
             let a = L::load_i(au.as_ptr() as *const u8);
+            let start = start_of(st, m);
             for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
-                // Exact (module docs): start + Σ (a + 128) w = Σ a w, or Σ w a.
-                let l = match K::UNSIGNED_QUANTS {
-                    true => L::dpbusd(L::splat_i(0), both_i(&wb.w[m]), a),
-                    false => L::dpbusd(both_i(&wb.start[m]), a, both_i(&wb.w[m])),
-                };
+                // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
+                let l = L::dpbusd(start, both_i(&wb.w[m]), a);
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
@@ -453,6 +464,19 @@ unsafe fn pairs_tokens<K: Block32, const P: usize>(
             v = L::add(v, summ[p]);
         }
         L::store(out[p].as_mut_ptr(), v);
+    }
+}
+
+/// The start values of lane `m` as the tiles add them: the activations' `−128 · Σ a`
+/// from `st`, or zero without one ([`Block32::UNSIGNED_QUANTS`] weights).
+///
+/// # Safety
+/// As [`Simd`].
+#[inline(always)]
+unsafe fn start_of(st: Option<&AStart>, m: usize) -> __m512i {
+    match st {
+        None => _mm512_setzero_si512(),
+        Some(s) => <Lanes<TOKENS> as Simd>::load_i(s.0[m].as_ptr() as *const u8),
     }
 }
 
@@ -525,7 +549,6 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
     let chunk = chunk_rows(nb);
     let blank = WPair {
         w: [[0; 2]; 8],
-        start: [[0; 2]; 8],
         d: [0.0; 2],
         min: [0.0; 2],
     };
@@ -544,8 +567,8 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
         // `r0..r0 + mc` in pairs.
         unsafe {
             prepare::<K>(&w[r0 * rb..(r0 + mc) * rb], nb, mc, wp);
-            groups16::<K>(wp, nb, mc, r0, &acts.g16, out16, next16);
-            groups8::<K>(wp, nb, mc, r0, &acts.g8, out8, next8);
+            groups16::<K>(wp, nb, mc, r0, (&acts.g16, &acts.s16), out16, next16);
+            groups8::<K>(wp, nb, mc, r0, (&acts.g8, &acts.s8), out8, next8);
         }
     }
 }
@@ -576,7 +599,8 @@ fn prefetch(p: &[u8]) {
 /// slice per token of the groups. The first group's tiles prefetch `ahead`.
 ///
 /// # Safety
-/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `out.len() / 16 · nb` blocks,
+/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `out.len() / 16 · nb` blocks (`gs`
+/// their start values, or empty for unsigned weights),
 /// every slice of `out` holds at least `r0 + m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 unsafe fn groups16<K: Block32>(
@@ -584,12 +608,16 @@ unsafe fn groups16<K: Block32>(
     nb: usize,
     m: usize,
     r0: usize,
-    ga: &[ABlock],
+    (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [&mut [f32]],
     ahead: &[u8],
 ) {
     for (g, out) in out.chunks_mut(TOKENS).enumerate() {
-        let ga = &ga[g * nb..(g + 1) * nb];
+        // The group's blocks, and their start values (none for unsigned weights).
+        let ga = (
+            &ga[g * nb..(g + 1) * nb],
+            gs.get(g * nb..(g + 1) * nb).unwrap_or(&[]),
+        );
         each_row_tile::<TOKENS, ROWS>(m, r0, out, |r, o| {
             if g == 0 {
                 let (a, b) = (ahead.len() * r / m, ahead.len() * (r + o.len()) / m);
@@ -613,7 +641,8 @@ unsafe fn groups16<K: Block32>(
 /// than 8 in the last when it is padded). The first group's tiles prefetch `ahead`.
 ///
 /// # Safety
-/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `⌈out.len() / 8⌉ · nb` blocks,
+/// As [`tiles`]; `wp` is the `m` rows' pairs, `ga` is `⌈out.len() / 8⌉ · nb` blocks (`gs`
+/// as in [`groups16`]),
 /// every slice of `out` holds at least `r0 + m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 unsafe fn groups8<K: Block32>(
@@ -621,13 +650,17 @@ unsafe fn groups8<K: Block32>(
     nb: usize,
     m: usize,
     r0: usize,
-    ga: &[ABlock],
+    (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [&mut [f32]],
     ahead: &[u8],
 ) {
     let pairs = m.div_ceil(2);
     for (g, out) in out.chunks_mut(TOKENS_8).enumerate() {
-        let ga = &ga[g * nb..(g + 1) * nb];
+        // The group's blocks, and their start values (none for unsigned weights).
+        let ga = (
+            &ga[g * nb..(g + 1) * nb],
+            gs.get(g * nb..(g + 1) * nb).unwrap_or(&[]),
+        );
         let mut p = 0;
         while p < pairs {
             let take = if pairs - p >= PAIRS_8 { PAIRS_8 } else { 1 };
