@@ -1,7 +1,7 @@
 //! The forward pass: [`Model::forward`] and its variants, checking the input and
 //! running it through the layers in batches of at most [`Model::prefill_chunk`] tokens.
 
-use super::linear::{linear, linear_group};
+use super::linear::{linear, linear_group, linear_into_slices};
 use super::scratch::SharedActs;
 use super::{CosSinRows, ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape};
@@ -548,11 +548,15 @@ impl Model {
             });
         }
         // Several sequences: the rows they want of the full head in one product (each
-        // row's bits are those of a product of that row alone), then one row each for
-        // those that want only some of the head's rows.
+        // row's bits are those of a product of that row alone), written straight into
+        // their logits; then one row each for those that want only some of the head's
+        // rows.
+        let v = c.vocab_size;
+        let th = self.threads;
         self.timed(Op::Head, || {
             let mut gathered = 0;
-            for s in segs.iter().filter(|s| s.head_rows.is_none()) {
+            let mut outs: Vec<&mut [f32]> = Vec::new();
+            for s in segs.iter_mut().filter(|s| s.head_rows.is_none()) {
                 let take = match s.want {
                     LogitsWanted::None => continue,
                     LogitsWanted::Last => s.rows.end - 1..s.rows.end,
@@ -561,28 +565,32 @@ impl Model {
                 let len = take.len() * h;
                 proj[gathered..gathered + len].copy_from_slice(&xn[take.start * h..take.end * h]);
                 gathered += len;
+                let from = s.logits.len();
+                s.logits.resize(from + take.len() * v, 0.0);
+                outs.extend(s.logits[from..].chunks_exact_mut(v));
             }
-            batch_logits.clear();
-            if gathered > 0 {
+            if !outs.is_empty() {
                 let rows = &proj[..gathered];
-                self.head_into(rows, LogitsWanted::All, None, batch_logits, products)?;
+                linear_into_slices(
+                    self.head(),
+                    v,
+                    h,
+                    rows,
+                    &mut outs,
+                    th,
+                    products,
+                    batch_logits,
+                )?;
             }
-            let v = c.vocab_size;
-            let mut at = 0;
-            for s in segs.iter_mut() {
+            drop(outs);
+            for s in segs.iter_mut().filter(|s| s.head_rows.is_some()) {
                 let take = match s.want {
                     LogitsWanted::None => continue,
                     LogitsWanted::Last => s.rows.end - 1..s.rows.end,
                     LogitsWanted::All => s.rows.clone(),
                 };
                 let rows = &xn[take.start * h..take.end * h];
-                if s.head_rows.is_some() {
-                    self.head_into(rows, LogitsWanted::Last, s.head_rows, s.logits, products)?;
-                } else {
-                    let len = take.len() * v;
-                    s.logits.extend_from_slice(&batch_logits[at..at + len]);
-                    at += len;
-                }
+                self.head_into(rows, LogitsWanted::Last, s.head_rows, s.logits, products)?;
             }
             Ok(())
         })

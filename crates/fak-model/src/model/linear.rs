@@ -6,7 +6,7 @@ use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
 use super::weights::Weight;
 use crate::source::{Mapped, MappedElem};
 use crate::ModelError;
-use fak_tensor::quant::{matmul_threads, matvec_many, matvec_threads, Matvec};
+use fak_tensor::quant::{matmul_threads, matmul_threads_into, matvec_many, matvec_threads, Matvec};
 use fak_tensor::{matmul, matmul_group, Linear, Threads, WeightElem, F16};
 
 /// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
@@ -51,6 +51,39 @@ pub(super) fn linear(
 ) -> Result<(), ModelError> {
     let mut x = SharedActs::new(x, cols, n, th, scratch);
     linear_shared(w, rows, &mut x, out, th)
+}
+
+/// [`linear`] with each of the `n` rows' outputs in a slice of its own (`outs[t]`,
+/// `[rows]`), the same bits: a quantized matrix in HF's row order writes straight into
+/// them (a batched decode step's head, one sequence's logits each); any other goes
+/// through `tmp` (`[n, rows]`, resized here) and is copied.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn linear_into_slices(
+    w: &Weight,
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    outs: &mut [&mut [f32]],
+    th: Threads,
+    scratch: &mut ProductScratch,
+    tmp: &mut Vec<f32>,
+) -> Result<(), ModelError> {
+    let n = outs.len();
+    let mut xs = SharedActs::new(x, cols, n, th, scratch);
+    if let Weight::Quant(q) = w {
+        if q.row_order.is_none() && n > 1 {
+            let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
+            let acts = xs.for_type(q.ty).map_err(qerr)?;
+            return matmul_threads_into(q.ty, q.bytes(), acts, outs, th).map_err(qerr);
+        }
+    }
+    tmp.clear();
+    tmp.resize(n * rows, 0.0);
+    linear_shared(w, rows, &mut xs, tmp, th)?;
+    for (o, t) in outs.iter_mut().zip(tmp.chunks_exact(rows)) {
+        o.copy_from_slice(t);
+    }
+    Ok(())
 }
 
 /// The values of a mapped F32 or F16 matrix used as `[rows, cols]`, or an error when

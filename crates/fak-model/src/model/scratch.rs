@@ -174,7 +174,8 @@ pub struct ForwardScratch {
     /// ([`Model::forward_batch`](super::Model::forward_batch)).
     pub(super) batch_scores: Vec<Vec<f32>>,
     /// A batched pass's logits of several sequences before each gets its rows
-    /// ([`Model::forward_batch`](super::Model::forward_batch)).
+    /// ([`Model::forward_batch`](super::Model::forward_batch)), when the head is not a
+    /// quantized matrix (a quantized head writes into each sequence's buffer).
     pub(super) batch_logits: Vec<f32>,
     pub(super) products: ProductScratch,
 }

@@ -353,6 +353,17 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
                     .zip(&want)
                     .all(|(g, w)| g.to_bits() == w.to_bits());
                 assert!(same, "{ty}, {n} tokens, {th} threads");
+                // Each token's outputs in a buffer of its own: the same bits.
+                let mut own: Vec<Vec<f32>> = (0..n).map(|_| vec![f32::NAN; rows]).collect();
+                let mut slices: Vec<&mut [f32]> = own.iter_mut().map(|o| &mut o[..]).collect();
+                let th = crate::Threads::new(th);
+                matmul_threads_into(ty, &w, &acts, &mut slices, th).unwrap();
+                let same = own
+                    .iter()
+                    .flatten()
+                    .zip(&want)
+                    .all(|(g, w)| g.to_bits() == w.to_bits());
+                assert!(same, "{ty}, {n} tokens, {th:?}, one buffer per token");
             }
         }
     }
@@ -381,7 +392,16 @@ fn multi_token_matmul_is_matvec_per_token_bitwise() {
     assert!(matmul_threads(QType::Q4_1, &w, &[], &mut [0.0; 2], th).is_err());
     assert!(matmul_threads(QType::Q4_1, &w, &[a.clone(), b], &mut [0.0; 4], th).is_err());
     assert!(matmul_threads(QType::Q4_1, &w, std::slice::from_ref(&a), &mut [0.0; 3], th).is_err());
-    assert!(matmul_threads(QType::Q4_0, &w, &[a], &mut [0.0; 2], th).is_err());
+    assert!(matmul_threads(QType::Q4_0, &w, std::slice::from_ref(&a), &mut [0.0; 2], th).is_err());
+    // One buffer per token: as many as tokens, all of one length.
+    let two = [a.clone(), a.clone()];
+    let (mut o1, mut o2) = ([7f32; 2], [7f32; 3]);
+    let r = matmul_threads_into(QType::Q4_1, &w, &two, &mut [&mut o1[..], &mut o2[..]], th);
+    assert!(r.is_err() && o1 == [7.0; 2] && o2 == [7.0; 3]);
+    assert!(matmul_threads_into(QType::Q4_1, &w, &two, &mut [&mut o1[..]], th).is_err());
+    assert!(
+        matmul_threads_into(QType::Q4_1, &w, &two, &mut [&mut o1[..], &mut o2[..2]], th).is_ok()
+    );
 }
 
 /// The multi-token K-quant kernels, both widths (four tokens with AVX2, eight with the

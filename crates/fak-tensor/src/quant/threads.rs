@@ -243,16 +243,42 @@ pub fn matmul_threads(
     out: &mut [f32],
     threads: crate::Threads,
 ) -> Result<(), QuantError> {
+    let n = acts.len();
+    if n == 0 || !out.len().is_multiple_of(n) {
+        return Err(QuantError::MatrixShape {
+            detail: format!("{} outputs for {n} activation rows", out.len()),
+        });
+    }
+    let rows = out.len() / n;
+    let mut by_token: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
+    matmul_threads_into(ty, w, acts, &mut by_token, threads)
+}
+
+/// [`matmul_threads`] with each activation row's outputs in a slice of its own:
+/// `out[t]` (`rows` values, the same length for every `t`) receives `w · acts[t]`, the
+/// same bits. A batched decode step's logits go straight into each sequence's buffer.
+///
+/// # Errors
+/// As [`matmul_threads`], and [`QuantError::MatrixShape`] when `out` does not hold one
+/// slice per activation row, all of one length. `out` is untouched on error.
+pub fn matmul_threads_into(
+    ty: QType,
+    w: &[u8],
+    acts: &[QuantizedActs],
+    out: &mut [&mut [f32]],
+    threads: crate::Threads,
+) -> Result<(), QuantError> {
     use std::sync::{Mutex, PoisonError};
     let n = acts.len();
     let shape = |detail: String| QuantError::MatrixShape { detail };
-    if n == 0 || !out.len().is_multiple_of(n) {
+    let rows = out.first().map_or(0, |o| o.len());
+    if n == 0 || out.len() != n || out.iter().any(|o| o.len() != rows) {
         return Err(shape(format!(
-            "{} outputs for {n} activation rows",
-            out.len()
+            "{} output slices of {:?} values for {n} activation rows",
+            out.len(),
+            out.iter().map(|o| o.len()).collect::<Vec<_>>()
         )));
     }
-    let rows = out.len() / n;
     let rb = check_matvec(ty, w, &acts[0], rows)?;
     if let Some(a) = acts
         .iter()
@@ -275,19 +301,19 @@ pub fn matmul_threads(
     let Some(pool) = guard.as_deref_mut() else {
         // One thread: all rows at once, straight into `out` (in chunks through a buffer,
         // as below, was slower: every chunk re-reads all tokens' tile forms).
-        let mut by_token: Vec<&mut [f32]> = out.chunks_mut(rows).collect();
-        return matmul_rows(ty, w, rb, acts, tile.as_ref(), &mut by_token);
+        return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
     };
     let per = match n {
         ..=FEW_TOKENS => matvec_range_rows(rows, parts),
         _ => chunk_rows(rb, MATMUL_CHUNK_BYTES),
     };
     let chunks = rows.div_ceil(per);
-    // slots[c][t]: chunk c's rows of token t's output. The chunk's kernels write a
-    // buffer of its own, `[n, m]`, copied into them after (written straight into the
-    // output, Gemma 3's 2-thread prefill was slower; the cause is not pinned down).
+    // slots[c][t]: chunk c's rows of token t's output. Past `FEW_TOKENS` tokens the
+    // chunk's kernels write a buffer of its own, `[n, m]`, copied into them after
+    // (written straight into the output, Gemma 3's 2-thread prefill was slower; the
+    // cause is not pinned down).
     let mut slots: Vec<Vec<&mut [f32]>> = (0..chunks).map(|_| Vec::with_capacity(n)).collect();
-    for row in out.chunks_mut(rows) {
+    for row in out.iter_mut() {
         for (c, part) in row.chunks_mut(per).enumerate() {
             slots[c].push(part);
         }
@@ -298,6 +324,17 @@ pub fn matmul_threads(
         let r = c * per..((c + 1) * per).min(rows);
         let wc = &w[r.start * rb..r.end * rb];
         let m = r.len();
+        if n <= FEW_TOKENS {
+            // A decode step's few tokens: straight into the output (a thread's one range
+            // of rows; through a buffer, the 8-token head of Gemma 3 allocated, zeroed
+            // and copied 4 MB per thread per step).
+            let mut slot = slots[c].lock().unwrap_or_else(PoisonError::into_inner);
+            // Cannot fail after `check_matvec` (so `out` is untouched on every error).
+            if let Err(e) = matmul_rows(ty, wc, rb, acts, tile.as_ref(), &mut slot) {
+                *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            }
+            return;
+        }
         let mut buf = vec![0f32; n * m];
         let mut by_token: Vec<&mut [f32]> = buf.chunks_mut(m).collect();
         // Cannot fail after `check_matvec` (so `out` is untouched on every error).
