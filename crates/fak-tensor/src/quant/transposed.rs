@@ -323,24 +323,17 @@ where
 unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair]) {
     let rb = K::BYTES * nb;
     debug_assert!(w.len() == rb * mc && out.len() == nb * mc.div_ceil(2));
-    // One row's block: its quants as unsigned bytes (w + 128 = w XOR 0x80 for the
-    // signed ones), its scales.
-    let row = |wb: &[u8]| {
-        let q = K::signed_quants(wb);
-        let u = match K::UNSIGNED_QUANTS {
-            true => q,
-            false => _mm256_xor_si256(q, _mm256_set1_epi8(-128)),
-        };
-        (u, K::wscales(wb))
-    };
-    // Lane m of `a` and `b` side by side, m = 0..8: [a0 b0 a1 b1 a2 b2 a3 b3], [a4 b4 ..].
+    // One row's block: its quants, its scales.
+    let row = |wb: &[u8]| (K::signed_quants(wb), K::wscales(wb));
+    // Lane m of `a` and `b` side by side, m = 0..8 ([a0 b0 a1 b1 .. a7 b7]), in one
+    // two-source permutation, as unsigned bytes: w + 128 = w XOR 0x80 for the signed
+    // types.
+    let idx = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    let flip = _mm512_set1_epi8(if K::UNSIGNED_QUANTS { 0 } else { -128 });
     let interleave = |dst: *mut i32, a: __m256i, b: __m256i| {
-        let (lo, hi) = (_mm256_unpacklo_epi32(a, b), _mm256_unpackhi_epi32(a, b));
-        _mm256_storeu_si256(dst as *mut __m256i, _mm256_permute2x128_si256(lo, hi, 0x20));
-        _mm256_storeu_si256(
-            dst.add(8) as *mut __m256i,
-            _mm256_permute2x128_si256(lo, hi, 0x31),
-        );
+        let ab =
+            _mm512_permutex2var_epi32(_mm512_castsi256_si512(a), idx, _mm512_castsi256_si512(b));
+        _mm512_storeu_si512(dst as *mut __m512i, _mm512_xor_si512(ab, flip));
     };
     for (p, pair) in out.chunks_exact_mut(nb).enumerate() {
         let ra = &w[2 * p * rb..(2 * p + 1) * rb];
@@ -519,9 +512,12 @@ pub(super) fn each_row_tile<const T: usize, const R: usize>(
         let take = if m - r >= R { R } else { 1 };
         let mut o = [[0f32; T]; R];
         run(r, &mut o[..take]);
+        let at = r0 + r;
         for (t, ot) in out.iter_mut().take(T).enumerate() {
-            for (j, orow) in o[..take].iter().enumerate() {
-                ot[r0 + r + j] = orow[t];
+            // A token's `take` results are consecutive outputs: one bounds check, then
+            // the stores.
+            for (o, orow) in ot[at..at + take].iter_mut().zip(&o[..take]) {
+                *o = orow[t];
             }
         }
         r += take;
@@ -684,7 +680,18 @@ unsafe fn groups8<K: Block32>(
                 _ => unsafe { pairs_tokens::<K, 1>(wr, nb, ga, std::array::from_mut(o0), share) },
             }
             // Lane 2t + h of pair j: row 2(p + j) + h, token t (the dummy row of an odd
-            // chunk's last pair is dropped).
+            // chunk's last pair is dropped). Two whole pairs: each token's four rows are
+            // two lane pairs, moved as such.
+            if take == PAIRS_8 && 2 * (p + PAIRS_8) <= m {
+                let at = r0 + 2 * p;
+                for (t, ot) in out.iter_mut().enumerate() {
+                    let (lanes, o4) = (2 * t..2 * t + 2, &mut ot[at..at + 4]);
+                    o4[..2].copy_from_slice(&o[0][lanes.clone()]);
+                    o4[2..].copy_from_slice(&o[1][lanes]);
+                }
+                p += take;
+                continue;
+            }
             for (t, ot) in out.iter_mut().enumerate() {
                 for (j, oj) in o[..take].iter().enumerate() {
                     for h in 0..2 {
