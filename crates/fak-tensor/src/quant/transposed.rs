@@ -294,17 +294,24 @@ where
             let [d, s] = blk.scales();
             // SAFETY: an activation block holds 32 quants.
             let qs = std::slice::from_raw_parts(blk.qs_ptr(), 32);
+            // The block's lanes once (four bytes each, in canonical order) and, for
+            // signed weights, their start values; then copied to the token's lanes.
+            let mut lanes = [[0u8; 4]; 8];
+            for (m, l) in lanes.iter_mut().enumerate() {
+                for (k, byte) in l.iter_mut().enumerate() {
+                    *byte = qs[K::LANE_ELEMENT(m, k)];
+                }
+            }
             for lane in C * t..C * (t + 1) {
                 (ab.d[lane], ab.s[lane]) = (d, s);
-                for (m, au) in ab.au.iter_mut().enumerate() {
-                    let mut sum = 0i32;
-                    for (k, byte) in au[lane].iter_mut().enumerate() {
-                        *byte = qs[K::LANE_ELEMENT(m, k)];
-                        sum += *byte as i8 as i32;
-                    }
-                    if let Some(st) = starts.get_mut(g * nb + b) {
-                        st.0[m][lane] = -128 * sum;
-                    }
+                for (au, l) in ab.au.iter_mut().zip(&lanes) {
+                    au[lane] = *l;
+                }
+            }
+            if let Some(st) = starts.get_mut(g * nb + b) {
+                for (sm, l) in st.0.iter_mut().zip(&lanes) {
+                    let sum: i32 = l.iter().map(|&q| q as i8 as i32).sum();
+                    sm[C * t..C * (t + 1)].fill(-128 * sum);
                 }
             }
         }
