@@ -54,9 +54,9 @@ pub(super) fn linear(
 }
 
 /// [`linear`] with each of the `n` rows' outputs in a slice of its own (`outs[t]`,
-/// `[rows]`), the same bits: a quantized matrix in HF's row order writes straight into
-/// them (a batched decode step's head, one sequence's logits each); any other goes
-/// through `tmp` (`[n, rows]`, resized here) and is copied.
+/// `[rows]`), the same bits: one row, or a quantized matrix in HF's row order, writes
+/// straight into them (a batched decode step's head, one sequence's logits each); any
+/// other goes through `tmp` (`[n, rows]`, resized here) and is copied.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn linear_into_slices(
     w: &Weight,
@@ -70,8 +70,11 @@ pub(super) fn linear_into_slices(
 ) -> Result<(), ModelError> {
     let n = outs.len();
     let mut xs = SharedActs::new(x, cols, n, th, scratch);
+    if let [one] = outs {
+        return linear_shared(w, rows, &mut xs, one, th);
+    }
     if let Weight::Quant(q) = w {
-        if q.row_order.is_none() && n > 1 {
+        if q.row_order.is_none() {
             let qerr = |e| ModelError::Unsupported(format!("quantized {} product: {e}", q.ty));
             let acts = xs.for_type(q.ty).map_err(qerr)?;
             return matmul_threads_into(q.ty, q.bytes(), acts, outs, th).map_err(qerr);

@@ -108,9 +108,9 @@ pub(super) trait Simd {
     unsafe fn splat(x: f32) -> Self::F;
     /// `x` in every lane.
     unsafe fn splat_i(x: i32) -> Self::I;
-    /// `vpdpbusd`: per lane, `src` plus the four products of `a`'s unsigned bytes and
-    /// `w`'s signed bytes, without saturation.
-    unsafe fn dpbusd(src: Self::I, a: Self::I, w: Self::I) -> Self::I;
+    /// `vpdpbusd`: per lane, `src` plus the four products of `u`'s unsigned bytes and
+    /// `s`'s signed bytes, without saturation.
+    unsafe fn dpbusd(src: Self::I, u: Self::I, s: Self::I) -> Self::I;
     /// `i32` to `f32` (exact for the lane sums, `|L| < 2^24`).
     unsafe fn cvt(x: Self::I) -> Self::F;
     /// `a · b`, rounded.
@@ -145,8 +145,8 @@ impl Simd for Lanes<16> {
         _mm512_set1_epi32(x)
     }
     #[inline(always)]
-    unsafe fn dpbusd(src: __m512i, a: __m512i, w: __m512i) -> __m512i {
-        _mm512_dpbusd_epi32(src, a, w)
+    unsafe fn dpbusd(src: __m512i, u: __m512i, s: __m512i) -> __m512i {
+        _mm512_dpbusd_epi32(src, u, s)
     }
     #[inline(always)]
     unsafe fn cvt(x: __m512i) -> __m512 {
@@ -169,9 +169,10 @@ impl Simd for Lanes<16> {
 /// One weight block of two rows prepared for the tiles: per row `h` of the pair, the
 /// 32 quants as unsigned bytes (`w + 128` of [`Block32::signed_quants`], or the quants
 /// themselves for [`Block32::UNSIGNED_QUANTS`]) in canonical lane order (lane `m`'s four
-/// bytes are `w[m][h]`, little-endian), and the scale and minimum widened to `f32`. Row `h`'s values of lane `m` sit beside the other row's, so a pair tile
-/// broadcasts both with one quadword load. A pair whose second row is past the matrix
-/// holds zeros there.
+/// bytes are `w[m][h]`, little-endian), and the scale and minimum widened to `f32`. Row
+/// `h`'s values of lane `m` sit beside the other row's, so a pair tile broadcasts both
+/// with one quadword load. A pair whose second row is past the matrix holds zero scales
+/// there (its results are never stored).
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct WPair {
@@ -181,13 +182,14 @@ struct WPair {
 }
 
 /// `T` lanes of activation blocks at one block index: per lane `m`, `T` dwords (a
-/// token's four signed bytes of lane `m`), and the tokens' scales (`d`, and `s` for the types with a minimum) widened to `f32`. The 16-token
-/// groups hold token `t` in lane `t`, the pair tiles' 8-token groups in lanes `2t` and
-/// `2t + 1`. Each array starts at a multiple of 64 bytes.
+/// token's four signed bytes of lane `m`), and the tokens' scales (`d`, and `s` for the
+/// types with a minimum) widened to `f32`. The 16-token groups hold token `t` in lane
+/// `t`, the pair tiles' 8-token groups in lanes `2t` and `2t + 1`. Each array starts at
+/// a multiple of 64 bytes.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct ABlock {
-    au: [[[u8; 4]; TOKENS]; 8],
+    aq: [[[u8; 4]; TOKENS]; 8],
     d: [f32; TOKENS],
     s: [f32; TOKENS],
 }
@@ -195,7 +197,7 @@ struct ABlock {
 /// The start values of an [`ABlock`]'s lanes for weights that are not
 /// [`Block32::UNSIGNED_QUANTS`]: per lane `m`, per token lane, `−128 ·` the sum of the
 /// token's four bytes of lane `m` (module docs). Kept apart from the [`ABlock`]s, so the
-/// types that need none read activations of the old size.
+/// types that need none read no larger activation blocks.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
 struct AStart([[i32; TOKENS]; 8]);
@@ -277,7 +279,7 @@ where
 {
     let per = TOKENS / C;
     let empty = ABlock {
-        au: [[[0; 4]; TOKENS]; 8],
+        aq: [[[0; 4]; TOKENS]; 8],
         d: [0.0; TOKENS],
         s: [0.0; TOKENS],
     };
@@ -304,8 +306,8 @@ where
             }
             for lane in C * t..C * (t + 1) {
                 (ab.d[lane], ab.s[lane]) = (d, s);
-                for (au, l) in ab.au.iter_mut().zip(&lanes) {
-                    au[lane] = *l;
+                for (aq, l) in ab.aq.iter_mut().zip(&lanes) {
+                    aq[lane] = *l;
                 }
             }
             if let Some(st) = starts.get_mut(g * nb + b) {
@@ -380,8 +382,8 @@ unsafe fn rows_tokens<K: Block32, const R: usize>(
         let ad = L::load(ab.d.as_ptr());
         // d = wd · ad for each token, rounded once (the reference's scalar product).
         let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wb.d[r]), ad));
-        for (m, au) in ab.au.iter().enumerate() {
-            let a = L::load_i(au.as_ptr() as *const u8);
+        for (m, aq) in ab.aq.iter().enumerate() {
+            let a = L::load_i(aq.as_ptr() as *const u8);
             let start = start_of(st, m);
             for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
                 // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
@@ -442,8 +444,8 @@ unsafe fn pairs_tokens<K: Block32, const P: usize>(
         let wbs: [&WPair; P] = std::array::from_fn(|p| &wp[p * nb + b]);
         // d = wd · ad for each (row, token), rounded once.
         let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(&wbs[p].d), ad));
-        for (m, au) in ab.au.iter().enumerate() {
-            let a = L::load_i(au.as_ptr() as *const u8);
+        for (m, aq) in ab.aq.iter().enumerate() {
+            let a = L::load_i(aq.as_ptr() as *const u8);
             let start = start_of(st, m);
             for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
                 // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
