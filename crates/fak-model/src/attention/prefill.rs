@@ -1,10 +1,11 @@
 //! Attention for the new tokens of a prefill (more than one token in a pass).
 //!
-//! One chunk per (block of up to [`QB`] consecutive tokens, query head): each writes its
+//! One chunk per (block of up to [`QB`] consecutive tokens, KV head): each writes its
 //! own output slices, with the same kernels in the same order whichever thread runs it.
-//! In a block the tokens share every K and V row load over the keys they all see; each
-//! (token, key) still gets exactly the canonical dot and each output the ascending sum,
-//! so the bits are those of one token at a time (decode == prefill).
+//! In a block the tokens and the GQA group's query heads share every K and V row load
+//! over the keys the tokens all see; each (token, head, key) still gets exactly the
+//! canonical dot and each output the ascending sum, so the bits are those of one token
+//! and one head at a time (decode == prefill).
 
 use super::AttentionShape;
 use crate::kv::{window_start, KvRows};
@@ -17,6 +18,12 @@ use fak_tensor::{
 /// all see.
 const QB: usize = 4;
 
+/// Keys per step of a block's shared range: each step's K (then V) rows of the KV head
+/// are read for every query head of the group before the next step, so they come from
+/// memory once per block and from the core's L1 cache for the group's other heads (64
+/// rows of a 64-element head: 16 KB).
+const KEY_STEP: usize = 64;
+
 /// Attention of the last `n` of a layer's cache entries over the entries each sees:
 /// for new token `t` (entry `end = entries − n + t`) and every query head `h`,
 /// `out[t][h] = Σ_j softmax_j(scale · q_{t,h} · k_j) · v_j`, `j` from the window's start
@@ -28,6 +35,11 @@ const QB: usize = 4;
 /// bit); `positions` holds every entry's position
 /// (`[entries]`); `window` is the layer's sliding window (`None`: full causal
 /// attention); `out` receives `[n, heads × head_dim]`.
+///
+/// One chunk per (block of up to [`QB`] tokens, KV head): the block's tokens and the
+/// GQA group's query heads share every K and V row the chunk reads ([`group_scores`],
+/// [`group_sums`]), so a KV head's rows are read once per block rather than once per
+/// query head. Allocates one score buffer per chunk.
 ///
 /// # Panics
 /// If the slices are shorter than the shape says or `n` exceeds the entries (a
@@ -45,6 +57,7 @@ pub(crate) fn prefill_attention(
     th: Threads,
 ) {
     let (nh, group, hd, scale) = (s.heads, s.group, s.head_dim, s.scale);
+    let kv_heads = nh / group;
     let qd = nh * hd;
     let m = pos.len();
     let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
@@ -52,12 +65,12 @@ pub(crate) fn prefill_attention(
         .map(std::sync::Mutex::new)
         .collect();
     let blocks = n.div_ceil(QB);
-    parallel_chunks(blocks * nh, th, &|c| {
-        let c = front_back(c, blocks * nh);
-        let (tb, hq) = (c / nh, c % nh);
-        let g = hq / group;
+    parallel_chunks(blocks * kv_heads, th, &|c| {
+        let c = front_back(c, blocks * kv_heads);
+        let (tb, g) = (c / kv_heads, c % kv_heads);
         let (k_at, v_at) = (At(keys, g * hd, hd), At(vals, g * hd, hd));
         let tokens = tb * QB..((tb + 1) * QB).min(n);
+        let heads = g * group..(g + 1) * group;
         // Token t attends to entries start..=end (end: its own entry).
         let ranges: Vec<(usize, usize)> = tokens
             .clone()
@@ -66,22 +79,38 @@ pub(crate) fn prefill_attention(
                 (window_start(pos, end, window), end)
             })
             .collect();
-        let qs: Vec<&[f32]> = tokens
+        // Head-major: query `(h, i)` is head `heads.start + h` of token `tokens.start + i`.
+        let qs: Vec<&[f32]> = heads
             .clone()
-            .map(|t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
+            .flat_map(|hq| {
+                tokens
+                    .clone()
+                    .map(move |t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
+            })
             .collect();
-        let mut scores: Vec<Vec<f32>> =
-            ranges.iter().map(|&(s, e)| vec![0f32; e + 1 - s]).collect();
-        let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = tokens
+        // One score row per query, head-major, cut from one buffer.
+        let per_head: usize = ranges.iter().map(|&(s, e)| e + 1 - s).sum();
+        let mut buf = vec![0f32; group * per_head];
+        let mut scores: Vec<&mut [f32]> = Vec::with_capacity(qs.len());
+        let mut rest = &mut buf[..];
+        for _ in heads.clone() {
+            for &(s, e) in &ranges {
+                let (row, tail) = rest.split_at_mut(e + 1 - s);
+                scores.push(row);
+                rest = tail;
+            }
+        }
+        let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = heads
             .clone()
-            .map(|t| {
-                outs[t * nh + hq]
+            .flat_map(|hq| tokens.clone().map(move |t| t * nh + hq))
+            .map(|i| {
+                outs[i]
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             })
             .collect();
-        block_scores(&ranges, &qs, k_at, scale, &mut scores);
-        block_sums(&ranges, &scores, v_at, &mut out);
+        group_scores(&ranges, &qs, k_at, scale, &mut scores);
+        group_sums(&ranges, &scores, v_at, &mut out);
     });
     drop(outs);
 }
@@ -95,24 +124,36 @@ fn shared_keys(ranges: &[(usize, usize)]) -> (usize, usize, bool) {
     (lo, hi, ranges.len() == QB && lo <= hi)
 }
 
-/// The softmaxed scores of one block of tokens for one query head: for token `i`,
-/// `scores[i][j − first] = softmax(scale · qs[i] · k_j)` over its entries
-/// `ranges[i] = (first, last)`, `k_at` the layer's keys of this head's KV head. The
-/// keys every token of a full block sees are read once for the four
-/// ([`dot_strided_multi`]); each dot is still the canonical one.
-fn block_scores(
+/// The steps of [`KEY_STEP`] keys of the shared range `lo..=hi`, in order.
+fn key_steps(lo: usize, hi: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (lo..hi + 1)
+        .step_by(KEY_STEP)
+        .map(move |j| j..(j + KEY_STEP).min(hi + 1))
+}
+
+/// The softmaxed scores of one block of tokens for a GQA group's query heads: for
+/// query `(h, i)` (head-major: `h * ranges.len() + i`, token `i` of the block),
+/// `scores[h·nt + i][j − first] = softmax(scale · qs[h·nt + i] · k_j)` over token `i`'s
+/// entries `ranges[i] = (first, last)`, `k_at` the group's KV head's keys. The keys
+/// every token of a full block sees are read a [`KEY_STEP`] at a time for all the
+/// group's heads, four tokens at once ([`dot_strided_multi`]); each dot is still the
+/// canonical one, so the bits are those of one query at a time.
+fn group_scores(
     ranges: &[(usize, usize)],
     qs: &[&[f32]],
     k_at: At<'_>,
     scale: f32,
-    scores: &mut [Vec<f32>],
+    scores: &mut [&mut [f32]],
 ) {
+    let nt = ranges.len();
     let (lo, hi, shared) = shared_keys(ranges);
-    // q · k_j for every key each token sees (each one canonical dot).
-    for (i, (&(s, e), sc)) in ranges.iter().zip(scores.iter_mut()).enumerate() {
+    // q · k_j for every key each query sees outside the shared range (each one
+    // canonical dot).
+    for (q, sc) in scores.iter_mut().enumerate() {
+        let (s, e) = ranges[q % nt];
         let dots = |from: usize, to: usize, sc: &mut [f32]| {
             k_at.for_runs(from..to, |rows, stride, r| {
-                dot_strided(rows, stride, qs[i], &mut sc[r.start - from..r.end - from]);
+                dot_strided(rows, stride, qs[q], &mut sc[r.start - from..r.end - from]);
             });
         };
         if shared {
@@ -123,50 +164,55 @@ fn block_scores(
         }
     }
     if shared {
-        let [s0, s1, s2, s3] = &mut scores[..] else {
-            unreachable!("a full block has QB tokens")
-        };
         let r = ranges;
-        let mut outs = [
-            &mut s0[lo - r[0].0..hi + 1 - r[0].0],
-            &mut s1[lo - r[1].0..hi + 1 - r[1].0],
-            &mut s2[lo - r[2].0..hi + 1 - r[2].0],
-            &mut s3[lo - r[3].0..hi + 1 - r[3].0],
-        ];
-        k_at.for_runs(lo..hi + 1, |rows, stride, j| {
-            let (a, b) = (j.start - lo, j.end - lo);
-            let [o0, o1, o2, o3] = &mut outs;
-            dot_strided_multi(
-                rows,
-                stride,
-                [qs[0], qs[1], qs[2], qs[3]],
-                [&mut o0[a..b], &mut o1[a..b], &mut o2[a..b], &mut o3[a..b]],
-            );
-        });
+        for step in key_steps(lo, hi) {
+            for (hq, sc) in qs.chunks_exact(QB).zip(scores.chunks_exact_mut(QB)) {
+                let [s0, s1, s2, s3] = sc else {
+                    unreachable!("a full block has QB tokens")
+                };
+                k_at.for_runs(step.clone(), |rows, stride, j| {
+                    let at = |i: usize| j.start - r[i].0..j.end - r[i].0;
+                    dot_strided_multi(
+                        rows,
+                        stride,
+                        [hq[0], hq[1], hq[2], hq[3]],
+                        [
+                            &mut s0[at(0)],
+                            &mut s1[at(1)],
+                            &mut s2[at(2)],
+                            &mut s3[at(3)],
+                        ],
+                    );
+                });
+            }
+        }
     }
     for sc in scores.iter_mut() {
         sc.iter_mut().for_each(|s| *s *= scale);
     }
-    // A full block's four rows side by side (the same bits as one by one).
-    match &mut scores[..] {
-        [s0, s1, s2, s3] => softmax_rows_in_place([s0, s1, s2, s3]),
-        rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
+    // A full block's four rows of a head side by side (the same bits as one by one).
+    for sc in scores.chunks_mut(nt) {
+        match sc {
+            [s0, s1, s2, s3] => softmax_rows_in_place([&mut **s0, s1, s2, s3]),
+            rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
+        }
     }
 }
 
-/// `out[i] = Σ_j scores[i][j − first] · v_j` for token `i` of a block over its entries
-/// `ranges[i] = (first, last)`, ascending `j`, per element, `v_at` the layer's values
-/// of this head's KV head: the keys before the shared range, the shared range (four
-/// tokens at a time), the keys after it.
-fn block_sums(
+/// `out[q] = Σ_j scores[q][j − first] · v_j` for query `q` of a block (head-major, as
+/// in [`group_scores`]) over its token's entries `ranges[q % nt] = (first, last)`,
+/// ascending `j`, per element, `v_at` the group's KV head's values: the keys before the
+/// shared range, the shared range (a [`KEY_STEP`] at a time for all the group's heads,
+/// four tokens at once), the keys after it. Each element's sum runs over `j` in
+/// ascending order whatever the steps, so the bits are those of one query at a time.
+fn group_sums(
     ranges: &[(usize, usize)],
-    scores: &[Vec<f32>],
+    scores: &[&mut [f32]],
     v_at: At<'_>,
     out: &mut [std::sync::MutexGuard<'_, &mut [f32]>],
 ) {
+    let nt = ranges.len();
     let (lo, hi, shared) = shared_keys(ranges);
-    // Σ_j p_j · v_j, ascending j, per element: the keys before the shared
-    // range, the shared range (four tokens at a time), the keys after it.
     for o in out.iter_mut() {
         o.fill(0.0);
     }
@@ -177,28 +223,35 @@ fn block_sums(
             weighted_rows_accumulate([p], rows, stride, [&mut o[..]]);
         });
     };
-    for ((&(s, e), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
+    for (q, (sc, o)) in scores.iter().zip(out.iter_mut()).enumerate() {
+        let (s, e) = ranges[q % nt];
         let end = if shared { lo } else { e + 1 };
         sums(&sc[..end - s], s, end, &mut o[..]);
     }
-    if shared {
-        let r = ranges;
-        let p: [&[f32]; QB] = std::array::from_fn(|i| &scores[i][lo - r[i].0..hi + 1 - r[i].0]);
-        let [o0, o1, o2, o3] = &mut out[..] else {
-            unreachable!("a full block has QB tokens")
-        };
-        v_at.for_runs(lo..hi + 1, |rows, stride, j| {
-            let (a, b) = (j.start - lo, j.end - lo);
-            weighted_rows_accumulate(
-                p.map(|p| &p[a..b]),
-                rows,
-                stride,
-                [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
-            );
-        });
-        for ((&(s, e), sc), o) in ranges.iter().zip(scores).zip(out.iter_mut()) {
-            sums(&sc[hi + 1 - s..], hi + 1, e + 1, &mut o[..]);
+    if !shared {
+        return;
+    }
+    let r = ranges;
+    for step in key_steps(lo, hi) {
+        for (sc, o) in scores.chunks_exact(QB).zip(out.chunks_exact_mut(QB)) {
+            let p: [&[f32]; QB] = std::array::from_fn(|i| &sc[i][lo - r[i].0..hi + 1 - r[i].0]);
+            let [o0, o1, o2, o3] = o else {
+                unreachable!("a full block has QB tokens")
+            };
+            v_at.for_runs(step.clone(), |rows, stride, j| {
+                let (a, b) = (j.start - lo, j.end - lo);
+                weighted_rows_accumulate(
+                    p.map(|p| &p[a..b]),
+                    rows,
+                    stride,
+                    [&mut o0[..], &mut o1[..], &mut o2[..], &mut o3[..]],
+                );
+            });
         }
+    }
+    for (q, (sc, o)) in scores.iter().zip(out.iter_mut()).enumerate() {
+        let (s, e) = ranges[q % nt];
+        sums(&sc[hi + 1 - s..], hi + 1, e + 1, &mut o[..]);
     }
 }
 
@@ -231,5 +284,124 @@ impl<'a> At<'a> {
     ) {
         let At(rows, off, hd) = *self;
         rows.for_cols(range, off..off + hd, f);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use fak_tensor::{dot, weighted_rows_sum};
+
+    /// One (token, query head) at a time with the single-query kernels: token `t` of
+    /// the last `n` entries over its window's entries up to its own.
+    #[allow(clippy::too_many_arguments)]
+    fn per_query(
+        s: AttentionShape,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        pos: &[u32],
+        window: Option<usize>,
+        n: usize,
+    ) -> Vec<f32> {
+        let hd = s.head_dim;
+        let (qd, kvd) = (s.heads * hd, s.heads / s.group * hd);
+        let m = pos.len();
+        let mut out = vec![0f32; n * qd];
+        for t in 0..n {
+            let end = m - n + t;
+            let first = window_start(pos, end, window);
+            for h in 0..s.heads {
+                let g = h / s.group;
+                let qh = &q[t * qd + h * hd..t * qd + (h + 1) * hd];
+                let mut sc: Vec<f32> = (first..=end)
+                    .map(|j| dot(&k[j * kvd + g * hd..j * kvd + (g + 1) * hd], qh) * s.scale)
+                    .collect();
+                softmax_in_place(&mut sc);
+                let rows = &v[first * kvd + g * hd..];
+                weighted_rows_sum(&sc, rows, kvd, &mut out[t * qd + h * hd..][..hd]);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_prefill_attention_equals_one_query_at_a_time_bitwise() {
+        let mut seed = 0x9e37_79b9_u64;
+        let mut r = move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        };
+        // (heads, kv heads, head_dim): groups of 1, 2, 3, 4 and 7; head sizes off the
+        // 8- and 16-element grids too.
+        for (heads, kv_heads, hd) in [(9, 3, 64), (4, 1, 32), (8, 4, 16), (14, 2, 20), (6, 6, 8)] {
+            let (qd, kvd) = (heads * hd, kv_heads * hd);
+            let s = AttentionShape {
+                heads,
+                group: heads / kv_heads,
+                head_dim: hd,
+                scale: 0.125,
+            };
+            // (entries, new tokens, window): whole prompts, pieces after a cache, and
+            // sliding windows that cut the block's shared keys short or leave none.
+            for (m, n, window) in [
+                (1, 1, None),
+                (7, 7, None),
+                (13, 5, None),
+                (150, 150, None),
+                (300, 37, None),
+                (200, 64, Some(16)),
+                (90, 9, Some(2)),
+                (140, 140, Some(70)),
+            ] {
+                // Positions with gaps (entries evicted before), strictly increasing.
+                let pos: Vec<u32> = (0..m as u32).map(|i| i + i / 5).collect();
+                let q: Vec<f32> = (0..n * qd).map(|_| r()).collect();
+                let k: Vec<f32> = (0..m * kvd).map(|_| r()).collect();
+                let v: Vec<f32> = (0..m * kvd).map(|_| r()).collect();
+                let want = per_query(s, &q, &k, &v, &pos, window, n);
+                let cuts: [&[usize]; 2] = [&[], &[1, m / 2, m - 1]];
+                for (cut, threads) in cuts.iter().flat_map(|c| [1, 2, 3].map(|t| (c, t))) {
+                    fn cut_runs<'a>(
+                        x: &'a [f32],
+                        kvd: usize,
+                        cut: &[usize],
+                        m: usize,
+                    ) -> KvRows<'a> {
+                        let mut r = KvRows::contiguous(&x[..0], kvd);
+                        let mut at = 0;
+                        for &c in cut.iter().chain([&m]) {
+                            let c = c.max(at);
+                            r.push(&x[at * kvd..c * kvd]);
+                            at = c;
+                        }
+                        r
+                    }
+                    let runs = |x| cut_runs(x, kvd, cut, m);
+                    let mut out = vec![f32::NAN; n * qd];
+                    prefill_attention(
+                        s,
+                        &q,
+                        runs(&k),
+                        runs(&v),
+                        &pos,
+                        window,
+                        n,
+                        &mut out,
+                        Threads::new(threads),
+                    );
+                    let same = out
+                        .iter()
+                        .zip(&want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "heads {heads}/{kv_heads} × {hd}, {n} of {m} entries, window {window:?}, runs cut at {cut:?}, {threads} threads"
+                    );
+                }
+            }
+        }
     }
 }
