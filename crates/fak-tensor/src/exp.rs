@@ -102,6 +102,20 @@ pub fn exp_in_place(x: &mut [f32]) {
     x.iter_mut().for_each(|v| *v = v.exp());
 }
 
+/// `x[i] = exp(x[i] − m)` for every element: the difference rounded to `f32`, then
+/// [`exp_in_place`]'s bits of it, as if `x[i] −= m` were stored first (a softmax's
+/// exponentials, in one pass).
+pub fn exp_sub_in_place(x: &mut [f32], m: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX2, FMA and AVX-512F/DQ were detected at run time.
+        unsafe { avx512::exp_sub_in_place(x, m) };
+        return;
+    }
+    x.iter_mut().for_each(|v| *v -= m);
+    exp_in_place(x);
+}
+
 /// `gate[i] = silu(gate[i]) · up[i]` with `silu(g) = g / (1 + exp(−g))`, each value
 /// bit-identical to `crate::silu(gate[i]) * up[i]` (the same `f32` operations in the
 /// same order; the exponentials as [`exp_in_place`]).
@@ -309,6 +323,27 @@ mod avx512 {
         }
         // SAFETY: AVX2 and FMA are available (the caller's contract).
         unsafe { super::avx2::exp_in_place(chunks.into_remainder()) };
+    }
+
+    /// See [`super::exp_sub_in_place`].
+    ///
+    /// # Safety
+    /// The CPU must support AVX2, FMA and AVX-512F/DQ.
+    #[target_feature(enable = "avx2,fma,avx512f,avx512dq")]
+    pub unsafe fn exp_sub_in_place(x: &mut [f32], m: f32) {
+        let mv = _mm512_set1_ps(m);
+        let mut chunks = x.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: `c` holds sixteen `f32`.
+            unsafe {
+                let d = _mm512_sub_ps(_mm512_loadu_ps(c.as_ptr()), mv);
+                _mm512_storeu_ps(c.as_mut_ptr(), exp16(d));
+            }
+        }
+        let tail = chunks.into_remainder();
+        tail.iter_mut().for_each(|v| *v -= m);
+        // SAFETY: AVX2 and FMA are available (the caller's contract).
+        unsafe { super::avx2::exp_in_place(tail) };
     }
 
     /// See [`super::silu_mul_in_place`].

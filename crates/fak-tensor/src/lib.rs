@@ -42,7 +42,7 @@ pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
 pub use elem::{WeightElem, F16};
 pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};
 pub use ops::{
-    add_assign, gelu_tanh, rms_norm, rope_rotate_half, silu, softmax_in_place,
+    add_assign, gelu_tanh, rms_norm, rope_rotate_half, scale_in_place, silu, softmax_in_place,
     softmax_rows_in_place, weighted_rows_accumulate, weighted_rows_sum, RopeTable,
 };
 

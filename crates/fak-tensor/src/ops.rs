@@ -179,17 +179,15 @@ pub fn softmax_in_place(x: &mut [f32]) {
 ///
 /// The sum of a row is a chain of dependent adds in ascending order (the order is part
 /// of the result); summing `N` rows side by side runs `N` chains at a time. The
-/// exponentials are [`crate::exp::exp_in_place`] (the bits of `f32::exp`), and the
-/// maximum is taken eight lanes at a time: a maximum does not depend on the order it is
-/// taken in, except which zero of `±0` it returns, and `x − (+0)` and `x − (−0)` have
-/// the same exponential.
+/// exponentials are [`crate::exp::exp_in_place`]'s (the bits of `f32::exp`) of the
+/// rounded differences `x[i] − max`, and the maximum is taken sixteen lanes at a time:
+/// a maximum does not depend on the order it is taken in, except which zero of `±0` it
+/// returns, and `x − (+0)` and `x − (−0)` have the same exponential. The subtraction
+/// and the division are each one rounding per element at any vector width.
 pub fn softmax_rows_in_place<const N: usize>(mut rows: [&mut [f32]; N]) {
     for x in rows.iter_mut() {
         let max = row_max(x);
-        for v in x.iter_mut() {
-            *v -= max;
-        }
-        crate::exp::exp_in_place(x);
+        crate::exp::exp_sub_in_place(x, max);
     }
     let common = rows.iter().map(|r| r.len()).min().unwrap_or(0);
     let mut sums = [0f32; N];
@@ -202,16 +200,42 @@ pub fn softmax_rows_in_place<const N: usize>(mut rows: [&mut [f32]; N]) {
         for v in x[common..].iter() {
             *s += *v;
         }
-        let sum = *s;
-        for v in x.iter_mut() {
-            *v /= sum;
-        }
+        div_in_place(x, *s);
     }
 }
 
-/// The largest element (`-inf` for an empty row; NaN elements are skipped, as
-/// `f32::max` skips them, unless every element is NaN), eight lanes at a time.
+/// `x[i] *= s` for every element, each one rounded product (the same bits at any
+/// vector width). Attention scales its scores with it.
+pub fn scale_in_place(x: &mut [f32], s: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected at run time.
+        unsafe { avx512_rows::scale(x, s) };
+        return;
+    }
+    x.iter_mut().for_each(|v| *v *= s);
+}
+
+/// `x[i] /= d` for every element, each one rounded quotient.
+fn div_in_place(x: &mut [f32], d: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected at run time.
+        unsafe { avx512_rows::div(x, d) };
+        return;
+    }
+    x.iter_mut().for_each(|v| *v /= d);
+}
+
+/// The largest element (`-inf` for an empty row or a row of NaN: NaN elements are
+/// skipped, as `f32::max` skips them), sixteen lanes at a time with AVX-512, else
+/// eight.
 fn row_max(x: &[f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { avx512_rows::max(x) };
+    }
     let mut lanes = [f32::NEG_INFINITY; 8];
     let mut chunks = x.chunks_exact(8);
     for c in &mut chunks {
@@ -224,6 +248,76 @@ fn row_max(x: &[f32]) -> f32 {
         .into_iter()
         .chain(tail)
         .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// The element-wise passes of a softmax row with 512-bit registers: the same one
+/// rounding per element as the scalar loops, so the same bits.
+#[cfg(target_arch = "x86_64")]
+mod avx512_rows {
+    use std::arch::x86_64::*;
+
+    /// See [`super::row_max`]. `vmaxps` returns its second operand when either is NaN,
+    /// so with the running maximum second a NaN element is skipped, as `f32::max`
+    /// skips it; the lanes start at `-inf`, so they never hold NaN.
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn max(x: &[f32]) -> f32 {
+        let mut acc = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut chunks = x.chunks_exact(16);
+        for c in &mut chunks {
+            // SAFETY: `c` holds sixteen `f32`.
+            acc = _mm512_max_ps(unsafe { _mm512_loadu_ps(c.as_ptr()) }, acc);
+        }
+        let mut lanes = [0f32; 16];
+        // SAFETY: `lanes` holds sixteen `f32`.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), acc) };
+        lanes
+            .into_iter()
+            .chain(chunks.remainder().iter().copied())
+            .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// See [`super::scale_in_place`].
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn scale(x: &mut [f32], s: f32) {
+        let sv = _mm512_set1_ps(s);
+        let mut chunks = x.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: `c` holds sixteen `f32`.
+            unsafe {
+                _mm512_storeu_ps(
+                    c.as_mut_ptr(),
+                    _mm512_mul_ps(_mm512_loadu_ps(c.as_ptr()), sv),
+                )
+            };
+        }
+        chunks.into_remainder().iter_mut().for_each(|v| *v *= s);
+    }
+
+    /// See [`super::div_in_place`].
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn div(x: &mut [f32], d: f32) {
+        let dv = _mm512_set1_ps(d);
+        let mut chunks = x.chunks_exact_mut(16);
+        for c in &mut chunks {
+            // SAFETY: `c` holds sixteen `f32`.
+            unsafe {
+                _mm512_storeu_ps(
+                    c.as_mut_ptr(),
+                    _mm512_div_ps(_mm512_loadu_ps(c.as_ptr()), dv),
+                )
+            };
+        }
+        chunks.into_remainder().iter_mut().for_each(|v| *v /= d);
+    }
 }
 
 /// SiLU (swish) as torch computes it: `x / (1 + exp(-x))`.
@@ -555,6 +649,86 @@ mod tests {
         softmax_in_place(&mut x);
         assert!((x.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(x[2] > x[1] && x[1] > x[0] && x[3] == 0.0);
+    }
+
+    /// Softmax as the scalar steps: the maximum by `f32::max` in index order, each
+    /// `x − max` rounded, `f32::exp`, the ascending sum, each quotient.
+    fn softmax_scalar(x: &mut [f32]) {
+        let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        x.iter_mut().for_each(|v| *v = (*v - max).exp());
+        let sum = x.iter().fold(0f32, |s, v| s + v);
+        x.iter_mut().for_each(|v| *v /= sum);
+    }
+
+    #[test]
+    fn softmax_rows_and_scaling_equal_the_scalar_steps_bitwise() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 60.0
+        };
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        };
+        for len in [0usize, 1, 7, 15, 16, 17, 33, 100, 257] {
+            let mut rows: Vec<Vec<f32>> = (0..4)
+                .map(|r| (0..len + r).map(|_| next()).collect())
+                .collect();
+            // Values the lanes must treat as the scalar fold does: NaN (skipped), the
+            // maximum at either zero, -inf, and exponentials that underflow or overflow
+            // the fast path.
+            if len >= 17 {
+                // The row's maximum in lane 0, then NaN in lane 0 of a later block.
+                rows[0][0] = 100.0;
+                rows[0][3] = f32::NAN;
+                rows[0][16] = f32::NAN;
+                rows[1].iter_mut().for_each(|v| *v = -v.abs());
+                rows[1][5] = -0.0;
+                rows[1][9] = 0.0;
+                rows[2][0] = f32::NEG_INFINITY;
+                rows[3][len / 2] = 200.0;
+            }
+            // The maximum itself (the softmax of a row with NaN is NaN whatever it is):
+            // as the scalar fold, up to which zero of ±0.
+            for r in &rows {
+                let fold = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                assert_eq!(row_max(r), fold, "maximum of {r:?}");
+            }
+            let scale = 0.125f32;
+            let mut want = rows.clone();
+            for w in want.iter_mut() {
+                w.iter_mut().for_each(|v| *v *= scale);
+                softmax_scalar(w);
+            }
+            let mut got = rows.clone();
+            for g in got.iter_mut() {
+                scale_in_place(g, scale);
+            }
+            let [a, b, c, d] = &mut got[..] else {
+                unreachable!()
+            };
+            softmax_rows_in_place([&mut a[..], b, c, d]);
+            for (r, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    same(g, w),
+                    "four rows side by side: row {r}, length {}",
+                    w.len()
+                );
+            }
+            let mut one = rows[0].clone();
+            scale_in_place(&mut one, scale);
+            softmax_in_place(&mut one);
+            assert!(same(&one, &want[0]), "one row of {len}");
+        }
+        // A row of only NaN or -inf, and an empty row.
+        for x in [vec![f32::NAN; 20], vec![f32::NEG_INFINITY; 19], vec![]] {
+            let (mut got, mut want) = (x.clone(), x);
+            softmax_in_place(&mut got);
+            softmax_scalar(&mut want);
+            assert!(same(&got, &want), "{want:?}");
+        }
     }
 
     #[test]

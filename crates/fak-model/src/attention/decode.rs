@@ -37,7 +37,9 @@
 
 use super::AttentionShape;
 use crate::kv::KvRows;
-use fak_tensor::ops::{softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate};
+use fak_tensor::ops::{
+    scale_in_place, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate,
+};
 use fak_tensor::pool::{part_range, Disjoint};
 use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 
@@ -151,7 +153,7 @@ pub(crate) fn decode_attention(
             });
             j0 = j1;
         }
-        sc.iter_mut().for_each(|x| *x *= s.scale);
+        scale_in_place(sc, s.scale);
         softmax_for_heads(sc, len);
         o.fill(0.0);
         let mut j0 = 0;
@@ -247,7 +249,7 @@ fn by_ranges(
             // SAFETY: chunk `c` alone holds heads `hr` (the chunks' head ranges are
             // disjoint), whose score rows are one consecutive part.
             let rows = unsafe { all.part(hr.start * len..hr.end * len) };
-            rows.iter_mut().for_each(|x| *x *= s.scale);
+            scale_in_place(rows, s.scale);
             softmax_for_heads(rows, len);
         });
     }

@@ -10,8 +10,8 @@
 use super::AttentionShape;
 use crate::kv::{window_start, KvRows};
 use fak_tensor::{
-    dot_strided, dot_strided_multi, parallel_chunks, softmax_in_place, softmax_rows_in_place,
-    weighted_rows_accumulate, Threads,
+    dot_strided, dot_strided_multi, parallel_chunks, scale_in_place, softmax_in_place,
+    softmax_rows_in_place, weighted_rows_accumulate, Threads,
 };
 
 /// Tokens per block: the tokens of a block share the K and V row loads of the keys they
@@ -188,12 +188,20 @@ fn group_scores(
         }
     }
     for sc in scores.iter_mut() {
-        sc.iter_mut().for_each(|s| *s *= scale);
+        scale_in_place(sc, scale);
     }
-    // A full block's four rows of a head side by side (the same bits as one by one).
-    for sc in scores.chunks_mut(nt) {
-        match sc {
-            [s0, s1, s2, s3] => softmax_rows_in_place([&mut **s0, s1, s2, s3]),
+    // Up to sixteen rows side by side, the group's heads' rows of a full block
+    // together (the same bits as one by one: each row's sum is its own chain).
+    for rows in scores.chunks_mut(16) {
+        match rows {
+            [a, b, c, d] => softmax_rows_in_place([&mut **a, b, c, d]),
+            [a, b, c, d, e, f, g, h] => softmax_rows_in_place([&mut **a, b, c, d, e, f, g, h]),
+            [a, b, c, d, e, f, g, h, i, j, k, l] => {
+                softmax_rows_in_place([&mut **a, b, c, d, e, f, g, h, i, j, k, l])
+            }
+            [a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p] => {
+                softmax_rows_in_place([&mut **a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p])
+            }
             rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
         }
     }
