@@ -3,25 +3,62 @@
 use crate::{fail, outln, CliError, Format};
 use fak_model::WeightSource;
 use fak_weights::{GgufFile, MetaValue};
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// `fak model inspect --format json`: one object, keys in this order.
+#[derive(Serialize)]
+struct InspectReport<'a> {
+    path: &'a std::path::Path,
+    architecture: &'a str,
+    runnable: bool,
+    not_runnable_because: Option<&'a String>,
+    config: &'a Option<fak_model::Config>,
+    /// Each metadata key's value ([`meta_json`]).
+    metadata: Map<String, Value>,
+    tensors: Vec<TensorRow<'a>>,
+    n_tensors: usize,
+    n_params: u64,
+}
+
+/// One tensor of [`InspectReport`]: its HF name (or the file's), the file's name, its
+/// type and its shape in HF's order.
+#[derive(Serialize)]
+struct TensorRow<'a> {
+    name: &'a str,
+    file_name: &'a str,
+    dtype: &'a str,
+    shape: &'a [usize],
+}
+
+/// A metadata array of more than 64 items: its length and its first 8.
+#[derive(Serialize)]
+struct CutArray {
+    length: usize,
+    first: Vec<Value>,
+}
 
 /// A metadata value as JSON (arrays longer than 64 items are cut, with their length).
 fn meta_json(v: &MetaValue) -> Value {
     match v {
-        MetaValue::U8(x) => json!(x),
-        MetaValue::I8(x) => json!(x),
-        MetaValue::U16(x) => json!(x),
-        MetaValue::I16(x) => json!(x),
-        MetaValue::U32(x) => json!(x),
-        MetaValue::I32(x) => json!(x),
-        MetaValue::U64(x) => json!(x),
-        MetaValue::I64(x) => json!(x),
-        MetaValue::F32(x) => json!(x),
-        MetaValue::F64(x) => json!(x),
-        MetaValue::Bool(x) => json!(x),
-        MetaValue::String(s) => json!(s),
+        MetaValue::U8(x) => Value::from(*x),
+        MetaValue::I8(x) => Value::from(*x),
+        MetaValue::U16(x) => Value::from(*x),
+        MetaValue::I16(x) => Value::from(*x),
+        MetaValue::U32(x) => Value::from(*x),
+        MetaValue::I32(x) => Value::from(*x),
+        MetaValue::U64(x) => Value::from(*x),
+        MetaValue::I64(x) => Value::from(*x),
+        MetaValue::F32(x) => Value::from(*x),
+        MetaValue::F64(x) => Value::from(*x),
+        MetaValue::Bool(x) => Value::from(*x),
+        MetaValue::String(s) => Value::from(s.as_str()),
         MetaValue::Array(a) if a.len() > 64 => {
-            json!({"length": a.len(), "first": a.iter().take(8).map(meta_json).collect::<Vec<_>>()})
+            let cut = CutArray {
+                length: a.len(),
+                first: a.iter().take(8).map(meta_json).collect(),
+            };
+            serde_json::to_value(cut).unwrap_or(Value::Null)
         }
         MetaValue::Array(a) => Value::Array(a.iter().map(meta_json).collect()),
     }
@@ -118,17 +155,28 @@ pub(crate) fn inspect(model: &str, format: Format) -> Result<(), CliError> {
         .unwrap_or_default();
 
     if format == Format::Json {
-        let v = json!({
-            "path": path,
-            "architecture": architecture,
-            "runnable": runnable.is_ok(),
-            "not_runnable_because": runnable.as_ref().err(),
-            "config": config,
-            "metadata": metadata.iter().map(|(k, v)| (k.clone(), meta_json(v))).collect::<serde_json::Map<_, _>>(),
-            "tensors": rows.iter().map(|(n, f, d, s)| json!({"name": n, "file_name": f, "dtype": d, "shape": s})).collect::<Vec<_>>(),
-            "n_tensors": rows.len(),
-            "n_params": n_params,
-        });
+        let v = InspectReport {
+            path: &path,
+            architecture: &architecture,
+            runnable: runnable.is_ok(),
+            not_runnable_because: runnable.as_ref().err(),
+            config: &config,
+            metadata: metadata
+                .iter()
+                .map(|(k, v)| (k.clone(), meta_json(v)))
+                .collect(),
+            tensors: rows
+                .iter()
+                .map(|(n, f, d, s)| TensorRow {
+                    name: n,
+                    file_name: f,
+                    dtype: d,
+                    shape: s,
+                })
+                .collect(),
+            n_tensors: rows.len(),
+            n_params,
+        };
         outln!("{}", serde_json::to_string_pretty(&v)?)?;
         return Ok(());
     }

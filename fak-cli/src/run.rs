@@ -6,7 +6,31 @@ use crate::{
 use fak_catalog::DEFAULT_MODEL;
 use fak_kv::{generate_text, SamplingParams, Session, TextParams};
 use fak_model::{load_text, Message};
-use serde_json::json;
+
+/// `fak run --format json`: one line, keys in this order.
+#[derive(serde::Serialize)]
+struct RunReport<'a> {
+    model: &'a std::path::Path,
+    prompt_ids: &'a [u32],
+    completion_ids: &'a [u32],
+    text: &'a str,
+    finish_reason: fak_kv::FinishReason,
+    threads: usize,
+    weights: &'a str,
+    timings: RunTimings,
+}
+
+/// [`RunReport`]'s times (ms) and rates (tokens/s); `null` where there was no first
+/// token or no decode step.
+#[derive(serde::Serialize)]
+struct RunTimings {
+    load_ms: f64,
+    ttft_ms: Option<f64>,
+    prefill_ms: f64,
+    decode_ms: f64,
+    prefill_tokens_per_s: f64,
+    decode_tokens_per_s: Option<f64>,
+}
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Instant;
@@ -210,23 +234,24 @@ pub(crate) fn run(args: RunArgs) -> Result<(), CliError> {
     // The threads the products run on (a request above twice the cores is capped).
     let threads = model.threads().used();
     if args.format == Format::Json {
-        let v = json!({
-            "model": path,
-            "prompt_ids": prompt_ids,
-            "completion_ids": out.completion_ids,
-            "text": out.text,
-            "finish_reason": out.finish_reason,
-            "threads": threads,
-            "weights": model.weight_mode().name(),
-            "timings": {
-                "load_ms": load_s * 1e3,
-                "ttft_ms": ttft_ms,
-                "prefill_ms": out.prefill_s * 1e3,
-                "decode_ms": out.decode_s * 1e3,
-                "prefill_tokens_per_s": prefill_tps,
-                "decode_tokens_per_s": decode_tps,
-            }
-        });
+        let v = RunReport {
+            model: &path,
+            prompt_ids: &prompt_ids,
+            completion_ids: &out.completion_ids,
+            text: &out.text,
+            finish_reason: out.finish_reason,
+            threads,
+            weights: model.weight_mode().name(),
+            timings: RunTimings {
+                load_ms: load_s * 1e3,
+                ttft_ms,
+                prefill_ms: out.prefill_s * 1e3,
+                decode_ms: out.decode_s * 1e3,
+                prefill_tokens_per_s: prefill_tps,
+                decode_tokens_per_s: decode_tps,
+            },
+        };
+        let v = serde_json::to_string(&v)?;
         outln!("{v}")?;
     } else {
         outln!()?;

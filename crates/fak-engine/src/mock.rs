@@ -243,7 +243,7 @@ fn mock_logprob(index: usize, piece: &str, top_n: usize) -> TokenLogprob {
 /// Arguments that satisfy a simple object schema: each `required` property with a
 /// placeholder of its `type` (`"mock"`, 0, false, [], {}; `null` when untyped).
 fn placeholder_arguments(schema: &serde_json::Value) -> serde_json::Value {
-    use serde_json::{json, Value};
+    use serde_json::Value;
     let mut args = serde_json::Map::new();
     for name in schema
         .get("required")
@@ -258,11 +258,11 @@ fn placeholder_arguments(schema: &serde_json::Value) -> serde_json::Value {
             .and_then(|p| p.get("type"))
             .and_then(Value::as_str);
         let v = match kind {
-            Some("string") => json!("mock"),
-            Some("integer" | "number") => json!(0),
-            Some("boolean") => json!(false),
-            Some("array") => json!([]),
-            Some("object") => json!({}),
+            Some("string") => Value::from("mock"),
+            Some("integer" | "number") => Value::from(0),
+            Some("boolean") => Value::Bool(false),
+            Some("array") => Value::Array(Vec::new()),
+            Some("object") => Value::Object(serde_json::Map::new()),
             _ => Value::Null,
         };
         args.insert(name.to_string(), v);

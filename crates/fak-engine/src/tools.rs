@@ -30,7 +30,8 @@
 //! it; it is never passed off as text.
 
 use fak_model::Message;
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::{Map, Value};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Opening tag of a call.
@@ -114,16 +115,66 @@ pub fn new_call_id() -> String {
     format!("call_{t:x}{:06x}", N.fetch_add(1, Ordering::Relaxed))
 }
 
+/// A tool as chat templates take it (the `tools` variable, and the JSON fak writes
+/// into the system text): OpenAI's `{"type": "function", "function": {...}}` shape,
+/// keys in this order.
+#[derive(Serialize)]
+struct TemplateTool<'a> {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: TemplateFunction<'a>,
+}
+
+/// [`TemplateTool`]'s function.
+#[derive(Serialize)]
+struct TemplateFunction<'a> {
+    name: &'a str,
+    /// The arguments' JSON Schema.
+    parameters: &'a Value,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    description: Option<&'a str>,
+}
+
+/// A call of an assistant message as chat templates take it: the arguments as a JSON
+/// value (templates write them with `tojson`), not OpenAI's string of JSON; the id
+/// kept when the client gave one.
+#[derive(Serialize)]
+struct TemplateCall<'a> {
+    /// Always `"function"`.
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: TemplateCallFunction,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a Value>,
+}
+
+/// [`TemplateCall`]'s function.
+#[derive(Serialize)]
+struct TemplateCallFunction {
+    name: String,
+    arguments: Value,
+}
+
+/// A template-side shape as a JSON value (serializing these structs cannot fail: their
+/// maps have string keys).
+fn template_value(x: impl Serialize) -> Value {
+    serde_json::to_value(x).unwrap_or(Value::Null)
+}
+
 /// The tools in OpenAI's `{"type": "function", "function": {...}}` shape.
 fn tools_json(tools: &[ToolSpec]) -> Vec<Value> {
     tools
         .iter()
         .map(|t| {
-            let mut f = json!({"name": t.name, "parameters": t.parameters});
-            if let Some(d) = &t.description {
-                f["description"] = json!(d);
-            }
-            json!({"type": "function", "function": f})
+            template_value(TemplateTool {
+                kind: "function",
+                function: TemplateFunction {
+                    name: &t.name,
+                    parameters: &t.parameters,
+                    description: t.description.as_deref(),
+                },
+            })
         })
         .collect()
 }
@@ -162,7 +213,7 @@ fn calls_of(v: &Value) -> Vec<(String, Value)> {
                             serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.clone()))
                         }
                         Some(v) => v.clone(),
-                        None => json!({}),
+                        None => Value::Object(Map::new()),
                     };
                     (name, args)
                 })
@@ -209,13 +260,12 @@ pub fn prepare(
                     let calls: Vec<Value> = calls_of(tc)
                         .into_iter()
                         .zip(tc.as_array().into_iter().flatten())
-                        .map(|((name, args), orig)| {
-                            let mut c = json!({"type": "function",
-                                "function": {"name": name, "arguments": args}});
-                            if let Some(id) = orig.get("id") {
-                                c["id"] = id.clone();
-                            }
-                            c
+                        .map(|((name, arguments), orig)| {
+                            template_value(TemplateCall {
+                                kind: "function",
+                                function: TemplateCallFunction { name, arguments },
+                                id: orig.get("id"),
+                            })
                         })
                         .collect();
                     m.tool_calls = Some(Value::Array(calls));
@@ -356,7 +406,7 @@ fn read_call(body: &str) -> ToolCall {
         return fail("the call has no string `name`", String::new());
     };
     let args = match v.get("arguments").or_else(|| v.get("parameters")) {
-        None | Some(Value::Null) => json!({}),
+        None | Some(Value::Null) => Value::Object(Map::new()),
         Some(Value::String(s)) => match serde_json::from_str::<Value>(s) {
             Ok(a @ Value::Object(_)) => a,
             _ => {
@@ -452,6 +502,7 @@ impl ToolCallParser {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn run(prefix: &str, pieces: &[&str]) -> (String, Vec<ToolCall>) {
         let mut p = ToolCallParser::new(prefix);
