@@ -461,6 +461,7 @@ fn sums_for_heads(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::{cut_runs, same_bits, values};
     use fak_tensor::{dot, weighted_rows_sum};
 
     /// One query head at a time with the single-head kernels.
@@ -484,13 +485,7 @@ mod tests {
 
     #[test]
     fn grouped_decode_attention_equals_one_head_at_a_time_bitwise() {
-        let mut seed = 0x2545_f491_u64;
-        let mut r = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        };
+        let mut r = values(0x2545_f491_u64);
         // (heads, kv heads, head_dim): groups of 1, 2, 3, 4, 5 and 7; head sizes off
         // the 8- and 16-element grids too.
         for (heads, kv_heads, hd) in [
@@ -527,21 +522,6 @@ mod tests {
                 // same bits wherever the runs break.
                 let cuts: [&[usize]; 3] = [&[], &[entries / 3], &[1, entries / 2, entries - 1]];
                 for (cut, threads) in cuts.iter().flat_map(|c| [1, 2, 3].map(|t| (c, t))) {
-                    fn cut_runs<'a>(
-                        x: &'a [f32],
-                        kvd: usize,
-                        cut: &[usize],
-                        entries: usize,
-                    ) -> KvRows<'a> {
-                        let mut r = KvRows::contiguous(&x[..0], kvd);
-                        let mut at = 0;
-                        for &c in cut.iter().chain([&entries]) {
-                            let c = c.max(at);
-                            r.push(&x[at * kvd..c * kvd]);
-                            at = c;
-                        }
-                        r
-                    }
                     let runs = |x| cut_runs(x, kvd, cut, entries);
                     let mut out = vec![f32::NAN; heads * hd];
                     let mut scratch = Vec::new();
@@ -556,12 +536,8 @@ mod tests {
                         &mut out,
                         Threads::new(threads),
                     );
-                    let same = out
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
-                        same,
+                        same_bits(&out, &want),
                         "heads {heads}/{kv_heads} × {hd}, entries {first}..{entries}, runs cut at {cut:?}, {threads} threads"
                     );
                 }

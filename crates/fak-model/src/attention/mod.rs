@@ -34,3 +34,42 @@ impl AttentionShape {
         }
     }
 }
+
+/// What the attention tests share.
+#[cfg(test)]
+pub(crate) mod test_util {
+    use crate::kv::KvRows;
+
+    /// `x`'s `entries` rows of `kvd` values as runs broken before each entry in `cut`
+    /// (a shared prefix's runs): where they break changes no bit.
+    pub(crate) fn cut_runs<'a>(
+        x: &'a [f32],
+        kvd: usize,
+        cut: &[usize],
+        entries: usize,
+    ) -> KvRows<'a> {
+        let mut r = KvRows::contiguous(&x[..0], kvd);
+        let mut at = 0;
+        for &c in cut.iter().chain([&entries]) {
+            let c = c.max(at);
+            r.push(&x[at * kvd..c * kvd]);
+            at = c;
+        }
+        r
+    }
+
+    /// Whether `a` and `b` hold the same bits.
+    pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+    }
+
+    /// Seeded values in `[-2, 2)`: a 64-bit LCG's top 24 bits.
+    pub(crate) fn values(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
+        }
+    }
+}

@@ -298,6 +298,7 @@ impl<'a> At<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::attention::test_util::{cut_runs, same_bits, values};
     use fak_tensor::{dot, weighted_rows_sum};
 
     /// One (token, query head) at a time with the single-query kernels: token `t` of
@@ -335,13 +336,7 @@ mod tests {
 
     #[test]
     fn grouped_prefill_attention_equals_one_query_at_a_time_bitwise() {
-        let mut seed = 0x9e37_79b9_u64;
-        let mut r = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 4.0
-        };
+        let mut r = values(0x9e37_79b9_u64);
         // (heads, kv heads, head_dim): groups of 1, 2, 3, 4 and 7; head sizes off the
         // 8- and 16-element grids too.
         for (heads, kv_heads, hd) in [(9, 3, 64), (4, 1, 32), (8, 4, 16), (14, 2, 20), (6, 6, 8)] {
@@ -372,21 +367,6 @@ mod tests {
                 let want = per_query(s, &q, &k, &v, &pos, window, n);
                 let cuts: [&[usize]; 2] = [&[], &[1, m / 2, m - 1]];
                 for (cut, threads) in cuts.iter().flat_map(|c| [1, 2, 3].map(|t| (c, t))) {
-                    fn cut_runs<'a>(
-                        x: &'a [f32],
-                        kvd: usize,
-                        cut: &[usize],
-                        m: usize,
-                    ) -> KvRows<'a> {
-                        let mut r = KvRows::contiguous(&x[..0], kvd);
-                        let mut at = 0;
-                        for &c in cut.iter().chain([&m]) {
-                            let c = c.max(at);
-                            r.push(&x[at * kvd..c * kvd]);
-                            at = c;
-                        }
-                        r
-                    }
                     let runs = |x| cut_runs(x, kvd, cut, m);
                     let mut out = vec![f32::NAN; n * qd];
                     prefill_attention(
@@ -400,12 +380,8 @@ mod tests {
                         &mut out,
                         Threads::new(threads),
                     );
-                    let same = out
-                        .iter()
-                        .zip(&want)
-                        .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
-                        same,
+                        same_bits(&out, &want),
                         "heads {heads}/{kv_heads} × {hd}, {n} of {m} entries, window {window:?}, runs cut at {cut:?}, {threads} threads"
                     );
                 }
