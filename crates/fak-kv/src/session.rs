@@ -366,7 +366,7 @@ impl Session {
 
     /// Rolls the last `n` cache entries back out when `logits` hold a NaN.
     fn check_finite(&mut self, logits: &[f32], n: usize) -> Result<(), SessionError> {
-        if logits.iter().any(|x| x.is_nan()) {
+        if fak_tensor::has_nan(logits) {
             let len = self.cache.len();
             self.cache.drop_newest(n);
             debug_assert_eq!(self.cache.len(), len - n);

@@ -32,25 +32,14 @@ pub enum StopReason {
 
 /// Index of the largest logit; the first one on ties (as `torch.argmax`). NaN never wins.
 ///
-/// Two passes the compiler vectorizes (a 262,144-logit head made the one-pass loop ~2%
-/// of a Gemma 3 decode step): the largest non-NaN value (`f32::max` skips NaN; which
-/// zero of `±0` it keeps does not matter), then the first index equal to it (`−0 ==
-/// +0`, as the one-pass `>` treats them). All NaN (or empty): index 0.
+/// Two vector passes (a 262,144-logit head made the one-pass loop ~2% of a Gemma 3
+/// decode step): the largest non-NaN value ([`fak_tensor::max_skipping_nan`]; which
+/// zero of `±0` it keeps does not matter), then the first index equal to it
+/// ([`fak_tensor::first_equal`]: `−0 == +0`, as the one-pass `>` treats them). All NaN
+/// (or empty): index 0.
 pub fn argmax(logits: &[f32]) -> u32 {
-    const LANES: usize = 16;
-    let mut lanes = [f32::NAN; LANES];
-    let mut chunks = logits.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (l, &v) in lanes.iter_mut().zip(c) {
-            *l = l.max(v);
-        }
-    }
-    let max = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NAN, |m, &v| m.max(v));
-    logits.iter().position(|&v| v == max).unwrap_or(0) as u32
+    let max = fak_tensor::max_skipping_nan(logits);
+    fak_tensor::first_equal(logits, max).unwrap_or(0) as u32
 }
 
 /// Greedy decoding (HF `generate(do_sample=False)`): prefill `prompt`, then repeatedly

@@ -42,8 +42,9 @@ pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
 pub use elem::{WeightElem, F16};
 pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};
 pub use ops::{
-    add_assign, gelu_tanh, rms_norm, rope_rotate_half, scale_in_place, silu, softmax_in_place,
-    softmax_rows_in_place, weighted_rows_accumulate, weighted_rows_sum, RopeTable,
+    add_assign, first_equal, gelu_tanh, has_nan, max_skipping_nan, rms_norm, rope_rotate_half,
+    scale_in_place, silu, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate,
+    weighted_rows_sum, RopeTable,
 };
 
 /// Test helpers shared by the modules' tests.

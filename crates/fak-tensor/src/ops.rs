@@ -227,9 +227,37 @@ fn div_in_place(x: &mut [f32], d: f32) {
     x.iter_mut().for_each(|v| *v /= d);
 }
 
+/// The index of the first element `== v` (so `−0` and `+0` match each other; NaN
+/// matches nothing), sixteen at a time with AVX-512. The greedy sampler's second pass
+/// over a vocabulary's logits.
+pub fn first_equal(x: &[f32], v: f32) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { avx512_rows::first_equal(x, v) };
+    }
+    x.iter().position(|&e| e == v)
+}
+
+/// Whether any element is NaN, sixteen at a time with AVX-512 (a session checks every
+/// logits row it is given).
+pub fn has_nan(x: &[f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::has_avx512_f32() {
+        // SAFETY: AVX-512F was detected at run time.
+        return unsafe { avx512_rows::has_nan(x) };
+    }
+    x.iter().any(|e| e.is_nan())
+}
+
 /// The largest element (`-inf` for an empty row or a row of NaN: NaN elements are
-/// skipped, as `f32::max` skips them), sixteen lanes at a time with AVX-512, else
-/// eight.
+/// skipped, as `f32::max` skips them; which zero of `±0` it returns is not
+/// specified), sixteen lanes at a time with AVX-512, else eight.
+pub fn max_skipping_nan(x: &[f32]) -> f32 {
+    row_max(x)
+}
+
+/// [`max_skipping_nan`].
 fn row_max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx512_f32() {
@@ -277,6 +305,45 @@ mod avx512_rows {
             .into_iter()
             .chain(chunks.remainder().iter().copied())
             .fold(f32::NEG_INFINITY, f32::max)
+    }
+
+    /// See [`super::first_equal`].
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn first_equal(x: &[f32], v: f32) -> Option<usize> {
+        let vv = _mm512_set1_ps(v);
+        let mut chunks = x.chunks_exact(16);
+        for (i, c) in (&mut chunks).enumerate() {
+            // SAFETY: `c` holds sixteen `f32`.
+            let m = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(unsafe { _mm512_loadu_ps(c.as_ptr()) }, vv);
+            if m != 0 {
+                return Some(16 * i + m.trailing_zeros() as usize);
+            }
+        }
+        let base = x.len() / 16 * 16;
+        chunks
+            .remainder()
+            .iter()
+            .position(|&e| e == v)
+            .map(|j| base + j)
+    }
+
+    /// See [`super::has_nan`].
+    ///
+    /// # Safety
+    /// AVX-512F available.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn has_nan(x: &[f32]) -> bool {
+        let mut any: __mmask16 = 0;
+        let mut chunks = x.chunks_exact(16);
+        for c in &mut chunks {
+            // SAFETY: `c` holds sixteen `f32`.
+            let e = unsafe { _mm512_loadu_ps(c.as_ptr()) };
+            any |= _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(e, e);
+        }
+        any != 0 || chunks.remainder().iter().any(|e| e.is_nan())
     }
 
     /// See [`super::scale_in_place`].
@@ -728,6 +795,33 @@ mod tests {
             softmax_in_place(&mut got);
             softmax_scalar(&mut want);
             assert!(same(&got, &want), "{want:?}");
+        }
+    }
+
+    #[test]
+    fn first_equal_and_has_nan_match_the_scalar_scans() {
+        for len in [0usize, 1, 15, 16, 17, 40, 100] {
+            let base: Vec<f32> = (0..len).map(|i| (i % 7) as f32 - 3.0).collect();
+            // A NaN at each place in turn (and none), then a -0 and +0 search.
+            for nan_at in std::iter::once(None).chain((0..len).map(Some)) {
+                let mut x = base.clone();
+                if let Some(i) = nan_at {
+                    x[i] = f32::NAN;
+                }
+                assert_eq!(
+                    has_nan(&x),
+                    nan_at.is_some(),
+                    "len {len}, NaN at {nan_at:?}"
+                );
+                for v in [-3.0f32, 0.0, -0.0, 3.0, 9.0, f32::NAN] {
+                    let want = x.iter().position(|&e| e == v);
+                    assert_eq!(
+                        first_equal(&x, v),
+                        want,
+                        "len {len}, {v}, NaN at {nan_at:?}"
+                    );
+                }
+            }
         }
     }
 
