@@ -117,7 +117,7 @@ impl Sampler {
     /// sampling order (scaled logit descending, lower id first on ties); each has weight
     /// `w = exp(l/T − max)` (an `f32` exponential, [`fak_tensor::exp::exp_sub_in_place`])
     /// and probability `w / total`, `total` the `f64` sum of the weights in id order
-    /// (of the first `top_k` in sampling order when top-k cuts); top-p keeps the
+    /// ([`weight_total`]; of the first `top_k` in sampling order when top-k cuts); top-p keeps the
     /// shortest head whose cumulative probability reaches `top_p`, min-p the head at
     /// least `min_p` times the first; one uniform draw `u` in `[0, mass)` (`mass` the
     /// kept probability, 1 when nothing is cut) picks the first candidate whose
@@ -160,10 +160,7 @@ impl Sampler {
         w.clear();
         w.extend_from_slice(s);
         fak_tensor::exp::exp_sub_in_place(w, max);
-        let (n, total_all) = w
-            .iter()
-            .filter(|x| !x.is_nan())
-            .fold((0usize, 0f64), |(n, t), &x| (n + 1, t + x as f64));
+        let (n, total_all) = weight_total(w);
         let mut r = Ranked::new(s, max, &mut self.head);
         let limit = if p.top_k > 0 && p.top_k < n {
             p.top_k
@@ -218,6 +215,28 @@ impl Sampler {
         r.ensure(keep);
         r.head[keep - 1].1
     }
+}
+
+/// The number of non-NaN weights and their `f64` sum: eight partial sums, weight `i`
+/// into sum `i mod 8` in id order, added as `((s0+s4)+(s2+s6)) + ((s1+s5)+(s3+s7))`
+/// (eight chains of adds in flight instead of one over the whole vocabulary).
+fn weight_total(w: &[f32]) -> (usize, f64) {
+    let mut sums = [0f64; 8];
+    let mut nan = 0usize;
+    let mut chunks = w.chunks_exact(8);
+    for c in &mut chunks {
+        for (s, &x) in sums.iter_mut().zip(c) {
+            nan += x.is_nan() as usize;
+            *s += if x.is_nan() { 0.0 } else { x as f64 };
+        }
+    }
+    for (s, &x) in sums.iter_mut().zip(chunks.remainder()) {
+        nan += x.is_nan() as usize;
+        *s += if x.is_nan() { 0.0 } else { x as f64 };
+    }
+    let total =
+        ((sums[0] + sums[4]) + (sums[2] + sums[6])) + ((sums[1] + sums[5]) + (sums[3] + sums[7]));
+    (w.len() - nan, total)
 }
 
 /// The candidates of [`Sampler::sample`] in sampling order, sorted only as far as
@@ -360,9 +379,15 @@ mod tests {
             c.truncate(p.top_k);
             c.iter().fold(0.0, |t, &(_, i)| t + w(i) as f64)
         } else {
-            (0..s.len() as u32)
-                .filter(|&i| !s[i as usize].is_nan())
-                .fold(0.0, |t, i| t + w(i) as f64)
+            // Eight partial sums in id order (`weight_total`'s order), NaN as 0.
+            let mut sums = [0f64; 8];
+            for i in 0..s.len() as u32 {
+                if !s[i as usize].is_nan() {
+                    sums[i as usize % 8] += w(i) as f64;
+                }
+            }
+            ((sums[0] + sums[4]) + (sums[2] + sums[6]))
+                + ((sums[1] + sums[5]) + (sums[3] + sums[7]))
         };
         let q: Vec<f64> = c.iter().map(|&(_, i)| w(i) as f64 / total).collect();
         let mut keep = q.len();
