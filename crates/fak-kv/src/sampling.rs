@@ -117,12 +117,12 @@ impl Sampler {
     /// sampling order (scaled logit descending, lower id first on ties); each has weight
     /// `w = exp(l/T − max)` (an `f32` exponential, [`fak_tensor::exp::exp_sub_in_place`])
     /// and probability `w / total`, `total` the `f64` sum of the weights in id order
-    /// ([`weight_total`]; of the first `top_k` in sampling order when top-k cuts); top-p keeps the
+    /// (`weight_total`; of the first `top_k` in sampling order when top-k cuts); top-p keeps the
     /// shortest head whose cumulative probability reaches `top_p`, min-p the head at
     /// least `min_p` times the first; one uniform draw `u` in `[0, mass)` (`mass` the
     /// kept probability, 1 when nothing is cut) picks the first candidate whose
     /// cumulative probability exceeds `u`. Only as much of the order is sorted as these
-    /// steps read ([`Ranked`]): a 262,144-token vocabulary was sorted whole for every
+    /// steps read (`Ranked`): a 262,144-token vocabulary was sorted whole for every
     /// token, ~8 ms a token on a Zen 5. With no finite or an infinite largest scaled
     /// logit the first id holding it is taken (a session refuses NaN logits before).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
