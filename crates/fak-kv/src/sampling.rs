@@ -240,14 +240,18 @@ fn weight_total(w: &[f32]) -> (usize, f64) {
 }
 
 /// The candidates of [`Sampler::sample`] in sampling order, sorted only as far as
-/// asked: the ids whose scaled logit is at least `max − 4` (then `− 8`, `− 16`, `− 32`,
-/// `− 64`, then all), sorted. Every candidate below the threshold sorts after every one
-/// at or above it, so each head is the start of the whole order.
+/// asked: the ids whose scaled logit is at least `max − 4`, sorted; then, each time more
+/// are read, those between `max − 8` (then `− 16`, `− 32`, `− 64`, then all) and the
+/// last threshold, sorted and appended. Every candidate below a threshold sorts after
+/// every one at or above it, so each head is the start of the whole order, and no id
+/// is sorted twice.
 struct Ranked<'a> {
     scaled: &'a [f32],
     max: f32,
     /// Thresholds tried so far.
     step: usize,
+    /// The last threshold: the head holds exactly the candidates at or above it.
+    above: f32,
     /// The sorted head.
     head: &'a mut Vec<(f32, u32)>,
     /// The head holds every candidate.
@@ -261,6 +265,7 @@ impl<'a> Ranked<'a> {
             scaled,
             max,
             step: 0,
+            above: f32::INFINITY,
             head,
             complete: false,
         }
@@ -276,17 +281,18 @@ impl<'a> Ranked<'a> {
                 .map_or(f32::NEG_INFINITY, |d| self.max - d);
             self.step += 1;
             self.complete = tau == f32::NEG_INFINITY;
-            self.head.clear();
-            // NaN is never `>=`: no candidate.
+            let (above, from) = (self.above, self.head.len());
+            // The band [tau, above): NaN is in no band, so never a candidate. The
+            // largest value (`max`, finite) is below the first `above` (+inf).
             self.head.extend(
                 self.scaled
                     .iter()
                     .enumerate()
-                    .filter(|(_, &v)| v >= tau)
+                    .filter(|(_, &v)| v >= tau && v < above)
                     .map(|(i, &v)| (v, i as u32)),
             );
-            self.head
-                .sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            self.head[from..].sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+            self.above = tau;
         }
         self.head.len() >= k
     }
