@@ -154,7 +154,7 @@ impl Sampler {
         s.extend(logits.iter().map(|&l| l / p.temperature));
         let max = fak_tensor::max_skipping_nan(s);
         if !max.is_finite() {
-            return fak_tensor::first_equal(s, max).unwrap_or(0) as u32;
+            return fak_model::argmax(s);
         }
         let w = &mut self.weights;
         w.clear();

@@ -186,7 +186,7 @@ pub fn softmax_in_place(x: &mut [f32]) {
 /// and the division are each one rounding per element at any vector width.
 pub fn softmax_rows_in_place<const N: usize>(mut rows: [&mut [f32]; N]) {
     for x in rows.iter_mut() {
-        let max = row_max(x);
+        let max = max_skipping_nan(x);
         crate::exp::exp_sub_in_place(x, max);
     }
     let common = rows.iter().map(|r| r.len()).min().unwrap_or(0);
@@ -254,11 +254,6 @@ pub fn has_nan(x: &[f32]) -> bool {
 /// skipped, as `f32::max` skips them; which zero of `±0` it returns is not
 /// specified), sixteen lanes at a time with AVX-512, else eight.
 pub fn max_skipping_nan(x: &[f32]) -> f32 {
-    row_max(x)
-}
-
-/// [`max_skipping_nan`].
-fn row_max(x: &[f32]) -> f32 {
     #[cfg(target_arch = "x86_64")]
     if crate::cpu::has_avx512_f32() {
         // SAFETY: AVX-512F was detected at run time.
@@ -284,7 +279,7 @@ fn row_max(x: &[f32]) -> f32 {
 mod avx512_rows {
     use std::arch::x86_64::*;
 
-    /// See [`super::row_max`]. `vmaxps` returns its second operand when either is NaN,
+    /// See [`super::max_skipping_nan`]. `vmaxps` returns its second operand when either is NaN,
     /// so with the running maximum second a NaN element is skipped, as `f32::max`
     /// skips it; the lanes start at `-inf`, so they never hold NaN.
     ///
@@ -761,7 +756,7 @@ mod tests {
             // as the scalar fold, up to which zero of ±0.
             for r in &rows {
                 let fold = r.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-                assert_eq!(row_max(r), fold, "maximum of {r:?}");
+                assert_eq!(max_skipping_nan(r), fold, "maximum of {r:?}");
             }
             let scale = 0.125f32;
             let mut want = rows.clone();

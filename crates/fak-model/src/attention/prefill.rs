@@ -265,10 +265,10 @@ fn group_sums(
 
 /// The `c`-th chunk claimed of `n` taken alternately from the front and the back
 /// (`0, n−1, 1, n−2, …`; a permutation of `0..n`). Two threads claiming a prefill's
-/// (token block, query head) chunks in turn then work from opposite ends, each on
-/// consecutive query heads, so a KV head's rows are mostly read by one thread and the
-/// group's other query heads find them in that core's cache. (A decode step goes by
-/// GQA group instead: `super::decode`.)
+/// (token block, KV head) chunks in turn take short blocks (the prompt's start) and
+/// long ones (its end: the causal mask makes later blocks see more keys) alike, and
+/// the chunks claimed last are middling ones, so neither thread is left with a long
+/// block after the other has finished.
 fn front_back(c: usize, n: usize) -> usize {
     if c.is_multiple_of(2) {
         c / 2
