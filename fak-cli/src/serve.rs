@@ -68,8 +68,9 @@ pub(crate) struct ServeArgs {
     /// Requests generated at once (worker slots); more wait in a queue. With more than
     /// one, their forward passes run batched (continuous batching): one pass over the
     /// weights advances every slot that is decoding, and long prompts are prefilled in
-    /// pieces between decode steps. Each reply is the same bits as alone.
-    #[arg(long, default_value_t = 1, value_parser = parse_threads)]
+    /// pieces between decode steps. Each reply is the same bits as alone. The default,
+    /// 4, is llama.cpp's server's (`--parallel -1`, auto); 1 runs one request at a time.
+    #[arg(long, default_value_t = 4, value_parser = parse_threads)]
     parallel: usize,
     /// Requests that may wait for a slot; beyond this, 429 with Retry-After.
     #[arg(long, default_value_t = 64)]

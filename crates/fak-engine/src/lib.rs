@@ -782,7 +782,9 @@ pub struct EngineConfig {
     pub model_path: Option<PathBuf>,
     /// The id the model is served under; default: the file's stem.
     pub model_id: Option<String>,
-    /// Worker slots generating at once (at least 1).
+    /// Worker slots generating at once (at least 1; default 4, as llama.cpp's server's
+    /// `--parallel` auto). With more than one, their forward passes are batched
+    /// ([`fak_kv::Batcher`]); each reply is the same bits as alone.
     pub parallel: usize,
     /// Requests that may wait for a slot before new ones get
     /// [`EngineError::Overloaded`] (taken as at least 1).
@@ -845,7 +847,7 @@ impl Default for EngineConfig {
         EngineConfig {
             model_path: None,
             model_id: None,
-            parallel: 1,
+            parallel: 4,
             max_queue: 64,
             kv_budget_bytes: 512 << 20,
             max_kv_bytes: None,

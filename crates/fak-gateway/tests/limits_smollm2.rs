@@ -43,6 +43,7 @@ fn driver(max_kv_bytes: Option<usize>) -> Arc<InKernelDriver> {
     let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
+        parallel: 1,
         kv_budget_bytes: 0,
         max_kv_bytes,
         ..EngineConfig::default()
