@@ -276,7 +276,8 @@ pub(crate) enum WeightsArg {
     /// f32 weights, the path proven against HF.
     Exact,
     /// Matrices kept in their GGUF block format, activations quantized per block (an
-    /// F32 or F16 file's matrices read in place from the file, not copied).
+    /// F32 or F16 file's matrices read in place from the file, not copied; with AVX-512
+    /// VNNI a Q8_0 embedding/head repacked in row pairs, the same size and bits).
     Native,
 }
 

@@ -12,8 +12,9 @@
 //!   behind one trait, and the registry with one line per family.
 //! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
 //!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
-//!   left in the memory map instead: [`QuantMatrix`] (block formats) and [`MappedF32`]
-//!   (F32, read in place).
+//!   left in the memory map instead: [`QuantMatrix`] (block formats; a Q8_0
+//!   vocabulary matrix repacked in row pairs on a CPU with AVX-512 VNNI,
+//!   [`QuantMatrix::repacked_for_cpu`]) and [`MappedF32`] (F32, read in place).
 //! - [`Model`] (`model/`): the weights and [`Model::forward`] over a [`KvStore`];
 //!   [`Model::forward_into`] works in a caller's [`ForwardScratch`] and logits buffer,
 //!   so a decode step allocates nothing. Each matrix is one [`Weight`] (`f32`, F32 in

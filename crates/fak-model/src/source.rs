@@ -248,6 +248,7 @@ impl WeightSource {
             rows,
             cols,
             row_order,
+            repacked: None,
         }))
     }
 
@@ -361,16 +362,100 @@ pub struct QuantMatrix {
     /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
+    /// The matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]; then `ty` is
+    /// [`QType::Q8_0R2`] and the file's pages of it are released), else `None`: the
+    /// bytes stay in the map.
+    repacked: Option<Arc<memmap2::Mmap>>,
 }
 
 impl QuantMatrix {
-    /// The matrix's raw block bytes (`rows × cols / block_elems × block_bytes`): the
-    /// tensor's, or its rows' slice of a fused tensor.
+    /// The matrix's block bytes (`rows × cols / block_elems × block_bytes`): the
+    /// tensor's in the map, its rows' slice of a fused tensor, or the repacked copy.
     pub fn bytes(&self) -> &[u8] {
+        if let Some(r) = &self.repacked {
+            return r;
+        }
+        self.file_bytes()
+    }
+
+    /// The matrix's bytes as the file stores them (in the map).
+    fn file_bytes(&self) -> &[u8] {
         let all = self.file.tensor_data(&self.file.tensors()[self.tensor]);
         let rb = self.row_bytes();
         all.get(self.first_row * rb..(self.first_row + self.rows) * rb)
             .unwrap_or(&[])
+    }
+
+    /// This matrix in the layout this CPU's kernels read fastest: on a CPU with
+    /// AVX-512 VNNI ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 matrix of an even
+    /// number of rows is repacked in row pairs ([`QType::Q8_0R2`],
+    /// [`fak_tensor::quant::repack_q8_0_r2`]: the same size, the same products' bits,
+    /// and its multi-token products skip preparing the weights). The file's bytes are
+    /// read with positional reads ([`GgufFile::read_tensor_data`]), not through the
+    /// map, into the buffer that then holds the repacked matrix, so it is held once.
+    /// Anything else, or a matrix whose read fails, is returned as it is.
+    pub fn repacked_for_cpu(mut self) -> Self {
+        let eligible = self.ty == QType::Q8_0
+            && self.repacked.is_none()
+            && self.rows.is_multiple_of(2)
+            && fak_tensor::quant::has_avx512_vnni();
+        if !eligible {
+            return self;
+        }
+        let rb = self.row_bytes();
+        let (len, base) = (rb * self.rows, self.first_row * rb);
+        if self.file_bytes().len() != len {
+            return self;
+        }
+        // Read straight into the matrix's own buffer, then each pair repacked in place
+        // from a copy of its two rows: nothing else the matrix's size is allocated.
+        // Its own anonymous map: page-granular, outside the heap, so nothing of the
+        // allocator's rounding or fragmentation is added to it.
+        let Ok(mut out) = memmap2::MmapMut::map_anon(len) else {
+            return self;
+        };
+        let t = &self.file.tensors()[self.tensor];
+        if self.file.read_tensor_data(t, base, &mut out).is_err() {
+            return self;
+        }
+        let mut pair = vec![0u8; 2 * rb];
+        for dst in out.chunks_exact_mut(2 * rb) {
+            pair.copy_from_slice(dst);
+            if fak_tensor::quant::repack_q8_0_r2_into(&pair, 2, self.cols, dst).is_err() {
+                return self;
+            }
+        }
+        let Ok(out) = out.make_read_only() else {
+            return self;
+        };
+        self.repacked = Some(Arc::new(out));
+        self.ty = QType::Q8_0R2;
+        self
+    }
+
+    /// Whether the matrix was repacked at load ([`QuantMatrix::repacked_for_cpu`]).
+    pub fn is_repacked(&self) -> bool {
+        self.repacked.is_some()
+    }
+
+    /// File row `f` of this matrix times `act` ([`fak_tensor::quant::vec_dot`], or
+    /// [`fak_tensor::quant::vec_dot_row`] for a repacked matrix): the bits every product
+    /// over the matrix gives for that row.
+    ///
+    /// # Errors
+    /// As those functions (a row outside the matrix, a wrong activation).
+    pub fn dot_row(
+        &self,
+        f: usize,
+        act: &fak_tensor::quant::QuantizedActs,
+    ) -> Result<f32, fak_tensor::quant::QuantError> {
+        let w = self.bytes();
+        if self.ty == QType::Q8_0R2 {
+            return fak_tensor::quant::vec_dot_row(w, f, act);
+        }
+        let rb = self.row_bytes();
+        let row = w.get(f * rb..(f + 1) * rb).unwrap_or(&[]);
+        fak_tensor::quant::vec_dot(self.ty, row, act)
     }
 
     /// Rows `first..first + rows` of this matrix as a matrix of their own, in place: one
@@ -380,7 +465,10 @@ impl QuantMatrix {
     /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
     /// are permuted.
     pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
-        if self.row_order.is_some() || first.checked_add(rows).is_none_or(|e| e > self.rows) {
+        if self.row_order.is_some()
+            || self.repacked.is_some()
+            || first.checked_add(rows).is_none_or(|e| e > self.rows)
+        {
             return Err(ModelError::Unsupported(format!(
                 "rows {first}..+{rows} of a [{}, {}] matrix",
                 self.rows, self.cols
@@ -413,9 +501,15 @@ impl QuantMatrix {
         let fr = self.row_order.as_ref().map_or(r, |o| o[r] as usize);
         let rb = self.row_bytes();
         let t = &self.file.tensors()[self.tensor];
-        fak_weights::dequantize(t.ggml_type, &self.bytes()[fr * rb..(fr + 1) * rb], out).map_err(
-            |e| ModelError::Unsupported(format!("dequantizing a row of '{}': {e}", t.name)),
-        )
+        let err =
+            |e: String| ModelError::Unsupported(format!("dequantizing a row of '{}': {e}", t.name));
+        if self.ty == QType::Q8_0R2 {
+            // The file's Q8_0 values, read from the row pairs (nothing allocated).
+            return fak_tensor::quant::dequantize_row_q8_0_r2(self.bytes(), rb, fr, out)
+                .map_err(|e| err(e.to_string()));
+        }
+        fak_weights::dequantize(t.ggml_type, &self.bytes()[fr * rb..(fr + 1) * rb], out)
+            .map_err(|e| err(e.to_string()))
     }
 }
 

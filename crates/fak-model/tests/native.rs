@@ -241,3 +241,70 @@ fn native_agrees_with_exact_teacher_forced() {
     assert!(q.kl_mean <= 0.005, "mean KL {}", q.kl_mean);
     assert!(q.kl_max <= 0.15, "max KL {}", q.kl_max);
 }
+
+/// The tied Q8_0 embedding of the real SmolLM2 repacked in row pairs (what a native
+/// load does on a CPU with AVX-512 VNNI) gives the file's blocks' bits: every row's
+/// embedding lookup, the full head for 1 and 8 tokens of real hidden states on 1 and 2
+/// threads, and single rows. Without AVX-512 VNNI nothing is repacked, and the test
+/// says so and checks that.
+#[fak_testkit::real_model]
+fn the_repacked_embedding_gives_the_file_blocks_bits() {
+    use fak_tensor::quant::{self, QType};
+    let (src, cfg) = fak_model::WeightSource::open(&smollm2_path()).unwrap();
+    let (v, h) = (cfg.vocab_size, cfg.hidden_size);
+    let file = src
+        .quantized("model.embed_tokens.weight", [v, h], &cfg)
+        .unwrap()
+        .unwrap();
+    assert_eq!(file.ty, QType::Q8_0);
+    let packed = file.clone().repacked_for_cpu();
+    if !quant::has_avx512_vnni() {
+        println!("no AVX-512 VNNI: the matrix stays as the file has it");
+        assert!(!packed.is_repacked() && packed.ty == QType::Q8_0);
+        return;
+    }
+    assert!(packed.is_repacked() && packed.ty == QType::Q8_0R2);
+    assert_eq!(packed.bytes().len(), file.bytes().len());
+    let (mut a, mut b) = (vec![0f32; h], vec![0f32; h]);
+    for r in (0..v).step_by(97).chain([v - 1]) {
+        file.dequantize_row(r, &mut a).unwrap();
+        packed.dequantize_row(r, &mut b).unwrap();
+        assert!(same_bits(&a, &b), "embedding row {r}");
+    }
+    // Real hidden states: the final-norm rows of a prompt's tokens (any rows would do;
+    // these have the spread a head sees).
+    let xs: Vec<Vec<f32>> = PROMPT[..8]
+        .iter()
+        .map(|&t| {
+            let mut e = vec![0f32; h];
+            file.dequantize_row(t as usize, &mut e).unwrap();
+            e
+        })
+        .collect();
+    let acts: Vec<_> = xs
+        .iter()
+        .map(|x| quant::quantize_activation(QType::Q8_0, x).unwrap())
+        .collect();
+    for threads in [1, 2] {
+        let th = Threads::new(threads);
+        for n in [1usize, 8] {
+            let mut want = vec![0f32; n * v];
+            let mut got = vec![f32::NAN; n * v];
+            quant::matmul_threads(QType::Q8_0, file.bytes(), &acts[..n], &mut want, th).unwrap();
+            quant::matmul_threads(packed.ty, packed.bytes(), &acts[..n], &mut got, th).unwrap();
+            assert!(same_bits(&want, &got), "{n} tokens, {threads} threads");
+        }
+        let mut want = vec![0f32; v];
+        let mut got = vec![f32::NAN; v];
+        quant::matvec_threads(QType::Q8_0, file.bytes(), &acts[0], &mut want, th).unwrap();
+        quant::matvec_threads(packed.ty, packed.bytes(), &acts[0], &mut got, th).unwrap();
+        assert!(same_bits(&want, &got), "one token, {threads} threads");
+        for r in (0..v).step_by(1013) {
+            assert_eq!(
+                packed.dot_row(r, &acts[0]).unwrap().to_bits(),
+                want[r].to_bits(),
+                "row {r}"
+            );
+        }
+    }
+}

@@ -368,14 +368,15 @@ impl TensorInfo {
 }
 
 enum Backing {
-    Mmap(memmap2::Mmap),
+    /// The map, the file it maps (for [`GgufFile::read_tensor_data`]) and its path.
+    Mmap(memmap2::Mmap, std::fs::File, std::path::PathBuf),
     Owned(Vec<u8>),
 }
 
 impl Backing {
     fn bytes(&self) -> &[u8] {
         match self {
-            Backing::Mmap(m) => m,
+            Backing::Mmap(m, ..) => m,
             Backing::Owned(v) => v,
         }
     }
@@ -430,7 +431,7 @@ impl GgufFile {
             // contract llama.cpp, safetensors and candle rely on. All reads go through
             // bounds-checked slices of the map.
             let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
-            Backing::Mmap(map)
+            Backing::Mmap(map, file, path.to_path_buf())
         };
         Self::from_backing(backing)
     }
@@ -588,6 +589,53 @@ impl GgufFile {
             .and_then(|s| Some((s, s.checked_add(t.n_bytes)?)))
             .and_then(|(s, e)| Some(usize::try_from(s).ok()?..usize::try_from(e).ok()?));
         range.and_then(|r| bytes.get(r)).unwrap_or(&[])
+    }
+
+    /// Copies bytes `at..at + buf.len()` of `t`'s data into `buf`, read from the file
+    /// (positional reads) rather than through the memory map when the file is mapped, so
+    /// the pages read do not join the process's resident set (a caller that keeps its
+    /// own copy, e.g. a repacked one, then holds the data once); from memory otherwise.
+    ///
+    /// # Errors
+    /// [`GgufError::Io`] when the range is outside the tensor's data or the read fails.
+    pub fn read_tensor_data(
+        &self,
+        t: &TensorInfo,
+        at: usize,
+        buf: &mut [u8],
+    ) -> Result<(), GgufError> {
+        let data = self.tensor_data(t);
+        let outside = || GgufError::Io {
+            path: std::path::PathBuf::new(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "bytes {at}..+{} of tensor '{}' ({} bytes)",
+                    buf.len(),
+                    t.name,
+                    data.len()
+                ),
+            ),
+        };
+        let src = at
+            .checked_add(buf.len())
+            .and_then(|end| data.get(at..end))
+            .ok_or_else(outside)?;
+        #[cfg(unix)]
+        if let Backing::Mmap(_, file, path) = &self.backing {
+            use std::os::unix::fs::FileExt;
+            // The data's offset in the file: its address in the map (which starts at
+            // the file's first byte) less the map's.
+            let off = src.as_ptr() as usize - self.backing.bytes().as_ptr() as usize;
+            return file
+                .read_exact_at(buf, off as u64)
+                .map_err(|source| GgufError::Io {
+                    path: path.clone(),
+                    source,
+                });
+        }
+        buf.copy_from_slice(src);
+        Ok(())
     }
 
     /// An F32 tensor's data read in place as `&[f32]` (zero-copy): `n_elements` values,

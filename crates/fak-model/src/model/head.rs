@@ -5,7 +5,6 @@ use super::linear::{linear, mapped_as};
 use super::scratch::{ProductScratch, SharedActs};
 use super::{LogitsWanted, Model, Weight};
 use crate::ModelError;
-use fak_tensor::quant::vec_dot;
 use fak_tensor::{dot, matmul, Threads};
 
 /// Most rows for which [`Model::forward_rows_into`]'s head is used in place of the
@@ -182,11 +181,9 @@ impl Model {
                 let qerr = |e| ModelError::Unsupported(format!("quantized {} head: {e}", q.ty));
                 let mut xs = SharedActs::new(x, h, 1, th, products);
                 let act = &xs.for_type(q.ty).map_err(qerr)?[0];
-                let w = q.bytes();
-                let rb = w.len() / v.max(1);
                 for &r in sel {
                     let f = file_row(&q.row_order, r as usize);
-                    out[r as usize] = vec_dot(q.ty, &w[f * rb..(f + 1) * rb], act).map_err(qerr)?;
+                    out[r as usize] = q.dot_row(f, act).map_err(qerr)?;
                 }
             }
         }

@@ -49,7 +49,13 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let c = &config;
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let embed_tokens = load_matrix(src, c, mode, "model.embed_tokens.weight", [v, h])?;
+        // The vocabulary matrices (the embedding, tied or not, and the head) in the layout
+        // the CPU's kernels read fastest: the head is the largest product of a step,
+        // and a batched step's head reads it once for all sequences. The layers' matrices
+        // stay in the map: repacked too, they held a few MB more at peak (measured, a
+        // Q8_0 SmolLM2: 221.3 MB against 216.3), more than llama.cpp's 218.5.
+        let embed_tokens =
+            load_matrix(src, c, mode, "model.embed_tokens.weight", [v, h])?.repacked_for_cpu();
         // The family's per-layer tensor list gives every shape loaded, and the
         // unused-tensor check below uses the same list.
         let listed = c.family.spec().layer_tensors(c);
@@ -58,7 +64,7 @@ impl Model {
             .collect::<Result<Vec<_>, _>>()?;
         let norm = src.load("model.norm.weight", &[h], c)?;
         let lm_head = if src.contains("lm_head.weight") && !c.tie_word_embeddings {
-            Some(load_matrix(src, c, mode, "lm_head.weight", [v, h])?)
+            Some(load_matrix(src, c, mode, "lm_head.weight", [v, h])?.repacked_for_cpu())
         } else if c.tie_word_embeddings {
             None
         } else {

@@ -126,11 +126,18 @@ impl Model {
     /// The block types of the matrices held quantized, with how many matrices of each
     /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32 and
     /// F16 matrices read from the map are not here: see [`Model::mapped_f32_matrices`]
-    /// and [`Model::mapped_f16_matrices`].
+    /// and [`Model::mapped_f16_matrices`]. A matrix repacked at load is counted under
+    /// the file's type (a Q8_0 vocabulary matrix in row pairs holds Q8_0 blocks:
+    /// [`QuantMatrix::repacked_for_cpu`](crate::QuantMatrix::repacked_for_cpu)), so the
+    /// list is the file's whatever the CPU.
     pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
         for q in self.held().filter_map(Weight::quant) {
-            *counts.entry(q.ty.name()).or_default() += 1;
+            let ty = match q.ty {
+                fak_tensor::quant::QType::Q8_0R2 => fak_tensor::quant::QType::Q8_0,
+                ty => ty,
+            };
+            *counts.entry(ty.name()).or_default() += 1;
         }
         counts.into_iter().collect()
     }
@@ -324,10 +331,11 @@ impl Model {
         mapped + self.owned_weight_bytes()
     }
 
-    /// Bytes of weights the model holds in its own heap buffers (`f32` copies made at
-    /// load): every weight in [`WeightMode::Exact`]; in [`WeightMode::Native`] only what
-    /// is not read from the memory map (norms, biases, matrices of types without a
-    /// kernel or that need widening). The map's pages are not counted here.
+    /// Bytes of weights the model holds in its own buffers (`f32` copies made at
+    /// load, and matrices repacked at load): every weight in [`WeightMode::Exact`]; in
+    /// [`WeightMode::Native`] only what is not read from the memory map (norms, biases,
+    /// matrices of types without a kernel or that need widening, a repacked vocabulary
+    /// matrix). The map's pages are not counted here.
     pub fn owned_weight_bytes(&self) -> usize {
         let l: usize = self
             .layers
@@ -350,9 +358,11 @@ impl Model {
                     + w.down_proj.owned_len()
             })
             .sum();
-        4 * (l
-            + self.embed_tokens.owned_len()
-            + self.norm.len()
-            + self.lm_head.as_ref().map_or(0, Weight::owned_len))
+        let repacked: usize = self.held().map(Weight::repacked_byte_len).sum();
+        repacked
+            + 4 * (l
+                + self.embed_tokens.owned_len()
+                + self.norm.len()
+                + self.lm_head.as_ref().map_or(0, Weight::owned_len))
     }
 }

@@ -60,6 +60,15 @@ pub enum Weight {
 }
 
 impl Weight {
+    /// A quantized matrix in the layout this CPU's kernels read fastest
+    /// ([`QuantMatrix::repacked_for_cpu`]); any other weight as it is.
+    pub fn repacked_for_cpu(self) -> Weight {
+        match self {
+            Weight::Quant(q) => Weight::Quant(q.repacked_for_cpu()),
+            w => w,
+        }
+    }
+
     /// Rows `first..first + rows` of a `[_, cols]` matrix as a matrix of their own: one
     /// part of a fused tensor. A dense matrix copies them; a mapped or quantized one is
     /// a view of the same bytes.
@@ -114,13 +123,24 @@ impl Weight {
         !matches!(self, Weight::Dense(_))
     }
 
-    /// Bytes of the matrix in the map (0 for [`Weight::Dense`]).
+    /// Bytes of the matrix in the map (0 for [`Weight::Dense`] and a repacked
+    /// matrix).
     pub(super) fn mapped_byte_len(&self) -> usize {
         match self {
             Weight::Dense(_) => 0,
+            Weight::Quant(q) if q.is_repacked() => 0,
             Weight::Quant(q) => q.bytes().len(),
             Weight::Mapped(m) => m.byte_len(),
             Weight::MappedF16(m) => m.byte_len(),
+        }
+    }
+
+    /// Bytes of a matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]), held
+    /// by the model rather than the map; 0 for any other weight.
+    pub(super) fn repacked_byte_len(&self) -> usize {
+        match self {
+            Weight::Quant(q) if q.is_repacked() => q.bytes().len(),
+            _ => 0,
         }
     }
 

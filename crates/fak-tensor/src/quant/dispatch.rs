@@ -97,6 +97,10 @@ fn dot_any(ty: QType, w: &[u8], act: &QuantizedActs, simd: bool) -> Result<f32, 
         (QType::Q5K, A::Q8K(a), false) => vec_dot_q5_k_q8_k_ref(w, a),
         (QType::Q6K, A::Q8K(a), true) => vec_dot_q6_k_q8_k(w, a),
         (QType::Q6K, A::Q8K(a), false) => vec_dot_q6_k_q8_k_ref(w, a),
+        // A row-pair matrix's row is not consecutive bytes (`q8_0_r2::vec_dot_row`).
+        (QType::Q8_0R2, A::Q8_0(_), _) => Err(QuantError::MatrixShape {
+            detail: "Q8_0_R2 rows are interleaved in pairs: no single-row product".into(),
+        }),
         _ => Err(QuantError::ActKind {
             ty,
             got: act.kind(),
@@ -141,6 +145,11 @@ pub(crate) fn check_matvec(
     rows: usize,
 ) -> Result<usize, QuantError> {
     let rb = row_bytes(ty, act)?;
+    if ty == QType::Q8_0R2 && !rows.is_multiple_of(2) {
+        return Err(QuantError::MatrixShape {
+            detail: format!("{ty}: {rows} rows, not whole row pairs"),
+        });
+    }
     if rb.checked_mul(rows) != Some(w.len()) {
         return Err(QuantError::MatrixShape {
             detail: format!(
@@ -206,6 +215,17 @@ pub(crate) fn matvec_isa(
     if rb == 0 {
         out.fill(0.0);
         return Ok(());
+    }
+    if ty == QType::Q8_0R2 {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, true, QuantizedActs::Q8_0(a)) = (simd && has_avx2_f16c(), zmm, act) {
+            // SAFETY: AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI were detected
+            // (`zmm` implies the AVX-512 set: `has_avx512_vnni`); `check_matvec` checked
+            // `w` is `out.len()` (even) rows of `rb = 34 · a.len()` bytes.
+            unsafe { super::tiles::r2_one_token(w, rb, a, out) };
+            return Ok(());
+        }
+        return super::q8_0_r2::matvec_ref(w, act, out, simd);
     }
     #[cfg(target_arch = "x86_64")]
     if simd && has_avx2_f16c() {

@@ -24,8 +24,9 @@
 //! the dispatching `vec_dot_*` (`q4_0.rs`, `q4_1.rs`, `q5_0.rs`, `q5_1.rs`, `q8_0.rs`,
 //! `q4_k.rs`, `q5_k.rs`, `q6_k.rs`; `q2_k.rs` and `q3_k.rs` hold a block and its
 //! dequantizer only). Around them: `f16.rs`
-//! (conversions), `unpack.rs` (the unpacking the references share), `dispatch.rs` (the
-//! type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
+//! (conversions), `unpack.rs` (the unpacking the references share), `q8_0_r2.rs`
+//! (Q8_0 repacked at load in row pairs, [`QType::Q8_0R2`]: its layout, the repacking,
+//! a row back in the file's form), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
 //! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
 //! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
 //! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
@@ -122,6 +123,7 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+mod q8_0_r2;
 mod q8_1;
 mod q8_k;
 mod threads;
@@ -152,6 +154,9 @@ pub use q6_k::{dequantize_q6_k, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref, BlockQ
 pub use q8_0::{
     dequantize_q8_0, quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref,
     BlockQ8_0,
+};
+pub use q8_0_r2::{
+    dequantize_row_q8_0_r2, repack_q8_0_r2, repack_q8_0_r2_into, row_to_q8_0, vec_dot_row, R2_BLOCK,
 };
 pub use q8_1::{quantize_q8_1, quantize_q8_1_into, BlockQ8_1};
 pub use q8_k::{dequantize_q8_k, quantize_q8_k, quantize_q8_k_into, BlockQ8K};
@@ -203,6 +208,10 @@ pub enum QType {
     Q5K,
     /// ggml Q6_K (210-byte super-blocks of 256).
     Q6K,
+    /// Q8_0 repacked at load in row pairs (not a GGUF type; [`repack_q8_0_r2`], layout
+    /// in `q8_0_r2.rs`): 34 bytes per block of 32 as Q8_0, the same products' bits, an
+    /// even number of rows. Not in [`QType::ALL`].
+    Q8_0R2,
 }
 
 /// Which activation block type a weight type pairs with.
@@ -244,7 +253,7 @@ impl QType {
             QType::Q4_1 => 20,
             QType::Q5_0 => 22,
             QType::Q5_1 => 24,
-            QType::Q8_0 => 34,
+            QType::Q8_0 | QType::Q8_0R2 => 34,
             QType::Q4K => 144,
             QType::Q5K => 176,
             QType::Q6K => 210,
@@ -254,7 +263,7 @@ impl QType {
     /// The activation block type this weight type is multiplied with.
     pub fn act_kind(self) -> ActKind {
         match self {
-            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => ActKind::Q8_0,
+            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => ActKind::Q8_0,
             QType::Q4_1 | QType::Q5_1 => ActKind::Q8_1,
             QType::Q4K | QType::Q5K | QType::Q6K => ActKind::Q8K,
         }
@@ -271,6 +280,7 @@ impl QType {
             QType::Q4K => "Q4_K",
             QType::Q5K => "Q5_K",
             QType::Q6K => "Q6_K",
+            QType::Q8_0R2 => "Q8_0_R2",
         }
     }
 }

@@ -41,7 +41,7 @@ fn weights(r: &mut Rng, ty: QType, n: usize, extreme: bool) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut w: Vec<u8> = (0..n * bb).map(|_| r.byte()).collect();
     let f16_fields: &[usize] = match ty {
-        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 => &[0],
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => &[0],
         QType::Q4_1 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
         QType::Q6K => &[208],
     };
@@ -1120,6 +1120,108 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
             assert!(ok, "tiles, extreme={extreme} {isa:?}: {got:?} vs {want:?}");
         }
     }
+}
+
+/// A Q8_0 matrix repacked in row pairs gives the file's Q8_0 bits on every path: its
+/// rows unpacked are the file's bytes; one token (the row-pair kernel, and the scalar
+/// path), a single row (`vec_dot_row`), and 1 to 40 tokens on 1 to 3 threads (the
+/// token-transposed tiles reading the pairs as they are, and the one-token kernel for
+/// the tokens they leave) equal the Q8_0 products over the file's blocks; −128 quants,
+/// extreme scales, and shapes refused.
+#[test]
+fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
+    let mut r = Rng(71);
+    for (rows, nb, extreme) in [
+        (2, 1, false),
+        (6, 2, true),
+        (14, 3, false),
+        (40, 20, true),
+        (262, 4, false),
+    ] {
+        let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
+        if extreme {
+            for b in w.chunks_exact_mut(34) {
+                let q = extreme_q8(&mut r);
+                b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
+            }
+        }
+        let rb = 34 * nb;
+        let r2 = repack_q8_0_r2(&w, rows, 32 * nb).unwrap();
+        assert_eq!(r2.len(), w.len());
+        let mut row = Vec::new();
+        for i in 0..rows {
+            row_to_q8_0(&r2, rb, i, &mut row).unwrap();
+            assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
+            let blocks: Vec<BlockQ8_0> = row
+                .chunks_exact(34)
+                .map(|c| BlockQ8_0 {
+                    d: u16::from_le_bytes([c[0], c[1]]),
+                    qs: std::array::from_fn(|j| c[2 + j] as i8),
+                })
+                .collect();
+            let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
+            dequantize_q8_0(&blocks, &mut want);
+            dequantize_row_q8_0_r2(&r2, rb, i, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
+        }
+        let xs: Vec<QuantizedActs> = (0..40)
+            .map(|_| acts(&mut r, QType::Q8_0, nb, extreme))
+            .collect();
+        let want: Vec<Vec<f32>> = xs
+            .iter()
+            .map(|a| {
+                let mut o = vec![0f32; rows];
+                matvec_ref(QType::Q8_0, &w, a, &mut o).unwrap();
+                o
+            })
+            .collect();
+        let eq =
+            |g: &[f32], w: &[f32]| g.len() == w.len() && g.iter().zip(w).all(|(&g, &w)| same(g, w));
+        for (a, want) in xs.iter().zip(&want).take(3) {
+            let mut got = vec![f32::NAN; rows];
+            matvec(QType::Q8_0R2, &r2, a, &mut got).unwrap();
+            assert!(eq(&got, want), "one token {rows}x{nb}: {got:?} vs {want:?}");
+            let mut got = vec![f32::NAN; rows];
+            matvec_ref(QType::Q8_0R2, &r2, a, &mut got).unwrap();
+            assert!(eq(&got, want), "scalar {rows}x{nb}");
+            for (i, w) in want.iter().enumerate() {
+                assert!(same(vec_dot_row(&r2, i, a).unwrap(), *w), "row {i}");
+            }
+        }
+        for n in [1usize, 2, 3, 4, 5, 7, 8, 11, 16, 19, 33, 40] {
+            for threads in 1..=3 {
+                let mut got = vec![f32::NAN; n * rows];
+                matmul_threads(
+                    QType::Q8_0R2,
+                    &r2,
+                    &xs[..n],
+                    &mut got,
+                    crate::Threads::new(threads),
+                )
+                .unwrap();
+                for (t, want) in want.iter().take(n).enumerate() {
+                    let g = &got[t * rows..(t + 1) * rows];
+                    assert!(
+                        eq(g, want),
+                        "{n} tokens, token {t}, {threads} threads, {rows}x{nb}"
+                    );
+                }
+            }
+        }
+    }
+    // Refused: odd rows, a length that is not whole rows, and a single-row product.
+    let w = weights(&mut r, QType::Q8_0, 3, false);
+    assert!(repack_q8_0_r2(&w, 3, 32).is_err());
+    assert!(repack_q8_0_r2(&w[..60], 2, 32).is_err());
+    let a = acts(&mut r, QType::Q8_0, 1, false);
+    let mut out = [0f32; 3];
+    assert!(matvec(QType::Q8_0R2, &w, &a, &mut out).is_err());
+    assert!(vec_dot(QType::Q8_0R2, &w[..34], &a).is_err());
+    let mut row = Vec::new();
+    assert!(row_to_q8_0(&w[..68], 34, 2, &mut row).is_err());
+    assert!(dequantize_row_q8_0_r2(&w[..68], 34, 2, &mut [0f32; 32]).is_err());
+    assert!(dequantize_row_q8_0_r2(&w[..68], 34, 1, &mut [0f32; 31]).is_err());
 }
 
 // ------------------------------------------------------------------ paths covered

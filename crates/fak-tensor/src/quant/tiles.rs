@@ -171,6 +171,9 @@ pub(crate) enum TileActs<'a> {
     /// Q4_K, Q5_K, Q6_K.
     #[cfg(target_arch = "x86_64")]
     K(KTiled<'a>),
+    /// Q8_0 repacked in row pairs ([`QType::Q8_0R2`]; [`TileIsa::Zmm`] only).
+    #[cfg(target_arch = "x86_64")]
+    R2(R2Tiled<'a>),
     /// (No tiles elsewhere.)
     #[cfg(not(target_arch = "x86_64"))]
     #[allow(dead_code)]
@@ -248,6 +251,28 @@ pub(crate) struct KTiled<'a> {
     tt: Option<transposed_k::Acts>,
 }
 
+/// [`TileActs`] of a Q8_0 matrix repacked in row pairs: the first tokens in the form of
+/// the token-transposed tiles ([`transposed::tiles_r2`]), each of the few left (all, for
+/// a product of fewer than 5) as they are, for the one-token row-pair kernel
+/// ([`avx2::rows_r2_512`]).
+#[cfg(target_arch = "x86_64")]
+pub(crate) struct R2Tiled<'a> {
+    tt: Option<transposed::Acts>,
+    rest: Vec<&'a [BlockQ8_0]>,
+}
+
+/// The rows of the row-pair matrix `w` (`rb` bytes a row, an even number) times one
+/// token `a`, into `out`: [`avx2::rows_r2_512`].
+///
+/// # Safety
+/// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI; `rb == 34 · a.len()`, `w.len() ==
+/// rb · out.len()`, `out.len()` even.
+#[cfg(target_arch = "x86_64")]
+pub(crate) unsafe fn r2_one_token(w: &[u8], rb: usize, a: &[BlockQ8_0], out: &mut [f32]) {
+    debug_assert!(rb == 34 * a.len() && w.len() == rb * out.len());
+    avx2::rows_r2_512(w, a, out);
+}
+
 impl<'a> TileActs<'a> {
     /// The prepared rows, or `None` when the tiles do not apply (no AVX2 and F16C, or
     /// activations of another kind than `ty` pairs with).
@@ -279,6 +304,18 @@ impl<'a> TileActs<'a> {
                 QType::Q8_0 => q8_0s(acts).map(|a| TileActs::Q8_0(unsafe { Tiled::new(a, isa) })),
                 QType::Q4_1 => q8_1s(acts).map(|a| TileActs::Q4_1(unsafe { Tiled::new(a, isa) })),
                 QType::Q5_1 => q8_1s(acts).map(|a| TileActs::Q5_1(unsafe { Tiled::new(a, isa) })),
+                QType::Q8_0R2 => {
+                    let a = q8_0s(acts)?;
+                    if isa != TileIsa::Zmm {
+                        return None;
+                    }
+                    // SAFETY: `Zmm` is available (`at_most` gives only what was
+                    // detected): AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI.
+                    let tt = unsafe { transposed::Acts::new::<avx2::Q8_0>(&a) };
+                    let t0 = tt.as_ref().map_or(0, |t| t.tokens());
+                    let rest = a[t0..].to_vec();
+                    Some(TileActs::R2(R2Tiled { tt, rest }))
+                }
                 QType::Q4K | QType::Q5K | QType::Q6K => {
                     let a: Vec<&[BlockQ8K]> = acts
                         .iter()
@@ -343,6 +380,26 @@ impl<'a> TileActs<'a> {
                     avx2::k_tokens_wide(w, rb, rest, t.kind, out);
                 } else {
                     avx2::k_tokens(w, rb, rest, t.kind, out);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            TileActs::R2(t) => {
+                let t0 = match &t.tt {
+                    Some(tt) => {
+                        transposed::tiles_r2(w, rb, tt, out);
+                        tt.tokens()
+                    }
+                    None => 0,
+                };
+                // The tokens left, each over a chunk of rows held in the cache (as
+                // `row_wise_512`): whole pairs, about ROW_WISE_CHUNK_BYTES.
+                let m = w.len() / rb;
+                let chunk = (ROW_WISE_CHUNK_BYTES / rb.max(1)).div_ceil(4).max(1) * 4;
+                for r0 in (0..m).step_by(chunk) {
+                    let r1 = (r0 + chunk).min(m);
+                    for (a, o) in t.rest.iter().zip(&mut out[t0..]) {
+                        avx2::rows_r2_512(&w[r0 * rb..r1 * rb], a, &mut o[r0..r1]);
+                    }
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]

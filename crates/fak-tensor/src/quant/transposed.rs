@@ -18,7 +18,9 @@
 //! ([`Acts`]; twice each for the pair tiles). The weights are prepared ([`WPair`]) a
 //! chunk of rows at a time, two rows interleaved, into a buffer that stays in the cache
 //! while every group's tiles read it; the tiles prefetch the next chunk's weights
-//! meanwhile ([`tiles`]). Before the pair tiles, groups of eight ran on 256-bit
+//! meanwhile ([`tiles`]). A Q8_0 matrix repacked at load in row pairs
+//! (`quant::QType::Q8_0R2`) already has this form, its scales still f16: the tiles read
+//! it as it is, with nothing prepared ([`tiles_r2`], through [`PairSrc`]). Before the pair tiles, groups of eight ran on 256-bit
 //! registers, one row per register: the same instructions on half the lanes.
 //!
 //! Every (row, token) lane performs exactly the operations of the scalar references
@@ -179,6 +181,82 @@ struct WPair {
     w: [[i32; 2]; 8],
     d: [f32; 2],
     min: [f32; 2],
+}
+
+/// Where the tiles read a row pair's block from: [`WPair`]s prepared per chunk
+/// ([`Prepared`]), or the blocks of a matrix repacked at load in row pairs ([`R2`],
+/// `quant::QType::Q8_0R2`: the same quants, the scales still f16). Blocks are `SIZE`
+/// bytes, read unaligned.
+///
+/// # Safety
+/// Every method: `p` points at a whole block of `SIZE` bytes; F16C for [`R2`]'s scales.
+trait PairSrc {
+    /// Bytes per block.
+    const SIZE: usize;
+    /// Both rows' four bytes of lane `m`, row 0's first (`[w[m][0], w[m][1]]`).
+    unsafe fn lane(p: *const u8, m: usize) -> i64;
+    /// Row `r`'s four bytes of lane `m`.
+    unsafe fn lane_of(p: *const u8, m: usize, r: usize) -> i32;
+    /// Both rows' scales widened to `f32`.
+    unsafe fn d(p: *const u8) -> [f32; 2];
+    /// Both rows' minimums (zero for the types without one).
+    unsafe fn min(p: *const u8) -> [f32; 2];
+}
+
+/// [`WPair`]s, as [`prepare`] writes them.
+struct Prepared;
+
+impl PairSrc for Prepared {
+    const SIZE: usize = std::mem::size_of::<WPair>();
+    #[inline(always)]
+    unsafe fn lane(p: *const u8, m: usize) -> i64 {
+        std::ptr::read_unaligned(p.add(8 * m) as *const i64)
+    }
+    #[inline(always)]
+    unsafe fn lane_of(p: *const u8, m: usize, r: usize) -> i32 {
+        std::ptr::read_unaligned(p.add(8 * m + 4 * r) as *const i32)
+    }
+    #[inline(always)]
+    unsafe fn d(p: *const u8) -> [f32; 2] {
+        std::ptr::read_unaligned(p.add(64) as *const [f32; 2])
+    }
+    #[inline(always)]
+    unsafe fn min(p: *const u8) -> [f32; 2] {
+        std::ptr::read_unaligned(p.add(72) as *const [f32; 2])
+    }
+}
+
+/// The 68-byte blocks of a Q8_0 matrix repacked in row pairs (layout in
+/// `quant/q8_0_r2.rs`): the two f16 scales, then the lanes as in [`WPair::w`].
+pub(super) struct R2;
+
+impl PairSrc for R2 {
+    const SIZE: usize = 68;
+    #[inline(always)]
+    unsafe fn lane(p: *const u8, m: usize) -> i64 {
+        std::ptr::read_unaligned(p.add(4 + 8 * m) as *const i64)
+    }
+    #[inline(always)]
+    unsafe fn lane_of(p: *const u8, m: usize, r: usize) -> i32 {
+        std::ptr::read_unaligned(p.add(4 + 8 * m + 4 * r) as *const i32)
+    }
+    #[inline(always)]
+    unsafe fn d(p: *const u8) -> [f32; 2] {
+        let h = std::ptr::read_unaligned(p as *const i32);
+        let v = _mm_cvtph_ps(_mm_cvtsi32_si128(h));
+        [_mm_cvtss_f32(v), _mm_cvtss_f32(_mm_shuffle_ps::<1>(v, v))]
+    }
+    #[inline(always)]
+    unsafe fn min(_p: *const u8) -> [f32; 2] {
+        [0.0; 2]
+    }
+}
+
+/// The bytes of `wp` (plain data: `WPair` is `f32`s and `i32`s).
+fn wpair_bytes(wp: &[WPair]) -> &[u8] {
+    // SAFETY: `WPair` is `repr(C)` of `i32` and `f32` arrays with no padding, so its
+    // bytes are initialized; the slice covers exactly `wp`'s memory, borrowed as long.
+    unsafe { std::slice::from_raw_parts(wp.as_ptr() as *const u8, std::mem::size_of_val(wp)) }
 }
 
 /// `T` lanes of activation blocks at one block index: per lane `m`, `T` dwords (a
@@ -367,34 +445,38 @@ unsafe fn prepare<K: Block32>(w: &[u8], nb: usize, mc: usize, out: &mut [WPair])
 /// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= nb`, `ga.len() >= nb` (and
 /// `gs.len() >= nb` for signed weights), `R <= 2`.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn rows_tokens<K: Block32, const R: usize>(
-    wp: &[WPair],
+unsafe fn rows_tokens<K: Block32, S: PairSrc, const R: usize>(
+    wp: &[u8],
     nb: usize,
     (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [[f32; TOKENS]; R],
 ) {
     type L = Lanes<TOKENS>;
-    debug_assert!(R <= 2 && wp.len() >= nb && ga.len() >= nb);
+    assert!(R <= 2 && wp.len() >= nb * S::SIZE && ga.len() >= nb);
     let mut acc = [[L::zero(); 8]; R];
     let mut summ = [L::zero(); R];
-    for (b, (ab, wb)) in ga[..nb].iter().zip(wp).enumerate() {
+    for (b, ab) in ga[..nb].iter().enumerate() {
+        // In `wp` (the assertion above).
+        let wb = wp.as_ptr().add(b * S::SIZE);
         let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
         // d = wd · ad for each token, rounded once (the reference's scalar product).
-        let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wb.d[r]), ad));
+        let wd = S::d(wb);
+        let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wd[r]), ad));
         for (m, aq) in ab.aq.iter().enumerate() {
             let a = L::load_i(aq.as_ptr() as *const u8);
             let start = start_of(st, m);
             for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
                 // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-                let l = L::dpbusd(start, L::splat_i(wb.w[m][r]), a);
+                let l = L::dpbusd(start, L::splat_i(S::lane_of(wb, m, r)), a);
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
+            let wm = S::min(wb);
             for (r, summ) in summ.iter_mut().enumerate() {
-                *summ = L::add(*summ, L::mul(L::splat(wb.min[r]), s));
+                *summ = L::add(*summ, L::mul(L::splat(wm[r]), s));
             }
         }
     }
@@ -418,19 +500,17 @@ unsafe fn rows_tokens<K: Block32, const R: usize>(
 /// AVX-512F/BW/DQ/VL and AVX512-VNNI; `wp.len() >= P * nb`, `ga.len() >= nb` (and
 /// `gs.len() >= nb` for signed weights, as [`rows_tokens`]).
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn pairs_tokens<K: Block32, const P: usize>(
-    wp: &[WPair],
+unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
+    wp: &[u8],
     nb: usize,
     (ga, gs): (&[ABlock], &[AStart]),
     out: &mut [[f32; TOKENS]; P],
     ahead: &[u8],
 ) {
     type L = Lanes<TOKENS>;
-    debug_assert!(wp.len() >= P * nb && ga.len() >= nb);
+    assert!(wp.len() >= P * nb * S::SIZE && ga.len() >= nb);
     // Both rows' values of a lane, `[x0, x1]`, in lanes 2t and 2t + 1 for every t.
-    let both_i =
-        |x: &[i32; 2]| _mm512_set1_epi64(std::ptr::read_unaligned(x.as_ptr() as *const i64));
-    let both_f = |x: &[f32; 2]| {
+    let both_f = |x: [f32; 2]| {
         _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
             x.as_ptr() as *const f64
         )))
@@ -441,22 +521,23 @@ unsafe fn pairs_tokens<K: Block32, const P: usize>(
         prefetch(&ahead[ahead.len() * b / nb..ahead.len() * (b + 1) / nb]);
         let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
-        let wbs: [&WPair; P] = std::array::from_fn(|p| &wp[p * nb + b]);
+        // Pair p's block b, in `wp` (the assertion above).
+        let wbs: [*const u8; P] = std::array::from_fn(|p| wp.as_ptr().add((p * nb + b) * S::SIZE));
         // d = wd · ad for each (row, token), rounded once.
-        let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(&wbs[p].d), ad));
+        let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(S::d(wbs[p])), ad));
         for (m, aq) in ab.aq.iter().enumerate() {
             let a = L::load_i(aq.as_ptr() as *const u8);
             let start = start_of(st, m);
             for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
                 // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-                let l = L::dpbusd(start, both_i(&wb.w[m]), a);
+                let l = L::dpbusd(start, _mm512_set1_epi64(S::lane(wb, m)), a);
                 acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
             }
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
             for (summ, wb) in summ.iter_mut().zip(wbs) {
-                *summ = L::add(*summ, L::mul(both_f(&wb.min), s));
+                *summ = L::add(*summ, L::mul(both_f(S::min(wb)), s));
             }
         }
     }
@@ -572,8 +653,43 @@ pub(super) unsafe fn tiles<K: Block32>(w: &[u8], rb: usize, acts: &Acts, out: &m
         // `r0..r0 + mc` in pairs.
         unsafe {
             prepare::<K>(&w[r0 * rb..(r0 + mc) * rb], nb, mc, wp);
-            groups16::<K>(wp, nb, mc, r0, (&acts.g16, &acts.s16), out16, next16);
-            groups8::<K>(wp, nb, mc, r0, (&acts.g8, &acts.s8), out8, next8);
+            let wp = wpair_bytes(wp);
+            groups16::<K, Prepared>(wp, nb, mc, r0, (&acts.g16, &acts.s16), out16, next16);
+            groups8::<K, Prepared>(wp, nb, mc, r0, (&acts.g8, &acts.s8), out8, next8);
+        }
+    }
+}
+
+/// [`tiles`] over a Q8_0 matrix repacked in row pairs (`quant::QType::Q8_0R2`; `w` its
+/// bytes, an even number of rows of `rb`): the tiles read its blocks as they are, with
+/// nothing prepared, a chunk of rows at a time as [`tiles`] does, the first group's
+/// tiles prefetching the next chunk. The same bits as [`tiles`] over the file's blocks.
+///
+/// # Safety
+/// As [`tiles`] with `K` = Q8_0 (`acts` made by [`Acts::new`] for it); `w.len()` is an
+/// even number of rows of `rb`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+pub(super) unsafe fn tiles_r2(w: &[u8], rb: usize, acts: &Acts, out: &mut [&mut [f32]]) {
+    type K = super::avx2::Q8_0;
+    let nb = acts.nb;
+    assert!(rb == K::BYTES * nb && w.len().is_multiple_of(2 * rb));
+    let m = w.len() / rb;
+    // Whole pairs per chunk (`chunk_rows` is a multiple of 4).
+    let chunk = chunk_rows(nb);
+    let (out16, out8) = out[..acts.tokens].split_at_mut(acts.n16);
+    for r0 in (0..m).step_by(chunk) {
+        let mc = chunk.min(m - r0);
+        let wp = &w[r0 * rb..(r0 + mc) * rb];
+        let next = &w[(r0 + mc) * rb..(r0 + mc + chunk).min(m) * rb];
+        let (next16, next8) = match acts.n16 {
+            0 => (&[][..], next),
+            _ => (next, &[][..]),
+        };
+        // SAFETY (both): this function's features and contract; `wp` holds rows
+        // `r0..r0 + mc` (`r0` and `mc` even) as 68-byte pair blocks.
+        unsafe {
+            groups16::<K, R2>(wp, nb, mc, r0, (&acts.g16, &acts.s16), out16, next16);
+            groups8::<K, R2>(wp, nb, mc, r0, (&acts.g8, &acts.s8), out8, next8);
         }
     }
 }
@@ -608,8 +724,8 @@ fn prefetch(p: &[u8]) {
 /// their start values, or empty for unsigned weights),
 /// every slice of `out` holds at least `r0 + m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn groups16<K: Block32>(
-    wp: &[WPair],
+unsafe fn groups16<K: Block32, S: PairSrc>(
+    wp: &[u8],
     nb: usize,
     m: usize,
     r0: usize,
@@ -629,12 +745,12 @@ unsafe fn groups16<K: Block32>(
                 prefetch(&ahead[a..b]);
             }
             // Tiles start at even rows: row r is the first of pair r / 2.
-            let wr = &wp[r / 2 * nb..];
+            let wr = &wp[r / 2 * nb * S::SIZE..];
             // SAFETY (all): this function's features; `wr` holds the tile's pair.
             if let Ok(o) = <&mut [_; ROWS]>::try_from(&mut *o) {
-                unsafe { rows_tokens::<K, ROWS>(wr, nb, ga, o) }
+                unsafe { rows_tokens::<K, S, ROWS>(wr, nb, ga, o) }
             } else if let Ok(o) = <&mut [_; 1]>::try_from(o) {
-                unsafe { rows_tokens::<K, 1>(wr, nb, ga, o) }
+                unsafe { rows_tokens::<K, S, 1>(wr, nb, ga, o) }
             }
         });
     }
@@ -650,8 +766,8 @@ unsafe fn groups16<K: Block32>(
 /// as in [`groups16`]),
 /// every slice of `out` holds at least `r0 + m` outputs.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-unsafe fn groups8<K: Block32>(
-    wp: &[WPair],
+unsafe fn groups8<K: Block32, S: PairSrc>(
+    wp: &[u8],
     nb: usize,
     m: usize,
     r0: usize,
@@ -680,13 +796,15 @@ unsafe fn groups8<K: Block32>(
                 }
                 _ => &[][..],
             };
-            let wr = &wp[p * nb..];
+            let wr = &wp[p * nb * S::SIZE..];
             let mut o = [[0f32; TOKENS]; PAIRS_8];
             // SAFETY (all): this function's features; `wr` holds the tile's pairs.
             let [o0, _] = &mut o;
             match take {
-                PAIRS_8 => unsafe { pairs_tokens::<K, PAIRS_8>(wr, nb, ga, &mut o, share) },
-                _ => unsafe { pairs_tokens::<K, 1>(wr, nb, ga, std::array::from_mut(o0), share) },
+                PAIRS_8 => unsafe { pairs_tokens::<K, S, PAIRS_8>(wr, nb, ga, &mut o, share) },
+                _ => unsafe {
+                    pairs_tokens::<K, S, 1>(wr, nb, ga, std::array::from_mut(o0), share)
+                },
             }
             // Lane 2t + h of pair j: row 2(p + j) + h, token t (the dummy row of an odd
             // chunk's last pair is dropped). Two whole pairs: each token's four rows are

@@ -1,0 +1,142 @@
+//! The one-token AVX-512 kernel of Q8_0 weights repacked in row pairs
+//! (`quant::QType::Q8_0R2`, layout in `quant/q8_0_r2.rs`): one 512-bit load holds a
+//! block of both rows of a pair, lane `2m + h` = row `h`'s canonical lane `m`, so the
+//! token's lanes are laid out twice over ([`R2Act`]) and one `vpdpbusd` sums both rows'
+//! eight lanes. Each lane then performs the canonical order (module docs of `quant`):
+//! `d = f16(d_w) · f16(d_a)` rounded once, `acc[m] + d · L[m]` as a rounded multiply
+//! and a rounded add, block by block, and the tree over the row's eight lanes at the
+//! end: the bits of the Q8_0 kernels on the file's blocks.
+//!
+//! Integer exactness as in `vnni_acts`' Q8_0 form: the weight byte is `q + 128`
+//! (unsigned), each lane starts at the activation's `−128 · Σ a` over its four bytes,
+//! so it ends at `Σ q a` exactly.
+
+use super::{h2f, nta_prefetch, prefetch_weights, PREFETCH_BYTES};
+use crate::dot::reduce_lanes;
+use crate::quant::BlockQ8_0;
+use std::arch::x86_64::*;
+
+/// One activation block in the form of the row-pair kernel: lane `m`'s four quants (in
+/// the Q8_0 VNNI order, `q8_0_vnni_order`) in dwords `2m` and `2m + 1`, the start values
+/// `−128 · Σ a` laid out alike, and the widened scale `f16(d_a)`: `vnni_acts`' Q8_0
+/// form, each lane twice, made as the kernel reads the block (nothing allocated).
+#[derive(Clone, Copy)]
+struct R2Act {
+    q: __m512i,
+    base: __m512i,
+    d: f32,
+}
+
+/// Block `b` in [`R2Act`] form.
+///
+/// # Safety
+/// AVX2, F16C, AVX-512F/BW/VL and AVX512-VNNI (the caller has them enabled).
+#[inline(always)]
+unsafe fn r2_act(b: &BlockQ8_0) -> R2Act {
+    // Word 2m = old word m, word 2m+1 = old word m+8: lane m's elements 2m, 2m+1,
+    // 2m+16, 2m+17 (`unpack_vnni512`'s order).
+    let idx = _mm256_setr_epi16(0, 8, 1, 9, 2, 10, 3, 11, 4, 12, 5, 13, 6, 14, 7, 15);
+    let qs = _mm256_permutexvar_epi16(idx, _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i));
+    // 128 · Σ_{k<4} qs[4m+k]: |sum| <= 4 · 128 · 128 = 65536, exact in i32.
+    let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(-128), qs);
+    let bias = _mm256_sub_epi32(_mm256_setzero_si256(), sum);
+    let twice = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
+    R2Act {
+        q: _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(qs)),
+        base: _mm512_permutexvar_epi32(twice, _mm512_castsi256_si512(bias)),
+        d: h2f(b.d),
+    }
+}
+
+/// Rows of the row-pair matrix `w` (whole pairs of `nb = a.len()` blocks of 68 bytes)
+/// times one token's Q8_0 blocks `a` into `out` (`w.len() / (34 · nb)` values, even),
+/// [`PAIRS`] pairs at a time, then one at a time.
+///
+/// # Safety
+/// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI; `w.len() == out.len() · 34 · a.len()`,
+/// `out.len()` even.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+pub(in crate::quant) unsafe fn rows_r2_512(w: &[u8], a: &[BlockQ8_0], out: &mut [f32]) {
+    let nb = a.len();
+    let pb = 68 * nb;
+    assert!(nb > 0 && out.len().is_multiple_of(2) && w.len() == out.len() / 2 * pb);
+    let pairs = out.len() / 2;
+    let nta = nta_prefetch();
+    let mut p = 0;
+    while p + PAIRS <= pairs {
+        pairs_r2::<PAIRS>(
+            w.as_ptr().add(p * pb),
+            pb,
+            a,
+            &mut out[2 * p..2 * (p + PAIRS)],
+            nta,
+        );
+        p += PAIRS;
+    }
+    while p < pairs {
+        pairs_r2::<1>(
+            w.as_ptr().add(p * pb),
+            pb,
+            a,
+            &mut out[2 * p..2 * (p + 1)],
+            nta,
+        );
+        p += 1;
+    }
+}
+
+/// Pairs per step of [`rows_r2_512`]: their accumulators, the token's block and the
+/// scales fit the registers.
+const PAIRS: usize = 4;
+
+/// `P` consecutive pairs at `w` (`pb` bytes each) times the token `a`, into `out`
+/// (`2P` rows).
+///
+/// # Safety
+/// As [`rows_r2_512`]; `w` points at `P` whole pairs of `a.len()` blocks, `out.len() ==
+/// 2P`.
+#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
+#[inline]
+unsafe fn pairs_r2<const P: usize>(
+    w: *const u8,
+    pb: usize,
+    a: &[BlockQ8_0],
+    out: &mut [f32],
+    nta: bool,
+) {
+    let mut acc = [_mm512_setzero_ps(); P];
+    // The weights `PREFETCH_BYTES` (at least these pairs) ahead, asked for in address
+    // order, `P · 68` bytes a block: over the blocks, the next `P` pairs' bytes, once.
+    let step = 68 * P;
+    let next = w.wrapping_add((P * pb).max(PREFETCH_BYTES));
+    for (b, ab) in a.iter().enumerate() {
+        let at = next.wrapping_add(b * step);
+        let mut off = 0;
+        while off < step {
+            prefetch_weights(at.wrapping_add(off), 64, nta);
+            off += 64;
+        }
+        let ab = r2_act(ab);
+        let ad = _mm512_set1_ps(ab.d);
+        for (j, acc) in acc.iter_mut().enumerate() {
+            let blk = w.add(j * pb + 68 * b);
+            // Pair `j`'s block `b`: inside the `P` pairs at `w` (the contract).
+            let d16 = std::ptr::read_unaligned(blk as *const i32);
+            let wq = _mm512_loadu_si512(blk.add(4) as *const __m512i);
+            // Exact: start + Σ (q + 128) a = Σ q a per lane (module docs).
+            let l = _mm512_dpbusd_epi32(ab.base, wq, ab.q);
+            // [dw_a, dw_b] eight times, widened, times d_a: the one rounded product
+            // per (row, block) of the scalar code.
+            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi32(d16)), ad);
+            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
+        }
+    }
+    for (j, acc) in acc.iter().enumerate() {
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), *acc);
+        for h in 0..2 {
+            let lanes: [f32; 8] = std::array::from_fn(|m| l[2 * m + h]);
+            out[2 * j + h] = reduce_lanes(&lanes);
+        }
+    }
+}
