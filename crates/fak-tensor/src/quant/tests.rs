@@ -1126,8 +1126,8 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
 /// rows unpacked are the file's bytes; one token (the row-pair kernel, and the scalar
 /// path), a single row (`vec_dot_row`), and 1 to 40 tokens on 1 to 3 threads (the
 /// token-transposed tiles reading the pairs as they are, and the one-token kernel for
-/// the tokens they leave) equal the Q8_0 products over the file's blocks; −128 quants,
-/// extreme scales, and shapes refused.
+/// the tokens they leave, rows of up to and past its 128 stacked blocks) equal the Q8_0
+/// products over the file's blocks; −128 quants, extreme scales, and shapes refused.
 #[test]
 fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
     let mut r = Rng(71);
@@ -1137,6 +1137,7 @@ fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
         (14, 3, false),
         (40, 20, true),
         (262, 4, false),
+        (6, 130, true),
     ] {
         let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
         if extreme {

@@ -58,49 +58,65 @@ unsafe fn r2_act(b: &BlockQ8_0) -> R2Act {
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
 pub(in crate::quant) unsafe fn rows_r2_512(w: &[u8], a: &[BlockQ8_0], out: &mut [f32]) {
     let nb = a.len();
+    assert!(nb > 0 && out.len().is_multiple_of(2) && w.len() == out.len() / 2 * 68 * nb);
+    if nb <= STACK_ACTS {
+        // The token's blocks in `R2Act` form once for all rows, on the stack (a decode
+        // step allocates nothing).
+        let mut buf = [std::mem::MaybeUninit::<R2Act>::uninit(); STACK_ACTS];
+        for (slot, b) in buf.iter_mut().zip(a) {
+            slot.write(r2_act(b));
+        }
+        // SAFETY: the first `nb` slots were written just above.
+        let acts = std::slice::from_raw_parts(buf.as_ptr() as *const R2Act, nb);
+        rows_with(w, nb, |b| acts[b], out);
+    } else {
+        // A longer row: each block's form made as it is read (per group of pairs).
+        rows_with(w, nb, |b| r2_act(&a[b]), out);
+    }
+}
+
+/// Blocks of the token's [`R2Act`]s held on the stack (24 KB): rows up to 4,096
+/// elements.
+const STACK_ACTS: usize = 128;
+
+/// [`rows_r2_512`] with block `b`'s activation form from `act(b)`: [`PAIRS`] pairs at a
+/// time, then one at a time.
+///
+/// # Safety
+/// As [`rows_r2_512`] (`nb` its blocks).
+#[inline(always)]
+unsafe fn rows_with(w: &[u8], nb: usize, act: impl Fn(usize) -> R2Act, out: &mut [f32]) {
     let pb = 68 * nb;
-    assert!(nb > 0 && out.len().is_multiple_of(2) && w.len() == out.len() / 2 * pb);
     let pairs = out.len() / 2;
     let nta = nta_prefetch();
     let mut p = 0;
     while p + PAIRS <= pairs {
-        pairs_r2::<PAIRS>(
-            w.as_ptr().add(p * pb),
-            pb,
-            a,
-            &mut out[2 * p..2 * (p + PAIRS)],
-            nta,
-        );
+        let o = &mut out[2 * p..2 * (p + PAIRS)];
+        pairs_r2::<PAIRS>(w.as_ptr().add(p * pb), pb, nb, &act, o, nta);
         p += PAIRS;
     }
     while p < pairs {
-        pairs_r2::<1>(
-            w.as_ptr().add(p * pb),
-            pb,
-            a,
-            &mut out[2 * p..2 * (p + 1)],
-            nta,
-        );
+        let o = &mut out[2 * p..2 * (p + 1)];
+        pairs_r2::<1>(w.as_ptr().add(p * pb), pb, nb, &act, o, nta);
         p += 1;
     }
 }
 
 /// Pairs per step of [`rows_r2_512`]: their accumulators, the token's block and the
 /// scales fit the registers.
-const PAIRS: usize = 4;
+const PAIRS: usize = 2;
 
-/// `P` consecutive pairs at `w` (`pb` bytes each) times the token `a`, into `out`
-/// (`2P` rows).
+/// `P` consecutive pairs at `w` (`pb` bytes each, `nb` blocks) times the token whose
+/// block `b` is `act(b)`, into `out` (`2P` rows).
 ///
 /// # Safety
-/// As [`rows_r2_512`]; `w` points at `P` whole pairs of `a.len()` blocks, `out.len() ==
-/// 2P`.
-#[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-#[inline]
+/// As [`rows_r2_512`]; `w` points at `P` whole pairs of `nb` blocks, `out.len() == 2P`.
+#[inline(always)]
 unsafe fn pairs_r2<const P: usize>(
     w: *const u8,
     pb: usize,
-    a: &[BlockQ8_0],
+    nb: usize,
+    act: &impl Fn(usize) -> R2Act,
     out: &mut [f32],
     nta: bool,
 ) {
@@ -109,14 +125,14 @@ unsafe fn pairs_r2<const P: usize>(
     // order, `P · 68` bytes a block: over the blocks, the next `P` pairs' bytes, once.
     let step = 68 * P;
     let next = w.wrapping_add((P * pb).max(PREFETCH_BYTES));
-    for (b, ab) in a.iter().enumerate() {
+    for b in 0..nb {
         let at = next.wrapping_add(b * step);
         let mut off = 0;
         while off < step {
             prefetch_weights(at.wrapping_add(off), 64, nta);
             off += 64;
         }
-        let ab = r2_act(ab);
+        let ab = act(b);
         let ad = _mm512_set1_ps(ab.d);
         for (j, acc) in acc.iter_mut().enumerate() {
             let blk = w.add(j * pb + 68 * b);
