@@ -346,12 +346,13 @@ impl<'a> TileActs<'a> {
     ///
     /// # Safety
     /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
-    /// multiple of `rb`; `out` holds one slice of `w.len() / rb` outputs per token.
+    /// multiple of `rb` (of `2 · rb`, whole row pairs, for [`QType::Q8_0R2`]: its kernels
+    /// assert it); `out` holds one slice of `w.len() / rb` outputs per token.
     pub(crate) unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [&mut [f32]]) {
         // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
         // (AVX-VNNI when it holds the VNNI form and not `wide`, AVX-512F/BW/DQ/VL and
-        // AVX512-VNNI when `wide` or `zmm`); the shapes are this
-        // function's contract.
+        // AVX512-VNNI when `wide` or `zmm`, and for `R2`, which is made only with
+        // `TileIsa::Zmm`); the shapes are this function's contract.
         match self {
             #[cfg(target_arch = "x86_64")]
             TileActs::Q4_0(t) => {
