@@ -363,7 +363,7 @@ pub struct QuantMatrix {
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
     /// The matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]; then `ty` is
-    /// [`QType::Q8_0R2`] and the file's pages of it are released), else `None`: the
+    /// [`QType::Q8_0R2`] and its bytes in the map are not read again), else `None`: the
     /// bytes stay in the map.
     repacked: Option<Arc<memmap2::Mmap>>,
 }
@@ -407,10 +407,10 @@ impl QuantMatrix {
         if self.file_bytes().len() != len {
             return self;
         }
-        // Read straight into the matrix's own buffer, then each pair repacked in place
-        // from a copy of its two rows: nothing else the matrix's size is allocated.
-        // Its own anonymous map: page-granular, outside the heap, so nothing of the
-        // allocator's rounding or fragmentation is added to it.
+        // Read straight into the matrix's own buffer (an anonymous map: page-granular,
+        // outside the heap, so nothing of the allocator's rounding or fragmentation is
+        // added to it), then each pair repacked in place from a copy of its two rows:
+        // nothing else the matrix's size is allocated.
         let Ok(mut out) = memmap2::MmapMut::map_anon(len) else {
             return self;
         };

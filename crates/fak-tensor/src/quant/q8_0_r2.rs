@@ -105,13 +105,17 @@ fn check_shape(bytes: usize, rows: usize, cols: usize) -> Result<usize, QuantErr
     Ok(nb)
 }
 
-/// Row `r` of a [`QType::Q8_0R2`] matrix `w` (`rb` = the row's Q8_0 bytes, `34 · nb`) as
-/// the file stored it: `nb` Q8_0 blocks, appended to `out` (cleared first).
+/// The Q8_0 blocks of row `r` of a [`QType::Q8_0R2`] matrix `w` (`rb` = the row's Q8_0
+/// bytes, `34 · nb`), each rebuilt on the stack as the file stored it.
 ///
 /// # Errors
 /// [`QuantError::MatrixShape`] when `rb` is not whole blocks, `w` is not whole row
 /// pairs of `rb`, or row `r` is outside it.
-pub fn row_to_q8_0(w: &[u8], rb: usize, r: usize, out: &mut Vec<u8>) -> Result<(), QuantError> {
+fn row_blocks(
+    w: &[u8],
+    rb: usize,
+    r: usize,
+) -> Result<impl Iterator<Item = BlockQ8_0> + '_, QuantError> {
     let bad = || QuantError::MatrixShape {
         detail: format!(
             "row {r} of a Q8_0 row-pair matrix of {} bytes in rows of {rb}",
@@ -123,16 +127,32 @@ pub fn row_to_q8_0(w: &[u8], rb: usize, r: usize, out: &mut Vec<u8>) -> Result<(
     }
     let (p, h) = (r / 2, r % 2);
     let pair = w.get(p * 2 * rb..(p + 1) * 2 * rb).ok_or_else(bad)?;
-    out.clear();
-    for blk in pair.chunks_exact(R2_BLOCK) {
-        out.extend_from_slice(&blk[2 * h..2 * h + 2]);
-        let mut qs = [0u8; QK];
+    Ok(pair.chunks_exact(R2_BLOCK).map(move |blk| {
+        let mut b = BlockQ8_0 {
+            d: u16::from_le_bytes([blk[2 * h], blk[2 * h + 1]]),
+            qs: [0; QK],
+        };
         for m in 0..8 {
             for k in 0..4 {
-                qs[lane_element(m, k)] = blk[4 + 8 * m + 4 * h + k] ^ 0x80;
+                b.qs[lane_element(m, k)] = (blk[4 + 8 * m + 4 * h + k] ^ 0x80) as i8;
             }
         }
-        out.extend_from_slice(&qs);
+        b
+    }))
+}
+
+/// Row `r` of a [`QType::Q8_0R2`] matrix `w` (`rb` = the row's Q8_0 bytes, `34 · nb`) as
+/// the file stored it: `nb` Q8_0 blocks, appended to `out` (cleared first).
+///
+/// # Errors
+/// [`QuantError::MatrixShape`] when `rb` is not whole blocks, `w` is not whole row
+/// pairs of `rb`, or row `r` is outside it.
+pub fn row_to_q8_0(w: &[u8], rb: usize, r: usize, out: &mut Vec<u8>) -> Result<(), QuantError> {
+    let blocks = row_blocks(w, rb, r)?;
+    out.clear();
+    for b in blocks {
+        out.extend_from_slice(&b.d.to_le_bytes());
+        out.extend(b.qs.iter().map(|&q| q as u8));
     }
     Ok(())
 }
@@ -151,32 +171,15 @@ pub fn dequantize_row_q8_0_r2(
     r: usize,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    let bad = || QuantError::MatrixShape {
-        detail: format!(
-            "row {r} of a Q8_0 row-pair matrix of {} bytes in rows of {rb}, into {} values",
-            w.len(),
-            out.len()
-        ),
-    };
-    if rb == 0
-        || !rb.is_multiple_of(Q8_0_BLOCK)
-        || !w.len().is_multiple_of(2 * rb)
-        || out.len() != rb / Q8_0_BLOCK * QK
-    {
-        return Err(bad());
+    if out.len() != rb / Q8_0_BLOCK * QK {
+        return Err(QuantError::MatrixShape {
+            detail: format!(
+                "row {r} of a Q8_0 row-pair matrix in rows of {rb} bytes into {} values",
+                out.len()
+            ),
+        });
     }
-    let (p, h) = (r / 2, r % 2);
-    let pair = w.get(p * 2 * rb..(p + 1) * 2 * rb).ok_or_else(bad)?;
-    for (blk, o) in pair.chunks_exact(R2_BLOCK).zip(out.chunks_exact_mut(QK)) {
-        let mut b = BlockQ8_0 {
-            d: u16::from_le_bytes([blk[2 * h], blk[2 * h + 1]]),
-            qs: [0; QK],
-        };
-        for m in 0..8 {
-            for k in 0..4 {
-                b.qs[lane_element(m, k)] = (blk[4 + 8 * m + 4 * h + k] ^ 0x80) as i8;
-            }
-        }
+    for (b, o) in row_blocks(w, rb, r)?.zip(out.chunks_exact_mut(QK)) {
         dequantize_q8_0(std::slice::from_ref(&b), o);
     }
     Ok(())
