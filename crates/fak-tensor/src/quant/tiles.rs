@@ -393,9 +393,9 @@ impl<'a> TileActs<'a> {
                     None => 0,
                 };
                 // The tokens left, each over a chunk of rows held in the cache (as
-                // `row_wise_512`): whole pairs, about ROW_WISE_CHUNK_BYTES.
+                // `row_wise_512`): whole pairs (a multiple of 4 rows).
                 let m = w.len() / rb;
-                let chunk = (ROW_WISE_CHUNK_BYTES / rb.max(1)).div_ceil(4).max(1) * 4;
+                let chunk = row_wise_chunk(rb);
                 for r0 in (0..m).step_by(chunk) {
                     let r1 = (r0 + chunk).min(m);
                     for (a, o) in t.rest.iter().zip(&mut out[t0..]) {
@@ -481,7 +481,7 @@ unsafe fn row_wise_512<K: avx2::Tile512>(
     K::Act: avx2::ActBlock,
 {
     let m = w.len() / rb;
-    let chunk = (ROW_WISE_CHUNK_BYTES / rb.max(1)).div_ceil(4).max(1) * 4;
+    let chunk = row_wise_chunk(rb);
     for r0 in (0..m).step_by(chunk) {
         let r1 = (r0 + chunk).min(m);
         for t in t0..va.len() {
@@ -494,6 +494,13 @@ unsafe fn row_wise_512<K: avx2::Tile512>(
 /// Weight bytes per chunk of [`row_wise_512`]: a chunk stays in the first-level cache
 /// while each token reads it.
 const ROW_WISE_CHUNK_BYTES: usize = 16 * 1024;
+
+/// Rows of `rb` bytes per chunk of [`row_wise_512`] (and the row-pair tokens left after
+/// the transposed tiles): about [`ROW_WISE_CHUNK_BYTES`], a multiple of 4.
+#[cfg(target_arch = "x86_64")]
+fn row_wise_chunk(rb: usize) -> usize {
+    (ROW_WISE_CHUNK_BYTES / rb.max(1)).div_ceil(4).max(1) * 4
+}
 
 /// `TILE_R`-row × `TILE_T`-token tiles of [`avx2::rows_tokens`] (or
 /// [`avx2::rows_tokens_vnni`] / [`avx2::rows_tokens_vnni512`] when `p` holds the VNNI
