@@ -117,28 +117,48 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
 }
 
 /// Asks for rows `r` of `rows` (`len` elements each at `stride`) to be brought into the
-/// core's L2 ahead of their use (`prefetcht1`). A prefetch never faults, so rows past the
-/// end of `rows` are harmless; the addresses are formed with wrapping arithmetic and
-/// never read.
+/// core's cache ahead of their use. A prefetch never faults, so rows past the end of
+/// `rows` are harmless; the addresses are formed with wrapping arithmetic and never read.
 ///
-/// L2, not L1 (`prefetcht0`): a decode step's keys stream from memory, and prefetches
-/// into L1 hold the L1's few miss buffers that the kernel's own loads wait on; into L2
-/// the decode attention's dots ran faster (figures: docs/performance.md, "Why it is
-/// fast").
+/// Where to ([`attention_prefetch_l1`]): into L1 (`prefetcht0`) on AMD, into L2
+/// (`prefetcht1`) elsewhere.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn prefetch_rows(rows: &[f32], stride: usize, len: usize, r: std::ops::Range<usize>) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+    let l1 = attention_prefetch_l1();
     for row in r {
         let at = rows.as_ptr().wrapping_add(row * stride) as *const i8;
         let mut b = 0;
         while b < 4 * len {
-            // SAFETY: `prefetcht1` is SSE (every x86_64 CPU) and never faults or reads
-            // into the program, whatever the address.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(b)) };
+            // SAFETY: `prefetcht0`/`prefetcht1` are SSE (every x86_64 CPU) and never
+            // fault or read into the program, whatever the address.
+            unsafe {
+                if l1 {
+                    _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(b))
+                } else {
+                    _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(b))
+                }
+            };
             b += 64;
         }
     }
+}
+
+/// Whether the decode attention kernels ([`prefetch_rows`] and
+/// [`crate::ops::weighted_rows_accumulate`]'s rows) prefetch the K and V rows into L1
+/// (`prefetcht0`) rather than L2 (`prefetcht1`): on AMD CPUs
+/// ([`crate::cpu::tuned_for_amd`]). With the cache entries read front to back a few
+/// keys at a time for every KV head (`fak-model`'s decode attention), the Zen 5's
+/// kernels read at ~42 GB/s into L1 and ~17 into L2 (a probe on one thread of SmolLM2's
+/// shape, 30 layers' cache at 1,152 keys). Into L2 was chosen on a Zen 4 and an Intel
+/// Xeon when each KV head's rows were read in their own strided pass, where prefetches
+/// into L1 held the miss buffers that the kernels' own loads waited on; not measured
+/// there since (docs/performance.md, "Why it is fast").
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub(crate) fn attention_prefetch_l1() -> bool {
+    crate::cpu::tuned_for_amd()
 }
 
 /// [`dot_strided`] for `Q` queries against the same rows:

@@ -546,13 +546,18 @@ unsafe fn weighted_rows_accumulate_512<const Q: usize, const K: usize>(
             *a = _mm512_loadu_ps(oq.as_ptr().add(c + 16 * r));
         }
     }
+    let l1 = crate::dot::attention_prefetch_l1();
     for j in 0..p[0].len() {
         let base = rp.add(j * stride);
-        // A prefetch never faults: rows past the end are harmless. Into L2, as
-        // `crate::dot::prefetch_rows` says why.
+        // A prefetch never faults: rows past the end are harmless. Into L1 or L2 as
+        // `crate::dot::attention_prefetch_l1` says.
         let ahead = base.wrapping_add(PREFETCH_ROWS * stride) as *const i8;
         for r in 0..K {
-            _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * r));
+            if l1 {
+                _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * r));
+            } else {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.wrapping_add(64 * r));
+            }
         }
         let v: [__m512; K] = std::array::from_fn(|r| _mm512_loadu_ps(base.add(16 * r)));
         for (aq, pq) in acc.iter_mut().zip(&p) {

@@ -24,7 +24,9 @@
 //!
 //! Either way a block of keys is read as whole cache entries (every KV head's columns a
 //! chunk needs, in one [`KvRows::for_cols`]), so a compact cache's row is widened once
-//! for all its heads and the memory is read in order, not once per KV head at a stride.
+//! for all its heads, and within a block every KV head's dots (and, where a chunk holds
+//! whole groups, sums) are done for [`SUB_BLOCK`] keys before the next ones, so the
+//! memory is read in order, each entry whole, not once per KV head at a stride.
 //!
 //! Every value is computed by the same kernels in the same order as one query head at
 //! a time: each key's score is [`fak_tensor::dot`]'s bits whichever of the
@@ -47,8 +49,25 @@ use fak_tensor::{dot_strided_multi, parallel_chunks, Threads};
 /// `Σ p·v`) are done for all of them before the next block, so the cache entries of a
 /// block (every KV head's K row side by side, `kv_dim` elements) are read from memory
 /// once rather than once per KV head. It pays once a layer's K and V outgrow the core's
-/// L2 (long contexts); 8-key blocks were slower than one whole pass per KV head.
+/// L2 (long contexts); 8-key blocks were slower than one whole pass per KV head (with
+/// the rows prefetched into L2, before [`SUB_BLOCK`]s within a block).
 const KEY_BLOCK: usize = 128;
+
+/// Keys per sub-block of a block: every KV head's dots (then sums) over [`SUB_BLOCK`]
+/// keys before the next ones, so the cache entries are read front to back, each whole
+/// once, where one pass per KV head over the block read a few lines of every entry in
+/// each of several strided passes. On the Zen 5 a probe of the two kernels (SmolLM2's
+/// shape, 30 layers' cache at 1,152 keys, one thread) went from ~17 / ~26 GB/s to ~40 /
+/// ~44 GB/s with the prefetch into L1 ([`fak_tensor::cpu::tuned_for_amd`]); figures in
+/// docs/performance.md ("Why it is fast").
+const SUB_BLOCK: usize = 8;
+
+/// Consecutive sub-blocks of `0..n`, [`SUB_BLOCK`] keys each (the last shorter).
+fn sub_blocks(n: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    (0..n)
+        .step_by(SUB_BLOCK)
+        .map(move |a| a..(a + SUB_BLOCK).min(n))
+}
 
 /// Attention of one token over cache entries `first..entries` of one layer:
 /// `out[h] = Σ_j softmax_j(scale · q_h · k_j) · v_j` for every query head `h`, `j` over
@@ -144,11 +163,14 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             keys.for_cols(first + j0..first + j1, cols.clone(), |rows, st, r| {
-                let js = r.start - first..r.end - first;
-                for (a, b, off) in runs() {
-                    let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
-                    let rows = &rows[off - cols.start..];
-                    dots_for_heads(rows, st, q, hd, sc, len, js.clone());
+                for sb in sub_blocks(r.len()) {
+                    let js = r.start - first + sb.start..r.start - first + sb.end;
+                    let rows = &rows[sb.start * st..];
+                    for (a, b, off) in runs() {
+                        let (q, sc) = (&qs[a * hd..b * hd], &mut sc[a * len..b * len]);
+                        let rows = &rows[off - cols.start..];
+                        dots_for_heads(rows, st, q, hd, sc, len, js.clone());
+                    }
                 }
             });
             j0 = j1;
@@ -160,11 +182,14 @@ pub(crate) fn decode_attention(
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
             values.for_cols(first + j0..first + j1, cols.clone(), |rows, st, r| {
-                let js = r.start - first..r.end - first;
-                for (a, b, off) in runs() {
-                    let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
-                    let rows = &rows[off - cols.start..];
-                    sums_for_heads(p, len, js.clone(), rows, st, o, hd);
+                for sb in sub_blocks(r.len()) {
+                    let js = r.start - first + sb.start..r.start - first + sb.end;
+                    let rows = &rows[sb.start * st..];
+                    for (a, b, off) in runs() {
+                        let (p, o) = (&sc[a * len..b * len], &mut o[a * hd..b * hd]);
+                        let rows = &rows[off - cols.start..];
+                        sums_for_heads(p, len, js.clone(), rows, st, o, hd);
+                    }
                 }
             });
             j0 = j1;
@@ -226,15 +251,20 @@ fn by_ranges(
             while j0 < kr.end {
                 let j1 = (j0 + KEY_BLOCK).min(kr.end);
                 keys.for_cols(first + j0..first + j1, 0..kv_heads * hd, |rows, st, r| {
-                    let (r0, r1) = (r.start - first, r.end - first);
-                    for g in 0..kv_heads {
-                        for (a, nh) in runs(g) {
-                            // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
-                            // ranges are disjoint), and of them `r0..r1` once, in every
-                            // head's row: no part overlaps another chunk's or its own.
-                            let part = |h: usize| unsafe { all.part(h * len + r0..h * len + r1) };
-                            let q = &q[a * hd..(a + nh) * hd];
-                            dots_into(&rows[g * hd..], st, q, hd, nh, part, a);
+                    for sb in sub_blocks(r.len()) {
+                        let (r0, r1) = (r.start - first + sb.start, r.start - first + sb.end);
+                        let rows = &rows[sb.start * st..];
+                        for g in 0..kv_heads {
+                            for (a, nh) in runs(g) {
+                                // SAFETY: chunk `c` alone takes keys `kr` (the chunks' key
+                                // ranges are disjoint), and of them `r0..r1` once, in
+                                // every head's row: no part overlaps another chunk's or
+                                // its own.
+                                let part =
+                                    |h: usize| unsafe { all.part(h * len + r0..h * len + r1) };
+                                let q = &q[a * hd..(a + nh) * hd];
+                                dots_into(&rows[g * hd..], st, q, hd, nh, part, a);
+                            }
                         }
                     }
                 });
@@ -283,6 +313,9 @@ fn by_ranges(
         let mut j0 = 0;
         while j0 < len {
             let j1 = (j0 + KEY_BLOCK).min(len);
+            // The whole piece per call, not in sub-blocks: each thread reads its
+            // columns, a part of every entry, and 8-key calls were slower here
+            // (SmolLM2 on 2 threads after 1,024 keys: 198–251 against 258–269 tokens/s).
             values.for_cols(first + j0..first + j1, c0..c1, |rows, st, r| {
                 let (r0, r1) = (r.start - first, r.end - first);
                 for (g, e0, e1, off) in segs() {
