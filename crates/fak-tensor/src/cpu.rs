@@ -19,7 +19,9 @@
 use std::sync::OnceLock;
 
 /// Whether the choices for AMD CPUs apply: `cpuid`'s vendor string is "AuthenticAMD",
-/// or `FAK_CPU_VENDOR` says so. Computed once per process.
+/// or `FAK_CPU_VENDOR` says so. Computed once per process (inlined: the decode
+/// attention kernels ask once per call).
+#[inline]
 pub fn tuned_for_amd() -> bool {
     static AMD: OnceLock<bool> = OnceLock::new();
     *AMD.get_or_init(|| match std::env::var("FAK_CPU_VENDOR") {
