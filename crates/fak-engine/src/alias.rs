@@ -155,16 +155,20 @@ impl AliasedDriver {
         Ok(())
     }
 
-    /// An [`EngineError::UnknownModel`] about `target` (an alias's MODEL the inner driver
-    /// no longer serves) restated about `id`, the model the client asked for.
-    fn as_asked(e: EngineError, id: &str, target: &str) -> EngineError {
+    /// An [`EngineError::UnknownModel`] restated as the client sees the server: about
+    /// `id`, the model the client asked for, when it was about `target` (an alias's
+    /// MODEL the inner driver no longer serves), and listing what `models()` lists (the
+    /// aliases too, as `GET /v1/models/{id}`'s 404 does), not only the inner driver's
+    /// models. Any other error is returned as it is.
+    fn as_asked(&self, e: EngineError, id: &str, target: Option<&str>) -> EngineError {
         match e {
-            EngineError::UnknownModel {
-                requested,
-                available,
-            } if requested == target => EngineError::UnknownModel {
-                requested: id.to_string(),
-                available,
+            EngineError::UnknownModel { requested, .. } => EngineError::UnknownModel {
+                requested: if Some(requested.as_str()) == target {
+                    id.to_string()
+                } else {
+                    requested
+                },
+                available: self.models().into_iter().map(|m| m.id).collect(),
             },
             e => e,
         }
@@ -247,7 +251,7 @@ impl EngineDriver for AliasedDriver {
             return inner(req);
         };
         let Some(target) = self.resolve_model(&asked) else {
-            return inner(req);
+            return inner(req).map_err(|e| self.as_asked(e, &asked, None));
         };
         if let Some(raw) = &mut req.raw {
             raw.body = replace_model(&raw.body, &target)
@@ -257,7 +261,7 @@ impl EngineDriver for AliasedDriver {
                 .into();
         }
         req.model = Some(target.clone());
-        inner(req).map_err(|e| Self::as_asked(e, &asked, &target))
+        inner(req).map_err(|e| self.as_asked(e, &asked, Some(&target)))
     }
 
     fn stats(&self) -> EngineStats {
@@ -288,8 +292,11 @@ impl EngineDriver for AliasedDriver {
                     model: Some(target.clone()),
                     ..req.clone()
                 })
-                .map_err(|e| Self::as_asked(e, req.model.as_deref().unwrap_or(""), &target)),
-            None => self.inner.count_tokens(req),
+                .map_err(|e| self.as_asked(e, req.model.as_deref().unwrap_or(""), Some(&target))),
+            None => self
+                .inner
+                .count_tokens(req)
+                .map_err(|e| self.as_asked(e, req.model.as_deref().unwrap_or(""), None)),
         }
     }
 
@@ -411,9 +418,22 @@ mod tests {
             Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "dangling"),
             other => panic!("{other:?}"),
         }
+        // An unknown id: the error lists what the server lists, aliases included.
         match d.submit(chat("llama")) {
-            Err(EngineError::UnknownModel { requested, .. }) => assert_eq!(requested, "llama"),
+            Err(EngineError::UnknownModel {
+                requested,
+                available,
+            }) => {
+                assert_eq!(requested, "llama");
+                assert_eq!(available, ["mock", "gpt-4o"]);
+            }
             other => panic!("{:?}", other.err()),
+        }
+        match d.count_tokens(&chat("llama")) {
+            Err(EngineError::UnknownModel { available, .. }) => {
+                assert_eq!(available, ["mock", "gpt-4o"])
+            }
+            other => panic!("{other:?}"),
         }
     }
 

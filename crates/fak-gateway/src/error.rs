@@ -196,16 +196,17 @@ impl ApiError {
         )
     }
 
-    /// 503 `overloaded_error` with `Retry-After: 5`: the server is shutting down and
-    /// the request did not finish within the shutdown grace (its generation was
-    /// cancelled).
+    /// 503 `overloaded_error` with `Retry-After: 5`: the server is shutting down, and
+    /// the request was either still waiting for a worker (answered at once, never
+    /// started) or did not finish within the shutdown grace (its generation was
+    /// cancelled). One message for both: the engine's error does not say which.
     pub fn shutting_down() -> Self {
         ApiError {
             retry_after_s: Some(5),
             ..Self::new(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "overloaded_error",
-                "the server is shutting down and the request did not finish in time (it was cancelled); retry",
+                "the server is shutting down: the request was not started, or was cancelled before it finished; retry",
             )
         }
     }

@@ -5,7 +5,8 @@
 //! parse is a 400 naming the field at fault ([`crate::extract`]). Supported: `model`,
 //! `messages` (roles `system`/`developer`/`user`/`assistant`/`tool`, content a string or
 //! an array of `text` parts), `max_tokens`/`max_completion_tokens` (at least 1; default:
-//! the rest of the context window), `temperature` (default 1), `top_p`, `seed`, `stop`
+//! the rest of the context window), `temperature` (default 1; 0 to 2, the API's range,
+//! past it a 400), `top_p`, `seed`, `stop`
 //! (string or list), `stream`, `stream_options.include_usage`, `n` (see below), `tools`
 //! (functions) and `tool_choice` (`none`, `auto`, `required`, or a named function),
 //! assistant `tool_calls` and `tool` results in the history, `logprobs` and
@@ -209,6 +210,25 @@ fn sampling(p: &wire::SamplingParams) -> SamplingParams {
     }
 }
 
+/// A request's `temperature` against the OpenAI API's range, 0 to 2 (the Chat
+/// Completions, Completions and Responses references), as OpenAI answers a value past
+/// it: a 400 naming the field. The engine itself takes any finite value `>= 0`
+/// (`fak run --temperature`); past 2 the distribution is near uniform and a reply runs
+/// to its limit in noise.
+///
+/// # Errors
+/// A 400 when `t` is outside `0..=2` or not a number.
+pub(crate) fn check_temperature(t: Option<f32>) -> Result<(), ApiError> {
+    match t {
+        Some(t) if !(0.0..=2.0).contains(&t) => Err(ApiError::bad_request(format!(
+            "temperature: must be between 0 and 2 (got {t})"
+        ))
+        .with_code("invalid_value", "temperature")
+        .with_flavor(F)),
+        _ => Ok(()),
+    }
+}
+
 /// The request's `n`: choices to generate, 1 when absent.
 ///
 /// # Errors
@@ -369,6 +389,7 @@ pub(crate) async fn chat_completions(
     WireJson(r, _): OpenAiJson<wire::ChatCompletionRequest>,
 ) -> Result<Response, ApiError> {
     let n = choice_count(r.sampling.n)?;
+    check_temperature(r.sampling.temperature)?;
     check_chat_fields(&r)?;
     let (tools, tool_choice) = parse_tools(r.tools, r.tool_choice).map_err(|e| e.with_flavor(F))?;
     let logprobs = chat_logprobs(r.logprobs, r.top_logprobs)?;
@@ -851,6 +872,7 @@ pub(crate) async fn completions(
     WireJson(mut r, _): OpenAiJson<wire::CompletionRequest>,
 ) -> Result<Response, ApiError> {
     let n = choice_count(r.sampling.n)?;
+    check_temperature(r.sampling.temperature)?;
     r.neutral.check().map_err(refused)?;
     if r.echo == Some(true) {
         return Err(unsupported("echo"));

@@ -502,6 +502,7 @@ pub(crate) async fn create(
         );
     };
     check_request(&r).map_err(|e| e.with_flavor(F))?;
+    crate::openai::check_temperature(r.temperature)?;
     let grammar = structured::enforced(
         &s,
         &model,

@@ -308,6 +308,25 @@ fn openai_errors_have_their_status_and_shape() {
     let mut b = chat("x");
     b["temperature"] = json!(-1);
     assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "temperature");
+    // OpenAI's range is 0 to 2 on every endpoint: 2 is taken, past it a 400.
+    b["temperature"] = json!(2);
+    assert_eq!(post(a, p, &b).status, 200);
+    b["temperature"] = json!(2.5);
+    let r = post(a, p, &b);
+    assert_openai_error(&r, 400, "invalid_request_error", "between 0 and 2");
+    assert!(r.body.contains("\"param\":\"temperature\""), "{}", r.body);
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "mock", "prompt": "x", "temperature": 3}),
+    );
+    assert_openai_error(&r, 400, "invalid_request_error", "between 0 and 2");
+    let r = post(
+        a,
+        "/v1/responses",
+        &json!({"model": "mock", "input": "x", "temperature": 2.01}),
+    );
+    assert_openai_error(&r, 400, "invalid_request_error", "between 0 and 2");
     let b = json!({"model": "mock", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]});
     assert_openai_error(&post(a, p, &b), 400, "invalid_request_error", "image_url");
     let b = json!({"model": "mock", "messages": [{"role": "wizard", "content": "x"}]});
