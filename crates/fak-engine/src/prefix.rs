@@ -438,8 +438,9 @@ impl PrefixCache {
 
     /// Bytes of memory the kept sessions' KV takes: a prefix they share (a system
     /// prompt several conversations started from, [`fak_kv::KvCache::freeze`]) counted
-    /// once ([`fak_kv::KvCache::bytes_held`]). At most [`PrefixCache::bytes`]; costs a
-    /// walk over the kept sessions.
+    /// once ([`fak_kv::KvCache::bytes_held`]). Usually less than [`PrefixCache::bytes`],
+    /// and at most twice it (a kept session holds no shared block it reads less than
+    /// half of); costs a walk over the kept sessions.
     pub fn bytes_held(&self) -> usize {
         let kept: Vec<Arc<Session>> = self.sessions();
         fak_kv::KvCache::bytes_held(kept.iter().map(|s| s.cache()))

@@ -152,3 +152,61 @@ fn kept_conversations_on_one_system_prompt_hold_it_once() {
     assert_eq!(c.bytes(), 8 * 43 * per_token);
     assert_eq!(c.bytes_held(), 43 * rows + 7 * 3 * rows + 8 * 43 * 4);
 }
+
+/// A request that shares only the first tokens of a long kept conversation starts from
+/// a copy of those tokens, not a view that keeps the whole conversation's block alive:
+/// long conversations evicted by the budget are freed though short ones that shared
+/// their start stay kept, so the memory held stays within twice the budget's figure
+/// (before: each short entry pinned a long block, and the held bytes grew with every
+/// round while `bytes()` stayed under the budget).
+#[test]
+fn a_short_shared_prefix_does_not_pin_a_long_conversation() {
+    let m = model();
+    let empty = Session::new(Arc::clone(&m));
+    let per_token = empty.cache().bytes_per_token();
+    let mut c = PrefixCache::new(80 * per_token);
+    let long = |i: u32| -> Vec<u32> {
+        (0..50)
+            .map(|k| {
+                if k == 0 {
+                    100 + i
+                } else {
+                    3 + (k * 7 + i) % 50
+                }
+            })
+            .collect()
+    };
+    let short = |j: u32| vec![100 + j, 90, 91 + j % 3];
+    for i in 0..8u32 {
+        c.insert(filled(&empty, &long(i)), Vec::new());
+        for j in 0..=i {
+            let prompt = short(j);
+            let (mut s, reused) = start_session(c.lookup(&prompt), &empty).unwrap();
+            let warm = s.prefill(&prompt[reused..]).unwrap();
+            let cold = filled(&empty, &prompt);
+            assert_eq!(warm, cold.last_logits().unwrap(), "round {i}, request {j}");
+            assert_eq!(s.cache(), cold.cache(), "round {i}, request {j}");
+            if j == i {
+                // The first time: the hit is the 50-token conversation, 1 entry shared.
+                assert_eq!(reused, 1);
+                assert_eq!(s.cache().shared_len(), 0, "a view of 1 entry of 50");
+            }
+            c.insert(s, Vec::new());
+            assert!(
+                c.bytes_held() <= 2 * c.bytes(),
+                "round {i}, request {j}: {} held for {} counted",
+                c.bytes_held(),
+                c.bytes()
+            );
+        }
+    }
+    // Every long conversation but the newest was evicted; the short ones hold only
+    // their own entries.
+    assert!(c.bytes() <= 80 * per_token);
+    assert!(
+        c.bytes_held() <= c.bytes(),
+        "{} > {}",
+        c.bytes_held(),
+        c.bytes()
+    );
+}

@@ -481,6 +481,27 @@ impl KvCache {
         self.trim_shared();
     }
 
+    /// Lets go of the shared blocks this cache reads less than half of: while the newest
+    /// block's own rows that the cache reads are fewer than half of them, those rows are
+    /// copied into the private ones ([`KvCache::unshare_from`]) and the block is let go
+    /// (freed when no other cache reads it). A view shortened to a short prefix of a long
+    /// kept conversation (a request that shares its first tokens) would otherwise keep
+    /// the whole block alive while counting only the prefix: with this, every block a
+    /// cache holds is at least half read by it, so the caches of a set hold at most
+    /// twice the bytes they read ([`KvCache::bytes_held`] ≤ 2 × Σ
+    /// [`KvCache::bytes_used`]). Changes no bit.
+    fn release_sparse_blocks(&mut self) {
+        let upr = self.upr();
+        while let Some(f) = &self.shared {
+            let from = f.parent_len();
+            let own = f.v.first().map_or(0, |b| b.units() / upr.max(1));
+            if 2 * (self.shared_len - from) >= own {
+                return;
+            }
+            self.unshare_from(from);
+        }
+    }
+
     /// Points `shared` at the newest block that holds any of the first `shared_len`
     /// entries (a block whose own rows all lie past them is let go), so chains grow
     /// only with blocks in use: conversations that each start from the last one's
@@ -562,6 +583,7 @@ impl KvCache {
             return Ok(());
         }
         self.unshare_from(from);
+        self.release_sparse_blocks();
         let (d, s0, upr) = (self.kv_dim, self.shared_len, self.upr());
         for l in 0..self.n_layers {
             for buf in [&mut self.k[l], &mut self.k_raw[l], &mut self.v[l]] {
@@ -599,6 +621,7 @@ impl KvCache {
             // Only the view of the shared blocks shortens.
             self.shared_len = keep;
             self.trim_shared();
+            self.release_sparse_blocks();
         }
         let upr = self.upr();
         for l in 0..self.n_layers {
