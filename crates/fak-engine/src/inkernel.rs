@@ -653,6 +653,27 @@ fn worker(s: &Shared, index: usize) {
         }
         set_running(s, index, Vec::new());
         s.active.fetch_sub(1, Ordering::SeqCst);
+        release_free_memory();
+    }
+}
+
+/// Hands the allocator's free memory back to the system after a job: glibc's
+/// `malloc_trim(0)` (every arena, not only the main heap's top). A long prompt's KV
+/// rows and forward-pass buffers are a few MB per allocation, below glibc's adaptive
+/// mmap threshold once it has risen, so they come from the per-thread arenas, and
+/// glibc keeps what is freed there (a session evicted from the KV reuse cache, a
+/// finished generation's scratch) for reuse rather than returning it. Measured with a
+/// client sending 3,000-token prompts each followed by short requests sharing their
+/// start (`fak serve` defaults, 512 MB budget): the process grew by ~100 MB a round,
+/// to 3.7 GB after 36 rounds with 450 MB of KV held, of which one `malloc_trim` gave
+/// back 1.5 GB. It walks the arenas' free chunks (in the worker, after its reply is
+/// sent). A no-op on other C libraries.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: `malloc_trim` only returns free pages of the allocator's heaps to the
+    // system, under the arenas' own locks; it touches no live allocation.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 
