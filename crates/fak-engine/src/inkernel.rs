@@ -3,7 +3,8 @@
 //! The model, tokenizer and chat template are loaded once (in the background: the
 //! driver reports [`Readiness::Loading`] until done) and shared by `Arc`. `parallel`
 //! worker threads take jobs from a FIFO queue of at most `max_queue` waiting requests
-//! (more are [`EngineError::Overloaded`]). A request's prompt is rendered and checked
+//! (more are [`EngineError::Overloaded`]; a request whose client left while queued holds
+//! no place). A request's prompt is rendered and checked
 //! against the context before it is queued; its grammar, if any, is compiled by the
 //! worker that takes it, before [`EngineEvent::Start`]. Each job starts from the
 //! longest cached prefix of its prompt ([`PrefixCache`]), prefills the rest, streams its
@@ -248,6 +249,16 @@ struct Job {
     partition: Partition,
     /// `shift` past the context wall: the cached conversation to cut in place.
     shift: Option<overflow::ShiftPlan>,
+}
+
+impl Job {
+    /// Whether every client of the job left while it was queued (each stream dropped or
+    /// cancelled): a worker that takes it only drops it.
+    fn abandoned(&self) -> bool {
+        self.sinks
+            .iter()
+            .all(|k| k.is_closed() || k.cancel_handle().is_cancelled())
+    }
 }
 
 struct Shared {
@@ -1361,7 +1372,10 @@ impl EngineDriver for InKernelDriver {
             .unwrap_or_default();
         let p = lock(&self.shared.prefix);
         EngineStats {
-            queue_depth: lock(&self.shared.queue).len(),
+            queue_depth: lock(&self.shared.queue)
+                .iter()
+                .filter(|j| !j.abandoned())
+                .count(),
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
             kv_bytes: p.bytes(),
@@ -1478,6 +1492,10 @@ impl EngineDriver for InKernelDriver {
             if self.shared.draining.load(Ordering::SeqCst) {
                 return Err(EngineError::ShuttingDown);
             }
+            // Requests whose clients left while queued hold no place (a worker would
+            // only drop them): without this, clients that queue and leave while the
+            // slots are busy lock everyone else out with 429s.
+            q.retain(|j| !j.abandoned());
             // A request waits here even when a slot is idle, so at least one may.
             if q.len() >= self.shared.config.max_queue.max(1) {
                 return Err(EngineError::Overloaded {

@@ -262,6 +262,37 @@ fn a_full_queue_is_overloaded_and_frees_up() {
     assert!(d.submit(req).is_ok());
 }
 
+/// A request whose client left while it was queued holds no place in the queue: the
+/// next one is taken (before: 429 until a worker came to drop it), and the queue depth
+/// does not count it.
+#[fak_testkit::real_model]
+fn a_queued_request_whose_client_left_holds_no_place() {
+    let (path, m) = model();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let cfg = EngineConfig {
+        parallel: 1,
+        max_queue: 1,
+        kv_budget_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, "smollm2-135m-instruct", cfg);
+    let req = GenerateRequest::chat(messages(&e2e_cases()[1]));
+    let mut busy = d.submit(req.clone()).unwrap();
+    assert!(matches!(
+        busy.blocking_next(),
+        Some(EngineEvent::Start { .. })
+    ));
+    let left = d.submit(req.clone()).unwrap();
+    assert_eq!(d.stats().queue_depth, 1);
+    drop(left);
+    assert_eq!(d.stats().queue_depth, 0);
+    let waiting = d.submit(req.clone()).unwrap();
+    assert_eq!(d.stats().queue_depth, 1);
+    drop(busy);
+    let c = waiting.blocking_collect().unwrap();
+    assert_eq!(c.text, e2e_cases()[1]["text"].as_str().unwrap());
+}
+
 /// A conversation with one tool result, then a follow-up question.
 fn tool_conversation(result: &str) -> Vec<Message> {
     let mut call = Message::new("assistant", "");
