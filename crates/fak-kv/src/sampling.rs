@@ -154,7 +154,12 @@ impl Sampler {
         s.extend(logits.iter().map(|&l| l / p.temperature));
         let max = fak_tensor::max_skipping_nan(s);
         if !max.is_finite() {
-            return fak_model::argmax(s);
+            // The scaled logits overflowed (a temperature so small that `l / T` is
+            // infinite): the distribution at that temperature is all on the largest
+            // logit, greedy's token. The argmax of the unscaled logits, not of the
+            // scaled ones, where every overflowed logit ties at +inf and the lowest id
+            // among them would win.
+            return fak_model::argmax(logits);
         }
         let w = &mut self.weights;
         w.clear();
@@ -314,6 +319,24 @@ mod tests {
     #[test]
     fn temperature_zero_is_argmax() {
         assert!(draw(SamplingParams::default(), 10).iter().all(|&t| t == 1));
+    }
+
+    /// A positive temperature so small that every positive logit over it is +inf:
+    /// the largest logit's token, as greedy (before: the lowest id of those that
+    /// overflowed, id 0 here).
+    #[test]
+    fn a_vanishing_temperature_is_argmax() {
+        for temperature in [1e-38, 1e-40, f32::from_bits(1)] {
+            let mut s = Sampler::new(SamplingParams {
+                temperature,
+                ..Default::default()
+            });
+            assert_eq!(
+                s.sample(&[5.0, 30.0, 20.0, -4.0], &[]),
+                1,
+                "{temperature:e}"
+            );
+        }
     }
 
     #[test]
