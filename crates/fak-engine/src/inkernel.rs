@@ -249,6 +249,8 @@ struct Job {
     partition: Partition,
     /// `shift` past the context wall: the cached conversation to cut in place.
     shift: Option<overflow::ShiftPlan>,
+    /// When it was queued: its TTFT counts the wait for a worker.
+    queued: std::time::Instant,
 }
 
 impl Job {
@@ -709,8 +711,10 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
         ledger,
         partition,
         shift,
+        queued,
         ..
     } = job;
+    let waited = queued.elapsed().as_secs_f64();
     if sink.is_closed() {
         return; // the client left while queued
     }
@@ -761,7 +765,7 @@ fn run_job(s: &Shared, l: &Loaded, mut job: Job) {
             if out.finish_reason == FinishReason::Cancelled {
                 return;
             }
-            send_done(&sink, sender, out, &params, l, 0.0);
+            send_done(&sink, sender, out, &params, l, waited);
         }
         Err(e) => {
             sink.send(EngineEvent::Error(EngineError::Internal(e.to_string())));
@@ -811,14 +815,15 @@ fn generate_into<'a>(
 }
 
 /// Ends a reply that was not cancelled: the parser's last events, then `Done` (its
-/// TTFT plus `prefill_s`, a prefill timed before the generation).
+/// TTFT plus `before_s`: the job's wait in the queue, and a prefill timed before the
+/// generation).
 fn send_done(
     sink: &EventSink,
     sender: PieceSender<'_>,
     out: fak_kv::TextOutput,
     params: &TextParams,
     l: &Loaded,
-    prefill_s: f64,
+    before_s: f64,
 ) {
     if !sender.finish(out.finish_reason) {
         return;
@@ -833,7 +838,7 @@ fn send_done(
         finish_reason: out.finish_reason,
         stop_sequence,
         dead_end: out.dead_end,
-        ttft_s: prefill_s + out.ttft_s,
+        ttft_s: before_s + out.ttft_s,
         decode_s: out.decode_s,
         prompt_usage: None,
     }));
@@ -874,7 +879,9 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
         ledger,
         partition,
         shift: _,
+        queued,
     } = job;
+    let waited = queued.elapsed().as_secs_f64();
     if all_gone(&sinks) {
         return; // every client left while queued
     }
@@ -947,7 +954,7 @@ fn run_choices(s: &Shared, l: &Loaded, job: Job) {
     {
         None => {}
         Some((Ok(out), _, _)) if out.finish_reason == FinishReason::Cancelled => {}
-        Some((Ok(out), sender, p)) => send_done(&sinks[i], sender, out, &p, l, prefill_s),
+        Some((Ok(out), sender, p)) => send_done(&sinks[i], sender, out, &p, l, waited + prefill_s),
         Some((Err(e), _, _)) => {
             sinks[i].send(EngineEvent::Error(EngineError::Internal(format!("{e}"))));
         }
@@ -1512,6 +1519,7 @@ impl EngineDriver for InKernelDriver {
                 ledger,
                 partition,
                 shift,
+                queued: std::time::Instant::now(),
             });
         }
         self.shared.wake.notify_one();

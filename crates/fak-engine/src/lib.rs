@@ -321,7 +321,8 @@ pub struct Done {
     /// With [`FinishReason::GrammarDeadEnd`]: why the grammar allowed no token
     /// (llguidance's message; [`fak_kv::TextOutput::dead_end`]); else `None`.
     pub dead_end: Option<String>,
-    /// Seconds from the start of this request's prefill to the first generated token.
+    /// Seconds from the request's arrival to the first generated token: for the
+    /// in-kernel driver its wait in the queue for a worker and its prefill.
     pub ttft_s: f64,
     /// Seconds of the decode steps after the first token (0 for a one-token reply).
     pub decode_s: f64,

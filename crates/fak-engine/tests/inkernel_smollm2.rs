@@ -264,7 +264,7 @@ fn a_full_queue_is_overloaded_and_frees_up() {
 
 /// A request whose client left while it was queued holds no place in the queue: the
 /// next one is taken (before: 429 until a worker came to drop it), and the queue depth
-/// does not count it.
+/// does not count it. The one that waits has its wait in its time to first token.
 #[fak_testkit::real_model]
 fn a_queued_request_whose_client_left_holds_no_place() {
     let (path, m) = model();
@@ -288,9 +288,15 @@ fn a_queued_request_whose_client_left_holds_no_place() {
     assert_eq!(d.stats().queue_depth, 0);
     let waiting = d.submit(req.clone()).unwrap();
     assert_eq!(d.stats().queue_depth, 1);
+    // Its time to first token counts its wait for the slot.
+    let t = std::time::Instant::now();
+    std::thread::sleep(std::time::Duration::from_millis(300));
     drop(busy);
     let c = waiting.blocking_collect().unwrap();
     assert_eq!(c.text, e2e_cases()[1]["text"].as_str().unwrap());
+    let ttft = c.done.unwrap().ttft_s;
+    assert!(ttft >= 0.3, "TTFT {ttft} s leaves out the wait");
+    assert!(ttft <= t.elapsed().as_secs_f64() + 0.05, "TTFT {ttft} s");
 }
 
 /// A conversation with one tool result, then a follow-up question.

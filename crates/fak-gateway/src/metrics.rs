@@ -322,7 +322,7 @@ impl Metrics {
         self.ttft.lock().unwrap_or_else(|p| p.into_inner()).render(
             &mut s,
             "fak_time_to_first_token_seconds",
-            "Seconds from the start of a request's prefill to its first token.",
+            "Seconds from a request's arrival to its first token (its wait in the queue included).",
         );
         self.per_token
             .lock()
