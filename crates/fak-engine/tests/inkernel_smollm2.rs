@@ -233,8 +233,9 @@ fn context_overflow_names_both_numbers() {
     );
 }
 
-#[fak_testkit::real_model]
-fn a_full_queue_is_overloaded_and_frees_up() {
+/// A driver with one slot and a queue of one, the slot busy with a request that has
+/// started: the driver, that request, and its stream (dropping it frees the slot).
+fn one_busy_slot() -> (InKernelDriver, GenerateRequest, fak_engine::EventStream) {
     let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
@@ -250,6 +251,12 @@ fn a_full_queue_is_overloaded_and_frees_up() {
         busy.blocking_next(),
         Some(EngineEvent::Start { .. })
     ));
+    (d, req, busy)
+}
+
+#[fak_testkit::real_model]
+fn a_full_queue_is_overloaded_and_frees_up() {
+    let (d, req, busy) = one_busy_slot();
     let waiting = d.submit(req.clone()).unwrap();
     assert_eq!(d.stats().queue_depth, 1);
     assert!(matches!(
@@ -267,21 +274,7 @@ fn a_full_queue_is_overloaded_and_frees_up() {
 /// does not count it. The one that waits has its wait in its time to first token.
 #[fak_testkit::real_model]
 fn a_queued_request_whose_client_left_holds_no_place() {
-    let (path, m) = model();
-    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
-    let cfg = EngineConfig {
-        parallel: 1,
-        max_queue: 1,
-        kv_budget_bytes: 0,
-        ..EngineConfig::default()
-    };
-    let d = InKernelDriver::from_loaded(m, tok, tmpl, "smollm2-135m-instruct", cfg);
-    let req = GenerateRequest::chat(messages(&e2e_cases()[1]));
-    let mut busy = d.submit(req.clone()).unwrap();
-    assert!(matches!(
-        busy.blocking_next(),
-        Some(EngineEvent::Start { .. })
-    ));
+    let (d, req, busy) = one_busy_slot();
     let left = d.submit(req.clone()).unwrap();
     assert_eq!(d.stats().queue_depth, 1);
     drop(left);
