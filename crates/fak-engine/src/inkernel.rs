@@ -253,16 +253,6 @@ struct Job {
     queued: std::time::Instant,
 }
 
-impl Job {
-    /// Whether every client of the job left while it was queued (each stream dropped or
-    /// cancelled): a worker that takes it only drops it.
-    fn abandoned(&self) -> bool {
-        self.sinks
-            .iter()
-            .all(|k| k.is_closed() || k.cancel_handle().is_cancelled())
-    }
-}
-
 struct Shared {
     id: String,
     config: EngineConfig,
@@ -1381,7 +1371,7 @@ impl EngineDriver for InKernelDriver {
         EngineStats {
             queue_depth: lock(&self.shared.queue)
                 .iter()
-                .filter(|j| !j.abandoned())
+                .filter(|j| !all_gone(&j.sinks))
                 .count(),
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
@@ -1502,7 +1492,7 @@ impl EngineDriver for InKernelDriver {
             // Requests whose clients left while queued hold no place (a worker would
             // only drop them): without this, clients that queue and leave while the
             // slots are busy lock everyone else out with 429s.
-            q.retain(|j| !j.abandoned());
+            q.retain(|j| !all_gone(&j.sinks));
             // A request waits here even when a slot is idle, so at least one may.
             if q.len() >= self.shared.config.max_queue.max(1) {
                 return Err(EngineError::Overloaded {

@@ -621,7 +621,6 @@ impl KvCache {
             // Only the view of the shared blocks shortens.
             self.shared_len = keep;
             self.trim_shared();
-            self.release_sparse_blocks();
         }
         let upr = self.upr();
         for l in 0..self.n_layers {
@@ -630,6 +629,8 @@ impl KvCache {
             }
         }
         self.pos.truncate(keep);
+        // After the private rows are cut: a block let go copies only the entries kept.
+        self.release_sparse_blocks();
     }
 
     /// Drops the `n` oldest entries *without* renumbering anyone: for the bounded mode of
