@@ -13,8 +13,11 @@
 //! an Intel Xeon. Those choices follow the CPU's
 //! vendor, read once from `cpuid`; `FAK_CPU_VENDOR=AuthenticAMD|GenuineIntel|…`
 //! overrides it for every choice that follows it (to measure one CPU's choices on the
-//! other). Each choice's documentation says what it does on each vendor and why; the
-//! figures are in `docs/performance.md` ("Why it is fast").
+//! other). One choice also follows the CPU family (the decode attention's prefetch
+//! hint, which went opposite ways on an AMD Zen 4 and a Zen 5: [`amd_zen5_or_later`],
+//! `FAK_CPU_FAMILY` overriding the family). Each choice's documentation says what it
+//! does on each CPU and why; the figures are in `docs/performance.md` ("Why it is
+//! fast").
 
 use std::sync::OnceLock;
 
@@ -28,6 +31,41 @@ pub fn tuned_for_amd() -> bool {
         Ok(v) if !v.is_empty() => v == "AuthenticAMD",
         _ => vendor() == *b"AuthenticAMD",
     })
+}
+
+/// Whether the choices for AMD's Zen 5 and later apply: [`tuned_for_amd`], and a CPU
+/// family of 26 (`0x1A`, Zen 5) or more ([`family`]). Computed once per process.
+#[inline]
+pub fn amd_zen5_or_later() -> bool {
+    static ZEN5: OnceLock<bool> = OnceLock::new();
+    *ZEN5.get_or_init(|| tuned_for_amd() && family() >= 0x1A)
+}
+
+/// The CPU's family as AMD and Intel number it: `cpuid` leaf 1's base family (EAX bits
+/// 8..12), plus its extended family (bits 20..28) when the base family is 15 (AMD64
+/// Architecture Programmer's Manual, Vol. 3, "CPUID Fn0000_0001_EAX"; Intel SDM Vol. 2,
+/// "CPUID"): 25 for AMD's Zen 3 and Zen 4, 26 for Zen 5, 6 for most Intel cores.
+/// `FAK_CPU_FAMILY` (a decimal number) overrides it; 0 off x86_64.
+pub fn family() -> u32 {
+    if let Some(f) = std::env::var("FAK_CPU_FAMILY")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
+        return f;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let eax = std::arch::x86_64::__cpuid(1).eax;
+        let base = (eax >> 8) & 0xF;
+        match base {
+            0xF => base + ((eax >> 20) & 0xFF),
+            _ => base,
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        0
+    }
 }
 
 /// The CPU's vendor string (`cpuid` leaf 0: EBX, EDX, ECX); empty off x86_64.
@@ -176,5 +214,24 @@ pub(crate) fn has_avx512_bw_vl() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", target_os = "linux"))]
+mod tests {
+    /// `family` decodes `cpuid` as the Linux kernel does: the "cpu family" line of
+    /// `/proc/cpuinfo` is the witness (unless `FAK_CPU_FAMILY` overrides it here).
+    #[test]
+    fn family_matches_the_kernels_cpu_family() {
+        if std::env::var_os("FAK_CPU_FAMILY").is_some() {
+            panic!("FAK_CPU_FAMILY is set: unset it to check cpuid's family");
+        }
+        let info = std::fs::read_to_string("/proc/cpuinfo").expect("/proc/cpuinfo");
+        let line = info
+            .lines()
+            .find(|l| l.starts_with("cpu family"))
+            .expect("a cpu family line");
+        let kernel: u32 = line.split(':').nth(1).unwrap().trim().parse().unwrap();
+        assert_eq!(super::family(), kernel);
     }
 }

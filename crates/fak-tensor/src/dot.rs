@@ -120,8 +120,8 @@ pub fn dot_strided(rows: &[f32], stride: usize, x: &[f32], out: &mut [f32]) {
 /// core's cache ahead of their use. A prefetch never faults, so rows past the end of
 /// `rows` are harmless; the addresses are formed with wrapping arithmetic and never read.
 ///
-/// Where to ([`attention_prefetch_l1`]): into L1 (`prefetcht0`) on AMD, into L2
-/// (`prefetcht1`) elsewhere.
+/// Where to ([`attention_prefetch_l1`]): into L1 (`prefetcht0`) on AMD's Zen 5 and
+/// later, into L2 (`prefetcht1`) elsewhere.
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn prefetch_rows(rows: &[f32], stride: usize, len: usize, r: std::ops::Range<usize>) {
@@ -147,18 +147,20 @@ pub(crate) fn prefetch_rows(rows: &[f32], stride: usize, len: usize, r: std::ops
 
 /// Whether the decode attention kernels ([`prefetch_rows`] and
 /// [`crate::ops::weighted_rows_accumulate`]'s rows) prefetch the K and V rows into L1
-/// (`prefetcht0`) rather than L2 (`prefetcht1`): on AMD CPUs
-/// ([`crate::cpu::tuned_for_amd`]). With the cache entries read front to back a few
+/// (`prefetcht0`) rather than L2 (`prefetcht1`): on AMD's Zen 5 and later
+/// ([`crate::cpu::amd_zen5_or_later`]). With the cache entries read front to back a few
 /// keys at a time for every KV head (`fak-model`'s decode attention), the Zen 5's
 /// kernels read at ~42 GB/s into L1 and ~17 into L2 (a probe on one thread of SmolLM2's
-/// shape, 30 layers' cache at 1,152 keys). Into L2 was chosen on a Zen 4 and an Intel
-/// Xeon when each KV head's rows were read in their own strided pass, where prefetches
-/// into L1 held the miss buffers that the kernels' own loads waited on; not measured
-/// there since (docs/performance.md, "Why it is fast").
+/// shape, 30 layers' cache at 1,152 keys). On a Zen 4 the same reading order is faster
+/// into L2: SmolLM2 Q4_1 decode after a 2,048-token context, one thread, 72–76 tokens/s
+/// against 50–51 into L1, and after a 512-token prompt 117–121 against 92–100, where
+/// prefetches into L1 hold the miss buffers that the kernels' own loads wait on. On an
+/// Intel Xeon L2 was chosen under an earlier reading order and not measured since
+/// (docs/performance.md, "Why it is fast").
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub(crate) fn attention_prefetch_l1() -> bool {
-    crate::cpu::tuned_for_amd()
+    crate::cpu::amd_zen5_or_later()
 }
 
 /// [`dot_strided`] for `Q` queries against the same rows:

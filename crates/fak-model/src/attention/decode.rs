@@ -58,8 +58,10 @@ const KEY_BLOCK: usize = 128;
 /// once, where one pass per KV head over the block read a few lines of every entry in
 /// each of several strided passes. On the Zen 5 a probe of the two kernels (SmolLM2's
 /// shape, 30 layers' cache at 1,152 keys, one thread) went from ~17 / ~26 GB/s to ~40 /
-/// ~44 GB/s with the prefetch into L1 ([`fak_tensor::cpu::tuned_for_amd`]); figures in
-/// docs/performance.md ("Why it is fast").
+/// ~44 GB/s with the prefetch into L1 ([`fak_tensor::cpu::amd_zen5_or_later`]; into L2
+/// elsewhere). On a Zen 4, with its prefetch into L2, decode after a 2,048-token context
+/// (SmolLM2 Q4_1, one thread) went 63–65 → 73–76 tokens/s against whole pieces; figures
+/// in docs/performance.md ("Why it is fast").
 const SUB_BLOCK: usize = 8;
 
 /// Consecutive sub-blocks of `0..n` of a piece of `rows`: [`SUB_BLOCK`] keys each (the
