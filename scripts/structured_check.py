@@ -15,7 +15,7 @@ the `jsonschema` package (not by fak's grammar code):
 `python scripts/structured_check.py [--n 50]` (environment as scripts/checklib.py says;
 scripts/structured-check starts the servers) runs the first N prompts of PROMPTS (at most
 50) through every client at temperature 0 (anthropic's `parse` takes no temperature: the
-API's default, 1, seed 0) and prints one `CLIENT: P/N valid` line per client, then exits
+API's default, 1, with the servers' `--seed 0`) and prints one `CLIENT: P/N valid` line per client, then exits
 non-zero unless every output validated. scripts/clients_check.py runs a few of them in CI
 (`run_in_ci`).
 """

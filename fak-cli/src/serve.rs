@@ -155,6 +155,13 @@ pub(crate) struct ServeArgs {
     /// process exits 0. A second signal exits at once.
     #[arg(long, default_value_t = 10)]
     shutdown_grace_s: u64,
+    /// The sampling seed of requests that carry none (a request's own `seed` wins).
+    /// Default: a fresh random seed per request, so a repeated request gets another
+    /// sample, as OpenAI's and Anthropic's APIs do; with a seed, a repeated request gets
+    /// the same reply (Anthropic's Messages and OpenAI's Responses API have no `seed`
+    /// field).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Threads for the matrix products (default: all cores).
     #[arg(long, value_parser = parse_threads)]
     threads: Option<usize>,
@@ -500,6 +507,7 @@ pub(crate) fn build(args: &ServeArgs, extra_key: Option<String>) -> Result<Built
         idle_timeout: (args.idle_timeout_s > 0).then(|| Duration::from_secs(args.idle_timeout_s)),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         shutdown_grace: Duration::from_secs(args.shutdown_grace_s),
+        default_seed: args.seed,
         ..GatewayConfig::default()
     };
     let metrics = std::sync::Arc::new(fak_gateway::metrics::Metrics::default());

@@ -823,6 +823,7 @@ pub(crate) async fn messages(
             temperature: r.temperature.unwrap_or(1.0),
             top_p: r.top_p.unwrap_or(1.0),
             top_k,
+            seed: s.seed(None),
             grammar,
             ..SamplingParams::default()
         },

@@ -141,6 +141,15 @@ pub struct GatewayConfig {
     /// its closed connection fails, which drops the stream and cancels the generation.
     /// `None`: no keep-alives. Default: [`SSE_KEEP_ALIVE`].
     pub sse_keep_alive: Option<Duration>,
+    /// The sampling seed of a request that carries none (`fak serve --seed`). `None`
+    /// (the default): a fresh seed per request from the OS's random source, so a
+    /// repeated request gets another sample, as OpenAI's and Anthropic's APIs and
+    /// vLLM's and llama.cpp's servers sample without a seed. `Some(s)`: every such
+    /// request samples with `s`, so a repeated request gets the same reply (the only
+    /// way to make Anthropic's `/v1/messages` and the Responses API reproducible: they
+    /// have no `seed` field). A request's own `seed` (OpenAI Chat Completions and
+    /// Completions) always wins.
+    pub default_seed: Option<u64>,
 }
 
 /// Default of [`GatewayConfig::sse_keep_alive`]: 5 s, well inside clients' stream idle
@@ -161,6 +170,7 @@ impl Default for GatewayConfig {
             max_connections: 1024,
             shutdown_grace: Duration::from_secs(10),
             sse_keep_alive: Some(SSE_KEEP_ALIVE),
+            default_seed: None,
         }
     }
 }
@@ -179,6 +189,25 @@ pub struct AppState {
     responses: Arc<Mutex<responses::ResponseStore>>,
     /// When the router was built, Unix seconds (the models' `created`).
     created: u64,
+}
+
+impl AppState {
+    /// The seed a request samples with: its own `given`, else
+    /// [`GatewayConfig::default_seed`], else a fresh random one ([`random_seed`]).
+    pub(crate) fn seed(&self, given: Option<u64>) -> u64 {
+        given
+            .or(self.config.default_seed)
+            .unwrap_or_else(random_seed)
+    }
+}
+
+/// A fresh 64-bit seed from the OS's random source (`getrandom`); should that fail (no
+/// source on this platform), std's per-process random hash keys, which differ per call.
+fn random_seed() -> u64 {
+    getrandom::u64().unwrap_or_else(|_| {
+        use std::hash::{BuildHasher, RandomState};
+        RandomState::new().hash_one(std::time::SystemTime::now())
+    })
 }
 
 /// The kernel boundary a gateway enforces: the policy for the model's tool calls and

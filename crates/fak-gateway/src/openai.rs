@@ -196,13 +196,15 @@ fn stops(s: Option<wire::Stop>) -> Result<Vec<String>, ApiError> {
     Ok(v.into_iter().filter(|s| !s.is_empty()).collect())
 }
 
-fn sampling(p: &wire::SamplingParams) -> SamplingParams {
+/// A request's sampling parameters: its own, the API's defaults where it gives none
+/// (`temperature` and `top_p` 1), its `seed` or [`AppState::seed`]'s.
+fn sampling(s: &AppState, p: &wire::SamplingParams) -> SamplingParams {
     let d = SamplingParams::default();
     let x = &p.extensions;
     SamplingParams {
         temperature: p.temperature.unwrap_or(1.0),
         top_p: p.top_p.unwrap_or(1.0),
-        seed: p.seed.map_or(0, |s| s as u64),
+        seed: s.seed(p.seed.map(|s| s as u64)),
         top_k: x.top_k.map_or(d.top_k, |k| k as usize),
         min_p: x.min_p.unwrap_or(d.min_p),
         repetition_penalty: x.repetition_penalty.unwrap_or(d.repetition_penalty),
@@ -417,7 +419,7 @@ pub(crate) async fn chat_completions(
         max_tokens,
         sampling: SamplingParams {
             grammar,
-            ..sampling(&r.sampling)
+            ..sampling(&s, &r.sampling)
         },
         stop: stops(r.sampling.stop)?,
         tools,
@@ -913,7 +915,7 @@ pub(crate) async fn completions(
             max_tokens: Some(max_tokens),
             sampling: SamplingParams {
                 grammar: grammar.clone(),
-                ..sampling(&r.sampling)
+                ..sampling(&s, &r.sampling)
             },
             stop: stop.clone(),
             tools: Vec::new(),

@@ -570,6 +570,7 @@ pub(crate) async fn create(
         sampling: SamplingParams {
             temperature: r.temperature.unwrap_or(1.0),
             top_p: r.top_p.unwrap_or(1.0),
+            seed: s.seed(None),
             grammar,
             ..SamplingParams::default()
         },

@@ -5,6 +5,8 @@
 //! counts the prompt once and sums the completions; streamed choices interleave, each
 //! with its own final chunk, the usage chunk once at the end; the batched run
 //! (`parallel` 2) gives the same bits as the one-slot run; `n` outside 1..=16 is a 400.
+//! A request without a seed samples afresh each time, unless the server fixes the seed
+//! of such requests (`GatewayConfig::default_seed`, `fak serve --seed`).
 //! Without the model file this fails with the fetch command (`FAK_SKIP_REAL_MODEL=1`
 //! reports them as ignored, never in CI).
 
@@ -38,6 +40,11 @@ fn model() -> (PathBuf, Arc<Model>) {
 
 /// A server with `parallel` slots (a batcher from 2) and no KV reuse cache.
 fn server(parallel: usize) -> (Server, Arc<InKernelDriver>) {
+    server_with(parallel, GatewayConfig::default())
+}
+
+/// [`server`] with the gateway configured as `gw`.
+fn server_with(parallel: usize, gw: GatewayConfig) -> (Server, Arc<InKernelDriver>) {
     let (path, m) = model();
     let (tok, tmpl) = load_text(&path, m.config()).unwrap();
     let cfg = EngineConfig {
@@ -46,10 +53,7 @@ fn server(parallel: usize) -> (Server, Arc<InKernelDriver>) {
         ..EngineConfig::default()
     };
     let d = Arc::new(InKernelDriver::from_loaded(m, tok, tmpl, ID, cfg));
-    let srv = start(
-        Arc::clone(&d) as Arc<dyn EngineDriver>,
-        GatewayConfig::default(),
-    );
+    let srv = start(Arc::clone(&d) as Arc<dyn EngineDriver>, gw);
     (srv, d)
 }
 
@@ -429,4 +433,93 @@ fn the_kv_limit_holds_for_the_choices_together() {
     let r = post(srv.addr, "/v1/chat/completions", &b);
     assert_eq!(r.status, 400, "{}", r.body);
     assert!(r.body.contains("n = 16 choices"), "{}", r.body);
+}
+
+/// The texts of `bodies` posted to `path` one after another (a chat or completions
+/// choice's, or an Anthropic message's).
+fn texts(srv: &Server, path: &str, bodies: &[Value]) -> Vec<String> {
+    bodies
+        .iter()
+        .map(|b| {
+            let v = ok(post(srv.addr, path, b));
+            let c = &v["choices"][0];
+            let t = c["message"]["content"].as_str().or(c["text"].as_str());
+            t.or(v["content"][0]["text"].as_str())
+                .unwrap_or_else(|| panic!("no text in {v}"))
+                .to_string()
+        })
+        .collect()
+}
+
+/// A sampled request without a seed, as OpenAI's and Anthropic's clients send them,
+/// gets another sample each time (a fresh random seed per request), on Chat
+/// Completions, Completions, Anthropic Messages and Responses; with a seed it is the
+/// same reply each time.
+#[fak_testkit::real_model]
+fn a_request_without_a_seed_samples_afresh() {
+    let (srv, _) = server(1);
+    let mut chat_b = chat(None, SEED, 1.0, false);
+    let same = texts(
+        &srv,
+        "/v1/chat/completions",
+        &[chat_b.clone(), chat_b.clone()],
+    );
+    assert_eq!(same[0], same[1], "a seeded request is reproducible");
+    chat_b.as_object_mut().unwrap().remove("seed");
+    let cases = [
+        ("/v1/chat/completions", chat_b),
+        (
+            "/v1/completions",
+            json!({"model": ID, "prompt": "Once upon a time", "max_tokens": 20}),
+        ),
+        (
+            "/v1/messages",
+            json!({"model": ID, "max_tokens": 20,
+                   "messages": [{"role": "user", "content": "Write a short poem about the sea."}]}),
+        ),
+    ];
+    for (path, body) in cases {
+        let t = texts(&srv, path, &[body.clone(), body.clone(), body.clone()]);
+        // Three samples of 20 tokens at temperature 1: alike only if the seed repeats.
+        assert!(t[0] != t[1] || t[1] != t[2], "{path}: {t:?}");
+    }
+    let resp = json!({"model": ID, "input": "Write a short poem about the sea.",
+                      "max_output_tokens": 20});
+    let t: Vec<String> = (0..3)
+        .map(|_| {
+            let v = ok(post(srv.addr, "/v1/responses", &resp));
+            v["output"][0]["content"][0]["text"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert!(t[0] != t[1] || t[1] != t[2], "/v1/responses: {t:?}");
+}
+
+/// With the server's seed fixed (`fak serve --seed`), a request without a seed samples
+/// with it: the same reply, token for token and logprob for logprob, as the request
+/// carrying that seed, and the same each time on Anthropic Messages (which has no
+/// `seed`).
+#[fak_testkit::real_model]
+fn the_servers_seed_is_the_seed_of_requests_without_one() {
+    let gw = GatewayConfig {
+        default_seed: Some(SEED),
+        ..GatewayConfig::default()
+    };
+    let (srv, _) = server_with(1, gw);
+    let seeded = chat(None, SEED, 1.0, false);
+    let mut unseeded = seeded.clone();
+    unseeded.as_object_mut().unwrap().remove("seed");
+    let a = ok(post(srv.addr, "/v1/chat/completions", &seeded));
+    let b = ok(post(srv.addr, "/v1/chat/completions", &unseeded));
+    assert_eq!(choices(&a), choices(&b));
+    let mut other = seeded.clone();
+    other["seed"] = json!(SEED + 1);
+    let c = ok(post(srv.addr, "/v1/chat/completions", &other));
+    assert_ne!(choices(&a), choices(&c), "a request's own seed wins");
+    let msg = json!({"model": ID, "max_tokens": 20,
+                     "messages": [{"role": "user", "content": "Write a short poem about the sea."}]});
+    let t = texts(&srv, "/v1/messages", &[msg.clone(), msg]);
+    assert_eq!(t[0], t[1]);
 }

@@ -25,9 +25,11 @@
 //! `stream_options.include_usage: true`. Mapped: `messages` (assistant `tool_calls`,
 //! `tool` results with their `tool_call_id`), `tools` / `tool_choice`, `max_tokens`,
 //! `temperature`, `top_p`, `stop`, `logprobs` (`top_logprobs` on chat, the legacy count
-//! on completions); `seed` only when not 0 (0 is what a request without a seed carries
-//! here, and sending it would make every such request sample alike); `top_k`, `min_p`
-//! and `repetition_penalty` (vLLM and llama.cpp extensions) only when set. `n` is never
+//! on completions); `seed` only when not 0 (0 is what
+//! [`SamplingParams`](fak_engine::SamplingParams)'s default carries, and sending it would
+//! make every such request sample alike; the gateway gives each request its own seed or
+//! a fresh random one, unless `fak serve --seed` fixes it); `top_k`, `min_p` and
+//! `repetition_penalty` (vLLM and llama.cpp extensions) only when set. `n` is never
 //! sent: a request for `n` choices is `n` upstream requests, one choice each, seeded
 //! [`fak_engine::choice_seed`]`(seed, i)` ([`EngineDriver::submit_n`]'s default), as
 //! every field here is mapped into a request of the driver's own rather than forwarded. A request's
