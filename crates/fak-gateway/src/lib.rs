@@ -41,7 +41,8 @@
 //! that is not UTF-8; 401 for a missing or wrong key (when one is set), and 401/403 when
 //! an Anthropic upstream refuses the client's own key; 404 for an unknown model (OpenAI's
 //! shape: `invalid_request_error`, `code: "model_not_found"`) or route; 405 for a wrong
-//! method (`Allow` naming the allowed ones); 413 for a body over the limit; 414 for a request
+//! method (`Allow` naming the allowed ones); 413 for a body over the limit (at once, unread,
+//! when its `Content-Length` declares it); 414 for a request
 //! target over [`MAX_URI_BYTES`]; 429 (queue full) and 503 (not ready) with `Retry-After`; 500 with
 //! `x-should-retry: false` for a model that failed to load (no retry can help); 502 when an
 //! upstream engine fails; 504 when a response takes longer than the request time limit
@@ -52,7 +53,8 @@
 //! client goes away, hyper drops the response body, which drops the event stream, which
 //! the driver sees as a closed channel: it stops within one token and frees its slot.
 //!
-//! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer); one middleware
+//! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer), with a middleware
+//! in front refusing a declared length over it before reading; one middleware
 //! writes one `tracing` line per request (method, route, status, ms, tokens) and counts
 //! it for `/metrics`; another checks the bearer key on `/v1/*`; a third bounds the time
 //! to a `/v1/*` response ([`GatewayConfig::request_timeout`]).
@@ -312,6 +314,7 @@ pub fn router_with_metrics(
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
+        .layer(middleware::from_fn_with_state(state.clone(), declared_size))
         .layer(middleware::from_fn(wire_errors))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
         .with_state(state)
@@ -530,6 +533,29 @@ pub const MAX_URI_BYTES: usize = 8 << 10;
 /// for a wrong method, with an empty body; a path or body rejection in text/plain) is
 /// rewritten with the same status, its text as the message (405: the method and the
 /// path; axum adds the `Allow` header after) and the headers it had besides the body's. Answers that already are JSON, and successes, pass as they are.
+/// A request whose `Content-Length` declares a body over
+/// [`GatewayConfig::max_body_bytes`] gets its 413 at once, in its route's error shape,
+/// before any of the body is read (the connection is then closed with the rest unread);
+/// a body without the header, or declared under the limit, is limited as it is read
+/// (axum's `DefaultBodyLimit`). Without this a client declaring gigabytes waited for the
+/// idle timeout, or sent the limit's worth, before its answer.
+async fn declared_size(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    match declared {
+        Some(n) if n > s.config.max_body_bytes as u64 => {
+            let flavor = Flavor::of_request(req.uri().path(), req.headers());
+            ApiError::too_large(s.config.max_body_bytes)
+                .with_flavor(flavor)
+                .into_response()
+        }
+        _ => next.run(req).await,
+    }
+}
+
 async fn wire_errors(req: Request, next: Next) -> Response {
     let flavor = Flavor::of_request(req.uri().path(), req.headers());
     let (method, path) = (req.method().clone(), req.uri().path().to_string());

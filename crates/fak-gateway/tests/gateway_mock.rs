@@ -431,15 +431,20 @@ fn anthropic_errors_have_their_status_and_shape() {
     assert_anthropic_error(&r, 400, "invalid_request_error", "input_schema");
 }
 
-#[test]
-fn a_body_over_the_limit_is_413() {
-    let srv = start(
+/// The mock engine behind a 1 MiB body limit.
+fn one_mib_limit_server() -> Server {
+    start(
         Arc::new(MockDriver::new()),
         GatewayConfig {
             max_body_bytes: 1 << 20,
             ..GatewayConfig::default()
         },
-    );
+    )
+}
+
+#[test]
+fn a_body_over_the_limit_is_413() {
+    let srv = one_mib_limit_server();
     let big =
         json!({"model": "mock", "messages": [{"role": "user", "content": "x".repeat(2 << 20)}]});
     let r = post(srv.addr, "/v1/chat/completions", &big);
@@ -449,6 +454,39 @@ fn a_body_over_the_limit_is_413() {
     let r = post(srv.addr, "/v1/messages", &big);
     assert_anthropic_error(&r, 413, "request_too_large", "1048576");
     // And the server still serves.
+    assert_eq!(
+        post(srv.addr, "/v1/chat/completions", &chat("hi")).status,
+        200
+    );
+}
+
+/// A `Content-Length` over the limit is answered 413 at once, without waiting for a
+/// body that is never sent (the idle timeout is 60 s; the answer must come in 5), in
+/// each route's error shape.
+#[test]
+fn a_declared_length_over_the_limit_is_413_before_the_body() {
+    use std::io::{Read, Write};
+    let srv = one_mib_limit_server();
+    for (path, anthropic) in [("/v1/chat/completions", false), ("/v1/messages", true)] {
+        let mut s = std::net::TcpStream::connect(srv.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             Content-Length: 100000000000\r\n\r\n{{"
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        let t = Instant::now();
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf);
+        let text = String::from_utf8_lossy(&buf);
+        assert!(t.elapsed() < Duration::from_secs(5), "no answer: {text}");
+        assert!(text.starts_with("HTTP/1.1 413"), "{text}");
+        assert!(
+            text.contains("request_too_large") && text.contains("1048576"),
+            "{text}"
+        );
+        assert_eq!(text.contains("\"type\":\"error\""), anthropic, "{text}");
+    }
     assert_eq!(
         post(srv.addr, "/v1/chat/completions", &chat("hi")).status,
         200
