@@ -159,7 +159,8 @@ pub(crate) struct ServeArgs {
     /// Default: a fresh random seed per request, so a repeated request gets another
     /// sample, as OpenAI's and Anthropic's APIs do; with a seed, a repeated request gets
     /// the same reply (Anthropic's Messages and OpenAI's Responses API have no `seed`
-    /// field).
+    /// field, and refuse one). 0 to 18446744073709551615: a request's `seed`, an i64 on
+    /// the wire, is taken as its 64 bits, so a request's -1 is this 18446744073709551615.
     #[arg(long)]
     seed: Option<u64>,
     /// Threads for the matrix products (default: all cores).
