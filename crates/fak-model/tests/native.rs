@@ -235,8 +235,9 @@ fn native_agrees_with_exact_teacher_forced() {
         q.max_abs > 0.0,
         "native logits equal exact ones: no quantized product ran"
     );
-    // ... and stays close to the exact one. Floors from the measured figures (0.9665,
-    // 0.00272, 0.0467 nats) with margin; a regression must not be met by widening them.
+    // ... and stays close to the exact one. Floors from the measured figures (0.9636,
+    // 0.00269, 0.0602 nats; 0.9665, 0.00272, 0.0467 before the block-sum order) with
+    // margin; a regression must not be met by widening them.
     assert!(top1 >= 0.95, "top-1 agreement {top1}");
     assert!(q.kl_mean <= 0.005, "mean KL {}", q.kl_mean);
     assert!(q.kl_max <= 0.15, "max KL {}", q.kl_max);

@@ -82,8 +82,9 @@ fn gemma3_native_agrees_with_exact_teacher_forced() {
         q.max_abs > 0.0,
         "native logits equal exact ones: no quantized product ran"
     );
-    // ... and stays close to the exact one. Floors from the measured figures (0.9594,
-    // 0.00495, 0.130 nats) with margin; a regression must not be met by widening them.
+    // ... and stays close to the exact one. Floors from the measured figures (0.9598,
+    // 0.00473, 0.189 nats; 0.9594, 0.00495, 0.130 before the block-sum order) with
+    // margin; a regression must not be met by widening them.
     assert!(top1 >= 0.94, "top-1 agreement {top1}");
     assert!(q.kl_mean <= 0.008, "mean KL {}", q.kl_mean);
     assert!(q.kl_max <= 0.3, "max KL {}", q.kl_max);

@@ -39,33 +39,50 @@
 //!
 //! Every integer product sum inside a block is exact (bounds below), so only the
 //! float combination can depend on order. It is fixed, and the scalar reference
-//! (`*_ref`) and the AVX2 kernel perform it with the same operations in the same
+//! (`*_ref`) and every SIMD kernel perform it with the same operations in the same
 //! order, so they agree bit for bit (non-NaN results; a NaN result is NaN in both).
 //! f16 scales are widened exactly in both (the AVX2 kernels use the F16C instruction,
-//! which gives the same `f32` for every non-NaN f16):
+//! which gives the same `f32` for every non-NaN f16). `d` is the block's combined
+//! scale, a product rounded once; "a multiply and an add" are rounded separately (no
+//! FMA).
 //!
-//! 1. Each block contributes eight exact `i32` lane sums `L[m]`, `m = 0..8`; which
-//!    elements feed lane `m` is stated per type below (it mirrors the AVX2 register
-//!    layout: `maddubs`+`madd` pair adjacent elements, so lane `m` holds elements
-//!    `4m..4m+4` of a 32-element chunk).
-//! 2. Eight `f32` lane accumulators start at `+0.0`; per block, in block order,
-//!    `acc[m] = acc[m] + d * (L[m] as f32)` with `d` the block's combined scale (a
-//!    product rounded once, then a multiply and an add rounded separately; no FMA).
+//! The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
+//!
+//! 1. Each block contributes one exact `i32` sum `S = Σ_{e<32} w_e a_e`.
+//! 2. One `f32` accumulator starts at `+0.0`; per block, in block order,
+//!    `acc = acc + d * (S as f32)`.
+//! 3. Q4_1 and Q5_1 keep one scalar `summ += f16(m_w) * f16(s_a)`, accumulated in block
+//!    order, and the result is `acc + summ`; the others' result is `acc`.
+//!
+//! A SIMD kernel may sum a block's products in any grouping (integer adds are exact);
+//! what it may not change is step 2: one accumulator per (row, token), one conversion,
+//! multiply and add per block. That is what lets the many-token tiles put sixteen
+//! (row, token) pairs in one register and pay one conversion, multiply and add per
+//! block for all of them (`transposed.rs`), and the one-token kernels total several
+//! rows' lane sums in one register for one conversion, multiply and add
+//! (`avx2/rows.rs`, `avx2/q8_0_r2.rs`).
+//!
+//! The K types (Q4_K, Q5_K, Q6_K), whose 256-element super-blocks carry sub-block
+//! scales:
+//!
+//! 1. Each super-block contributes eight exact `i32` lane sums `L[m]`, `m = 0..8`
+//!    (it mirrors the AVX2 register layout: `maddubs`+`madd` pair adjacent elements,
+//!    so lane `m` holds elements `4m..4m+4` of each 32-element chunk), stated per type
+//!    below.
+//! 2. Eight `f32` lane accumulators start at `+0.0`; per super-block, in order,
+//!    `acc[m] = acc[m] + d * (L[m] as f32)`.
 //! 3. The lanes are reduced by [`crate::dot::reduce_lanes`]
 //!    (`((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))`).
-//! 4. Types with a minimum/offset term keep one scalar `summ`, accumulated in block
-//!    order, and the result is `reduced + summ` (Q4_1, Q5_1) or `reduced - summ`
-//!    (Q4_K, Q5_K).
+//! 4. Q4_K and Q5_K keep one scalar `summ`, accumulated in order, and the result is
+//!    `reduced - summ`.
 //!
 //! Per type (`w` the weight quant with its offset removed, `a` the activation quant,
 //! `e` an element index inside the block):
 //!
-//! - Q4_0 (`w = q - 8`), Q5_0 (`w = q - 16`): `L[m] = Σ_{e=4m}^{4m+3} w_e a_e`,
+//! - Q4_0 (`w = q - 8`), Q5_0 (`w = q - 16`), Q8_0 (`w = q`, signed; the AVX2 kernel
+//!   widens to i16, so that weights and activations of −128 are exact):
 //!   `d = f16(d_w) * f16(d_a)`.
-//! - Q8_0: `L[m] = Σ_{e ∈ {2m, 2m+1, 2m+16, 2m+17}} w_e a_e` (the AVX2 kernel widens to
-//!   i16, so that weights and activations of −128 are exact; the AVX-VNNI kernel
-//!   reorders the bytes so that `vpdpbusd` sums exactly these four), `d` as Q4_0.
-//! - Q4_1, Q5_1 (`w = q`, unsigned): `L` as Q4_0, `d = f16(d_w) * f16(d_a)`,
+//! - Q4_1, Q5_1 (`w = q`, unsigned): `d = f16(d_w) * f16(d_a)`,
 //!   `summ += f16(m_w) * f16(s_a)`.
 //! - Q4_K, Q5_K: `L[m] = Σ_{g=0}^{7} sc_g Σ_{k<4} w_{32g+4m+k} a_{32g+4m+k}`,
 //!   `d = d_a * f16(d_w)`; `summ += (d_a * f16(dmin_w)) * (Σ_g mn_g (bsum_{2g} +
@@ -73,7 +90,8 @@
 //! - Q6_K (`w = q - 32`): `L[m] = Σ_{c=0}^{7} sc_{2c + m/4} Σ_{k<4} w_{32c+4m+k}
 //!   a_{32c+4m+k}` (i8 scales), `d = d_a * f16(d_w)`.
 //!
-//! Integer bounds (any bytes, any activation block): a Q6_K lane reaches at most
+//! Integer bounds (any bytes, any activation block): a 32-element block sum is at most
+//! `32 · 128 · 128 = 2^19` in magnitude; a Q6_K lane reaches at most
 //! `8 · 128 · 4 · 32 · 128 ≈ 1.7e7`, the largest of all types, far inside `i32`. A
 //! lane above `2^24` (reachable only by Q6_K with extreme data) rounds when converted
 //! to `f32`, identically in both kernels.

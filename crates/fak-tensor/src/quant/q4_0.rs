@@ -5,9 +5,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::unpack::{accumulate, lanes4, nibbles, weight_blocks};
+use super::unpack::{accumulate_block, block_sum, nibbles, weight_blocks};
 use super::{check_row, f16_to_f32, has_avx2_f16c, BlockQ8_0, QType, QuantError};
-use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
 
@@ -19,13 +18,13 @@ use std::mem::size_of;
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q4_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
     check_row(QType::Q4_0, w.len(), a.len())?;
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (wb, ab) in weight_blocks::<BlockQ4_0>(w).zip(a) {
         let d = f16_le(wb.d) * f16_to_f32(ab.d);
         let q = nibbles(&wb.qs).map(|v| v - 8);
-        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+        acc = accumulate_block(acc, d, block_sum(&q, &ab.qs));
     }
-    Ok(reduce_lanes(&acc))
+    Ok(acc)
 }
 
 dispatch!(

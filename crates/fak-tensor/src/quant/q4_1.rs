@@ -5,9 +5,8 @@
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
 use super::f16::f16_le;
-use super::unpack::{accumulate, lanes4, nibbles, weight_blocks};
+use super::unpack::{accumulate_block, block_sum, nibbles, weight_blocks};
 use super::{check_row, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
-use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
 
@@ -19,14 +18,14 @@ use std::mem::size_of;
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q4_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantError> {
     check_row(QType::Q4_1, w.len(), a.len())?;
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     let mut summ = 0f32;
     for (wb, ab) in weight_blocks::<BlockQ4_1>(w).zip(a) {
         let d = f16_le(wb.d) * f16_to_f32(ab.d);
-        accumulate(&mut acc, d, &lanes4(&nibbles(&wb.qs), &ab.qs));
+        acc = accumulate_block(acc, d, block_sum(&nibbles(&wb.qs), &ab.qs));
         summ += f16_le(wb.m) * f16_to_f32(ab.s);
     }
-    Ok(reduce_lanes(&acc) + summ)
+    Ok(acc + summ)
 }
 
 dispatch!(

@@ -6,9 +6,8 @@
 use super::avx2;
 use super::f16::f16_le;
 use super::unpack::q5_value;
-use super::unpack::{accumulate, five_bit, lanes4, weight_blocks};
+use super::unpack::{accumulate_block, block_sum, five_bit, weight_blocks};
 use super::{check_row, f16_to_f32, has_avx2_f16c, BlockQ8_0, QType, QuantError};
-use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
 
@@ -20,13 +19,13 @@ use std::mem::size_of;
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q5_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
     check_row(QType::Q5_0, w.len(), a.len())?;
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (wb, ab) in weight_blocks::<BlockQ5_0>(w).zip(a) {
         let d = f16_le(wb.d) * f16_to_f32(ab.d);
         let q = five_bit(&wb.qh, &wb.qs).map(|v| v - 16);
-        accumulate(&mut acc, d, &lanes4(&q, &ab.qs));
+        acc = accumulate_block(acc, d, block_sum(&q, &ab.qs));
     }
-    Ok(reduce_lanes(&acc))
+    Ok(acc)
 }
 
 dispatch!(

@@ -6,9 +6,8 @@
 use super::avx2;
 use super::f16::f16_le;
 use super::unpack::q5_value;
-use super::unpack::{accumulate, five_bit, lanes4, weight_blocks};
+use super::unpack::{accumulate_block, block_sum, five_bit, weight_blocks};
 use super::{check_row, f16_to_f32, has_avx2_f16c, BlockQ8_1, QType, QuantError};
-use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 use std::mem::size_of;
 
@@ -20,14 +19,14 @@ use std::mem::size_of;
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q5_1_q8_1_ref(w: &[u8], a: &[BlockQ8_1]) -> Result<f32, QuantError> {
     check_row(QType::Q5_1, w.len(), a.len())?;
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     let mut summ = 0f32;
     for (wb, ab) in weight_blocks::<BlockQ5_1>(w).zip(a) {
         let d = f16_le(wb.d) * f16_to_f32(ab.d);
-        accumulate(&mut acc, d, &lanes4(&five_bit(&wb.qh, &wb.qs), &ab.qs));
+        acc = accumulate_block(acc, d, block_sum(&five_bit(&wb.qh, &wb.qs), &ab.qs));
         summ += f16_le(wb.m) * f16_to_f32(ab.s);
     }
-    Ok(reduce_lanes(&acc) + summ)
+    Ok(acc + summ)
 }
 
 dispatch!(

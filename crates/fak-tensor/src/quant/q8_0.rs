@@ -3,10 +3,9 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::avx2;
-use super::unpack::{accumulate, weight_blocks};
+use super::unpack::{accumulate_block, block_sum, weight_blocks};
 use super::{check_multiple, check_row, f16_to_f32, f32_to_f16, has_avx2_f16c};
 use super::{QType, QuantError, QK};
-use crate::dot::reduce_lanes;
 use bytemuck::{Pod, Zeroable};
 
 /// Q8_0 block (ggml `block_q8_0`, 34 bytes on little-endian targets): 32 elements
@@ -82,8 +81,7 @@ pub fn quantize_q8_0_into(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), Qua
     Ok(())
 }
 
-/// Scalar reference of Q8_0 × Q8_0 in the canonical order ([`super`] docs; lane `m`
-/// holds elements `2m, 2m+1, 2m+16, 2m+17`).
+/// Scalar reference of Q8_0 × Q8_0 in the canonical order ([`super`] docs).
 ///
 /// Shapes: `w` is one row of `a.len()` Q8_0 blocks (`34 · a.len()` bytes).
 ///
@@ -91,20 +89,13 @@ pub fn quantize_q8_0_into(x: &[f32], out: &mut Vec<BlockQ8_0>) -> Result<(), Qua
 /// [`QuantError::RowLength`] when the byte length does not match.
 pub fn vec_dot_q8_0_q8_0_ref(w: &[u8], a: &[BlockQ8_0]) -> Result<f32, QuantError> {
     check_row(QType::Q8_0, w.len(), a.len())?;
-    let mut acc = [0f32; 8];
+    let mut acc = 0f32;
     for (wb, ab) in weight_blocks::<BlockQ8_0>(w).zip(a) {
         // A weight block's f16 scale is little-endian in the file.
         let d = f16_to_f32(u16::from_le(wb.d)) * f16_to_f32(ab.d);
-        let q = &wb.qs;
-        let mut l = [0i32; 8];
-        for (m, lm) in l.iter_mut().enumerate() {
-            for e in [2 * m, 2 * m + 1, 2 * m + 16, 2 * m + 17] {
-                *lm += q[e] as i32 * ab.qs[e] as i32;
-            }
-        }
-        accumulate(&mut acc, d, &l);
+        acc = accumulate_block(acc, d, block_sum(&wb.qs.map(i32::from), &ab.qs));
     }
-    Ok(reduce_lanes(&acc))
+    Ok(acc)
 }
 
 dispatch!(

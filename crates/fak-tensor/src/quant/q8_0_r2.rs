@@ -11,7 +11,7 @@
 //! | bytes | what |
 //! |---|---|
 //! | 0..2, 2..4 | the two rows' scales `d` (f16, little-endian), as in the file |
-//! | 4..68 | per canonical lane `m = 0..8` (module docs of `quant`; for Q8_0 elements `2m, 2m+1, 2m+16, 2m+17`): row `2p`'s four quants of lane `m`, then row `2p + 1`'s, each as the unsigned byte `q + 128` |
+//! | 4..68 | per lane `m = 0..8` (the grouping of `avx2::Block32::LANE_ELEMENT`; for Q8_0 elements `2m, 2m+1, 2m+16, 2m+17`): row `2p`'s four quants of lane `m`, then row `2p + 1`'s, each as the unsigned byte `q + 128` |
 //!
 //! So rows `r0..r1` of the matrix, `r0` and `r1` even, are bytes
 //! `r0 · rb .. r1 · rb` (`rb = 34 · nb`), as in the file: row ranges cut at even rows
@@ -34,7 +34,7 @@ pub const R2_BLOCK: usize = 68;
 /// Bytes of one Q8_0 block.
 const Q8_0_BLOCK: usize = 34;
 
-/// Which element of a 32-quant Q8_0 block is byte `k` of canonical lane `m`.
+/// Which element of a 32-quant Q8_0 block is byte `k` of lane `m`.
 fn lane_element(m: usize, k: usize) -> usize {
     2 * m + (k & 1) + 16 * (k >> 1)
 }

@@ -194,6 +194,36 @@ fn reference_by_hand_q4_0() {
 }
 
 #[test]
+fn reference_by_hand_block_sums_then_one_accumulator() {
+    // The 32-element types' canonical order: each block's exact sum S, then one
+    // accumulator, acc + d · S. Block 0: d = 32 · 32 = 1024, every w = a = 127, S =
+    // 516128, d · S = 528515072 (exact: 16129 · 2^15). Block 1: d = 1, one product
+    // 1 · 17. 528515072 + 17 lies between the f32 neighbours 528515072 and 528515104
+    // (spacing 32 in [2^28, 2^29)), nearer the second. Eight lane accumulators reduced
+    // by a tree (the order before) give 528515072: lane 0 rounds 66064384 + 17 to
+    // 66064400 and the tree's last add is a tie that rounds to even.
+    let block = |dw: f32, w: [i8; QK]| {
+        let mut b = f32_to_f16(dw).to_le_bytes().to_vec();
+        b.extend(w.iter().map(|&q| q as u8));
+        b
+    };
+    let mut w = block(32.0, [127; QK]);
+    w.extend(block(1.0, std::array::from_fn(|e| (e == 0) as i8)));
+    let a = [
+        BlockQ8_0 {
+            d: f32_to_f16(32.0),
+            qs: [127; QK],
+        },
+        BlockQ8_0 {
+            d: f32_to_f16(1.0),
+            qs: std::array::from_fn(|e| if e == 0 { 17 } else { 0 }),
+        },
+    ];
+    assert_eq!(vec_dot_q8_0_q8_0_ref(&w, &a).unwrap(), 528515104.0);
+    assert_eq!(vec_dot_q8_0_q8_0(&w, &a).unwrap(), 528515104.0);
+}
+
+#[test]
 fn reference_by_hand_q4_k_mins() {
     // All scales and mins 1 (code 0x01 in every 6-bit field: bytes 0..8 = 1, bytes
     // 8..12 = 0x11), d = 1, dmin = 0.5, every nibble 2, every activation 1 with d_a = 1

@@ -218,7 +218,7 @@ fn chunked(
 /// types the AVX2 path unpacks each weight block once for four tokens (and reads the
 /// weights once per four tokens); with AVX-512 and AVX512-VNNI, each chunk's weight
 /// blocks are prepared once and every 16 tokens run as the token-transposed tiles
-/// (one register holds one canonical lane of 16 tokens), then every 8 as pair tiles
+/// (one register holds the accumulators of 16 tokens), then every 8 as pair tiles
 /// (two rows times eight tokens a register; the last 3 to 7 padded to 8), and the rest,
 /// or a product of fewer than 5 tokens, a token at a time through the one-token kernel
 /// over chunks of rows held in the cache.

@@ -76,8 +76,8 @@ where
 }
 
 /// The rows of `w` times one token (`a` in the form of [`avx2::vnni_acts512`], `sc` its
-/// [`avx2::act_scales`]): four rows at a time through [`avx2::rows_pairs_512`], the last
-/// `rows % 4` through [`avx2::rows_vnni512`].
+/// [`avx2::act_scales`]): eight rows at a time through [`avx2::rows_pairs_512`], then
+/// four, the last `rows % 4` through [`avx2::rows_vnni512`].
 ///
 /// # Safety
 /// As [`rows4_512`]; `out.len() == w.len() / rb`.
@@ -89,10 +89,15 @@ unsafe fn one_token_512<K: avx2::Tile512>(
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
-    let mut outs = out.chunks_exact_mut(4);
-    let mut ws = w.chunks_exact(4 * rb);
+    let mut outs = out.chunks_exact_mut(8);
+    let mut ws = w.chunks_exact(8 * rb);
     for (o, wc) in (&mut outs).zip(&mut ws) {
-        avx2::rows_pairs_512::<K>(wc, rb, a, sc, o);
+        avx2::rows_pairs_512::<K, 4>(wc, rb, a, sc, o);
+    }
+    let mut outs = outs.into_remainder().chunks_exact_mut(4);
+    let mut ws = ws.remainder().chunks_exact(4 * rb);
+    for (o, wc) in (&mut outs).zip(&mut ws) {
+        avx2::rows_pairs_512::<K, 2>(wc, rb, a, sc, o);
     }
     let rest = outs.into_remainder();
     for (o, wr) in rest

@@ -1,48 +1,50 @@
 //! Token-transposed tiles for the multi-token product (prefill, and a batched decode
 //! step's few rows) of the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0):
 //! sixteen tokens sit in the sixteen `i32` lanes of one 512-bit register, and a row's
-//! eight canonical lane accumulators (module docs of `quant`) are eight such registers.
+//! canonical accumulator (module docs of `quant`) for all of them is one such register.
 //! After the last 16, groups of eight tokens run as *pair tiles*: one 512-bit register
 //! holds two rows times eight tokens (lane `2t + h`: token `t`, row `h` of a pair), the
 //! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 5 to
 //! 15 tokens and the remainders of a prefill get the transposed tiles too (products of
 //! fewer than [`MIN_TOKENS`] tokens run a token at a time instead).
 //!
-//! The other tiles keep a row's eight lanes side by side in one register, so every
-//! (row, token, block) costs its own lane sum, conversion, scale multiply and add.
-//! Here one register holds lane `m` of sixteen (row, token) pairs, so each of those
-//! instructions serves sixteen of them, and the block's combined scale `wd · ad` is
-//! computed once per row and block for all its tokens. Per lane `m` the weight's four
-//! bytes are broadcast to all lanes (a pair tile broadcasts the two rows' eight bytes as
-//! one quadword) and the tokens' four bytes of lane `m` are laid out once per product
-//! ([`Acts`]; twice each for the pair tiles). The weights are prepared ([`WPair`]) a
+//! The other tiles keep a block's eight lane sums side by side in one register, so every
+//! (row, token, block) costs its own total, conversion, scale multiply and add. Here one
+//! register holds sixteen (row, token) pairs, so each of those instructions serves
+//! sixteen of them, and the block's combined scale `wd · ad` is computed once per row
+//! and block for all its tokens. Per lane `m` (four of the block's 32 bytes) the
+//! weight's four bytes are broadcast to all lanes (a pair tile broadcasts the two rows'
+//! eight bytes as one quadword) and the tokens' four bytes of lane `m` are laid out
+//! once per product ([`Acts`]; twice each for the pair tiles); `vpdpbusd` adds their
+//! products into one of four independent integer chains per row, which are added into
+//! the block sum `S` once all eight lanes are in. The weights are prepared ([`WPair`]) a
 //! chunk of rows at a time, two rows interleaved, into a buffer that stays in the cache
 //! while every group's tiles read it; the tiles prefetch the next chunk's weights
 //! meanwhile ([`tiles`]). A Q8_0 matrix repacked at load in row pairs
 //! (`quant::QType::Q8_0R2`) already has this form, its scales still f16: the tiles read
-//! it as it is, with nothing prepared ([`tiles_r2`], through [`PairSrc`]). Before the pair tiles, groups of eight ran on 256-bit
-//! registers, one row per register: the same instructions on half the lanes.
+//! it as it is, with nothing prepared ([`tiles_r2`], through [`PairSrc`]). Before the
+//! pair tiles, groups of eight ran on 256-bit registers, one row per register: the
+//! same instructions on half the lanes.
 //!
 //! Every (row, token) lane performs exactly the operations of the scalar references
-//! (`quant::vec_dot_*_ref`) in their order: the exact integer lane sum, `d = wd · ad`
-//! rounded once, `acc + d · L` as a rounded multiply then a rounded add, in block
-//! order, and the canonical tree `((l0+l4)+(l2+l6)) + ((l1+l5)+(l3+l7))` done across
-//! the eight registers; Q4_1 and Q5_1 add their minimum term `summ + wm · s_a` (a
-//! rounded multiply then a rounded add, in block order) after the tree. So the
-//! results are the same bits as every other kernel.
+//! (`quant::vec_dot_*_ref`) in their order: the exact integer block sum `S`, `d = wd ·
+//! ad` rounded once, `acc + d · S` as a rounded multiply then a rounded add, in block
+//! order; Q4_1 and Q5_1 add their minimum term `summ + wm · s_a` (a rounded multiply
+//! then a rounded add, in block order) at the end. So the results are the same bits as
+//! every other kernel.
 //!
 //! Integer exactness. `vpdpbusd` multiplies unsigned bytes by signed bytes and adds
 //! the four products of each `i32` lane to the lane's start value without saturation
 //! (Intel 64 and IA-32 Architectures Software Developer's Manual, Vol. 2, "VPDPBUSD").
 //! The broadcast weight is always the unsigned operand and the activation bytes `a`
 //! the signed one, as they are. Q4_1 and Q5_1 quants `w = q` are in `[0, 31]`
-//! ([`Block32::UNSIGNED_QUANTS`]): each lane starts at zero and `Σ w a` is exact (the
-//! four products lie in `[−3968, 3937]`). The other types' weights (offset removed, a
-//! signed byte in `[−128, 127]`) become the unsigned `w + 128` (`w XOR 0x80`, exact for
-//! every `i8`), and each lane starts at the activation side's `−128 · Σ a` over the
-//! lane's four bytes, computed once per product per token ([`Acts`]), not per weight
-//! block. Then `start + Σ (w + 128) a = Σ w a` exactly: `|start| ≤ 65536`, the four
-//! products lie in `[−32640, 32385]`, so no partial sum leaves `±2^18`.
+//! ([`Block32::UNSIGNED_QUANTS`]): the chains start at zero and `Σ w a` is exact (each
+//! product in `[−3968, 3937]`). The other types' weights (offset removed, a signed byte
+//! in `[−128, 127]`) become the unsigned `w + 128` (`w XOR 0x80`, exact for every
+//! `i8`), and the first chain starts at the activation side's `−128 · Σ a` over the
+//! block's 32 bytes, computed once per product per token ([`Acts`]), not per weight
+//! block. Then `start + Σ (w + 128) a = Σ w a` exactly: `|start| ≤ 2^19`, each product
+//! lies in `[−32640, 32385]`, so no partial sum leaves `±2^21`.
 
 use super::avx2::{ActBlock, Block32};
 use std::arch::x86_64::*;
@@ -170,7 +172,7 @@ impl Simd for Lanes<16> {
 
 /// One weight block of two rows prepared for the tiles: per row `h` of the pair, the
 /// 32 quants as unsigned bytes (`w + 128` of [`Block32::signed_quants`], or the quants
-/// themselves for [`Block32::UNSIGNED_QUANTS`]) in canonical lane order (lane `m`'s four
+/// themselves for [`Block32::UNSIGNED_QUANTS`]) in lane order (lane `m`'s four
 /// bytes are `w[m][h]`, little-endian), and the scale and minimum widened to `f32`. Row
 /// `h`'s values of lane `m` sit beside the other row's, so a pair tile broadcasts both
 /// with one quadword load. A pair whose second row is past the matrix holds zero scales
@@ -272,13 +274,13 @@ struct ABlock {
     s: [f32; TOKENS],
 }
 
-/// The start values of an [`ABlock`]'s lanes for weights that are not
-/// [`Block32::UNSIGNED_QUANTS`]: per lane `m`, per token lane, `−128 ·` the sum of the
-/// token's four bytes of lane `m` (module docs). Kept apart from the [`ABlock`]s, so the
-/// types that need none read no larger activation blocks.
+/// The start value of an [`ABlock`]'s block sums for weights that are not
+/// [`Block32::UNSIGNED_QUANTS`]: per token lane, `−128 ·` the sum of the token's 32
+/// bytes of the block (module docs). Kept apart from the [`ABlock`]s, so the types that
+/// need none read no larger activation blocks.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-struct AStart([[i32; TOKENS]; 8]);
+struct AStart([i32; TOKENS]);
 
 /// A product's activation rows in tile form: the first `n16` tokens (a multiple of 16)
 /// in groups of 16, then the next `tokens − n16` in groups of 8 (each token in two
@@ -342,7 +344,7 @@ impl Acts {
 /// The token rows `a` (`nb` blocks each) in groups of `TOKENS / C` tokens, each token
 /// in `C` consecutive lanes (1: lane `t`; 2: lanes `2t` and `2t + 1`), the last group
 /// padded with dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
-/// The bytes are `a` as they are; the start values `−128 · Σ a` over each lane's four
+/// The bytes are `a` as they are; the start values `−128 · Σ a` over each block's 32
 /// bytes unless the weights are [`Block32::UNSIGNED_QUANTS`].
 ///
 /// # Safety
@@ -365,7 +367,7 @@ where
     let mut blocks = vec![empty; n];
     let mut starts = match K::UNSIGNED_QUANTS {
         true => Vec::new(),
-        false => vec![AStart([[0; TOKENS]; 8]); n],
+        false => vec![AStart([0; TOKENS]); n],
     };
     for (i, row) in a.iter().enumerate() {
         let (g, t) = (i / per, i % per);
@@ -389,10 +391,8 @@ where
                 }
             }
             if let Some(st) = starts.get_mut(g * nb + b) {
-                for (sm, l) in st.0.iter_mut().zip(&lanes) {
-                    let sum: i32 = l.iter().map(|&q| q as i8 as i32).sum();
-                    sm[C * t..C * (t + 1)].fill(-128 * sum);
-                }
+                let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
+                st.0[C * t..C * (t + 1)].fill(-128 * sum);
             }
         }
     }
@@ -453,7 +453,7 @@ unsafe fn rows_tokens<K: Block32, S: PairSrc, const R: usize>(
 ) {
     type L = Lanes<TOKENS>;
     assert!(R <= 2 && wp.len() >= nb * S::SIZE && ga.len() >= nb);
-    let mut acc = [[L::zero(); 8]; R];
+    let mut acc = [L::zero(); R];
     let mut summ = [L::zero(); R];
     for (b, ab) in ga[..nb].iter().enumerate() {
         // In `wp` (the assertion above).
@@ -463,14 +463,21 @@ unsafe fn rows_tokens<K: Block32, S: PairSrc, const R: usize>(
         // d = wd · ad for each token, rounded once (the reference's scalar product).
         let wd = S::d(wb);
         let d: [_; R] = std::array::from_fn(|r| L::mul(L::splat(wd[r]), ad));
+        // Four independent chains per row, lanes m and m + 4 in chain m mod 4, the
+        // first starting at the start value.
+        let mut c = [[L::splat_i(0); 4]; R];
+        for c in &mut c {
+            c[0] = start_of(st);
+        }
         for (m, aq) in ab.aq.iter().enumerate() {
             let a = L::load_i(aq.as_ptr() as *const u8);
-            let start = start_of(st, m);
-            for (r, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
-                // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-                let l = L::dpbusd(start, L::splat_i(S::lane_of(wb, m, r)), a);
-                acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
+            for (r, c) in c.iter_mut().enumerate() {
+                c[m % 4] = L::dpbusd(c[m % 4], L::splat_i(S::lane_of(wb, m, r)), a);
             }
+        }
+        for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
+            // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
+            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(c))));
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
@@ -481,7 +488,7 @@ unsafe fn rows_tokens<K: Block32, S: PairSrc, const R: usize>(
         }
     }
     for r in 0..R {
-        let mut v = tree::<TOKENS>(acc[r]);
+        let mut v = acc[r];
         if K::HAS_MIN {
             v = L::add(v, summ[r]);
         }
@@ -515,7 +522,7 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
             x.as_ptr() as *const f64
         )))
     };
-    let mut acc = [[L::zero(); 8]; P];
+    let mut acc = [L::zero(); P];
     let mut summ = [L::zero(); P];
     for (b, ab) in ga[..nb].iter().enumerate() {
         prefetch(&ahead[ahead.len() * b / nb..ahead.len() * (b + 1) / nb]);
@@ -525,14 +532,20 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
         let wbs: [*const u8; P] = std::array::from_fn(|p| wp.as_ptr().add((p * nb + b) * S::SIZE));
         // d = wd · ad for each (row, token), rounded once.
         let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(S::d(wbs[p])), ad));
+        // Four independent chains per pair, as `rows_tokens`.
+        let mut c = [[L::splat_i(0); 4]; P];
+        for c in &mut c {
+            c[0] = start_of(st);
+        }
         for (m, aq) in ab.aq.iter().enumerate() {
             let a = L::load_i(aq.as_ptr() as *const u8);
-            let start = start_of(st, m);
-            for ((acc, wb), d) in acc.iter_mut().zip(wbs).zip(d) {
-                // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-                let l = L::dpbusd(start, _mm512_set1_epi64(S::lane(wb, m)), a);
-                acc[m] = L::add(acc[m], L::mul(d, L::cvt(l)));
+            for (c, wb) in c.iter_mut().zip(wbs) {
+                c[m % 4] = L::dpbusd(c[m % 4], _mm512_set1_epi64(S::lane(wb, m)), a);
             }
+        }
+        for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
+            // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
+            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(c))));
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
@@ -542,7 +555,7 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
         }
     }
     for p in 0..P {
-        let mut v = tree::<TOKENS>(acc[p]);
+        let mut v = acc[p];
         if K::HAS_MIN {
             v = L::add(v, summ[p]);
         }
@@ -550,21 +563,31 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
     }
 }
 
-/// The start values of lane `m` as the tiles add them: the activations' `−128 · Σ a`
-/// from `st`, or zero without one ([`Block32::UNSIGNED_QUANTS`] weights).
+/// The start values of a block's sums as the tiles add them: the activations' `−128 ·
+/// Σ a` from `st`, or zero without one ([`Block32::UNSIGNED_QUANTS`] weights).
 ///
 /// # Safety
 /// As [`Simd`].
 #[inline(always)]
-unsafe fn start_of(st: Option<&AStart>, m: usize) -> __m512i {
+unsafe fn start_of(st: Option<&AStart>) -> __m512i {
     match st {
         None => _mm512_setzero_si512(),
-        Some(s) => <Lanes<TOKENS> as Simd>::load_i(s.0[m].as_ptr() as *const u8),
+        Some(s) => <Lanes<TOKENS> as Simd>::load_i(s.0.as_ptr() as *const u8),
     }
 }
 
-/// The canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` of eight lane
-/// registers, for `T` tokens at once.
+/// The block sums of four chains, `(c0 + c1) + (c2 + c3)` per lane: exact (each chain
+/// within `±2^19`).
+///
+/// # Safety
+/// As [`Simd`].
+#[inline(always)]
+unsafe fn block_sum(c: [__m512i; 4]) -> __m512i {
+    _mm512_add_epi32(_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3]))
+}
+
+/// The K types' canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` of
+/// eight lane registers, for `T` tokens at once (`transposed_k`'s tiles).
 ///
 /// # Safety
 /// As [`Simd`].

@@ -58,7 +58,7 @@ pub(crate) fn k_mins(mn: &[u8; 8], bsums: &[i16; 16]) -> i32 {
     s
 }
 
-/// Lane sums of one 32-element chunk: `L[m] = Σ_{k<4} w[4m+k] a[4m+k]`.
+/// Lane sums of one 32-element chunk of a K super-block: `L[m] = Σ_{k<4} w[4m+k] a[4m+k]`.
 pub(crate) fn lanes4(w: &[i32; QK], a: &[i8]) -> [i32; 8] {
     let mut l = [0i32; 8];
     for (m, lm) in l.iter_mut().enumerate() {
@@ -69,7 +69,21 @@ pub(crate) fn lanes4(w: &[i32; QK], a: &[i8]) -> [i32; 8] {
     l
 }
 
-/// `acc[m] = acc[m] + d * (L[m] as f32)`: step 2 of the canonical order.
+/// The exact product sum of one 32-element block, `S = Σ_e w_e a_e`: step 1 of the
+/// 32-element types' canonical order (`|S| ≤ 32 · 128 · 128 = 2^19`, exact in `i32` and
+/// in `f32`).
+pub(crate) fn block_sum(w: &[i32; QK], a: &[i8]) -> i32 {
+    w.iter().zip(a).map(|(&w, &a)| w * a as i32).sum()
+}
+
+/// `acc + d * (s as f32)`, a rounded multiply then a rounded add (no FMA): step 2 of the
+/// 32-element types' canonical order.
+#[inline(always)]
+pub(crate) fn accumulate_block(acc: f32, d: f32, s: i32) -> f32 {
+    acc + d * s as f32
+}
+
+/// `acc[m] = acc[m] + d * (L[m] as f32)`: step 2 of the K types' canonical order.
 #[inline(always)]
 pub(crate) fn accumulate(acc: &mut [f32; 8], d: f32, l: &[i32; 8]) {
     for m in 0..8 {

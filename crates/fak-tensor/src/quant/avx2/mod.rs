@@ -1,16 +1,18 @@
-//! AVX2 kernels of the quantized dot products. Each one computes the same exact
-//! integer lane sums as its scalar reference in the type's file (`q4_0.rs` …
-//! `q6_k.rs`; `maddubs` pairs adjacent bytes into i16, `madd` pairs adjacent i16 into
-//! i32, so i32 lane `m` holds bytes `4m..4m+4` of a 32-byte chunk) and combines them
-//! with the same float operations in the same order (module docs of `quant`).
+//! AVX2 kernels of the quantized dot products. Each one computes exact integer lane
+//! sums (`maddubs` pairs adjacent bytes into i16, `madd` pairs adjacent i16 into i32, so
+//! i32 lane `m` holds bytes `4m..4m+4` of a 32-byte chunk) and combines them as its
+//! scalar reference in the type's file (`q4_0.rs` … `q6_k.rs`) does, with the same
+//! float operations in the same order (module docs of `quant`): the 32-element types
+//! total a block's eight lanes into its exact block sum first ([`block_total`],
+//! [`block_totals4`]), the K types keep their eight lanes.
 //!
 //! Saturation: `_mm256_maddubs_epi16` saturates its i16 pair sums, so every use keeps
 //! the unsigned operand below 64 (|pair| ≤ 2 · 63 · 128 = 16128 < 32767). Offsets are
 //! subtracted as a second `maddubs` against the constant offset (exact i16
 //! subtraction), never by making the weight signed, so an activation quant of −128
 //! is exact too. Q8_0 weights are signed and are widened to i16 instead; its AVX-VNNI
-//! kernel reorders the bytes into the canonical lanes and offsets the weights by 128
-//! (`VnniQ8_0`).
+//! kernel reorders the bytes (the order the row-pair layout `Q8_0R2` keeps at load) and
+//! offsets the weights by 128 (`VnniQ8_0`).
 //!
 //! Every function here requires AVX2 and F16C (`# Safety`) and that `w` holds exactly
 //! `a.len()` blocks, which the dispatchers (`vec_dot_*` in each type's file,
@@ -132,19 +134,84 @@ unsafe fn hsum(v: __m256) -> f32 {
     reduce_lanes(&l)
 }
 
-/// `acc + d * (l as f32)` lane-wise: step 2 of the canonical order.
+/// The exact total of the eight `i32` lanes of `v`: a block's lane sums to its product
+/// sum `S`, step 1 of the 32-element types' canonical order (module docs of `quant`;
+/// integer adds of values within `±2^19`, exact in any order).
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn block_total(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
+/// The block totals ([`block_total`]) of four lane-sum registers, `[S0, S1, S2, S3]`:
+/// two rounds of pairwise horizontal adds and one add of the halves, exact integer adds.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+unsafe fn block_totals4(l: [__m256i; 4]) -> __m128i {
+    // Per 128-bit half: [l0 pair sums, l1 pair sums], then [l0, l1, l2, l3] quad sums.
+    let a = _mm256_hadd_epi32(l[0], l[1]);
+    let b = _mm256_hadd_epi32(l[2], l[3]);
+    let q = _mm256_hadd_epi32(a, b);
+    _mm_add_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256::<1>(q))
+}
+
+/// Accumulators of `n` (row, token) pairs of the 32-element types: the first `4 ⌊n / 4⌋`
+/// four to a register, the rest one by one.
+struct Accs<'a> {
+    /// Pairs `4g..4g + 4` in lanes 0..4 of `v4[g]`.
+    v4: &'a mut [__m128],
+    /// Pair `i` at `v1[i]` for the pairs past the registers.
+    v1: &'a mut [f32],
+}
+
+impl Accs<'_> {
+    /// Step 2 of the 32-element types' canonical order for every pair: `acc_i = acc_i +
+    /// d[i] * (S_i as f32)` with `S_i` the [`block_total`] of `l[i]` (a rounded multiply
+    /// then a rounded add); four at a time ([`block_totals4`]), the same bits as one at a
+    /// time. The scales are read as values (no vector load of scalars just stored).
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled); `d` and `l` hold the `n` pairs.
+    #[inline(always)]
+    unsafe fn add(&mut self, d: &[f32], l: &[__m256i]) {
+        let n = self.v1.len();
+        for (g, v) in self.v4.iter_mut().enumerate() {
+            let i = 4 * g;
+            let s = block_totals4([l[i], l[i + 1], l[i + 2], l[i + 3]]);
+            let dv = _mm_setr_ps(d[i], d[i + 1], d[i + 2], d[i + 3]);
+            *v = _mm_add_ps(*v, _mm_mul_ps(dv, _mm_cvtepi32_ps(s)));
+        }
+        for i in 4 * self.v4.len()..n {
+            self.v1[i] =
+                crate::quant::unpack::accumulate_block(self.v1[i], d[i], block_total(l[i]));
+        }
+    }
+
+    /// Pair `i`'s accumulator.
+    ///
+    /// # Safety
+    /// AVX2 and F16C (the caller has them enabled).
+    #[inline(always)]
+    unsafe fn get(&self, i: usize) -> f32 {
+        match self.v4.get(i / 4) {
+            Some(v) => {
+                let mut x = [0f32; 4];
+                _mm_storeu_ps(x.as_mut_ptr(), *v);
+                x[i % 4]
+            }
+            None => self.v1[i],
+        }
+    }
+}
+
+/// `acc + d * (l as f32)` lane-wise: step 2 of the K types' canonical order.
 #[target_feature(enable = "avx2,f16c")]
 #[inline]
 unsafe fn accumulate(acc: __m256, d: f32, l: __m256i) -> __m256 {
     _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(l)))
-}
-
-/// [`accumulate`] with the combined scale already in all eight lanes (the same
-/// operations: the `f32` product `d` was rounded once, as a scalar product would be).
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-unsafe fn accumulate_v(acc: __m256, d: __m256, l: __m256i) -> __m256 {
-    _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_cvtepi32_ps(l)))
 }
 
 /// 32 bytes from an unaligned pointer.
@@ -226,7 +293,9 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
     unsafe fn unpack(wb: &[u8]) -> Self::W;
-    /// Lane sums `L[m]` of an unpacked weight block against one activation block.
+    /// Exact lane sums of an unpacked weight block against one activation block: eight
+    /// `i32` lanes whose total is the block sum `S` (which products feed which lane is
+    /// the type's grouping, [`Block32::LANE_ELEMENT`] for the VNNI forms).
     ///
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled).
@@ -272,22 +341,13 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2, F16C and `D`'s features (the caller has them enabled).
     unsafe fn lanes_vnni<D: Dp>(w: Self::VW, a: &Self::VAct) -> __m256i;
-    /// The combined scale `wd · ad` in all eight lanes (`wdv` is `wd` in all eight, `ad`
-    /// the activation block's [`ActBlock::scales`]`[0]`): one `f32` product, rounded
-    /// once, whichever way it is computed.
-    ///
-    /// # Safety
-    /// AVX2, F16C and AVX-VNNI (the caller has them enabled).
-    #[inline(always)]
-    unsafe fn vnni_scale(wd: f32, _wdv: __m256, _a: &Self::VAct, ad: f32) -> __m256 {
-        _mm256_set1_ps(wd * ad)
-    }
-    /// The element of a 32-element chunk that byte `k` (`k < 4`) of canonical lane `m`
-    /// holds: `4m + k` (element order; the nibble types), or Q8_0's `2m, 2m+1, 2m+16,
-    /// 2m+17`.
+    /// The element of a 32-element chunk that byte `k` (`k < 4`) of lane `m` holds in the
+    /// VNNI and tile forms (weights and activations grouped alike, so any grouping gives
+    /// the same block sum): `4m + k` (element order; the nibble types), or Q8_0's `2m,
+    /// 2m+1, 2m+16, 2m+17`.
     const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 4 * m + k;
     /// The weight block's quants as signed bytes, offset removed (`q - 8` for Q4_0,
-    /// `q - 16` for Q5_0), in canonical lane order: bytes `4m..4m+4` are the elements
+    /// `q - 16` for Q5_0), in lane order: bytes `4m..4m+4` are the elements
     /// [`Block32::LANE_ELEMENT`] gives for lane `m`.
     ///
     /// # Safety
@@ -314,11 +374,6 @@ pub(super) trait Isa<K: Block32> {
     /// # Safety
     /// The instruction set's features (the caller has them enabled).
     unsafe fn lanes(w: Self::W, a: &Self::A) -> __m256i;
-    /// [`Block32::vnni_scale`] (for AVX2: `wd · ad` broadcast).
-    ///
-    /// # Safety
-    /// The instruction set's features (the caller has them enabled).
-    unsafe fn scale(wd: f32, wdv: __m256, a: &Self::A, ad: f32) -> __m256;
 }
 
 /// AVX2 lane sums (`maddubs`/`madd`).
@@ -378,10 +433,6 @@ impl<K: Block32> Isa<K> for Avx2 {
     unsafe fn lanes(w: K::W, a: &K::Act) -> __m256i {
         K::lanes_w(w, a)
     }
-    #[inline(always)]
-    unsafe fn scale(wd: f32, _wdv: __m256, _a: &K::Act, ad: f32) -> __m256 {
-        _mm256_set1_ps(wd * ad)
-    }
 }
 
 impl<K: Block32> Isa<K> for Vnni512 {
@@ -395,10 +446,6 @@ impl<K: Block32> Isa<K> for Vnni512 {
     unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
         K::lanes_vnni::<Evex>(w, a)
     }
-    #[inline(always)]
-    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
-        K::vnni_scale(wd, wdv, a, ad)
-    }
 }
 
 impl<K: Block32> Isa<K> for Vnni {
@@ -411,10 +458,6 @@ impl<K: Block32> Isa<K> for Vnni {
     #[inline(always)]
     unsafe fn lanes(w: K::VW, a: &K::VAct) -> __m256i {
         K::lanes_vnni::<Vex>(w, a)
-    }
-    #[inline(always)]
-    unsafe fn scale(wd: f32, wdv: __m256, a: &K::VAct, ad: f32) -> __m256 {
-        K::vnni_scale(wd, wdv, a, ad)
     }
 }
 
@@ -643,7 +686,7 @@ pub(super) trait Tile512: Block32<VW = __m256i> {
     /// # Safety
     /// AVX2, AVX-512VL and AVX512-VNNI (the caller has them enabled).
     unsafe fn vqs(a: &Self::VAct) -> __m256i;
-    /// What `vpdpbusd` starts each lane from so that it ends at the exact `L[m]`:
+    /// What `vpdpbusd` starts each lane from so that it ends at its exact `Σ w a`:
     /// `-Σ OFFSET a` (Q5_0), the form's `-128 Σ a` bias (Q8_0), or zero.
     ///
     /// # Safety

@@ -1,5 +1,5 @@
 //! Q8_0 with AVX2: the [`Block32`] form of Q8_0 weights (widened to i16; for AVX-VNNI
-//! reordered into the canonical lanes, [`VnniQ8_0`]), its [`Tile512`] form and the
+//! reordered into the lanes `Q8_0R2` keeps, [`VnniQ8_0`]), its [`Tile512`] form and the
 //! one-row kernel (reference: `vec_dot_q8_0_q8_0_ref`); and the Q8_0 activation
 //! quantizer (reference: `quant::quantize_q8_0`).
 
@@ -48,8 +48,7 @@ impl Block32 for Q8_0 {
             // 128 · Σ_{k<4} qs[4m+k]: |sum| <= 4 · 128 · 128 = 65536, exact in i32.
             let bias =
                 _mm256_sub_epi32(_mm256_setzero_si256(), dp::<D>(_mm256_set1_epi8(-128), qs));
-            let d = _mm256_set1_ps(h2f(b.d));
-            v.push(VnniQ8_0 { qs, bias, d });
+            v.push(VnniQ8_0 { qs, bias });
         }
         Cow::Owned(v)
     }
@@ -68,20 +67,13 @@ impl Block32 for Q8_0 {
         _mm256_xor_si256(q, _mm256_set1_epi8(-128))
     }
     /// `bias + Σ_{k<4} (w + 128) a = Σ_{k<4} w a` over bytes `4m..4m+4` of the VNNI
-    /// order, i.e. over elements `2m, 2m+1, 2m+16, 2m+17`: exactly `L[m]`. Every
+    /// order, i.e. over elements `2m, 2m+1, 2m+16, 2m+17`, exactly. Every
     /// product `(w + 128) a` lies in `[-32640, 32385]` and every partial sum within
     /// `±2^18`, so `vpdpbusd` (which does not saturate) neither saturates nor wraps,
     /// for any weight and activation bytes, −128 included.
     #[inline(always)]
     unsafe fn lanes_vnni<D: Dp>(w: __m256i, a: &VnniQ8_0) -> __m256i {
         D::dpbusd(a.bias, w, a.qs)
-    }
-    /// `wdv · a.d` lane-wise: the product `wd · ad` of [`ActBlock::scales`] (`a.d` is
-    /// the same F16C widening, kept broadcast), one multiply from memory instead of a
-    /// scalar multiply and a broadcast per weight block and token.
-    #[inline(always)]
-    unsafe fn vnni_scale(_wd: f32, wdv: __m256, a: &VnniQ8_0, _ad: f32) -> __m256 {
-        _mm256_mul_ps(wdv, a.d)
     }
     const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 2 * m + (k & 1) + 16 * (k >> 1);
     #[inline(always)]
@@ -105,14 +97,12 @@ impl Block32 for Q8_0 {
 pub(in crate::quant) struct VnniQ8_0 {
     qs: __m256i,
     bias: __m256i,
-    /// `f16(d_a)` in all eight lanes.
-    d: __m256,
 }
 
 /// The 32 quants of a Q8_0 block reordered so that bytes `4m..4m+4` are elements
-/// `2m, 2m+1, 2m+16, 2m+17`: the elements of the canonical lane `m` (module docs of
-/// `quant`), where `vpdpbusd` sums them. In 16-bit words: word `2m` = old word `m`,
-/// word `2m+1` = old word `m+8`.
+/// `2m, 2m+1, 2m+16, 2m+17` (the lane grouping of the AVX2 widening kernel, which the
+/// row-pair layout `Q8_0R2` keeps), where `vpdpbusd` sums them. In 16-bit words: word
+/// `2m` = old word `m`, word `2m+1` = old word `m+8`.
 #[inline(always)]
 unsafe fn q8_0_vnni_order(q: __m256i) -> __m256i {
     // 64-bit quarters (elements 0..8, 8..16, 16..24, 24..32) to [0, 2 | 1, 3]: each
@@ -137,7 +127,7 @@ impl Tile512 for Q8_0 {
     }
 }
 
-/// See `vec_dot_q8_0_q8_0_ref` (lane `m` = elements `2m, 2m+1, 2m+16, 2m+17`).
+/// See `vec_dot_q8_0_q8_0_ref`.
 ///
 /// # Safety
 /// AVX2 and F16C; `w.len() == 34 * a.len()`.

@@ -1,18 +1,17 @@
 //! The one-token AVX-512 kernel of Q8_0 weights repacked in row pairs
 //! (`quant::QType::Q8_0R2`, layout in `quant/q8_0_r2.rs`): one 512-bit load holds a
-//! block of both rows of a pair, lane `2m + h` = row `h`'s canonical lane `m`, so the
+//! block of both rows of a pair, lane `2m + h` = row `h`'s lane `m`, so the
 //! token's lanes are laid out twice over ([`R2Act`]) and one `vpdpbusd` sums both rows'
-//! eight lanes. Each lane then performs the canonical order (module docs of `quant`):
-//! `d = f16(d_w) · f16(d_a)` rounded once, `acc[m] + d · L[m]` as a rounded multiply
-//! and a rounded add, block by block, and the tree over the row's eight lanes at the
-//! end: the bits of the Q8_0 kernels on the file's blocks.
+//! eight lanes. Integer adds total each row's lanes into its block sum `S`, and each row
+//! then performs the canonical order (module docs of `quant`): `d = f16(d_w) · f16(d_a)`
+//! rounded once, `acc + d · S` as a rounded multiply and a rounded add, block by block:
+//! the bits of the Q8_0 kernels on the file's blocks.
 //!
 //! Integer exactness as in `vnni_acts`' Q8_0 form: the weight byte is `q + 128`
 //! (unsigned), each lane starts at the activation's `−128 · Σ a` over its four bytes,
 //! so it ends at `Σ q a` exactly.
 
 use super::{h2f, nta_prefetch, prefetch_weights, PREFETCH_BYTES};
-use crate::dot::reduce_lanes;
 use crate::quant::BlockQ8_0;
 use std::arch::x86_64::*;
 
@@ -102,12 +101,11 @@ unsafe fn rows_with(w: &[u8], nb: usize, act: impl Fn(usize) -> R2Act, out: &mut
     }
 }
 
-/// Pairs per step of [`rows_r2_512`]: their accumulators, the token's block and the
-/// scales fit the registers.
+/// Pairs per step of [`rows_r2_512`]: their block sums are totalled in one register.
 const PAIRS: usize = 2;
 
-/// `P` consecutive pairs at `w` (`pb` bytes each, `nb` blocks) times the token whose
-/// block `b` is `act(b)`, into `out` (`2P` rows).
+/// `P` (1 or 2) consecutive pairs at `w` (`pb` bytes each, `nb` blocks) times the token
+/// whose block `b` is `act(b)`, into `out` (`2P` rows).
 ///
 /// # Safety
 /// As [`rows_r2_512`]; `w` points at `P` whole pairs of `nb` blocks, `out.len() == 2P`.
@@ -120,7 +118,9 @@ unsafe fn pairs_r2<const P: usize>(
     out: &mut [f32],
     nta: bool,
 ) {
-    let mut acc = [_mm512_setzero_ps(); P];
+    const { assert!(P == 1 || P == 2) };
+    // Pair j's row h in lane 8j + h (and the lanes 8j + 2i + h beside it, equal).
+    let mut acc = _mm512_setzero_ps();
     // The weights `PREFETCH_BYTES` (at least these pairs) ahead, asked for in address
     // order, `P · 68` bytes a block: over the blocks, the next `P` pairs' bytes, once.
     let step = 68 * P;
@@ -133,26 +133,35 @@ unsafe fn pairs_r2<const P: usize>(
             off += 64;
         }
         let ab = act(b);
-        let ad = _mm512_set1_ps(ab.d);
-        for (j, acc) in acc.iter_mut().enumerate() {
+        let mut l = [_mm512_setzero_si512(); 2];
+        let mut d16 = [0i32; 2];
+        for j in 0..P {
             let blk = w.add(j * pb + 68 * b);
             // Pair `j`'s block `b`: inside the `P` pairs at `w` (the contract).
-            let d16 = std::ptr::read_unaligned(blk as *const i32);
+            d16[j] = std::ptr::read_unaligned(blk as *const i32);
             let wq = _mm512_loadu_si512(blk.add(4) as *const __m512i);
             // Exact: start + Σ (q + 128) a = Σ q a per lane (module docs).
-            let l = _mm512_dpbusd_epi32(ab.base, wq, ab.q);
-            // [dw_a, dw_b] eight times, widened, times d_a: the one rounded product
-            // per (row, block) of the scalar code.
-            let d = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_set1_epi32(d16)), ad);
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
+            l[j] = _mm512_dpbusd_epi32(ab.base, wq, ab.q);
         }
+        // Each 128-bit quarter's halves added (pair 0's from `l[0]`, pair 1's from
+        // `l[1]`), then its two lanes of each row, then the pair's two quarters: row h
+        // of pair j's block sum in lanes 8j + h (+ 2i). Exact integer adds.
+        let x = _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(l[0], l[1]),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(l[0], l[1]),
+        );
+        let x = _mm512_add_epi32(x, _mm512_shuffle_epi32::<_MM_PERM_BADC>(x));
+        let s = _mm512_add_epi32(x, _mm512_shuffle_i32x4::<0b10_11_00_01>(x, x));
+        // [dw_a, dw_b] four times per pair, widened, times d_a: the one rounded product
+        // per (row, block) of the scalar code.
+        let dw =
+            _mm256_blend_epi32::<0b1111_0000>(_mm256_set1_epi32(d16[0]), _mm256_set1_epi32(d16[1]));
+        let d = _mm512_mul_ps(_mm512_cvtph_ps(dw), _mm512_set1_ps(ab.d));
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)));
     }
-    for (j, acc) in acc.iter().enumerate() {
-        let mut l = [0f32; 16];
-        _mm512_storeu_ps(l.as_mut_ptr(), *acc);
-        for h in 0..2 {
-            let lanes: [f32; 8] = std::array::from_fn(|m| l[2 * m + h]);
-            out[2 * j + h] = reduce_lanes(&lanes);
-        }
+    let mut v = [0f32; 16];
+    _mm512_storeu_ps(v.as_mut_ptr(), acc);
+    for j in 0..P {
+        out[2 * j..2 * j + 2].copy_from_slice(&v[8 * j..8 * j + 2]);
     }
 }

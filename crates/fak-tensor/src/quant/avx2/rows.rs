@@ -64,7 +64,11 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
-    let mut acc = [_mm256_setzero_ps(); R];
+    let (mut v4, mut v1) = ([_mm_setzero_ps(); R], [0f32; R]);
+    let mut acc = Accs {
+        v4: &mut v4[..R / 4],
+        v1: &mut v1,
+    };
     let mut summ = [0f32; R];
     // The weights ahead follow these in memory; ask for the bytes [`PREFETCH_BYTES`]
     // (at least one group) ahead at the pace this group is consumed, so over a
@@ -75,125 +79,169 @@ unsafe fn rows_body<K: Block32, I: Isa<K>, const R: usize>(
     let step = R * K::BYTES;
     for ((b, ab), &[ad, as_]) in a.iter().enumerate().zip(sc) {
         prefetch_weights(next.wrapping_add(b * step), step, nta);
+        let mut l = [_mm256_setzero_si256(); R];
+        let mut d = [0f32; R];
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
             let (wd, wm) = K::wscales(wb);
-            let l = I::lanes(I::unpack(wb), ab);
-            acc[r] = accumulate_v(acc[r], I::scale(wd, _mm256_set1_ps(wd), ab, ad), l);
+            l[r] = I::lanes(I::unpack(wb), ab);
+            d[r] = wd * ad;
             if K::HAS_MIN {
                 summ[r] += wm * as_;
             }
         }
+        acc.add(&d, &l);
     }
     for r in 0..R {
         out[r] = if K::HAS_MIN {
-            hsum(acc[r]) + summ[r]
+            acc.get(r) + summ[r]
         } else {
-            hsum(acc[r])
+            acc.get(r)
         };
     }
 }
 
-/// [`rows`] for four rows with 512-bit registers, two rows per register: each block's
-/// lane sums, their conversion, the scale multiply and the accumulate are done for two
-/// rows by one instruction each. Every lane performs exactly the operations of the
-/// single-row kernel in the same order (an exact integer lane sum; `d = wd * ad`
-/// rounded once in `f32`; `acc + d * L` as a rounded multiply then a rounded add), and
-/// each row's eight lanes are reduced by the same [`hsum`], so the results are the same
-/// bits as [`rows`] (and as the scalar reference).
+/// [`rows`] for `2P` rows (`P` = 2 or 4 pairs) with 512-bit registers, two rows per
+/// `vpdpbusd`: each block's lane sums of all the rows are totalled by integer adds into
+/// one register (row `r`'s block sum `S` in the lanes [`pair_lane`] gives), so its
+/// conversion, scale multiply and accumulate are one instruction each for all the rows.
+/// Every row performs exactly the operations of the single-row kernel in the same order
+/// (the exact block sum; `d = wd * ad` rounded once in `f32`; `acc + d * S` as a
+/// rounded multiply then a rounded add), so the results are the same bits as [`rows`]
+/// (and as the scalar reference).
 ///
-/// A row pair's two f16 scale words are widened by one instruction and multiplied by
-/// the activation's `[ad, as, ad, as]` by one more, and the two rows' min sums (Q4_1,
-/// Q5_1) run in two lanes of one register, each lane the scalar code's rounded product
-/// and rounded add in the same order; Q4_0 and Q4_1 unpack both rows' nibbles at once
+/// The rows' f16 scale words are widened by one instruction and multiplied by the
+/// activation's `[ad, as]` by one more, and the rows' min sums (Q4_1, Q5_1) run in
+/// lanes of one register, each lane the scalar code's rounded product and rounded add
+/// in the same order; Q4_0 and Q4_1 unpack two rows' nibbles at once
 /// ([`Tile512::unpack_pair512`]); the block reads are bounds-checked once, up front.
 /// That is fewer instructions per block than per-row scalar scales, separate unpacking
-/// and per-read checks, and measured faster in cache and in decode (docs/performance.md,
-/// "Why it is fast").
+/// and per-read checks (docs/performance.md, "Why it is fast").
 ///
 /// `a` is the activation row in its VNNI form ([`vnni_acts512`]).
 ///
 /// # Safety
-/// As [`rows`] with `R = 4`, and AVX-512F/BW/DQ/VL and AVX512-VNNI.
+/// As [`rows`] with `R = 2P`, and AVX-512F/BW/DQ/VL and AVX512-VNNI.
 #[target_feature(enable = "avx2,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")]
-pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512>(
+pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512, const P: usize>(
     w: &[u8],
     row_bytes: usize,
     a: &[K::VAct],
     sc: &[[f32; 2]],
     out: &mut [f32],
 ) {
+    const { assert!(P == 2 || P == 4) };
     // Checked once here, so the block reads below need no bounds checks of their own.
     assert!(
-        w.len() >= 4 * row_bytes
+        w.len() >= 2 * P * row_bytes
             && row_bytes >= a.len() * K::BYTES
-            && out.len() >= 4
+            && out.len() >= 2 * P
             && sc.len() == a.len()
     );
-    let mut acc = [_mm512_setzero_ps(); 2];
-    // Per pair: lanes 1 and 3 are the two rows' running `summ` (lanes 0 and 2 unused).
-    let mut summ = [_mm_setzero_ps(); 2];
-    // Lanes 0..8 take element 0 of a scale vector (row a's `d`), lanes 8..16 element 2
-    // (row b's).
-    let halves = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 2, 2, 2, 2, 2, 2, 2, 2);
-    let next = w.as_ptr().wrapping_add((4 * row_bytes).max(PREFETCH_BYTES));
+    // Row r's accumulator in lane `pair_lane::<P>(r)` (and the lane beside it).
+    let mut acc = _mm512_setzero_ps();
+    // Lane 2r + 1: row r's running `summ` (the even lanes unused).
+    let mut summ = _mm512_setzero_ps();
+    // Row r's `d` (element 2r of the scale products) to row r's lanes.
+    let spread = match P {
+        2 => _mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6),
+        _ => _mm512_setr_epi32(0, 0, 8, 8, 2, 2, 10, 10, 4, 4, 12, 12, 6, 6, 14, 14),
+    };
+    let next = w
+        .as_ptr()
+        .wrapping_add((2 * P * row_bytes).max(PREFETCH_BYTES));
     let nta = nta_prefetch();
-    let step = 4 * K::BYTES;
+    let step = 2 * P * K::BYTES;
+    // Without a minimum, the bytes after `d` are quants: zeroed rather than widened as
+    // f16 (random bits, sometimes subnormal or NaN, which made the conversion slow).
+    let keep = if K::HAS_MIN { u32::MAX } else { 0xffff };
     for ((b, ab), sc2) in a.iter().enumerate().zip(sc) {
         prefetch_weights(next.wrapping_add(b * step), step, nta);
         let aq = _mm512_broadcast_i64x4(K::vqs(ab));
         let base = _mm512_broadcast_i64x4(K::vbase(ab));
-        // `[ad, as, ad, as]`.
-        let act = _mm_castpd_ps(_mm_loaddup_pd(sc2.as_ptr() as *const f64));
-        for ((pair, acc), summ) in acc.iter_mut().enumerate().zip(&mut summ) {
+        // `[ad, as]` eight times.
+        let act = _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
+            sc2.as_ptr() as *const f64
+        )));
+        let mut l = [_mm512_setzero_si512(); 4];
+        let mut h = [0u32; 8];
+        for (pair, l) in l.iter_mut().take(P).enumerate() {
             let at_a = 2 * pair * row_bytes + b * K::BYTES;
             let at_b = at_a + row_bytes;
-            // SAFETY: rows 0..4 of `row_bytes` each lie in `w`, and block `b < a.len()`
-            // ends within its row, by the assertion above.
+            // SAFETY: rows 0..2P of `row_bytes` each lie in `w`, and block `b <
+            // a.len()` ends within its row, by the assertion above.
             let (wa, wb) = unsafe {
                 (
                     w.get_unchecked(at_a..at_a + K::BYTES),
                     w.get_unchecked(at_b..at_b + K::BYTES),
                 )
             };
-            let wq = K::unpack_pair512(wa, wb);
             // Exact: the base and every product sum fit `i32` (as `lanes_vnni`).
-            let l = _mm512_dpbusd_epi32(base, wq, aq);
-            // `[da, ma, db, mb]` widened from f16 at once (`m` zero for the types without
-            // a minimum), times `[ad, as, ad, as]`: each lane the one rounded product
-            // the scalar code forms.
-            // Without a minimum, the bytes after `d` are quants: zeroed rather than
-            // widened as f16 (random bits, sometimes subnormal or NaN, which made the
-            // conversion slow).
-            let keep = if K::HAS_MIN { u32::MAX } else { 0xffff };
-            let sa = u32::from_le_bytes([wa[0], wa[1], wa[2], wa[3]]) & keep;
-            let sb = u32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]) & keep;
-            let h = _mm_unpacklo_epi32(_mm_cvtsi32_si128(sa as i32), _mm_cvtsi32_si128(sb as i32));
-            let prod = _mm_mul_ps(_mm_cvtph_ps(h), act);
-            let d = _mm512_permutexvar_ps(halves, _mm512_castps128_ps512(prod));
-            *acc = _mm512_add_ps(*acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(l)));
-            if K::HAS_MIN {
-                *summ = _mm_add_ps(*summ, prod);
-            }
+            *l = _mm512_dpbusd_epi32(base, K::unpack_pair512(wa, wb), aq);
+            h[2 * pair] = u32::from_le_bytes([wa[0], wa[1], wa[2], wa[3]]) & keep;
+            h[2 * pair + 1] = u32::from_le_bytes([wb[0], wb[1], wb[2], wb[3]]) & keep;
+        }
+        // `[d0, m0, d1, m1, ..]` widened from f16 at once (`m` zero for the types
+        // without a minimum), times `[ad, as, ..]`: each lane the one rounded product the
+        // scalar code forms.
+        let hv = _mm256_loadu_si256(h.as_ptr() as *const __m256i);
+        let prod = _mm512_mul_ps(_mm512_cvtph_ps(hv), act);
+        let d = _mm512_permutexvar_ps(spread, prod);
+        let s = block_sums::<P>(l);
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(d, _mm512_cvtepi32_ps(s)));
+        if K::HAS_MIN {
+            summ = _mm512_add_ps(summ, prod);
         }
     }
-    for ((pair, acc), summ) in acc.iter().enumerate().zip(&summ) {
-        let halves = [
-            _mm512_castps512_ps256(*acc),
-            _mm512_extractf32x8_ps::<1>(*acc),
-        ];
-        let mut m = [0f32; 4];
-        _mm_storeu_ps(m.as_mut_ptr(), *summ);
-        for (h, v) in halves.into_iter().enumerate() {
-            let r = 2 * pair + h;
-            out[r] = if K::HAS_MIN {
-                hsum(v) + m[2 * h + 1]
-            } else {
-                hsum(v)
-            };
-        }
+    let mut v = [0f32; 16];
+    _mm512_storeu_ps(v.as_mut_ptr(), acc);
+    let mut m = [0f32; 16];
+    _mm512_storeu_ps(m.as_mut_ptr(), summ);
+    for r in 0..2 * P {
+        let x = v[pair_lane::<P>(r)];
+        out[r] = if K::HAS_MIN { x + m[2 * r + 1] } else { x };
     }
+}
+
+/// The lane of [`rows_pairs_512`]'s sums that holds row `r` of `2P`: `4r` for 4 rows;
+/// for 8, `4r` for rows 0..4 and `4(r − 4) + 2` for rows 4..8.
+#[inline(always)]
+const fn pair_lane<const P: usize>(r: usize) -> usize {
+    if P == 2 || r < 4 {
+        4 * r
+    } else {
+        4 * (r - 4) + 2
+    }
+}
+
+/// The block sums of `2P` rows from their `vpdpbusd` lane sums `l[..P]` (row pair `j`
+/// in `l[j]`, its first row in the low 256 bits): row `r`'s in lane [`pair_lane`]`(r)`
+/// and the lane after it. Exact integer adds (each lane sum within `±2^18`).
+///
+/// # Safety
+/// AVX-512F (the caller has it enabled).
+#[inline(always)]
+unsafe fn block_sums<const P: usize>(l: [__m512i; 4]) -> __m512i {
+    // 128-bit quarters: rows 2j, 2j + 1 of `l[j]` are quarters 0, 1 and 2, 3. Adding
+    // each row's two quarters: [r0, r1, r2, r3] of four partial sums each.
+    let rows4 = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(
+            _mm512_shuffle_i32x4::<0b10_00_10_00>(a, b),
+            _mm512_shuffle_i32x4::<0b11_01_11_01>(a, b),
+        )
+    };
+    let x = rows4(l[0], l[1]);
+    let x = match P {
+        // Quarter c: row c's four partials, then pairs of them, then all four.
+        2 => _mm512_add_epi32(x, _mm512_shuffle_epi32::<_MM_PERM_BADC>(x)),
+        // Quarter c: rows c and c + 4, two partials each.
+        _ => {
+            let y = rows4(l[2], l[3]);
+            _mm512_add_epi32(_mm512_unpacklo_epi64(x, y), _mm512_unpackhi_epi64(x, y))
+        }
+    };
+    _mm512_add_epi32(x, _mm512_shuffle_epi32::<_MM_PERM_CDAB>(x))
 }
 
 /// `out[t][r] = dot(row r, acts[t])` for `R` consecutive rows and `T` activation rows
@@ -259,34 +307,41 @@ unsafe fn rows_tokens_body<K: Block32, I: Isa<K>, const R: usize, const T: usize
     scs: [&[[f32; 2]]; T],
     out: &mut [[f32; R]; T],
 ) {
-    let mut acc = [[_mm256_setzero_ps(); R]; T];
+    // Pair (t, r) at index tR + r.
+    let (mut v4, mut v1) = ([[_mm_setzero_ps(); R]; T], [[0f32; R]; T]);
+    let mut acc = Accs {
+        v4: &mut v4.as_flattened_mut()[..R * T / 4],
+        v1: v1.as_flattened_mut(),
+    };
     let mut summ = [[0f32; R]; T];
     let nb = acts[0].len();
     #[allow(clippy::needless_range_loop)] // `b` indexes every token's blocks
     for b in 0..nb {
+        let mut l = [[_mm256_setzero_si256(); R]; T];
+        let mut d = [[0f32; R]; T];
         for r in 0..R {
             let at = r * row_bytes + b * K::BYTES;
             let wb = &w[at..at + K::BYTES];
             let wq = I::unpack(wb);
             let (wd, wm) = K::wscales(wb);
-            let wdv = _mm256_set1_ps(wd);
             for t in 0..T {
                 let ab = &acts[t][b];
                 let [ad, as_] = scs[t][b];
-                let l = I::lanes(wq, ab);
-                acc[t][r] = accumulate_v(acc[t][r], I::scale(wd, wdv, ab, ad), l);
+                l[t][r] = I::lanes(wq, ab);
+                d[t][r] = wd * ad;
                 if K::HAS_MIN {
                     summ[t][r] += wm * as_;
                 }
             }
         }
+        acc.add(d.as_flattened(), l.as_flattened());
     }
     for t in 0..T {
         for r in 0..R {
             out[t][r] = if K::HAS_MIN {
-                hsum(acc[t][r]) + summ[t][r]
+                acc.get(t * R + r) + summ[t][r]
             } else {
-                hsum(acc[t][r])
+                acc.get(t * R + r)
             };
         }
     }
