@@ -725,8 +725,10 @@ fn token_transposed_tiles_give_the_reference_bits_for_1_to_31_tokens() {
         QType::Q5_1,
         QType::Q8_0,
     ] {
-        for extreme in [false, true] {
-            let (rows, nb, most) = (7, 3, 31);
+        // 7 rows: one 4-pair tile with a dummy row; 12: a 4-pair and a 2-pair tile; 13:
+        // 4, 2 and 1 pairs, the last with a dummy row.
+        for (extreme, rows) in [(false, 7), (true, 7), (false, 12), (true, 13)] {
+            let (nb, most) = (3, 31);
             let w = weights(&mut r, ty, rows * nb, extreme);
             let rb = w.len() / rows;
             let xs: Vec<QuantizedActs> = (0..most).map(|_| acts(&mut r, ty, nb, extreme)).collect();

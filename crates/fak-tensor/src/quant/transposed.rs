@@ -60,9 +60,9 @@ pub(super) const ROWS: usize = 2;
 /// (once per row of the pair).
 const TOKENS_8: usize = 8;
 
-/// Row pairs per pair tile: the 16 accumulators of two pairs, their scales and the
-/// activation register fit the 32 vector registers.
-const PAIRS_8: usize = 2;
+/// Row pairs per pair tile: their accumulators, integer chains (two per pair), scales
+/// and the activation register fit the 32 vector registers.
+const PAIRS_8: usize = 4;
 
 /// The fewest tokens left after the 16-token groups and the full 8-token groups that
 /// run as one more 8-token group, padded with dummy tokens; fewer go to the other
@@ -524,15 +524,23 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
     };
     let mut acc = [L::zero(); P];
     let mut summ = [L::zero(); P];
+    let mut pf = Spread::new(ahead.len().div_ceil(64), nb);
     for (b, ab) in ga[..nb].iter().enumerate() {
-        prefetch(&ahead[ahead.len() * b / nb..ahead.len() * (b + 1) / nb]);
+        let lines = pf.next();
+        for l in lines {
+            // SAFETY: line `l` starts inside `ahead` (`Spread` covers `⌈len / 64⌉`
+            // lines); a prefetch reads nothing.
+            _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(64 * l) as *const i8);
+        }
         let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
         // Pair p's block b, in `wp` (the assertion above).
         let wbs: [*const u8; P] = std::array::from_fn(|p| wp.as_ptr().add((p * nb + b) * S::SIZE));
         // d = wd · ad for each (row, token), rounded once.
         let d: [_; P] = std::array::from_fn(|p| L::mul(both_f(S::d(wbs[p])), ad));
-        // Four independent chains per pair, as `rows_tokens`.
+        // Independent chains per pair (four, as `rows_tokens`, or two with four pairs to
+        // keep in registers), the first starting at the start value.
+        let ch = if P >= 4 { 2 } else { 4 };
         let mut c = [[L::splat_i(0); 4]; P];
         for c in &mut c {
             c[0] = start_of(st);
@@ -540,12 +548,16 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
         for (m, aq) in ab.aq.iter().enumerate() {
             let a = L::load_i(aq.as_ptr() as *const u8);
             for (c, wb) in c.iter_mut().zip(wbs) {
-                c[m % 4] = L::dpbusd(c[m % 4], _mm512_set1_epi64(S::lane(wb, m)), a);
+                c[m % ch] = L::dpbusd(c[m % ch], _mm512_set1_epi64(S::lane(wb, m)), a);
             }
         }
         for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
             // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(c))));
+            let s = match ch {
+                2 => _mm512_add_epi32(c[0], c[1]),
+                _ => block_sum(c),
+            };
+            *acc = L::add(*acc, L::mul(d, L::cvt(s)));
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
@@ -729,6 +741,44 @@ fn chunk_rows(nb: usize) -> usize {
 /// Prepared weight bytes per chunk of [`tiles`].
 const CHUNK_BYTES: usize = 16 * 1024;
 
+/// `lines` items spread over `parts` consecutive parts as evenly as whole items allow
+/// (part `i` gets `⌊lines (i + 1) / parts⌋ − ⌊lines i / parts⌋` of them), with no
+/// division per part: the ranges of a tile's per-block prefetches.
+struct Spread {
+    at: usize,
+    q: usize,
+    r: usize,
+    err: usize,
+    parts: usize,
+}
+
+impl Spread {
+    fn new(lines: usize, parts: usize) -> Spread {
+        let parts = parts.max(1);
+        Spread {
+            at: 0,
+            q: lines / parts,
+            r: lines % parts,
+            err: 0,
+            parts,
+        }
+    }
+
+    /// The next part's items.
+    #[inline(always)]
+    fn next(&mut self) -> std::ops::Range<usize> {
+        let mut take = self.q;
+        self.err += self.r;
+        if self.err >= self.parts {
+            self.err -= self.parts;
+            take += 1;
+        }
+        let start = self.at;
+        self.at += take;
+        start..self.at
+    }
+}
+
 /// Every cache line of `p`, prefetched into the first-level cache.
 #[inline(always)]
 fn prefetch(p: &[u8]) {
@@ -779,7 +829,7 @@ unsafe fn groups16<K: Block32, S: PairSrc>(
     }
 }
 
-/// Every pair tile ([`PAIRS_8`] pairs, one at the end) of the 8-token groups `ga`
+/// Every pair tile ([`PAIRS_8`] pairs, then two, then one at the end) of the 8-token groups `ga`
 /// (`nb` blocks each, tokens in two lanes) against the `m` prepared rows `wp` (rows
 /// `r0..` of the product); `out` holds one slice per real token of the groups (fewer
 /// than 8 in the last when it is padded). The first group's tiles prefetch `ahead`.
@@ -807,7 +857,11 @@ unsafe fn groups8<K: Block32, S: PairSrc>(
         );
         let mut p = 0;
         while p < pairs {
-            let take = if pairs - p >= PAIRS_8 { PAIRS_8 } else { 1 };
+            let take = match pairs - p {
+                n if n >= PAIRS_8 => PAIRS_8,
+                n if n >= 2 => 2,
+                _ => 1,
+            };
             // The tile's share of `ahead` (its rows' fraction), for the first group.
             let share = match g {
                 0 => {
@@ -822,22 +876,28 @@ unsafe fn groups8<K: Block32, S: PairSrc>(
             let wr = &wp[p * nb * S::SIZE..];
             let mut o = [[0f32; TOKENS]; PAIRS_8];
             // SAFETY (all): this function's features; `wr` holds the tile's pairs.
-            let [o0, _] = &mut o;
+            let [o0, o1, _, _] = &mut o;
             match take {
                 PAIRS_8 => unsafe { pairs_tokens::<K, S, PAIRS_8>(wr, nb, ga, &mut o, share) },
+                2 => unsafe {
+                    let mut o2 = [[0f32; TOKENS]; 2];
+                    pairs_tokens::<K, S, 2>(wr, nb, ga, &mut o2, share);
+                    (*o0, *o1) = (o2[0], o2[1]);
+                },
                 _ => unsafe {
                     pairs_tokens::<K, S, 1>(wr, nb, ga, std::array::from_mut(o0), share)
                 },
             }
             // Lane 2t + h of pair j: row 2(p + j) + h, token t (the dummy row of an odd
-            // chunk's last pair is dropped). Two whole pairs: each token's four rows are
-            // two lane pairs, moved as such.
-            if take == PAIRS_8 && 2 * (p + PAIRS_8) <= m {
+            // chunk's last pair is dropped). Whole pairs: each token's rows are lane
+            // pairs, moved as such.
+            if 2 * (p + take) <= m {
                 let at = r0 + 2 * p;
                 for (t, ot) in out.iter_mut().enumerate() {
-                    let (lanes, o4) = (2 * t..2 * t + 2, &mut ot[at..at + 4]);
-                    o4[..2].copy_from_slice(&o[0][lanes.clone()]);
-                    o4[2..].copy_from_slice(&o[1][lanes]);
+                    let lanes = 2 * t..2 * t + 2;
+                    for (j, oj) in o[..take].iter().enumerate() {
+                        ot[at + 2 * j..at + 2 * j + 2].copy_from_slice(&oj[lanes.clone()]);
+                    }
                 }
                 p += take;
                 continue;
