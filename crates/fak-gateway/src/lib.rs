@@ -314,8 +314,7 @@ pub fn router_with_metrics(
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
-        .layer(middleware::from_fn_with_state(state.clone(), declared_size))
-        .layer(middleware::from_fn(wire_errors))
+        .layer(middleware::from_fn_with_state(state.clone(), wire_errors))
         .layer(middleware::from_fn_with_state(state.clone(), log_and_count))
         .with_state(state)
 }
@@ -528,40 +527,36 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 /// 414 before any route sees it.)
 pub const MAX_URI_BYTES: usize = 8 << 10;
 
-/// Makes every error answer JSON in its wire's error shape ([`Flavor::of_request`]):
-/// a target over [`MAX_URI_BYTES`] is a 414; an error the framework writes itself (405
-/// for a wrong method, with an empty body; a path or body rejection in text/plain) is
-/// rewritten with the same status, its text as the message (405: the method and the
-/// path; axum adds the `Allow` header after) and the headers it had besides the body's. Answers that already are JSON, and successes, pass as they are.
-/// A request whose `Content-Length` declares a body over
-/// [`GatewayConfig::max_body_bytes`] gets its 413 at once, in its route's error shape,
-/// before any of the body is read (the connection is then closed with the rest unread);
-/// a body without the header, or declared under the limit, is limited as it is read
-/// (axum's `DefaultBodyLimit`). Without this a client declaring gigabytes waited for the
-/// idle timeout, or sent the limit's worth, before its answer.
-async fn declared_size(State(s): State<AppState>, req: Request, next: Next) -> Response {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    match declared {
-        Some(n) if n > s.config.max_body_bytes as u64 => {
-            let flavor = Flavor::of_request(req.uri().path(), req.headers());
-            ApiError::too_large(s.config.max_body_bytes)
-                .with_flavor(flavor)
-                .into_response()
-        }
-        _ => next.run(req).await,
-    }
-}
-
-async fn wire_errors(req: Request, next: Next) -> Response {
+/// Makes every error answer JSON in its wire's error shape ([`Flavor::of_request`]).
+///
+/// Two refusals come from the request head alone, before any route or body: a target
+/// over [`MAX_URI_BYTES`] is a 414, and a `Content-Length` declaring a body over
+/// [`GatewayConfig::max_body_bytes`] a 413 at once (the connection is then closed with
+/// the body unread; a body without the header, or declared under the limit, is limited
+/// as it is read by axum's `DefaultBodyLimit`; without this a client declaring
+/// gigabytes waited for the idle timeout, or sent the limit's worth, before its answer).
+///
+/// An error the framework writes itself (405 for a wrong method, with an empty body; a
+/// path or body rejection in text/plain) is rewritten with the same status, its text as
+/// the message (405: the method and the path; axum adds the `Allow` header after) and
+/// the headers it had besides the body's. Answers that already are JSON, and
+/// successes, pass as they are.
+async fn wire_errors(State(s): State<AppState>, req: Request, next: Next) -> Response {
     let flavor = Flavor::of_request(req.uri().path(), req.headers());
     let (method, path) = (req.method().clone(), req.uri().path().to_string());
     let target = req.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if target > MAX_URI_BYTES {
         return ApiError::uri_too_long(target, MAX_URI_BYTES)
+            .with_flavor(flavor)
+            .into_response();
+    }
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > s.config.max_body_bytes as u64) {
+        return ApiError::too_large(s.config.max_body_bytes)
             .with_flavor(flavor)
             .into_response();
     }
