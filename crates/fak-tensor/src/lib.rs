@@ -15,9 +15,10 @@
 //! computes each output in exactly that order, so they agree bit for bit; tests check it.
 //! The 512-bit kernels (chosen at run time when the CPU has AVX-512, off with
 //! `FAK_NO_AVX512=1`) keep the order too: a 512-bit register holds the eight lanes of
-//! two rows or of two tokens side by side, or (the quantized prefill tiles of
-//! `quant::transposed` and, for the K-quants, `quant::transposed_k`) one lane of
-//! sixteen tokens, never sixteen lanes of one dot product.
+//! two rows or of two tokens side by side, never sixteen lanes of one dot product. (The
+//! quantized products have their own canonical order per block format, in the module
+//! docs of [`quant`]: their tiles hold one accumulator of sixteen (row, token) pairs per
+//! register.)
 //!
 //! Element-wise functions keep torch's operation order per element; the two library
 //! functions they call are computed eight or sixteen at a time with exactly the bits of

@@ -636,8 +636,8 @@ fn f16_rounding_matches_half_crate() {
 #[test]
 fn avx512_vnni_and_avx2_lane_sums_give_the_same_bits() {
     // The 256-bit kernels (with and without VNNI) and the 512-bit row pairs against the
-    // reference, random and extreme blocks, a row
-    // count that leaves a remainder after the 4-row groups.
+    // reference, random and extreme blocks, a row count (15) that runs an 8-row group, a
+    // 4-row group and a remainder of 3.
     let mut r = Rng(41);
     for ty in [
         QType::Q4_0,
@@ -647,7 +647,7 @@ fn avx512_vnni_and_avx2_lane_sums_give_the_same_bits() {
         QType::Q8_0,
     ] {
         for extreme in [false, true] {
-            let (rows, nb) = (11, 5);
+            let (rows, nb) = (15, 5);
             let w = weights(&mut r, ty, rows * nb, extreme);
             let a = acts(&mut r, ty, nb, extreme);
             let mut want = vec![0f32; rows];
@@ -703,9 +703,10 @@ fn every_multi_token_tile_kernel_gives_the_reference_bits() {
 /// The token-transposed tiles, bit for bit against the reference for every token count
 /// from 1 to 31: the 16-token groups, the 8-token groups (pair tiles), the last 8-token
 /// group padded with dummy tokens (whose results must not be stored: `got` has no room
-/// for them), and the tokens left to the other tiles; 7 rows (2-row tiles and a 1-row
-/// edge; a 2-pair tile and a 1-pair edge whose second row is past the matrix), random
-/// and extreme blocks, every 32-element type.
+/// for them), and the tokens left to the other tiles; 7, 11, 12 and 13 rows (2-row
+/// tiles and a 1-row edge; pair tiles of 4, 2 and 1 pairs, with and without a last pair
+/// whose second row is past the matrix), random and extreme blocks, every 32-element
+/// type.
 #[cfg(target_arch = "x86_64")]
 #[fak_testkit::cpu(
     "avx2",
@@ -725,9 +726,10 @@ fn token_transposed_tiles_give_the_reference_bits_for_1_to_31_tokens() {
         QType::Q5_1,
         QType::Q8_0,
     ] {
-        // 7 rows: one 4-pair tile with a dummy row; 12: a 4-pair and a 2-pair tile; 13:
-        // 4, 2 and 1 pairs, the last with a dummy row.
-        for (extreme, rows) in [(false, 7), (true, 7), (false, 12), (true, 13)] {
+        // 7 rows: one 4-pair tile with a dummy row; 11: 4 and 2 pairs, the second with a
+        // dummy row; 12: a 4-pair and a 2-pair tile; 13: 4, 2 and 1 pairs, the last with a
+        // dummy row.
+        for (extreme, rows) in [(false, 7), (true, 7), (true, 11), (false, 12), (true, 13)] {
             let (nb, most) = (3, 31);
             let w = weights(&mut r, ty, rows * nb, extreme);
             let rb = w.len() / rows;

@@ -52,9 +52,9 @@ where
     true
 }
 
-/// [`rows4`] with the 512-bit kernel for the 4-row groups (two rows per register; the
-/// same bits); the last `rows % 4` rows go through the 256-bit kernel with AVX512-VNNI's
-/// lane sums ([`avx2::rows_vnni512`]).
+/// [`rows4`] with the 512-bit kernel for 8-row, then 4-row groups (two rows per
+/// register; the same bits); the last `rows % 4` rows go through the 256-bit kernel
+/// with AVX512-VNNI's lane sums ([`avx2::rows_vnni512`]).
 ///
 /// # Safety
 /// AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI are available;

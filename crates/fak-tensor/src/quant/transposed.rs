@@ -52,8 +52,8 @@ use std::arch::x86_64::*;
 /// Tokens per 512-bit tile: the `i32` lanes of a `zmm` register.
 pub(super) const TOKENS: usize = 16;
 
-/// Rows per 512-bit tile: the sixteen accumulators of two rows and the activation
-/// register fit the 32 vector registers.
+/// Rows per 512-bit tile: the two rows' accumulators, integer chains (four each) and
+/// scales and the activation register fit the 32 vector registers.
 pub(super) const ROWS: usize = 2;
 
 /// Tokens per pair tile: half the `i32` lanes of a `zmm` register, each token twice
@@ -376,8 +376,8 @@ where
             let [d, s] = blk.scales();
             // SAFETY: an activation block holds 32 quants.
             let qs = std::slice::from_raw_parts(blk.qs_ptr(), 32);
-            // The block's lanes once (four bytes each, in canonical order) and, for
-            // signed weights, their start values; then copied to the token's lanes.
+            // The block's lanes once (four bytes each, in lane order) and, for signed
+            // weights, the block's start value; then copied to the token's lanes.
             let mut lanes = [[0u8; 4]; 8];
             for (m, l) in lanes.iter_mut().enumerate() {
                 for (k, byte) in l.iter_mut().enumerate() {

@@ -157,10 +157,21 @@ pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512, const P: usize>(
     // f16 (random bits, sometimes subnormal or NaN, which made the conversion slow).
     let keep = if K::HAS_MIN { u32::MAX } else { 0xffff };
     for ((b, ab), sc2) in a.iter().enumerate().zip(sc) {
-        prefetch_weights(next.wrapping_add(b * step), step, nta);
+        // A step is up to 8 · 34 bytes (Q8_0): in pieces of the 192 `prefetch_weights`
+        // asks for at most.
+        let mut off = 0;
+        while off < step {
+            prefetch_weights(
+                next.wrapping_add(b * step + off),
+                (step - off).min(192),
+                nta,
+            );
+            off += 192;
+        }
         let aq = _mm512_broadcast_i64x4(K::vqs(ab));
         let base = _mm512_broadcast_i64x4(K::vbase(ab));
-        // `[ad, as]` eight times.
+        // `[ad, as]` eight times. SAFETY: `sc2` is two `f32`s, read as one unaligned
+        // 8-byte value.
         let act = _mm512_castpd_ps(_mm512_set1_pd(std::ptr::read_unaligned(
             sc2.as_ptr() as *const f64
         )));
@@ -185,6 +196,7 @@ pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512, const P: usize>(
         // `[d0, m0, d1, m1, ..]` widened from f16 at once (`m` zero for the types
         // without a minimum), times `[ad, as, ..]`: each lane the one rounded product the
         // scalar code forms.
+        // SAFETY: `h` is eight `u32`s, 32 bytes, read unaligned.
         let hv = _mm256_loadu_si256(h.as_ptr() as *const __m256i);
         let prod = _mm512_mul_ps(_mm512_cvtph_ps(hv), act);
         let d = _mm512_permutexvar_ps(spread, prod);
