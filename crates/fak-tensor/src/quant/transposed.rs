@@ -477,7 +477,7 @@ unsafe fn rows_tokens<K: Block32, S: PairSrc, const R: usize>(
         }
         for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
             // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(c))));
+            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(&c))));
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
@@ -553,11 +553,7 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
         }
         for ((acc, c), d) in acc.iter_mut().zip(c).zip(d) {
             // Exact (module docs): start + Σ (w + 128) a = Σ w a, or Σ w a.
-            let s = match ch {
-                2 => _mm512_add_epi32(c[0], c[1]),
-                _ => block_sum(c),
-            };
-            *acc = L::add(*acc, L::mul(d, L::cvt(s)));
+            *acc = L::add(*acc, L::mul(d, L::cvt(block_sum(&c[..ch]))));
         }
         if K::HAS_MIN {
             let s = L::load(ab.s.as_ptr());
@@ -588,14 +584,18 @@ unsafe fn start_of(st: Option<&AStart>) -> __m512i {
     }
 }
 
-/// The block sums of four chains, `(c0 + c1) + (c2 + c3)` per lane: exact (each chain
-/// within `±2^19`).
+/// The block sums of two or four chains, `c0 + c1` or `(c0 + c1) + (c2 + c3)` per
+/// lane: exact (each chain within `±2^19`).
 ///
 /// # Safety
 /// As [`Simd`].
 #[inline(always)]
-unsafe fn block_sum(c: [__m512i; 4]) -> __m512i {
-    _mm512_add_epi32(_mm512_add_epi32(c[0], c[1]), _mm512_add_epi32(c[2], c[3]))
+unsafe fn block_sum(c: &[__m512i]) -> __m512i {
+    let s = _mm512_add_epi32(c[0], c[1]);
+    match c {
+        [_, _, c2, c3] => _mm512_add_epi32(s, _mm512_add_epi32(*c2, *c3)),
+        _ => s,
+    }
 }
 
 /// The K types' canonical tree `((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7))` of

@@ -656,23 +656,20 @@ pub(super) fn prefetch_row_ahead(w: &[u8], at: usize, len: usize) {
     }
 }
 
-/// Prefetches the `step` bytes (one block of every row of a group, at most 192) of
-/// weights at `p`: 64-byte lines at `p`, `p + 64` and, past 128 bytes, `p + 128`;
-/// non-temporally when `nta` ([`nta_prefetch`]). A hint only: it never faults, and
-/// past the end of the matrix it is simply wasted.
+/// Prefetches the `step` bytes (one block of every row of a group) of weights at `p`:
+/// the 64-byte lines at `p`, `p + 64`, … up to `step` bytes, at least two;
+/// non-temporally when `nta` ([`nta_prefetch`]). Over consecutive steps every line is
+/// asked for (a step's last line that its start's alignment leaves out is the next
+/// step's first). A hint only: it never faults, and past the end of the matrix it is
+/// simply wasted.
 #[inline(always)]
 unsafe fn prefetch_weights(p: *const u8, step: usize, nta: bool) {
-    if nta {
-        _mm_prefetch::<_MM_HINT_NTA>(p as *const i8);
-        _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(64) as *const i8);
-        if step > 128 {
-            _mm_prefetch::<_MM_HINT_NTA>(p.wrapping_add(128) as *const i8);
-        }
-    } else {
-        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64) as *const i8);
-        if step > 128 {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128) as *const i8);
+    for off in (0..step.max(128)).step_by(64) {
+        let at = p.wrapping_add(off) as *const i8;
+        if nta {
+            _mm_prefetch::<_MM_HINT_NTA>(at);
+        } else {
+            _mm_prefetch::<_MM_HINT_T0>(at);
         }
     }
 }

@@ -126,12 +126,7 @@ unsafe fn pairs_r2<const P: usize>(
     let step = 68 * P;
     let next = w.wrapping_add((P * pb).max(PREFETCH_BYTES));
     for b in 0..nb {
-        let at = next.wrapping_add(b * step);
-        let mut off = 0;
-        while off < step {
-            prefetch_weights(at.wrapping_add(off), 64, nta);
-            off += 64;
-        }
+        prefetch_weights(next.wrapping_add(b * step), step, nta);
         let ab = act(b);
         let mut l = [_mm512_setzero_si512(); 2];
         let mut d16 = [0i32; 2];

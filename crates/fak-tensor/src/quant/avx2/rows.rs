@@ -157,17 +157,7 @@ pub(in crate::quant) unsafe fn rows_pairs_512<K: Tile512, const P: usize>(
     // f16 (random bits, sometimes subnormal or NaN, which made the conversion slow).
     let keep = if K::HAS_MIN { u32::MAX } else { 0xffff };
     for ((b, ab), sc2) in a.iter().enumerate().zip(sc) {
-        // A step is up to 8 · 34 bytes (Q8_0): in pieces of the 192 `prefetch_weights`
-        // asks for at most.
-        let mut off = 0;
-        while off < step {
-            prefetch_weights(
-                next.wrapping_add(b * step + off),
-                (step - off).min(192),
-                nta,
-            );
-            off += 192;
-        }
+        prefetch_weights(next.wrapping_add(b * step), step, nta);
         let aq = _mm512_broadcast_i64x4(K::vqs(ab));
         let base = _mm512_broadcast_i64x4(K::vbase(ab));
         // `[ad, as]` eight times. SAFETY: `sc2` is two `f32`s, read as one unaligned
