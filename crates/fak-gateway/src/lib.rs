@@ -53,8 +53,9 @@
 //! client goes away, hyper drops the response body, which drops the event stream, which
 //! the driver sees as a closed channel: it stops within one token and frees its slot.
 //!
-//! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer), with a middleware
-//! in front refusing a declared length over it before reading; one middleware
+//! Layers: the body limit is axum's `DefaultBodyLimit` (a tower layer); in front of it the
+//! middleware that puts every error in its wire's shape also refuses, from the request
+//! head, a target over [`MAX_URI_BYTES`] and a declared length over the limit; one middleware
 //! writes one `tracing` line per request (method, route, status, ms, tokens) and counts
 //! it for `/metrics`; another checks the bearer key on `/v1/*`; a third bounds the time
 //! to a `/v1/*` response ([`GatewayConfig::request_timeout`]).
