@@ -11,7 +11,7 @@
 //! | bytes | what |
 //! |---|---|
 //! | 0..2, 2..4 | the two rows' scales `d` (f16, little-endian), as in the file |
-//! | 4..68 | per lane `m = 0..8` (the grouping of `avx2::Block32::LANE_ELEMENT`; for Q8_0 elements `2m, 2m+1, 2m+16, 2m+17`): row `2p`'s four quants of lane `m`, then row `2p + 1`'s, each as the unsigned byte `q + 128` |
+//! | 4..68 | per lane `m = 0..8` (the grouping of `avx2::Block32::act_lanes`; for Q8_0 elements `2m, 2m+1, 2m+16, 2m+17`): row `2p`'s four quants of lane `m`, then row `2p + 1`'s, each as the unsigned byte `q + 128` |
 //!
 //! So rows `r0..r1` of the matrix, `r0` and `r1` even, are bytes
 //! `r0 · rb .. r1 · rb` (`rb = 34 · nb`), as in the file: row ranges cut at even rows

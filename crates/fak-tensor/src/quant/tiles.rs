@@ -185,8 +185,10 @@ pub(crate) enum TileActs<'a> {
     Never(std::convert::Infallible, std::marker::PhantomData<&'a ()>),
 }
 
-/// [`TileActs`] of one type: every token's blocks, their [`avx2::act_scales`] and, with
-/// either VNNI, their [`avx2::vnni_acts`] (or [`avx2::vnni_acts512`]: the same values).
+/// [`TileActs`] of one type: every token's blocks and, for the tokens the
+/// token-transposed tiles do not take (from `tt`'s [`transposed::Acts::tokens`] on;
+/// empty before), their [`avx2::act_scales`] and, with either VNNI, their
+/// [`avx2::vnni_acts`] (or [`avx2::vnni_acts512`]: the same values).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct Tiled<'a, K: avx2::Block32> {
     a: Vec<&'a [K::Act]>,
@@ -211,19 +213,6 @@ where
     /// # Safety
     /// AVX2 and F16C are available, and what `isa` needs ([`TileIsa::at_most`]).
     unsafe fn new(a: Vec<&'a [K::Act]>, isa: TileIsa) -> Self {
-        let sc = a.iter().map(|at| avx2::act_scales(at)).collect();
-        let wide = isa >= TileIsa::Vnni512;
-        let va = (isa >= TileIsa::Vnni).then(|| {
-            a.iter()
-                .map(|at| {
-                    if wide {
-                        avx2::vnni_acts512::<K>(at)
-                    } else {
-                        avx2::vnni_acts::<K>(at)
-                    }
-                })
-                .collect()
-        });
         let zmm = isa == TileIsa::Zmm;
         // The token-transposed form needs AVX2 and F16C (this function's contract); its
         // tiles, which need AVX-512 and AVX512-VNNI, run only when `zmm`.
@@ -232,6 +221,28 @@ where
         } else {
             None
         };
+        // The other forms only for the tokens the transposed tiles leave (those before
+        // are never read: empty placeholders keep the indices).
+        let t0 = tt.as_ref().map_or(0, |tt| tt.tokens());
+        let sc = (a.iter().enumerate())
+            .map(|(t, at)| {
+                if t < t0 {
+                    Vec::new()
+                } else {
+                    avx2::act_scales(at)
+                }
+            })
+            .collect();
+        let wide = isa >= TileIsa::Vnni512;
+        let va = (isa >= TileIsa::Vnni).then(|| {
+            (a.iter().enumerate())
+                .map(|(t, at)| match t < t0 {
+                    true => std::borrow::Cow::Borrowed(&[][..]),
+                    false if wide => avx2::vnni_acts512::<K>(at),
+                    false => avx2::vnni_acts::<K>(at),
+                })
+                .collect()
+        });
         Tiled {
             a,
             sc,

@@ -358,41 +358,47 @@ where
     K::Act: ActBlock,
 {
     let per = TOKENS / C;
-    let empty = ABlock {
-        aq: [[[0; 4]; TOKENS]; 8],
-        d: [0.0; TOKENS],
-        s: [0.0; TOKENS],
-    };
-    let n = a.len().div_ceil(per) * nb;
-    let mut blocks = vec![empty; n];
-    let mut starts = match K::UNSIGNED_QUANTS {
-        true => Vec::new(),
-        false => vec![AStart([0; TOKENS]); n],
-    };
-    for (i, row) in a.iter().enumerate() {
-        let (g, t) = (i / per, i % per);
-        for (b, blk) in row.iter().enumerate() {
-            let ab = &mut blocks[g * nb + b];
-            let [d, s] = blk.scales();
-            // SAFETY: an activation block holds 32 quants.
-            let qs = std::slice::from_raw_parts(blk.qs_ptr(), 32);
-            // The block's lanes once (four bytes each, in lane order) and, for signed
-            // weights, the block's start value; then copied to the token's lanes.
-            let mut lanes = [[0u8; 4]; 8];
-            for (m, l) in lanes.iter_mut().enumerate() {
-                for (k, byte) in l.iter_mut().enumerate() {
-                    *byte = qs[K::LANE_ELEMENT(m, k)];
+    let groups = a.len().div_ceil(per);
+    // Every block is built whole in a register-sized local and moved in: no vector of
+    // zeros written first and then over (that fill and its per-element calls were most
+    // of this function's time in an 8-stream decode step).
+    let mut blocks = Vec::with_capacity(groups * nb);
+    let mut starts = Vec::with_capacity(if K::UNSIGNED_QUANTS { 0 } else { groups * nb });
+    let bias = _mm256_set1_epi8(-128);
+    for rows in a.chunks(per) {
+        for b in 0..nb {
+            let mut ab = ABlock {
+                aq: [[[0; 4]; TOKENS]; 8],
+                d: [0.0; TOKENS],
+                s: [0.0; TOKENS],
+            };
+            let mut st = AStart([0; TOKENS]);
+            for (t, row) in rows.iter().enumerate() {
+                let blk = &row[b];
+                let [d, s] = blk.scales();
+                // SAFETY: an activation block holds 32 quants.
+                let q = _mm256_loadu_si256(blk.qs_ptr() as *const __m256i);
+                // The block's lanes once (four bytes each, in lane order), then copied
+                // to the token's lanes.
+                let mut lanes = [[0u8; 4]; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, K::act_lanes(q));
+                for lane in C * t..C * (t + 1) {
+                    (ab.d[lane], ab.s[lane]) = (d, s);
+                    for (aq, l) in ab.aq.iter_mut().zip(&lanes) {
+                        aq[lane] = *l;
+                    }
+                }
+                if !K::UNSIGNED_QUANTS {
+                    // Σ q over the 32 signed bytes: the sums of `q + 128` less 32 · 128.
+                    let sad = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+                    let quarters: [i64; 4] = std::mem::transmute(sad);
+                    let sum = quarters.iter().sum::<i64>() as i32 - 32 * 128;
+                    st.0[C * t..C * (t + 1)].fill(-128 * sum);
                 }
             }
-            for lane in C * t..C * (t + 1) {
-                (ab.d[lane], ab.s[lane]) = (d, s);
-                for (aq, l) in ab.aq.iter_mut().zip(&lanes) {
-                    aq[lane] = *l;
-                }
-            }
-            if let Some(st) = starts.get_mut(g * nb + b) {
-                let sum: i32 = qs.iter().map(|&q| q as i8 as i32).sum();
-                st.0[C * t..C * (t + 1)].fill(-128 * sum);
+            blocks.push(ab);
+            if !K::UNSIGNED_QUANTS {
+                starts.push(st);
             }
         }
     }
@@ -914,5 +920,37 @@ unsafe fn groups8<K: Block32, S: PairSrc>(
             }
             p += take;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::avx2::{self, Block32};
+    use std::arch::x86_64::*;
+
+    /// [`Block32::act_lanes`] puts element [`Block32::LANE_ELEMENT`]`(m, k)` at byte
+    /// `4m + k` (the grouping the weights' tile form uses), for every 32-element type.
+    #[test]
+    fn act_lanes_follow_lane_element() {
+        fn check<K: Block32>(name: &str) {
+            let q: [u8; 32] = std::array::from_fn(|i| i as u8 * 7 + 3);
+            let mut got = [0u8; 32];
+            // SAFETY: AVX2 was detected; both arrays are 32 bytes.
+            unsafe {
+                let v = K::act_lanes(_mm256_loadu_si256(q.as_ptr() as *const __m256i));
+                _mm256_storeu_si256(got.as_mut_ptr() as *mut __m256i, v);
+            }
+            for m in 0..8 {
+                for k in 0..4 {
+                    assert_eq!(got[4 * m + k], q[K::LANE_ELEMENT(m, k)], "{name} lane {m}");
+                }
+            }
+        }
+        assert!(crate::cpu::has_avx2_f16c(), "this CPU lacks AVX2/F16C");
+        check::<avx2::Q4_0>("Q4_0");
+        check::<avx2::Q4_1>("Q4_1");
+        check::<avx2::Q5_0>("Q5_0");
+        check::<avx2::Q5_1>("Q5_1");
+        check::<avx2::Q8_0>("Q8_0");
     }
 }

@@ -295,7 +295,7 @@ pub(super) trait Block32 {
     unsafe fn unpack(wb: &[u8]) -> Self::W;
     /// Exact lane sums of an unpacked weight block against one activation block: eight
     /// `i32` lanes whose total is the block sum `S` (which products feed which lane is
-    /// the type's grouping, [`Block32::LANE_ELEMENT`] for the VNNI forms).
+    /// the type's grouping, [`Block32::act_lanes`] for the VNNI forms).
     ///
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled).
@@ -345,10 +345,22 @@ pub(super) trait Block32 {
     /// VNNI and tile forms (weights and activations grouped alike, so any grouping gives
     /// the same block sum): `4m + k` (element order; the nibble types), or Q8_0's `2m,
     /// 2m+1, 2m+16, 2m+17`.
+    #[cfg(test)]
     const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 4 * m + k;
+    /// An activation block's 32 quants `q` (in element order) in lane order, the
+    /// grouping of the VNNI and tile forms: lane `m` (bytes `4m..4m + 4`) holds elements
+    /// `4m..4m + 4` for the nibble types (`q` as it is), Q8_0's `2m, 2m+1, 2m+16, 2m+17`
+    /// (`LANE_ELEMENT` in the tests).
+    ///
+    /// # Safety
+    /// AVX2 (the caller has it enabled).
+    #[inline(always)]
+    unsafe fn act_lanes(q: __m256i) -> __m256i {
+        q
+    }
     /// The weight block's quants as signed bytes, offset removed (`q - 8` for Q4_0,
     /// `q - 16` for Q5_0), in lane order: bytes `4m..4m+4` are the elements
-    /// [`Block32::LANE_ELEMENT`] gives for lane `m`.
+    /// of lane `m` in [`Block32::act_lanes`]'s grouping.
     ///
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.

@@ -75,7 +75,12 @@ impl Block32 for Q8_0 {
     unsafe fn lanes_vnni<D: Dp>(w: __m256i, a: &VnniQ8_0) -> __m256i {
         D::dpbusd(a.bias, w, a.qs)
     }
+    #[cfg(test)]
     const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 2 * m + (k & 1) + 16 * (k >> 1);
+    #[inline(always)]
+    unsafe fn act_lanes(q: __m256i) -> __m256i {
+        q8_0_vnni_order(q)
+    }
     #[inline(always)]
     unsafe fn signed_quants(wb: &[u8]) -> __m256i {
         q8_0_vnni_order(load32(wb[2..34].as_ptr()))
