@@ -531,12 +531,13 @@ unsafe fn pairs_tokens<K: Block32, S: PairSrc, const P: usize>(
     let mut acc = [L::zero(); P];
     let mut summ = [L::zero(); P];
     let mut pf = Spread::new(ahead.len().div_ceil(64), nb);
+    let l1 = !K::PAIR_PREFETCH_L2 || pair_prefetch_l1();
     for (b, ab) in ga[..nb].iter().enumerate() {
         let lines = pf.next();
         for l in lines {
             // SAFETY: line `l` starts inside `ahead` (`Spread` covers `⌈len / 64⌉`
-            // lines); a prefetch reads nothing.
-            _mm_prefetch::<_MM_HINT_T0>(ahead.as_ptr().add(64 * l) as *const i8);
+            // lines).
+            prefetch_line(ahead.as_ptr().add(64 * l), l1);
         }
         let st = (!K::UNSIGNED_QUANTS).then(|| &gs[b]);
         let ad = L::load(ab.d.as_ptr());
@@ -785,12 +786,43 @@ impl Spread {
     }
 }
 
-/// Every cache line of `p`, prefetched into the first-level cache.
+/// Every cache line of `p`, prefetched into the first-level cache (the 16-token groups'
+/// next chunk: on a Zen 4 into L2 instead was no faster for them, unlike the pair tiles,
+/// [`pair_prefetch_l1`]).
 #[inline(always)]
 fn prefetch(p: &[u8]) {
     for off in (0..p.len()).step_by(64) {
-        // SAFETY: `off < p.len()`; a prefetch reads nothing.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(off) as *const i8) };
+        // SAFETY: `off < p.len()`.
+        unsafe { prefetch_line(p.as_ptr().add(off), true) };
+    }
+}
+
+/// Whether the 8-token pair tiles prefetch the next chunk's weights into the
+/// first-level cache (`prefetcht0`) for the types that ask for the second
+/// ([`Block32::PAIR_PREFETCH_L2`]: Q8_0, raw or in row pairs): on AMD's Zen 5 and later,
+/// where the tiles were tuned, yes; elsewhere they go to L2 (`prefetcht1`). On a Zen 4
+/// the `prefetcht0`s stalled the Q8_0 pair tiles (`perf` put the samples on them: the
+/// core's L1 miss buffers full) and the weights came no sooner: 8-token products of
+/// Gemma 3's head (Q8_0 in row pairs, 262,144 × 640, 2 threads, weights streamed) took
+/// 8.0–10.4 ms with `prefetcht0` and 5.6–7.5 ms with `prefetcht1`, alternating; Q4_1's
+/// were slower with `prefetcht1` (`batch_bench`, docs/performance.md, "Why it is
+/// fast").
+#[inline]
+fn pair_prefetch_l1() -> bool {
+    crate::cpu::amd_zen5_or_later()
+}
+
+/// Prefetches the cache line at `p` into L1 when `l1`, else into L2. A hint only: it
+/// never faults and reads nothing into the program.
+///
+/// # Safety
+/// None beyond the call (any address); `unsafe` only as the intrinsic is.
+#[inline(always)]
+unsafe fn prefetch_line(p: *const u8, l1: bool) {
+    if l1 {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+    } else {
+        _mm_prefetch::<_MM_HINT_T1>(p as *const i8);
     }
 }
 

@@ -365,6 +365,9 @@ pub(super) trait Block32 {
     /// # Safety
     /// AVX2 and F16C (the caller has them enabled); `wb` is one whole weight block.
     unsafe fn signed_quants(wb: &[u8]) -> __m256i;
+    /// Whether the 8-token pair tiles prefetch this type's next chunk of weights into L2
+    /// rather than L1 where L1 is not the tuned choice (`transposed::pair_prefetch_l1`).
+    const PAIR_PREFETCH_L2: bool = false;
     /// Whether [`Block32::signed_quants`] are all in `[0, 127]` (Q4_1's and Q5_1's
     /// `w = q`, no offset), so that they can be the unsigned operand of `vpdpbusd`.
     const UNSIGNED_QUANTS: bool = false;

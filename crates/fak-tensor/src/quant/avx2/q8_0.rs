@@ -77,6 +77,7 @@ impl Block32 for Q8_0 {
     }
     #[cfg(test)]
     const LANE_ELEMENT: fn(usize, usize) -> usize = |m, k| 2 * m + (k & 1) + 16 * (k >> 1);
+    const PAIR_PREFETCH_L2: bool = true;
     #[inline(always)]
     unsafe fn act_lanes(q: __m256i) -> __m256i {
         q8_0_vnni_order(q)
