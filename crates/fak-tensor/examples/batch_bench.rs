@@ -1,6 +1,8 @@
 //! Quantized products of a few activation rows (a batched decode step's shapes): µs per
 //! product and per row for 1 to 16 rows, per weight type, on 1 and 2 threads, the
-//! weights streamed from memory (cycled copies of at least 64 MiB) as in decode.
+//! weights streamed from memory (cycled copies of at least 64 MiB) as in decode. Then
+//! the shape of Gemma 3's head (Q8_0 repacked in row pairs, 262,144 × 640, 178 MB, on 2
+//! threads): ms per product, the weights' GB/s and the multiply-adds' rate.
 //!
 //! Run: `cargo run --release -p fak-tensor --example batch_bench [repeats]`
 
@@ -81,5 +83,53 @@ fn main() {
                 );
             }
         }
+    }
+    head(repeats.min(21), &mut next);
+}
+
+/// Gemma 3's head shape (262,144 rows × 640, Q8_0 in row pairs as the model repacks it at
+/// load) for 1, 8 and 16 tokens on 2 threads: one copy of 178 MB, read from memory each
+/// time (it outgrows every cache).
+fn head(repeats: usize, next: &mut impl FnMut() -> u64) {
+    let (rows, cols) = (262_144usize, 640usize);
+    let bytes = rows * cols / 32 * 34;
+    let mut raw: Vec<u8> = (0..bytes).map(|_| (next() >> 8) as u8).collect();
+    for b in raw.chunks_exact_mut(34) {
+        (b[0], b[1]) = (0x00, 0x3c);
+    }
+    let w = quant::repack_q8_0_r2(&raw, rows, cols).unwrap();
+    drop(raw);
+    println!("Q8_0 in row pairs, {rows} x {cols}, 2 threads (median of {repeats})");
+    println!("tokens  ms/product  weight GB/s  GMAC/s");
+    for n in [1usize, 8, 16] {
+        let acts: Vec<_> = (0..n)
+            .map(|_| {
+                let x: Vec<f32> = (0..cols)
+                    .map(|_| (next() >> 40) as f32 / 8388608.0 - 1.0)
+                    .collect();
+                quant::quantize_activation(QType::Q8_0, &x).unwrap()
+            })
+            .collect();
+        let mut out = vec![0f32; n * rows];
+        let th = Threads::new(2);
+        let mut times = Vec::with_capacity(repeats);
+        for i in 0..repeats + 1 {
+            let t = Instant::now();
+            if n == 1 {
+                quant::matvec_threads(QType::Q8_0R2, &w, &acts[0], &mut out, th).unwrap();
+            } else {
+                quant::matmul_threads(QType::Q8_0R2, &w, &acts, &mut out, th).unwrap();
+            }
+            if i > 0 {
+                times.push(t.elapsed().as_secs_f64() * 1e3);
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let ms = times[times.len() / 2];
+        println!(
+            "{n:>6} {ms:>11.2} {:>12.1} {:>7.1}",
+            bytes as f64 / ms / 1e6,
+            (rows * cols * n) as f64 / ms / 1e6
+        );
     }
 }
