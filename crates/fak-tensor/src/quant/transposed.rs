@@ -341,6 +341,19 @@ impl Acts {
     }
 }
 
+/// `n` values of `T` whose bytes are all zero, written with one fill.
+///
+/// # Safety
+/// All-zero bytes must be a valid `T` (plain arrays of integers and floats).
+unsafe fn zeroed<T>(n: usize) -> Vec<T> {
+    let mut v = Vec::with_capacity(n);
+    // SAFETY: the capacity holds `n` values; all-zero bytes are a valid `T` (the
+    // caller's contract), so after the fill the first `n` are initialized.
+    std::ptr::write_bytes(v.as_mut_ptr(), 0, n);
+    v.set_len(n);
+    v
+}
+
 /// The token rows `a` (`nb` blocks each) in groups of `TOKENS / C` tokens, each token
 /// in `C` consecutive lanes (1: lane `t`; 2: lanes `2t` and `2t + 1`), the last group
 /// padded with dummy tokens (scales `0.0`, quants `0`) whose results are never stored.
@@ -358,21 +371,19 @@ where
     K::Act: ActBlock,
 {
     let per = TOKENS / C;
-    let groups = a.len().div_ceil(per);
-    // Every block is built whole in a register-sized local and moved in: no vector of
-    // zeros written first and then over (that fill and its per-element calls were most
-    // of this function's time in an 8-stream decode step).
-    let mut blocks = Vec::with_capacity(groups * nb);
-    let mut starts = Vec::with_capacity(if K::UNSIGNED_QUANTS { 0 } else { groups * nb });
+    let n = a.len().div_ceil(per) * nb;
+    // Zeros in one fill (the padding lanes keep them), then every token's values
+    // written in place. (Filled block by block, `vec![zero; n]` cost a call per block;
+    // built in a local and moved in, the move's wide loads waited on the narrow stores
+    // before them.)
+    // SAFETY (both): `ABlock` and `AStart` are arrays of bytes, `f32`s and `i32`s, for
+    // which all-zero bytes are valid values.
+    let mut blocks = zeroed::<ABlock>(n);
+    let mut starts = zeroed::<AStart>(if K::UNSIGNED_QUANTS { 0 } else { n });
     let bias = _mm256_set1_epi8(-128);
-    for rows in a.chunks(per) {
+    for (g, rows) in a.chunks(per).enumerate() {
         for b in 0..nb {
-            let mut ab = ABlock {
-                aq: [[[0; 4]; TOKENS]; 8],
-                d: [0.0; TOKENS],
-                s: [0.0; TOKENS],
-            };
-            let mut st = AStart([0; TOKENS]);
+            let ab = &mut blocks[g * nb + b];
             for (t, row) in rows.iter().enumerate() {
                 let blk = &row[b];
                 let [d, s] = blk.scales();
@@ -388,17 +399,13 @@ where
                         aq[lane] = *l;
                     }
                 }
-                if !K::UNSIGNED_QUANTS {
+                if let Some(st) = starts.get_mut(g * nb + b) {
                     // Σ q over the 32 signed bytes: the sums of `q + 128` less 32 · 128.
                     let sad = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
                     let quarters: [i64; 4] = std::mem::transmute(sad);
                     let sum = quarters.iter().sum::<i64>() as i32 - 32 * 128;
                     st.0[C * t..C * (t + 1)].fill(-128 * sum);
                 }
-            }
-            blocks.push(ab);
-            if !K::UNSIGNED_QUANTS {
-                starts.push(st);
             }
         }
     }
