@@ -88,7 +88,7 @@ fn main() {
 }
 
 /// Gemma 3's head shape (262,144 rows × 640, Q8_0 in row pairs as the model repacks it at
-/// load) for 1, 8 and 16 tokens on 2 threads: one copy of 178 MB, read from memory each
+/// load) for 1, 2, 4, 8 and 16 tokens on 2 threads: one copy of 178 MB, read from memory each
 /// time (it outgrows every cache).
 fn head(repeats: usize, next: &mut impl FnMut() -> u64) {
     let (rows, cols) = (262_144usize, 640usize);
@@ -101,7 +101,7 @@ fn head(repeats: usize, next: &mut impl FnMut() -> u64) {
     drop(raw);
     println!("Q8_0 in row pairs, {rows} x {cols}, 2 threads (median of {repeats})");
     println!("tokens  ms/product  weight GB/s  GMAC/s");
-    for n in [1usize, 8, 16] {
+    for n in [1usize, 2, 4, 8, 16] {
         let acts: Vec<_> = (0..n)
             .map(|_| {
                 let x: Vec<f32> = (0..cols)

@@ -268,9 +268,9 @@ pub(crate) struct KTiled<'a> {
 }
 
 /// [`TileActs`] of a Q8_0 matrix repacked in row pairs: the first tokens in the form of
-/// the token-transposed tiles ([`transposed::tiles_r2`]), each of the few left (all, for
-/// a product of fewer than 5) as they are, for the one-token row-pair kernel
-/// ([`avx2::rows_r2_512`]).
+/// the token-transposed tiles ([`transposed::tiles_r2`]; from 2 tokens on,
+/// [`transposed::Acts::new_r2`]), the one left after full groups (or the only one) as
+/// it is, for the one-token row-pair kernel ([`avx2::rows_r2_512`]).
 #[cfg(target_arch = "x86_64")]
 pub(crate) struct R2Tiled<'a> {
     tt: Option<transposed::Acts>,
@@ -327,7 +327,7 @@ impl<'a> TileActs<'a> {
                     }
                     // SAFETY: `Zmm` is available (`at_most` gives only what was
                     // detected): AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI.
-                    let tt = unsafe { transposed::Acts::new::<avx2::Q8_0>(&a) };
+                    let tt = unsafe { transposed::Acts::new_r2(&a) };
                     let t0 = tt.as_ref().map_or(0, |t| t.tokens());
                     let rest = a[t0..].to_vec();
                     Some(TileActs::R2(R2Tiled { tt, rest }))

@@ -86,6 +86,13 @@ const MIN_8: usize = 3;
 /// at a time).
 const MIN_TOKENS: usize = 5;
 
+/// [`MIN_TOKENS`] and [`MIN_8`] for a matrix repacked in row pairs (the vocabulary
+/// matrix, [`Acts::new_r2`]): nothing to prepare, and the one-token kernel streams the
+/// matrix from memory once per token. `batch_bench`'s head shape (Gemma 3's, 262,144 ×
+/// 640, 2 threads, a Zen 4): one token at a time, 2 tokens 7.3–7.6 ms and 4 tokens
+/// 12.2–13.8, where a padded 8-token group takes what 8 tokens do, 5.6–6.0.
+const MIN_TOKENS_R2: usize = 2;
+
 /// The registers of a tile of `T` lanes: `Lanes<16>` the 512-bit `zmm` registers (the
 /// only width the tiles use now; the trait keeps the kernels' steps named once, and
 /// [`super::transposed_k`] shares them).
@@ -311,14 +318,43 @@ impl Acts {
     where
         K::Act: ActBlock,
     {
+        Self::with_minimums::<K>(a, MIN_TOKENS, MIN_8)
+    }
+
+    /// [`Acts::new`] for a matrix repacked in row pairs ([`tiles_r2`]): it has no
+    /// weights to prepare, so a padded 8-token group pays from 2 tokens on (and 2 or
+    /// more left after the full groups go in one more), where the one-token kernel reads
+    /// the matrix once per token ([`MIN_TOKENS_R2`]).
+    ///
+    /// # Safety
+    /// AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub(super) unsafe fn new_r2(a: &[&[<super::avx2::Q8_0 as Block32>::Act]]) -> Option<Self> {
+        Self::with_minimums::<super::avx2::Q8_0>(a, MIN_TOKENS_R2, MIN_TOKENS_R2)
+    }
+
+    /// [`Acts::new`] with `min_tokens` in place of [`MIN_TOKENS`] and `min_8` in place of
+    /// [`MIN_8`].
+    ///
+    /// # Safety
+    /// AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    unsafe fn with_minimums<K: Block32>(
+        a: &[&[K::Act]],
+        min_tokens: usize,
+        min_8: usize,
+    ) -> Option<Self>
+    where
+        K::Act: ActBlock,
+    {
         let nb = a.first()?.len();
-        if a.len() < MIN_TOKENS || a.iter().any(|r| r.len() != nb) {
+        if a.len() < min_tokens || a.iter().any(|r| r.len() != nb) {
             return None;
         }
         let n16 = a.len() / TOKENS * TOKENS;
         let rest = a.len() - n16;
         let tail = rest % TOKENS_8;
-        let tokens = n16 + rest - if tail >= MIN_8 { 0 } else { tail };
+        let tokens = n16 + rest - if tail >= min_8 { 0 } else { tail };
         if tokens == 0 {
             return None;
         }
