@@ -49,7 +49,7 @@ fn main() {
             }
         }
         for threads in [1usize, 2] {
-            for n in [1usize, 2, 4, 8, 16] {
+            for n in [1usize, 2, 3, 4, 8, 16] {
                 let acts: Vec<_> = (0..n)
                     .map(|_| {
                         let x: Vec<f32> = (0..cols)

@@ -41,6 +41,16 @@ pub fn amd_zen5_or_later() -> bool {
     *ZEN5.get_or_init(|| tuned_for_amd() && family() >= 0x1A)
 }
 
+/// Whether the choices for AMD's CPU family 25 (`0x19`: Zen 3 and Zen 4; of them only
+/// Zen 4 has the AVX-512 that the kernels asking this need) apply: [`tuned_for_amd`] and
+/// [`family`] 25. Zen 4 runs a 512-bit instruction as two 256-bit halves, which moves
+/// some kernels' best thresholds. Computed once per process.
+#[inline]
+pub fn amd_family_25() -> bool {
+    static ZEN4: OnceLock<bool> = OnceLock::new();
+    *ZEN4.get_or_init(|| tuned_for_amd() && family() == 0x19)
+}
+
 /// The CPU's family as AMD and Intel number it: `cpuid` leaf 1's base family (EAX bits
 /// 8..12), plus its extended family (bits 20..28) when the base family is 15 (AMD64
 /// Architecture Programmer's Manual, Vol. 3, "CPUID Fn0000_0001_EAX"; Intel SDM Vol. 2,

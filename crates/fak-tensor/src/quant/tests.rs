@@ -752,23 +752,35 @@ fn token_transposed_tiles_give_the_reference_bits_for_1_to_31_tokens() {
             }
         }
     }
-    // The tokens the transposed tiles take: none of fewer than 5, else all but those
-    // left after the 16-token groups and the full 8-token groups when fewer than 3 (so
-    // 5 to 7, 11 to 15, 19 to 23 and 27 to 31 tokens run a padded 8-token group).
+    // The tokens the transposed tiles take: none of fewer than 5 (3 on a Zen 4), else
+    // all but those left after the 16-token groups and the full 8-token groups when
+    // fewer than 3 (so 5 to 7, 11 to 15, 19 to 23 and 27 to 31 tokens run a padded
+    // 8-token group). The vocabulary matrix in row pairs: none of 1, else all but 1 left.
+    let min = super::transposed::min_tokens();
+    assert!(
+        min == 5 || (min == 3 && crate::cpu::amd_family_25()),
+        "{min}"
+    );
     let blocks = [BlockQ8_1 {
         d: 0,
         s: 0,
         qs: [0; QK],
     }; 2];
+    let blocks0 = [BlockQ8_0 { d: 0, qs: [0; QK] }; 2];
     for n in 1..=40 {
         let a: Vec<&[BlockQ8_1]> = vec![&blocks[..]; n];
         // SAFETY: the CPU has AVX2 and F16C (this test's features).
         let tt = unsafe { super::transposed::Acts::new::<super::avx2::Q4_1>(&a) };
         let want = match n {
-            ..5 => 0,
+            _ if n < min => 0,
             _ => n - if n % 8 < 3 { n % 8 } else { 0 },
         };
         assert_eq!(tt.map_or(0, |t| t.tokens()), want, "{n} tokens");
+        let a: Vec<&[BlockQ8_0]> = vec![&blocks0[..]; n];
+        // SAFETY: as above.
+        let tt = unsafe { super::transposed::Acts::new_r2(&a) };
+        let want = n - if n % 8 < 2 { n % 8 } else { 0 };
+        assert_eq!(tt.map_or(0, |t| t.tokens()), want, "row pairs, {n} tokens");
     }
 }
 

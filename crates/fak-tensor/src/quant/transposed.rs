@@ -6,7 +6,9 @@
 //! holds two rows times eight tokens (lane `2t + h`: token `t`, row `h` of a pair), the
 //! last group padded with dummy tokens when at least [`MIN_8`] are left, so that 5 to
 //! 15 tokens and the remainders of a prefill get the transposed tiles too (products of
-//! fewer than [`MIN_TOKENS`] tokens run a token at a time instead).
+//! fewer than [`MIN_TOKENS`] tokens, [`MIN_TOKENS_ZEN4`] on a Zen 4 and
+//! [`MIN_TOKENS_R2`] for the vocabulary matrix in row pairs, run a token at a time
+//! instead).
 //!
 //! The other tiles keep a block's eight lane sums side by side in one register, so every
 //! (row, token, block) costs its own total, conversion, scale multiply and add. Here one
@@ -85,6 +87,24 @@ const MIN_8: usize = 3;
 /// more padded group (12 tokens Q4_1 114 / 63 against 128 / 69 with the last 4 a token
 /// at a time).
 const MIN_TOKENS: usize = 5;
+
+/// [`MIN_TOKENS`] on AMD's family 25 (Zen 4, [`crate::cpu::amd_family_25`]), whose
+/// one-token kernel pays more for its 512-bit instructions' two halves: there a padded
+/// pair tile was the faster from 3 tokens on (`batch_bench`'s shapes, µs per product, 1
+/// / 2 threads, one token at a time vs padded: 3 tokens Q4_1 79–82 / 46–57 vs 72–74 /
+/// 50–61, Q8_0 103–104 / 59–82 vs 83–93 / 60–80; 4 tokens Q4_1 103–105 / 53–60 vs 71–77
+/// / 49–51, Q8_0 128–135 / 67–80 vs 81–99 / 44–51).
+const MIN_TOKENS_ZEN4: usize = 3;
+
+/// The fewest tokens the transposed tiles take on this CPU ([`MIN_TOKENS`],
+/// [`MIN_TOKENS_ZEN4`]).
+pub(super) fn min_tokens() -> usize {
+    if crate::cpu::amd_family_25() {
+        MIN_TOKENS_ZEN4
+    } else {
+        MIN_TOKENS
+    }
+}
 
 /// [`MIN_TOKENS`] and [`MIN_8`] for a matrix repacked in row pairs (the vocabulary
 /// matrix, [`Acts::new_r2`]): nothing to prepare, and the one-token kernel streams the
@@ -308,7 +328,7 @@ impl Acts {
     /// The tile form, for weights of type `K`, of the first tokens of `a`'s `n` token
     /// rows: `⌊n / 16⌋ · 16` in 16-token groups, then of the `r` left, `⌊r / 8⌋ · 8` in
     /// 8-token groups, and the last `r mod 8` in one more padded 8-token group when
-    /// there are at least [`MIN_8`] of them (`None` when `n` is under [`MIN_TOKENS`],
+    /// there are at least [`MIN_8`] of them (`None` when `n` is under [`min_tokens`],
     /// when that covers no token, or when the rows differ in length).
     ///
     /// # Safety
@@ -318,7 +338,7 @@ impl Acts {
     where
         K::Act: ActBlock,
     {
-        Self::with_minimums::<K>(a, MIN_TOKENS, MIN_8)
+        Self::with_minimums::<K>(a, min_tokens(), MIN_8)
     }
 
     /// [`Acts::new`] for a matrix repacked in row pairs ([`tiles_r2`]): it has no
