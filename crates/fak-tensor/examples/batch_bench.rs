@@ -58,24 +58,11 @@ fn main() {
                         quant::quantize_activation(ty, &x).unwrap()
                     })
                     .collect();
-                let mut out = vec![0f32; n * rows];
-                let th = Threads::new(threads);
-                let mut times = Vec::with_capacity(repeats);
-                for i in 0..repeats + 1 {
+                let (th, mut out) = (Threads::new(threads), vec![0f32; n * rows]);
+                let med = median_s(repeats, |i| {
                     let c = i % copies;
-                    let wc = &w[c * bytes..(c + 1) * bytes];
-                    let t = Instant::now();
-                    if n == 1 {
-                        quant::matvec_threads(ty, wc, &acts[0], &mut out, th).unwrap();
-                    } else {
-                        quant::matmul_threads(ty, wc, &acts, &mut out, th).unwrap();
-                    }
-                    if i > 0 {
-                        times.push(t.elapsed().as_secs_f64() * 1e6);
-                    }
-                }
-                times.sort_by(f64::total_cmp);
-                let med = times[times.len() / 2];
+                    product(ty, &w[c * bytes..(c + 1) * bytes], &acts, &mut out, th)
+                }) * 1e6;
                 println!(
                     "{:<5} {threads:>7} {n:>5} {med:>11.1} {:>7.1}",
                     ty.name(),
@@ -110,26 +97,39 @@ fn head(repeats: usize, next: &mut impl FnMut() -> u64) {
                 quant::quantize_activation(QType::Q8_0, &x).unwrap()
             })
             .collect();
-        let mut out = vec![0f32; n * rows];
-        let th = Threads::new(2);
-        let mut times = Vec::with_capacity(repeats);
-        for i in 0..repeats + 1 {
-            let t = Instant::now();
-            if n == 1 {
-                quant::matvec_threads(QType::Q8_0R2, &w, &acts[0], &mut out, th).unwrap();
-            } else {
-                quant::matmul_threads(QType::Q8_0R2, &w, &acts, &mut out, th).unwrap();
-            }
-            if i > 0 {
-                times.push(t.elapsed().as_secs_f64() * 1e3);
-            }
-        }
-        times.sort_by(f64::total_cmp);
-        let ms = times[times.len() / 2];
+        let (th, mut out) = (Threads::new(2), vec![0f32; n * rows]);
+        let ms = median_s(repeats, |_| product(QType::Q8_0R2, &w, &acts, &mut out, th)) * 1e3;
         println!(
             "{n:>6} {ms:>11.2} {:>12.1} {:>7.1}",
             bytes as f64 / ms / 1e6,
             (rows * cols * n) as f64 / ms / 1e6
         );
     }
+}
+
+/// `acts` times the rows of `w` into `out` (`[tokens, rows]`): the one-token product for
+/// one token, else the multi-token one, as a decode step calls them; returns the seconds
+/// it took.
+fn product(
+    ty: QType,
+    w: &[u8],
+    acts: &[quant::QuantizedActs],
+    out: &mut [f32],
+    th: Threads,
+) -> f64 {
+    let t = Instant::now();
+    if acts.len() == 1 {
+        quant::matvec_threads(ty, w, &acts[0], out, th).unwrap();
+    } else {
+        quant::matmul_threads(ty, w, acts, out, th).unwrap();
+    }
+    t.elapsed().as_secs_f64()
+}
+
+/// The median of `repeats` timings `run(i)` (seconds) after one untimed warm-up, `i` the
+/// repeat's number (0 the warm-up).
+fn median_s(repeats: usize, mut run: impl FnMut(usize) -> f64) -> f64 {
+    let mut times: Vec<f64> = (0..repeats + 1).map(&mut run).skip(1).collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
 }
