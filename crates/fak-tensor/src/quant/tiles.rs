@@ -133,8 +133,9 @@ pub(crate) enum TileIsa {
     /// As `Vnni512`, and the 512-bit tiles: sixteen tokens per register for every block
     /// format from 16 tokens on ([`transposed`], [`transposed_k`]), and for the
     /// 32-element types eight tokens times two rows after those ([`transposed`]), the
-    /// few tokens left (or a product of fewer than 5) a token at a time through the
-    /// one-token kernel ([`row_wise_512`]; Q4_1, Q5_0, Q5_1 and Q8_0).
+    /// few tokens left (or a product of fewer than 5, 3 on a Zen 4: `transposed`'s
+    /// thresholds) a token at a time through the one-token kernel ([`row_wise_512`];
+    /// Q4_1, Q5_0, Q5_1 and Q8_0).
     Zmm,
 }
 
@@ -199,7 +200,7 @@ pub(crate) struct Tiled<'a, K: avx2::Block32> {
     /// [`TileIsa::Zmm`]: the token-transposed tiles and [`row_wise_512`] (for the types
     /// that have them).
     zmm: bool,
-    /// [`TileIsa::Zmm`] and 5 tokens or more: the tokens in the form of the
+    /// [`TileIsa::Zmm`] and 5 tokens or more (3 on a Zen 4): the tokens in the form of the
     /// token-transposed tiles ([`transposed::Acts`]: groups of 16, then of 8), all but
     /// the last few ([`transposed::Acts::tokens`]).
     tt: Option<transposed::Acts>,

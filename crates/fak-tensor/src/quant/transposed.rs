@@ -448,6 +448,7 @@ where
                 // The block's lanes once (four bytes each, in lane order), then copied
                 // to the token's lanes.
                 let mut lanes = [[0u8; 4]; 8];
+                // SAFETY: `lanes` is 32 bytes, what an unaligned 256-bit store writes.
                 _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, K::act_lanes(q));
                 for lane in C * t..C * (t + 1) {
                     (ab.d[lane], ab.s[lane]) = (d, s);
@@ -458,6 +459,7 @@ where
                 if let Some(st) = starts.get_mut(g * nb + b) {
                     // Σ q over the 32 signed bytes: the sums of `q + 128` less 32 · 128.
                     let sad = _mm256_sad_epu8(_mm256_xor_si256(q, bias), _mm256_setzero_si256());
+                    // SAFETY: `__m256i` and `[i64; 4]` are both 32 bytes of plain integers.
                     let quarters: [i64; 4] = std::mem::transmute(sad);
                     let sum = quarters.iter().sum::<i64>() as i32 - 32 * 128;
                     st.0[C * t..C * (t + 1)].fill(-128 * sum);
