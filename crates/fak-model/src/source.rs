@@ -363,7 +363,8 @@ pub struct QuantMatrix {
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
     /// The matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]; then `ty` is
-    /// [`QType::Q8_0R2`] and its bytes in the map are not read again), else `None`: the
+    /// [`QType::Q8_0R2`] or [`QType::Q4_1R16`] and its bytes in the map are not read
+    /// again), else `None`: the
     /// bytes stay in the map.
     repacked: Option<Arc<memmap2::Mmap>>,
 }
@@ -389,15 +390,24 @@ impl QuantMatrix {
     /// This matrix in the layout this CPU's kernels read fastest: on a CPU with
     /// AVX-512 VNNI ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 matrix of an even
     /// number of rows is repacked in row pairs ([`QType::Q8_0R2`],
-    /// [`fak_tensor::quant::repack_q8_0_r2`]: the same size, the same products' bits,
-    /// and its multi-token products skip preparing the weights). The file's bytes are
-    /// read with positional reads ([`GgufFile::read_tensor_data`]), not through the
-    /// map, into the buffer that then holds the repacked matrix, so it is held once.
-    /// Anything else, or a matrix whose read fails, is returned as it is.
+    /// [`fak_tensor::quant::repack_q8_0_r2`]) and a Q4_1 matrix of a multiple of 16 rows
+    /// in groups of 16 ([`QType::Q4_1R16`], [`fak_tensor::quant::repack_q4_1_r16`]):
+    /// the same size, the same products' bits, and their multi-token products skip
+    /// preparing the weights. The file's bytes are read with positional reads
+    /// ([`GgufFile::read_tensor_data`]), not through the map, into the buffer that then
+    /// holds the repacked matrix, so it is held once. Anything else, or a matrix whose
+    /// read fails, is returned as it is.
     pub fn repacked_for_cpu(mut self) -> Self {
-        let eligible = self.ty == QType::Q8_0
-            && self.repacked.is_none()
-            && self.rows.is_multiple_of(2)
+        use fak_tensor::quant::{repack_q4_1_r16_into, repack_q8_0_r2_into, R16_ROWS};
+        type Repack =
+            fn(&[u8], usize, usize, &mut [u8]) -> Result<(), fak_tensor::quant::QuantError>;
+        let (group, to, repack): (usize, QType, Repack) = match self.ty {
+            QType::Q8_0 => (2, QType::Q8_0R2, repack_q8_0_r2_into),
+            QType::Q4_1 => (R16_ROWS, QType::Q4_1R16, repack_q4_1_r16_into),
+            _ => return self,
+        };
+        let eligible = self.repacked.is_none()
+            && self.rows.is_multiple_of(group)
             && fak_tensor::quant::has_avx512_vnni();
         if !eligible {
             return self;
@@ -409,7 +419,7 @@ impl QuantMatrix {
         }
         // Read straight into the matrix's own buffer (an anonymous map: page-granular,
         // outside the heap, so nothing of the allocator's rounding or fragmentation is
-        // added to it), then each pair repacked in place from a copy of its two rows:
+        // added to it), then each group of rows repacked in place from a copy of it:
         // nothing else the matrix's size is allocated.
         let Ok(mut out) = memmap2::MmapMut::map_anon(len) else {
             return self;
@@ -418,10 +428,10 @@ impl QuantMatrix {
         if self.file.read_tensor_data(t, base, &mut out).is_err() {
             return self;
         }
-        let mut pair = vec![0u8; 2 * rb];
-        for dst in out.chunks_exact_mut(2 * rb) {
-            pair.copy_from_slice(dst);
-            if fak_tensor::quant::repack_q8_0_r2_into(&pair, 2, self.cols, dst).is_err() {
+        let mut rows = vec![0u8; group * rb];
+        for dst in out.chunks_exact_mut(group * rb) {
+            rows.copy_from_slice(dst);
+            if repack(&rows, group, self.cols, dst).is_err() {
                 return self;
             }
         }
@@ -429,8 +439,20 @@ impl QuantMatrix {
             return self;
         };
         self.repacked = Some(Arc::new(out));
-        self.ty = QType::Q8_0R2;
+        self.ty = to;
         self
+    }
+
+    /// For a matrix repacked at load, drops the process's mappings of the file's copy of
+    /// its bytes ([`GgufFile::release_mapped_pages`]): never read again, they are mapped
+    /// only when the kernel maps pages around a small tensor read through the map
+    /// (SmolLM2's 60 norm vectors between its Q4_1 matrices held ~4 MB so). Called once
+    /// the whole model is loaded. Nothing for a matrix that reads the map.
+    pub fn release_file_pages(&self) {
+        if self.repacked.is_some() {
+            self.file
+                .release_mapped_pages(&self.file.tensors()[self.tensor]);
+        }
     }
 
     /// Whether the matrix was repacked at load ([`QuantMatrix::repacked_for_cpu`]).
@@ -450,8 +472,10 @@ impl QuantMatrix {
         act: &fak_tensor::quant::QuantizedActs,
     ) -> Result<f32, fak_tensor::quant::QuantError> {
         let w = self.bytes();
-        if self.ty == QType::Q8_0R2 {
-            return fak_tensor::quant::vec_dot_row(w, f, act);
+        match self.ty {
+            QType::Q8_0R2 => return fak_tensor::quant::vec_dot_row(w, f, act),
+            QType::Q4_1R16 => return fak_tensor::quant::vec_dot_row_q4_1_r16(w, f, act),
+            _ => {}
         }
         let rb = self.row_bytes();
         let row = w.get(f * rb..(f + 1) * rb).unwrap_or(&[]);
@@ -506,6 +530,10 @@ impl QuantMatrix {
         if self.ty == QType::Q8_0R2 {
             // The file's Q8_0 values, read from the row pairs (nothing allocated).
             return fak_tensor::quant::dequantize_row_q8_0_r2(self.bytes(), rb, fr, out)
+                .map_err(|e| err(e.to_string()));
+        }
+        if self.ty == QType::Q4_1R16 {
+            return fak_tensor::quant::dequantize_row_q4_1_r16(self.bytes(), rb, fr, out)
                 .map_err(|e| err(e.to_string()));
         }
         fak_weights::dequantize(t.ggml_type, &self.bytes()[fr * rb..(fr + 1) * rb], out)

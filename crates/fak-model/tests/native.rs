@@ -309,3 +309,110 @@ fn the_repacked_embedding_gives_the_file_blocks_bits() {
         }
     }
 }
+
+/// Every Q4_1 layer matrix of the real SmolLM2 repacked in groups of 16 rows (what a
+/// native load does on a CPU with AVX-512 VNNI) gives the file's blocks' bits: its
+/// products for 1, 3, 8 and 20 tokens of real activations on 1 and 2 threads, single
+/// rows, and dequantized rows. Without AVX-512 VNNI nothing is repacked, and the test
+/// says so and checks that.
+#[fak_testkit::real_model]
+fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
+    use fak_tensor::quant::{self, QType};
+    let (src, cfg) = fak_model::WeightSource::open(&smollm2_path()).unwrap();
+    let (h, q, kv, f) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    // Real activations: embedding rows of a prompt's tokens, each tiled to the width.
+    let embed = src
+        .quantized("model.embed_tokens.weight", [cfg.vocab_size, h], &cfg)
+        .unwrap()
+        .unwrap();
+    let rows: Vec<Vec<f32>> = PROMPT
+        .iter()
+        .cycle()
+        .take(20)
+        .map(|&t| {
+            let mut e = vec![0f32; h];
+            embed.dequantize_row(t as usize, &mut e).unwrap();
+            e
+        })
+        .collect();
+    let mut repacked = 0;
+    for l in 0..cfg.num_hidden_layers {
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", [q, h]),
+            ("self_attn.k_proj.weight", [kv, h]),
+            ("self_attn.v_proj.weight", [kv, h]),
+            ("self_attn.o_proj.weight", [h, q]),
+            ("mlp.gate_proj.weight", [f, h]),
+            ("mlp.up_proj.weight", [f, h]),
+            ("mlp.down_proj.weight", [h, f]),
+        ] {
+            let full = format!("model.layers.{l}.{name}");
+            let file = src.quantized(&full, shape, &cfg).unwrap().unwrap();
+            assert_eq!(file.ty, QType::Q4_1, "{full}");
+            let packed = file.clone().repacked_for_cpu();
+            if !quant::has_avx512_vnni() {
+                assert!(!packed.is_repacked() && packed.ty == QType::Q4_1);
+                continue;
+            }
+            assert!(
+                packed.is_repacked() && packed.ty == QType::Q4_1R16,
+                "{full}"
+            );
+            assert_eq!(packed.bytes().len(), file.bytes().len());
+            repacked += 1;
+            let [m, cols] = shape;
+            let acts: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    let x: Vec<f32> = r.iter().cycle().take(cols).copied().collect();
+                    quant::quantize_activation(QType::Q4_1, &x).unwrap()
+                })
+                .collect();
+            for threads in [1, 2] {
+                let th = Threads::new(threads);
+                for n in [1usize, 3, 8, 20] {
+                    let mut want = vec![0f32; n * m];
+                    let mut got = vec![f32::NAN; n * m];
+                    quant::matmul_threads(QType::Q4_1, file.bytes(), &acts[..n], &mut want, th)
+                        .unwrap();
+                    quant::matmul_threads(packed.ty, packed.bytes(), &acts[..n], &mut got, th)
+                        .unwrap();
+                    assert!(
+                        same_bits(&want, &got),
+                        "{full}: {n} tokens, {threads} threads"
+                    );
+                }
+                let mut want = vec![0f32; m];
+                let mut got = vec![f32::NAN; m];
+                quant::matvec_threads(QType::Q4_1, file.bytes(), &acts[0], &mut want, th).unwrap();
+                quant::matvec_threads(packed.ty, packed.bytes(), &acts[0], &mut got, th).unwrap();
+                assert!(
+                    same_bits(&want, &got),
+                    "{full}: one token, {threads} threads"
+                );
+                for r in (0..m).step_by(37) {
+                    assert_eq!(
+                        packed.dot_row(r, &acts[0]).unwrap().to_bits(),
+                        want[r].to_bits()
+                    );
+                }
+            }
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in (0..m).step_by(61) {
+                file.dequantize_row(r, &mut a).unwrap();
+                packed.dequantize_row(r, &mut b).unwrap();
+                assert!(same_bits(&a, &b), "{full}: row {r}");
+            }
+        }
+    }
+    if !quant::has_avx512_vnni() {
+        println!("no AVX-512 VNNI: the matrices stay as the file has them");
+    } else {
+        assert_eq!(repacked, 7 * cfg.num_hidden_layers);
+    }
+}

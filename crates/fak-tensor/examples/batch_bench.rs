@@ -24,8 +24,15 @@ fn main() {
             .wrapping_add(1442695040888963407);
         seed >> 16
     };
-    println!("type  threads  rows  µs/product  µs/row  (median of {repeats})");
-    for ty in [QType::Q4_1, QType::Q8_0, QType::Q4K, QType::Q6K] {
+    println!("type     threads  rows  µs/product  µs/row  (median of {repeats})");
+    // Q4_1_R16: the Q4_1 matrix as the model repacks it at load with AVX-512 VNNI.
+    for ty in [
+        QType::Q4_1,
+        QType::Q4_1R16,
+        QType::Q8_0,
+        QType::Q4K,
+        QType::Q6K,
+    ] {
         let (rows, cols) = if ty.block_elems() == 256 {
             (576, 1536)
         } else {
@@ -43,9 +50,15 @@ fn main() {
             };
             b[at] = 0x00;
             b[at + 1] = 0x3c;
-            if matches!(ty, QType::Q4_1) {
+            if matches!(ty, QType::Q4_1 | QType::Q4_1R16) {
                 b[2] = 0x00;
                 b[3] = 0x3c;
+            }
+        }
+        if ty == QType::Q4_1R16 {
+            for c in w.chunks_exact_mut(bytes) {
+                let raw = c.to_vec();
+                quant::repack_q4_1_r16_into(&raw, rows, cols, c).unwrap();
             }
         }
         for threads in [1usize, 2] {
@@ -64,7 +77,7 @@ fn main() {
                     product(ty, &w[c * bytes..(c + 1) * bytes], &acts, &mut out, th)
                 }) * 1e6;
                 println!(
-                    "{:<5} {threads:>7} {n:>5} {med:>11.1} {:>7.1}",
+                    "{:<8} {threads:>7} {n:>5} {med:>11.1} {:>7.1}",
                     ty.name(),
                     med / n as f64
                 );

@@ -591,6 +591,36 @@ impl GgufFile {
         range.and_then(|r| bytes.get(r)).unwrap_or(&[])
     }
 
+    /// Drops the process's mappings of `t`'s data pages (`MADV_DONTNEED` on a mapped
+    /// file; nothing for a file held in memory): for a tensor whose data a caller read
+    /// with [`GgufFile::read_tensor_data`] and keeps its own copy of, the pages the
+    /// kernel mapped anyway (fault-around when a neighbouring small tensor was read
+    /// through the map) leave the resident set. A later read through the map sees the
+    /// same bytes (the file's, faulted in again). Errors of `madvise` are ignored: the
+    /// pages then stay mapped, which costs memory, never correctness.
+    pub fn release_mapped_pages(&self, t: &TensorInfo) {
+        #[cfg(unix)]
+        if let Backing::Mmap(map, ..) = &self.backing {
+            let data = self.tensor_data(t);
+            if data.is_empty() {
+                return;
+            }
+            let off = data.as_ptr() as usize - map.as_ptr() as usize;
+            // SAFETY: the map is a read-only shared mapping of a file that is treated as
+            // immutable while open (`open`'s contract): `MADV_DONTNEED` only removes the
+            // page-table entries, and any later read of these bytes, through a borrow
+            // that outlives this call or a new one, faults the file's same bytes back
+            // in. No byte any borrow can observe changes. The range is inside the map
+            // (`tensor_data` is a slice of it; `madvise` widens it to page bounds, which
+            // only unmaps neighbouring pages the same way).
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, data.len())
+            };
+        }
+        #[cfg(not(unix))]
+        let _ = t;
+    }
+
     /// Copies bytes `at..at + buf.len()` of `t`'s data into `buf`, read from the file
     /// (positional reads) rather than through the memory map when the file is mapped, so
     /// the pages read do not join the process's resident set (a caller that keeps its

@@ -51,9 +51,9 @@ impl Model {
         let (h, v) = (c.hidden_size, c.vocab_size);
         // The vocabulary matrices (the embedding, tied or not, and the head) in the layout
         // the CPU's kernels read fastest: the head is the largest product of a step,
-        // and a batched step's head reads it once for all sequences. The layers' matrices
-        // stay in the map: repacked too, they held a few MB more at peak (measured, a
-        // Q8_0 SmolLM2: 221.3 MB against 216.3), more than llama.cpp's 218.5.
+        // and a batched step's head reads it once for all sequences. The layers' Q4_1
+        // matrices are repacked too (`Weight::repacked_layer_for_cpu`), their Q8_0 ones
+        // stay in the map.
         let embed_tokens =
             load_matrix(src, c, mode, "model.embed_tokens.weight", [v, h])?.repacked_for_cpu();
         // The family's per-layer tensor list gives every shape loaded, and the
@@ -125,6 +125,18 @@ impl Model {
             )),
             None => None,
         };
+        // The file's copies of the repacked matrices, mapped around the small tensors
+        // read through the map since, leave the resident set.
+        for w in layers
+            .iter()
+            .flat_map(|l| l.matrices())
+            .chain([&embed_tokens])
+            .chain(lm_head.as_ref())
+        {
+            if let Weight::Quant(q) = w {
+                q.release_file_pages();
+            }
+        }
         Ok(Model {
             config,
             embed_tokens,
@@ -199,7 +211,7 @@ fn load_layer(
     // tensor stays in the map.
     let matrix = |s: &str| match *shape(s)? {
         [rows, cols] => match c.family.spec().fused(s, c) {
-            None => load_matrix(src, c, mode, &p(s), [rows, cols]),
+            None => Ok(load_matrix(src, c, mode, &p(s), [rows, cols])?.repacked_layer_for_cpu()),
             Some((stored, first, total)) => {
                 load_matrix(src, c, mode, &p(stored), [total, cols])?.row_range(first, rows, cols)
             }

@@ -127,7 +127,8 @@ impl Model {
     /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32 and
     /// F16 matrices read from the map are not here: see [`Model::mapped_f32_matrices`]
     /// and [`Model::mapped_f16_matrices`]. A matrix repacked at load is counted under
-    /// the file's type (a Q8_0 vocabulary matrix in row pairs holds Q8_0 blocks:
+    /// the file's type (a Q8_0 vocabulary matrix in row pairs holds Q8_0 blocks, a Q4_1
+    /// matrix in groups of 16 rows Q4_1 blocks:
     /// [`QuantMatrix::repacked_for_cpu`](crate::QuantMatrix::repacked_for_cpu)), so the
     /// list is the file's whatever the CPU.
     pub fn quantized_types(&self) -> Vec<(&'static str, usize)> {
@@ -135,6 +136,7 @@ impl Model {
         for q in self.held().filter_map(Weight::quant) {
             let ty = match q.ty {
                 fak_tensor::quant::QType::Q8_0R2 => fak_tensor::quant::QType::Q8_0,
+                fak_tensor::quant::QType::Q4_1R16 => fak_tensor::quant::QType::Q4_1,
                 ty => ty,
             };
             *counts.entry(ty.name()).or_default() += 1;

@@ -101,6 +101,10 @@ fn dot_any(ty: QType, w: &[u8], act: &QuantizedActs, simd: bool) -> Result<f32, 
         (QType::Q8_0R2, A::Q8_0(_), _) => Err(QuantError::MatrixShape {
             detail: "Q8_0_R2 rows are interleaved in pairs: no single-row product".into(),
         }),
+        // Nor is a 16-row group's (`q4_1_r16::vec_dot_row_q4_1_r16`).
+        (QType::Q4_1R16, A::Q8_1(_), _) => Err(QuantError::MatrixShape {
+            detail: "Q4_1_R16 rows are interleaved in groups of 16: no single-row product".into(),
+        }),
         _ => Err(QuantError::ActKind {
             ty,
             got: act.kind(),
@@ -145,9 +149,12 @@ pub(crate) fn check_matvec(
     rows: usize,
 ) -> Result<usize, QuantError> {
     let rb = row_bytes(ty, act)?;
-    if ty == QType::Q8_0R2 && !rows.is_multiple_of(2) {
+    if !rows.is_multiple_of(ty.row_group()) {
         return Err(QuantError::MatrixShape {
-            detail: format!("{ty}: {rows} rows, not whole row pairs"),
+            detail: format!(
+                "{ty}: {rows} rows, not whole groups of {} rows",
+                ty.row_group()
+            ),
         });
     }
     if rb.checked_mul(rows) != Some(w.len()) {
@@ -226,6 +233,17 @@ pub(crate) fn matvec_isa(
             return Ok(());
         }
         return super::q8_0_r2::matvec_ref(w, act, out, simd);
+    }
+    if ty == QType::Q4_1R16 {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, true, QuantizedActs::Q8_1(a)) = (simd && has_avx2_f16c(), zmm, act) {
+            // SAFETY: AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI were detected
+            // (`zmm` implies the AVX-512 set: `has_avx512_vnni`); `check_matvec` checked
+            // `w` is `out.len()` (a multiple of 16) rows of `rb = 20 · a.len()` bytes.
+            unsafe { avx2::rows_r16_512(w, rb, &[&a[..]], &mut [out]) };
+            return Ok(());
+        }
+        return super::q4_1_r16::matvec_ref(w, act, out, simd);
     }
     #[cfg(target_arch = "x86_64")]
     if simd && has_avx2_f16c() {

@@ -26,11 +26,13 @@
 //! dequantizer only). Around them: `f16.rs`
 //! (conversions), `unpack.rs` (the unpacking the references share), `q8_0_r2.rs`
 //! (Q8_0 repacked at load in row pairs, [`QType::Q8_0R2`]: its layout, the repacking,
-//! a row back in the file's form), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
+//! a row back in the file's form), `q4_1_r16.rs` (Q4_1 repacked at load in groups of 16
+//! rows, [`QType::Q4_1R16`], likewise), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
 //! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
 //! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
 //! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
-//! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`),
+//! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`, the repacked
+//! layouts' kernels in `avx2/q8_0_r2.rs` and `avx2/q4_1_r16.rs`),
 //! `transposed.rs` and `transposed_k.rs`. Which kernels this CPU runs is detected in
 //! [`crate::cpu`] ([`has_avx2_f16c`], [`has_avx_vnni`], [`has_avx512_vnni`], re-exported
 //! here).
@@ -60,7 +62,9 @@
 //! (row, token) pairs in one register and pay one conversion, multiply and add per
 //! block for all of them (`transposed.rs`), and the one-token kernels total several
 //! rows' lane sums in one register for one conversion, multiply and add
-//! (`avx2/rows.rs`, `avx2/q8_0_r2.rs`).
+//! (`avx2/rows.rs`, `avx2/q8_0_r2.rs`); the 16-row groups hold a block's sums of 16 rows
+//! for one token in one register, for one conversion, multiply and add
+//! (`avx2/q4_1_r16.rs`).
 //!
 //! The K types (Q4_K, Q5_K, Q6_K), whose 256-element super-blocks carry sub-block
 //! scales:
@@ -135,6 +139,7 @@ mod q2_k;
 mod q3_k;
 mod q4_0;
 mod q4_1;
+mod q4_1_r16;
 mod q4_k;
 mod q5_0;
 mod q5_1;
@@ -144,6 +149,7 @@ mod q8_0;
 mod q8_0_r2;
 mod q8_1;
 mod q8_k;
+mod repacked;
 mod threads;
 mod tiles;
 #[cfg(target_arch = "x86_64")]
@@ -164,6 +170,10 @@ pub use q2_k::{dequantize_q2_k, BlockQ2K};
 pub use q3_k::{dequantize_q3_k, BlockQ3K};
 pub use q4_0::{dequantize_q4_0, vec_dot_q4_0_q8_0, vec_dot_q4_0_q8_0_ref, BlockQ4_0};
 pub use q4_1::{dequantize_q4_1, vec_dot_q4_1_q8_1, vec_dot_q4_1_q8_1_ref, BlockQ4_1};
+pub use q4_1_r16::{
+    dequantize_row_q4_1_r16, repack_q4_1_r16, repack_q4_1_r16_into, row_to_q4_1,
+    vec_dot_row_q4_1_r16, R16_BLOCK, R16_ROWS,
+};
 pub use q4_k::{dequantize_q4_k, vec_dot_q4_k_q8_k, vec_dot_q4_k_q8_k_ref, BlockQ4K};
 pub use q5_0::{dequantize_q5_0, vec_dot_q5_0_q8_0, vec_dot_q5_0_q8_0_ref, BlockQ5_0};
 pub use q5_1::{dequantize_q5_1, vec_dot_q5_1_q8_1, vec_dot_q5_1_q8_1_ref, BlockQ5_1};
@@ -230,6 +240,10 @@ pub enum QType {
     /// in `q8_0_r2.rs`): 34 bytes per block of 32 as Q8_0, the same products' bits, an
     /// even number of rows. Not in [`QType::ALL`].
     Q8_0R2,
+    /// Q4_1 repacked at load in groups of 16 rows (not a GGUF type;
+    /// [`repack_q4_1_r16`], layout in `q4_1_r16.rs`): 20 bytes per block of 32 as Q4_1,
+    /// the same products' bits, a multiple of 16 rows. Not in [`QType::ALL`].
+    Q4_1R16,
 }
 
 /// Which activation block type a weight type pairs with.
@@ -268,7 +282,7 @@ impl QType {
     pub fn block_bytes(self) -> usize {
         match self {
             QType::Q4_0 => 18,
-            QType::Q4_1 => 20,
+            QType::Q4_1 | QType::Q4_1R16 => 20,
             QType::Q5_0 => 22,
             QType::Q5_1 => 24,
             QType::Q8_0 | QType::Q8_0R2 => 34,
@@ -282,8 +296,19 @@ impl QType {
     pub fn act_kind(self) -> ActKind {
         match self {
             QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => ActKind::Q8_0,
-            QType::Q4_1 | QType::Q5_1 => ActKind::Q8_1,
+            QType::Q4_1 | QType::Q5_1 | QType::Q4_1R16 => ActKind::Q8_1,
             QType::Q4K | QType::Q5K | QType::Q6K => ActKind::Q8K,
+        }
+    }
+
+    /// The rows a matrix of this type is stored in groups of, so that its row ranges
+    /// (a thread's share, a chunk) start at multiples of it: 2 for [`QType::Q8_0R2`],
+    /// 16 for [`QType::Q4_1R16`], else 1.
+    pub fn row_group(self) -> usize {
+        match self {
+            QType::Q8_0R2 => 2,
+            QType::Q4_1R16 => R16_ROWS,
+            _ => 1,
         }
     }
 
@@ -299,6 +324,7 @@ impl QType {
             QType::Q5K => "Q5_K",
             QType::Q6K => "Q6_K",
             QType::Q8_0R2 => "Q8_0_R2",
+            QType::Q4_1R16 => "Q4_1_R16",
         }
     }
 }

@@ -24,9 +24,7 @@
 //! scales. The scalar path ([`matvec_ref`]) unpacks each row back to its Q8_0 bytes
 //! ([`row_to_q8_0`]) and runs the Q8_0 kernel on it.
 
-use super::{
-    check_matvec, dequantize_q8_0, vec_dot, BlockQ8_0, QType, QuantError, QuantizedActs, QK,
-};
+use super::{dequantize_q8_0, BlockQ8_0, QType, QuantError, QuantizedActs, QK};
 
 /// Bytes of one repacked block: two rows' Q8_0 blocks (2 × 34).
 pub const R2_BLOCK: usize = 68;
@@ -171,30 +169,23 @@ pub fn dequantize_row_q8_0_r2(
     r: usize,
     out: &mut [f32],
 ) -> Result<(), QuantError> {
-    if out.len() != rb / Q8_0_BLOCK * QK {
-        return Err(QuantError::MatrixShape {
-            detail: format!(
-                "row {r} of a Q8_0 row-pair matrix in rows of {rb} bytes into {} values",
-                out.len()
-            ),
-        });
-    }
-    for (b, o) in row_blocks(w, rb, r)?.zip(out.chunks_exact_mut(QK)) {
-        dequantize_q8_0(std::slice::from_ref(&b), o);
-    }
-    Ok(())
+    super::repacked::dequantize_row(
+        QType::Q8_0,
+        (rb, r),
+        row_blocks(w, rb, r),
+        dequantize_q8_0,
+        out,
+    )
 }
 
-/// Row `r` of the [`QType::Q8_0R2`] matrix `w` times `act`: [`vec_dot`] of the row's
-/// Q8_0 blocks ([`row_to_q8_0`]), the bits every product over `w` gives for that row.
+/// Row `r` of the [`QType::Q8_0R2`] matrix `w` times `act`: [`vec_dot`](super::vec_dot)
+/// of the row's Q8_0 blocks ([`row_to_q8_0`]), the bits every product over `w` gives for that
+/// row.
 ///
 /// # Errors
-/// As [`row_to_q8_0`] and [`vec_dot`].
+/// As [`row_to_q8_0`] and [`vec_dot`](super::vec_dot).
 pub fn vec_dot_row(w: &[u8], r: usize, act: &QuantizedActs) -> Result<f32, QuantError> {
-    let rb = act.blocks() * Q8_0_BLOCK;
-    let mut row = Vec::with_capacity(rb);
-    row_to_q8_0(w, rb, r, &mut row)?;
-    vec_dot(QType::Q8_0, &row, act)
+    super::repacked::vec_dot_row(QType::Q8_0, row_to_q8_0, w, r, act)
 }
 
 /// The product over a [`QType::Q8_0R2`] matrix row by row through the Q8_0 kernel
@@ -209,15 +200,6 @@ pub(super) fn matvec_ref(
     out: &mut [f32],
     simd: bool,
 ) -> Result<(), QuantError> {
-    let rb = check_matvec(QType::Q8_0R2, w, act, out.len())?;
-    let mut row = Vec::with_capacity(rb);
-    for (r, o) in out.iter_mut().enumerate() {
-        row_to_q8_0(w, rb, r, &mut row)?;
-        *o = if simd {
-            vec_dot(QType::Q8_0, &row, act)?
-        } else {
-            super::vec_dot_ref(QType::Q8_0, &row, act)?
-        };
-    }
-    Ok(())
+    let types = (QType::Q8_0R2, QType::Q8_0);
+    super::repacked::matvec_ref(types, row_to_q8_0, w, act, out, simd)
 }

@@ -42,7 +42,7 @@ fn weights(r: &mut Rng, ty: QType, n: usize, extreme: bool) -> Vec<u8> {
     let mut w: Vec<u8> = (0..n * bb).map(|_| r.byte()).collect();
     let f16_fields: &[usize] = match ty {
         QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => &[0],
-        QType::Q4_1 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
+        QType::Q4_1 | QType::Q4_1R16 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
         QType::Q6K => &[208],
     };
     for b in w.chunks_exact_mut(bb) {
@@ -799,7 +799,7 @@ fn pooled_matvec_in_ranges_is_bit_identical() {
         let mut want = vec![0f32; rows];
         matvec_ref(ty, &w, &a, &mut want).unwrap();
         for pool in &mut pools {
-            let per = super::matvec_range_rows(rows, pool.threads());
+            let per = super::matvec_range_rows(rows, pool.threads(), ty.row_group());
             assert!(
                 per.is_multiple_of(4) && per * pool.threads() >= rows && !rows.is_multiple_of(per)
             );
@@ -1168,6 +1168,58 @@ fn q8_0_vnni_is_exact_on_extreme_quants() {
     }
 }
 
+/// The products over a matrix repacked at load (`packed`: its type and bytes, `rows`
+/// rows) against the same products over the file's blocks (`file`): for the first 3 of
+/// `xs`, one token (the fast kernel, and the scalar path) and every single row through
+/// `dot_row`; then the first `n` of `xs` for each `n` in `ns` on 1 to 3 threads. All
+/// must be the file's bits.
+fn repacked_products_agree(
+    (file_ty, w): (QType, &[u8]),
+    (ty, packed): (QType, &[u8]),
+    rows: usize,
+    xs: &[QuantizedActs],
+    ns: &[usize],
+    dot_row: fn(&[u8], usize, &QuantizedActs) -> Result<f32, QuantError>,
+) {
+    let want: Vec<Vec<f32>> = xs
+        .iter()
+        .map(|a| {
+            let mut o = vec![0f32; rows];
+            matvec_ref(file_ty, w, a, &mut o).unwrap();
+            o
+        })
+        .collect();
+    let eq =
+        |g: &[f32], w: &[f32]| g.len() == w.len() && g.iter().zip(w).all(|(&g, &w)| same(g, w));
+    for (a, want) in xs.iter().zip(&want).take(3) {
+        let mut got = vec![f32::NAN; rows];
+        matvec(ty, packed, a, &mut got).unwrap();
+        assert!(
+            eq(&got, want),
+            "{ty} one token, {rows} rows: {got:?} vs {want:?}"
+        );
+        let mut got = vec![f32::NAN; rows];
+        matvec_ref(ty, packed, a, &mut got).unwrap();
+        assert!(eq(&got, want), "{ty} scalar, {rows} rows");
+        for (i, w) in want.iter().enumerate() {
+            assert!(same(dot_row(packed, i, a).unwrap(), *w), "{ty} row {i}");
+        }
+    }
+    for &n in ns {
+        for threads in 1..=3 {
+            let mut got = vec![f32::NAN; n * rows];
+            matmul_threads(ty, packed, &xs[..n], &mut got, crate::Threads::new(threads)).unwrap();
+            for (t, want) in want.iter().take(n).enumerate() {
+                let g = &got[t * rows..(t + 1) * rows];
+                assert!(
+                    eq(g, want),
+                    "{ty}: {n} tokens, token {t}, {threads} threads, {rows} rows"
+                );
+            }
+        }
+    }
+}
+
 /// A Q8_0 matrix repacked in row pairs gives the file's Q8_0 bits on every path: its
 /// rows unpacked are the file's bytes; one token (the row-pair kernel, and the scalar
 /// path), a single row (`vec_dot_row`), and 1 to 40 tokens on 1 to 3 threads (the
@@ -1215,47 +1267,14 @@ fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
         let xs: Vec<QuantizedActs> = (0..40)
             .map(|_| acts(&mut r, QType::Q8_0, nb, extreme))
             .collect();
-        let want: Vec<Vec<f32>> = xs
-            .iter()
-            .map(|a| {
-                let mut o = vec![0f32; rows];
-                matvec_ref(QType::Q8_0, &w, a, &mut o).unwrap();
-                o
-            })
-            .collect();
-        let eq =
-            |g: &[f32], w: &[f32]| g.len() == w.len() && g.iter().zip(w).all(|(&g, &w)| same(g, w));
-        for (a, want) in xs.iter().zip(&want).take(3) {
-            let mut got = vec![f32::NAN; rows];
-            matvec(QType::Q8_0R2, &r2, a, &mut got).unwrap();
-            assert!(eq(&got, want), "one token {rows}x{nb}: {got:?} vs {want:?}");
-            let mut got = vec![f32::NAN; rows];
-            matvec_ref(QType::Q8_0R2, &r2, a, &mut got).unwrap();
-            assert!(eq(&got, want), "scalar {rows}x{nb}");
-            for (i, w) in want.iter().enumerate() {
-                assert!(same(vec_dot_row(&r2, i, a).unwrap(), *w), "row {i}");
-            }
-        }
-        for n in [1usize, 2, 3, 4, 5, 7, 8, 11, 16, 19, 33, 40] {
-            for threads in 1..=3 {
-                let mut got = vec![f32::NAN; n * rows];
-                matmul_threads(
-                    QType::Q8_0R2,
-                    &r2,
-                    &xs[..n],
-                    &mut got,
-                    crate::Threads::new(threads),
-                )
-                .unwrap();
-                for (t, want) in want.iter().take(n).enumerate() {
-                    let g = &got[t * rows..(t + 1) * rows];
-                    assert!(
-                        eq(g, want),
-                        "{n} tokens, token {t}, {threads} threads, {rows}x{nb}"
-                    );
-                }
-            }
-        }
+        repacked_products_agree(
+            (QType::Q8_0, &w),
+            (QType::Q8_0R2, &r2),
+            rows,
+            &xs,
+            &[1, 2, 3, 4, 5, 7, 8, 11, 16, 19, 33, 40],
+            vec_dot_row,
+        );
     }
     // Refused: odd rows, a length that is not whole rows, and a single-row product.
     let w = weights(&mut r, QType::Q8_0, 3, false);
@@ -1269,6 +1288,73 @@ fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
     assert!(row_to_q8_0(&w[..68], 34, 2, &mut row).is_err());
     assert!(dequantize_row_q8_0_r2(&w[..68], 34, 2, &mut [0f32; 32]).is_err());
     assert!(dequantize_row_q8_0_r2(&w[..68], 34, 1, &mut [0f32; 31]).is_err());
+}
+
+/// A Q4_1 matrix repacked in groups of 16 rows gives the file's Q4_1 bits on every
+/// path: its rows unpacked are the file's bytes and dequantize to the file's values; one
+/// token (the 16-row kernel, and the scalar path), a single row
+/// (`vec_dot_row_q4_1_r16`), and 1 to 40 tokens on 1 to 3 threads (passes of 8, 4, 2
+/// and 1 tokens, rows in chunks, rows of up to and past the stacked scales) equal the
+/// Q4_1 products over the file's blocks; extreme scales and minimums, and shapes
+/// refused.
+#[test]
+fn q4_1_row_groups_give_the_q4_1_bits_on_every_path() {
+    let mut r = Rng(73);
+    for (rows, nb, extreme) in [
+        (16, 1, false),
+        (32, 3, true),
+        (48, 18, false),
+        (96, 48, true),
+        (16, 300, false),
+        (784, 2, true),
+    ] {
+        let w = weights(&mut r, QType::Q4_1, rows * nb, extreme);
+        let rb = 20 * nb;
+        let r16 = repack_q4_1_r16(&w, rows, 32 * nb).unwrap();
+        assert_eq!(r16.len(), w.len());
+        let mut row = Vec::new();
+        for i in 0..rows {
+            row_to_q4_1(&r16, rb, i, &mut row).unwrap();
+            assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
+            let blocks: Vec<BlockQ4_1> = row
+                .chunks_exact(20)
+                .map(|c| BlockQ4_1 {
+                    d: [c[0], c[1]],
+                    m: [c[2], c[3]],
+                    qs: std::array::from_fn(|j| c[4 + j]),
+                })
+                .collect();
+            let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
+            dequantize_q4_1(&blocks, &mut want);
+            dequantize_row_q4_1_r16(&r16, rb, i, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
+        }
+        let xs: Vec<QuantizedActs> = (0..40)
+            .map(|_| acts(&mut r, QType::Q4_1, nb, extreme))
+            .collect();
+        repacked_products_agree(
+            (QType::Q4_1, &w),
+            (QType::Q4_1R16, &r16),
+            rows,
+            &xs,
+            &[1, 2, 3, 4, 5, 6, 7, 8, 11, 14, 16, 19, 33, 40],
+            vec_dot_row_q4_1_r16,
+        );
+    }
+    // Refused: rows not a multiple of 16, a length that is not whole rows, and a
+    // single-row product.
+    let w = weights(&mut r, QType::Q4_1, 24, false);
+    assert!(repack_q4_1_r16(&w, 24, 32).is_err());
+    assert!(repack_q4_1_r16(&w[..300], 16, 32).is_err());
+    let a = acts(&mut r, QType::Q4_1, 1, false);
+    let mut out = [0f32; 24];
+    assert!(matvec(QType::Q4_1R16, &w, &a, &mut out).is_err());
+    assert!(vec_dot(QType::Q4_1R16, &w[..20], &a).is_err());
+    let mut row = Vec::new();
+    assert!(row_to_q4_1(&w[..320], 20, 16, &mut row).is_err());
+    assert!(dequantize_row_q4_1_r16(&w[..320], 20, 16, &mut [0f32; 32]).is_err());
+    assert!(dequantize_row_q4_1_r16(&w[..320], 20, 1, &mut [0f32; 31]).is_err());
 }
 
 // ------------------------------------------------------------------ paths covered

@@ -7,16 +7,28 @@ use super::tiles::{TileActs, TileIsa};
 use super::{check_matvec, matvec, matvec_with, QType, QuantError, QuantizedActs};
 
 /// Output rows per chunk of a pooled multi-token product: a multiple of 4 (the
-/// row-group kernel's width) covering about `chunk_bytes` of weights
-/// ([`MATMUL_CHUNK_BYTES`]), so that a product is split into several chunks and a slow
-/// thread holds up little.
-fn chunk_rows(row_bytes: usize, chunk_bytes: usize) -> usize {
-    (chunk_bytes / row_bytes.max(1)).div_ceil(4).max(1) * 4
+/// row-group kernel's width) and of the type's [`QType::row_group`], covering about
+/// `chunk_bytes` of weights ([`MATMUL_CHUNK_BYTES`]), so that a product is split into
+/// several chunks and a slow thread holds up little.
+fn chunk_rows(row_bytes: usize, chunk_bytes: usize, group: usize) -> usize {
+    let step = row_step(group);
+    (chunk_bytes / row_bytes.max(1)).div_ceil(step).max(1) * step
+}
+
+/// The least common multiple of 4 (the row-group kernel's width) and `group` (a type's
+/// [`QType::row_group`]): what a thread's or a chunk's rows are a multiple of.
+fn row_step(group: usize) -> usize {
+    let (mut a, mut b) = (4usize, group.max(1));
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    4 / a * group.max(1)
 }
 
 /// Output rows per range of a pooled matrix-vector product (decode) split among
 /// `parts` threads: one contiguous range per thread, a multiple of 4 rows (the
-/// row-group kernel's width), the last range the shortest.
+/// row-group kernel's width) and of the type's [`QType::row_group`] (`group`), the last
+/// range the shortest.
 ///
 /// One long range per thread, rather than many small chunks claimed in turn, because a
 /// one-token product is bound by streaming its weights from memory: each chunk is a
@@ -26,8 +38,9 @@ fn chunk_rows(row_bytes: usize, chunk_bytes: usize) -> usize {
 /// thread was faster on every model file measured (docs/performance.md, "Why it is
 /// fast"). The claims still hand a range to whichever thread is free, so a late thread
 /// delays a product by at most one range.
-pub(crate) fn matvec_range_rows(rows: usize, parts: usize) -> usize {
-    rows.div_ceil(parts.max(1)).div_ceil(4).max(1) * 4
+pub(crate) fn matvec_range_rows(rows: usize, parts: usize, group: usize) -> usize {
+    let step = row_step(group);
+    rows.div_ceil(parts.max(1)).div_ceil(step).max(1) * step
 }
 
 /// Weight bytes per chunk of a pooled multi-token product (prefill). Each chunk's
@@ -172,7 +185,7 @@ fn chunked(
     let mut total = 0;
     for (p, slot) in products.iter_mut().zip(slots.iter_mut()) {
         let rows = p.out.len();
-        let per = matvec_range_rows(rows, parts);
+        let per = matvec_range_rows(rows, parts, p.ty.row_group());
         let ranges = rows.div_ceil(per);
         total += ranges;
         *slot = Some((p.ty, p.w, p.act, Disjoint::new(&mut *p.out), per, ranges));
@@ -304,8 +317,8 @@ pub fn matmul_threads_into(
         return matmul_rows(ty, w, rb, acts, tile.as_ref(), out);
     };
     let per = match n {
-        ..=FEW_TOKENS => matvec_range_rows(rows, parts),
-        _ => chunk_rows(rb, MATMUL_CHUNK_BYTES),
+        ..=FEW_TOKENS => matvec_range_rows(rows, parts, ty.row_group()),
+        _ => chunk_rows(rb, MATMUL_CHUNK_BYTES, ty.row_group()),
     };
     let chunks = rows.div_ceil(per);
     // slots[c][t]: chunk c's rows of token t's output. Past `FEW_TOKENS` tokens the

@@ -180,6 +180,10 @@ pub(crate) enum TileActs<'a> {
     /// Q8_0 repacked in row pairs ([`QType::Q8_0R2`]; [`TileIsa::Zmm`] only).
     #[cfg(target_arch = "x86_64")]
     R2(R2Tiled<'a>),
+    /// Q4_1 repacked in groups of 16 rows ([`QType::Q4_1R16`]; [`TileIsa::Zmm`] only):
+    /// the tokens' blocks as they are, read by [`avx2::rows_r16_512`].
+    #[cfg(target_arch = "x86_64")]
+    R16(Vec<&'a [BlockQ8_1]>),
     /// (No tiles elsewhere.)
     #[cfg(not(target_arch = "x86_64"))]
     #[allow(dead_code)]
@@ -333,6 +337,10 @@ impl<'a> TileActs<'a> {
                     let rest = a[t0..].to_vec();
                     Some(TileActs::R2(R2Tiled { tt, rest }))
                 }
+                QType::Q4_1R16 => {
+                    let a = q8_1s(acts)?;
+                    (isa == TileIsa::Zmm).then_some(TileActs::R16(a))
+                }
                 QType::Q4K | QType::Q5K | QType::Q6K => {
                     let a: Vec<&[BlockQ8K]> = acts
                         .iter()
@@ -363,13 +371,14 @@ impl<'a> TileActs<'a> {
     ///
     /// # Safety
     /// Every token is `rb / K::BYTES` blocks (`K` the held type); `w.len()` is a
-    /// multiple of `rb` (of `2 · rb`, whole row pairs, for [`QType::Q8_0R2`]: its kernels
-    /// assert it); `out` holds one slice of `w.len() / rb` outputs per token.
+    /// multiple of `rb` (of `2 · rb`, whole row pairs, for [`QType::Q8_0R2`], of `16 ·
+    /// rb` for [`QType::Q4_1R16`]: their kernels assert it); `out` holds one slice of
+    /// `w.len() / rb` outputs per token.
     pub(crate) unsafe fn run(&self, w: &[u8], rb: usize, out: &mut [&mut [f32]]) {
         // SAFETY of the calls: a `TileActs` exists only when AVX2 and F16C were detected
         // (AVX-VNNI when it holds the VNNI form and not `wide`, AVX-512F/BW/DQ/VL and
-        // AVX512-VNNI when `wide` or `zmm`, and for `R2`, which is made only with
-        // `TileIsa::Zmm`); the shapes are this function's contract.
+        // AVX512-VNNI when `wide` or `zmm`, and for `R2` and `R16`, which are made only
+        // with `TileIsa::Zmm`); the shapes are this function's contract.
         match self {
             #[cfg(target_arch = "x86_64")]
             TileActs::Q4_0(t) => {
@@ -420,6 +429,8 @@ impl<'a> TileActs<'a> {
                     }
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            TileActs::R16(a) => avx2::rows_r16_512(w, rb, a, out),
             #[cfg(not(target_arch = "x86_64"))]
             TileActs::Never(never, _) => match *never {},
         }

@@ -74,6 +74,7 @@ macro_rules! tile512_plain {
 mod k_tokens;
 mod q4_0;
 mod q4_1;
+mod q4_1_r16;
 mod q4_k;
 mod q5_0;
 mod q5_1;
@@ -88,6 +89,7 @@ mod rows;
 pub(super) use k_tokens::{k_tokens, k_tokens_wide, KQuant};
 pub(super) use q4_0::{dot_q4_0_q8_0, Q4_0};
 pub(super) use q4_1::{dot_q4_1_q8_1, Q4_1};
+pub(super) use q4_1_r16::rows_r16_512;
 pub(super) use q4_k::{dot_q4_k_q8_k, unpack_k45};
 pub(super) use q5_0::{dot_q5_0_q8_0, Q5_0};
 pub(super) use q5_1::{dot_q5_1_q8_1, Q5_1};
