@@ -38,6 +38,11 @@ pub struct ForwardTrace {
 /// does.
 const KEEP_SCRATCH_ROWS: usize = 64;
 
+/// The fewest rows (a batched decode step's tokens) whose per-row work outside the
+/// products (quantizing a product's input, the gated activation) is split between the
+/// threads, one part each; from 16 rows it is split in a few parts per thread.
+pub(super) const FEW_ROWS_SPLIT: usize = 4;
+
 /// One sequence of a batched pass ([`Model::forward_batch`]): its new tokens, its own
 /// KV cache, and the logits it wants.
 pub struct BatchSeq<'a> {
@@ -105,11 +110,14 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
     let n = gate.len() / ff.max(1);
     // Tokens per chunk: a few chunks per thread, so a late thread holds up little.
     const MIN_TOKENS: usize = 8;
-    if n < 2 * MIN_TOKENS || th.get() <= 1 {
+    if n < FEW_ROWS_SPLIT || th.get() <= 1 {
         apply(gate, up);
         return;
     }
-    let per = n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS) * ff;
+    let per = match n < 2 * MIN_TOKENS {
+        true => n.div_ceil(th.get()),
+        false => n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS),
+    } * ff;
     let parts: Vec<std::sync::Mutex<&mut [f32]>> =
         gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
     parallel_chunks(parts.len(), th, &|i| {
