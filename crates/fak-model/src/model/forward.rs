@@ -41,7 +41,19 @@ const KEEP_SCRATCH_ROWS: usize = 64;
 /// The fewest rows (a batched decode step's tokens) whose per-row work outside the
 /// products (quantizing a product's input, the gated activation) is split between the
 /// threads, one part each; from 16 rows it is split in a few parts per thread.
-pub(super) const FEW_ROWS_SPLIT: usize = 4;
+const FEW_ROWS_SPLIT: usize = 4;
+
+/// Rows per part when `n` rows of per-row work are split between `th` threads: `None`
+/// (one part, on the calling thread) under [`FEW_ROWS_SPLIT`] rows or on one thread;
+/// one part per thread under 16 rows; from 16, four parts per thread of at least
+/// `min_rows` rows each, so a late thread holds up little.
+pub(super) fn rows_per_part(n: usize, th: Threads, min_rows: usize) -> Option<usize> {
+    match n {
+        _ if n < FEW_ROWS_SPLIT || th.get() <= 1 => None,
+        ..16 => Some(n.div_ceil(th.get())),
+        _ => Some(n.div_ceil(th.get().saturating_mul(4)).max(min_rows)),
+    }
+}
 
 /// One sequence of a batched pass ([`Model::forward_batch`]): its new tokens, its own
 /// KV cache, and the logits it wants.
@@ -108,16 +120,12 @@ fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th
         Activation::GeluTanh => fak_tensor::tanh::gelu_tanh_mul_in_place(g, u),
     };
     let n = gate.len() / ff.max(1);
-    // Tokens per chunk: a few chunks per thread, so a late thread holds up little.
-    const MIN_TOKENS: usize = 8;
-    if n < FEW_ROWS_SPLIT || th.get() <= 1 {
+    // Tokens per chunk: from 16, a few chunks per thread of at least 8 tokens.
+    let Some(per) = rows_per_part(n, th, 8) else {
         apply(gate, up);
         return;
-    }
-    let per = match n < 2 * MIN_TOKENS {
-        true => n.div_ceil(th.get()),
-        false => n.div_ceil(th.get().saturating_mul(4)).max(MIN_TOKENS),
-    } * ff;
+    };
+    let per = per * ff;
     let parts: Vec<std::sync::Mutex<&mut [f32]>> =
         gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
     parallel_chunks(parts.len(), th, &|i| {

@@ -125,19 +125,7 @@ impl Model {
             )),
             None => None,
         };
-        // The file's copies of the repacked matrices, mapped around the small tensors
-        // read through the map since, leave the resident set.
-        for w in layers
-            .iter()
-            .flat_map(|l| l.matrices())
-            .chain([&embed_tokens])
-            .chain(lm_head.as_ref())
-        {
-            if let Weight::Quant(q) = w {
-                q.release_file_pages();
-            }
-        }
-        Ok(Model {
+        let model = Model {
             config,
             embed_tokens,
             layers,
@@ -150,7 +138,13 @@ impl Model {
             mode,
             profile: OpProfile::default(),
             read_rope: Default::default(),
-        })
+        };
+        // The file's copies of the repacked matrices, mapped around the small tensors
+        // read through the map since, leave the resident set.
+        for q in model.held().filter_map(Weight::quant) {
+            q.release_file_pages();
+        }
+        Ok(model)
     }
 }
 

@@ -99,11 +99,7 @@ impl<'a> SharedActs<'a> {
         // Each row on its own (a pure function of the row), so splitting the rows
         // between threads changes no bit.
         let (x, cols) = (self.x, self.cols);
-        if self.n >= super::forward::FEW_ROWS_SPLIT && self.th.get() > 1 {
-            let per = match self.n < 16 {
-                true => self.n.div_ceil(self.th.get()),
-                false => self.n.div_ceil(self.th.get().saturating_mul(4)).max(1),
-            };
+        if let Some(per) = super::forward::rows_per_part(self.n, self.th, 1) {
             let error = std::sync::Mutex::new(None);
             let rows = Disjoint::new(&mut acts[..]);
             parallel_chunks(self.n.div_ceil(per), self.th, &|c| {

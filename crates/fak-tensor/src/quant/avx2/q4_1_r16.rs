@@ -18,14 +18,12 @@
 //! cache), so the first loop's registers hold only the sums; the result is `acc + summ`.
 //! So every result is the bits of the Q4_1 kernels on the file's blocks.
 
-use crate::quant::BlockQ8_1;
+use super::h2f;
+use crate::quant::{BlockQ8_1, R16_BLOCK as BLOCK, R16_ROWS as ROWS};
 use std::arch::x86_64::*;
 
-/// Rows per group: the `i32` lanes of a `zmm` register.
-const ROWS: usize = 16;
-
-/// Bytes of a group's block (`quant::R16_BLOCK`).
-const BLOCK: usize = 320;
+// A group's rows are the `i32` lanes of a `zmm` register.
+const _: () = assert!(ROWS == 16);
 
 /// The most tokens that share one pass over the weights: their accumulators and
 /// integer sums (16 registers), the unpacked runs and scales fit the 32 vector
@@ -85,8 +83,7 @@ pub(in crate::quant) unsafe fn rows_r16_512(
     for (t, blocks) in a.iter().enumerate() {
         let (d, s) = scales[2 * nb * t..2 * nb * (t + 1)].split_at_mut(nb);
         for ((d, s), b) in d.iter_mut().zip(s.iter_mut()).zip(blocks.iter()) {
-            *d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.d as i32)));
-            *s = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(b.s as i32)));
+            (*d, *s) = (h2f(b.d), h2f(b.s));
         }
     }
     let scales = &*scales;
