@@ -676,6 +676,14 @@ impl KvStore for KvCache {
     fn append_positions(&mut self, pos: &[u32]) {
         self.pos.extend_from_slice(pos);
     }
+    fn prefetch_append(&self, layer: usize, rows: usize) {
+        let units = rows * self.ty.units_per_row(self.kv_dim);
+        self.k_raw[layer].prefetch_append(units);
+        if !self.ty.rotates_at_read() {
+            self.k[layer].prefetch_append(units);
+        }
+        self.v[layer].prefetch_append(units);
+    }
     fn append_layer(&mut self, layer: usize, k_raw: &[f32], k: &[f32], v: &[f32]) {
         self.k_raw[layer].push_f32(k_raw);
         if !self.ty.rotates_at_read() {

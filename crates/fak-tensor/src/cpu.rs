@@ -245,3 +245,29 @@ mod tests {
         assert_eq!(super::family(), kernel);
     }
 }
+
+/// Asks for the cache lines of `bytes` bytes from `start` to be brought into the core's
+/// cache for writing (`prefetchw`), ahead of stores to them. A hint only: it never
+/// faults, reads nothing into the program and changes no value, so any address is
+/// harmless (one not yet backed by a page is simply not fetched). On CPUs that lack
+/// the instruction it decodes as a no-op; elsewhere than x86_64 it does nothing.
+///
+/// Stores to lines not in the cache each wait for the line to be read first, and a run
+/// of them (a KV cache row appended to memory last touched a step earlier) goes at
+/// about one line per memory latency; fetched a little ahead, they overlap.
+#[inline]
+pub fn prefetch_for_write(start: *const u8, bytes: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_ET0};
+        let mut b = 0;
+        while b < bytes {
+            // SAFETY: `prefetchw` never faults and never reads into the program,
+            // whatever the address (formed with wrapping arithmetic, never dereferenced).
+            unsafe { _mm_prefetch::<_MM_HINT_ET0>(start.wrapping_add(b) as *const i8) };
+            b += 64;
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (start, bytes);
+}

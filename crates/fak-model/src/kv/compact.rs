@@ -164,6 +164,25 @@ impl RowBuf {
         self.run().units()
     }
 
+    /// Hints that `units` more units are about to be appended ([`RowBuf::push_f32`]):
+    /// the lines of the reserved memory they will go to are fetched for writing
+    /// ([`fak_tensor::cpu::prefetch_for_write`]). Nothing when they do not fit in the
+    /// reserved capacity (the push will move the buffer). Changes no value.
+    pub fn prefetch_append(&self, units: usize) {
+        fn ahead<T>(v: &Vec<T>, units: usize) {
+            if v.capacity() - v.len() >= units {
+                let end = v.as_ptr().wrapping_add(v.len()) as *const u8;
+                // One line more: the rows need not start on a line boundary.
+                fak_tensor::cpu::prefetch_for_write(end, units * std::mem::size_of::<T>() + 64);
+            }
+        }
+        match self {
+            RowBuf::F32(v) => ahead(v, units),
+            RowBuf::F16(v) => ahead(v, units),
+            RowBuf::Q8_0(v) => ahead(v, units),
+        }
+    }
+
     /// Appends whole rows given as `f32` values, rounded to the buffer's type.
     ///
     /// # Panics

@@ -52,6 +52,12 @@ pub trait KvStore {
     /// Appends layer `layer`'s rows for the new tokens: `k_raw` (pre-RoPE), `k`
     /// (post-RoPE) and `v`, each `[n_new, kv_dim]`.
     fn append_layer(&mut self, layer: usize, k_raw: &[f32], k: &[f32], v: &[f32]);
+    /// Hints that `rows` entries of layer `layer` are about to be appended
+    /// ([`KvStore::append_layer`]), so a store can fetch the memory they go to for
+    /// writing meanwhile. A hint only: nothing stored changes. Default: nothing.
+    fn prefetch_append(&self, layer: usize, rows: usize) {
+        let _ = (layer, rows);
+    }
     /// All K rows (post-RoPE) of `layer`, `[len, kv_dim]`, as one or more runs.
     fn keys(&self, layer: usize) -> KvRows<'_>;
     /// All V rows of `layer`, `[len, kv_dim]`, as one or more runs.
