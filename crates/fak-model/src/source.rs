@@ -363,7 +363,8 @@ pub struct QuantMatrix {
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
     /// The matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]; then `ty` is
-    /// [`QType::Q8_0R2`] or [`QType::Q4_1R16`] and its bytes in the map are not read
+    /// [`QType::Q8_0R16`], [`QType::Q8_0R2`] or [`QType::Q4_1R16`] and its bytes in the
+    /// map are not read
     /// again), else `None`: the
     /// bytes stay in the map.
     repacked: Option<Arc<memmap2::Mmap>>,
@@ -388,20 +389,26 @@ impl QuantMatrix {
     }
 
     /// This matrix in the layout this CPU's kernels read fastest: on a CPU with
-    /// AVX-512 VNNI ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 matrix of an even
-    /// number of rows is repacked in row pairs ([`QType::Q8_0R2`],
-    /// [`fak_tensor::quant::repack_q8_0_r2`]) and a Q4_1 matrix of a multiple of 16 rows
-    /// in groups of 16 ([`QType::Q4_1R16`], [`fak_tensor::quant::repack_q4_1_r16`]):
+    /// AVX-512 VNNI ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 or Q4_1 matrix of
+    /// a multiple of 16 rows is repacked in groups of 16 ([`QType::Q8_0R16`],
+    /// [`fak_tensor::quant::repack_q8_0_r16`]; [`QType::Q4_1R16`],
+    /// [`fak_tensor::quant::repack_q4_1_r16`]) and another Q8_0 matrix of an even number
+    /// of rows in row pairs ([`QType::Q8_0R2`], [`fak_tensor::quant::repack_q8_0_r2`]):
     /// the same size, the same products' bits, and their multi-token products skip
     /// preparing the weights. The file's bytes are read with positional reads
     /// ([`GgufFile::read_tensor_data`]), not through the map, into the buffer that then
     /// holds the repacked matrix, so it is held once. Anything else, or a matrix whose
     /// read fails, is returned as it is.
     pub fn repacked_for_cpu(mut self) -> Self {
-        use fak_tensor::quant::{repack_q4_1_r16_into, repack_q8_0_r2_into, R16_ROWS};
+        use fak_tensor::quant::{
+            repack_q4_1_r16_into, repack_q8_0_r16_into, repack_q8_0_r2_into, R16_ROWS,
+        };
         type Repack =
             fn(&[u8], usize, usize, &mut [u8]) -> Result<(), fak_tensor::quant::QuantError>;
         let (group, to, repack): (usize, QType, Repack) = match self.ty {
+            QType::Q8_0 if self.rows.is_multiple_of(R16_ROWS) => {
+                (R16_ROWS, QType::Q8_0R16, repack_q8_0_r16_into)
+            }
             QType::Q8_0 => (2, QType::Q8_0R2, repack_q8_0_r2_into),
             QType::Q4_1 => (R16_ROWS, QType::Q4_1R16, repack_q4_1_r16_into),
             _ => return self,
@@ -475,6 +482,7 @@ impl QuantMatrix {
         match self.ty {
             QType::Q8_0R2 => return fak_tensor::quant::vec_dot_row(w, f, act),
             QType::Q4_1R16 => return fak_tensor::quant::vec_dot_row_q4_1_r16(w, f, act),
+            QType::Q8_0R16 => return fak_tensor::quant::vec_dot_row_q8_0_r16(w, f, act),
             _ => {}
         }
         let rb = self.row_bytes();
@@ -534,6 +542,10 @@ impl QuantMatrix {
         }
         if self.ty == QType::Q4_1R16 {
             return fak_tensor::quant::dequantize_row_q4_1_r16(self.bytes(), rb, fr, out)
+                .map_err(|e| err(e.to_string()));
+        }
+        if self.ty == QType::Q8_0R16 {
+            return fak_tensor::quant::dequantize_row_q8_0_r16(self.bytes(), rb, fr, out)
                 .map_err(|e| err(e.to_string()));
         }
         fak_weights::dequantize(t.ggml_type, &self.bytes()[fr * rb..(fr + 1) * rb], out)

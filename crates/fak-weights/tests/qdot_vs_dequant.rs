@@ -50,8 +50,9 @@ fn ggml(ty: QType) -> GgmlType {
         QType::Q4_1 | QType::Q4_1R16 => GgmlType::Q4_1,
         QType::Q5_0 => GgmlType::Q5_0,
         QType::Q5_1 => GgmlType::Q5_1,
-        // Row pairs hold Q8_0 blocks (their own test: fak-tensor's quant tests).
-        QType::Q8_0 | QType::Q8_0R2 => GgmlType::Q8_0,
+        // Row pairs and row groups hold Q8_0 blocks (their own tests: fak-tensor's quant
+        // tests).
+        QType::Q8_0 | QType::Q8_0R2 | QType::Q8_0R16 => GgmlType::Q8_0,
         QType::Q4K => GgmlType::Q4_K,
         QType::Q5K => GgmlType::Q5_K,
         QType::Q6K => GgmlType::Q6_K,
@@ -69,7 +70,7 @@ fn weight_rows(r: &mut Rng, ty: QType, rows: usize, cols: usize) -> Vec<u8> {
     let n = rows * cols / ty.block_elems();
     let mut w: Vec<u8> = (0..n * bb).map(|_| (r.next() >> 8) as u8).collect();
     let fields: &[usize] = match ty {
-        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => &[0],
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 | QType::Q8_0R16 => &[0],
         QType::Q4_1 | QType::Q4_1R16 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
         QType::Q6K => &[208],
     };

@@ -135,7 +135,9 @@ impl Model {
         let mut counts: std::collections::BTreeMap<&'static str, usize> = Default::default();
         for q in self.held().filter_map(Weight::quant) {
             let ty = match q.ty {
-                fak_tensor::quant::QType::Q8_0R2 => fak_tensor::quant::QType::Q8_0,
+                fak_tensor::quant::QType::Q8_0R2 | fak_tensor::quant::QType::Q8_0R16 => {
+                    fak_tensor::quant::QType::Q8_0
+                }
                 fak_tensor::quant::QType::Q4_1R16 => fak_tensor::quant::QType::Q4_1,
                 ty => ty,
             };

@@ -105,6 +105,9 @@ fn dot_any(ty: QType, w: &[u8], act: &QuantizedActs, simd: bool) -> Result<f32, 
         (QType::Q4_1R16, A::Q8_1(_), _) => Err(QuantError::MatrixShape {
             detail: "Q4_1_R16 rows are interleaved in groups of 16: no single-row product".into(),
         }),
+        (QType::Q8_0R16, A::Q8_0(_), _) => Err(QuantError::MatrixShape {
+            detail: "Q8_0_R16 rows are interleaved in groups of 16: no single-row product".into(),
+        }),
         _ => Err(QuantError::ActKind {
             ty,
             got: act.kind(),
@@ -244,6 +247,17 @@ pub(crate) fn matvec_isa(
             return Ok(());
         }
         return super::q4_1_r16::matvec_ref(w, act, out, simd);
+    }
+    if ty == QType::Q8_0R16 {
+        #[cfg(target_arch = "x86_64")]
+        if let (true, true, QuantizedActs::Q8_0(a)) = (simd && has_avx2_f16c(), zmm, act) {
+            // SAFETY: AVX2, F16C, AVX-512F/BW/DQ/VL and AVX512-VNNI were detected
+            // (`zmm` implies the AVX-512 set: `has_avx512_vnni`); `check_matvec` checked
+            // `w` is `out.len()` (a multiple of 16) rows of `rb = 34 · a.len()` bytes.
+            unsafe { avx2::rows_r16_q8_0_512(w, rb, &[&a[..]], &mut [out]) };
+            return Ok(());
+        }
+        return super::q8_0_r16::matvec_ref(w, act, out, simd);
     }
     #[cfg(target_arch = "x86_64")]
     if simd && has_avx2_f16c() {

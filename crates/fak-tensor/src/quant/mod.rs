@@ -26,13 +26,14 @@
 //! dequantizer only). Around them: `f16.rs`
 //! (conversions), `unpack.rs` (the unpacking the references share), `q8_0_r2.rs`
 //! (Q8_0 repacked at load in row pairs, [`QType::Q8_0R2`]: its layout, the repacking,
-//! a row back in the file's form), `q4_1_r16.rs` (Q4_1 repacked at load in groups of 16
-//! rows, [`QType::Q4_1R16`], likewise), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
+//! a row back in the file's form), `q4_1_r16.rs` and `q8_0_r16.rs` (Q4_1 and Q8_0
+//! repacked at load in groups of 16 rows, [`QType::Q4_1R16`] and [`QType::Q8_0R16`],
+//! likewise), `repacked.rs` (what the repacked layouts share), `dispatch.rs` (the type-generic entry points), `threads.rs` (products on the thread pool), `tiles.rs`
 //! (the x86 drivers: row groups and multi-token tiles), and the x86 kernels: `avx2/` (what the AVX2 kernels share in `avx2/mod.rs`, then one
 //! file per block format, `avx2/q4_0.rs` … `avx2/q6_k.rs` and the activation
 //! quantizers' `avx2/q8_0.rs`, `avx2/q8_1.rs`, `avx2/q8_k.rs`; the generic row kernels
 //! in `avx2/rows.rs`, the many-token K-quant driver in `avx2/k_tokens.rs`, the repacked
-//! layouts' kernels in `avx2/q8_0_r2.rs` and `avx2/q4_1_r16.rs`),
+//! layouts' kernels in `avx2/q8_0_r2.rs`, `avx2/q4_1_r16.rs` and `avx2/q8_0_r16.rs`),
 //! `transposed.rs` and `transposed_k.rs`. Which kernels this CPU runs is detected in
 //! [`crate::cpu`] ([`has_avx2_f16c`], [`has_avx_vnni`], [`has_avx512_vnni`], re-exported
 //! here).
@@ -146,6 +147,7 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+mod q8_0_r16;
 mod q8_0_r2;
 mod q8_1;
 mod q8_k;
@@ -182,6 +184,10 @@ pub use q6_k::{dequantize_q6_k, vec_dot_q6_k_q8_k, vec_dot_q6_k_q8_k_ref, BlockQ
 pub use q8_0::{
     dequantize_q8_0, quantize_q8_0, quantize_q8_0_into, vec_dot_q8_0_q8_0, vec_dot_q8_0_q8_0_ref,
     BlockQ8_0,
+};
+pub use q8_0_r16::{
+    dequantize_row_q8_0_r16, repack_q8_0_r16, repack_q8_0_r16_into, row_to_q8_0_r16,
+    vec_dot_row_q8_0_r16, Q8_0_R16_BLOCK,
 };
 pub use q8_0_r2::{
     dequantize_row_q8_0_r2, repack_q8_0_r2, repack_q8_0_r2_into, row_to_q8_0, vec_dot_row, R2_BLOCK,
@@ -244,6 +250,10 @@ pub enum QType {
     /// [`repack_q4_1_r16`], layout in `q4_1_r16.rs`): 20 bytes per block of 32 as Q4_1,
     /// the same products' bits, a multiple of 16 rows. Not in [`QType::ALL`].
     Q4_1R16,
+    /// Q8_0 repacked at load in groups of 16 rows (not a GGUF type;
+    /// [`repack_q8_0_r16`], layout in `q8_0_r16.rs`): 34 bytes per block of 32 as Q8_0,
+    /// the same products' bits, a multiple of 16 rows. Not in [`QType::ALL`].
+    Q8_0R16,
 }
 
 /// Which activation block type a weight type pairs with.
@@ -285,7 +295,7 @@ impl QType {
             QType::Q4_1 | QType::Q4_1R16 => 20,
             QType::Q5_0 => 22,
             QType::Q5_1 => 24,
-            QType::Q8_0 | QType::Q8_0R2 => 34,
+            QType::Q8_0 | QType::Q8_0R2 | QType::Q8_0R16 => 34,
             QType::Q4K => 144,
             QType::Q5K => 176,
             QType::Q6K => 210,
@@ -295,7 +305,9 @@ impl QType {
     /// The activation block type this weight type is multiplied with.
     pub fn act_kind(self) -> ActKind {
         match self {
-            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => ActKind::Q8_0,
+            QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 | QType::Q8_0R16 => {
+                ActKind::Q8_0
+            }
             QType::Q4_1 | QType::Q5_1 | QType::Q4_1R16 => ActKind::Q8_1,
             QType::Q4K | QType::Q5K | QType::Q6K => ActKind::Q8K,
         }
@@ -303,11 +315,11 @@ impl QType {
 
     /// The rows a matrix of this type is stored in groups of, so that its row ranges
     /// (a thread's share, a chunk) start at multiples of it: 2 for [`QType::Q8_0R2`],
-    /// 16 for [`QType::Q4_1R16`], else 1.
+    /// 16 for [`QType::Q4_1R16`] and [`QType::Q8_0R16`], else 1.
     pub fn row_group(self) -> usize {
         match self {
             QType::Q8_0R2 => 2,
-            QType::Q4_1R16 => R16_ROWS,
+            QType::Q4_1R16 | QType::Q8_0R16 => R16_ROWS,
             _ => 1,
         }
     }
@@ -325,6 +337,7 @@ impl QType {
             QType::Q6K => "Q6_K",
             QType::Q8_0R2 => "Q8_0_R2",
             QType::Q4_1R16 => "Q4_1_R16",
+            QType::Q8_0R16 => "Q8_0_R16",
         }
     }
 }

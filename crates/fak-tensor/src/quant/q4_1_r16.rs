@@ -28,7 +28,7 @@
 //! same quants and scales. The scalar path ([`matvec_ref`]) rebuilds each row's Q4_1
 //! bytes ([`row_to_q4_1`]) and runs the Q4_1 kernel on it.
 
-use super::{dequantize_q4_1, BlockQ4_1, QType, QuantError, QuantizedActs, QK};
+use super::{dequantize_q4_1, BlockQ4_1, QType, QuantError, QuantizedActs};
 
 /// Rows per group.
 pub const R16_ROWS: usize = 16;
@@ -52,7 +52,7 @@ pub fn repack_q4_1_r16_into(
     cols: usize,
     out: &mut [u8],
 ) -> Result<(), QuantError> {
-    let nb = check_shape(raw.len(), rows, cols)?;
+    let nb = super::repacked::check_groups(QType::Q4_1, raw.len(), rows, cols, R16_ROWS)?;
     if out.len() != raw.len() {
         return Err(QuantError::MatrixShape {
             detail: format!("{} bytes to repack into {}", raw.len(), out.len()),
@@ -88,23 +88,6 @@ pub fn repack_q4_1_r16(raw: &[u8], rows: usize, cols: usize) -> Result<Vec<u8>, 
     Ok(out)
 }
 
-/// Checks a Q4_1 matrix shape for the 16-row layout; returns the blocks per row.
-fn check_shape(bytes: usize, rows: usize, cols: usize) -> Result<usize, QuantError> {
-    let nb = cols / QK;
-    let ok = rows.is_multiple_of(R16_ROWS)
-        && cols.is_multiple_of(QK)
-        && rows.checked_mul(nb).and_then(|b| b.checked_mul(Q4_1_BLOCK)) == Some(bytes);
-    if !ok {
-        return Err(QuantError::MatrixShape {
-            detail: format!(
-                "Q4_1 in groups of 16 rows: {bytes} bytes is not a multiple of 16 rows \
-                 ({rows}) of {cols} elements in blocks of {QK}"
-            ),
-        });
-    }
-    Ok(nb)
-}
-
 /// The Q4_1 blocks of row `r` of a [`QType::Q4_1R16`] matrix `w` (`rb` = the row's Q4_1
 /// bytes, `20 · nb`), each rebuilt on the stack as the file stored it.
 ///
@@ -116,19 +99,7 @@ fn row_blocks(
     rb: usize,
     r: usize,
 ) -> Result<impl Iterator<Item = BlockQ4_1> + '_, QuantError> {
-    let bad = || QuantError::MatrixShape {
-        detail: format!(
-            "row {r} of a Q4_1 16-row matrix of {} bytes in rows of {rb}",
-            w.len()
-        ),
-    };
-    if rb == 0 || !rb.is_multiple_of(Q4_1_BLOCK) || !w.len().is_multiple_of(R16_ROWS * rb) {
-        return Err(bad());
-    }
-    let (g, h) = (r / R16_ROWS, r % R16_ROWS);
-    let group = w
-        .get(g * R16_ROWS * rb..(g + 1) * R16_ROWS * rb)
-        .ok_or_else(bad)?;
+    let (group, h) = super::repacked::group_of(QType::Q4_1, w, rb, r, R16_ROWS)?;
     Ok(group.chunks_exact(R16_BLOCK).map(move |blk| {
         let mut b = BlockQ4_1 {
             d: [blk[2 * h], blk[2 * h + 1]],

@@ -80,3 +80,63 @@ pub(super) fn dequantize_row<B>(
     }
     Ok(())
 }
+
+/// Checks the shape of a `[rows, cols]` matrix of `file` blocks (`bytes` long) for a
+/// layout in groups of `group` rows; returns the blocks per row.
+///
+/// # Errors
+/// [`QuantError::MatrixShape`] when `rows` is not a multiple of `group`, `cols` not a
+/// multiple of 32, or `bytes` not `rows × cols / 32` blocks.
+pub(super) fn check_groups(
+    file: QType,
+    bytes: usize,
+    rows: usize,
+    cols: usize,
+    group: usize,
+) -> Result<usize, QuantError> {
+    let nb = cols / QK;
+    let ok = rows.is_multiple_of(group)
+        && cols.is_multiple_of(QK)
+        && rows
+            .checked_mul(nb)
+            .and_then(|b| b.checked_mul(file.block_bytes()))
+            == Some(bytes);
+    if !ok {
+        return Err(QuantError::MatrixShape {
+            detail: format!(
+                "{file} in groups of {group} rows: {bytes} bytes is not a multiple of {group} \
+                 rows ({rows}) of {cols} elements in blocks of {QK}"
+            ),
+        });
+    }
+    Ok(nb)
+}
+
+/// The group of `group` rows of the repacked matrix `w` (`rb` bytes of `file` blocks a
+/// row) that holds row `r`, and `r`'s place in it.
+///
+/// # Errors
+/// [`QuantError::MatrixShape`] when `rb` is not whole blocks, `w` is not whole groups of
+/// `rb`-byte rows, or row `r` is outside it.
+pub(super) fn group_of(
+    file: QType,
+    w: &[u8],
+    rb: usize,
+    r: usize,
+    group: usize,
+) -> Result<(&[u8], usize), QuantError> {
+    let bad = || QuantError::MatrixShape {
+        detail: format!(
+            "row {r} of a {file} matrix in groups of {group} rows, {} bytes in rows of {rb}",
+            w.len()
+        ),
+    };
+    let whole = rb > 0 && rb.is_multiple_of(file.block_bytes());
+    if !whole || !w.len().is_multiple_of(group * rb) {
+        return Err(bad());
+    }
+    let g = w
+        .get(r / group * group * rb..(r / group + 1) * group * rb)
+        .ok_or_else(bad)?;
+    Ok((g, r % group))
+}

@@ -41,7 +41,7 @@ fn weights(r: &mut Rng, ty: QType, n: usize, extreme: bool) -> Vec<u8> {
     let bb = ty.block_bytes();
     let mut w: Vec<u8> = (0..n * bb).map(|_| r.byte()).collect();
     let f16_fields: &[usize] = match ty {
-        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 => &[0],
+        QType::Q4_0 | QType::Q5_0 | QType::Q8_0 | QType::Q8_0R2 | QType::Q8_0R16 => &[0],
         QType::Q4_1 | QType::Q4_1R16 | QType::Q5_1 | QType::Q4K | QType::Q5K => &[0, 2],
         QType::Q6K => &[208],
     };
@@ -1355,6 +1355,78 @@ fn q4_1_row_groups_give_the_q4_1_bits_on_every_path() {
     assert!(row_to_q4_1(&w[..320], 20, 16, &mut row).is_err());
     assert!(dequantize_row_q4_1_r16(&w[..320], 20, 16, &mut [0f32; 32]).is_err());
     assert!(dequantize_row_q4_1_r16(&w[..320], 20, 1, &mut [0f32; 31]).is_err());
+}
+
+/// A Q8_0 matrix repacked in groups of 16 rows gives the file's Q8_0 bits on every
+/// path: its rows unpacked are the file's bytes and dequantize to the file's values; one
+/// token (the 16-row kernel, and the scalar path), a single row
+/// (`vec_dot_row_q8_0_r16`), and 1 to 40 tokens on 1 to 3 threads (passes of 8, 4, 2
+/// and 1 tokens, rows in chunks, rows of up to and past the stacked blocks) equal the
+/// Q8_0 products over the file's blocks; −128 quants, extreme scales, and shapes
+/// refused.
+#[test]
+fn q8_0_row_groups_give_the_q8_0_bits_on_every_path() {
+    let mut r = Rng(79);
+    for (rows, nb, extreme) in [
+        (16, 1, false),
+        (32, 3, true),
+        (48, 18, false),
+        (96, 20, true),
+        (16, 140, false),
+        (784, 2, true),
+    ] {
+        let mut w = weights(&mut r, QType::Q8_0, rows * nb, extreme);
+        if extreme {
+            for b in w.chunks_exact_mut(34) {
+                let q = extreme_q8(&mut r);
+                b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
+            }
+        }
+        let rb = 34 * nb;
+        let r16 = repack_q8_0_r16(&w, rows, 32 * nb).unwrap();
+        assert_eq!(r16.len(), w.len());
+        let mut row = Vec::new();
+        for i in 0..rows {
+            row_to_q8_0_r16(&r16, rb, i, &mut row).unwrap();
+            assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
+            let blocks: Vec<BlockQ8_0> = row
+                .chunks_exact(34)
+                .map(|c| BlockQ8_0 {
+                    d: u16::from_le_bytes([c[0], c[1]]),
+                    qs: std::array::from_fn(|j| c[2 + j] as i8),
+                })
+                .collect();
+            let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
+            dequantize_q8_0(&blocks, &mut want);
+            dequantize_row_q8_0_r16(&r16, rb, i, &mut got).unwrap();
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
+        }
+        let xs: Vec<QuantizedActs> = (0..40)
+            .map(|_| acts(&mut r, QType::Q8_0, nb, extreme))
+            .collect();
+        repacked_products_agree(
+            (QType::Q8_0, &w),
+            (QType::Q8_0R16, &r16),
+            rows,
+            &xs,
+            &[1, 2, 3, 4, 5, 6, 7, 8, 11, 14, 16, 19, 33, 40],
+            vec_dot_row_q8_0_r16,
+        );
+    }
+    // Refused: rows not a multiple of 16, a length that is not whole rows, and a
+    // single-row product.
+    let w = weights(&mut r, QType::Q8_0, 24, false);
+    assert!(repack_q8_0_r16(&w, 24, 32).is_err());
+    assert!(repack_q8_0_r16(&w[..500], 16, 32).is_err());
+    let a = acts(&mut r, QType::Q8_0, 1, false);
+    let mut out = [0f32; 24];
+    assert!(matvec(QType::Q8_0R16, &w, &a, &mut out).is_err());
+    assert!(vec_dot(QType::Q8_0R16, &w[..34], &a).is_err());
+    let mut row = Vec::new();
+    assert!(row_to_q8_0_r16(&w[..544], 34, 16, &mut row).is_err());
+    assert!(dequantize_row_q8_0_r16(&w[..544], 34, 16, &mut [0f32; 32]).is_err());
+    assert!(dequantize_row_q8_0_r16(&w[..544], 34, 1, &mut [0f32; 31]).is_err());
 }
 
 // ------------------------------------------------------------------ paths covered

@@ -184,6 +184,10 @@ pub(crate) enum TileActs<'a> {
     /// the tokens' blocks as they are, read by [`avx2::rows_r16_512`].
     #[cfg(target_arch = "x86_64")]
     R16(Vec<&'a [BlockQ8_1]>),
+    /// Q8_0 repacked in groups of 16 rows ([`QType::Q8_0R16`]; [`TileIsa::Zmm`] only):
+    /// the tokens' blocks as they are, read by [`avx2::rows_r16_q8_0_512`].
+    #[cfg(target_arch = "x86_64")]
+    R16Q8(Vec<&'a [BlockQ8_0]>),
     /// (No tiles elsewhere.)
     #[cfg(not(target_arch = "x86_64"))]
     #[allow(dead_code)]
@@ -341,6 +345,10 @@ impl<'a> TileActs<'a> {
                     let a = q8_1s(acts)?;
                     (isa == TileIsa::Zmm).then_some(TileActs::R16(a))
                 }
+                QType::Q8_0R16 => {
+                    let a = q8_0s(acts)?;
+                    (isa == TileIsa::Zmm).then_some(TileActs::R16Q8(a))
+                }
                 QType::Q4K | QType::Q5K | QType::Q6K => {
                     let a: Vec<&[BlockQ8K]> = acts
                         .iter()
@@ -431,6 +439,8 @@ impl<'a> TileActs<'a> {
             }
             #[cfg(target_arch = "x86_64")]
             TileActs::R16(a) => avx2::rows_r16_512(w, rb, a, out),
+            #[cfg(target_arch = "x86_64")]
+            TileActs::R16Q8(a) => avx2::rows_r16_q8_0_512(w, rb, a, out),
             #[cfg(not(target_arch = "x86_64"))]
             TileActs::Never(never, _) => match *never {},
         }

@@ -81,6 +81,7 @@ mod q5_1;
 mod q5_k;
 mod q6_k;
 mod q8_0;
+mod q8_0_r16;
 mod q8_0_r2;
 mod q8_1;
 mod q8_k;
@@ -96,6 +97,7 @@ pub(super) use q5_1::{dot_q5_1_q8_1, Q5_1};
 pub(super) use q5_k::dot_q5_k_q8_k;
 pub(super) use q6_k::{dot_q6_k_q8_k, unpack_q6_k};
 pub(super) use q8_0::{dot_q8_0_q8_0, q8_block, quantize_q8_0, Q8_0};
+pub(super) use q8_0_r16::rows_r16_q8_0_512;
 pub(super) use q8_0_r2::rows_r2_512;
 pub(super) use q8_1::quantize_q8_1;
 #[cfg(test)]
