@@ -75,7 +75,9 @@ impl Weight {
     /// every block into a prepared buffer per product. A layer's Q8_0 matrices stay in
     /// the map: repacked in row pairs they held a few MB more at peak (a Q8_0 SmolLM2:
     /// 221.3 MB against 216.3, more than llama.cpp's 218.5) for products that already
-    /// read their blocks directly.
+    /// read their blocks directly; in groups of 16 rows (as the head is) a Q8_0
+    /// SmolLM2's prefill was 10–17% faster but its decode after 512 tokens 5–12% slower
+    /// on a Zen 4 (docs/performance.md, "Tried and kept out").
     pub fn repacked_layer_for_cpu(self) -> Weight {
         match self {
             Weight::Quant(q) if q.ty == fak_tensor::quant::QType::Q4_1 => {

@@ -1220,6 +1220,40 @@ fn repacked_products_agree(
     }
 }
 
+/// Dequantizes row `r` of a repacked matrix (`rb` bytes a row) into `out`.
+type DequantizeRow = fn(&[u8], usize, usize, &mut [f32]) -> Result<(), QuantError>;
+
+/// The Q8_0 matrix `w` (`rows` rows of `nb` blocks) repacked as `packed`: the same
+/// bytes, and every row rebuilt by `row_to` is the file's row, and dequantized by
+/// `dequantize` the file's values, bit for bit.
+fn q8_0_repacked_rows_are_the_files(
+    w: &[u8],
+    (rows, nb): (usize, usize),
+    packed: &[u8],
+    row_to: super::repacked::RowToFile,
+    dequantize: DequantizeRow,
+) {
+    let rb = 34 * nb;
+    assert_eq!(packed.len(), w.len());
+    let mut row = Vec::new();
+    for i in 0..rows {
+        row_to(packed, rb, i, &mut row).unwrap();
+        assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
+        let blocks: Vec<BlockQ8_0> = row
+            .chunks_exact(34)
+            .map(|c| BlockQ8_0 {
+                d: u16::from_le_bytes([c[0], c[1]]),
+                qs: std::array::from_fn(|j| c[2 + j] as i8),
+            })
+            .collect();
+        let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
+        dequantize_q8_0(&blocks, &mut want);
+        dequantize(packed, rb, i, &mut got).unwrap();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
+    }
+}
+
 /// A Q8_0 matrix repacked in row pairs gives the file's Q8_0 bits on every path: its
 /// rows unpacked are the file's bytes; one token (the row-pair kernel, and the scalar
 /// path), a single row (`vec_dot_row`), and 1 to 40 tokens on 1 to 3 threads (the
@@ -1244,26 +1278,8 @@ fn q8_0_row_pairs_give_the_q8_0_bits_on_every_path() {
                 b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
             }
         }
-        let rb = 34 * nb;
         let r2 = repack_q8_0_r2(&w, rows, 32 * nb).unwrap();
-        assert_eq!(r2.len(), w.len());
-        let mut row = Vec::new();
-        for i in 0..rows {
-            row_to_q8_0(&r2, rb, i, &mut row).unwrap();
-            assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
-            let blocks: Vec<BlockQ8_0> = row
-                .chunks_exact(34)
-                .map(|c| BlockQ8_0 {
-                    d: u16::from_le_bytes([c[0], c[1]]),
-                    qs: std::array::from_fn(|j| c[2 + j] as i8),
-                })
-                .collect();
-            let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
-            dequantize_q8_0(&blocks, &mut want);
-            dequantize_row_q8_0_r2(&r2, rb, i, &mut got).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
-        }
+        q8_0_repacked_rows_are_the_files(&w, (rows, nb), &r2, row_to_q8_0, dequantize_row_q8_0_r2);
         let xs: Vec<QuantizedActs> = (0..40)
             .map(|_| acts(&mut r, QType::Q8_0, nb, extreme))
             .collect();
@@ -1382,26 +1398,14 @@ fn q8_0_row_groups_give_the_q8_0_bits_on_every_path() {
                 b[2..].iter_mut().zip(q).for_each(|(d, s)| *d = s as u8);
             }
         }
-        let rb = 34 * nb;
         let r16 = repack_q8_0_r16(&w, rows, 32 * nb).unwrap();
-        assert_eq!(r16.len(), w.len());
-        let mut row = Vec::new();
-        for i in 0..rows {
-            row_to_q8_0_r16(&r16, rb, i, &mut row).unwrap();
-            assert_eq!(row, &w[i * rb..(i + 1) * rb], "row {i} of {rows}x{nb}");
-            let blocks: Vec<BlockQ8_0> = row
-                .chunks_exact(34)
-                .map(|c| BlockQ8_0 {
-                    d: u16::from_le_bytes([c[0], c[1]]),
-                    qs: std::array::from_fn(|j| c[2 + j] as i8),
-                })
-                .collect();
-            let (mut want, mut got) = (vec![0f32; 32 * nb], vec![f32::NAN; 32 * nb]);
-            dequantize_q8_0(&blocks, &mut want);
-            dequantize_row_q8_0_r16(&r16, rb, i, &mut got).unwrap();
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "dequantized row {i}");
-        }
+        q8_0_repacked_rows_are_the_files(
+            &w,
+            (rows, nb),
+            &r16,
+            row_to_q8_0_r16,
+            dequantize_row_q8_0_r16,
+        );
         let xs: Vec<QuantizedActs> = (0..40)
             .map(|_| acts(&mut r, QType::Q8_0, nb, extreme))
             .collect();

@@ -34,6 +34,25 @@ use crate::dot::reduce_lanes;
 use std::arch::x86_64::*;
 use std::borrow::Cow;
 
+/// One pass of the tokens left over a chunk of a 16-row kernel (`q4_1_r16.rs`,
+/// `q8_0_r16.rs`): `$pass.run::<T>($out, $r0)` with `T` = 8 while 8 or more are left, else
+/// exactly the tokens left (each further pass reads the chunk's weights again); the
+/// tokens it ran.
+macro_rules! r16_pass {
+    ($left:expr, $pass:expr, $out:expr, $r0:expr) => {
+        match $left {
+            8.. => $pass.run::<8>($out, $r0),
+            7 => $pass.run::<7>($out, $r0),
+            6 => $pass.run::<6>($out, $r0),
+            5 => $pass.run::<5>($out, $r0),
+            4 => $pass.run::<4>($out, $r0),
+            3 => $pass.run::<3>($out, $r0),
+            2 => $pass.run::<2>($out, $r0),
+            _ => $pass.run::<1>($out, $r0),
+        }
+    };
+}
+
 /// [`Tile512`] for a type whose VNNI activation form is its plain block, with the
 /// weight offset (if any) taken off through the `vpdpbusd` start value. Defined above
 /// the `mod` lines so that the format files below can invoke it.

@@ -30,6 +30,9 @@ const _: () = assert!(ROWS == 16);
 /// registers.
 const PASS: usize = 8;
 
+// `r16_pass!` runs passes of 8.
+const _: () = assert!(PASS == 8);
+
 /// Bytes of weights per chunk of rows: every pass of tokens over a chunk finds it in the
 /// cache.
 const CHUNK_BYTES: usize = 16 * 1024;
@@ -103,18 +106,7 @@ pub(in crate::quant) unsafe fn rows_r16_512(
             };
             let o = &mut out[t0..];
             let r0 = g0 * ROWS;
-            // Passes of 8, the last of exactly the tokens left (each further pass
-            // reads the chunk's weights again).
-            t0 += match left {
-                PASS.. => pass.run::<PASS>(o, r0),
-                7 => pass.run::<7>(o, r0),
-                6 => pass.run::<6>(o, r0),
-                5 => pass.run::<5>(o, r0),
-                4 => pass.run::<4>(o, r0),
-                3 => pass.run::<3>(o, r0),
-                2 => pass.run::<2>(o, r0),
-                _ => pass.run::<1>(o, r0),
-            };
+            t0 += r16_pass!(left, pass, o, r0);
         }
     }
 }
