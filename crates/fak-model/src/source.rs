@@ -431,6 +431,16 @@ impl QuantMatrix {
         let Ok(mut out) = memmap2::MmapMut::map_anon(len) else {
             return self;
         };
+        // Transparent huge pages for the buffer where the kernel gives them on advice
+        // (`MADV_HUGEPAGE`; THP `madvise` mode): a decode step streams every repacked
+        // matrix once, and with 4 KB pages each 4 KB of it costs a TLB miss (Gemma 3's
+        // 178 MB head alone 43,000 a token). On the Zen 4, alternating: Gemma 3's head on
+        // 2 threads 5.9–6.2 → 3.7–5.1 ms a token, its decode 99.7–104.6 → 115.1–131.5
+        // tokens/s (one thread 64 → 78–81); SmolLM2 Q4_1 one thread 136–139 → 151; peak
+        // RSS +0.6–0.8 MB (whole 2 MB pages only where the buffer covers them). A hint:
+        // refused or unsupported, the buffer keeps 4 KB pages and the same contents.
+        #[cfg(target_os = "linux")]
+        let _ = out.advise(memmap2::Advice::HugePage);
         let t = &self.file.tensors()[self.tensor];
         if self.file.read_tensor_data(t, base, &mut out).is_err() {
             return self;
