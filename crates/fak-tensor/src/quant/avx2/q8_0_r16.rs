@@ -35,9 +35,12 @@ const _: () = assert!(PASS == 8);
 const CHUNK_BYTES: usize = 16 * 1024;
 
 /// Blocks ahead that each block of a pass of several tokens prefetches into the
-/// first-level cache (its nine lines); a one-token pass prefetches nothing, the
-/// hardware's prefetchers keeping up with its stream (as the Q4_1 16-row kernel,
-/// measured there).
+/// first-level cache (its nine lines). A one-token pass prefetches the weights
+/// `PREFETCH_BYTES` ahead instead, as the row-pair kernel does (non-temporally on AMD,
+/// `nta_prefetch`): on the 178 MB head of Gemma 3 that was faster on 2 threads than
+/// leaving its stream to the hardware's prefetchers (decode 97.0 / 97.5 / 103.4 against
+/// 87.9 / 93.4 / 102.5 tokens/s, Zen 4); a layer-sized Q8_0 matrix went the other way,
+/// which is one reason layers are not repacked (`Weight::repacked_layer_for_cpu`).
 const PREFETCH_BLOCKS: usize = 8;
 
 /// Per-block activation values held on the stack: `PASS` tokens' worth of rows up to
@@ -142,14 +145,15 @@ impl Pass<'_> {
             let mut acc = [_mm512_setzero_ps(); T];
             for b in 0..nb {
                 let wb = wg.add(b * BLOCK);
+                // Hints: any address may be prefetched (it is never dereferenced).
                 if T == 1 {
                     super::prefetch_weights(wb.wrapping_add(super::PREFETCH_BYTES), BLOCK, nta);
-                }
-                for l in 0..if T > 1 { BLOCK.div_ceil(64) } else { 0 } {
-                    // A hint: any address may be prefetched (it is never dereferenced).
-                    _mm_prefetch::<_MM_HINT_T0>(
-                        wb.wrapping_add(PREFETCH_BLOCKS * BLOCK + 64 * l) as *const i8
-                    );
+                } else {
+                    for l in 0..BLOCK.div_ceil(64) {
+                        _mm_prefetch::<_MM_HINT_T0>(
+                            wb.wrapping_add(PREFETCH_BLOCKS * BLOCK + 64 * l) as *const i8,
+                        );
+                    }
                 }
                 let wd = _mm512_cvtph_ps(_mm256_loadu_si256(wb as *const __m256i));
                 let mut even: [__m512i; T] =
