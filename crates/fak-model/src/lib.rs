@@ -29,6 +29,7 @@
 //!
 //! Load once, share with `Arc<Model>`: the model is immutable after load.
 
+mod arena;
 mod attention;
 pub mod chat;
 mod config;
@@ -40,6 +41,7 @@ mod model;
 mod source;
 pub mod tokenizer;
 
+pub use arena::{ArenaBytes, WeightArena};
 pub use chat::{load_text, ChatError, ChatTemplate, Message, RenderLimits};
 pub use config::{Activation, Config, LongRopeFactors, Norms, RopeScaling};
 pub use error::ModelError;

@@ -6,6 +6,7 @@
 //! load it). BF16 matrices need widening and safetensors are not mapped this way: those
 //! are always copied.
 
+use crate::arena::{ArenaBytes, WeightArena};
 use crate::{family, Config, ModelError};
 use fak_tensor::quant::QType;
 use fak_tensor::{WeightElem, F16};
@@ -27,6 +28,14 @@ pub struct TensorEntry {
     pub file_name: String,
 }
 
+/// A GGUF tensor found by name: its file, its index in `file.tensors()` and the arena
+/// its copy goes to.
+type GgufTensor<'a> = (&'a Arc<GgufFile>, usize, &'a Arc<WeightArena>);
+
+/// Rearranges `rows` rows of `cols` columns of one block layout into another, from the
+/// source bytes into the destination (a [`fak_tensor::quant`] repacking).
+type Repack = fn(&[u8], usize, usize, &mut [u8]) -> Result<(), fak_tensor::quant::QuantError>;
+
 /// An opened checkpoint: its config and a way to read each tensor as `f32`.
 pub enum WeightSource {
     /// A GGUF file (memory-mapped).
@@ -35,6 +44,8 @@ pub enum WeightSource {
         file: Arc<GgufFile>,
         /// HF name -> index into `file.tensors()`.
         by_hf: HashMap<String, usize>,
+        /// Where the native path's matrices are copied at load (huge pages).
+        arena: Arc<WeightArena>,
     },
     /// One or more safetensors files (memory-mapped) with their `config.json`.
     Safetensors {
@@ -135,13 +146,20 @@ impl WeightSource {
             })?;
             by_hf.insert(hf, i);
         }
-        Ok((WeightSource::Gguf { file, by_hf }, cfg))
+        Ok((
+            WeightSource::Gguf {
+                arena: Arc::new(WeightArena::with_capacity(file.bytes().len())),
+                file,
+                by_hf,
+            },
+            cfg,
+        ))
     }
 
     /// Every tensor, by HF name, sorted by name.
     pub fn entries(&self) -> Vec<TensorEntry> {
         let mut v: Vec<TensorEntry> = match self {
-            WeightSource::Gguf { file, by_hf } => by_hf
+            WeightSource::Gguf { file, by_hf, .. } => by_hf
                 .iter()
                 .map(|(hf, &i)| {
                     let t = &file.tensors()[i];
@@ -178,8 +196,20 @@ impl WeightSource {
         }
     }
 
-    /// A GGUF file's tensor `name` (the file and the tensor's index) after checking its
-    /// shape is `expected`; `None` for safetensors.
+    /// Returns memory only loading needed, called once the model is loaded: what the
+    /// copies made at load did not use of their last huge page ([`WeightArena::trim`])
+    /// and a GGUF file's header pages ([`GgufFile::release_header_pages`]; its
+    /// metadata was parsed at open). Nothing is lost: a later read through the map
+    /// faults the same bytes back in.
+    pub fn release_load_pages(&self) {
+        if let WeightSource::Gguf { arena, file, .. } = self {
+            arena.trim();
+            file.release_header_pages();
+        }
+    }
+
+    /// A GGUF file's tensor `name` (the file, the tensor's index and the arena its
+    /// copies go to) after checking its shape is `expected`; `None` for safetensors.
     ///
     /// # Errors
     /// [`ModelError::MissingTensor`], [`ModelError::ShapeMismatch`].
@@ -187,8 +217,8 @@ impl WeightSource {
         &self,
         name: &str,
         expected: [usize; 2],
-    ) -> Result<Option<(&Arc<GgufFile>, usize)>, ModelError> {
-        let WeightSource::Gguf { file, by_hf } = self else {
+    ) -> Result<Option<GgufTensor<'_>>, ModelError> {
+        let WeightSource::Gguf { file, by_hf, arena } = self else {
             return Ok(None);
         };
         let i = *by_hf
@@ -202,7 +232,7 @@ impl WeightSource {
                 found,
             });
         }
-        Ok(Some((file, i)))
+        Ok(Some((file, i, arena)))
     }
 
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
@@ -220,7 +250,7 @@ impl WeightSource {
         expected: [usize; 2],
         cfg: &Config,
     ) -> Result<Option<QuantMatrix>, ModelError> {
-        let Some((file, i)) = self.gguf_tensor(name, expected)? else {
+        let Some((file, i, arena)) = self.gguf_tensor(name, expected)? else {
             return Ok(None);
         };
         let t = &file.tensors()[i];
@@ -248,7 +278,8 @@ impl WeightSource {
             rows,
             cols,
             row_order,
-            repacked: None,
+            arena: Arc::clone(arena),
+            copy: None,
         }))
     }
 
@@ -274,7 +305,7 @@ impl WeightSource {
         expected: [usize; 2],
         cfg: &Config,
     ) -> Result<Option<Mapped<W>>, ModelError> {
-        let Some((file, i)) = self.gguf_tensor(name, expected)? else {
+        let Some((file, i, arena)) = self.gguf_tensor(name, expected)? else {
             return Ok(None);
         };
         let t = &file.tensors()[i];
@@ -291,6 +322,8 @@ impl WeightSource {
             rows,
             cols,
             row_order,
+            arena: Arc::clone(arena),
+            copy: None,
             elem: std::marker::PhantomData,
         }))
     }
@@ -308,7 +341,7 @@ impl WeightSource {
         cfg: &Config,
     ) -> Result<Vec<f32>, ModelError> {
         let found = match self {
-            WeightSource::Gguf { file, by_hf } => {
+            WeightSource::Gguf { file, by_hf, .. } => {
                 let i = *by_hf
                     .get(name)
                     .ok_or_else(|| ModelError::MissingTensor(name.to_string()))?;
@@ -329,7 +362,7 @@ impl WeightSource {
             });
         }
         match self {
-            WeightSource::Gguf { file, by_hf } => {
+            WeightSource::Gguf { file, by_hf, .. } => {
                 let t = &file.tensors()[by_hf[name]];
                 let w = file.tensor_f32(&t.name)?;
                 // The family's load-time fix: Gemma's norm gains lose the +1 the file
@@ -362,20 +395,22 @@ pub struct QuantMatrix {
     /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
-    /// The matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]; then `ty` is
-    /// [`QType::Q8_0R16`], [`QType::Q8_0R2`] or [`QType::Q4_1R16`] and its bytes in the
-    /// map are not read
-    /// again), else `None`: the
-    /// bytes stay in the map.
-    repacked: Option<Arc<memmap2::Mmap>>,
+    /// Where [`QuantMatrix::repacked_for_cpu`] and [`QuantMatrix::copied_for_cpu`]
+    /// put the matrix (the source's [`WeightArena`]).
+    arena: Arc<WeightArena>,
+    /// The matrix copied at load into huge pages, repacked ([`QuantMatrix::repacked_for_cpu`];
+    /// then `ty` is [`QType::Q8_0R16`], [`QType::Q8_0R2`] or [`QType::Q4_1R16`]) or as the
+    /// file has it ([`QuantMatrix::copied_for_cpu`]); its bytes in the map are not read
+    /// again. `None`: the bytes stay in the map.
+    copy: Option<ArenaBytes>,
 }
 
 impl QuantMatrix {
     /// The matrix's block bytes (`rows × cols / block_elems × block_bytes`): the
-    /// tensor's in the map, its rows' slice of a fused tensor, or the repacked copy.
+    /// tensor's in the map, its rows' slice of a fused tensor, or the copy made at load.
     pub fn bytes(&self) -> &[u8] {
-        if let Some(r) = &self.repacked {
-            return r;
+        if let Some(r) = &self.copy {
+            return r.bytes();
         }
         self.file_bytes()
     }
@@ -388,93 +423,93 @@ impl QuantMatrix {
             .unwrap_or(&[])
     }
 
-    /// This matrix in the layout this CPU's kernels read fastest: on a CPU with
-    /// AVX-512 VNNI ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 or Q4_1 matrix of
-    /// a multiple of 16 rows is repacked in groups of 16 ([`QType::Q8_0R16`],
+    /// This matrix in the layout this CPU's kernels read fastest, copied into the
+    /// model's huge pages ([`WeightArena`]): on a CPU with AVX-512 VNNI
+    /// ([`fak_tensor::quant::has_avx512_vnni`]), a Q8_0 or Q4_1 matrix of a multiple of
+    /// 16 rows is repacked in groups of 16 ([`QType::Q8_0R16`],
     /// [`fak_tensor::quant::repack_q8_0_r16`]; [`QType::Q4_1R16`],
     /// [`fak_tensor::quant::repack_q4_1_r16`]) and another Q8_0 matrix of an even number
     /// of rows in row pairs ([`QType::Q8_0R2`], [`fak_tensor::quant::repack_q8_0_r2`]):
     /// the same size, the same products' bits, and their multi-token products skip
-    /// preparing the weights. The file's bytes are read with positional reads
-    /// ([`GgufFile::read_tensor_data`]), not through the map, into the buffer that then
-    /// holds the repacked matrix, so it is held once. Anything else, or a matrix whose
-    /// read fails, is returned as it is.
-    pub fn repacked_for_cpu(mut self) -> Self {
+    /// preparing the weights. Any other matrix is copied as the file has it
+    /// ([`QuantMatrix::copied_for_cpu`]). The file's bytes are read with positional
+    /// reads ([`GgufFile::read_tensor_data`]), not through the map, into the memory
+    /// that then holds the matrix, so it is held once. A matrix whose read fails, or
+    /// for which no memory can be mapped, is returned as it is (read from the map).
+    pub fn repacked_for_cpu(self) -> Self {
         use fak_tensor::quant::{
             repack_q4_1_r16_into, repack_q8_0_r16_into, repack_q8_0_r2_into, R16_ROWS,
         };
-        type Repack =
-            fn(&[u8], usize, usize, &mut [u8]) -> Result<(), fak_tensor::quant::QuantError>;
-        let (group, to, repack): (usize, QType, Repack) = match self.ty {
-            QType::Q8_0 if self.rows.is_multiple_of(R16_ROWS) => {
-                (R16_ROWS, QType::Q8_0R16, repack_q8_0_r16_into)
+        let vnni = fak_tensor::quant::has_avx512_vnni();
+        match self.ty {
+            QType::Q8_0 if vnni && self.rows.is_multiple_of(R16_ROWS) => {
+                self.copied_as(R16_ROWS, QType::Q8_0R16, repack_q8_0_r16_into)
             }
-            QType::Q8_0 => (2, QType::Q8_0R2, repack_q8_0_r2_into),
-            QType::Q4_1 => (R16_ROWS, QType::Q4_1R16, repack_q4_1_r16_into),
-            _ => return self,
-        };
-        let eligible = self.repacked.is_none()
-            && self.rows.is_multiple_of(group)
-            && fak_tensor::quant::has_avx512_vnni();
-        if !eligible {
-            return self;
+            QType::Q8_0 if vnni && self.rows.is_multiple_of(2) => {
+                self.copied_as(2, QType::Q8_0R2, repack_q8_0_r2_into)
+            }
+            QType::Q4_1 if vnni && self.rows.is_multiple_of(R16_ROWS) => {
+                self.copied_as(R16_ROWS, QType::Q4_1R16, repack_q4_1_r16_into)
+            }
+            _ => self.copied_for_cpu(),
         }
+    }
+
+    /// This matrix copied as the file has it into the model's huge pages
+    /// ([`WeightArena`]: a decode step streams it with one TLB miss per 2 MB instead
+    /// of per 4 KB), read with positional reads as [`QuantMatrix::repacked_for_cpu`]
+    /// reads; returned as it is when the read fails or no memory can be mapped.
+    pub fn copied_for_cpu(self) -> Self {
+        let ty = self.ty;
+        self.copied_as(1, ty, |_, _, _, _| Ok(()))
+    }
+
+    /// The matrix's file bytes read into the arena, then each group of `group` rows
+    /// rearranged in place by `repack` (from a copy of the group) into type `to`.
+    fn copied_as(mut self, group: usize, to: QType, repack: Repack) -> Self {
         let rb = self.row_bytes();
         let (len, base) = (rb * self.rows, self.first_row * rb);
-        if self.file_bytes().len() != len {
+        if self.copy.is_some() || self.file_bytes().len() != len || len == 0 {
             return self;
         }
-        // Read straight into the matrix's own buffer (an anonymous map: page-granular,
-        // outside the heap, so nothing of the allocator's rounding or fragmentation is
-        // added to it), then each group of rows repacked in place from a copy of it:
-        // nothing else the matrix's size is allocated.
-        let Ok(mut out) = memmap2::MmapMut::map_anon(len) else {
-            return self;
-        };
-        // Transparent huge pages for the buffer where the kernel gives them on advice
-        // (`MADV_HUGEPAGE`; THP `madvise` mode): a decode step streams every repacked
-        // matrix once, and with 4 KB pages each 4 KB of it costs a TLB miss (Gemma 3's
-        // 178 MB head alone 43,000 a token). On the Zen 4, alternating: Gemma 3's head on
-        // 2 threads 5.9–6.2 → 3.7–5.1 ms a token, its decode 99.7–104.6 → 115.1–131.5
-        // tokens/s (one thread 64 → 78–81); SmolLM2 Q4_1 one thread 136–139 → 151; peak
-        // RSS +0.6–0.8 MB (whole 2 MB pages only where the buffer covers them). A hint:
-        // refused or unsupported, the buffer keeps 4 KB pages and the same contents.
-        #[cfg(target_os = "linux")]
-        let _ = out.advise(memmap2::Advice::HugePage);
         let t = &self.file.tensors()[self.tensor];
-        if self.file.read_tensor_data(t, base, &mut out).is_err() {
-            return self;
-        }
-        let mut rows = vec![0u8; group * rb];
-        for dst in out.chunks_exact_mut(group * rb) {
-            rows.copy_from_slice(dst);
-            if repack(&rows, group, self.cols, dst).is_err() {
-                return self;
+        let cols = self.cols;
+        let copy = self.arena.copy_in(len, |out| {
+            if self.file.read_tensor_data(t, base, out).is_err() {
+                return false;
             }
+            if group == 1 {
+                return true;
+            }
+            let mut rows = vec![0u8; group * rb];
+            out.chunks_exact_mut(group * rb).all(|dst| {
+                rows.copy_from_slice(dst);
+                repack(&rows, group, cols, dst).is_ok()
+            })
+        });
+        if let Some(copy) = copy {
+            self.copy = Some(copy);
+            self.ty = to;
         }
-        let Ok(out) = out.make_read_only() else {
-            return self;
-        };
-        self.repacked = Some(Arc::new(out));
-        self.ty = to;
         self
     }
 
-    /// For a matrix repacked at load, drops the process's mappings of the file's copy of
+    /// For a matrix copied at load, drops the process's mappings of the file's copy of
     /// its bytes ([`GgufFile::release_mapped_pages`]): never read again, they are mapped
     /// only when the kernel maps pages around a small tensor read through the map
     /// (SmolLM2's 60 norm vectors between its Q4_1 matrices held ~4 MB so). Called once
     /// the whole model is loaded. Nothing for a matrix that reads the map.
     pub fn release_file_pages(&self) {
-        if self.repacked.is_some() {
+        if self.copy.is_some() {
             self.file
                 .release_mapped_pages(&self.file.tensors()[self.tensor]);
         }
     }
 
-    /// Whether the matrix was repacked at load ([`QuantMatrix::repacked_for_cpu`]).
-    pub fn is_repacked(&self) -> bool {
-        self.repacked.is_some()
+    /// Whether the matrix was copied at load ([`QuantMatrix::repacked_for_cpu`],
+    /// [`QuantMatrix::copied_for_cpu`]), repacked or not.
+    pub fn is_copied(&self) -> bool {
+        self.copy.is_some()
     }
 
     /// File row `f` of this matrix times `act` ([`fak_tensor::quant::vec_dot`], or
@@ -508,7 +543,7 @@ impl QuantMatrix {
     /// are permuted.
     pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
         if self.row_order.is_some()
-            || self.repacked.is_some()
+            || self.copy.is_some()
             || first.checked_add(rows).is_none_or(|e| e > self.rows)
         {
             return Err(ModelError::Unsupported(format!(
@@ -588,17 +623,34 @@ pub trait MappedElem: WeightElem {
     /// it is of another type or cannot be borrowed (see
     /// [`GgufFile::tensor_f32_in_place`], [`GgufFile::tensor_f16_in_place`]).
     fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [Self]>;
+
+    /// Little-endian bytes as values of this type, `None` when they are misaligned, of
+    /// a length that is not a whole number of values, or the host is big-endian.
+    fn from_bytes(bytes: &[u8]) -> Option<&[Self]>;
 }
 
 impl MappedElem for f32 {
     fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [f32]> {
         file.tensor_f32_in_place(t)
     }
+
+    fn from_bytes(bytes: &[u8]) -> Option<&[f32]> {
+        cfg!(target_endian = "little")
+            .then(|| bytemuck::try_cast_slice(bytes).ok())
+            .flatten()
+    }
 }
 
 impl MappedElem for F16 {
     fn in_place<'a>(file: &'a GgufFile, t: &fak_weights::TensorInfo) -> Option<&'a [F16]> {
         file.tensor_f16_in_place(t)
+    }
+
+    fn from_bytes(bytes: &[u8]) -> Option<&[F16]> {
+        cfg!(target_endian = "little")
+            .then(|| bytemuck::try_cast_slice::<u8, u16>(bytes).ok())
+            .flatten()
+            .map(F16::from_bits_slice)
     }
 }
 
@@ -622,6 +674,11 @@ pub struct Mapped<W: MappedElem> {
     /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
     /// `row_order[r]` (undone on each product's output, which is exact).
     pub row_order: Option<Vec<u32>>,
+    /// Where [`Mapped::copied_for_cpu`] puts the matrix (the source's [`WeightArena`]).
+    arena: Arc<WeightArena>,
+    /// The matrix copied at load into huge pages ([`Mapped::copied_for_cpu`]); its
+    /// bytes in the map are not read again. `None`: the values are read from the map.
+    copy: Option<ArenaBytes>,
     elem: std::marker::PhantomData<W>,
 }
 
@@ -639,6 +696,8 @@ impl<W: MappedElem> Clone for Mapped<W> {
             rows: self.rows,
             cols: self.cols,
             row_order: self.row_order.clone(),
+            arena: Arc::clone(&self.arena),
+            copy: self.copy.clone(),
             elem: std::marker::PhantomData,
         }
     }
@@ -651,9 +710,47 @@ impl<W: MappedElem> Mapped<W> {
     /// long for a handle made by [`WeightSource::mapped`]: the map neither moves nor
     /// changes while the handle holds it.
     pub fn values(&self) -> &[W] {
+        if let Some(copy) = &self.copy {
+            return W::from_bytes(copy.bytes()).unwrap_or(&[]);
+        }
         let all = W::in_place(&self.file, &self.file.tensors()[self.tensor]).unwrap_or(&[]);
         all.get(self.first_row * self.cols..(self.first_row + self.rows) * self.cols)
             .unwrap_or(&[])
+    }
+
+    /// This matrix copied as the file has it into the model's huge pages
+    /// ([`WeightArena`]: a decode step streams it with one TLB miss per 2 MB instead
+    /// of per 4 KB), read with positional reads ([`GgufFile::read_tensor_data`]) so
+    /// it is held once; returned as it is when the read fails or no memory can be
+    /// mapped. The same values, so products on it give the same bits.
+    pub fn copied_for_cpu(mut self) -> Self {
+        let len = self.byte_len();
+        let base = self.first_row * self.cols * std::mem::size_of::<W>();
+        if self.copy.is_some() || self.values().len() != self.rows * self.cols || len == 0 {
+            return self;
+        }
+        let t = &self.file.tensors()[self.tensor];
+        let copy = self.arena.copy_in(len, |out| {
+            self.file.read_tensor_data(t, base, out).is_ok() && W::from_bytes(out).is_some()
+        });
+        if copy.is_some() {
+            self.copy = copy;
+        }
+        self
+    }
+
+    /// For a matrix copied at load, drops the process's mappings of the file's copy of
+    /// its bytes (as [`QuantMatrix::release_file_pages`]).
+    pub fn release_file_pages(&self) {
+        if self.copy.is_some() {
+            self.file
+                .release_mapped_pages(&self.file.tensors()[self.tensor]);
+        }
+    }
+
+    /// Whether the matrix was copied at load ([`Mapped::copied_for_cpu`]).
+    pub fn is_copied(&self) -> bool {
+        self.copy.is_some()
     }
 
     /// Rows `first..first + rows` of this matrix as a matrix of their own, in place (as
@@ -663,7 +760,10 @@ impl<W: MappedElem> Mapped<W> {
     /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
     /// are permuted.
     pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
-        if self.row_order.is_some() || first.checked_add(rows).is_none_or(|e| e > self.rows) {
+        if self.row_order.is_some()
+            || self.copy.is_some()
+            || first.checked_add(rows).is_none_or(|e| e > self.rows)
+        {
             return Err(ModelError::Unsupported(format!(
                 "rows {first}..+{rows} of a [{}, {}] matrix",
                 self.rows, self.cols

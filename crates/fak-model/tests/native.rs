@@ -28,6 +28,11 @@ fn native_keeps_the_matrices_quantized() {
     let mb = m.weight_bytes() as f64 / 1e6;
     println!("native weight bytes: {mb:.1} MB");
     assert!(mb < 120.0, "{mb} MB");
+    // All of it copied at load into the model's huge pages (the embedding repacked to
+    // its size), none read from the map.
+    let matrices = file_matrix_bytes(&smollm2_path());
+    assert_eq!(m.copied_weight_bytes(), matrices);
+    assert_eq!(m.weight_bytes(), m.owned_weight_bytes());
 }
 
 #[fak_testkit::real_model]
@@ -260,11 +265,12 @@ fn the_repacked_embedding_gives_the_file_blocks_bits() {
     assert_eq!(file.ty, QType::Q8_0);
     let packed = file.clone().repacked_for_cpu();
     if !quant::has_avx512_vnni() {
-        println!("no AVX-512 VNNI: the matrix stays as the file has it");
-        assert!(!packed.is_repacked() && packed.ty == QType::Q8_0);
+        println!("no AVX-512 VNNI: the matrix is copied as the file has it");
+        assert!(packed.is_copied() && packed.ty == QType::Q8_0);
+        assert!(packed.bytes() == file.bytes());
         return;
     }
-    assert!(packed.is_repacked() && packed.ty == QType::Q8_0R16);
+    assert!(packed.is_copied() && packed.ty == QType::Q8_0R16);
     assert_eq!(packed.bytes().len(), file.bytes().len());
     let (mut a, mut b) = (vec![0f32; h], vec![0f32; h]);
     for r in (0..v).step_by(97).chain([v - 1]) {
@@ -356,13 +362,11 @@ fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
             assert_eq!(file.ty, QType::Q4_1, "{full}");
             let packed = file.clone().repacked_for_cpu();
             if !quant::has_avx512_vnni() {
-                assert!(!packed.is_repacked() && packed.ty == QType::Q4_1);
+                assert!(packed.is_copied() && packed.ty == QType::Q4_1);
+                assert!(packed.bytes() == file.bytes(), "{full}");
                 continue;
             }
-            assert!(
-                packed.is_repacked() && packed.ty == QType::Q4_1R16,
-                "{full}"
-            );
+            assert!(packed.is_copied() && packed.ty == QType::Q4_1R16, "{full}");
             assert_eq!(packed.bytes().len(), file.bytes().len());
             repacked += 1;
             let [m, cols] = shape;

@@ -36,6 +36,47 @@ fn gemma3_native_keeps_every_matrix_quantized() {
         "native weight bytes: {:.1} MB",
         m.weight_bytes() as f64 / 1e6
     );
+    // Every matrix was copied at load (none is read from the map per token): the
+    // copies are the file's matrices' bytes, the tied embedding repacked to its size.
+    let matrices = file_matrix_bytes(&real_model("gemma3-270m"));
+    assert_eq!(m.copied_weight_bytes(), matrices);
+    assert_eq!(m.weight_bytes(), m.owned_weight_bytes());
+}
+
+/// A layer's matrices of every type the file holds, copied at load into the model's
+/// huge pages as the file stores them (`QuantMatrix::copied_for_cpu`, what a native
+/// load does with every layer matrix but Q4_1), are the file's bytes.
+#[fak_testkit::real_model]
+fn gemma3_layer_copies_are_the_file_bytes() {
+    let (src, cfg) = fak_model::WeightSource::open(&real_model("gemma3-270m")).unwrap();
+    let (h, q, kv, f) = (
+        cfg.hidden_size,
+        cfg.num_attention_heads * cfg.head_dim,
+        cfg.num_key_value_heads * cfg.head_dim,
+        cfg.intermediate_size,
+    );
+    let mut types = std::collections::BTreeSet::new();
+    for l in [0, cfg.num_hidden_layers - 1] {
+        for (name, shape) in [
+            ("self_attn.q_proj.weight", [q, h]),
+            ("self_attn.k_proj.weight", [kv, h]),
+            ("self_attn.v_proj.weight", [kv, h]),
+            ("self_attn.o_proj.weight", [h, q]),
+            ("mlp.gate_proj.weight", [f, h]),
+            ("mlp.up_proj.weight", [f, h]),
+            ("mlp.down_proj.weight", [h, f]),
+        ] {
+            let full = format!("model.layers.{l}.{name}");
+            let file = src.quantized(&full, shape, &cfg).unwrap().unwrap();
+            let copy = file.clone().copied_for_cpu();
+            assert!(copy.is_copied() && !file.is_copied(), "{full}");
+            assert_eq!(copy.ty, file.ty, "{full}");
+            assert!(copy.bytes() == file.bytes(), "{full}");
+            types.insert(file.ty.name());
+        }
+    }
+    // The four block types of the file's layers.
+    assert_eq!(types.len(), 4, "{types:?}");
 }
 
 #[fak_testkit::real_model]

@@ -599,26 +599,41 @@ impl GgufFile {
     /// same bytes (the file's, faulted in again). Errors of `madvise` are ignored: the
     /// pages then stay mapped, which costs memory, never correctness.
     pub fn release_mapped_pages(&self, t: &TensorInfo) {
+        let data = self.tensor_data(t);
+        let off = data.as_ptr() as usize - self.bytes().as_ptr() as usize;
+        self.release_range(off, data.len());
+    }
+
+    /// Drops the process's mappings of the header's pages (the metadata and the tensor
+    /// infos, parsed into owned values at [`open`](Self::open)), as
+    /// [`release_mapped_pages`](Self::release_mapped_pages) drops a tensor's: for a
+    /// caller done reading the header through [`bytes`](Self::bytes) (a tokenizer's
+    /// vocabulary is most of it: ~1.7 MB of SmolLM2's file).
+    pub fn release_header_pages(&self) {
+        let end = usize::try_from(self.data_start).unwrap_or(usize::MAX);
+        self.release_range(0, end.min(self.bytes().len()));
+    }
+
+    /// `MADV_DONTNEED` on bytes `off..off + len` of a mapped file (widened to page
+    /// bounds by the kernel); nothing for a file held in memory or an empty range.
+    fn release_range(&self, off: usize, len: usize) {
         #[cfg(unix)]
         if let Backing::Mmap(map, ..) = &self.backing {
-            let data = self.tensor_data(t);
-            if data.is_empty() {
+            if len == 0 || off.checked_add(len).is_none_or(|e| e > map.len()) {
                 return;
             }
-            let off = data.as_ptr() as usize - map.as_ptr() as usize;
             // SAFETY: the map is a read-only shared mapping of a file that is treated as
             // immutable while open (`open`'s contract): `MADV_DONTNEED` only removes the
             // page-table entries, and any later read of these bytes, through a borrow
             // that outlives this call or a new one, faults the file's same bytes back
             // in. No byte any borrow can observe changes. The range is inside the map
-            // (`tensor_data` is a slice of it; `madvise` widens it to page bounds, which
-            // only unmaps neighbouring pages the same way).
-            let _ = unsafe {
-                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, data.len())
-            };
+            // (checked above; `madvise` widens it to page bounds, which only unmaps
+            // neighbouring pages the same way).
+            let _ =
+                unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, off, len) };
         }
         #[cfg(not(unix))]
-        let _ = t;
+        let _ = (off, len);
     }
 
     /// Copies bytes `at..at + buf.len()` of `t`'s data into `buf`, read from the file
@@ -750,6 +765,19 @@ impl GgufFile {
                 got: data.len(),
             }));
         }
+        // A mapped file's bytes are read with positional reads, not through the map: its
+        // pages then never join the process's resident set (the caller keeps the f32
+        // copy; a norm vector read through the map would bring 64 KB of the matrices
+        // around it with it).
+        let read;
+        let data = if cfg!(unix) && matches!(self.backing, Backing::Mmap(..)) {
+            let mut bytes = vec![0u8; data.len()];
+            self.read_tensor_data(t, 0, &mut bytes)?;
+            read = bytes;
+            &read[..]
+        } else {
+            data
+        };
         let mut out = vec![0f32; n];
         dequantize(t.ggml_type, data, &mut out).map_err(derr)?;
         Ok(out)

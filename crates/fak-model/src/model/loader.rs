@@ -49,11 +49,12 @@ impl Model {
     ) -> Result<Self, ModelError> {
         let c = &config;
         let (h, v) = (c.hidden_size, c.vocab_size);
-        // The vocabulary matrices (the embedding, tied or not, and the head) in the layout
-        // the CPU's kernels read fastest: the head is the largest product of a step,
-        // and a batched step's head reads it once for all sequences. The layers' Q4_1
-        // matrices are repacked too (`Weight::repacked_layer_for_cpu`), their Q8_0 ones
-        // stay in the map.
+        // Every matrix the native path reads from the file is copied into the model's
+        // huge pages (`WeightArena`), the vocabulary matrices (the embedding, tied or
+        // not, and the head) in the layout the CPU's kernels read fastest: the head is
+        // the largest product of a step, and a batched step's head reads it once for
+        // all sequences. The layers' Q4_1 matrices are repacked too
+        // (`Weight::repacked_layer_for_cpu`), the rest copied as the file has them.
         let embed_tokens =
             load_matrix(src, c, mode, "model.embed_tokens.weight", [v, h])?.repacked_for_cpu();
         // The family's per-layer tensor list gives every shape loaded, and the
@@ -139,11 +140,12 @@ impl Model {
             profile: OpProfile::default(),
             read_rope: Default::default(),
         };
-        // The file's copies of the repacked matrices, mapped around the small tensors
-        // read through the map since, leave the resident set.
-        for q in model.held().filter_map(Weight::quant) {
-            q.release_file_pages();
+        // The file's pages of the copied matrices, mapped around the small tensors read
+        // through the map since, leave the resident set.
+        for w in model.held() {
+            w.release_file_pages();
         }
+        src.release_load_pages();
         Ok(model)
     }
 }
@@ -207,7 +209,8 @@ fn load_layer(
         [rows, cols] => match c.family.spec().fused(s, c) {
             None => Ok(load_matrix(src, c, mode, &p(s), [rows, cols])?.repacked_layer_for_cpu()),
             Some((stored, first, total)) => {
-                load_matrix(src, c, mode, &p(stored), [total, cols])?.row_range(first, rows, cols)
+                let all = load_matrix(src, c, mode, &p(stored), [total, cols])?;
+                Ok(all.row_range(first, rows, cols)?.repacked_layer_for_cpu())
             }
         },
         _ => Err(ModelError::Unsupported(format!(

@@ -146,23 +146,31 @@ impl Model {
         counts.into_iter().collect()
     }
 
-    /// How many F32 matrices are read in place from a GGUF file's memory map instead of
-    /// being copied (0 in [`WeightMode::Exact`] and for files without F32 matrices),
-    /// e.g. 211 for an all-F32 SmolLM2 file: 30 × 7 linear layers and the tied
-    /// embedding.
+    /// How many F32 matrices are read as the GGUF file stores them, from the copy made
+    /// at load or in place from the memory map, instead of being copied into `f32`
+    /// buffers of the exact path's (0 in [`WeightMode::Exact`], for files without F32
+    /// matrices and for misaligned F32 data), e.g. 211 for an all-F32 SmolLM2 file:
+    /// 30 × 7 linear layers and the tied embedding.
     pub fn mapped_f32_matrices(&self) -> usize {
         self.held()
             .filter(|m| matches!(m, Weight::Mapped(_)))
             .count()
     }
 
-    /// How many F16 matrices are read in place from a GGUF file's memory map instead of
-    /// being widened into copies ([`Model::mapped_f32_matrices`] for F16: 0 in
+    /// How many F16 matrices are read as the GGUF file stores them instead of being
+    /// widened into `f32` copies ([`Model::mapped_f32_matrices`] for F16: 0 in
     /// [`WeightMode::Exact`]).
     pub fn mapped_f16_matrices(&self) -> usize {
         self.held()
             .filter(|m| matches!(m, Weight::MappedF16(_)))
             .count()
+    }
+
+    /// Bytes of the matrices copied out of the file at load into the model's huge pages
+    /// ([`crate::WeightArena`]), as the file stores them or repacked to the same size
+    /// (0 in [`WeightMode::Exact`]).
+    pub fn copied_weight_bytes(&self) -> usize {
+        self.held().map(Weight::copied_byte_len).sum()
     }
 
     /// The model's configuration.
@@ -327,20 +335,21 @@ impl Model {
         self.prefill_chunk
     }
 
-    /// Bytes of weights the model reads: its own `f32` buffers
-    /// ([`Model::owned_weight_bytes`]) plus, in [`WeightMode::Native`], the matrices
-    /// read from the memory map (quantized, or F32 in place).
+    /// Bytes of weights the model reads per token: its own buffers
+    /// ([`Model::owned_weight_bytes`]) plus, in [`WeightMode::Native`], any matrix
+    /// still read from the memory map (one whose copy at load could not be made).
     pub fn weight_bytes(&self) -> usize {
         let mapped: usize = self.held().map(Weight::mapped_byte_len).sum();
         mapped + self.owned_weight_bytes()
     }
 
-    /// Bytes of weights the model holds in its own buffers (`f32` copies made at
-    /// load, and matrices repacked at load): every weight in [`WeightMode::Exact`]; in
-    /// [`WeightMode::Native`] only what is not read from the memory map (norms, biases,
-    /// matrices of types without a kernel or that need widening, a repacked vocabulary
-    /// matrix). The map's pages are not counted here.
+    /// Bytes of weights the model holds in its own buffers: every weight as `f32` in
+    /// [`WeightMode::Exact`]; in [`WeightMode::Native`] the matrices copied at load as
+    /// the file stores them or repacked ([`Model::copied_weight_bytes`]) and the `f32`
+    /// copies of the rest (norms, biases, matrices of types without a kernel or that
+    /// need widening). The map's pages are not counted here.
     pub fn owned_weight_bytes(&self) -> usize {
+        let copied = self.copied_weight_bytes();
         let l: usize = self
             .layers
             .iter()
@@ -362,8 +371,7 @@ impl Model {
                     + w.down_proj.owned_len()
             })
             .sum();
-        let repacked: usize = self.held().map(Weight::repacked_byte_len).sum();
-        repacked
+        copied
             + 4 * (l
                 + self.embed_tokens.owned_len()
                 + self.norm.len()

@@ -60,30 +60,55 @@ pub enum Weight {
 }
 
 impl Weight {
-    /// A quantized matrix in the layout this CPU's kernels read fastest
-    /// ([`QuantMatrix::repacked_for_cpu`]); any other weight as it is.
+    /// A matrix read from the file in the layout this CPU's kernels read fastest
+    /// ([`QuantMatrix::repacked_for_cpu`]), copied into the model's huge pages
+    /// ([`crate::WeightArena`]); an F32 or F16 matrix copied as it is
+    /// ([`Mapped::copied_for_cpu`](crate::Mapped::copied_for_cpu)); a
+    /// [`Weight::Dense`] as it is.
     pub fn repacked_for_cpu(self) -> Weight {
         match self {
             Weight::Quant(q) => Weight::Quant(q.repacked_for_cpu()),
-            w => w,
+            w => w.copied_for_cpu(),
         }
     }
 
-    /// A layer's matrix in the layout this CPU's kernels read fastest, for the types
-    /// whose layout pays there: Q4_1 in groups of 16 rows
-    /// ([`QuantMatrix::repacked_for_cpu`]), whose multi-token products otherwise unpack
-    /// every block into a prepared buffer per product. A layer's Q8_0 matrices stay in
-    /// the map: repacked in row pairs they held a few MB more at peak (a Q8_0 SmolLM2:
-    /// 221.3 MB against 216.3, more than llama.cpp's 218.5) for products that already
-    /// read their blocks directly; in groups of 16 rows (as the head is) a Q8_0
-    /// SmolLM2's prefill was 10–17% faster but its decode after 512 tokens 5–12% slower
-    /// on a Zen 4 (docs/performance.md, "Tried and kept out").
+    /// A layer's matrix copied into the model's huge pages ([`crate::WeightArena`]),
+    /// in the layout this CPU's kernels read fastest for the types whose layout pays
+    /// there: Q4_1 in groups of 16 rows ([`QuantMatrix::repacked_for_cpu`]), whose
+    /// multi-token products otherwise unpack every block into a prepared buffer per
+    /// product. Every other matrix is copied as the file has it: a layer's Q8_0 in
+    /// groups of 16 rows (as the head is) made a Q8_0 SmolLM2's prefill 10–17% faster
+    /// but its decode after 512 tokens 5–12% slower on a Zen 4 (docs/performance.md,
+    /// "Tried and kept out").
     pub fn repacked_layer_for_cpu(self) -> Weight {
         match self {
             Weight::Quant(q) if q.ty == fak_tensor::quant::QType::Q4_1 => {
                 Weight::Quant(q.repacked_for_cpu())
             }
+            w => w.copied_for_cpu(),
+        }
+    }
+
+    /// A matrix of the file copied as it is into the model's huge pages
+    /// ([`QuantMatrix::copied_for_cpu`], [`Mapped::copied_for_cpu`](crate::Mapped::copied_for_cpu));
+    /// a [`Weight::Dense`] as it is.
+    pub fn copied_for_cpu(self) -> Weight {
+        match self {
+            Weight::Quant(q) => Weight::Quant(q.copied_for_cpu()),
+            Weight::Mapped(m) => Weight::Mapped(m.copied_for_cpu()),
+            Weight::MappedF16(m) => Weight::MappedF16(m.copied_for_cpu()),
             w => w,
+        }
+    }
+
+    /// Drops the process's mappings of the file's pages of a matrix copied at load
+    /// ([`QuantMatrix::release_file_pages`]); nothing for any other.
+    pub(super) fn release_file_pages(&self) {
+        match self {
+            Weight::Quant(q) => q.release_file_pages(),
+            Weight::Mapped(m) => m.release_file_pages(),
+            Weight::MappedF16(m) => m.release_file_pages(),
+            Weight::Dense(_) => {}
         }
     }
 
@@ -141,23 +166,28 @@ impl Weight {
         !matches!(self, Weight::Dense(_))
     }
 
-    /// Bytes of the matrix in the map (0 for [`Weight::Dense`] and a repacked
-    /// matrix).
+    /// Bytes of the matrix read from the map (0 for [`Weight::Dense`] and a matrix
+    /// copied at load).
     pub(super) fn mapped_byte_len(&self) -> usize {
         match self {
             Weight::Dense(_) => 0,
-            Weight::Quant(q) if q.is_repacked() => 0,
+            Weight::Quant(q) if q.is_copied() => 0,
             Weight::Quant(q) => q.bytes().len(),
+            Weight::Mapped(m) if m.is_copied() => 0,
             Weight::Mapped(m) => m.byte_len(),
+            Weight::MappedF16(m) if m.is_copied() => 0,
             Weight::MappedF16(m) => m.byte_len(),
         }
     }
 
-    /// Bytes of a matrix repacked at load ([`QuantMatrix::repacked_for_cpu`]), held
-    /// by the model rather than the map; 0 for any other weight.
-    pub(super) fn repacked_byte_len(&self) -> usize {
+    /// Bytes of a matrix copied at load ([`Weight::repacked_for_cpu`],
+    /// [`Weight::copied_for_cpu`]), held by the model rather than the map; 0 for any
+    /// other weight.
+    pub(super) fn copied_byte_len(&self) -> usize {
         match self {
-            Weight::Quant(q) if q.is_repacked() => q.bytes().len(),
+            Weight::Quant(q) if q.is_copied() => q.bytes().len(),
+            Weight::Mapped(m) if m.is_copied() => m.byte_len(),
+            Weight::MappedF16(m) if m.is_copied() => m.byte_len(),
             _ => 0,
         }
     }

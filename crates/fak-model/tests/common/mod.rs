@@ -46,6 +46,17 @@ pub fn smollm2_path() -> PathBuf {
     real_model("smollm2-135m-instruct")
 }
 
+/// Bytes of a GGUF file's matrices (its 2-D tensors' data, as stored): what a native
+/// load copies into the model's huge pages.
+pub fn file_matrix_bytes(path: &std::path::Path) -> usize {
+    let file = fak_weights::GgufFile::open(path).unwrap();
+    file.tensors()
+        .iter()
+        .filter(|t| t.shape_hf().len() == 2)
+        .map(|t| file.tensor_data(t).len())
+        .sum()
+}
+
 /// The cached file of catalog model `name`, or a failure naming the fetch command.
 pub fn real_model(name: &str) -> PathBuf {
     fak_catalog::require_cached(name).unwrap_or_else(|m| panic!("{m}"))
