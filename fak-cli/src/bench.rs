@@ -372,13 +372,13 @@ pub(crate) fn bench(args: BenchArgs) -> Result<(), CliError> {
         .iter()
         .map(|(t, n)| format!("{t}×{n}"))
         .collect();
-    // F32 and F16 matrices read in place from the file's map (native mode): not copies.
-    let mapped = [
+    // F32 and F16 matrices read as the file stores them (native mode): not widened.
+    let as_stored = [
         ("F32", model.mapped_f32_matrices()),
         ("F16", model.mapped_f16_matrices()),
     ];
-    for (ty, count) in mapped.into_iter().filter(|m| m.1 > 0) {
-        formats.push(format!("{ty}×{count} mapped"));
+    for (ty, count) in as_stored.into_iter().filter(|m| m.1 > 0) {
+        formats.push(format!("{ty}×{count}"));
     }
     let weight_format = if formats.is_empty() {
         "f32".to_string()
