@@ -10,6 +10,11 @@
 //! thread streams ~21–24 GB/s from 4 KB pages and ~29–32 GB/s from 2 MB ones
 //! (docs/performance.md, "Why it is fast").
 //!
+//! The first map is sized to the whole file, reserved at once: where the kernel will not
+//! commit that much (a model larger than memory and swap, a `ulimit -v` below twice the
+//! file: the file stays mapped too), nothing is copied and every matrix is read from the
+//! file's map, with the same bits, as a matrix whose read fails is.
+//!
 //! The advice is a hint: where the kernel refuses it (THP `never`, not Linux) the maps
 //! keep 4 KB pages and the same contents. Pages are only made resident as they are
 //! written, so the maps' unused tails cost address space, not memory (at most one
@@ -87,8 +92,10 @@ impl WeightArena {
 
     /// `len` bytes of a huge-page map, filled by `fill` (given them zeroed) and then
     /// read-only, or `None` when no map of that size can be made or `fill` returns
-    /// `false` (the region is then abandoned: never handed out again, and resident only
-    /// as far as `fill` wrote it).
+    /// `false`. A failed fill's region is given back: its whole pages are returned to
+    /// the system (`MADV_DONTNEED`), the rest zeroed, and the next copy starts there, so
+    /// a read that fails partway holds no memory (the matrix is then read from the
+    /// file's map, and held once).
     pub fn copy_in(&self, len: usize, fill: impl FnOnce(&mut [u8]) -> bool) -> Option<ArenaBytes> {
         // A poisoned lock only means another load panicked while filling: the offset it
         // holds was already moved past that region, so the state is still consistent.
@@ -116,6 +123,8 @@ impl WeightArena {
         // (an `ArenaBytes` for it is only made below, after the borrow ends).
         let region = unsafe { std::slice::from_raw_parts_mut(map.as_mut_ptr().add(offset), len) };
         if !fill(region) {
+            give_back(map, offset, end);
+            *next = offset;
             return None;
         }
         Some(ArenaBytes {
@@ -150,6 +159,32 @@ impl WeightArena {
     }
 }
 
+/// Returns bytes `offset..end` of `map`, a region no `ArenaBytes` covers and no other
+/// borrow holds (a failed `copy_in`'s, its lock still held), to the zeroed state of a
+/// new map: its whole pages dropped (`MADV_DONTNEED`: resident no more, zero when next
+/// touched), the partial pages at its ends zeroed.
+fn give_back(map: &memmap2::MmapRaw, offset: usize, end: usize) {
+    const PAGE: usize = 4096;
+    let (a, b) = (offset.next_multiple_of(PAGE), end / PAGE * PAGE);
+    let zero = |from: usize, to: usize| {
+        if from < to {
+            // SAFETY: `from..to` lies inside `offset..end`, inside the map (checked by
+            // `copy_in` before handing the region out); the caller holds the only
+            // access to that region, and `fill`'s borrow of it has ended.
+            unsafe { std::ptr::write_bytes(map.as_mut_ptr().add(from), 0, to - from) };
+        }
+    };
+    if a < b {
+        // SAFETY: `a..b` is whole pages inside the region (see above), which nothing
+        // else reads or writes: dropping them only makes them zero pages again.
+        let _ = unsafe { map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, a, b - a) };
+        zero(offset, a);
+        zero(b, end);
+    } else {
+        zero(offset, end);
+    }
+}
+
 /// A new anonymous map with room for `len` bytes from its first 2 MB boundary, advised
 /// into transparent huge pages; the returned offset is that boundary.
 fn new_map(len: usize) -> Option<(Arc<memmap2::MmapRaw>, usize)> {
@@ -158,4 +193,52 @@ fn new_map(len: usize) -> Option<(Arc<memmap2::MmapRaw>, usize)> {
     let _ = map.advise(memmap2::Advice::HugePage);
     let start = (map.as_ptr() as usize).next_multiple_of(HUGE_PAGE) - map.as_ptr() as usize;
     Some((Arc::new(memmap2::MmapRaw::from(map)), start))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Copies are written once and read back as written, one after another; a fill
+    /// that fails gives its region back, zeroed, to the next copy.
+    #[test]
+    fn copies_hold_their_bytes_and_a_failed_fill_gives_its_region_back() {
+        let arena = WeightArena::with_capacity(1 << 20);
+        let a = arena
+            .copy_in(1000, |b| {
+                b.iter_mut().enumerate().for_each(|(i, x)| *x = i as u8);
+                true
+            })
+            .unwrap();
+        let mut failed_at = std::ptr::null();
+        let none = arena.copy_in(3 * 4096 + 100, |b| {
+            assert!(b.iter().all(|&x| x == 0), "a new region is zeroed");
+            b.fill(0xAB);
+            failed_at = b.as_ptr();
+            false
+        });
+        assert!(none.is_none());
+        let c = arena
+            .copy_in(5 * 4096, |b| {
+                assert!(b.iter().all(|&x| x == 0), "the region given back is zeroed");
+                assert_eq!(
+                    b.as_ptr(),
+                    failed_at,
+                    "the next copy starts where it failed"
+                );
+                b.fill(7);
+                true
+            })
+            .unwrap();
+        assert!(a.bytes().iter().enumerate().all(|(i, &x)| x == i as u8));
+        assert_eq!(a.bytes().len(), 1000);
+        assert!(c.bytes().len() == 5 * 4096 && c.bytes().iter().all(|&x| x == 7));
+        // A copy larger than the first map's room gets a map of its own.
+        let big = arena.copy_in(2 << 20, |b| {
+            b[0] = 1;
+            true
+        });
+        assert_eq!(big.unwrap().bytes()[0], 1);
+        assert!(a.bytes().iter().enumerate().all(|(i, &x)| x == i as u8));
+    }
 }

@@ -769,12 +769,14 @@ impl GgufFile {
         // pages then never join the process's resident set (the caller keeps the f32
         // copy; a norm vector read through the map would bring 64 KB of the matrices
         // around it with it).
-        let read;
+        // A read that fails falls back to the map (as a matrix whose copy fails does).
+        let mut read = Vec::new();
         let data = if cfg!(unix) && matches!(self.backing, Backing::Mmap(..)) {
-            let mut bytes = vec![0u8; data.len()];
-            self.read_tensor_data(t, 0, &mut bytes)?;
-            read = bytes;
-            &read[..]
+            read.resize(data.len(), 0u8);
+            match self.read_tensor_data(t, 0, &mut read) {
+                Ok(()) => &read[..],
+                Err(_) => data,
+            }
         } else {
             data
         };
