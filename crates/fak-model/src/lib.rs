@@ -12,13 +12,14 @@
 //!   behind one trait, and the registry with one line per family.
 //! - [`WeightSource`]: HF-named `f32` tensors from either format (GGUF Q/K rows
 //!   un-permuted to rotate-half order); for [`WeightMode::Native`], a GGUF's matrices
-//!   left in the memory map instead: [`QuantMatrix`] (block formats; a Q8_0
-//!   vocabulary matrix repacked in row pairs on a CPU with AVX-512 VNNI,
-//!   [`QuantMatrix::repacked_for_cpu`]) and [`MappedF32`] (F32, read in place).
+//!   kept as the file stores them instead: [`QuantMatrix`] (block formats; Q4_1 and a
+//!   Q8_0 vocabulary matrix repacked into 16-row groups on a CPU with AVX-512 VNNI,
+//!   [`QuantMatrix::repacked_for_cpu`]) and [`MappedF32`] / [`MappedF16`] (F32, F16),
+//!   each copied once at load into the huge pages of a [`WeightArena`] (`arena.rs`).
 //! - [`Model`] (`model/`): the weights and [`Model::forward`] over a [`KvStore`];
 //!   [`Model::forward_into`] works in a caller's [`ForwardScratch`] and logits buffer,
-//!   so a decode step allocates nothing. Each matrix is one [`Weight`] (`f32`, F32 in
-//!   the memory map, or quantized blocks; `model/weights.rs`); the loader is
+//!   so a decode step allocates nothing. Each matrix is one [`Weight`] (`f32`, F32/F16
+//!   as stored, or quantized blocks; `model/weights.rs`); the loader is
 //!   `model/loader.rs`; the forward pass, as named steps (embedding, per layer the
 //!   attention block and the MLP block, final norm, head), is `model/forward.rs`, the
 //!   head `model/head.rs`, the matrix products `model/linear.rs`.
