@@ -472,12 +472,8 @@ impl QuantMatrix {
         if self.copy.is_some() || self.file_bytes().len() != len || len == 0 {
             return self;
         }
-        let t = &self.file.tensors()[self.tensor];
         let cols = self.cols;
-        let copy = self.arena.copy_in(len, |out| {
-            if self.file.read_tensor_data(t, base, out).is_err() {
-                return false;
-            }
+        let copy = copy_to_arena(&self.file, self.tensor, &self.arena, base, len, |out| {
             if group == 1 {
                 return true;
             }
@@ -500,10 +496,7 @@ impl QuantMatrix {
     /// (SmolLM2's 60 norm vectors between its Q4_1 matrices held ~4 MB so). Called once
     /// the whole model is loaded. Nothing for a matrix that reads the map.
     pub fn release_file_pages(&self) {
-        if self.copy.is_some() {
-            self.file
-                .release_mapped_pages(&self.file.tensors()[self.tensor]);
-        }
+        release_if_copied(&self.file, self.tensor, &self.copy);
     }
 
     /// Whether the matrix was copied at load ([`QuantMatrix::repacked_for_cpu`],
@@ -606,6 +599,33 @@ impl std::fmt::Debug for QuantMatrix {
             .field("cols", &self.cols)
             .field("permuted", &self.row_order.is_some())
             .finish()
+    }
+}
+
+/// Bytes `base..base + len` of tensor `tensor`'s data read with positional reads
+/// ([`GgufFile::read_tensor_data`], not through the map) into `arena`, then `finish` run
+/// on them in place (a repacking, a check): the copy of a [`QuantMatrix`] or a
+/// [`Mapped`]; `None` when the read, the memory or `finish` fails (the arena then holds
+/// nothing of it, [`WeightArena::copy_in`]).
+fn copy_to_arena(
+    file: &GgufFile,
+    tensor: usize,
+    arena: &WeightArena,
+    base: usize,
+    len: usize,
+    finish: impl FnOnce(&mut [u8]) -> bool,
+) -> Option<ArenaBytes> {
+    let t = &file.tensors()[tensor];
+    arena.copy_in(len, |out| {
+        file.read_tensor_data(t, base, out).is_ok() && finish(out)
+    })
+}
+
+/// Drops the process's mappings of tensor `tensor`'s pages in the file when the matrix
+/// reading it holds a `copy` ([`GgufFile::release_mapped_pages`]); nothing otherwise.
+fn release_if_copied(file: &GgufFile, tensor: usize, copy: &Option<ArenaBytes>) {
+    if copy.is_some() {
+        file.release_mapped_pages(&file.tensors()[tensor]);
     }
 }
 
@@ -729,23 +749,16 @@ impl<W: MappedElem> Mapped<W> {
         if self.copy.is_some() || self.values().len() != self.rows * self.cols || len == 0 {
             return self;
         }
-        let t = &self.file.tensors()[self.tensor];
-        let copy = self.arena.copy_in(len, |out| {
-            self.file.read_tensor_data(t, base, out).is_ok() && W::from_bytes(out).is_some()
+        self.copy = copy_to_arena(&self.file, self.tensor, &self.arena, base, len, |out| {
+            W::from_bytes(out).is_some()
         });
-        if copy.is_some() {
-            self.copy = copy;
-        }
         self
     }
 
     /// For a matrix copied at load, drops the process's mappings of the file's copy of
     /// its bytes (as [`QuantMatrix::release_file_pages`]).
     pub fn release_file_pages(&self) {
-        if self.copy.is_some() {
-            self.file
-                .release_mapped_pages(&self.file.tensors()[self.tensor]);
-        }
+        release_if_copied(&self.file, self.tensor, &self.copy);
     }
 
     /// Whether the matrix was copied at load ([`Mapped::copied_for_cpu`]).

@@ -325,12 +325,7 @@ fn the_repacked_embedding_gives_the_file_blocks_bits() {
 fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
     use fak_tensor::quant::{self, QType};
     let (src, cfg) = fak_model::WeightSource::open(&smollm2_path()).unwrap();
-    let (h, q, kv, f) = (
-        cfg.hidden_size,
-        cfg.q_dim(),
-        cfg.kv_dim(),
-        cfg.intermediate_size,
-    );
+    let h = cfg.hidden_size;
     // Real activations: embedding rows of a prompt's tokens, each tiled to the width.
     let embed = src
         .quantized("model.embed_tokens.weight", [cfg.vocab_size, h], &cfg)
@@ -348,15 +343,7 @@ fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
         .collect();
     let mut repacked = 0;
     for l in 0..cfg.num_hidden_layers {
-        for (name, shape) in [
-            ("self_attn.q_proj.weight", [q, h]),
-            ("self_attn.k_proj.weight", [kv, h]),
-            ("self_attn.v_proj.weight", [kv, h]),
-            ("self_attn.o_proj.weight", [h, q]),
-            ("mlp.gate_proj.weight", [f, h]),
-            ("mlp.up_proj.weight", [f, h]),
-            ("mlp.down_proj.weight", [h, f]),
-        ] {
+        for (name, shape) in layer_matrices(&cfg) {
             let full = format!("model.layers.{l}.{name}");
             let file = src.quantized(&full, shape, &cfg).unwrap().unwrap();
             assert_eq!(file.ty, QType::Q4_1, "{full}");

@@ -49,23 +49,9 @@ fn gemma3_native_keeps_every_matrix_quantized() {
 #[fak_testkit::real_model]
 fn gemma3_layer_copies_are_the_file_bytes() {
     let (src, cfg) = fak_model::WeightSource::open(&real_model("gemma3-270m")).unwrap();
-    let (h, q, kv, f) = (
-        cfg.hidden_size,
-        cfg.num_attention_heads * cfg.head_dim,
-        cfg.num_key_value_heads * cfg.head_dim,
-        cfg.intermediate_size,
-    );
     let mut types = std::collections::BTreeSet::new();
     for l in [0, cfg.num_hidden_layers - 1] {
-        for (name, shape) in [
-            ("self_attn.q_proj.weight", [q, h]),
-            ("self_attn.k_proj.weight", [kv, h]),
-            ("self_attn.v_proj.weight", [kv, h]),
-            ("self_attn.o_proj.weight", [h, q]),
-            ("mlp.gate_proj.weight", [f, h]),
-            ("mlp.up_proj.weight", [f, h]),
-            ("mlp.down_proj.weight", [h, f]),
-        ] {
+        for (name, shape) in layer_matrices(&cfg) {
             let full = format!("model.layers.{l}.{name}");
             let file = src.quantized(&full, shape, &cfg).unwrap().unwrap();
             let copy = file.clone().copied_for_cpu();

@@ -114,7 +114,8 @@ impl Model {
         self.mode
     }
 
-    /// Every matrix held in the memory map ([`WeightMode::Native`]).
+    /// Every matrix kept as the file stores it ([`WeightMode::Native`]): copied at load
+    /// or, where the copy could not be made, read from the memory map.
     fn held(&self) -> impl Iterator<Item = &Weight> {
         let layers = self.layers.iter().flat_map(|l| l.matrices());
         layers

@@ -161,7 +161,8 @@ impl Weight {
         }
     }
 
-    /// Whether the weight is read from the memory map (not [`Weight::Dense`]).
+    /// Whether the weight is kept as the file stores it (copied at load or read from the
+    /// memory map), not widened into a [`Weight::Dense`].
     pub(super) fn is_mapped(&self) -> bool {
         !matches!(self, Weight::Dense(_))
     }

@@ -46,6 +46,26 @@ pub fn smollm2_path() -> PathBuf {
     real_model("smollm2-135m-instruct")
 }
 
+/// A Llama-like layer's seven matrices (HF names after `model.layers.{l}.`) with their
+/// `[out, in]` shapes from `cfg`.
+pub fn layer_matrices(cfg: &fak_model::Config) -> [(&'static str, [usize; 2]); 7] {
+    let (h, q, kv, f) = (
+        cfg.hidden_size,
+        cfg.q_dim(),
+        cfg.kv_dim(),
+        cfg.intermediate_size,
+    );
+    [
+        ("self_attn.q_proj.weight", [q, h]),
+        ("self_attn.k_proj.weight", [kv, h]),
+        ("self_attn.v_proj.weight", [kv, h]),
+        ("self_attn.o_proj.weight", [h, q]),
+        ("mlp.gate_proj.weight", [f, h]),
+        ("mlp.up_proj.weight", [f, h]),
+        ("mlp.down_proj.weight", [h, f]),
+    ]
+}
+
 /// Bytes of a GGUF file's matrices (its 2-D tensors' data, as stored): what a native
 /// load copies into the model's huge pages.
 pub fn file_matrix_bytes(path: &std::path::Path) -> usize {
