@@ -275,9 +275,10 @@ pub(crate) fn resolve_or_pull(model: &str) -> Result<PathBuf, CliError> {
 pub(crate) enum WeightsArg {
     /// f32 weights, the path proven against HF.
     Exact,
-    /// Matrices kept in their GGUF block format, activations quantized per block (an
-    /// F32 or F16 file's matrices read in place from the file, not copied; with AVX-512
-    /// VNNI a Q8_0 embedding/head repacked in row pairs, the same size and bits).
+    /// Matrices kept in the file's type (GGUF block format, F32 or F16; not widened to
+    /// f32), copied once at load into huge-page memory; activations quantized per block
+    /// for the block formats (with AVX-512 VNNI, Q4_1 matrices and a Q8_0
+    /// embedding/head repacked into 16-row groups, the same size and bits).
     Native,
 }
 

@@ -1,10 +1,13 @@
 //! Where weights come from: a GGUF file or a folder of safetensors, both addressed by
 //! HF tensor names (`model.layers.0.self_attn.q_proj.weight`) and both yielding `f32`
 //! ([`WeightSource::load`], a copy). For the native path a GGUF's matrices can stay in
-//! the memory map instead: [`QuantMatrix`] for the block formats with a quantized
-//! kernel, [`Mapped`] for F32 and F16 (read in place; F16 widened by the kernels as they
-//! load it). BF16 matrices need widening and safetensors are not mapped this way: those
-//! are always copied.
+//! the file's type instead: [`QuantMatrix`] for the block formats with a quantized
+//! kernel, [`Mapped`] for F32 and F16 (F16 widened by the kernels as they load it). Both
+//! start as views of the file's memory map; the loader copies each once, with
+//! positional reads, into the source's [`WeightArena`] (huge pages:
+//! [`QuantMatrix::repacked_for_cpu`], [`Mapped::copied_for_cpu`]), and a matrix whose
+//! copy cannot be made is read from the map, with the same bits. BF16 matrices need
+//! widening and safetensors are not read this way: those are always copied to `f32`.
 
 use crate::arena::{ArenaBytes, WeightArena};
 use crate::{family, Config, ModelError};
@@ -40,7 +43,8 @@ type Repack = fn(&[u8], usize, usize, &mut [u8]) -> Result<(), fak_tensor::quant
 pub enum WeightSource {
     /// A GGUF file (memory-mapped).
     Gguf {
-        /// The parsed file (shared with a model that keeps its matrices in the map).
+        /// The parsed file (shared with the native matrices made from it, which read its
+        /// map when their copy at load cannot be made).
         file: Arc<GgufFile>,
         /// HF name -> index into `file.tensors()`.
         by_hf: HashMap<String, usize>,
@@ -238,8 +242,10 @@ impl WeightSource {
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
     /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
     /// Q/K row permutation (if any) can be undone on the output; `None` for every
-    /// other type (F32 and F16, which [`Self::mapped`] reads in place; BF16, other
-    /// block types) and for safetensors, which then stay on the `f32` path.
+    /// other type (F32 and F16, which [`Self::mapped`] gives; BF16, other block types)
+    /// and for safetensors, which then stay on the `f32` path. The matrix is a view of
+    /// the file's memory map until [`QuantMatrix::repacked_for_cpu`] or
+    /// [`QuantMatrix::copied_for_cpu`] copies it.
     ///
     /// # Errors
     /// [`ModelError::MissingTensor`] and [`ModelError::ShapeMismatch`] as [`Self::load`];
@@ -283,14 +289,15 @@ impl WeightSource {
         }))
     }
 
-    /// Tensor `name` as an F32 or F16 matrix read in place from a GGUF file's memory map
-    /// (no `f32` copy), when the file stores it as `W`'s type and its data can be
-    /// borrowed as `&[W]` ([`MappedElem::in_place`]: aligned, the right length, a
-    /// little-endian host). `None` for every other type (BF16 needs widening, the block
-    /// types have [`Self::quantized`]), for data that cannot be borrowed, and for
-    /// safetensors: the caller then copies with [`Self::load`], which gives the same
-    /// values. A `llama` GGUF's Q/K row permutation is kept as [`Mapped::row_order`],
-    /// undone on each product's output.
+    /// Tensor `name` as an F32 or F16 matrix kept in the file's type (no `f32` copy),
+    /// when the file stores it as `W`'s type and its data can be borrowed from the GGUF
+    /// file's memory map as `&[W]` ([`MappedElem::in_place`]: aligned, the right length,
+    /// a little-endian host): a view of the map until [`Mapped::copied_for_cpu`] copies
+    /// it. `None` for every other type (BF16 needs widening, the block types have
+    /// [`Self::quantized`]), for data that cannot be borrowed, and for safetensors: the
+    /// caller then copies with [`Self::load`], which gives the same values. A `llama`
+    /// GGUF's Q/K row permutation is kept as [`Mapped::row_order`], undone on each
+    /// product's output.
     ///
     /// Only for the matrices that [`Self::load`] reads unchanged apart from that row
     /// order: the linear layers and the embedding (a Gemma norm, which `load` shifts by
@@ -376,8 +383,11 @@ impl WeightSource {
     }
 }
 
-/// A `[rows, cols]` matrix left in its GGUF block format inside the memory map (the
-/// fast path's resident weights: no `f32` copy). Row `r` of the file is
+/// A `[rows, cols]` matrix kept in its GGUF block format (the fast path's resident
+/// weights: no `f32` copy): a view of the file's memory map until copied at load into
+/// the source's [`WeightArena`] ([`QuantMatrix::repacked_for_cpu`],
+/// [`QuantMatrix::copied_for_cpu`]), as the loader copies every one, and read from the
+/// map only when that copy cannot be made. Row `r` of the file is
 /// `cols / ty.block_elems()` consecutive blocks.
 #[derive(Clone)]
 pub struct QuantMatrix {
@@ -532,8 +542,8 @@ impl QuantMatrix {
     /// part of a fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
     ///
     /// # Errors
-    /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
-    /// are permuted.
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix, its rows
+    /// are permuted or it was already copied at load.
     pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
         if self.row_order.is_some()
             || self.copy.is_some()
@@ -636,8 +646,8 @@ fn qk_row_order(name: &str, rows: usize, cfg: &Config) -> Result<Option<Vec<u32>
     cfg.family.spec().gguf_row_order(name, rows, cfg)
 }
 
-/// An element type a GGUF matrix is read in place as: `f32` (an F32 tensor) or
-/// [`F16`] (an F16 tensor, widened exactly as the products load it).
+/// An element type a GGUF matrix is kept as, not widened ([`Mapped`]): `f32` (an F32
+/// tensor) or [`F16`] (an F16 tensor, widened exactly as the products load it).
 pub trait MappedElem: WeightElem {
     /// The tensor's data as values of this type, borrowed from the map, or `None` when
     /// it is of another type or cannot be borrowed (see
@@ -674,12 +684,14 @@ impl MappedElem for F16 {
     }
 }
 
-/// A `[rows, cols]` F32 or F16 matrix of a GGUF file read in place from its memory map:
-/// the native path's form of such a file's linear layers and embedding, so the weights
-/// are not copied into `Vec<f32>` (the file's pages are the only copy, shared with the
-/// page cache). Made by [`WeightSource::mapped`], which checked that the data borrows as
-/// `&[W]`; products on it run the `f32` kernels on the same values as the copied (for
-/// F16, widened) form, widening F16 exactly as it is loaded
+/// A `[rows, cols]` F32 or F16 matrix of a GGUF file kept in the file's type: the
+/// native path's form of such a file's linear layers and embedding, so the weights are
+/// not widened into a `Vec<f32>`. Made by [`WeightSource::mapped`] as a view of the
+/// file's memory map (it checked that the data borrows as `&[W]`), then copied once at
+/// load into the source's [`WeightArena`] ([`Mapped::copied_for_cpu`]), after which the
+/// process holds that copy only; read from the map when the copy cannot be made.
+/// Products on it run the `f32` kernels on the same values as the exact path's `f32`
+/// copy (for F16, widened), widening F16 exactly as it is loaded
 /// ([`fak_tensor::WeightElem`]), so results are the same bits.
 pub struct Mapped<W: MappedElem> {
     /// Keeps the map alive as long as the handle.
@@ -702,9 +714,9 @@ pub struct Mapped<W: MappedElem> {
     elem: std::marker::PhantomData<W>,
 }
 
-/// An F32 matrix read in place ([`Mapped`]).
+/// An F32 matrix kept as F32 ([`Mapped`]).
 pub type MappedF32 = Mapped<f32>;
-/// An F16 matrix read in place ([`Mapped`]).
+/// An F16 matrix kept as F16 ([`Mapped`]).
 pub type MappedF16 = Mapped<F16>;
 
 impl<W: MappedElem> Clone for Mapped<W> {
@@ -725,10 +737,11 @@ impl<W: MappedElem> Clone for Mapped<W> {
 
 impl<W: MappedElem> Mapped<W> {
     /// The matrix as row-major `[rows, cols]` values, rows in the file's order (see
-    /// [`Mapped::row_order`]), borrowed from the memory map ([`MappedElem::in_place`],
-    /// which checks alignment and length again on every call). Always `rows × cols`
-    /// long for a handle made by [`WeightSource::mapped`]: the map neither moves nor
-    /// changes while the handle holds it.
+    /// [`Mapped::row_order`]), borrowed from the copy made at load
+    /// ([`MappedElem::from_bytes`]) or, without one, from the memory map
+    /// ([`MappedElem::in_place`]); either checks alignment and length again on every
+    /// call. Always `rows × cols` long for a handle made by [`WeightSource::mapped`]:
+    /// neither the copy nor the map moves or changes while the handle holds it.
     pub fn values(&self) -> &[W] {
         if let Some(copy) = &self.copy {
             return W::from_bytes(copy.bytes()).unwrap_or(&[]);
@@ -770,8 +783,8 @@ impl<W: MappedElem> Mapped<W> {
     /// [`QuantMatrix::row_range`]).
     ///
     /// # Errors
-    /// [`ModelError::Unsupported`] when the range is not inside the matrix or its rows
-    /// are permuted.
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix, its rows
+    /// are permuted or it was already copied at load.
     pub fn row_range(mut self, first: usize, rows: usize) -> Result<Self, ModelError> {
         if self.row_order.is_some()
             || self.copy.is_some()
@@ -787,7 +800,7 @@ impl<W: MappedElem> Mapped<W> {
         Ok(self)
     }
 
-    /// Bytes of the matrix in the map (`size_of::<W>() × rows × cols`).
+    /// Bytes of the matrix (`size_of::<W>() × rows × cols`), in its copy or the map.
     pub fn byte_len(&self) -> usize {
         std::mem::size_of::<W>() * self.rows * self.cols
     }

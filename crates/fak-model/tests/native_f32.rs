@@ -162,7 +162,7 @@ fn olmo2_f32_gguf_gives_the_safetensors_bits() {
 /// transformers loads its parameters but ignores its RoPE scaling and window, so the
 /// witness is the HF-written safetensors model it was made from, proven against HF in
 /// `tests/tiny_oracle.rs`): exact and native give that model's bits, the fused matrices
-/// split into row views of the map.
+/// split by rows (in native mode each part copied at load from its rows of the file).
 #[test]
 fn phi3_f32_gguf_gives_the_safetensors_bits() {
     let path = gguf("phi3.f32.gguf");
@@ -183,10 +183,10 @@ fn phi3_f32_gguf_gives_the_safetensors_bits() {
 /// An F16 GGUF (gguf-py, as llama.cpp's converter writes `--outtype f16`: every matrix
 /// F16, the norms F32; transformers' GGUF loader reads it back to the safetensors
 /// model's parameters with every matrix rounded to f16, oracle-export/README.md): native
-/// mode reads every matrix in place as F16, half the bytes a token of the exact path's
-/// widened copy, and its logits (prefill, decode, mixed; 1 and 2 threads) and its head
-/// (full and by rows) are the exact path's bits, the kernels widening each value as
-/// they load it.
+/// mode keeps every matrix as F16, as the file stores it (copied once at load), half the
+/// bytes a token of the exact path's widened copy, and its logits (prefill, decode,
+/// mixed; 1 and 2 threads) and its head (full and by rows) are the exact path's bits, the
+/// kernels widening each value as they load it.
 #[test]
 fn native_f16_gguf_is_read_as_stored_with_exact_bits() {
     let path = gguf("llama-untied.f16.gguf");

@@ -1,5 +1,5 @@
-//! The matrix products of the forward pass: `out = x · wᵀ` over `f32` weights, F32
-//! read in place from the memory map, or a quantized block format, one at a time
+//! The matrix products of the forward pass: `out = x · wᵀ` over `f32` weights, F32 or
+//! F16 values as the GGUF file stores them, or a quantized block format, one at a time
 //! ([`linear`], [`linear_shared`]) or several of one input ([`linear_group`]).
 
 use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
@@ -89,8 +89,8 @@ pub(super) fn linear_into_slices(
     Ok(())
 }
 
-/// The values of a mapped F32 or F16 matrix used as `[rows, cols]`, or an error when
-/// its shape is another.
+/// The values of an F32 or F16 matrix kept as the file stores it ([`Mapped`]) used as
+/// `[rows, cols]`, or an error when its shape is another.
 pub(super) fn mapped_as<W: MappedElem>(
     m: &Mapped<W>,
     rows: usize,
@@ -155,9 +155,9 @@ fn linear_shared(
     Ok(())
 }
 
-/// [`linear_shared`] over a matrix read in place: the same kernel on the same values as
-/// the copied (for F16, widened) form, so the same bits; a `llama` file's Q/K rows put
-/// back in HF's order after.
+/// [`linear_shared`] over an F32 or F16 matrix as the file stores it ([`Mapped`]): the
+/// same kernel on the same values as the exact path's `f32` copy (for F16, widened), so
+/// the same bits; a `llama` file's Q/K rows put back in HF's order after.
 fn mapped_product<W: MappedElem>(
     m: &Mapped<W>,
     rows: usize,
@@ -175,7 +175,7 @@ fn mapped_product<W: MappedElem>(
     Ok(())
 }
 
-/// [`linear_group`] over matrices of `f32` or F16 values `ws` (in place or owned): one
+/// [`linear_group`] over matrices of `f32` or F16 values `ws` (as stored or owned): one
 /// [`matmul_group`], then each output whose matrix has a row order (`orders`, a `llama`
 /// file's Q/K rows) put back in HF's order.
 fn float_group<W: WeightElem, const N: usize>(
@@ -211,17 +211,18 @@ type GroupItem<'a> = (&'a Weight, usize, &'a mut [f32]);
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
 /// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
 /// instead of one per product. An input with every matrix `f32` (exact mode, or an F32
-/// file read in place), or every matrix F16 read in place, runs as one [`matmul_group`],
-/// which makes it one hand-off for many tokens, and for one token where its products
-/// would be shared from both ends by two threads (not on AMD), else one per product. Anything else runs
-/// [`linear_shared`] per product. Either way each output is the same bits.
+/// file's matrices as stored), or every matrix F16 as stored, runs as one
+/// [`matmul_group`], which makes it one hand-off for many tokens, and for one token where
+/// its products would be shared from both ends by two threads (not on AMD), else one per
+/// product. Anything else runs [`linear_shared`] per product. Either way each output is
+/// the same bits.
 pub(super) fn linear_group<const N: usize>(
     items: &mut [GroupItem<'_>; N],
     x: &mut SharedActs<'_>,
     th: Threads,
 ) -> Result<(), ModelError> {
     let all_native = items.iter().all(|(w, _, _)| w.quant().is_some());
-    // f32 weights (exact mode, or an F32 file read in place), or F16 read in place: one
+    // f32 weights (exact mode, or an F32 file's matrices as stored), or F16 as stored: one
     // hand-off for the group ([`matmul_group`]), each thread claiming chunks of tokens,
     // or of rows for one token. The weights of each product are checked first; then
     // the products go in an array, so that a decode step allocates nothing.

@@ -21,7 +21,8 @@ impl Model {
     }
 
     /// [`Model::load`] keeping the weights as `mode` says ([`WeightMode::Native`]: the
-    /// large matrices stay in the memory map, quantized or F32).
+    /// large matrices kept as the file stores them, quantized, F32 or F16, and copied
+    /// once at load into huge pages).
     ///
     /// # Errors
     /// As [`Model::load`].
@@ -150,9 +151,10 @@ impl Model {
     }
 }
 
-/// One matrix in `mode`: in native mode quantized when its type has a kernel, read in
-/// place when it is F32 or F16 that can be borrowed, else (and in exact mode) an `f32`
-/// copy.
+/// One matrix in `mode`: in native mode quantized when its type has a kernel, kept as
+/// F32 or F16 when it is that and its data can be borrowed from the map (both a view of
+/// the map until the caller copies it, [`Weight::repacked_for_cpu`]), else (and in
+/// exact mode) an `f32` copy.
 fn load_matrix(
     src: &WeightSource,
     c: &Config,
@@ -203,8 +205,8 @@ fn load_layer(
             })
     };
     let tensor = |s: &str| src.load(&p(s), shape(s)?, c);
-    // A matrix stored as rows of a fused tensor is those rows, in place when the fused
-    // tensor stays in the map.
+    // A matrix stored as rows of a fused tensor is those rows: in native mode a view of
+    // them in the map, then copied at load on its own.
     let matrix = |s: &str| match *shape(s)? {
         [rows, cols] => match c.family.spec().fused(s, c) {
             None => Ok(load_matrix(src, c, mode, &p(s), [rows, cols])?.repacked_layer_for_cpu()),

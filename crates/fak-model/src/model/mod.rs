@@ -7,8 +7,9 @@
 //! All math is `f32` with the fixed reduction order of fak-tensor, so a token's output
 //! does not depend on how many tokens share its forward pass or on the thread count.
 //!
-//! - `weights`: [`WeightMode`], [`Weight`] (one matrix: `f32`, F32 in the memory map, or
-//!   a quantized block format) and the weights of a decoder block ([`LayerWeights`]).
+//! - `weights`: [`WeightMode`], [`Weight`] (one matrix: `f32`, F32 or F16 as the file
+//!   stores it, or a quantized block format) and the weights of a decoder block
+//!   ([`LayerWeights`]).
 //! - `loader`: [`Model::from_source_with`] and the other constructors.
 //! - `forward`: [`Model::forward`] and the pass over one batch of tokens as named
 //!   steps: `embed`, then per layer `attention_block` (norm, `qkv`, `rope_qk`, the KV
@@ -16,7 +17,7 @@
 //!   residual) and `mlp_block` (norm, gate/up, activation, down, residual), the final
 //!   norm and the head.
 //! - `head`: the logits head, over every row or over a subset of its rows.
-//! - `linear`: the matrix products (`f32`, mapped F32 or F16, or quantized weights).
+//! - `linear`: the matrix products (`f32`, F32 or F16 as stored, or quantized weights).
 //! - `scratch`: [`ForwardScratch`] and the products' buffers.
 //! - `profile`: [`OpProfile`], the per-op wall time of passes (`fak bench --profile`).
 
@@ -126,7 +127,7 @@ impl Model {
 
     /// The block types of the matrices held quantized, with how many matrices of each
     /// (empty in [`WeightMode::Exact`]), e.g. `[("Q4_1", 210), ("Q8_0", 1)]`. F32 and
-    /// F16 matrices read from the map are not here: see [`Model::mapped_f32_matrices`]
+    /// F16 matrices kept as stored are not here: see [`Model::mapped_f32_matrices`]
     /// and [`Model::mapped_f16_matrices`]. A matrix repacked at load is counted under
     /// the file's type (a Q8_0 vocabulary matrix in row pairs holds Q8_0 blocks, a Q4_1
     /// matrix in groups of 16 rows Q4_1 blocks:
@@ -215,9 +216,9 @@ impl Model {
     }
 
     /// Mutable access to the decoder blocks' weights (for experiments and negative
-    /// controls; the shapes must stay as the config implies). A matrix held in the
-    /// memory map in [`WeightMode::Native`] is a [`Weight::Mapped`] or [`Weight::Quant`]
-    /// here, whose values [`Weight::as_f32_mut`] does not give.
+    /// controls; the shapes must stay as the config implies). A matrix kept as the file
+    /// stores it in [`WeightMode::Native`] is a [`Weight::Mapped`], [`Weight::MappedF16`]
+    /// or [`Weight::Quant`] here, whose values [`Weight::as_f32_mut`] does not give.
     pub fn layer_weights_mut(&mut self) -> &mut [LayerWeights] {
         &mut self.layers
     }

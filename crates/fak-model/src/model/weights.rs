@@ -1,5 +1,6 @@
-//! How a model keeps its weights: [`WeightMode`], the `f32` weights of a decoder block
-//! ([`LayerWeights`]) and the matrices read from the memory map in native mode.
+//! How a model keeps its weights: [`WeightMode`], one matrix ([`Weight`]: `f32`, or in
+//! native mode as the file stores it, copied at load into huge pages) and the weights of
+//! a decoder block ([`LayerWeights`]).
 
 use crate::source::{MappedF16, MappedF32, QuantMatrix};
 use crate::ModelError;
@@ -13,15 +14,18 @@ pub enum WeightMode {
     Exact,
     /// The fast path: the linear layers' matrices (attention q/k/v/o, MLP
     /// gate/up/down, the output head or tied embedding) stay in their GGUF block format
-    /// inside the memory map when their type has a quantized dot product
-    /// (`fak_tensor::quant::QType`); each product quantizes its input row once
-    /// (Q8_0, Q8_1 or Q8_K, as the weight type pairs with) and runs the quantized
-    /// matvec. Embedding rows are dequantized on lookup. A GGUF's F32 matrices are read
-    /// in place from the memory map too ([`MappedF32`], no copy; a `llama` file's Q/K
-    /// row order undone on each product's output) and run the exact path's `f32`
-    /// kernels, so they give the exact path's bits; so are its F16 matrices
-    /// ([`MappedF16`]), which the same kernels widen exactly as they load them. Data that
-    /// cannot be borrowed (misaligned, a big-endian host) is copied as in exact mode.
+    /// when their type has a quantized dot product (`fak_tensor::quant::QType`); each
+    /// product quantizes its input row once (Q8_0, Q8_1 or Q8_K, as the weight type
+    /// pairs with) and runs the quantized matvec. Embedding rows are dequantized on
+    /// lookup. A GGUF's F32 matrices stay as the file stores them too ([`MappedF32`]; a
+    /// `llama` file's Q/K row order undone on each product's output) and run the exact
+    /// path's `f32` kernels, so they give the exact path's bits; so do its F16
+    /// matrices ([`MappedF16`]), which the same kernels widen exactly as they load them.
+    /// Every such matrix is copied once at load, with positional reads, into the model's
+    /// huge pages ([`crate::WeightArena`]; some block types repacked into a layout this
+    /// CPU reads faster, [`Weight::repacked_for_cpu`]), and read from the file's memory
+    /// map only where that copy cannot be made. F32 or F16 data that cannot be borrowed
+    /// from the map (misaligned, a big-endian host) is copied to `f32` as in exact mode.
     /// Norms, biases and matrices of other types (BF16, which needs widening, block
     /// types without a kernel, anything from safetensors) are `f32` copies. Every
     /// token goes through the same per-row kernels whether it is in a prefill or a
@@ -43,19 +47,25 @@ impl WeightMode {
 }
 
 /// One weight matrix, held once in the form the forward pass reads (as candle's
-/// `QMatMul`): `f32` values of its own, F32 read in place from a GGUF file's memory map,
-/// or blocks of a quantized format in the map. [`WeightMode::Exact`] holds every matrix
-/// as [`Weight::Dense`]; [`WeightMode::Native`] holds what it can in the map.
+/// `QMatMul`): `f32` values of its own, or a GGUF file's F32 or F16 values or quantized
+/// blocks as the file stores them. [`WeightMode::Exact`] holds every matrix as
+/// [`Weight::Dense`]; [`WeightMode::Native`] keeps what it can as the file stores it,
+/// each such matrix copied once at load into the model's huge pages
+/// ([`crate::WeightArena`]) or, where that copy cannot be made, read from the file's
+/// memory map.
 #[derive(Clone, Debug)]
 pub enum Weight {
     /// Row-major `f32` values of its own (`[rows, cols]`), through the `f32` kernels.
     Dense(Vec<f32>),
-    /// F32 read in place from the memory map, through the `f32` kernels.
+    /// F32 as the file stores it (copied at load, or in the memory map), through the
+    /// `f32` kernels.
     Mapped(MappedF32),
-    /// F16 read in place from the memory map, through the `f32` kernels (each value
-    /// widened exactly as it is loaded: the bits of the widened matrix).
+    /// F16 as the file stores it (copied at load, or in the memory map), through the
+    /// `f32` kernels (each value widened exactly as it is loaded: the bits of the
+    /// widened matrix).
     MappedF16(MappedF16),
-    /// In its GGUF block format in the memory map, through the quantized kernels.
+    /// In its GGUF block format (copied at load, repacked or as stored, or in the memory
+    /// map), through the quantized kernels.
     Quant(QuantMatrix),
 }
 
@@ -113,11 +123,13 @@ impl Weight {
     }
 
     /// Rows `first..first + rows` of a `[_, cols]` matrix as a matrix of their own: one
-    /// part of a fused tensor. A dense matrix copies them; a mapped or quantized one is
-    /// a view of the same bytes.
+    /// part of a fused tensor. A dense matrix copies them; an F32, F16 or quantized one
+    /// not yet copied at load is a view of the same bytes in the map (the copy at load
+    /// then copies only those rows).
     ///
     /// # Errors
-    /// [`ModelError::Unsupported`] when the range is not inside the matrix.
+    /// [`ModelError::Unsupported`] when the range is not inside the matrix, or a matrix
+    /// kept as the file stores it has permuted rows or was already copied at load.
     pub fn row_range(self, first: usize, rows: usize, cols: usize) -> Result<Weight, ModelError> {
         match self {
             Weight::Dense(w) => w
@@ -135,8 +147,8 @@ impl Weight {
         }
     }
 
-    /// The values of a [`Weight::Dense`] matrix, row-major; `None` for a matrix in the
-    /// memory map.
+    /// The values of a [`Weight::Dense`] matrix, row-major; `None` for a matrix kept as
+    /// the file stores it.
     pub fn as_f32(&self) -> Option<&[f32]> {
         match self {
             Weight::Dense(w) => Some(w),
@@ -194,7 +206,7 @@ impl Weight {
     }
 
     /// `f32` values held in the model's own heap (the length of [`Weight::Dense`], 0
-    /// for a matrix in the map).
+    /// for any other).
     pub(super) fn owned_len(&self) -> usize {
         match self {
             Weight::Dense(w) => w.len(),
@@ -204,8 +216,9 @@ impl Weight {
 }
 
 /// The weights of one decoder block (HF names in the comments): the norms and biases
-/// row-major `f32`, each matrix a [`Weight`] (in [`WeightMode::Native`] one read from
-/// the memory map, held quantized or an F32 GGUF matrix read in place, is not `f32`).
+/// row-major `f32`, each matrix a [`Weight`] (in [`WeightMode::Native`] one kept as the
+/// file stores it, quantized blocks or F32/F16 values copied at load, is not a
+/// [`Weight::Dense`]).
 #[derive(Clone, Debug)]
 pub struct LayerWeights {
     /// `input_layernorm.weight`, `[hidden]`, before attention; `None` when the block
