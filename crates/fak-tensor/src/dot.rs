@@ -211,6 +211,83 @@ pub fn dot_strided_multi<const Q: usize>(
     }
 }
 
+/// Keys per tile of the key-tile layout that [`dot_key_tiles`] reads: a tile holds
+/// [`KEY_TILE`] rows (a KV head's keys) of `len` elements transposed, element `i` of
+/// key `c` at `tile[i * KEY_TILE + c]` ([`put_key_in_tile`]), so element `i` of all its
+/// keys is one 512-bit register.
+pub const KEY_TILE: usize = 16;
+
+/// Writes `row` (`len` elements) as key `c` (`< KEY_TILE`) of `tile`
+/// (`[len, KEY_TILE]`): `tile[i * KEY_TILE + c] = row[i]`.
+///
+/// # Panics
+/// If `c >= KEY_TILE` or `tile` holds fewer than `row.len() * KEY_TILE` values (a
+/// programming error, not bad input).
+#[inline]
+pub fn put_key_in_tile(tile: &mut [f32], c: usize, row: &[f32]) {
+    assert!(c < KEY_TILE && tile.len() >= row.len() * KEY_TILE);
+    for (i, v) in row.iter().enumerate() {
+        tile[i * KEY_TILE + c] = *v;
+    }
+}
+
+/// Dot products of `Q` queries with the keys of `count` consecutive tiles
+/// ([`put_key_in_tile`]'s layout, `len = x[q].len()` elements per key, tile `t` at
+/// `tiles[t * KEY_TILE * len..]`): `out[q][t * KEY_TILE + c] = dot(key c of tile t,
+/// x[q])`, each bit-identical to [`dot`] (and so to [`dot_ref`]).
+///
+/// With AVX-512 every lane of a register is one key: the canonical order's eight lane
+/// sums of a tile's sixteen keys are eight registers, each key's element `i` multiplied
+/// by the query's element `i` broadcast and added in ascending `i` (lane `i mod 8`),
+/// [`reduce_lanes`]' tree is seven adds of whole registers, and the tail is fused in
+/// ascending order after it: the same operations on the same values as one key at a
+/// time, with no horizontal reduction and each tile register loaded once for the `Q`
+/// queries. Without AVX-512 the same order one key at a time.
+///
+/// # Panics
+/// If the queries differ in length, `tiles` holds fewer than `count * KEY_TILE * len`
+/// values or an output fewer than `count * KEY_TILE` (a programming error, not bad
+/// input).
+pub fn dot_key_tiles<const Q: usize>(
+    tiles: &[f32],
+    count: usize,
+    x: [&[f32]; Q],
+    mut out: [&mut [f32]; Q],
+) {
+    let len = x.first().map_or(0, |q| q.len());
+    assert!(
+        x.iter().all(|q| q.len() == len)
+            && tiles.len() >= count * KEY_TILE * len
+            && out.iter().all(|o| o.len() >= count * KEY_TILE),
+        "dot_key_tiles: queries of different lengths, or short tiles or outputs"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if has_avx512_f32() {
+        // SAFETY: AVX-512F was detected; `tiles` holds `count` tiles of `len * KEY_TILE`
+        // values, every query `len` values and every output `count * KEY_TILE` (checked
+        // above).
+        unsafe { avx2::dot_key_tiles_512(tiles, count, x, &mut out) };
+        return;
+    }
+    let n8 = len / LANES * LANES;
+    for (oq, xq) in out.iter_mut().zip(x) {
+        for t in 0..count {
+            let tile = &tiles[t * KEY_TILE * len..];
+            for c in 0..KEY_TILE {
+                let mut acc = [0f32; LANES];
+                for i in 0..n8 {
+                    acc[i % LANES] = tile[i * KEY_TILE + c].mul_add(xq[i], acc[i % LANES]);
+                }
+                let mut s = reduce_lanes(&acc);
+                for i in n8..len {
+                    s = tile[i * KEY_TILE + c].mul_add(xq[i], s);
+                }
+                oq[t * KEY_TILE + c] = s;
+            }
+        }
+    }
+}
+
 /// Tail of a dot product after the lane reduction: fused, ascending (`a`'s elements
 /// widened exactly to `f32`).
 #[inline(always)]
@@ -377,6 +454,55 @@ pub(crate) mod avx2 {
                 oq.get_unchecked_mut(j..j + 8).copy_from_slice(r);
             }
             j += 8;
+        }
+    }
+
+    /// [`super::dot_key_tiles`] with 512-bit registers: for each tile, register
+    /// `acc[q][l]` holds lane `l`'s sum of query `q` for the sixteen keys, element `i`
+    /// of the tile (sixteen keys' values, one load for every query) times query
+    /// element `i` broadcast, in ascending `i`; the lanes are added in
+    /// [`reduce_lanes`]' tree, then the tail elements are fused in ascending order.
+    ///
+    /// # Safety
+    /// The CPU must support AVX-512F; every query holds `len` values, `tiles` at least
+    /// `count * KEY_TILE * len` and every output `count * KEY_TILE`.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn dot_key_tiles_512<const Q: usize>(
+        tiles: &[f32],
+        count: usize,
+        x: [&[f32]; Q],
+        out: &mut [&mut [f32]; Q],
+    ) {
+        const K: usize = super::KEY_TILE;
+        let len = x.first().map_or(0, |q| q.len());
+        debug_assert!(tiles.len() >= count * K * len && x.iter().all(|q| q.len() == len));
+        debug_assert!(out.iter().all(|o| o.len() >= count * K));
+        let n8 = len / LANES * LANES;
+        for t in 0..count {
+            let tp = tiles.as_ptr().add(t * K * len);
+            let mut acc = [[_mm512_setzero_ps(); LANES]; Q];
+            let mut i = 0;
+            while i < n8 {
+                for l in 0..LANES {
+                    let kv = _mm512_loadu_ps(tp.add((i + l) * K));
+                    for (a, xq) in acc.iter_mut().zip(&x) {
+                        let xv = _mm512_set1_ps(*xq.get_unchecked(i + l));
+                        a[l] = _mm512_fmadd_ps(kv, xv, a[l]);
+                    }
+                }
+                i += LANES;
+            }
+            for ((a, xq), o) in acc.iter().zip(&x).zip(out.iter_mut()) {
+                let mut s = _mm512_add_ps(
+                    _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                    _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])),
+                );
+                for j in n8..len {
+                    let kv = _mm512_loadu_ps(tp.add(j * K));
+                    s = _mm512_fmadd_ps(kv, _mm512_set1_ps(*xq.get_unchecked(j)), s);
+                }
+                _mm512_storeu_ps(o.as_mut_ptr().add(t * K), s);
+            }
         }
     }
 
@@ -689,6 +815,43 @@ mod tests {
                     assert_eq!(g.to_bits(), want.to_bits(), "len={len} q={q} j={j}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn key_tile_dots_equal_single_dots_bitwise() {
+        let mut s = 19u64;
+        // Key lengths on and off the 8-element grid (a tail of 1 to 7), and none; three
+        // tiles.
+        for len in [0usize, 1, 7, 8, 9, 20, 64, 100, 256] {
+            let keys: Vec<Vec<f32>> = (0..3 * KEY_TILE)
+                .map(|_| (0..len).map(|_| lcg(&mut s) * 3.0).collect())
+                .collect();
+            let mut tiles = vec![f32::NAN; 3 * len * KEY_TILE];
+            for (j, k) in keys.iter().enumerate() {
+                let tile = &mut tiles[j / KEY_TILE * len * KEY_TILE..];
+                put_key_in_tile(tile, j % KEY_TILE, k);
+            }
+            let xs: Vec<Vec<f32>> = (0..3)
+                .map(|_| (0..len).map(|_| lcg(&mut s)).collect())
+                .collect();
+            let mut got = vec![vec![f32::NAN; 3 * KEY_TILE]; 3];
+            let [g0, g1, g2] = &mut got[..] else {
+                unreachable!()
+            };
+            dot_key_tiles(&tiles, 3, [&xs[0], &xs[1], &xs[2]], [g0, g1, g2]);
+            let mut one = vec![f32::NAN; 3 * KEY_TILE];
+            dot_key_tiles(&tiles, 3, [&xs[2]], [&mut one]);
+            for (q, gq) in got.iter().enumerate() {
+                for (j, g) in gq.iter().enumerate() {
+                    let want = dot_ref(&keys[j], &xs[q]);
+                    assert_eq!(g.to_bits(), want.to_bits(), "len={len} q={q} key={j}");
+                }
+            }
+            assert!(one
+                .iter()
+                .zip(&got[2])
+                .all(|(a, b)| a.to_bits() == b.to_bits()));
         }
     }
 

@@ -39,7 +39,9 @@ pub mod pool;
 pub mod quant;
 pub mod tanh;
 
-pub use dot::{dot, dot_ref, dot_strided, dot_strided_multi};
+pub use dot::{
+    dot, dot_key_tiles, dot_ref, dot_strided, dot_strided_multi, put_key_in_tile, KEY_TILE,
+};
 pub use elem::{WeightElem, F16};
 pub use matmul::{matmul, matmul_group, matmul_ref, parallel_chunks, Linear, Threads};
 pub use ops::{

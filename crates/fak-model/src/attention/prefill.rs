@@ -6,12 +6,22 @@
 //! over the keys the tokens all see; each (token, head, key) still gets exactly the
 //! canonical dot and each output the ascending sum, so the bits are those of one token
 //! and one head at a time (decode == prefill).
+//!
+//! With AVX-512 the scores come from the keys laid out once per layer in tiles of
+//! sixteen keys, element-major ([`key_tiles`]), so one register holds an element of
+//! sixteen keys and the canonical order's lane sums are whole registers
+//! ([`fak_tensor::dot_key_tiles`]): no horizontal reduction per key. A SmolLM2-shaped
+//! layer (9 heads, 3 KV heads of 64, 512 tokens) on one thread of a Zen 4: ~7.3 →
+//! ~5.9 ms for the whole attention. Without AVX-512 the rows are read where they lie
+//! ([`group_scores`]).
 
 use super::AttentionShape;
 use crate::kv::{window_start, KvRows};
+use fak_tensor::pool::Disjoint;
 use fak_tensor::{
-    dot_strided, dot_strided_multi, parallel_chunks, scale_in_place, softmax_in_place,
-    softmax_rows_in_place, weighted_rows_accumulate, Threads,
+    dot_key_tiles, dot_strided, dot_strided_multi, parallel_chunks, put_key_in_tile,
+    scale_in_place, softmax_in_place, softmax_rows_in_place, weighted_rows_accumulate, Threads,
+    KEY_TILE,
 };
 
 /// Tokens per block: the tokens of a block share the K and V row loads of the keys they
@@ -39,7 +49,8 @@ const KEY_STEP: usize = 64;
 /// One chunk per (block of up to [`QB`] tokens, KV head): the block's tokens and the
 /// GQA group's query heads share every K and V row the chunk reads ([`group_scores`],
 /// [`group_sums`]), so a KV head's rows are read once per block rather than once per
-/// query head. Allocates one score buffer per chunk.
+/// query head. `tiles` is scratch for the keys laid out in tiles (resized here; the
+/// AVX-512 path, [`key_tiles`]). Allocates one score buffer per chunk.
 ///
 /// # Panics
 /// If the slices are shorter than the shape says or `n` exceeds the entries (a
@@ -54,12 +65,54 @@ pub(crate) fn prefill_attention(
     window: Option<usize>,
     n: usize,
     attn: &mut [f32],
+    tiles: &mut Vec<f32>,
     th: Threads,
+) {
+    let scores = if fak_tensor::cpu::has_avx512_f32() {
+        Scores::Tiled
+    } else {
+        Scores::Strided
+    };
+    prefill_attention_by(s, q, keys, vals, pos, window, n, attn, tiles, th, scores);
+}
+
+/// How a prefill computes its scores (the same bits either way).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Scores {
+    /// From the cache's rows ([`group_scores`]).
+    Strided,
+    /// From the keys laid out in tiles first ([`key_tiles`], [`tile_scores`]): with
+    /// AVX-512.
+    Tiled,
+}
+
+/// [`prefill_attention`] with its scores computed as `by` says.
+#[allow(clippy::too_many_arguments)]
+fn prefill_attention_by(
+    s: AttentionShape,
+    q: &[f32],
+    keys: KvRows<'_>,
+    vals: KvRows<'_>,
+    pos: &[u32],
+    window: Option<usize>,
+    n: usize,
+    attn: &mut [f32],
+    tiles: &mut Vec<f32>,
+    th: Threads,
+    by: Scores,
 ) {
     let (nh, group, hd, scale) = (s.heads, s.group, s.head_dim, s.scale);
     let kv_heads = nh / group;
     let qd = nh * hd;
     let m = pos.len();
+    // The first key any new token sees (the first token's window start: the starts
+    // never decrease).
+    let kb = if n == 0 {
+        m
+    } else {
+        window_start(pos, m - n, window)
+    };
+    let tiled = (by == Scores::Tiled).then(|| key_tiles(keys, kb..m, kv_heads, hd, tiles, th));
     let outs: Vec<std::sync::Mutex<&mut [f32]>> = attn[..n * qd]
         .chunks_exact_mut(hd)
         .map(std::sync::Mutex::new)
@@ -88,18 +141,26 @@ pub(crate) fn prefill_attention(
                     .map(move |t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
             })
             .collect();
-        // One score row per query, head-major, cut from one buffer.
-        let per_head: usize = ranges.iter().map(|&(s, e)| e + 1 - s).sum();
-        let mut buf = vec![0f32; group * per_head];
-        let mut scores: Vec<&mut [f32]> = Vec::with_capacity(qs.len());
-        let mut rest = &mut buf[..];
-        for _ in heads.clone() {
-            for &(s, e) in &ranges {
-                let (row, tail) = rest.split_at_mut(e + 1 - s);
-                scores.push(row);
-                rest = tail;
+        let mut buf = Vec::new();
+        let scores = match &tiled {
+            Some(t) => tile_scores(&ranges, &qs, t, g, scale, &mut buf),
+            None => {
+                // One score row per query, head-major, cut from one buffer.
+                let per_head: usize = ranges.iter().map(|&(s, e)| e + 1 - s).sum();
+                buf.resize(group * per_head, 0.0);
+                let mut scores: Vec<&mut [f32]> = Vec::with_capacity(qs.len());
+                let mut rest = &mut buf[..];
+                for _ in heads.clone() {
+                    for &(s, e) in &ranges {
+                        let (row, tail) = rest.split_at_mut(e + 1 - s);
+                        scores.push(row);
+                        rest = tail;
+                    }
+                }
+                group_scores(&ranges, &qs, k_at, scale, &mut scores);
+                scores
             }
-        }
+        };
         let mut out: Vec<std::sync::MutexGuard<'_, &mut [f32]>> = heads
             .clone()
             .flat_map(|hq| tokens.clone().map(move |t| t * nh + hq))
@@ -109,7 +170,6 @@ pub(crate) fn prefill_attention(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
             })
             .collect();
-        group_scores(&ranges, &qs, k_at, scale, &mut scores);
         group_sums(&ranges, &scores, v_at, &mut out);
     });
     drop(outs);
@@ -187,6 +247,11 @@ fn group_scores(
             }
         }
     }
+    finish_scores(scores, scale);
+}
+
+/// Every score row times `scale`, then softmaxed, as one query at a time.
+fn finish_scores(scores: &mut [&mut [f32]], scale: f32) {
     for sc in scores.iter_mut() {
         scale_in_place(sc, scale);
     }
@@ -205,6 +270,121 @@ fn group_scores(
             rows => rows.iter_mut().for_each(|sc| softmax_in_place(sc)),
         }
     }
+}
+
+/// Keys per chunk of [`key_tiles`]' hand-off (a multiple of [`KEY_TILE`]).
+const TILE_CHUNK_KEYS: usize = 8 * KEY_TILE;
+
+/// A layer's keys `first..` laid out in tiles ([`key_tiles`]).
+struct Tiles<'a> {
+    /// `[kv_heads, tiles, head_dim, KEY_TILE]`.
+    data: &'a [f32],
+    /// The entry of the first tile's first key.
+    first: usize,
+    /// Tiles per KV head.
+    count: usize,
+    hd: usize,
+}
+
+/// Lays the keys of entries `range` out in tiles of [`KEY_TILE`] keys
+/// ([`fak_tensor::put_key_in_tile`]) into `tiles`, resized to `[kv_heads, tiles,
+/// head_dim, KEY_TILE]` (the last tile's keys past the range zero): tile `t` of KV head
+/// `g` holds entries `range.start + KEY_TILE·t ..`, each key's head `g` values
+/// transposed. One chunk per KV head and [`TILE_CHUNK_KEYS`] keys on the pool, each
+/// writing its own tiles.
+fn key_tiles<'a>(
+    keys: KvRows<'_>,
+    range: std::ops::Range<usize>,
+    kv_heads: usize,
+    hd: usize,
+    tiles: &'a mut Vec<f32>,
+    th: Threads,
+) -> Tiles<'a> {
+    let count = range.len().div_ceil(KEY_TILE);
+    let tile_len = KEY_TILE * hd;
+    let per_chunk = TILE_CHUNK_KEYS / KEY_TILE * tile_len;
+    tiles.clear();
+    tiles.resize(kv_heads * count * tile_len, 0.0);
+    let all = Disjoint::new(&mut tiles[..]);
+    let chunks = range.len().div_ceil(TILE_CHUNK_KEYS);
+    parallel_chunks(kv_heads * chunks, th, &|c| {
+        let (g, c) = (c / chunks, c % chunks);
+        let from = range.start + c * TILE_CHUNK_KEYS;
+        let to = (from + TILE_CHUNK_KEYS).min(range.end);
+        let at = g * count * tile_len + c * per_chunk;
+        let end = (at + per_chunk).min((g + 1) * count * tile_len);
+        // SAFETY: the pool calls each chunk index once, and chunk `(g, c)` alone writes
+        // the tiles of KV head `g` for its keys: `at..end`, within head `g`'s tiles.
+        let part = unsafe { all.part(at..end) };
+        keys.for_cols(from..to, g * hd..(g + 1) * hd, |rows, stride, r| {
+            for (i, j) in r.enumerate() {
+                let (t, key) = ((j - from) / KEY_TILE, (j - from) % KEY_TILE);
+                let row = &rows[i * stride..][..hd];
+                put_key_in_tile(&mut part[t * tile_len..][..tile_len], key, row);
+            }
+        });
+    });
+    Tiles {
+        data: tiles,
+        first: range.start,
+        count,
+        hd,
+    }
+}
+
+/// The softmaxed scores of [`group_scores`] from KV head `g`'s key tiles, cut from
+/// `buf`: every query's dots with the tiles holding any key of the block's ranges,
+/// three queries at a time over all those tiles in one call ([`dot_key_tiles`], each
+/// dot the canonical one), into a window of its own in `buf`; query `q`'s score row is
+/// the part of its window its range covers (the rest is never read). Then the scale
+/// and softmax as there. The same bits.
+fn tile_scores<'b>(
+    ranges: &[(usize, usize)],
+    qs: &[&[f32]],
+    tiles: &Tiles<'_>,
+    g: usize,
+    scale: f32,
+    buf: &'b mut Vec<f32>,
+) -> Vec<&'b mut [f32]> {
+    let nt = ranges.len();
+    let lo = ranges.iter().map(|r| r.0).min().unwrap_or(tiles.first);
+    let hi = ranges.iter().map(|r| r.1).max().unwrap_or(tiles.first);
+    let (t0, t1) = (
+        (lo - tiles.first) / KEY_TILE,
+        (hi - tiles.first) / KEY_TILE + 1,
+    );
+    let (base, count) = (tiles.first + t0 * KEY_TILE, t1 - t0);
+    let tile_len = KEY_TILE * tiles.hd;
+    let at = (g * tiles.count + t0) * tile_len;
+    let run = &tiles.data[at..at + count * tile_len];
+    let w = count * KEY_TILE;
+    buf.clear();
+    buf.resize(qs.len() * w, 0.0);
+    let (mut q, mut rest) = (qs, &mut buf[..]);
+    while !q.is_empty() {
+        let take = q.len().min(3);
+        let (qh, qt) = q.split_at(take);
+        let (wins, tail) = rest.split_at_mut(take * w);
+        let mut it = wins.chunks_exact_mut(w);
+        let mut win = || it.next().expect("one window per query");
+        match *qh {
+            [a, b, c] => dot_key_tiles(run, count, [a, b, c], [win(), win(), win()]),
+            [a, b] => dot_key_tiles(run, count, [a, b], [win(), win()]),
+            [a] => dot_key_tiles(run, count, [a], [win()]),
+            _ => unreachable!("one to three queries at a time"),
+        }
+        (q, rest) = (qt, tail);
+    }
+    let mut scores: Vec<&mut [f32]> = buf
+        .chunks_exact_mut(w.max(1))
+        .enumerate()
+        .map(|(q, win)| {
+            let (s, e) = ranges[q % nt];
+            &mut win[s - base..=e - base]
+        })
+        .collect();
+    finish_scores(&mut scores, scale);
+    scores
 }
 
 /// `out[q] = Σ_j scores[q][j − first] · v_j` for query `q` of a block (head-major, as
@@ -366,10 +546,17 @@ mod tests {
                 let v: Vec<f32> = (0..m * kvd).map(|_| r()).collect();
                 let want = per_query(s, &q, &k, &v, &pos, window, n);
                 let cuts: [&[usize]; 2] = [&[], &[1, m / 2, m - 1]];
-                for (cut, threads) in cuts.iter().flat_map(|c| [1, 2, 3].map(|t| (c, t))) {
+                let by = [Scores::Strided, Scores::Tiled];
+                let cases = cuts
+                    .iter()
+                    .flat_map(|c| [1, 2, 3].map(|t| (c, t)))
+                    .flat_map(|(c, t)| by.map(|b| (c, t, b)));
+                for (cut, threads, by) in cases {
                     let runs = |x| cut_runs(x, kvd, cut, m);
                     let mut out = vec![f32::NAN; n * qd];
-                    prefill_attention(
+                    // A tile buffer left over from a larger call: resized, not trusted.
+                    let mut tiles = vec![f32::NAN; 3 * m * kvd];
+                    prefill_attention_by(
                         s,
                         &q,
                         runs(&k),
@@ -378,11 +565,13 @@ mod tests {
                         window,
                         n,
                         &mut out,
+                        &mut tiles,
                         Threads::new(threads),
+                        by,
                     );
                     assert!(
                         same_bits(&out, &want),
-                        "heads {heads}/{kv_heads} × {hd}, {n} of {m} entries, window {window:?}, runs cut at {cut:?}, {threads} threads"
+                        "heads {heads}/{kv_heads} × {hd}, {n} of {m} entries, window {window:?}, runs cut at {cut:?}, {threads} threads, scores {by:?}"
                     );
                 }
             }

@@ -875,7 +875,7 @@ impl Model {
             let first = window_start(pos, m - 1, window);
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
         } else if keys.kv_type() == KvType::F32 && vals.kv_type() == KvType::F32 {
-            prefill_attention(shape, q, keys, vals, pos, window, n, attn, th);
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, scores, th);
         } else {
             // A compact cache: the entries the new tokens see (from the first one's
             // window start), widened once into `scores` (the prefill does not need it
@@ -889,7 +889,8 @@ impl Model {
             widen_in_parts(keys, lo..m, kw, th);
             widen_in_parts(vals, lo..m, vw, th);
             let (keys, vals) = (KvRows::contiguous(kw, kvd), KvRows::contiguous(vw, kvd));
-            prefill_attention(shape, q, keys, vals, &pos[lo..], window, n, attn, th);
+            let tiles = &mut Vec::new();
+            prefill_attention(shape, q, keys, vals, &pos[lo..], window, n, attn, tiles, th);
         }
     }
 
