@@ -22,8 +22,10 @@
 //! - prompts are prefilled in pieces: with decode tokens in the pass, or another
 //!   attached session not in it (it may be between two decode steps), the rows left
 //!   of [`BatchPolicy::max_rows`] (at least [`BatchPolicy::min_prefill_rows`]); when
-//!   every attached session's call is a prompt in this pass, [`Model::prefill_chunk`]
-//!   rows. So a long prompt arriving delays the others'
+//!   every attached session's call is a prompt in this pass (nobody is between two
+//!   decode steps), up to [`BatchPolicy::max_prefill_rows`] rows of them together, so
+//!   prompts that arrive together are prefilled together and their sessions decode
+//!   together from their first token on. So a long prompt arriving delays the others'
 //!   next token by a bounded amount, not by its whole prefill. Prompts are served in
 //!   the order they arrived (FIFO).
 
@@ -45,6 +47,14 @@ pub struct BatchPolicy {
     pub min_prefill_rows: usize,
     /// Longest a pass waits, after its first call, for the other attached sessions'.
     pub gather: Duration,
+    /// Most prompt rows one pass runs when no session decodes (llama.cpp's server
+    /// takes up to its `n_batch`, 2,048 tokens, of all waiting prompts in one pass):
+    /// eight 64-token prompts arriving at once are one pass, and their sessions then
+    /// decode together, where a pass of [`Model::prefill_chunk`] rows left half of them
+    /// to be prefilled a few rows a pass beside the others' decode steps. The model
+    /// runs a pass in batches of [`Model::prefill_chunk`] tokens, so this bounds how
+    /// long a pass takes (what a session attaching meanwhile waits), not its memory.
+    pub max_prefill_rows: usize,
 }
 
 impl Default for BatchPolicy {
@@ -53,6 +63,7 @@ impl Default for BatchPolicy {
             max_rows: 32,
             min_prefill_rows: 16,
             gather: Duration::from_millis(2),
+            max_prefill_rows: 1024,
         }
     }
 }
@@ -389,7 +400,7 @@ impl Inner {
                 .saturating_sub(rows)
                 .max(p.min_prefill_rows.max(1))
         } else {
-            self.model.prefill_chunk().max(1)
+            p.max_prefill_rows.max(1)
         };
         for (i, c) in calls.iter().enumerate() {
             if c.ids.len() == 1 || budget == 0 {
@@ -554,17 +565,26 @@ mod tests {
         p.iter().map(|p| p.rows.len()).sum()
     }
 
-    /// A prompt alone takes a whole chunk; beside decode tokens, or with another session
-    /// attached that may be between two decode steps, a pass stays within `max_rows`.
+    /// Prompts alone take up to `max_prefill_rows` together; beside decode tokens, or
+    /// with another session attached that may be between two decode steps, a pass
+    /// stays within `max_rows`.
     #[test]
-    fn a_prompt_takes_a_whole_chunk_only_when_nobody_else_may_be_decoding() {
+    fn prompts_fill_a_pass_only_when_nobody_else_may_be_decoding() {
         let inner = inner();
         let m = Arc::clone(&inner.model);
-        let chunk = m.prefill_chunk();
-        let max = inner.policy.max_rows;
+        let (max, most) = (inner.policy.max_rows, inner.policy.max_prefill_rows);
         let prompt = [call(&m, 200, 0)];
-        assert_eq!(rows(&inner.plan(&prompt, 1)), 200.min(chunk));
+        assert_eq!(rows(&inner.plan(&prompt, 1)), 200.min(most));
         assert_eq!(rows(&inner.plan(&prompt, 2)), max);
+        // Eight prompts arriving together: every row of them in one pass, in arrival
+        // order, up to `max_prefill_rows`.
+        let eight: Vec<Call> = (0..8).map(|i| call(&m, 64, i)).collect();
+        let p = inner.plan(&eight, 8);
+        assert_eq!(rows(&p), (8 * 64).min(most));
+        assert!(p.iter().zip(0..).all(|(p, i)| p.call == i));
+        let long: Vec<Call> = (0..3).map(|i| call(&m, most, i)).collect();
+        let p = inner.plan(&long, 3);
+        assert_eq!((rows(&p), p.len()), (most, 1));
         let mixed = [call(&m, 200, 0), call(&m, 1, 1), call(&m, 1, 2)];
         let p = inner.plan(&mixed, 3);
         assert_eq!(rows(&p), max);

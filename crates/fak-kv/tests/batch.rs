@@ -67,6 +67,7 @@ fn test_policy() -> BatchPolicy {
         max_rows: 12,
         min_prefill_rows: 5,
         gather: Duration::from_millis(200),
+        max_prefill_rows: 256,
     }
 }
 
@@ -257,6 +258,7 @@ fn a_cancelled_prompt_leaves_the_batch_within_a_pass() {
         max_rows: 4,
         min_prefill_rows: 4,
         gather: Duration::from_millis(30),
+        max_prefill_rows: 256,
     };
     let batcher = Batcher::new(Arc::clone(&m), policy).unwrap();
     let mut idle = Session::new(Arc::clone(&m));

@@ -107,6 +107,7 @@ fn assert_shared_equals_private(m: Arc<Model>, sys: usize, batched: bool, label:
             max_rows: 12,
             min_prefill_rows: 5,
             gather: Duration::from_millis(200),
+            max_prefill_rows: 256,
         };
         let batcher = Batcher::new(Arc::clone(&m), policy).unwrap();
         let start = Arc::new(Barrier::new(n));
