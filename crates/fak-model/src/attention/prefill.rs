@@ -142,8 +142,9 @@ fn prefill_attention_by(
             })
             .collect();
         let mut buf = Vec::new();
+        let mut windows = WINDOWS.take();
         let scores = match &tiled {
-            Some(t) => tile_scores(&ranges, &qs, t, g, scale, &mut buf),
+            Some(t) => tile_scores(&ranges, &qs, t, g, scale, &mut windows),
             None => {
                 // One score row per query, head-major, cut from one buffer.
                 let per_head: usize = ranges.iter().map(|&(s, e)| e + 1 - s).sum();
@@ -171,6 +172,8 @@ fn prefill_attention_by(
             })
             .collect();
         group_sums(&ranges, &scores, v_at, &mut out);
+        drop(scores);
+        WINDOWS.set(windows);
     });
     drop(outs);
 }
@@ -272,6 +275,12 @@ fn finish_scores(scores: &mut [&mut [f32]], scale: f32) {
     }
 }
 
+thread_local! {
+    /// Each pool thread's score windows of [`tile_scores`], kept from chunk to chunk
+    /// (grown as needed) rather than allocated and zeroed for each.
+    static WINDOWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
 /// Keys per chunk of [`key_tiles`]' hand-off (a multiple of [`KEY_TILE`]).
 const TILE_CHUNK_KEYS: usize = 8 * KEY_TILE;
 
@@ -303,8 +312,19 @@ fn key_tiles<'a>(
     let count = range.len().div_ceil(KEY_TILE);
     let tile_len = KEY_TILE * hd;
     let per_chunk = TILE_CHUNK_KEYS / KEY_TILE * tile_len;
-    tiles.clear();
-    tiles.resize(kv_heads * count * tile_len, 0.0);
+    // Grown, never shrunk or cleared: every key of the range is written below, and the
+    // last tile's keys past it are zeroed (their dots are never read; zero keeps them
+    // finite).
+    let need = kv_heads * count * tile_len;
+    if tiles.len() < need {
+        tiles.resize(need, 0.0);
+    }
+    let tiles = &mut tiles[..need];
+    if !range.len().is_multiple_of(KEY_TILE) {
+        for g in 0..kv_heads {
+            tiles[(g * count + count - 1) * tile_len..][..tile_len].fill(0.0);
+        }
+    }
     let all = Disjoint::new(&mut tiles[..]);
     let chunks = range.len().div_ceil(TILE_CHUNK_KEYS);
     parallel_chunks(kv_heads * chunks, th, &|c| {
@@ -358,8 +378,11 @@ fn tile_scores<'b>(
     let at = (g * tiles.count + t0) * tile_len;
     let run = &tiles.data[at..at + count * tile_len];
     let w = count * KEY_TILE;
-    buf.clear();
-    buf.resize(qs.len() * w, 0.0);
+    // Grown, never cleared: every window is written whole below before it is read.
+    if buf.len() < qs.len() * w {
+        buf.resize(qs.len() * w, 0.0);
+    }
+    let buf = &mut buf[..qs.len() * w];
     let (mut q, mut rest) = (qs, &mut buf[..]);
     while !q.is_empty() {
         let take = q.len().min(3);
