@@ -8,7 +8,7 @@ mod decode;
 mod prefill;
 
 pub(crate) use decode::decode_attention;
-pub(crate) use prefill::prefill_attention;
+pub(crate) use prefill::{prefill_attention, Scores};
 
 /// The shapes of one layer's attention (a decode step's or a prefill's).
 #[derive(Clone, Copy, Debug)]

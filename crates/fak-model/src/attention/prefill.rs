@@ -49,46 +49,15 @@ const KEY_STEP: usize = 64;
 /// One chunk per (block of up to [`QB`] tokens, KV head): the block's tokens and the
 /// GQA group's query heads share every K and V row the chunk reads ([`group_scores`],
 /// [`group_sums`]), so a KV head's rows are read once per block rather than once per
-/// query head. `tiles` is scratch for the keys laid out in tiles (resized here; the
-/// AVX-512 path, [`key_tiles`]). Allocates one score buffer per chunk.
+/// query head. The scores are computed as `by` says ([`Scores::for_cpu`] the fast one),
+/// the same bits either way; `tiles` is scratch for the keys laid out in tiles (grown
+/// here, [`Scores::Tiled`]). Allocates one score buffer per chunk (the strided path).
 ///
 /// # Panics
 /// If the slices are shorter than the shape says or `n` exceeds the entries (a
 /// programming error, not bad input).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn prefill_attention(
-    s: AttentionShape,
-    q: &[f32],
-    keys: KvRows<'_>,
-    vals: KvRows<'_>,
-    pos: &[u32],
-    window: Option<usize>,
-    n: usize,
-    attn: &mut [f32],
-    tiles: &mut Vec<f32>,
-    th: Threads,
-) {
-    let scores = if fak_tensor::cpu::has_avx512_f32() {
-        Scores::Tiled
-    } else {
-        Scores::Strided
-    };
-    prefill_attention_by(s, q, keys, vals, pos, window, n, attn, tiles, th, scores);
-}
-
-/// How a prefill computes its scores (the same bits either way).
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Scores {
-    /// From the cache's rows ([`group_scores`]).
-    Strided,
-    /// From the keys laid out in tiles first ([`key_tiles`], [`tile_scores`]): with
-    /// AVX-512.
-    Tiled,
-}
-
-/// [`prefill_attention`] with its scores computed as `by` says.
-#[allow(clippy::too_many_arguments)]
-fn prefill_attention_by(
     s: AttentionShape,
     q: &[f32],
     keys: KvRows<'_>,
@@ -279,6 +248,27 @@ thread_local! {
     /// Each pool thread's score windows of [`tile_scores`], kept from chunk to chunk
     /// (grown as needed) rather than allocated and zeroed for each.
     static WINDOWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// How a prefill computes its scores (the same bits either way).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Scores {
+    /// From the cache's rows ([`group_scores`]).
+    Strided,
+    /// From the keys laid out in tiles first ([`key_tiles`], [`tile_scores`]).
+    Tiled,
+}
+
+impl Scores {
+    /// The faster on this CPU: [`Scores::Tiled`] with AVX-512, else
+    /// [`Scores::Strided`].
+    pub(crate) fn for_cpu() -> Scores {
+        if fak_tensor::cpu::has_avx512_f32() {
+            Scores::Tiled
+        } else {
+            Scores::Strided
+        }
+    }
 }
 
 /// Keys per chunk of [`key_tiles`]' hand-off (a multiple of [`KEY_TILE`]).
@@ -579,7 +569,7 @@ mod tests {
                     let mut out = vec![f32::NAN; n * qd];
                     // A tile buffer left over from a larger call: resized, not trusted.
                     let mut tiles = vec![f32::NAN; 3 * m * kvd];
-                    prefill_attention_by(
+                    prefill_attention(
                         s,
                         &q,
                         runs(&k),

@@ -4,7 +4,7 @@
 use super::linear::{linear, linear_group, linear_into_slices};
 use super::scratch::SharedActs;
 use super::{CosSinRows, ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
-use crate::attention::{decode_attention, prefill_attention, AttentionShape};
+use crate::attention::{decode_attention, prefill_attention, AttentionShape, Scores};
 use crate::kv::{window_start, KvRows, KvStore, KvType, RopeAtRead};
 use crate::{Activation, Config, ModelError};
 use fak_tensor::pool::{part_range, Disjoint};
@@ -875,7 +875,8 @@ impl Model {
             let first = window_start(pos, m - 1, window);
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
         } else if keys.kv_type() == KvType::F32 && vals.kv_type() == KvType::F32 {
-            prefill_attention(shape, q, keys, vals, pos, window, n, attn, scores, th);
+            let by = Scores::for_cpu();
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, scores, th, by);
         } else {
             // A compact cache: the entries the new tokens see (from the first one's
             // window start), widened once into `scores` (the prefill does not need it
@@ -890,7 +891,8 @@ impl Model {
             widen_in_parts(vals, lo..m, vw, th);
             let (keys, vals) = (KvRows::contiguous(kw, kvd), KvRows::contiguous(vw, kvd));
             let tiles = &mut Vec::new();
-            prefill_attention(shape, q, keys, vals, &pos[lo..], window, n, attn, tiles, th);
+            let (pos, by) = (&pos[lo..], Scores::for_cpu());
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, tiles, th, by);
         }
     }
 
