@@ -51,7 +51,8 @@ const KEY_STEP: usize = 64;
 /// [`group_sums`]), so a KV head's rows are read once per block rather than once per
 /// query head. The scores are computed as `by` says ([`Scores::for_cpu`] the fast one),
 /// the same bits either way; `tiles` is scratch for the keys laid out in tiles (grown
-/// here, [`Scores::Tiled`]). Allocates one score buffer per chunk (the strided path).
+/// here, [`Scores::Tiled`]). A chunk's score rows come from a buffer each pool thread
+/// keeps (grown as needed), not one allocated per chunk.
 ///
 /// # Panics
 /// If the slices are shorter than the shape says or `n` exceeds the entries (a
@@ -110,16 +111,16 @@ pub(crate) fn prefill_attention(
                     .map(move |t| &q[t * qd + hq * hd..t * qd + (hq + 1) * hd])
             })
             .collect();
-        let mut buf = Vec::new();
-        let mut windows = WINDOWS.take();
+        let mut rows = SCORE_ROWS.take();
         let scores = match &tiled {
-            Some(t) => tile_scores(&ranges, &qs, t, g, scale, &mut windows),
+            Some(t) => tile_scores(&ranges, &qs, t, g, scale, &mut rows),
             None => {
-                // One score row per query, head-major, cut from one buffer.
+                // One score row per query, head-major, cut from one buffer (each value
+                // written by the dots before it is read).
                 let per_head: usize = ranges.iter().map(|&(s, e)| e + 1 - s).sum();
-                buf.resize(group * per_head, 0.0);
+                let rest = grown(&mut rows, group * per_head);
                 let mut scores: Vec<&mut [f32]> = Vec::with_capacity(qs.len());
-                let mut rest = &mut buf[..];
+                let mut rest = &mut rest[..];
                 for _ in heads.clone() {
                     for &(s, e) in &ranges {
                         let (row, tail) = rest.split_at_mut(e + 1 - s);
@@ -142,7 +143,7 @@ pub(crate) fn prefill_attention(
             .collect();
         group_sums(&ranges, &scores, v_at, &mut out);
         drop(scores);
-        WINDOWS.set(windows);
+        SCORE_ROWS.set(rows);
     });
     drop(outs);
 }
@@ -245,9 +246,19 @@ fn finish_scores(scores: &mut [&mut [f32]], scale: f32) {
 }
 
 thread_local! {
-    /// Each pool thread's score windows of [`tile_scores`], kept from chunk to chunk
-    /// (grown as needed) rather than allocated and zeroed for each.
-    static WINDOWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+    /// Each pool thread's score rows (the strided path's, or [`tile_scores`]' windows),
+    /// kept from chunk to chunk (grown as needed) rather than allocated and zeroed for
+    /// each: every value is written before it is read.
+    static SCORE_ROWS: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// The first `len` values of `buf`, grown (zeroed) to hold them if it is shorter; never
+/// shrunk or cleared, so they hold whatever was there.
+fn grown(buf: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if buf.len() < len {
+        buf.resize(len, 0.0);
+    }
+    &mut buf[..len]
 }
 
 /// How a prefill computes its scores (the same bits either way).
@@ -305,11 +316,7 @@ fn key_tiles<'a>(
     // Grown, never shrunk or cleared: every key of the range is written below, and the
     // last tile's keys past it are zeroed (their dots are never read; zero keeps them
     // finite).
-    let need = kv_heads * count * tile_len;
-    if tiles.len() < need {
-        tiles.resize(need, 0.0);
-    }
-    let tiles = &mut tiles[..need];
+    let tiles = grown(tiles, kv_heads * count * tile_len);
     if !range.len().is_multiple_of(KEY_TILE) {
         for g in 0..kv_heads {
             tiles[(g * count + count - 1) * tile_len..][..tile_len].fill(0.0);
@@ -369,10 +376,7 @@ fn tile_scores<'b>(
     let run = &tiles.data[at..at + count * tile_len];
     let w = count * KEY_TILE;
     // Grown, never cleared: every window is written whole below before it is read.
-    if buf.len() < qs.len() * w {
-        buf.resize(qs.len() * w, 0.0);
-    }
-    let buf = &mut buf[..qs.len() * w];
+    let buf = grown(buf, qs.len() * w);
     let (mut q, mut rest) = (qs, &mut buf[..]);
     while !q.is_empty() {
         let take = q.len().min(3);
@@ -567,8 +571,10 @@ mod tests {
                 for (cut, threads, by) in cases {
                     let runs = |x| cut_runs(x, kvd, cut, m);
                     let mut out = vec![f32::NAN; n * qd];
-                    // A tile buffer left over from a larger call: resized, not trusted.
+                    // A tile buffer left over from a larger call, and this thread's score
+                    // rows: NaN, so a value read before it is written shows.
                     let mut tiles = vec![f32::NAN; 3 * m * kvd];
+                    SCORE_ROWS.set(vec![f32::NAN; 4 * heads * m]);
                     prefill_attention(
                         s,
                         &q,

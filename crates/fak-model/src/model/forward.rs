@@ -716,6 +716,7 @@ impl Model {
             proj,
             norm,
             scores,
+            key_tiles,
             batch_scores,
             products,
             ..
@@ -741,7 +742,7 @@ impl Model {
                     &*s.kv,
                     s.rows.len(),
                     &q[qr.clone()],
-                    scores,
+                    (scores, key_tiles),
                     &mut attn[qr],
                 );
             }
@@ -850,16 +851,17 @@ impl Model {
     /// `l`'s cache in `kv` (the batch's rows already appended, the layer's sliding window
     /// applied) into `attn` (`[n, q_dim]`): a decode step's by GQA group
     /// ([`decode_attention`], `scores` its scratch), a prefill's by token block and
-    /// query head ([`prefill_attention`]), the same bits either way. A prefill over a
-    /// compact cache widens the rows its tokens see once, into `scores`, and reads them
-    /// in place ([`KvRows::widen_into`]: the values reading through the pieces gives).
+    /// query head ([`prefill_attention`], `tiles` its keys' scratch), the same bits
+    /// either way. A prefill over a compact cache widens the rows its tokens see once,
+    /// into `scores`, and reads them in place ([`KvRows::widen_into`]: the values
+    /// reading through the pieces gives).
     fn attention(
         &self,
         (l, regime): (usize, RopeRegime),
         kv: &dyn KvStore,
         n: usize,
         q: &[f32],
-        scores: &mut Vec<f32>,
+        (scores, tiles): (&mut Vec<f32>, &mut Vec<f32>),
         attn: &mut [f32],
     ) {
         let c = &self.config;
@@ -876,7 +878,7 @@ impl Model {
             decode_attention(shape, q, keys, vals, first, m, scores, attn, th);
         } else if keys.kv_type() == KvType::F32 && vals.kv_type() == KvType::F32 {
             let by = Scores::for_cpu();
-            prefill_attention(shape, q, keys, vals, pos, window, n, attn, scores, th, by);
+            prefill_attention(shape, q, keys, vals, pos, window, n, attn, tiles, th, by);
         } else {
             // A compact cache: the entries the new tokens see (from the first one's
             // window start), widened once into `scores` (the prefill does not need it
@@ -890,7 +892,6 @@ impl Model {
             widen_in_parts(keys, lo..m, kw, th);
             widen_in_parts(vals, lo..m, vw, th);
             let (keys, vals) = (KvRows::contiguous(kw, kvd), KvRows::contiguous(vw, kvd));
-            let tiles = &mut Vec::new();
             let (pos, by) = (&pos[lo..], Scores::for_cpu());
             prefill_attention(shape, q, keys, vals, pos, window, n, attn, tiles, th, by);
         }

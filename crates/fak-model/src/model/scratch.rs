@@ -169,6 +169,9 @@ pub struct ForwardScratch {
     /// cache, the layer's K and V rows the new tokens see, widened
     /// (`[2, entries, kv_dim]`: at most twice a layer's rows as `f32`).
     pub(super) scores: Vec<f32>,
+    /// A prefill's keys laid out in tiles for its attention scores (grown, never
+    /// shrunk; `attention::prefill`'s `key_tiles`).
+    pub(super) key_tiles: Vec<f32>,
     /// Decode attention's scores per sequence of a batched pass
     /// ([`Model::forward_batch`](super::Model::forward_batch)).
     pub(super) batch_scores: Vec<Vec<f32>>,
