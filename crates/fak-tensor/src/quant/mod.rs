@@ -195,7 +195,8 @@ pub use q8_0_r2::{
 pub use q8_1::{quantize_q8_1, quantize_q8_1_into, BlockQ8_1};
 pub use q8_k::{dequantize_q8_k, quantize_q8_k, quantize_q8_k_into, BlockQ8K};
 pub use threads::{
-    matmul_threads, matmul_threads_into, matvec_many, matvec_pool, matvec_threads, Matvec,
+    matmul_many, matmul_threads, matmul_threads_into, matvec_many, matvec_pool, matvec_threads,
+    Matmul, Matvec,
 };
 pub use unpack::k4_scale_min;
 

@@ -815,6 +815,102 @@ fn pooled_matvec_in_ranges_is_bit_identical() {
 }
 
 #[test]
+fn matmul_many_is_each_matmul_bitwise() {
+    let mut r = Rng(53);
+    // (type, rows, blocks a row): the repacked Q4_1 and Q8_0 of the AVX-512 VNNI path
+    // too (their rows in groups of 16), with uneven row counts elsewhere.
+    let mut shapes = vec![
+        (QType::Q4_1, 300, 16),
+        (QType::Q8_0, 77, 8),
+        (QType::Q4K, 41, 2),
+        (QType::Q6K, 130, 1),
+    ];
+    if has_avx512_vnni() {
+        shapes.push((QType::Q4_1R16, 48, 18));
+        shapes.push((QType::Q8_0R16, 32, 18));
+    }
+    let file_ty = |ty: QType| match ty {
+        QType::Q4_1R16 => QType::Q4_1,
+        QType::Q8_0R16 => QType::Q8_0,
+        t => t,
+    };
+    for n in [2usize, 3, 8, 16, 17] {
+        // Each product's file weights (the reference reads them) and its own layout.
+        let mut file_ws = Vec::new();
+        let mut ws = Vec::new();
+        let mut xs = Vec::new();
+        for &(ty, rows, nb) in &shapes {
+            let f = weights(&mut r, file_ty(ty), rows * nb, false);
+            let cols = nb * ty.block_elems();
+            ws.push(match ty {
+                QType::Q4_1R16 => repack_q4_1_r16(&f, rows, cols).unwrap(),
+                QType::Q8_0R16 => repack_q8_0_r16(&f, rows, cols).unwrap(),
+                _ => f.clone(),
+            });
+            file_ws.push(f);
+            xs.push(
+                (0..n)
+                    .map(|_| acts(&mut r, file_ty(ty), nb, false))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let want: Vec<Vec<f32>> = shapes
+            .iter()
+            .zip(file_ws.iter().zip(&xs))
+            .map(|(&(ty, rows, _), (w, a))| {
+                let mut o = vec![0f32; n * rows];
+                for (t, at) in a.iter().enumerate() {
+                    matvec_ref(file_ty(ty), w, at, &mut o[t * rows..(t + 1) * rows]).unwrap();
+                }
+                o
+            })
+            .collect();
+        // Four at a time (one hand-off holds four), then all of them (one each).
+        for group in [&shapes[..4], &shapes[..]] {
+            for threads in [1, 2, 3] {
+                let mut outs: Vec<Vec<f32>> =
+                    group.iter().map(|s| vec![f32::NAN; n * s.1]).collect();
+                let mut products: Vec<Matmul<'_>> = group
+                    .iter()
+                    .zip(ws.iter().zip(&xs))
+                    .zip(outs.iter_mut())
+                    .map(|((&(ty, _, _), (w, acts)), out)| Matmul { ty, w, acts, out })
+                    .collect();
+                matmul_many(&mut products, crate::Threads::new(threads)).unwrap();
+                drop(products);
+                for ((o, w), s) in outs.iter().zip(&want).zip(group) {
+                    let ok = o.iter().zip(w).all(|(&g, &w)| g.to_bits() == w.to_bits());
+                    assert!(ok, "{}, {n} tokens, {threads} threads", s.0);
+                }
+            }
+        }
+    }
+    // Products of different numbers of tokens, or a shape error in any product: an
+    // error, and no output written.
+    let w = weights(&mut r, QType::Q4_1, 8 * 2, false);
+    let a2: Vec<_> = (0..2)
+        .map(|_| acts(&mut r, QType::Q4_1, 2, false))
+        .collect();
+    let a3: Vec<_> = (0..3)
+        .map(|_| acts(&mut r, QType::Q4_1, 2, false))
+        .collect();
+    let (mut o1, mut o2, mut o3) = (vec![f32::NAN; 16], vec![f32::NAN; 24], vec![f32::NAN; 14]);
+    fn q4_1<'a>(w: &'a [u8], acts: &'a [QuantizedActs], out: &'a mut [f32]) -> Matmul<'a> {
+        let ty = QType::Q4_1;
+        Matmul { ty, w, acts, out }
+    }
+    // Two and three tokens; then two tokens but 7 rows of outputs for 8 of weights.
+    let mut products = [q4_1(&w, &a2, &mut o1), q4_1(&w, &a3, &mut o2)];
+    assert!(matmul_many(&mut products, crate::Threads::new(2)).is_err());
+    let mut products = [q4_1(&w, &a2, &mut o1), q4_1(&w, &a2, &mut o3)];
+    assert!(matmul_many(&mut products, crate::Threads::new(2)).is_err());
+    assert!(
+        o1.iter().chain(&o2).chain(&o3).all(|v| v.is_nan()),
+        "an output was written"
+    );
+}
+
+#[test]
 fn matvec_many_is_each_matvec_bitwise() {
     let mut r = Rng(47);
     // Six products: more than one hand-off holds (`CHUNKED_PRODUCTS`), so the list is

@@ -221,6 +221,145 @@ fn chunked(
     }
 }
 
+/// One product of [`matmul_many`]: `out[t * rows + r] = w[r] · acts[t]`, as
+/// [`matmul_threads`] computes it.
+#[derive(Debug)]
+pub struct Matmul<'a> {
+    /// Weight type of `w`.
+    pub ty: QType,
+    /// `[rows, cols]` weights in `ty` blocks.
+    pub w: &'a [u8],
+    /// The quantized `[cols]` rows of the input, `n` of them (the same `n` for every
+    /// product of one call).
+    pub acts: &'a [QuantizedActs],
+    /// `[n, rows]` outputs, token by token.
+    pub out: &'a mut [f32],
+}
+
+/// Several [`matmul_threads`] over the same few tokens (a batched decode step's rows:
+/// q, k and v; gate and up) in one hand-off to up to `threads` threads of the
+/// process-wide pool: every product's rows are cut into one range per thread, as
+/// [`matmul_threads`] cuts them for up to 16 tokens, and all the ranges are claimed
+/// from one list, as [`matvec_many`] does for one token, so the products cost one
+/// synchronisation instead of one each. Each range runs the kernels [`matmul_threads`]
+/// runs on it (the tiles formed once per product), so every output is the same bits.
+/// Past 16 tokens, past four products, or on one thread, each product is its own
+/// [`matmul_threads`].
+///
+/// # Errors
+/// As [`matmul_threads`], for the first product that fails its checks (the products
+/// differing in their number of tokens among them); no output is written then.
+pub fn matmul_many(products: &mut [Matmul<'_>], threads: crate::Threads) -> Result<(), QuantError> {
+    use crate::pool::Disjoint;
+    use std::sync::{Mutex, PoisonError};
+    let shape = |detail: String| QuantError::MatrixShape { detail };
+    let n = products.first().map_or(0, |p| p.acts.len());
+    let mut dims = [(0usize, 0usize); CHUNKED_PRODUCTS];
+    for (i, p) in products.iter().enumerate() {
+        if p.acts.len() != n || n == 0 || !p.out.len().is_multiple_of(n) {
+            return Err(shape(format!(
+                "{} outputs for {} activation rows (the group's first has {n})",
+                p.out.len(),
+                p.acts.len()
+            )));
+        }
+        let rows = p.out.len() / n;
+        let rb = check_matvec(p.ty, p.w, &p.acts[0], rows)?;
+        if let Some(a) = p
+            .acts
+            .iter()
+            .find(|a| a.kind() != p.acts[0].kind() || a.blocks() != p.acts[0].blocks())
+        {
+            return Err(shape(format!(
+                "activation rows of {} and {} blocks",
+                p.acts[0].blocks(),
+                a.blocks()
+            )));
+        }
+        if let Some(d) = dims.get_mut(i) {
+            *d = (rows, rb);
+        }
+    }
+    let parts = threads.get().min(crate::matmul::max_useful_threads());
+    if n > FEW_TOKENS || products.len() > CHUNKED_PRODUCTS || parts <= 1 {
+        for p in products.iter_mut() {
+            matmul_threads(p.ty, p.w, p.acts, p.out, threads)?;
+        }
+        return Ok(());
+    }
+    // Per product: the inputs, their tiles, the output handed out in parts, rows per
+    // range, ranges.
+    type Slot<'s> = (
+        QType,
+        &'s [u8],
+        &'s [QuantizedActs],
+        Option<TileActs<'s>>,
+        Disjoint<'s, f32>,
+        usize,
+        usize,
+    );
+    let mut slots: [Option<Slot<'_>>; CHUNKED_PRODUCTS] = Default::default();
+    let mut total = 0;
+    for ((p, slot), &(rows, _)) in products.iter_mut().zip(slots.iter_mut()).zip(&dims) {
+        let per = matvec_range_rows(rows, parts, p.ty.row_group());
+        let ranges = rows.div_ceil(per.max(1));
+        total += ranges;
+        let tile = TileActs::new(p.ty, p.acts, TileIsa::Zmm);
+        *slot = Some((
+            p.ty,
+            p.w,
+            p.acts,
+            tile,
+            Disjoint::new(&mut *p.out),
+            per,
+            ranges,
+        ));
+    }
+    let error = Mutex::new(None);
+    crate::matmul::parallel_chunks(total, threads, &|c| {
+        // Range `c`'s product and its first range index.
+        let mut first = 0;
+        for (&(rows, rb), slot) in dims.iter().zip(&slots) {
+            let Some((ty, w, acts, tile, out, per, ranges)) = slot else {
+                return;
+            };
+            if c >= first + ranges {
+                first += ranges;
+                continue;
+            }
+            let r0 = (c - first) * per;
+            let r1 = (r0 + per).min(rows);
+            // SAFETY: the pool calls each index once, and index `c` is the only one
+            // naming rows `r0..r1` of this product, which are, for each token `t`,
+            // outputs `t * rows + r0..t * rows + r1` (the ranges of a product are
+            // consecutive and disjoint, and so are the tokens' rows).
+            let mut o: [&mut [f32]; FEW_TOKENS] = std::array::from_fn(|t| {
+                if t < n {
+                    unsafe { out.part(t * rows + r0..t * rows + r1) }
+                } else {
+                    &mut []
+                }
+            });
+            // Cannot fail after the checks above; kept as an error rather than a panic.
+            if let Err(e) = matmul_rows(
+                *ty,
+                &w[r0 * rb..r1 * rb],
+                rb,
+                acts,
+                tile.as_ref(),
+                &mut o[..n],
+            ) {
+                *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+            }
+            return;
+        }
+    });
+    match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
 /// Quantized matrix times several activation rows (a prefill's tokens, a batched decode
 /// step's rows):
 /// `out[t * rows + r] = vec_dot(ty, w[r], acts[t])`, bit-identical to [`matvec`] run
