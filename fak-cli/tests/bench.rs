@@ -474,7 +474,6 @@ fn bench_profile_splits_each_phase_into_the_steps_of_the_pass() {
                 "gate_up_proj",
                 "activation",
                 "down_proj",
-                "residual",
                 "lm_head"
             ]
         );

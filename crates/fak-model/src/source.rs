@@ -241,7 +241,7 @@ impl WeightSource {
 
     /// Tensor `name` as a matrix kept in its GGUF block format, when the file stores it
     /// in a type with a quantized dot product (`fak_tensor::quant::QType`) and a `llama`
-    /// Q/K row permutation (if any) can be undone on the output; `None` for every
+    /// Q/K row permutation (if any) can be undone ([`QuantMatrix::row_order`]); `None` for every
     /// other type (F32 and F16, which [`Self::mapped`] gives; BF16, other block types)
     /// and for safetensors, which then stay on the `f32` path. The matrix is a view of
     /// the file's memory map until [`QuantMatrix::repacked_for_cpu`] or
@@ -296,8 +296,8 @@ impl WeightSource {
     /// it. `None` for every other type (BF16 needs widening, the block types have
     /// [`Self::quantized`]), for data that cannot be borrowed, and for safetensors: the
     /// caller then copies with [`Self::load`], which gives the same values. A `llama`
-    /// GGUF's Q/K row permutation is kept as [`Mapped::row_order`], undone on each
-    /// product's output.
+    /// GGUF's Q/K row permutation is kept as [`Mapped::row_order`]: undone once as
+    /// [`Mapped::copied_for_cpu`] copies the rows, else on each product's output.
     ///
     /// Only for the matrices that [`Self::load`] reads unchanged apart from that row
     /// order: the linear layers and the embedding (a Gemma norm, which `load` shifts by
@@ -402,8 +402,9 @@ pub struct QuantMatrix {
     pub rows: usize,
     /// Input features (HF `in_features`), a multiple of the block size.
     pub cols: usize,
-    /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
-    /// `row_order[r]` (undone on each product's output, which is exact).
+    /// For a `llama` GGUF's Q/K projections read from the map: HF row `r` is the
+    /// file's row `row_order[r]` (undone on each product's output, which is exact).
+    /// `None` once the matrix is copied at load, which puts its rows in HF's order.
     pub row_order: Option<Vec<u32>>,
     /// Where [`QuantMatrix::repacked_for_cpu`] and [`QuantMatrix::copied_for_cpu`]
     /// put the matrix (the source's [`WeightArena`]).
@@ -444,8 +445,10 @@ impl QuantMatrix {
     /// preparing the weights. Any other matrix is copied as the file has it
     /// ([`QuantMatrix::copied_for_cpu`]). The file's bytes are read with positional
     /// reads ([`GgufFile::read_tensor_data`]), not through the map, into the memory
-    /// that then holds the matrix, so it is held once. A matrix whose read fails, or
-    /// for which no memory can be mapped, is returned as it is (read from the map).
+    /// that then holds the matrix, so it is held once; a `llama` file's Q/K rows are
+    /// put in HF's order as they are copied ([`QuantMatrix::row_order`] then `None`),
+    /// so no product's output is permuted after. A matrix whose read fails, or for
+    /// which no memory can be mapped, is returned as it is (read from the map).
     pub fn repacked_for_cpu(self) -> Self {
         use fak_tensor::quant::{
             repack_q4_1_r16_into, repack_q8_0_r16_into, repack_q8_0_r2_into, R16_ROWS,
@@ -468,7 +471,9 @@ impl QuantMatrix {
     /// This matrix copied as the file has it into the model's huge pages
     /// ([`WeightArena`]: a decode step streams it with one TLB miss per 2 MB instead
     /// of per 4 KB), read with positional reads as [`QuantMatrix::repacked_for_cpu`]
-    /// reads; returned as it is when the read fails or no memory can be mapped.
+    /// reads, a `llama` file's Q/K rows put in HF's order as they are copied
+    /// ([`QuantMatrix::row_order`] then `None`); returned as it is when the read fails
+    /// or no memory can be mapped.
     pub fn copied_for_cpu(self) -> Self {
         let ty = self.ty;
         self.copied_as(1, ty, |_, _, _, _| Ok(()))
@@ -483,7 +488,11 @@ impl QuantMatrix {
             return self;
         }
         let cols = self.cols;
+        let order = self.row_order.as_deref();
         let copy = copy_to_arena(&self.file, self.tensor, &self.arena, base, len, |out| {
+            if let Some(order) = order {
+                in_hf_row_order(out, rb, order);
+            }
             if group == 1 {
                 return true;
             }
@@ -496,6 +505,7 @@ impl QuantMatrix {
         if let Some(copy) = copy {
             self.copy = Some(copy);
             self.ty = to;
+            self.row_order = None;
         }
         self
     }
@@ -515,7 +525,8 @@ impl QuantMatrix {
         self.copy.is_some()
     }
 
-    /// File row `f` of this matrix times `act` ([`fak_tensor::quant::vec_dot`], or
+    /// Stored row `f` of this matrix (the file's row, or HF's once the copy put the
+    /// rows in HF's order, [`QuantMatrix::row_order`]) times `act` ([`fak_tensor::quant::vec_dot`], or
     /// [`fak_tensor::quant::vec_dot_row`] for a repacked matrix): the bits every product
     /// over the matrix gives for that row.
     ///
@@ -631,6 +642,19 @@ fn copy_to_arena(
     })
 }
 
+/// The rows of `bytes` (`rb` bytes each, in the file's order) put in HF's order in place:
+/// row `r` becomes the file's row `order[r]` (a `llama` GGUF's Q/K permutation undone
+/// once at load, so no product's output needs it undone). Each output row is computed
+/// from its own row's bytes by the same kernel wherever the row sits, so the products
+/// give the bits they gave with the permutation undone on their outputs.
+fn in_hf_row_order(bytes: &mut [u8], rb: usize, order: &[u32]) {
+    let file = bytes.to_vec();
+    for (dst, &f) in bytes.chunks_exact_mut(rb).zip(order) {
+        let f = f as usize;
+        dst.copy_from_slice(&file[f * rb..(f + 1) * rb]);
+    }
+}
+
 /// Drops the process's mappings of tensor `tensor`'s pages in the file when the matrix
 /// reading it holds a `copy` ([`GgufFile::release_mapped_pages`]); nothing otherwise.
 fn release_if_copied(file: &GgufFile, tensor: usize, copy: &Option<ArenaBytes>) {
@@ -703,8 +727,9 @@ pub struct Mapped<W: MappedElem> {
     pub rows: usize,
     /// Input features (HF `in_features`; `hidden` for the embedding).
     pub cols: usize,
-    /// For a `llama` GGUF's Q/K projections: HF row `r` is the file's row
-    /// `row_order[r]` (undone on each product's output, which is exact).
+    /// For a `llama` GGUF's Q/K projections read from the map: HF row `r` is the
+    /// file's row `row_order[r]` (undone on each product's output, which is exact).
+    /// `None` once the matrix is copied at load, which puts its rows in HF's order.
     pub row_order: Option<Vec<u32>>,
     /// Where [`Mapped::copied_for_cpu`] puts the matrix (the source's [`WeightArena`]).
     arena: Arc<WeightArena>,
@@ -736,8 +761,9 @@ impl<W: MappedElem> Clone for Mapped<W> {
 }
 
 impl<W: MappedElem> Mapped<W> {
-    /// The matrix as row-major `[rows, cols]` values, rows in the file's order (see
-    /// [`Mapped::row_order`]), borrowed from the copy made at load
+    /// The matrix as row-major `[rows, cols]` values, rows in the file's order while
+    /// [`Mapped::row_order`] is `Some` (read from the map) and in HF's once copied,
+    /// borrowed from the copy made at load
     /// ([`MappedElem::from_bytes`]) or, without one, from the memory map
     /// ([`MappedElem::in_place`]); either checks alignment and length again on every
     /// call. Always `rows × cols` long for a handle made by [`WeightSource::mapped`]:
@@ -754,17 +780,28 @@ impl<W: MappedElem> Mapped<W> {
     /// This matrix copied as the file has it into the model's huge pages
     /// ([`WeightArena`]: a decode step streams it with one TLB miss per 2 MB instead
     /// of per 4 KB), read with positional reads ([`GgufFile::read_tensor_data`]) so
-    /// it is held once; returned as it is when the read fails or no memory can be
-    /// mapped. The same values, so products on it give the same bits.
+    /// it is held once, a `llama` file's Q/K rows put in HF's order as they are copied
+    /// ([`Mapped::row_order`] then `None`); returned as it is when the read fails or no
+    /// memory can be mapped. The same values, so products on it give the same bits.
     pub fn copied_for_cpu(mut self) -> Self {
         let len = self.byte_len();
         let base = self.first_row * self.cols * std::mem::size_of::<W>();
         if self.copy.is_some() || self.values().len() != self.rows * self.cols || len == 0 {
             return self;
         }
+        let (order, rb) = (
+            self.row_order.as_deref(),
+            self.cols * std::mem::size_of::<W>(),
+        );
         self.copy = copy_to_arena(&self.file, self.tensor, &self.arena, base, len, |out| {
+            if let Some(order) = order {
+                in_hf_row_order(out, rb, order);
+            }
             W::from_bytes(out).is_some()
         });
+        if self.copy.is_some() {
+            self.row_order = None;
+        }
         self
     }
 

@@ -350,12 +350,35 @@ fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
             let packed = file.clone().repacked_for_cpu();
             if !quant::has_avx512_vnni() {
                 assert!(packed.is_copied() && packed.ty == QType::Q4_1);
-                assert!(packed.bytes() == file.bytes(), "{full}");
+                // The file's rows, in HF's order.
+                let rb = file.row_bytes();
+                let rows_hf: Vec<u8> = (0..file.rows)
+                    .flat_map(|r| {
+                        let f = file.row_order.as_ref().map_or(r, |o| o[r] as usize);
+                        file.bytes()[f * rb..(f + 1) * rb].to_vec()
+                    })
+                    .collect();
+                assert!(packed.bytes() == &rows_hf[..], "{full}");
                 continue;
             }
             assert!(packed.is_copied() && packed.ty == QType::Q4_1R16, "{full}");
+            assert!(
+                packed.row_order.is_none(),
+                "{full}: rows copied in HF's order"
+            );
             assert_eq!(packed.bytes().len(), file.bytes().len());
             repacked += 1;
+            // The file's products in HF's row order: a `llama` GGUF's Q/K rows are
+            // permuted in the file and put back in HF's order by the copy.
+            let hf = |out: &[f32], m: usize| -> Vec<f32> {
+                match &file.row_order {
+                    None => out.to_vec(),
+                    Some(o) => out
+                        .chunks_exact(m)
+                        .flat_map(|t| o.iter().map(|&f| t[f as usize]))
+                        .collect(),
+                }
+            };
             let [m, cols] = shape;
             let acts: Vec<_> = rows
                 .iter()
@@ -374,7 +397,7 @@ fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
                     quant::matmul_threads(packed.ty, packed.bytes(), &acts[..n], &mut got, th)
                         .unwrap();
                     assert!(
-                        same_bits(&want, &got),
+                        same_bits(&hf(&want, m), &got),
                         "{full}: {n} tokens, {threads} threads"
                     );
                 }
@@ -382,6 +405,7 @@ fn the_repacked_q4_1_layers_give_the_file_blocks_bits() {
                 let mut got = vec![f32::NAN; m];
                 quant::matvec_threads(QType::Q4_1, file.bytes(), &acts[0], &mut want, th).unwrap();
                 quant::matvec_threads(packed.ty, packed.bytes(), &acts[0], &mut got, th).unwrap();
+                let want = hf(&want, m);
                 assert!(
                     same_bits(&want, &got),
                     "{full}: one token, {threads} threads"

@@ -331,7 +331,6 @@ fn profiling_changes_no_bit_and_counts_each_step() {
         (Op::GateUpProducts, layers),
         (Op::Activation, layers),
         (Op::DownProj, layers),
-        (Op::Residual, 2 * layers),
         (Op::Head, 1),
     ] {
         assert_eq!(t.get(op).1, passes * per_pass, "{}", op.name());

@@ -35,7 +35,10 @@ pub fn window_start(pos: &[u32], end: usize, window: Option<usize>) -> usize {
 /// Row layout: every layer holds `len()` rows of `kv_dim = num_key_value_heads *
 /// head_dim` floats for K (post-RoPE), K before RoPE (`k_raw`) and V. Entry `i` of every
 /// layer is the token at absolute position `positions()[i]`; positions strictly increase.
-pub trait KvStore {
+///
+/// A store is `Send`: a batched pass appends each decode sequence's rows on the pool
+/// thread that computes that sequence's attention.
+pub trait KvStore: Send {
     /// Number of entries (tokens) stored, including those appended by a forward pass in
     /// progress once `append_positions` has been called.
     fn len(&self) -> usize;

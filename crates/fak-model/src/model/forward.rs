@@ -1,14 +1,16 @@
 //! The forward pass: [`Model::forward`] and its variants, checking the input and
 //! running it through the layers in batches of at most [`Model::prefill_chunk`] tokens.
 
-use super::linear::{linear, linear_group, linear_into_slices};
+use super::linear::{linear_group, linear_into_slices, linear_shared};
 use super::scratch::SharedActs;
 use super::{CosSinRows, ForwardScratch, LayerWeights, Model, Op, RopeRegime, Weight};
 use crate::attention::{decode_attention, prefill_attention, AttentionShape, Scores};
 use crate::kv::{window_start, KvRows, KvStore, KvType, RopeAtRead};
-use crate::{Activation, Config, ModelError};
+use crate::{Activation, ModelError};
 use fak_tensor::pool::{part_range, Disjoint};
+use fak_tensor::quant::{quantize_activation_into, QType, QuantError, QuantizedActs};
 use fak_tensor::{add_assign, parallel_chunks, rms_norm, rope_rotate_half, Threads};
+use std::sync::PoisonError;
 
 /// Which rows of logits a forward pass returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,8 +41,9 @@ pub struct ForwardTrace {
 const KEEP_SCRATCH_ROWS: usize = 64;
 
 /// The fewest rows (a batched decode step's tokens) whose per-row work outside the
-/// products (quantizing a product's input, the gated activation) is split between the
-/// threads, one part each; from 16 rows it is split in a few parts per thread.
+/// products (the residual add and norms with the quantization of a product's input,
+/// the gated activation) is split between the threads, one part each; from 16 rows it
+/// is split in a few parts per thread.
 const FEW_ROWS_SPLIT: usize = 4;
 
 /// Rows per part when `n` rows of per-row work are split between `th` threads: `None`
@@ -53,6 +56,45 @@ pub(super) fn rows_per_part(n: usize, th: Threads, min_rows: usize) -> Option<us
         ..16 => Some(n.div_ceil(th.get())),
         _ => Some(n.div_ceil(th.get().saturating_mul(4)).max(min_rows)),
     }
+}
+
+/// The work of one part of [`rows_in_parts`]: its rows and their quantized rows.
+type RowsJob<'a> =
+    dyn Fn(std::ops::Range<usize>, &mut [QuantizedActs]) -> Result<(), QuantError> + Sync + 'a;
+
+/// Per-row work over the rows `0..n` of a pass, split as [`rows_per_part`] says
+/// (`min_rows` as there): `f(r, part)` once per part of consecutive rows `r`, on the
+/// pool's threads (the whole on the calling thread when it is one part), `part` those
+/// rows of `acts`, which holds a quantized row for each row or none (then every part is
+/// empty). Each row's work must be a function of that row alone, so the split changes
+/// no bit. Every part runs; the result is an error one of them returned.
+pub(super) fn rows_in_parts(
+    n: usize,
+    th: Threads,
+    min_rows: usize,
+    acts: &mut [QuantizedActs],
+    f: &RowsJob<'_>,
+) -> Result<(), QuantError> {
+    let Some(per) = rows_per_part(n, th, min_rows) else {
+        return f(0..n, acts);
+    };
+    let all = Disjoint::new(acts);
+    let error = std::sync::Mutex::new(None);
+    parallel_chunks(n.div_ceil(per), th, &|c| {
+        let r = c * per..((c + 1) * per).min(n);
+        let mine = if all.is_empty() { 0..0 } else { r.clone() };
+        // SAFETY: the pool calls each chunk index once, and chunk `c` alone names rows
+        // `r` (consecutive, disjoint ranges); with no quantized rows every chunk takes
+        // the empty part, which overlaps nothing.
+        let part = unsafe { all.part(mine) };
+        if let Err(e) = f(r, part) {
+            *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+        }
+    });
+    error
+        .into_inner()
+        .unwrap_or_else(PoisonError::into_inner)
+        .map_or(Ok(()), Err)
 }
 
 /// One sequence of a batched pass ([`Model::forward_batch`]): its new tokens, its own
@@ -81,60 +123,65 @@ struct Seg<'s> {
     want: LogitsWanted,
     head_rows: Option<&'s [u32]>,
     logits: &'s mut Vec<f32>,
+    /// Where in `logits` this pass's rows go (what it held before is kept).
+    logits_from: usize,
 }
 
-/// RMSNorm of every `[hidden]` row of `x` into the same row of `out` (HF's
-/// `input_layernorm`, the norm before the MLP, the final `norm`).
-fn norm_rows_into(x: &[f32], g: &[f32], c: &Config, out: &mut [f32]) {
-    let h = c.hidden_size;
-    for (o, r) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
-        rms_norm(r, g, c.norm_weight_offset, c.rms_norm_eps, o);
-    }
-}
-
-/// The input of a sublayer: RMSNorm of every `[hidden]` row of `x` into `out` with gain
-/// `g`, or `x` itself when the block has no norm before the sublayer ([`Norms::Post`]).
-fn pre_norm(x: &[f32], g: Option<&[f32]>, c: &Config, out: &mut [f32]) {
-    match g {
-        Some(g) => norm_rows_into(x, g, c, out),
-        None => out.copy_from_slice(&x[..out.len()]),
-    }
-}
-
-/// RMSNorm of every `[h]` row of `rows`, in place (`tmp` is scratch, resized to `h`).
-fn norm_rows(rows: &mut [f32], g: &[f32], c: &Config, h: usize, tmp: &mut Vec<f32>) {
-    tmp.resize(h, 0.0);
-    for row in rows.chunks_exact_mut(h) {
-        rms_norm(row, g, c.norm_weight_offset, c.rms_norm_eps, tmp);
-        row.copy_from_slice(tmp);
-    }
+/// A layer's new rows of a batched decode step, every sequence's side by side
+/// (`[rows, kv_dim]` for K before and after RoPE and V, `[rows, q_dim]` for the
+/// queries), q and K not yet rotated: each sequence's chunk rotates its own rows with
+/// the pass's `cos`/`sin` rows (`[rows, head_dim / 2]` each).
+struct NewRows<'a> {
+    k_raw: &'a [f32],
+    k: Disjoint<'a, f32>,
+    v: &'a [f32],
+    q: Disjoint<'a, f32>,
+    cos: &'a [f32],
+    sin: &'a [f32],
 }
 
 /// `gate[i] = act(gate[i]) · up[i]` (SwiGLU's `silu`, GeGLU's tanh GELU) over `[n, ff]`
-/// rows. A many-token input is split by token rows between the threads; each element
-/// is the same scalar function whichever thread computes it, so the bits do not depend
-/// on the thread count. (Serial, this was ~6% of a 2-thread prefill.)
-fn gated_activation(act: Activation, gate: &mut [f32], up: &[f32], ff: usize, th: Threads) {
+/// rows, and with `quantize` each row then quantized for the `down_proj` products of
+/// that type into the buffers `ProductScratch::prepare` gave (read by
+/// `SharedActs::continuing`). A many-token input is split by token rows between the
+/// threads; each element is the same scalar function whichever thread computes it,
+/// and each quantized row a function of its row alone, so the bits do not depend on
+/// the thread count. (Serial, this was ~6% of a 2-thread prefill.)
+///
+/// # Errors
+/// [`ModelError::Unsupported`] when a row cannot be quantized for that type.
+fn gated_activation(
+    act: Activation,
+    (gate, up): (&mut [f32], &[f32]),
+    ff: usize,
+    quantize: Option<(QType, &mut [QuantizedActs])>,
+    th: Threads,
+) -> Result<(), ModelError> {
     let apply = |g: &mut [f32], u: &[f32]| match act {
         Activation::Silu => fak_tensor::exp::silu_mul_in_place(g, u),
         Activation::GeluTanh => fak_tensor::tanh::gelu_tanh_mul_in_place(g, u),
     };
     let n = gate.len() / ff.max(1);
-    // Tokens per chunk: from 16, a few chunks per thread of at least 8 tokens.
-    let Some(per) = rows_per_part(n, th, 8) else {
-        apply(gate, up);
-        return;
+    let (ty, acts) = match quantize {
+        Some((ty, a)) => (Some(ty), a),
+        None => (None, &mut [][..]),
     };
-    let per = per * ff;
-    let parts: Vec<std::sync::Mutex<&mut [f32]>> =
-        gate.chunks_mut(per).map(std::sync::Mutex::new).collect();
-    parallel_chunks(parts.len(), th, &|i| {
-        let mut g = parts[i]
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let u = &up[i * per..i * per + g.len()];
-        apply(&mut g, u);
-    });
+    let all_g = Disjoint::new(gate);
+    // Tokens per part: from 16, a few parts per thread of at least 8 tokens.
+    rows_in_parts(n, th, 8, acts, &|r, a| {
+        // SAFETY: `rows_in_parts` gives each part of rows `r` to one call, the parts
+        // disjoint.
+        let g = unsafe { all_g.part(r.start * ff..r.end * ff) };
+        apply(g, &up[r.start * ff..r.end * ff]);
+        match ty {
+            Some(ty) => g
+                .chunks_exact(ff)
+                .zip(a)
+                .try_for_each(|(row, a)| quantize_activation_into(ty, row, a)),
+            None => Ok(()),
+        }
+    })
+    .map_err(|e| ModelError::Unsupported(format!("quantizing down_proj's input: {e}")))
 }
 
 impl Model {
@@ -392,13 +439,25 @@ impl Model {
     ) -> Vec<Result<(), ModelError>> {
         let mut results: Vec<Result<(), ModelError>> = Vec::with_capacity(seqs.len());
         let mut regimes = Vec::with_capacity(seqs.len());
+        let chunk = self.prefill_chunk.max(1);
+        let vocab = self.config.vocab_size;
         for s in seqs.iter_mut() {
-            s.logits.clear();
             let r = self.check_pass(s.ids, s.positions, &*s.kv, s.head_rows);
+            // A decode token's logits overwrite the buffer in place when it already
+            // holds one row (a session's spare row holds its previous step's): clearing
+            // it would have it zeroed again first, 8 × 192 KB a step for SmolLM2's eight
+            // streams.
+            let in_place = r.is_ok()
+                && s.want == LogitsWanted::Last
+                && s.head_rows.is_none()
+                && s.ids.len() <= chunk
+                && s.logits.len() == vocab;
+            if !in_place {
+                s.logits.clear();
+            }
             regimes.push(r.as_ref().ok().copied());
             results.push(r.map(|_| ()));
         }
-        let chunk = self.prefill_chunk.max(1);
         // Groups in order: consecutive valid sequences of one RoPE regime whose rows
         // fit in one pass; a sequence longer than a pass runs alone.
         let mut group: Vec<usize> = Vec::new();
@@ -468,6 +527,7 @@ impl Model {
                 want: s.want,
                 head_rows: s.head_rows,
                 logits: &mut *s.logits,
+                logits_from: 0,
             });
         }
         if let Err(e) = self.run_segments(&ids, &positions, regime, &mut segs, None, scratch) {
@@ -493,12 +553,14 @@ impl Model {
         scratch: &mut ForwardScratch,
         logits: &mut Vec<f32>,
     ) -> Result<(), ModelError> {
+        let logits_from = logits.len();
         let mut segs = [Seg {
             rows: 0..ids.len(),
             kv,
             want,
             head_rows,
             logits,
+            logits_from,
         }];
         self.run_segments(ids, positions, regime, &mut segs, trace, scratch)
     }
@@ -520,6 +582,7 @@ impl Model {
         let c = &self.config;
         let n = ids.len();
         scratch.size_for(n, c);
+        scratch.products.start_pass();
         self.timed(Op::Embedding, || self.embed(ids, &mut scratch.x))?;
         if let Some(t) = trace.as_deref_mut() {
             t.embed = scratch.x.clone();
@@ -532,11 +595,17 @@ impl Model {
         // The tokens' RoPE rows per distinct table (keyed by the first layer that uses
         // it): layers with equal tables share them (Gemma 3 has two, the Llamas one).
         scratch.rope_used = 0;
+        // A sublayer's output waits in `scratch.proj` to be added to the residual stream
+        // by the next sublayer's first step (with its norm and quantization, one
+        // hand-off; [`Model::residual_then_norm`]).
+        let mut pending = None;
         for (l, w) in self.layers.iter().enumerate() {
             let rope = self.timed(Op::Rope, || self.rope_rows(l, positions, regime, scratch));
-            self.attention_block(l, w, (rope, regime), segs, n, scratch)?;
-            self.mlp_block(w, n, scratch)?;
+            pending =
+                Some(self.attention_block(l, w, (rope, regime), segs, (n, pending), scratch)?);
+            pending = Some(self.mlp_block(w, (n, pending), scratch)?);
             if let Some(t) = trace.as_deref_mut() {
+                self.residual_then_norm(pending.take(), None, None, n, scratch)?;
                 t.layers.push(scratch.x.clone());
             }
         }
@@ -544,15 +613,14 @@ impl Model {
         if segs.iter().all(|s| s.want == LogitsWanted::None) && trace.is_none() {
             return Ok(());
         }
+        self.residual_then_norm(pending, Some(Some(&self.norm)), None, n, scratch)?;
         let ForwardScratch {
-            x,
             xn,
             proj,
             batch_logits,
             products,
             ..
         } = scratch;
-        self.timed(Op::Norm, || norm_rows_into(x, &self.norm, c, xn));
         if let Some(t) = trace {
             t.final_norm = xn.clone();
         }
@@ -560,7 +628,12 @@ impl Model {
         if let [s] = segs {
             let rows = &xn[s.rows.start * h..s.rows.end * h];
             return self.timed(Op::Head, || {
-                self.head_into(rows, s.want, s.head_rows, s.logits, products)
+                self.head_into(
+                    rows,
+                    (s.want, s.head_rows),
+                    (s.logits, s.logits_from),
+                    products,
+                )
             });
         }
         // Several sequences: the rows they want of the full head in one product (each
@@ -581,8 +654,11 @@ impl Model {
                 let len = take.len() * h;
                 proj[gathered..gathered + len].copy_from_slice(&xn[take.start * h..take.end * h]);
                 gathered += len;
-                let from = s.logits.len();
-                s.logits.resize(from + take.len() * v, 0.0);
+                let (from, end) = (s.logits_from, s.logits_from + take.len() * v);
+                if s.logits.len() < end {
+                    s.logits.resize(end, 0.0);
+                }
+                s.logits.truncate(end);
                 outs.extend(s.logits[from..].chunks_exact_mut(v));
             }
             if !outs.is_empty() {
@@ -606,7 +682,8 @@ impl Model {
                     LogitsWanted::All => s.rows.clone(),
                 };
                 let rows = &xn[take.start * h..take.end * h];
-                self.head_into(rows, LogitsWanted::Last, s.head_rows, s.logits, products)?;
+                let into = (&mut *s.logits, s.logits_from);
+                self.head_into(rows, (LogitsWanted::Last, s.head_rows), into, products)?;
             }
             Ok(())
         })
@@ -677,26 +754,30 @@ impl Model {
     }
 
     /// Layer `l`'s self-attention block over the residual stream `scratch.x`
-    /// (`[n, hidden]`), HF's `input_layernorm` → `self_attn` → (Gemma's
-    /// `post_attention_layernorm`) → residual add: the q/k/v products
+    /// (`[n, hidden]`), HF's `input_layernorm` → `self_attn`: first the previous
+    /// sublayer's output added (`pending`, [`Model::residual_then_norm`], with the
+    /// input norm and the quantization of its rows), then the q/k/v products
     /// ([`Model::qkv`]), RoPE with the rows at `rope` in `scratch` (K kept unrotated
     /// too), each sequence's K/V rows appended to its cache and its attention over it
-    /// ([`Model::attention`]), `o_proj` over all rows.
-    fn attention_block(
+    /// ([`Model::attention`]; a batched step's decode tokens in one hand-off,
+    /// [`Model::decode_attention_batch`]), `o_proj` over all rows into `scratch.proj`.
+    /// Returns the gain of the norm `o_proj`'s output gets before it is added to the
+    /// residual stream by the next sublayer (Gemma's `post_attention_layernorm`; `None`
+    /// without one).
+    fn attention_block<'w>(
         &self,
         l: usize,
-        w: &LayerWeights,
+        w: &'w LayerWeights,
         (rope, regime): (usize, RopeRegime),
         segs: &mut [Seg<'_>],
-        n: usize,
+        (n, pending): (usize, Option<Option<&[f32]>>),
         scratch: &mut ForwardScratch,
-    ) -> Result<(), ModelError> {
+    ) -> Result<Option<&'w [f32]>, ModelError> {
         let c = &self.config;
         let h = c.hidden_size;
         let th = self.threads;
-        self.timed(Op::Norm, || {
-            pre_norm(&scratch.x, w.input_norm.as_deref(), c, &mut scratch.xn)
-        });
+        let input = Some(w.input_norm.as_deref());
+        self.residual_then_norm(pending, input, w.q_proj.quant().map(|q| q.ty), n, scratch)?;
         // A decode token's K, pre-RoPE K and V rows go to memory last written a step
         // ago, out of the cache by now: their lines are fetched for writing while the
         // products run, or the appends below wait for them line by line (SmolLM2, 8
@@ -705,35 +786,68 @@ impl Model {
             s.kv.prefetch_append(l, 1);
         }
         self.qkv(w, n, scratch)?;
-        self.timed(Op::Rope, || self.rope_qk(rope, n, scratch));
+        // Several sequences' decode tokens: each one's q and K rows rotated, its rows
+        // appended, its attention and (when every row of the pass is such a token) its
+        // output quantized for `o_proj`, in one hand-off, a sequence per chunk; the
+        // rest (a prefill, a lone decode token) rotated and appended here and attended
+        // one sequence at a time.
+        let decoding = segs.iter().filter(|s| s.rows.len() == 1).count();
+        let batched = |rows: &std::ops::Range<usize>| decoding > 1 && rows.len() == 1;
+        self.timed(Op::Rope, || {
+            let here = segs
+                .iter()
+                .filter(|s| !batched(&s.rows))
+                .map(|s| s.rows.clone());
+            self.rope_qk(rope, here, scratch)
+        });
         let ForwardScratch {
-            x,
             q,
             k,
             k_raw,
             v,
             attn,
             proj,
-            norm,
             scores,
             key_tiles,
             batch_scores,
             products,
+            rope: rope_rows,
             ..
         } = scratch;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
-        for s in segs.iter_mut() {
+        for s in segs
+            .iter_mut()
+            .filter(|s| decoding <= 1 || s.rows.len() > 1)
+        {
             let kr = s.rows.start * kvd..s.rows.end * kvd;
             self.timed(Op::KvAppend, || {
                 s.kv.append_layer(l, &k_raw[kr.clone()], &k[kr.clone()], &v[kr.clone()])
             });
         }
-        // Several sequences' decode tokens: their attention in one hand-off, a sequence
-        // per chunk; the rest (a prefill, a lone decode token) one sequence at a time.
-        let decoding = segs.iter().filter(|s| s.rows.len() == 1).count();
         self.timed(Op::Attention, || {
             if decoding > 1 {
-                self.decode_attention_batch(l, regime, segs, q, attn, batch_scores);
+                let (_, cos, sin) = &rope_rows[rope];
+                let new = NewRows {
+                    k_raw,
+                    k: Disjoint::new(&mut k[..]),
+                    v,
+                    q: Disjoint::new(&mut q[..]),
+                    cos,
+                    sin,
+                };
+                // The outputs quantized for `o_proj` as they are made, when they are
+                // all of the pass's rows.
+                let o_ty = w.o_proj.quant().map(|q| q.ty).filter(|_| decoding == n);
+                let of = &attn[..n * qd];
+                let acts = o_ty.map(|ty| (ty, products.prepare(ty.act_kind(), n, of)));
+                self.decode_attention_batch(
+                    l,
+                    regime,
+                    segs,
+                    new,
+                    (&mut *attn, acts),
+                    batch_scores,
+                )?;
             }
             for s in segs.iter().filter(|s| decoding <= 1 || s.rows.len() > 1) {
                 let qr = s.rows.start * qd..s.rows.end * qd;
@@ -746,15 +860,13 @@ impl Model {
                     &mut attn[qr],
                 );
             }
-        });
-        self.timed(Op::OProj, || {
-            linear(&w.o_proj, h, qd, attn, n, proj, th, products)
+            Ok::<(), ModelError>(())
         })?;
-        if let Some(g) = &w.attn_out_norm {
-            self.timed(Op::Norm, || norm_rows(proj, g, c, h, norm));
-        }
-        self.timed(Op::Residual, || add_assign(x, proj));
-        Ok(())
+        self.timed(Op::OProj, || {
+            let mut x = SharedActs::continuing(attn, qd, n, th, products);
+            linear_shared(&w.o_proj, h, &mut x, proj, th)
+        })?;
+        Ok(w.attn_out_norm.as_deref())
     }
 
     /// q, k and v (`[n, q_dim]`, `[n, kv_dim]`, `[n, kv_dim]`) of the normed input
@@ -782,7 +894,7 @@ impl Model {
         } = scratch;
         // q, k and v read one input: it is quantized once for the three.
         let start = self.profile.start();
-        let mut xq = SharedActs::new(xn, h, n, th, products);
+        let mut xq = SharedActs::continuing(xn, h, n, th, products);
         linear_group(
             &mut [
                 (&w.q_proj, qd, &mut q[..]),
@@ -815,10 +927,16 @@ impl Model {
         Ok(())
     }
 
-    /// RoPE (rotate-half) of every head of `scratch.q` and `scratch.k` with the cos and
-    /// sin rows at `rope` in `scratch`, after the unrotated k is kept in `scratch.k_raw`
-    /// (the cache stores both).
-    fn rope_qk(&self, rope: usize, n: usize, scratch: &mut ForwardScratch) {
+    /// RoPE (rotate-half) of every head of the token rows `rows` of `scratch.q` and
+    /// `scratch.k` with the cos and sin rows at `rope` in `scratch`, after the unrotated
+    /// k is kept in `scratch.k_raw` (the cache stores both; every row's is kept, rotated
+    /// here or not).
+    fn rope_qk(
+        &self,
+        rope: usize,
+        rows: impl Iterator<Item = std::ops::Range<usize>>,
+        scratch: &mut ForwardScratch,
+    ) {
         let c = &self.config;
         let hd = c.head_dim;
         let (qd, kvd) = (c.q_dim(), c.kv_dim());
@@ -833,7 +951,7 @@ impl Model {
         let (_, cos, sin) = &rope_rows[rope];
         k_raw.clear();
         k_raw.extend_from_slice(k);
-        for t in 0..n {
+        for t in rows.flatten() {
             let (cs, sn) = (
                 &cos[t * half..(t + 1) * half],
                 &sin[t * half..(t + 1) * half],
@@ -931,87 +1049,137 @@ impl Model {
         }
     }
 
-    /// Layer `l`'s attention for the one-token sequences among `segs` (decode tokens of
-    /// a batched pass), each over its own cache, into its rows of `attn`: one hand-off,
-    /// the sequences claimed by the threads, each sequence's attention
-    /// [`decode_attention`] on one thread. The bits are those of [`Model::attention`]
-    /// for that sequence alone (decode attention's bits do not depend on its thread
-    /// count). `scores` holds one scratch row set per sequence.
+    /// Layer `l`'s attention step for the one-token sequences among `segs` (decode
+    /// tokens of a batched pass), each over its own cache, into its rows of `attn`: one
+    /// hand-off, the sequences claimed by the threads, each sequence on one thread: its
+    /// q and K rows rotated (RoPE, `rope_rotate_half` per head with its row of the
+    /// pass's cos/sin), its rows appended ([`KvStore::append_layer`]), its
+    /// [`decode_attention`], and with `acts` its output row quantized for `o_proj`
+    /// (the buffers `ProductScratch::prepare` gave). So the appends (whose fresh memory
+    /// costs page faults) run side by side too, and each sequence's new rows are still
+    /// in the core's cache when its attention reads them. The bits are those of the
+    /// steps one sequence at a time (each cache is its own; decode attention's bits do
+    /// not depend on its thread count). `scores` holds one scratch row set per
+    /// sequence.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] when an output row cannot be quantized for that type.
     fn decode_attention_batch(
         &self,
         l: usize,
         regime: RopeRegime,
-        segs: &[Seg<'_>],
-        q: &[f32],
-        attn: &mut [f32],
+        segs: &mut [Seg<'_>],
+        new: NewRows<'_>,
+        (attn, acts): (&mut [f32], Option<(QType, &mut [QuantizedActs])>),
         scores: &mut Vec<Vec<f32>>,
-    ) {
+    ) -> Result<(), ModelError> {
         let c = &self.config;
-        let qd = c.q_dim();
+        let (qd, kvd, hd) = (c.q_dim(), c.kv_dim(), c.head_dim);
+        let half = hd / 2;
         let shape = AttentionShape::of(c);
         let window = c.sliding_window[l];
-        // The rotation tables of the sequences with compact caches, held for the step.
-        let tables: Vec<_> = segs
-            .iter()
+        // The decode sequences' caches and rows, one item each.
+        let mut items: Vec<(&mut dyn KvStore, usize)> = segs
+            .iter_mut()
             .filter(|s| s.rows.len() == 1)
-            .map(|s| self.read_rope_for(l, regime, &*s.kv))
-            .collect();
-        // (query, keys, values, first entry, entries, output rows) per sequence.
-        let items: Vec<_> = segs
-            .iter()
-            .filter(|s| s.rows.len() == 1)
-            .zip(&tables)
-            .map(|(s, table)| {
-                let pos = s.kv.positions();
-                let m = pos.len();
-                let r = s.rows.start * qd..s.rows.end * qd;
-                let first = window_start(pos, m - 1, window);
-                let keys = self.keys_at_read(s.kv.keys(l), table.as_deref(), pos);
-                (&q[r.clone()], keys, s.kv.values(l), first, m, r)
-            })
+            .map(|s| (&mut *s.kv, s.rows.start))
             .collect();
         if scores.len() < items.len() {
             scores.resize_with(items.len(), Vec::new);
         }
+        let n = items.len();
         let outs = Disjoint::new(attn);
-        let rows = Disjoint::new(&mut scores[..items.len()]);
-        parallel_chunks(items.len(), self.threads, &|i| {
-            let (q, keys, vals, first, m, r) = &items[i];
-            // SAFETY: the pool calls each chunk index once; the sequences' output rows
-            // `r` are disjoint (each sequence has its own rows of the batch), and chunk
-            // `i` alone takes score buffer `i`.
-            let (out, sc) = unsafe { (outs.part(r.clone()), &mut rows.part(i..i + 1)[0]) };
-            decode_attention(shape, q, *keys, *vals, *first, *m, sc, out, Threads::new(1));
+        let rows = Disjoint::new(&mut scores[..n]);
+        let all = Disjoint::new(&mut items[..]);
+        let (o_ty, acts) = match acts {
+            Some((ty, a)) => (Some(ty), a),
+            None => (None, &mut [][..]),
+        };
+        let acts = Disjoint::new(acts);
+        let error = std::sync::Mutex::new(None);
+        parallel_chunks(n, self.threads, &|i| {
+            // SAFETY: the pool calls each chunk index once; chunk `i` alone takes item
+            // `i` (its sequence's cache) and score buffer `i`, and the sequences' rows
+            // `t` of the batch (so of `q`, `k`, `attn` and the quantized outputs) are
+            // disjoint.
+            let ((kv, t), sc) =
+                unsafe { (&mut all.part(i..i + 1)[0], &mut rows.part(i..i + 1)[0]) };
+            let t = *t;
+            let (kr, r) = (t * kvd..(t + 1) * kvd, t * qd..(t + 1) * qd);
+            // SAFETY: as above, row `t` of `q` and `k` is this sequence's alone.
+            let (q, k) = unsafe { (new.q.part(r.clone()), new.k.part(kr.clone())) };
+            let (cs, sn) = (
+                &new.cos[t * half..(t + 1) * half],
+                &new.sin[t * half..(t + 1) * half],
+            );
+            for head in q.chunks_exact_mut(hd).chain(k.chunks_exact_mut(hd)) {
+                rope_rotate_half(head, cs, sn);
+            }
+            kv.append_layer(l, &new.k_raw[kr.clone()], k, &new.v[kr]);
+            let kv = &**kv;
+            let table = self.read_rope_for(l, regime, kv);
+            let pos = kv.positions();
+            let m = pos.len();
+            let first = window_start(pos, m - 1, window);
+            let keys = self.keys_at_read(kv.keys(l), table.as_deref(), pos);
+            // SAFETY: as above, rows `r` are this sequence's alone.
+            let out = unsafe { outs.part(r) };
+            decode_attention(
+                shape,
+                q,
+                keys,
+                kv.values(l),
+                first,
+                m,
+                sc,
+                out,
+                Threads::new(1),
+            );
+            if let Some(ty) = o_ty {
+                // SAFETY: as above, quantized row `t` is this sequence's alone.
+                let a = unsafe { &mut acts.part(t..t + 1)[0] };
+                if let Err(e) = quantize_activation_into(ty, out, a) {
+                    *error.lock().unwrap_or_else(PoisonError::into_inner) = Some(e);
+                }
+            }
         });
+        match error.into_inner().unwrap_or_else(PoisonError::into_inner) {
+            Some(e) => Err(ModelError::Unsupported(format!(
+                "quantizing o_proj's input: {e}"
+            ))),
+            None => Ok(()),
+        }
     }
 
-    /// The MLP block over the residual stream `scratch.x` (`[n, hidden]`), HF's
-    /// `post_attention_layernorm` (Gemma's `pre_feedforward_layernorm`) → gated MLP
-    /// `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU) → (Gemma's
-    /// `post_feedforward_layernorm`) → residual add.
-    fn mlp_block(
+    /// The MLP block over the residual stream `scratch.x` (`[n, hidden]`): the
+    /// attention's output added (`pending`, [`Model::residual_then_norm`]) with HF's
+    /// `post_attention_layernorm` (Gemma's `pre_feedforward_layernorm`) after it, then
+    /// the gated MLP `down(act(gate(x)) * up(x))` (SwiGLU or GeGLU) into `scratch.proj`.
+    /// Returns the gain of the norm that output gets before the next sublayer adds it
+    /// (Gemma's `post_feedforward_layernorm`; `None` without one).
+    fn mlp_block<'w>(
         &self,
-        w: &LayerWeights,
-        n: usize,
+        w: &'w LayerWeights,
+        (n, pending): (usize, Option<Option<&[f32]>>),
         scratch: &mut ForwardScratch,
-    ) -> Result<(), ModelError> {
+    ) -> Result<Option<&'w [f32]>, ModelError> {
         let c = &self.config;
         let (h, ff) = (c.hidden_size, c.intermediate_size);
         let th = self.threads;
+        let gate_ty = w.gate_proj.quant().map(|q| q.ty);
+        self.residual_then_norm(pending, Some(w.mlp_norm.as_deref()), gate_ty, n, scratch)?;
         let ForwardScratch {
-            x,
             xn,
             proj,
             gate,
             up,
-            norm,
             products,
             ..
         } = scratch;
-        self.timed(Op::Norm, || pre_norm(x, w.mlp_norm.as_deref(), c, xn));
         self.timed(Op::GateUpProducts, || {
-            // gate and up read one input: it is quantized once for the two.
-            let mut xq = SharedActs::new(xn, h, n, th, products);
+            // gate and up read one input: it is quantized once for the two (as the
+            // norm before made it, where it did).
+            let mut xq = SharedActs::continuing(xn, h, n, th, products);
             linear_group(
                 &mut [
                     (&w.gate_proj, ff, &mut gate[..]),
@@ -1022,16 +1190,94 @@ impl Model {
             )
         })?;
         self.timed(Op::Activation, || {
-            gated_activation(c.hidden_act, &mut gate[..n * ff], &up[..n * ff], ff, th)
-        });
-        self.timed(Op::DownProj, || {
-            linear(&w.down_proj, h, ff, gate, n, proj, th, products)
+            let down = w.down_proj.quant().map(|q| q.ty);
+            let of = &gate[..n * ff];
+            let quantize = down.map(|ty| (ty, products.prepare(ty.act_kind(), n, of)));
+            let rows = (&mut gate[..n * ff], &up[..n * ff]);
+            gated_activation(c.hidden_act, rows, ff, quantize, th)
         })?;
-        if let Some(g) = &w.mlp_out_norm {
-            self.timed(Op::Norm, || norm_rows(proj, g, c, h, norm));
-        }
-        self.timed(Op::Residual, || add_assign(x, proj));
-        Ok(())
+        self.timed(Op::DownProj, || {
+            let mut x = SharedActs::continuing(gate, ff, n, th, products);
+            linear_shared(&w.down_proj, h, &mut x, proj, th)
+        })?;
+        Ok(w.mlp_out_norm.as_deref())
+    }
+
+    /// The first step of a sublayer, for each of the `n` rows of the residual stream
+    /// `scratch.x` on its own: a waiting sublayer output added (`pending`: `Some(g)`
+    /// when `scratch.proj` holds one, `g` the gain of the RMSNorm it gets first, Gemma's
+    /// `post_attention_layernorm` / `post_feedforward_layernorm`), then `pre` (when
+    /// `Some`): `scratch.xn` = the RMSNorm of the row with gain `g` (HF's
+    /// `input_layernorm`, the norm before the MLP, the final `norm`), or the row itself
+    /// for `None`, and, with `quantize_for`, that row quantized for the products of that
+    /// weight type (`ProductScratch::prepare`, read by `SharedActs::continuing`).
+    /// One hand-off, the rows split between the threads from [`FEW_ROWS_SPLIT`] rows on
+    /// ([`rows_per_part`]); every value is the function of its own row that the steps
+    /// one at a time give (the norms' and the add's order within a row), so the same
+    /// bits on any thread count.
+    ///
+    /// # Errors
+    /// [`ModelError::Unsupported`] when a row cannot be quantized for that type.
+    fn residual_then_norm(
+        &self,
+        pending: Option<Option<&[f32]>>,
+        pre: Option<Option<&[f32]>>,
+        quantize_for: Option<QType>,
+        n: usize,
+        scratch: &mut ForwardScratch,
+    ) -> Result<(), ModelError> {
+        let c = &self.config;
+        let h = c.hidden_size;
+        let (offset, eps) = (c.norm_weight_offset, c.rms_norm_eps);
+        let ForwardScratch {
+            x,
+            xn,
+            proj,
+            products,
+            ..
+        } = scratch;
+        let (x, xn, proj) = (&mut x[..n * h], &mut xn[..n * h], &proj[..n * h]);
+        let quantize_for = quantize_for.filter(|_| pre.is_some());
+        let acts = match quantize_for {
+            Some(ty) => products.prepare(ty.act_kind(), n, xn),
+            None => &mut [],
+        };
+        let (ax, axn) = (Disjoint::new(x), Disjoint::new(xn));
+        let rows = |r: std::ops::Range<usize>, acts: &mut [QuantizedActs]| {
+            // SAFETY: `rows_in_parts` gives each part of rows `r` to one call, the parts
+            // disjoint.
+            let (x, xn) = unsafe {
+                (
+                    ax.part(r.start * h..r.end * h),
+                    axn.part(r.start * h..r.end * h),
+                )
+            };
+            for (i, t) in r.enumerate() {
+                let (xt, xnt) = (&mut x[i * h..(i + 1) * h], &mut xn[i * h..(i + 1) * h]);
+                if let Some(post) = pending {
+                    let pt = &proj[t * h..(t + 1) * h];
+                    match post {
+                        // The output normed into `xn` (free until the pre-norm below).
+                        Some(g) => {
+                            rms_norm(pt, g, offset, eps, xnt);
+                            add_assign(xt, xnt);
+                        }
+                        None => add_assign(xt, pt),
+                    }
+                }
+                match pre {
+                    Some(Some(g)) => rms_norm(xt, g, offset, eps, xnt),
+                    Some(None) => xnt.copy_from_slice(xt),
+                    None => {}
+                }
+                if let (Some(ty), Some(a)) = (quantize_for, acts.get_mut(i)) {
+                    quantize_activation_into(ty, xnt, a)?;
+                }
+            }
+            Ok(())
+        };
+        self.timed(Op::Norm, || rows_in_parts(n, self.threads, 1, acts, &rows))
+            .map_err(|e| ModelError::Unsupported(format!("quantizing a product's input: {e}")))
     }
 }
 

@@ -28,15 +28,16 @@ impl Model {
     }
 
     /// The logits `want` asks for of a batch's rows after the final norm, `xn`
-    /// (`[n, hidden]`), appended to `logits` (`[rows, vocab]`): over the full head, or
-    /// for one row with `head_rows`, over those rows of it only
-    /// ([`Model::forward_rows_into`]).
+    /// (`[n, hidden]`), written to `logits` from element `from` on (`[rows, vocab]`;
+    /// `logits` then ends there, what it held before `from` kept): over the full head,
+    /// or for one row with `head_rows`, over those rows of it only
+    /// ([`Model::forward_rows_into`]). Only the part past its old length is zeroed
+    /// first, so a buffer that already held a row is overwritten in place.
     pub(super) fn head_into(
         &self,
         xn: &[f32],
-        want: LogitsWanted,
-        head_rows: Option<&[u32]>,
-        logits: &mut Vec<f32>,
+        (want, head_rows): (LogitsWanted, Option<&[u32]>),
+        (logits, from): (&mut Vec<f32>, usize),
         products: &mut ProductScratch,
     ) -> Result<(), ModelError> {
         let c = &self.config;
@@ -49,13 +50,14 @@ impl Model {
             LogitsWanted::All => xn,
         };
         let nr = rows.len() / h;
+        let end = from + nr * c.vocab_size;
+        if logits.len() < end {
+            logits.resize(end, 0.0);
+        }
+        logits.truncate(end);
         if let (Some(sel), 1) = (head_rows, nr) {
-            let from = logits.len();
-            logits.resize(from + c.vocab_size, 0.0);
             return self.head_rows_into(rows, sel, &mut logits[from..], th, products);
         }
-        let from = logits.len();
-        logits.resize(from + nr * c.vocab_size, 0.0);
         linear(
             self.head(),
             c.vocab_size,

@@ -6,7 +6,9 @@ use super::scratch::{acts_of, kept_buffer, ProductScratch, SharedActs};
 use super::weights::Weight;
 use crate::source::{Mapped, MappedElem};
 use crate::ModelError;
-use fak_tensor::quant::{matmul_threads, matmul_threads_into, matvec_many, matvec_threads, Matvec};
+use fak_tensor::quant::{
+    matmul_many, matmul_threads, matmul_threads_into, matvec_many, matvec_threads, Matmul, Matvec,
+};
 use fak_tensor::{matmul, matmul_group, Linear, Threads, WeightElem, F16};
 
 /// `out[t][r] = file_order[t][order[r]]` for every token's `rows` outputs: a product
@@ -110,7 +112,7 @@ pub(super) fn mapped_as<W: MappedElem>(
 
 /// [`linear`] reading its input from `x`, whose quantized rows other products of the
 /// same input reuse.
-fn linear_shared(
+pub(super) fn linear_shared(
     w: &Weight,
     rows: usize,
     x: &mut SharedActs<'_>,
@@ -142,6 +144,7 @@ fn linear_shared(
         made,
         fresh,
         file_order,
+        ..
     } = &mut *x.scratch;
     let acts = acts_of(&made[..*fresh], q.ty.act_kind())
         .ok_or_else(|| ModelError::Unsupported("activation not quantized".into()))?;
@@ -205,12 +208,18 @@ fn float_group<W: WeightElem, const N: usize>(
     Ok(())
 }
 
+/// The most tokens a [`linear_group`] of quantized matrices runs in one hand-off
+/// ([`matmul_many`], one token [`matvec_many`]): a batched decode step's rows. More
+/// (a prefill) run one product at a time, each with its own many-token tiles.
+const GROUP_TOKENS: usize = 16;
+
 /// One product of a [`linear_group`]: the weight, output rows, output.
 type GroupItem<'a> = (&'a Weight, usize, &'a mut [f32]);
 
 /// Several products of one input: q, k and v, or gate and up. A one-token input with
-/// every matrix quantized runs as one [`matvec_many`]: one hand-off to the threads
-/// instead of one per product. An input with every matrix `f32` (exact mode, or an F32
+/// every matrix quantized runs as one [`matvec_many`], and one of up to
+/// [`GROUP_TOKENS`] tokens (a batched decode step) as one [`matmul_many`]: one hand-off
+/// to the threads instead of one per product. An input with every matrix `f32` (exact mode, or an F32
 /// file's matrices as stored), or every matrix F16 as stored, runs as one
 /// [`matmul_group`], which makes it one hand-off for many tokens, and for one token where
 /// its products would be shared from both ends by two threads (not on AMD), else one per
@@ -251,7 +260,8 @@ pub(super) fn linear_group<const N: usize>(
     if n16 == N {
         return float_group(f16s, orders, items, x, th);
     }
-    if x.n != 1 || !all_native || th.get() <= 1 {
+    let n = x.n;
+    if !(1..=GROUP_TOKENS).contains(&n) || !all_native || th.get() <= 1 {
         for (w, rows, out) in items.iter_mut() {
             linear_shared(w, *rows, x, out, th)?;
         }
@@ -270,7 +280,7 @@ pub(super) fn linear_group<const N: usize>(
     // product's buffer in the scratch, so nothing is allocated once they have grown.
     for (i, (q, (_, rows, _))) in quant.iter().zip(items.iter()).enumerate() {
         let len = if q.is_some_and(|q| q.row_order.is_some()) {
-            *rows
+            n * *rows
         } else {
             0
         };
@@ -281,31 +291,42 @@ pub(super) fn linear_group<const N: usize>(
             made,
             fresh,
             file_order,
+            ..
         } = &mut *x.scratch;
         let made = &made[..*fresh];
         let mut slots = items.iter_mut().zip(file_order.iter_mut()).zip(&quant);
-        let mut products: [Matvec<'_>; N] = std::array::from_fn(|_| {
+        let mut products: [Matmul<'_>; N] = std::array::from_fn(|_| {
             let (((_, rows, out), fo), q) = slots.next().expect("N items");
             let q = q.expect("checked above");
-            let act = &acts_of(made, q.ty.act_kind()).expect("quantized above")[0];
+            let acts = acts_of(made, q.ty.act_kind()).expect("quantized above");
             let out: &mut [f32] = if fo.is_empty() {
-                &mut out[..*rows]
+                &mut out[..n * *rows]
             } else {
                 &mut fo[..]
             };
-            Matvec {
+            Matmul {
                 ty: q.ty,
                 w: q.bytes(),
-                act,
+                acts,
                 out,
             }
         });
-        matvec_many(&mut products, th).map_err(qerr)?;
+        if n == 1 {
+            let mut one = products.map(|p| Matvec {
+                ty: p.ty,
+                w: p.w,
+                act: &p.acts[0],
+                out: p.out,
+            });
+            matvec_many(&mut one, th).map_err(qerr)?;
+        } else {
+            matmul_many(&mut products, th).map_err(qerr)?;
+        }
     }
     for (i, ((_, _, out), q)) in items.iter_mut().zip(&quant).enumerate() {
         if let Some(order) = q.and_then(|q| q.row_order.as_ref()) {
             let fo = &x.scratch.file_order[i];
-            rows_in_hf_order(&mut out[..order.len()], fo, order, order.len());
+            rows_in_hf_order(&mut out[..n * order.len()], fo, order, order.len());
         }
     }
     Ok(())

@@ -12,10 +12,13 @@
 //!   ([`LayerWeights`]).
 //! - `loader`: [`Model::from_source_with`] and the other constructors.
 //! - `forward`: [`Model::forward`] and the pass over one batch of tokens as named
-//!   steps: `embed`, then per layer `attention_block` (norm, `qkv`, `rope_qk`, the KV
-//!   append, `attention`: decode or prefill, from `crate::attention`; `o_proj`,
-//!   residual) and `mlp_block` (norm, gate/up, activation, down, residual), the final
-//!   norm and the head.
+//!   steps: `embed`, then per layer `attention_block` (the residual add and norm,
+//!   `qkv`, `rope_qk`, the KV append, `attention`: decode or prefill, from
+//!   `crate::attention`; `o_proj`) and `mlp_block` (the residual add and norm,
+//!   gate/up, activation, down), the last residual add with the final norm, and the
+//!   head. A sublayer's output is added to the residual stream by the next one's first
+//!   step (`residual_then_norm`), which also quantizes the normed rows for its
+//!   products.
 //! - `head`: the logits head, over every row or over a subset of its rows.
 //! - `linear`: the matrix products (`f32`, F32 or F16 as stored, or quantized weights).
 //! - `scratch`: [`ForwardScratch`] and the products' buffers.

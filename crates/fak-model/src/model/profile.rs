@@ -18,35 +18,39 @@ use std::time::{Duration, Instant};
 pub enum Op {
     /// `embed_tokens`' rows (dequantized in native mode), times the embedding scale.
     Embedding,
-    /// Every RMSNorm: the blocks' pre- and post-norms, QK-norm, the final norm.
+    /// Every RMSNorm: the blocks' pre- and post-norms, QK-norm, the final norm; with
+    /// the residual add before a sublayer's norm and the quantization of the normed rows
+    /// for the products after it (one step per row, `forward`'s `residual_then_norm`).
     Norm,
-    /// The q, k and v products (one activation quantization for the three) and
-    /// Qwen2's biases.
+    /// The q, k and v products and Qwen2's biases (the input quantized by the norm
+    /// before them, or here once for the three).
     QkvProducts,
     /// The RoPE cos/sin rows of the pass and the rotation of q and k (K kept unrotated
-    /// too).
+    /// too); a batched decode step's decode rows are rotated in [`Op::Attention`].
     Rope,
-    /// The batch's K, pre-RoPE K and V rows appended to the KV cache.
+    /// The batch's K, pre-RoPE K and V rows appended to the KV cache (in a batched
+    /// decode step, the decode sequences' appends are part of [`Op::Attention`]).
     KvAppend,
-    /// Attention over the cache: decode by GQA group, prefill by block and head.
+    /// Attention over the cache: decode by GQA group, prefill by block and head (and
+    /// in a batched decode step each sequence's RoPE and append before its attention,
+    /// and, when every row is a decode token, its output quantized for `o_proj`).
     Attention,
-    /// The `o_proj` product.
+    /// The `o_proj` product (its input quantized here unless the attention step did).
     OProj,
-    /// The gate and up products (one activation quantization for the two).
+    /// The gate and up products (the input quantized by the norm before them, or here
+    /// once for the two).
     GateUpProducts,
-    /// SiLU or tanh-GELU of gate, times up.
+    /// SiLU or tanh-GELU of gate, times up, each row then quantized for `down_proj`.
     Activation,
     /// The `down_proj` product.
     DownProj,
-    /// The residual adds.
-    Residual,
     /// The logits head (`lm_head`, or the tied embedding), over the rows asked for.
     Head,
 }
 
 impl Op {
     /// Every op, in the order a pass runs them.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 11] = [
         Op::Embedding,
         Op::Norm,
         Op::QkvProducts,
@@ -57,7 +61,6 @@ impl Op {
         Op::GateUpProducts,
         Op::Activation,
         Op::DownProj,
-        Op::Residual,
         Op::Head,
     ];
 
@@ -74,7 +77,6 @@ impl Op {
             Op::GateUpProducts => "gate_up_proj",
             Op::Activation => "activation",
             Op::DownProj => "down_proj",
-            Op::Residual => "residual",
             Op::Head => "lm_head",
         }
     }

@@ -2,9 +2,8 @@
 //! matrix products' quantized inputs and file-order outputs.
 
 use crate::Config;
-use fak_tensor::pool::Disjoint;
 use fak_tensor::quant::{quantize_activation_into, ActKind, QType, QuantError, QuantizedActs};
-use fak_tensor::{parallel_chunks, Threads};
+use fak_tensor::Threads;
 
 /// The buffers of the matrix products, kept between forward passes
 /// ([`ForwardScratch`]): each activation kind's quantized rows, and outputs computed in
@@ -15,6 +14,12 @@ pub(super) struct ProductScratch {
     /// the rest are buffers kept for reuse.
     pub(super) made: Vec<(ActKind, Vec<QuantizedActs>)>,
     pub(super) fresh: usize,
+    /// The input (its rows' address and length) whose quantized rows the step that
+    /// made them wrote ([`ProductScratch::prepare`]), for the next
+    /// [`SharedActs::continuing`] of that same input to read; taken by the next
+    /// [`SharedActs`] whatever its input, and cleared at the start of every pass
+    /// ([`ProductScratch::start_pass`]), so rows a failed step left are never read.
+    prepared: Option<(usize, usize)>,
     /// Outputs in the file's row order, one buffer per product of a group.
     pub(super) file_order: Vec<Vec<f32>>,
 }
@@ -42,6 +47,35 @@ impl ProductScratch {
     pub(super) fn file_order(&mut self, i: usize, len: usize) -> &mut Vec<f32> {
         kept_buffer(&mut self.file_order, i, len)
     }
+
+    /// Forgets any prepared rows ([`ProductScratch::prepare`]): a pass starts with none.
+    pub(super) fn start_pass(&mut self) {
+        self.prepared = None;
+    }
+
+    /// Starts a new input whose `n` rows the step that makes them quantizes as it
+    /// goes (the residual add and RMSNorm before a sublayer's products, one hand-off
+    /// for all of it): the kept buffer of `kind` (or a new one) becomes the input's
+    /// only quantized form, `n` rows, returned to be filled, each row with
+    /// [`quantize_activation_into`] of the row the products will read from `of` (the
+    /// buffer the step writes, `[n, cols]`). [`SharedActs::continuing`] over that same
+    /// buffer then uses them instead of quantizing again.
+    pub(super) fn prepare(&mut self, kind: ActKind, n: usize, of: &[f32]) -> &mut [QuantizedActs] {
+        match self.made.iter().position(|(k, _)| *k == kind) {
+            Some(i) => self.made.swap(0, i),
+            None => {
+                self.made.push((kind, Vec::new()));
+                let last = self.made.len() - 1;
+                self.made.swap(0, last);
+            }
+        }
+        self.fresh = 1;
+        self.prepared = Some((of.as_ptr() as usize, of.len()));
+        let acts = &mut self.made[0].1;
+        acts.truncate(n);
+        acts.resize_with(n, || QuantizedActs::Q8_0(Vec::new()));
+        acts
+    }
 }
 
 /// The quantized forms of one input (`n` rows of `cols`), made once per activation
@@ -59,6 +93,8 @@ pub(super) struct SharedActs<'a> {
 }
 
 impl<'a> SharedActs<'a> {
+    /// The `n` rows of `cols` values of `x`, quantized as each product asks
+    /// ([`SharedActs::for_type`]).
     pub(super) fn new(
         x: &'a [f32],
         cols: usize,
@@ -66,9 +102,29 @@ impl<'a> SharedActs<'a> {
         th: Threads,
         scratch: &'a mut ProductScratch,
     ) -> Self {
-        scratch.fresh = 0;
+        scratch.prepared = None;
+        Self::continuing(x, cols, n, th, scratch)
+    }
+
+    /// [`SharedActs::new`] of the rows `x` whose quantized form the step that made them
+    /// wrote ([`ProductScratch::prepare`] for this same buffer and `n`), which it then
+    /// reads rather than quantizing `x` again; without one, as [`SharedActs::new`].
+    pub(super) fn continuing(
+        x: &'a [f32],
+        cols: usize,
+        n: usize,
+        th: Threads,
+        scratch: &'a mut ProductScratch,
+    ) -> Self {
+        let x = &x[..n * cols];
+        let prepared = scratch.prepared.take() == Some((x.as_ptr() as usize, x.len()))
+            && scratch.fresh == 1
+            && scratch.made[0].1.len() == n;
+        if !prepared {
+            scratch.fresh = 0;
+        }
         SharedActs {
-            x: &x[..n * cols],
+            x,
             cols,
             n,
             th,
@@ -99,34 +155,12 @@ impl<'a> SharedActs<'a> {
         // Each row on its own (a pure function of the row), so splitting the rows
         // between threads changes no bit.
         let (x, cols) = (self.x, self.cols);
-        if let Some(per) = super::forward::rows_per_part(self.n, self.th, 1) {
-            let error = std::sync::Mutex::new(None);
-            let rows = Disjoint::new(&mut acts[..]);
-            parallel_chunks(self.n.div_ceil(per), self.th, &|c| {
-                let r = c * per..((c + 1) * per).min(rows.len());
-                let x = &x[r.start * cols..r.end * cols];
-                // SAFETY: the pool calls each chunk index once, and chunk `c` alone
-                // holds rows `r` (consecutive, disjoint ranges).
-                let part = unsafe { rows.part(r) };
-                for (a, xt) in part.iter_mut().zip(x.chunks_exact(cols)) {
-                    if let Err(e) = quantize_activation_into(ty, xt, a) {
-                        *error
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(e);
-                    }
-                }
-            });
-            if let Some(e) = error
-                .into_inner()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-            {
-                return Err(e);
-            }
-        } else {
-            for (a, xt) in acts.iter_mut().zip(x.chunks_exact(cols)) {
-                quantize_activation_into(ty, xt, a)?;
-            }
-        }
+        super::forward::rows_in_parts(self.n, self.th, 1, acts, &|r, part| {
+            let x = &x[r.start * cols..r.end * cols];
+            part.iter_mut()
+                .zip(x.chunks_exact(cols))
+                .try_for_each(|(a, xt)| quantize_activation_into(ty, xt, a))
+        })?;
         sc.fresh += 1;
         Ok(&sc.made[at].1)
     }
@@ -146,7 +180,9 @@ impl<'a> SharedActs<'a> {
 /// when full, so a growing context regrows them only each time it doubles.
 ///
 /// It holds no state that changes a result: any scratch, new or used, gives the same
-/// bits. `Clone` gives a new, empty one.
+/// bits (the quantized rows a step prepares for the products after it are read only by
+/// those products, in the same pass, `ProductScratch::prepare`). `Clone` gives a new,
+/// empty one.
 #[derive(Default)]
 pub struct ForwardScratch {
     pub(super) x: Vec<f32>,
@@ -159,7 +195,7 @@ pub struct ForwardScratch {
     pub(super) proj: Vec<f32>,
     pub(super) gate: Vec<f32>,
     pub(super) up: Vec<f32>,
-    /// A head's or a row's RMSNorm output before it is copied back.
+    /// A head's or a row's QK-norm output before it is copied back.
     pub(super) norm: Vec<f32>,
     /// Per distinct RoPE table used by this pass: (first layer using it, cos rows, sin
     /// rows); entries past `rope_used` are kept buffers.

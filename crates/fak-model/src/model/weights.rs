@@ -15,10 +15,12 @@ pub enum WeightMode {
     /// The fast path: the linear layers' matrices (attention q/k/v/o, MLP
     /// gate/up/down, the output head or tied embedding) stay in their GGUF block format
     /// when their type has a quantized dot product (`fak_tensor::quant::QType`); each
-    /// product quantizes its input row once (Q8_0, Q8_1 or Q8_K, as the weight type
-    /// pairs with) and runs the quantized matvec. Embedding rows are dequantized on
-    /// lookup. A GGUF's F32 matrices stay as the file stores them too ([`MappedF32`]; a
-    /// `llama` file's Q/K row order undone on each product's output) and run the exact
+    /// product's input row is quantized once (Q8_0, Q8_1 or Q8_K, as the weight type
+    /// pairs with; by the step that makes it, where it can) and the quantized matvec
+    /// runs. Embedding rows are dequantized on lookup. A GGUF's F32 matrices stay as
+    /// the file stores them too ([`MappedF32`]; a `llama` file's Q/K rows put in HF's
+    /// order as they are copied at load, or, left on the map, on each product's
+    /// output) and run the exact
     /// path's `f32` kernels, so they give the exact path's bits; so do its F16
     /// matrices ([`MappedF16`]), which the same kernels widen exactly as they load them.
     /// Every such matrix is copied once at load, with positional reads, into the model's
@@ -100,8 +102,8 @@ impl Weight {
     }
 
     /// A matrix of the file copied as it is into the model's huge pages
-    /// ([`QuantMatrix::copied_for_cpu`], [`Mapped::copied_for_cpu`](crate::Mapped::copied_for_cpu));
-    /// a [`Weight::Dense`] as it is.
+    /// ([`QuantMatrix::copied_for_cpu`], [`Mapped::copied_for_cpu`](crate::Mapped::copied_for_cpu);
+    /// a `llama` file's Q/K rows in HF's order); a [`Weight::Dense`] as it is.
     pub fn copied_for_cpu(self) -> Weight {
         match self {
             Weight::Quant(q) => Weight::Quant(q.copied_for_cpu()),
