@@ -199,7 +199,7 @@ pub(crate) fn inspect(model: &str, format: Format) -> Result<(), CliError> {
             let eos: Vec<String> = c.eos_token_ids.iter().map(u32::to_string).collect();
             outln!(
                 "rope_theta {}  rms_norm_eps {:e}  tied head {}  bos {}  eos {}",
-                c.rope_theta.first().copied().unwrap_or(0.0),
+                rope_bases(&c.rope_theta),
                 c.rms_norm_eps,
                 if c.tie_word_embeddings { "yes" } else { "no" },
                 id(c.bos_token_id),
@@ -225,4 +225,27 @@ pub(crate) fn inspect(model: &str, format: Format) -> Result<(), CliError> {
     }
     outln!("\nparameters: {n_params}")?;
     Ok(())
+}
+
+/// The per-layer RoPE bases (`Config::rope_theta`) as text: the one value when every
+/// layer has it, else each distinct value with how many layers use it, in the order
+/// first seen (Gemma 3 270M: `10000 (15 layers), 1000000 (3 layers)`, HF's
+/// `rope_parameters` of its sliding-window and its full-attention layers).
+fn rope_bases(thetas: &[f32]) -> String {
+    let mut seen: Vec<(f32, usize)> = Vec::new();
+    for &t in thetas {
+        match seen.iter_mut().find(|(v, _)| *v == t) {
+            Some((_, n)) => *n += 1,
+            None => seen.push((t, 1)),
+        }
+    }
+    match seen.as_slice() {
+        [] => "none".into(),
+        [(t, _)] => t.to_string(),
+        _ => seen
+            .iter()
+            .map(|(t, n)| format!("{t} ({n} layers)"))
+            .collect::<Vec<_>>()
+            .join(", "),
+    }
 }

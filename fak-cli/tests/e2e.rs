@@ -277,3 +277,54 @@ fn gemma3_few_shot_and_no_template_note() {
         "{err}"
     );
 }
+
+/// `fak model inspect` names each RoPE base a model's layers use, as HF's config gives
+/// them (`testdata/oracles/*/config.json`, saved by `oracle-export`): Gemma 3's
+/// sliding-window layers and its full-attention layers have different bases, SmolLM2's
+/// layers one.
+#[fak_testkit::real_model]
+fn model_inspect_names_each_rope_base_as_hf_config() {
+    for name in ["gemma3-270m", "smollm2-135m-instruct"] {
+        need_model(name);
+        let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(format!("../testdata/oracles/{name}/config.json"));
+        let hf: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        let params = &hf["rope_parameters"];
+        // Each layer's base, from its layer type's parameters or the one set of them.
+        let bases: Vec<f64> = match hf["layer_types"].as_array() {
+            Some(types) if params.get("rope_theta").is_none() => types
+                .iter()
+                .map(|t| params[t.as_str().unwrap()]["rope_theta"].as_f64().unwrap())
+                .collect(),
+            _ => vec![
+                params["rope_theta"].as_f64().unwrap();
+                hf["num_hidden_layers"].as_u64().unwrap() as usize
+            ],
+        };
+        let mut seen: Vec<(f64, usize)> = Vec::new();
+        for b in bases {
+            match seen.iter_mut().find(|(v, _)| *v == b) {
+                Some((_, n)) => *n += 1,
+                None => seen.push((b, 1)),
+            }
+        }
+        let want = match seen.as_slice() {
+            [(b, _)] => format!("rope_theta {b}  "),
+            _ => {
+                let parts: Vec<String> = seen
+                    .iter()
+                    .map(|(b, n)| format!("{b} ({n} layers)"))
+                    .collect();
+                format!("rope_theta {}  ", parts.join(", "))
+            }
+        };
+        let out = fak().args(["model", "inspect", name]).output().unwrap();
+        assert!(out.status.success(), "{name}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text
+            .lines()
+            .find(|l| l.starts_with("rope_theta "))
+            .unwrap_or_else(|| panic!("{name}: no rope_theta line in\n{text}"));
+        assert!(line.starts_with(&want), "{name}: {line:?}, want {want:?}");
+    }
+}
