@@ -253,11 +253,29 @@ struct Job {
     queued: std::time::Instant,
 }
 
+/// The jobs not yet taken by a worker, and how many workers hold no job: both change
+/// only under the one lock, so `submit` sees how many of the jobs an idle worker is
+/// about to take and how many truly wait.
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Job>,
+    /// Workers started and not running a job (counted from before they first wait:
+    /// a burst that arrives as the workers start is not refused while they could take it).
+    idle: usize,
+}
+
+impl Queue {
+    /// Jobs that no idle worker is about to take: those waiting for a slot to free.
+    fn waiting(&self) -> usize {
+        self.jobs.len().saturating_sub(self.idle)
+    }
+}
+
 struct Shared {
     id: String,
     config: EngineConfig,
     state: Mutex<LoadState>,
-    queue: Mutex<VecDeque<Job>>,
+    queue: Mutex<Queue>,
     wake: Condvar,
     shutdown: AtomicBool,
     /// Set by [`EngineDriver::drain`]: `submit` refuses, the queue stays empty.
@@ -351,7 +369,7 @@ impl InKernelDriver {
         Arc::new(Shared {
             id,
             state: Mutex::new(LoadState::Loading),
-            queue: Mutex::new(VecDeque::new()),
+            queue: Mutex::new(Queue::default()),
             wake: Condvar::new(),
             shutdown: AtomicBool::new(false),
             draining: AtomicBool::new(false),
@@ -578,13 +596,19 @@ fn spawn_workers(shared: &Arc<Shared>) {
     start_batcher(shared);
     for i in 0..shared.config.parallel.max(1) {
         let s = Arc::clone(shared);
+        // Idle from before it runs, so a request submitted at once finds its slot.
+        lock(&shared.queue).idle += 1;
         // A slot that cannot get a thread is simply not there; the others serve.
-        let _ = std::thread::Builder::new()
+        let spawned = std::thread::Builder::new()
             .name(format!("fak-worker-{i}"))
             .spawn(move || {
                 lower_priority();
                 worker(&s, i)
             });
+        if spawned.is_err() {
+            let mut q = lock(&shared.queue);
+            q.idle = q.idle.saturating_sub(1);
+        }
     }
 }
 
@@ -623,7 +647,8 @@ fn worker(s: &Shared, index: usize) {
                 if s.shutdown.load(Ordering::SeqCst) {
                     return;
                 }
-                if let Some(j) = q.pop_front() {
+                if let Some(j) = q.jobs.pop_front() {
+                    q.idle = q.idle.saturating_sub(1);
                     break j;
                 }
                 q = s.wake.wait(q).unwrap_or_else(|p| p.into_inner());
@@ -633,6 +658,7 @@ fn worker(s: &Shared, index: usize) {
             LoadState::Ready(l) => Ok(Arc::clone(l)),
             _ => Err(()),
         }) else {
+            lock(&s.queue).idle += 1;
             continue;
         };
         s.active.fetch_add(1, Ordering::SeqCst);
@@ -657,6 +683,7 @@ fn worker(s: &Shared, index: usize) {
         set_running(s, index, Vec::new());
         s.active.fetch_sub(1, Ordering::SeqCst);
         release_free_memory();
+        lock(&s.queue).idle += 1;
     }
 }
 
@@ -1321,7 +1348,7 @@ impl EngineDriver for InKernelDriver {
     /// Refuses new requests and answers every queued one [`EngineError::ShuttingDown`].
     fn drain(&self) {
         self.shared.draining.store(true, Ordering::SeqCst);
-        let queued: Vec<Job> = lock(&self.shared.queue).drain(..).collect();
+        let queued: Vec<Job> = lock(&self.shared.queue).jobs.drain(..).collect();
         for j in queued {
             fail_all(&j.sinks, &EngineError::ShuttingDown);
         }
@@ -1369,10 +1396,11 @@ impl EngineDriver for InKernelDriver {
             .unwrap_or_default();
         let p = lock(&self.shared.prefix);
         EngineStats {
-            queue_depth: lock(&self.shared.queue)
-                .iter()
-                .filter(|j| !all_gone(&j.sinks))
-                .count(),
+            queue_depth: {
+                let q = lock(&self.shared.queue);
+                let live = q.jobs.iter().filter(|j| !all_gone(&j.sinks)).count();
+                live.saturating_sub(q.idle)
+            },
             active: self.shared.active.load(Ordering::SeqCst),
             kv_entries: p.len(),
             kv_bytes: p.bytes(),
@@ -1492,15 +1520,17 @@ impl EngineDriver for InKernelDriver {
             // Requests whose clients left while queued hold no place (a worker would
             // only drop them): without this, clients that queue and leave while the
             // slots are busy lock everyone else out with 429s.
-            q.retain(|j| !all_gone(&j.sinks));
-            // A request waits here even when a slot is idle, so at least one may.
-            if q.len() >= self.shared.config.max_queue.max(1) {
+            q.jobs.retain(|j| !all_gone(&j.sinks));
+            // Jobs an idle worker is about to take do not wait: only the rest count
+            // against `max_queue` (a burst of `parallel` requests on idle slots is
+            // served, where it had been refused all but `max_queue` of).
+            if q.waiting() >= self.shared.config.max_queue.max(1) {
                 return Err(EngineError::Overloaded {
-                    queued: q.len(),
+                    queued: q.waiting(),
                     retry_after_s: 1,
                 });
             }
-            q.push_back(Job {
+            q.jobs.push_back(Job {
                 ids,
                 params,
                 grammar,

@@ -269,6 +269,59 @@ fn a_full_queue_is_overloaded_and_frees_up() {
     assert!(d.submit(req).is_ok());
 }
 
+/// A burst of one request per slot and one more, submitted at once from as many threads
+/// the moment the driver starts, is served, not refused: a job an idle worker is about
+/// to take does not count against `max_queue` (before, every job not yet picked up did,
+/// and a burst of 8 on 8 idle slots with `--max-queue 2` lost 6 to 429s). The one more
+/// waits in the queue of one; the next is refused, naming one queued.
+#[fak_testkit::real_model]
+fn a_burst_on_idle_slots_is_served_and_only_the_waiting_count() {
+    let (path, m) = model();
+    let (tok, tmpl) = load_text(&path, m.config()).unwrap();
+    let slots = 8;
+    let cfg = EngineConfig {
+        parallel: slots,
+        max_queue: 1,
+        kv_budget_bytes: 0,
+        ..EngineConfig::default()
+    };
+    let d = InKernelDriver::from_loaded(m, tok, tmpl, "smollm2-135m-instruct", cfg);
+    let req = GenerateRequest::chat(messages(&e2e_cases()[1]));
+    let start = std::sync::Barrier::new(slots + 1);
+    let streams: Vec<_> = std::thread::scope(|scope| {
+        let burst: Vec<_> = (0..=slots)
+            .map(|_| {
+                scope.spawn(|| {
+                    start.wait();
+                    d.submit(req.clone())
+                })
+            })
+            .collect();
+        burst
+            .into_iter()
+            .enumerate()
+            .map(|(i, h)| {
+                h.join().unwrap().unwrap_or_else(|e| {
+                    panic!(
+                        "request {i} of a burst of {} on {slots} idle slots: {e}",
+                        slots + 1
+                    )
+                })
+            })
+            .collect()
+    });
+    assert_eq!(d.stats().queue_depth, 1);
+    assert!(matches!(
+        d.submit(req.clone()),
+        Err(fak_engine::EngineError::Overloaded { queued: 1, .. })
+    ));
+    for s in streams {
+        let c = s.blocking_collect().unwrap();
+        assert_eq!(c.text, e2e_cases()[1]["text"].as_str().unwrap());
+    }
+    assert_eq!(d.stats().queue_depth, 0);
+}
+
 /// A request whose client left while it was queued holds no place in the queue: the
 /// next one is taken (before: 429 until a worker came to drop it), and the queue depth
 /// does not count it. The one that waits has its wait in its time to first token.
