@@ -857,6 +857,7 @@ fn send_done(
         dead_end: out.dead_end,
         ttft_s: before_s + out.ttft_s,
         decode_s: out.decode_s,
+        token_gaps_s: out.token_gaps_s,
         prompt_usage: None,
     }));
 }
@@ -1408,6 +1409,7 @@ impl EngineDriver for InKernelDriver {
             batch_passes: b.passes,
             batch_sequences: b.sequences,
             batch_max_sequences: b.max_sequences,
+            batch_passes_within: b.passes_within,
             ..EngineStats::default()
         }
     }

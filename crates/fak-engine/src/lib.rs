@@ -47,7 +47,9 @@ pub mod tools;
 pub mod upstream;
 
 pub use fak_kv::logprobs::MAX_TOP_LOGPROBS;
-pub use fak_kv::{FinishReason, GrammarSpec, SamplingParams, TokenLogprob, TopLogprob};
+pub use fak_kv::{
+    FinishReason, GrammarSpec, SamplingParams, TokenLogprob, TopLogprob, BATCH_SIZE_BOUNDS,
+};
 pub use fak_model::Message;
 pub use tools::{ToolCall, ToolChoice, ToolSpec};
 
@@ -326,6 +328,11 @@ pub struct Done {
     pub ttft_s: f64,
     /// Seconds of the decode steps after the first token (0 for a one-token reply).
     pub decode_s: f64,
+    /// Seconds from each generated token to the next, in order
+    /// ([`fak_kv::TextOutput::token_gaps_s`]; `/metrics`' inter-token latency
+    /// histogram). Empty where the driver does not see single tokens (an upstream, the
+    /// mock).
+    pub token_gaps_s: Vec<f32>,
     /// The prompt's counts when the driver learnt them only at the end (an upstream
     /// server reports usage in its last chunk): they replace those of
     /// [`EngineEvent::Start`]. `None`: `Start`'s counts stand.
@@ -495,6 +502,9 @@ pub struct EngineStats {
     pub batch_sequences: u64,
     /// Sequences in the largest pass so far.
     pub batch_max_sequences: usize,
+    /// Passes of at most [`BATCH_SIZE_BOUNDS`]`[i]` sequences, per `i`
+    /// (cumulative; [`fak_kv::BatchStats::passes_within`]).
+    pub batch_passes_within: [u64; BATCH_SIZE_BOUNDS.len()],
 }
 
 /// The receiving end of one generation. Dropping it cancels the generation: it trips

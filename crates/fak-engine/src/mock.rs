@@ -457,6 +457,7 @@ impl EngineDriver for MockDriver {
                 dead_end: None,
                 ttft_s: 0.0,
                 decode_s: 0.0,
+                token_gaps_s: Vec::new(),
                 prompt_usage: None,
             }));
         });

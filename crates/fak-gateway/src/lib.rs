@@ -931,8 +931,7 @@ async fn finish(s: &AppState, st: Started, flavor: Flavor) -> Result<Finished, A
     let (prompt_tokens, cached_tokens) = prompt_counts(&done, prompt_tokens, cached_tokens);
     let (p, k) = metered(choice, prompt_tokens, cached_tokens);
     s.metrics.add_tokens(p, done.completion_tokens, k);
-    s.metrics
-        .observe_latency(done.ttft_s, done.decode_s, done.completion_tokens);
+    s.metrics.observe_latency(&done);
     Ok(Finished {
         prompt_tokens,
         cached_tokens,

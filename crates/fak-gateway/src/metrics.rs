@@ -1,6 +1,6 @@
 //! Counters for `GET /metrics`, in the Prometheus text format (version 0.0.4).
 
-use fak_engine::EngineStats;
+use fak_engine::{Done, EngineStats};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -105,6 +105,8 @@ pub struct Metrics {
     cached_tokens: AtomicU64,
     ttft: Mutex<Histogram>,
     per_token: Mutex<Histogram>,
+    /// Every gap between two generated tokens ([`fak_engine::Done::token_gaps_s`]).
+    inter_token: Mutex<Histogram>,
     /// Tool results screened, by verdict (`admit`, `page_out`, `quarantine`) and reason.
     tool_results: Mutex<BTreeMap<(String, String), u64>>,
     /// Proposed tool calls adjudicated, by verdict (`allow`, `deny`) and reason.
@@ -169,18 +171,23 @@ impl Metrics {
             .clone()
     }
 
-    /// Records one generation's latencies: time to first token, and the mean time of
-    /// each later token (`decode_s / (completion_tokens - 1)`, when there are any).
-    pub fn observe_latency(&self, ttft_s: f64, decode_s: f64, completion_tokens: usize) {
+    /// Records one generation's latencies: time to first token, the mean time of each
+    /// later token (`decode_s / (completion_tokens - 1)`, when there are any), and each
+    /// gap between two tokens the driver timed ([`Done::token_gaps_s`]).
+    pub fn observe_latency(&self, done: &Done) {
         self.ttft
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .observe(ttft_s);
-        if completion_tokens > 1 {
+            .observe(done.ttft_s);
+        if done.completion_tokens > 1 {
             self.per_token
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .observe(decode_s / (completion_tokens - 1) as f64);
+                .observe(done.decode_s / (done.completion_tokens - 1) as f64);
+        }
+        let mut h = self.inter_token.lock().unwrap_or_else(|p| p.into_inner());
+        for &gap in &done.token_gaps_s {
+            h.observe(f64::from(gap));
         }
     }
 
@@ -192,8 +199,10 @@ impl Metrics {
     /// counters `fak_batch_passes_total`, `fak_batch_sequences_total` and
     /// `fak_batch_max_sequences`, and with an
     /// upstream driver `fak_upstreams` and `fak_upstreams_healthy`), and the
-    /// histograms `fak_time_to_first_token_seconds` and
-    /// `fak_time_per_output_token_seconds`.
+    /// histograms `fak_batch_size` (sequences per batched pass),
+    /// `fak_time_to_first_token_seconds`, `fak_time_per_output_token_seconds` (one
+    /// observation per generation) and `fak_inter_token_latency_seconds` (one per gap
+    /// between two tokens, in-kernel generations only).
     pub fn render(&self, stats: EngineStats, ready: bool) -> String {
         let mut s = String::new();
         s.push_str("# HELP fak_requests_total HTTP requests by route and status.\n");
@@ -303,6 +312,21 @@ impl Metrics {
             "# HELP fak_batch_max_sequences Sequences in the largest batched pass so far.\n# TYPE fak_batch_max_sequences gauge\nfak_batch_max_sequences {}",
             stats.batch_max_sequences
         );
+        let _ = writeln!(
+            s,
+            "# HELP fak_batch_size Sequences per batched forward pass.\n# TYPE fak_batch_size histogram"
+        );
+        for (le, n) in fak_engine::BATCH_SIZE_BOUNDS
+            .iter()
+            .zip(stats.batch_passes_within)
+        {
+            let _ = writeln!(s, "fak_batch_size_bucket{{le=\"{le}\"}} {n}");
+        }
+        let _ = writeln!(
+            s,
+            "fak_batch_size_bucket{{le=\"+Inf\"}} {}\nfak_batch_size_sum {}\nfak_batch_size_count {}",
+            stats.batch_passes, stats.batch_sequences, stats.batch_passes
+        );
         if stats.upstreams > 0 {
             for (name, help, v) in [
                 (
@@ -331,6 +355,14 @@ impl Metrics {
                 &mut s,
                 "fak_time_per_output_token_seconds",
                 "Mean seconds per generated token after the first, per request.",
+            );
+        self.inter_token
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .render(
+                &mut s,
+                "fak_inter_token_latency_seconds",
+                "Seconds between two generated tokens of a generation (each gap one observation).",
             );
         s
     }

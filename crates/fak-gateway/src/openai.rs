@@ -629,10 +629,7 @@ where
                         let (p, c) = metered(state.st.choice, prompt, cached);
                         state.s.metrics.add_tokens(p, d.completion_tokens, c);
                         (state.log.prompt, state.log.cached) = (prompt, cached);
-                        state
-                            .s
-                            .metrics
-                            .observe_latency(d.ttft_s, d.decode_s, d.completion_tokens);
+                        state.s.metrics.observe_latency(d);
                         state.ended = true;
                         state.log.completion = Some(d.completion_tokens);
                         state.log.outcome = "done";

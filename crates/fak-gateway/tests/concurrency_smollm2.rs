@@ -262,6 +262,30 @@ fn eight_clients_twenty_requests_each_get_their_single_client_answers() {
         statuses.iter().all(|l| l.contains("status=\"200\"")),
         "{statuses:?}"
     );
+    // The inter-token latency histogram holds every gap between two tokens: each
+    // generation's completion tokens but its first.
+    let value = |name: &str| -> f64 {
+        m.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{m}"))
+    };
+    let generations = (CLIENTS * WIRES.len() + CLIENTS * REQUESTS) as f64;
+    assert_eq!(
+        value("fak_inter_token_latency_seconds_count"),
+        value("fak_completion_tokens_total") - generations
+    );
+    // The batch size histogram counts every batched pass, each of at most the two slots,
+    // some of both.
+    let passes = value("fak_batch_passes_total");
+    assert!(passes > 0.0);
+    assert_eq!(value("fak_batch_size_count"), passes);
+    assert_eq!(value("fak_batch_size_bucket{le=\"+Inf\"}"), passes);
+    assert_eq!(value("fak_batch_size_bucket{le=\"2\"}"), passes);
+    assert!(value("fak_batch_size_bucket{le=\"1\"}") < passes, "{m}");
+    assert_eq!(
+        value("fak_batch_size_sum"),
+        value("fak_batch_sequences_total")
+    );
     assert!(
         max < HEALTH_BOUND,
         "/health took {:.2} ms at worst (median {:.2} ms) under load",

@@ -232,6 +232,9 @@ fn models_health_and_metrics() {
         "fak_time_to_first_token_seconds_bucket{le=\"0.001\"} 1",
         "fak_time_to_first_token_seconds_count 1",
         "fak_time_per_output_token_seconds_count 1",
+        // The mock times no single tokens, and runs no batched pass.
+        "fak_inter_token_latency_seconds_count 0",
+        "fak_batch_size_count 0",
     ] {
         assert!(m.body.contains(needle), "missing {needle} in\n{}", m.body);
     }

@@ -89,6 +89,7 @@ impl EngineDriver for Scripted {
             dead_end: (finish_reason == FinishReason::GrammarDeadEnd).then(|| DEAD_END.to_string()),
             ttft_s: 0.0,
             decode_s: 0.0,
+            token_gaps_s: Vec::new(),
             prompt_usage: None,
         }));
         Ok(stream)

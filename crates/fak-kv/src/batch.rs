@@ -68,6 +68,9 @@ impl Default for BatchPolicy {
     }
 }
 
+/// Upper bounds of [`BatchStats::passes_within`]'s batch sizes (sequences in a pass).
+pub const BATCH_SIZE_BOUNDS: [usize; 7] = [1, 2, 4, 8, 16, 32, 64];
+
 /// Counters of a [`Batcher`] since it started.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BatchStats {
@@ -79,6 +82,10 @@ pub struct BatchStats {
     pub rows: u64,
     /// Most sequences one pass held.
     pub max_sequences: usize,
+    /// Passes that held at most [`BATCH_SIZE_BOUNDS`]`[i]` sequences, per `i`
+    /// (cumulative, as a Prometheus histogram's buckets; a pass of more than the last
+    /// bound is counted in `passes` only).
+    pub passes_within: [u64; BATCH_SIZE_BOUNDS.len()],
     /// Sessions attached now.
     pub attached: usize,
     /// Calls waiting now.
@@ -360,6 +367,9 @@ impl Inner {
             st.stats.sequences += pieces.len() as u64;
             st.stats.rows += pieces.iter().map(|p| p.rows.len() as u64).sum::<u64>();
             st.stats.max_sequences = st.stats.max_sequences.max(pieces.len());
+            for (n, &bound) in st.stats.passes_within.iter_mut().zip(&BATCH_SIZE_BOUNDS) {
+                *n += u64::from(pieces.len() <= bound);
+            }
             // Calls not finished (a prompt with pieces left) wait for the next pass,
             // before any that arrived meanwhile.
             let mut kept: VecDeque<Call> = VecDeque::new();

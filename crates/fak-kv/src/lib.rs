@@ -47,7 +47,7 @@ mod session;
 pub mod stop;
 pub mod text;
 
-pub use batch::{BatchPolicy, BatchStats, Batcher};
+pub use batch::{BatchPolicy, BatchStats, Batcher, BATCH_SIZE_BOUNDS};
 pub use cache::{KvCache, KvError};
 pub use chat::{ChatFile, ChatRestoreError, ChatSession, ChatTurnError, TurnStats};
 pub use fak_model::{window_start, KvType};

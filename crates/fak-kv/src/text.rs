@@ -87,6 +87,11 @@ pub struct TextOutput {
     pub decode_s: f64,
     /// Decode steps run (forward passes after the prefill).
     pub decode_steps: usize,
+    /// Seconds from each generated token to the next (its decode step, sampling and
+    /// any wait for a batched pass): `completion_ids.len() - 1` values, in order (the
+    /// first token's time is `ttft_s`). Not serialized.
+    #[serde(skip)]
+    pub token_gaps_s: Vec<f32>,
     /// Of `decode_steps`, those whose output head computed only the rows the grammar
     /// allowed at the next step ([`Session::decode_rows`]; with a grammar, no logprobs
     /// and few allowed tokens, [`fak_model::Model::head_rows_pay`]).
@@ -287,6 +292,7 @@ pub fn generate_text_with_logprobs(
         prefill_s,
         decode_s: 0.0,
         decode_steps: 0,
+        token_gaps_s: Vec::new(),
         head_rows_steps: 0,
         logprobs: Vec::new(),
     };
@@ -298,6 +304,8 @@ pub fn generate_text_with_logprobs(
     // Bytes of text the decoder has produced so far.
     let mut decoded = 0usize;
     let t1 = Instant::now();
+    // When the last token was chosen (for `token_gaps_s`).
+    let mut last_token: Option<Instant> = None;
     let mut stopped = false;
     if prefilled < new_ids.len() {
         out.finish_reason = FinishReason::Cancelled;
@@ -337,9 +345,12 @@ pub fn generate_text_with_logprobs(
                 }
             }
         };
-        if out.completion_ids.is_empty() {
-            out.ttft_s = t0.elapsed().as_secs_f64();
+        let now = Instant::now();
+        match last_token {
+            None => out.ttft_s = (now - t0).as_secs_f64(),
+            Some(t) => out.token_gaps_s.push((now - t).as_secs_f32()),
         }
+        last_token = Some(now);
         out.completion_ids.push(next);
         if params.stop_ids.contains(&next) {
             out.finish_reason = FinishReason::Stop;

@@ -1194,6 +1194,7 @@ impl EventReply for Reply<'_> {
             dead_end: None,
             ttft_s: first.duration_since(self.progress.t0).as_secs_f64(),
             decode_s: now.duration_since(first).as_secs_f64(),
+            token_gaps_s: Vec::new(),
             prompt_usage,
         }));
     }
