@@ -49,7 +49,8 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 128)]
     gen_tokens: usize,
     /// Timed repeats (after one warm-up, at most 10,000); the figures are their medians.
-    #[arg(long, default_value_t = 5)]
+    /// Not with --concurrency, whose levels run once each.
+    #[arg(long, default_value_t = 5, conflicts_with = "concurrency")]
     repeats: usize,
     /// Weights: `native` (quantized matrices, the fast path) or `exact` (f32).
     #[arg(long, value_enum, default_value_t = WeightsArg::Native)]
@@ -67,13 +68,15 @@ pub(crate) struct BenchArgs {
     /// Streams at once, a list (1,2,4,8,16): instead of the single-stream figures, per
     /// level the streams decode together through continuous batching (the scheduler
     /// `fak serve --parallel` runs) and the aggregate and per-stream decode rates, TTFT,
-    /// inter-token latency p50/p99, batch sizes and peak RSS are printed. Half the
-    /// streams share one prompt.
+    /// inter-token latency p50/p99, batch sizes and peak RSS are printed (with
+    /// --format json, one object per level, one per line). Each level runs once. Half
+    /// the streams share one prompt.
     #[arg(long, value_delimiter = ',', value_parser = parse_threads)]
     concurrency: Option<Vec<usize>>,
     /// With --concurrency: one more stream arrives a quarter of the way into the
-    /// others' decoding with a prompt of this many tokens (left out of the figures), so
-    /// the inter-token latency shows what a long prompt arriving mid-run costs them.
+    /// others' decoding with a prompt of this many tokens (left out of the rates, TTFT
+    /// and latencies; its passes count in the batch sizes), so the inter-token latency
+    /// shows what a long prompt arriving mid-run costs them.
     #[arg(long, requires = "concurrency")]
     late_prompt_tokens: Option<usize>,
 }

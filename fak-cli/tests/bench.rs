@@ -221,6 +221,24 @@ fn bench_context_repeats_from_the_same_context() {
     assert!(v["decode_tokens_per_s"].as_f64().unwrap() > 0.0);
 }
 
+/// `--concurrency` runs each level once: `--repeats` with it is refused, not ignored.
+#[test]
+fn bench_concurrency_refuses_repeats() {
+    let out = fak()
+        .args(["bench", "--model", &tiny(), "--concurrency", "1,2"])
+        .args(["--repeats", "3"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--repeats")
+            && err.contains("--concurrency")
+            && err.contains("cannot be used"),
+        "{err}"
+    );
+}
+
 /// `--context` excludes `--prompt-tokens` and `--concurrency`, and must fit the model's
 /// context with its decode steps.
 #[test]

@@ -308,6 +308,15 @@ fn the_real_apis_validation_is_a_400_in_its_shape() {
             "messages": [{"role": "user", "content": "hi"}]}),
     );
     anthropic_error(&r, 400, "mcp_servers");
+    // A seed (not in the Messages API) is named with where the seed is set.
+    let r = post(
+        srv.addr,
+        "/v1/messages",
+        &json!({"model": "mock", "max_tokens": 20, "seed": 7,
+            "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    anthropic_error(&r, 400, "`seed` is not supported");
+    anthropic_error(&r, 400, "fak serve --seed N");
     // Fields accepted and ignored.
     let r = post(
         srv.addr,

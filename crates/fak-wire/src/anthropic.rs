@@ -118,8 +118,14 @@ impl CountTokensRequest {
             .keys()
             .find(|k| !IGNORED_REQUEST_FIELDS.contains(&k.as_str()))
         {
+            // The Messages API has no seed; the server's is set at its start.
+            let hint = if k == "seed" {
+                "; `fak serve --seed N` fixes the sampling seed of requests that give none"
+            } else {
+                ""
+            };
             return Some(format!(
-                "`{k}` is not supported by this server (it would change the output)"
+                "`{k}` is not supported by this server (it would change the output){hint}"
             ));
         }
         if self.output_format.is_some() && self.output_config_format().is_some() {
