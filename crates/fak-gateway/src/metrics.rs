@@ -34,14 +34,34 @@ impl Histogram {
     }
 
     fn render(&self, s: &mut String, name: &str, help: &str) {
-        let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
-        for (i, le) in BUCKETS_S.iter().enumerate() {
-            let c = self.counts.get(i).copied().unwrap_or(0);
-            let _ = writeln!(s, "{name}_bucket{{le=\"{le}\"}} {c}");
-        }
-        let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {}", self.n);
-        let _ = writeln!(s, "{name}_sum {}\n{name}_count {}", self.sum, self.n);
+        let counts = (0..BUCKETS_S.len()).map(|i| self.counts.get(i).copied().unwrap_or(0));
+        render_histogram(
+            s,
+            name,
+            help,
+            BUCKETS_S.iter().zip(counts),
+            self.sum,
+            self.n,
+        );
     }
+}
+
+/// Appends a histogram in the exposition format: its `le` buckets (upper bound and
+/// cumulative count), the `+Inf` bucket (`n`), `_sum` and `_count`.
+fn render_histogram<L: std::fmt::Display>(
+    s: &mut String,
+    name: &str,
+    help: &str,
+    buckets: impl Iterator<Item = (L, u64)>,
+    sum: impl std::fmt::Display,
+    n: u64,
+) {
+    let _ = writeln!(s, "# HELP {name} {help}\n# TYPE {name} histogram");
+    for (le, c) in buckets {
+        let _ = writeln!(s, "{name}_bucket{{le=\"{le}\"}} {c}");
+    }
+    let _ = writeln!(s, "{name}_bucket{{le=\"+Inf\"}} {n}");
+    let _ = writeln!(s, "{name}_sum {sum}\n{name}_count {n}");
 }
 
 /// The boundary's durable state, for `/metrics` (read from the screen at each scrape).
@@ -312,20 +332,15 @@ impl Metrics {
             "# HELP fak_batch_max_sequences Sequences in the largest batched pass so far.\n# TYPE fak_batch_max_sequences gauge\nfak_batch_max_sequences {}",
             stats.batch_max_sequences
         );
-        let _ = writeln!(
-            s,
-            "# HELP fak_batch_size Sequences per batched forward pass.\n# TYPE fak_batch_size histogram"
-        );
-        for (le, n) in fak_engine::BATCH_SIZE_BOUNDS
-            .iter()
-            .zip(stats.batch_passes_within)
-        {
-            let _ = writeln!(s, "fak_batch_size_bucket{{le=\"{le}\"}} {n}");
-        }
-        let _ = writeln!(
-            s,
-            "fak_batch_size_bucket{{le=\"+Inf\"}} {}\nfak_batch_size_sum {}\nfak_batch_size_count {}",
-            stats.batch_passes, stats.batch_sequences, stats.batch_passes
+        render_histogram(
+            &mut s,
+            "fak_batch_size",
+            "Sequences per batched forward pass.",
+            fak_engine::BATCH_SIZE_BOUNDS
+                .iter()
+                .zip(stats.batch_passes_within),
+            stats.batch_sequences,
+            stats.batch_passes,
         );
         if stats.upstreams > 0 {
             for (name, help, v) in [
